@@ -1,0 +1,143 @@
+"""Frames on the wire (PROTOCOL.md §1). This module owns the frame layout; nobody else slices it.
+
+```
+frame  := length:u32 big-endian | header | body
+header := one flat JSON object (UTF-8), ending at the `}` that closes it
+body   := the remaining (length - len(header)) bytes, opaque here
+```
+
+`length` counts header and body, not the four prefix bytes. `length == 0` is a no-op frame.
+
+`FrameDecoder` is sans-IO: feed it whatever bytes arrived, get back every complete frame as
+`(Header, body)`. It never holds more than one partial frame, and a length above the configured
+maximum is refused as soon as the prefix arrives (the payload is never buffered).
+
+Finding the end of the header: the fast path takes the first `}`; if that prefix does not decode
+(a `}` inside a quoted value), a quote-aware scan finds the real end.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+from .headers import Header, HeaderError, decode_header, encode_header
+
+__all__ = [
+    "FrameDecoder",
+    "FrameError",
+    "FrameTooLarge",
+    "encode_frame",
+    "frame_bytes",
+    "DEFAULT_MAX_FRAME",
+]
+
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+_LEN = struct.Struct(">I")
+_unpack_len = _LEN.unpack_from
+_pack_len = _LEN.pack
+# A flat JSON object: any run of non-quote non-brace bytes or complete strings, then `}`.
+_HEADER_END = re.compile(rb'\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\}', re.DOTALL)
+
+
+class FrameError(ValueError):
+    """The byte stream cannot be read as frames. Protocol reason `bad frame`.
+
+    `frames` holds the good frames decoded from the same feed before the bad one: the caller
+    processes those, then closes the connection.
+    """
+
+    reason = "bad frame"
+
+    def __init__(self, message: str, frames: list[tuple[Header, bytes]] | None = None):
+        super().__init__(message)
+        self.frames = frames or []
+
+
+class FrameTooLarge(FrameError):
+    def __init__(self, size: int, limit: int, frames=None):
+        super().__init__(
+            f"frame of {size} bytes exceeds MaxMessageSize {limit}; raise <MaxMessageSize> "
+            "on the transport or split the payload",
+            frames,
+        )
+        self.size = size
+        self.limit = limit
+
+
+class FrameDecoder:
+    """Incremental decoder. States: waiting for a prefix, waiting for the rest of a frame."""
+
+    __slots__ = ("_buf", "max_size")
+
+    def __init__(self, max_size: int = DEFAULT_MAX_FRAME):
+        self._buf = bytearray()
+        self.max_size = max_size
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[tuple[Header, bytes]]:
+        buf = self._buf
+        if buf:
+            buf += data
+            view = buf
+        else:
+            view = data  # common case: no partial frame pending, parse the chunk in place
+        frames: list[tuple[Header, bytes]] = []
+        pos = 0
+        n = len(view)
+        max_size = self.max_size
+        try:
+            while n - pos >= 4:
+                (length,) = _unpack_len(view, pos)
+                if length > max_size:
+                    raise FrameTooLarge(length, max_size)
+                end = pos + 4 + length
+                if end > n:
+                    break
+                start = pos + 4
+                pos = end
+                if length == 0:
+                    continue
+                close = view.find(b"}", start, end)
+                if close < 0 or view[start] != 0x7B:  # '{'
+                    raise HeaderError("frame does not start with a JSON object header")
+                close += 1
+                try:
+                    header = decode_header(view[start:close])
+                except HeaderError:
+                    m = _HEADER_END.match(view, start, end)
+                    if m is None or m.end() == close:
+                        raise
+                    close = m.end()
+                    header = decode_header(view[start:close])
+                if header.c is None:
+                    raise HeaderError("header has no command field `c`")
+                frames.append((header, bytes(view[close:end])))
+        except FrameError as exc:
+            self._buf = bytearray()
+            exc.frames = frames
+            raise
+        except HeaderError as exc:
+            self._buf = bytearray()
+            raise FrameError(str(exc), frames) from None
+        if pos:
+            if buf:
+                del buf[:pos]
+            else:
+                buf += view[pos:]
+        elif not buf:
+            buf += view
+        return frames
+
+
+def frame_bytes(header: bytes, body: bytes = b"") -> bytes:
+    """Prefix an encoded header and body with the frame length."""
+    return _pack_len(len(header) + len(body)) + header + body
+
+
+def encode_frame(header: Header, body: bytes = b"") -> bytes:
+    return frame_bytes(encode_header(header), body)
