@@ -1,0 +1,162 @@
+"""The journal's LMDB index: the only module that imports lmdb.
+
+The index is derived data: everything in it can be rebuilt from the segment files, so it is
+written without fsync (`sync=False`) and checked against the journal at open. The journal is the
+source of truth; the index only makes lookups fast.
+
+Databases (all keys big-endian so LMDB's byte order is numeric order):
+
+- `bm`:   publisher_id u64 | seq u64           -> position u64     (every message)
+- `time`: timestamp_us u64                     -> position u64     (sparse: every 256th record
+          and the first record of each second; a lookup scans forward at most that far)
+- `pub`:  publisher_id u64                     -> seq u64 | position u64 (highest per publisher)
+- `meta`: b"indexed_upto"                      -> position u64 (everything before it is indexed)
+
+Writes happen on the journal writer thread only, one transaction per group commit.
+Reads may come from any thread (each opens its own read transaction).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import lmdb
+
+_Q = struct.Struct(">Q")
+_QQ = struct.Struct(">QQ")
+_pack_q = _Q.pack
+_pack_qq = _QQ.pack
+_unpack_q = _Q.unpack
+_unpack_qq = _QQ.unpack
+
+TIME_STRIDE = 256
+DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
+
+
+class IndexFull(RuntimeError):
+    def __init__(self, map_size: int):
+        super().__init__(
+            f"journal index reached its map size of {map_size} bytes; raise the index map size "
+            "(TransactionLog <IndexMapSize>) or archive old journal files"
+        )
+
+
+class JournalIndex:
+    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE):
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.map_size = map_size
+        self.env = lmdb.open(
+            path,
+            map_size=map_size,
+            max_dbs=8,
+            sync=False,
+            metasync=False,
+            writemap=False,
+            max_readers=256,
+        )
+        self._bm = self.env.open_db(b"bm")
+        self._time = self.env.open_db(b"time")
+        self._pub = self.env.open_db(b"pub")
+        self._meta = self.env.open_db(b"meta")
+        self._since_time = TIME_STRIDE  # so the first record written gets a time entry
+        self._last_second = -1
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def indexed_upto(self) -> int:
+        with self.env.begin(db=self._meta) as txn:
+            v = txn.get(b"indexed_upto")
+        return _unpack_q(v)[0] if v else 0
+
+    def locate(self, publisher_id: int, seq: int) -> int | None:
+        with self.env.begin(db=self._bm) as txn:
+            v = txn.get(_pack_qq(publisher_id, seq))
+        return _unpack_q(v)[0] if v is not None else None
+
+    def time_floor(self, ts_us: int) -> int | None:
+        """Position of the last indexed record with timestamp <= ts_us, or None."""
+        with self.env.begin(db=self._time) as txn:
+            cur = txn.cursor()
+            if cur.set_range(_pack_q(ts_us + 1)):
+                if not cur.prev():
+                    return None
+            elif not cur.last():
+                return None
+            return _unpack_q(cur.value())[0]
+
+    def publishers(self) -> dict[int, tuple[int, int]]:
+        """publisher_id -> (highest seq, position of that message)."""
+        out = {}
+        with self.env.begin(db=self._pub) as txn:
+            for k, v in txn.cursor():
+                out[_unpack_q(k)[0]] = _unpack_qq(v)
+        return out
+
+    def count(self) -> int:
+        with self.env.begin(db=self._bm) as txn:
+            return txn.stat(self._bm)["entries"]
+
+    # -- writes (writer thread) ----------------------------------------------------------
+
+    def add(self, entries, upto: int) -> None:
+        """Index one committed batch.
+
+        entries: iterable of (publisher_id, seq, timestamp_us, position), in journal order.
+        upto: the journal position just after the batch.
+        """
+        bm_items = []
+        time_items = []
+        highest: dict[int, tuple[int, int]] = {}
+        since = self._since_time
+        last_second = self._last_second
+        for pub, seq, ts, pos in entries:
+            pos_b = _pack_q(pos)
+            bm_items.append((_pack_qq(pub, seq), pos_b))
+            highest[pub] = (seq, pos)
+            second = ts // 1_000_000
+            since += 1
+            if since >= TIME_STRIDE or second != last_second:
+                time_items.append((_pack_q(ts), pos_b))
+                since = 0
+                last_second = second
+        try:
+            with self.env.begin(write=True) as txn:
+                if bm_items:
+                    txn.cursor(self._bm).putmulti(bm_items)
+                if time_items:
+                    # a later record with an equal timestamp must not replace the earlier position
+                    txn.cursor(self._time).putmulti(time_items, overwrite=False)
+                if highest:
+                    pubs = txn.cursor(self._pub)
+                    for pub, (seq, pos) in highest.items():
+                        pubs.put(_pack_q(pub), _pack_qq(seq, pos))
+                txn.put(b"indexed_upto", _pack_q(upto), db=self._meta)
+        except lmdb.MapFullError:
+            raise IndexFull(self.map_size) from None
+        self._since_time = since
+        self._last_second = last_second
+
+    def reset(self) -> None:
+        """Drop everything (used when the index is found inconsistent with the journal)."""
+        with self.env.begin(write=True) as txn:
+            for db in (self._bm, self._time, self._pub, self._meta):
+                txn.drop(db, delete=False)
+        self._since_time = TIME_STRIDE
+        self._last_second = -1
+
+    def remove_below(self, position: int) -> None:
+        """Forget index entries for positions below `position` (segments removed by archival)."""
+        with self.env.begin(write=True) as txn:
+            for db in (self._bm, self._time):
+                cur = txn.cursor(db)
+                for k, v in list(cur):
+                    if _unpack_q(v)[0] < position:
+                        txn.delete(k, db=db)
+
+    def sync(self) -> None:
+        self.env.sync(True)

@@ -1,0 +1,503 @@
+"""The transaction log: segment files, one writer thread with group commit, reads, recovery.
+
+Layout on disk (`directory`):
+
+- `<base:020d>.seg`: segment files in the format of record.py. Only the newest is written; a
+  segment is sealed (fsynced, never written again) when the next batch would take it past
+  `segment_size`.
+- `index/`: the LMDB index (index.py), derived from the segments.
+
+Durability: `submit()` hands a batch of encoded records to the writer thread. The writer takes
+every batch submitted since its last write, writes them with one `write` and makes them durable
+with one `fdatasync` (group commit; `durability="write"` skips the fdatasync, a named weaker mode
+that survives a process crash but not a power loss), updates the index in one LMDB transaction,
+then calls each batch's callback with the batch's starting position. A failed write (disk full,
+I/O error) truncates the partial write away and fails every batch in that commit with
+`JournalUnavailable`; the journal stays open and readable and the next commit tries again.
+
+Recovery at open: segment headers are checked, the newest segment is scanned from the index's
+checkpoint with checksums verified, a torn or damaged tail is truncated (and logged: file, offset,
+bytes dropped), and every record past the checkpoint is indexed again.
+
+States: open -> closing (writer drains what was submitted) -> closed. `submit` after close raises
+JournalClosed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .index import JournalIndex
+from .record import (
+    RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    CorruptRecord,
+    Record,
+    decode_records,
+    decode_segment_header,
+    encode_segment_header,
+    record_length_at,
+)
+
+log = logging.getLogger("tickertape.journal")
+
+DEFAULT_SEGMENT_SIZE = 256 * 1024 * 1024
+READ_BLOCK = 256 * 1024
+MAX_PENDING_BYTES = 256 * 1024 * 1024
+
+
+class JournalError(Exception):
+    pass
+
+
+class JournalClosed(JournalError):
+    def __init__(self):
+        super().__init__("the journal is closed; open it again before writing")
+
+
+class JournalUnavailable(JournalError):
+    """A write failed: nothing in the batch is persisted. Protocol reason `journal unavailable`."""
+
+    reason = "journal unavailable"
+
+    def __init__(self, cause: BaseException):
+        super().__init__(
+            f"journal write failed ({cause}); nothing in this batch was persisted. "
+            "Free disk space or fix the journal device; the server retries on the next publish"
+        )
+        self.cause = cause
+
+
+class CorruptSegment(JournalError):
+    def __init__(self, path: str, offset: int, reason: str):
+        super().__init__(
+            f"journal segment {path} is damaged at offset {offset}: {reason}. Move the file "
+            "aside (and the segments after it) to start without it, or restore it from the archive"
+        )
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+@dataclass
+class Segment:
+    base: int
+    path: str
+    size: int  # bytes of records (file size minus header)
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+
+@dataclass
+class CommitStats:
+    commits: int = 0
+    records: int = 0
+    bytes: int = 0
+    last_latency_s: float = 0.0
+    failures: int = 0
+
+
+DoneCallback = Callable[[int | None, BaseException | None], None]
+
+
+def segment_name(base: int) -> str:
+    return f"{base:020d}.seg"
+
+
+class Journal:
+    def __init__(
+        self,
+        directory: str,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        durability: str = "fsync",
+        index_map_size: int | None = None,
+    ):
+        if durability not in ("fsync", "write"):
+            raise ValueError(f"durability must be 'fsync' or 'write', not {durability!r}")
+        self.directory = directory
+        self.segment_size = segment_size
+        self.durability = durability
+        os.makedirs(directory, exist_ok=True)
+        kw = {"map_size": index_map_size} if index_map_size else {}
+        self.index = JournalIndex(os.path.join(directory, "index"), **kw)
+        self.segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._read_fds: dict[int, int] = {}
+        self._read_lock = threading.Lock()
+        self.stats = CommitStats()
+        self.recovery: dict = {}
+        self._open_segments()
+        self._end = self.segments[-1].end
+        self._fd = os.open(self.segments[-1].path, os.O_WRONLY | os.O_APPEND)
+        self._pending: list[tuple[bytes, list, DoneCallback]] = []
+        self._pending_bytes = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
+        self._thread.start()
+
+    # -- opening and recovery ------------------------------------------------------------
+
+    def _open_segments(self) -> None:
+        started = time.monotonic()
+        names = sorted(n for n in os.listdir(self.directory) if n.endswith(".seg"))
+        segs: list[Segment] = []
+        for i, name in enumerate(names):
+            path = os.path.join(self.directory, name)
+            with open(path, "rb") as f:
+                head = f.read(SEGMENT_HEADER_SIZE)
+            size = os.path.getsize(path) - SEGMENT_HEADER_SIZE
+            last = i == len(names) - 1
+            try:
+                base = decode_segment_header(head)
+            except CorruptRecord as exc:
+                if last and size <= 0:
+                    # crash between creating the file and writing its header: start it again
+                    log.warning("journal: %s has no complete header (%s); rewriting it", path, exc.reason)
+                    base = segs[-1].end if segs else 0
+                    self._write_new_segment_file(path, base)
+                    size = 0
+                else:
+                    raise CorruptSegment(path, exc.offset, exc.reason) from None
+            if segs and base != segs[-1].end:
+                raise CorruptSegment(
+                    path, 0, f"starts at position {base} but the previous segment ends at {segs[-1].end} (a segment is missing)"
+                )
+            segs.append(Segment(base, path, size))
+        if not segs:
+            path = os.path.join(self.directory, segment_name(0))
+            self._write_new_segment_file(path, 0)
+            segs.append(Segment(0, path, 0))
+        self.segments = segs
+        self._bases = [s.base for s in segs]
+
+        upto = self.index.indexed_upto()
+        first, end = segs[0].base, segs[-1].end
+        if upto > end or (upto < first and self.index.count() > 0 and upto != 0):
+            log.warning(
+                "journal: index checkpoint %d is outside the journal [%d, %d]; rebuilding the index",
+                upto, first, end,
+            )
+            self.index.reset()
+            upto = first
+        upto = max(upto, first)
+        indexed, dropped = self._scan_and_index(upto)
+        self.recovery = {
+            "segments": len(self.segments),
+            "reindexed_records": indexed,
+            "dropped_bytes": dropped,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        log.info(
+            "journal: opened %s: %d segments, positions [%d, %d), %d records re-indexed in %.3fs",
+            self.directory, len(self.segments), self.segments[0].base, self.segments[-1].end,
+            indexed, self.recovery["seconds"],
+        )
+
+    def _scan_and_index(self, start: int) -> tuple[int, int]:
+        """Verify and index every record from `start` to the end; truncate a bad tail."""
+        indexed = 0
+        i = self._segment_index(start)
+        while i < len(self.segments):
+            seg = self.segments[i]
+            pos = max(start, seg.base)
+            with open(seg.path, "rb") as f:
+                while pos < seg.end:
+                    f.seek(SEGMENT_HEADER_SIZE + (pos - seg.base))
+                    buf = f.read(min(4 * READ_BLOCK, seg.end - pos))
+                    try:
+                        recs, stop = decode_records(buf, 0, len(buf), pos)
+                    except CorruptRecord as exc:
+                        recs, stop = decode_records(buf, 0, exc.offset, pos)
+                        self._index_records(recs, pos + stop)
+                        return indexed + len(recs), self._truncate_tail(i, pos + stop, exc.reason)
+                    if not recs:
+                        need = record_length_at(buf, 0) if len(buf) >= 4 else RECORD_HEADER_SIZE
+                        if len(buf) >= RECORD_HEADER_SIZE and pos + need <= seg.end:
+                            f.seek(SEGMENT_HEADER_SIZE + (pos - seg.base))
+                            buf = f.read(need)  # one record larger than the read block
+                            try:
+                                recs, stop = decode_records(buf, 0, len(buf), pos)
+                            except CorruptRecord as exc:
+                                return indexed, self._truncate_tail(i, pos, exc.reason)
+                        else:
+                            return indexed, self._truncate_tail(i, pos, "record runs past the end of the file")
+                    self._index_records(recs, pos + stop)
+                    indexed += len(recs)
+                    pos += stop
+            i += 1
+        return indexed, 0
+
+    def _index_records(self, recs: list[Record], upto: int) -> None:
+        if recs:
+            self.index.add(((r.publisher_id, r.seq, r.timestamp_us, r.position) for r in recs if r.kind == 1), upto)
+
+    def _truncate_tail(self, seg_i: int, position: int, reason: str) -> int:
+        seg = self.segments[seg_i]
+        if seg_i != len(self.segments) - 1:
+            raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, reason)
+        dropped = seg.end - position
+        if dropped <= 0:
+            return 0
+        offset = SEGMENT_HEADER_SIZE + position - seg.base
+        log.warning(
+            "journal: truncating damaged tail of %s at offset %d (%s): %d bytes dropped; "
+            "they were never acknowledged as persisted",
+            seg.path, offset, reason, dropped,
+        )
+        with open(seg.path, "r+b") as f:
+            f.truncate(offset)
+            os.fsync(f.fileno())
+        seg.size = position - seg.base
+        return dropped
+
+    def _segment_index(self, position: int) -> int:
+        return max(0, bisect.bisect_right(self._bases, position) - 1)
+
+    def _write_new_segment_file(self, path: str, base: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, encode_segment_header(base))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def submit(self, data: bytes, entries: list, on_done: DoneCallback) -> None:
+        """Queue encoded records for the next group commit (any thread).
+
+        entries: (publisher_id, seq, timestamp_us, offset within `data`) for each message record.
+        on_done(position_of_first_byte, None) runs on the writer thread once durable, or
+        on_done(None, error) if the write failed.
+        """
+        with self._cond:
+            if self._closing:
+                raise JournalClosed()
+            self._pending.append((data, entries, on_done))
+            self._pending_bytes += len(data)
+            self._cond.notify()
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    @property
+    def end_position(self) -> int:
+        """Position just after the last durable record."""
+        return self._end
+
+    @property
+    def start_position(self) -> int:
+        return self.segments[0].base
+
+    def _writer(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                batch = self._pending
+                if not batch and self._closing:
+                    return
+                self._pending = []
+                self._pending_bytes = 0
+            self._commit(batch)
+
+    def _commit(self, batch) -> None:
+        started = time.perf_counter()
+        data = batch[0][0] if len(batch) == 1 else b"".join(b[0] for b in batch)
+        seg = self.segments[-1]
+        try:
+            if seg.size and seg.size + len(data) > self.segment_size:
+                self._roll()
+                seg = self.segments[-1]
+            self._write_all(data)
+            if self.durability == "fsync":
+                os.fdatasync(self._fd)
+        except OSError as exc:
+            self._undo_partial_write(seg)
+            self.stats.failures += 1
+            err = JournalUnavailable(exc)
+            log.error("journal: %s", err)
+            for _, _, cb in batch:
+                cb(None, err)
+            return
+        base = self._end
+        entries = []
+        off = base
+        for chunk, ents, _ in batch:
+            entries.extend((p, s, t, off + o) for p, s, t, o in ents)
+            off += len(chunk)
+        seg.size += len(data)
+        new_end = base + len(data)
+        try:
+            self.index.add(entries, new_end)
+        except Exception:  # the records are durable; a later open re-indexes them
+            log.exception("journal: index update failed; the index is rebuilt at the next start")
+        self._end = new_end
+        st = self.stats
+        st.commits += 1
+        st.records += len(entries)
+        st.bytes += len(data)
+        st.last_latency_s = time.perf_counter() - started
+        off = base
+        for chunk, _, cb in batch:
+            cb(off, None)
+            off += len(chunk)
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def _undo_partial_write(self, seg: Segment) -> None:
+        try:
+            os.ftruncate(self._fd, SEGMENT_HEADER_SIZE + seg.size)
+        except OSError as exc:  # pragma: no cover - the device is gone; recovery at open handles it
+            log.error("journal: could not cut a partial write from %s: %s", seg.path, exc)
+
+    def _roll(self) -> None:
+        old = self.segments[-1]
+        os.fsync(self._fd)
+        os.close(self._fd)
+        base = old.end
+        path = os.path.join(self.directory, segment_name(base))
+        self._write_new_segment_file(path, base)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self.segments.append(Segment(base, path, 0))
+        self._bases.append(base)
+        log.info("journal: sealed %s at %d bytes; writing %s", old.path, old.size, path)
+
+    def close(self) -> None:
+        """Drain everything submitted, make it durable, and close. Idempotent."""
+        if self._closed:
+            return
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+        os.fsync(self._fd)
+        os.close(self._fd)
+        with self._read_lock:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+        self.index.sync()
+        self.index.close()
+        self._closed = True
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _reader_fd(self, seg: Segment) -> int:
+        fd = self._read_fds.get(seg.base)
+        if fd is None:
+            with self._read_lock:
+                fd = self._read_fds.get(seg.base)
+                if fd is None:
+                    fd = os.open(seg.path, os.O_RDONLY)
+                    self._read_fds[seg.base] = fd
+        return fd
+
+    def read(self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False) -> tuple[list[Record], int]:
+        """Records from `position` (a record boundary) up to about max_bytes, and the next position.
+
+        Reads only durable records. At the end of the journal returns ([], position).
+        """
+        end = self._end
+        if position >= end:
+            return [], position
+        if position < self.segments[0].base:
+            position = self.segments[0].base
+        seg = self.segments[self._segment_index(position)]
+        if position >= seg.end:  # exactly at a segment boundary
+            return [], position
+        want = min(max_bytes, seg.end - position, end - position)
+        fd = self._reader_fd(seg)
+        off = SEGMENT_HEADER_SIZE + position - seg.base
+        buf = os.pread(fd, want, off)
+        try:
+            recs, stop = decode_records(buf, 0, len(buf), position, verify)
+        except CorruptRecord as exc:
+            raise CorruptSegment(seg.path, off + exc.offset, exc.reason) from None
+        if not recs and len(buf) >= 4:
+            need = record_length_at(buf, 0)  # one record larger than max_bytes
+            buf = os.pread(fd, need, off)
+            recs, stop = decode_records(buf, 0, len(buf), position, verify)
+        if not recs:
+            raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
+        return recs, position + stop
+
+    def scan(self, position: int | None = None, max_bytes: int = READ_BLOCK):
+        """Iterate every durable record from `position` (default: the start) to the current end."""
+        pos = self.start_position if position is None else position
+        while True:
+            recs, nxt = self.read(pos, max_bytes)
+            if not recs:
+                if nxt >= self._end:
+                    return
+                # segment boundary
+                i = self._segment_index(nxt)
+                if i + 1 >= len(self.segments) or self.segments[i].end != nxt:
+                    return
+                pos = self.segments[i + 1].base
+                continue
+            yield from recs
+            pos = nxt
+
+    def next_position(self, position: int) -> int:
+        """Normalize a position that sits at the end of a sealed segment to the next segment's start."""
+        i = self._segment_index(position)
+        if position >= self.segments[i].end and i + 1 < len(self.segments):
+            return self.segments[i + 1].base
+        return position
+
+    def locate(self, publisher_id: int, seq: int) -> int | None:
+        pos = self.index.locate(publisher_id, seq)
+        if pos is None or pos < self.start_position:
+            return None
+        return pos
+
+    def locate_time(self, ts_us: int) -> int:
+        """Position of the first record with a timestamp after ts_us (end_position if none)."""
+        pos = self.index.time_floor(ts_us)
+        if pos is None or pos < self.start_position:
+            pos = self.start_position
+        for rec in self.scan(pos):
+            if rec.timestamp_us > ts_us:
+                return rec.position
+        return self._end
+
+    def publishers(self) -> dict[int, tuple[int, int]]:
+        return self.index.publishers()
+
+    def disk_bytes(self) -> int:
+        return sum(s.size + SEGMENT_HEADER_SIZE for s in self.segments)
+
+
+__all__ = [
+    "Journal",
+    "JournalError",
+    "JournalClosed",
+    "JournalUnavailable",
+    "CorruptSegment",
+    "Segment",
+    "RECORD_HEADER_SIZE",
+]

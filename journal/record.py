@@ -1,0 +1,137 @@
+"""Journal record and segment-header formats. This module owns these bytes; nobody else slices them.
+
+Segment file `<base:020d>.seg`:
+
+```
+offset size  field
+0      4     magic  b"TTJ\\x01"  (the last byte is the format version)
+4      4     u32 LE reserved (0)
+8      8     u64 LE base position: the journal position of the first record in this file
+16     ...   records, back to back
+```
+
+A *position* is a byte offset in the logical journal (all segments' records concatenated, segment
+headers not counted): the record at file offset `o` of a segment with base `b` has position
+`b + o - 16`. Positions only grow, so they order records and name them compactly.
+
+Record (little-endian):
+
+```
+offset size  field
+0      4     u32 length: bytes after this field (record size = 4 + length)
+4      4     u32 crc32 (zlib) of bytes [8, 4 + length): everything after the crc
+8      1     u8  kind: 1 = message, 2 = queue event (body is the event)
+9      1     u8  flags: reserved, 0
+10     2     u16 topic length T
+12     8     u64 publisher id
+20     8     u64 publisher sequence
+28     8     u64 receive time, microseconds since the Unix epoch (UTC), non-decreasing
+36     T     topic, UTF-8
+36+T   ...   body, as published
+```
+
+A record whose length runs past the end of the file, or whose crc does not match, marks a torn
+or damaged tail: recovery truncates the segment there (see segments.py).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+MAGIC = b"TTJ\x01"
+SEGMENT_HEADER = struct.Struct("<4sIQ")
+SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size  # 16
+
+RECORD_HEADER = struct.Struct("<IIBBHQQQ")
+RECORD_HEADER_SIZE = RECORD_HEADER.size  # 36
+_AFTER_CRC = struct.Struct("<BBHQQQ")
+_pack_after_crc = _AFTER_CRC.pack
+_pack_prefix = struct.Struct("<II").pack
+_unpack_header = RECORD_HEADER.unpack_from
+_crc32 = zlib.crc32
+
+KIND_MESSAGE = 1
+KIND_QUEUE_EVENT = 2
+MAX_TOPIC = 0xFFFF
+
+
+class CorruptRecord(ValueError):
+    """A record that cannot be read at `offset`; `reason` says why."""
+
+    def __init__(self, offset: int, reason: str):
+        super().__init__(f"bad record at offset {offset}: {reason}")
+        self.offset = offset
+        self.reason = reason
+
+
+class Record(NamedTuple):
+    position: int
+    kind: int
+    publisher_id: int
+    seq: int
+    timestamp_us: int
+    topic: str
+    body: bytes
+
+
+def encode_record(kind: int, publisher_id: int, seq: int, ts_us: int, topic: bytes, body: bytes) -> bytes:
+    rest = _pack_after_crc(kind, 0, len(topic), publisher_id, seq, ts_us) + topic + body
+    return _pack_prefix(len(rest) + 4, _crc32(rest)) + rest
+
+
+def encode_segment_header(base: int) -> bytes:
+    return SEGMENT_HEADER.pack(MAGIC, 0, base)
+
+
+def decode_segment_header(data: bytes) -> int:
+    """Return the base position; raise CorruptRecord(0, ...) on a bad header."""
+    if len(data) < SEGMENT_HEADER_SIZE:
+        raise CorruptRecord(0, f"segment header truncated ({len(data)} of {SEGMENT_HEADER_SIZE} bytes)")
+    magic, _reserved, base = SEGMENT_HEADER.unpack_from(data)
+    if magic[:3] != MAGIC[:3]:
+        raise CorruptRecord(0, f"not a journal segment (magic {magic!r})")
+    if magic != MAGIC:
+        raise CorruptRecord(0, f"unsupported journal format version {magic[3]}")
+    return base
+
+
+def decode_records(buf, start: int, end: int, base_position: int, verify: bool = True):
+    """Decode whole records in buf[start:end].
+
+    Returns (records, stop): `stop` is the offset after the last whole, valid record. A partial
+    record at the end is not an error (the caller reads more); a bad crc or impossible length
+    raises CorruptRecord with the offset in `buf`.
+    """
+    out = []
+    append = out.append
+    pos = start
+    while end - pos >= RECORD_HEADER_SIZE:
+        length, crc, kind, _flags, tlen, pub, seq, ts = _unpack_header(buf, pos)
+        total = 4 + length
+        if length < RECORD_HEADER_SIZE - 4 + tlen:
+            raise CorruptRecord(pos, f"length {length} is shorter than its own header")
+        if pos + total > end:
+            break
+        if verify and _crc32(memoryview(buf)[pos + 8 : pos + total]) != crc:
+            raise CorruptRecord(pos, "checksum mismatch")
+        tstart = pos + RECORD_HEADER_SIZE
+        append(
+            Record(
+                base_position + pos,
+                kind,
+                pub,
+                seq,
+                ts,
+                bytes(buf[tstart : tstart + tlen]).decode("utf-8", "replace"),
+                bytes(buf[tstart + tlen : pos + total]),
+            )
+        )
+        pos += total
+    return out, pos
+
+
+def record_length_at(buf, pos: int) -> int:
+    """Size of the record starting at buf[pos] (needs at least 4 bytes)."""
+    return 4 + struct.unpack_from("<I", buf, pos)[0]
