@@ -142,6 +142,7 @@ class Journal:
         self._cond = threading.Condition()
         self._closing = False
         self._closed = False
+        self._failure: JournalUnavailable | None = None
         self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -318,12 +319,43 @@ class Journal:
                     return
                 self._pending = []
                 self._pending_bytes = 0
-            self._commit(batch)
+            run = []
+            for item in batch:
+                if item[0] is None:  # a fence: the submitter has dealt with the failure
+                    if run:
+                        self._commit(run)
+                        run = []
+                    self._failure = None
+                else:
+                    run.append(item)
+            if run:
+                self._commit(run)
+
+    def fence(self) -> None:
+        """After a failed commit every later batch fails too, until this marker is reached.
+
+        This keeps a batch queued behind a failed one from being stored past the gap: the
+        submitter rolls its state back, then calls fence(); batches submitted after the fence
+        are written normally.
+        """
+        with self._cond:
+            if self._closing:
+                return
+            self._pending.append((None, [], None))
+            self._cond.notify()
 
     def _commit(self, batch) -> None:
+        if self._failure is not None:
+            for _, _, cb in batch:
+                cb(None, self._failure)
+            return
         started = time.perf_counter()
         data = batch[0][0] if len(batch) == 1 else b"".join(b[0] for b in batch)
         seg = self.segments[-1]
+        if not data:  # only markers: durable already, since earlier commits finished
+            for _, _, cb in batch:
+                cb(self._end, None)
+            return
         try:
             if seg.size and seg.size + len(data) > self.segment_size:
                 self._roll()
@@ -335,6 +367,7 @@ class Journal:
             self._undo_partial_write(seg)
             self.stats.failures += 1
             err = JournalUnavailable(exc)
+            self._failure = err
             log.error("journal: %s", err)
             for _, _, cb in batch:
                 cb(None, err)
@@ -474,6 +507,14 @@ class Journal:
         if pos is None or pos < self.start_position:
             return None
         return pos
+
+    def after(self, position: int) -> int:
+        """Position of the record that follows the one at `position`."""
+        seg = self.segments[self._segment_index(position)]
+        head = os.pread(self._reader_fd(seg), 4, SEGMENT_HEADER_SIZE + position - seg.base)
+        if len(head) < 4:
+            raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, "no record at this position")
+        return self.next_position(position + record_length_at(head, 0))
 
     def locate_time(self, ts_us: int) -> int:
         """Position of the first record with a timestamp after ts_us (end_position if none)."""

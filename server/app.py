@@ -1,0 +1,207 @@
+"""The server: state shared by all connections, listeners, and the ordered shutdown.
+
+Server state (journal, pipeline, router, client names, stats) lives here; connection state
+lives in connection.py. Lifecycle:
+
+    created -> start() -> serving -> shutdown(reason) -> stopped
+
+Shutdown runs in a fixed order with a timeout (CONVENTIONS 10): stop accepting; stop reading
+from every connection; commit what was received; wait for the journal (bounded); send the last
+acks; close every connection with reason `shutdown`; close the journal; stop the admin endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import re
+import time
+
+from config.model import Config
+from journal.journal import Journal
+from protocol.framing import frame_bytes
+
+from .connection import Connection, Subscription
+from .pipeline import Pipeline
+from .replay import Replay, resolve_start
+from .router import Router
+from .stats import Stats
+
+log = logging.getLogger("tickertape.server")
+
+HEARTBEAT_TICK = 0.2
+SHUTDOWN_TIMEOUT = 10.0
+
+
+class Server:
+    def __init__(self, config: Config):
+        self.config = config
+        self.name = config.name
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.journal: Journal | None = None
+        self.pipeline: Pipeline | None = None
+        self.router = Router()
+        self.connections: set[Connection] = set()
+        self.names: dict[str, Connection] = {}
+        self.heartbeats: set[Connection] = set()
+        self.replays: set[Replay] = set()
+        self.listeners: list[asyncio.base_events.Server] = []
+        self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
+        self.max_client_buffer = config.limits.client_max_buffer_size
+        self.stats = Stats(self)
+        self.admin = None
+        self.readers = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="journal-reader")
+        self._ticker: asyncio.Task | None = None
+        self._stopped = asyncio.Event()
+        self.started_at = time.time()
+        self.shutting_down = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        tl = self.config.transaction_log
+        if tl is not None:
+            self.journal = await self.loop.run_in_executor(
+                None, lambda: Journal(tl.journal_directory, tl.journal_size, tl.durability)
+            )
+            recorded = tl.records_topic
+        else:
+            recorded = _never
+        self.pipeline = Pipeline(self, self.journal, recorded)
+        for t in self.config.transports:
+            srv = await self.loop.create_server(
+                lambda t=t: Connection(self, t.name, t.max_message_size),
+                t.host,
+                t.port,
+                reuse_address=True,
+                backlog=1024,
+            )
+            self.listeners.append(srv)
+            host, port = srv.sockets[0].getsockname()[:2]
+            self.addresses.append((t.name, host, port))
+            log.info("listening on %s:%d (transport %s, %s/%s)", host, port, t.name, t.protocol, t.message_type)
+        if self.config.admin is not None:
+            from .admin import AdminEndpoint
+
+            self.admin = AdminEndpoint(self, self.config.admin.host, self.config.admin.port)
+            await self.admin.start()
+        self._ticker = self.loop.create_task(self._tick())
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def shutdown(self, reason: str = "shutdown") -> None:
+        if self.shutting_down:
+            await self._stopped.wait()
+            return
+        self.shutting_down = True
+        started = time.monotonic()
+        log.info("shutting down (%s)", reason)
+        for srv in self.listeners:
+            srv.close()
+        for conn in list(self.connections):
+            conn.pause_reading("shutdown")
+        for r in list(self.replays):
+            r.cancel()
+        if self.pipeline is not None:
+            self.pipeline.flush()
+            deadline = time.monotonic() + SHUTDOWN_TIMEOUT
+            while self.pipeline.inflight_batches and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            if self.pipeline.inflight_batches:
+                log.error("shutdown: %d journal batches still not durable after %.0fs",
+                          self.pipeline.inflight_batches, SHUTDOWN_TIMEOUT)
+        for conn in list(self.connections):
+            conn.flush_out()
+            conn.close("shutdown")
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self.admin is not None:
+            await self.admin.stop()
+        if self.journal is not None:
+            await self.loop.run_in_executor(None, self.journal.close)
+        self.readers.shutdown(wait=False, cancel_futures=True)
+        for srv in self.listeners:
+            try:
+                await asyncio.wait_for(srv.wait_closed(), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        log.info("stopped in %.3fs", time.monotonic() - started)
+        self._stopped.set()
+
+    # -- connections -----------------------------------------------------------------------
+
+    def connection_opened(self, conn: Connection) -> None:
+        if self.shutting_down:
+            conn.close("shutdown")
+            return
+        self.connections.add(conn)
+        self.stats.connections_total += 1
+
+    def connection_closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        self.heartbeats.discard(conn)
+        if conn.client_name and self.names.get(conn.client_name) is conn:
+            del self.names[conn.client_name]
+        if self.pipeline is not None:
+            self.pipeline.paused_conns.discard(conn)
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    def add_subscription(self, sub: Subscription) -> None:
+        self.router.add(sub)
+
+    def remove_subscription(self, sub: Subscription, keep_replay: bool = False) -> None:
+        self.router.remove(sub)
+        if sub.replay is not None and not keep_replay:
+            sub.replay.cancel()
+            sub.replay = None
+
+    def replayable(self, topic: str, regex) -> bool:
+        tl = self.config.transaction_log
+        if tl is None or self.journal is None:
+            return False
+        if regex is None:
+            return tl.records_topic(topic)
+        # a pattern replays only logged topics; accept it if any topic pattern could overlap
+        return bool(tl.topics)
+
+    def literal_topic(self, topic: str) -> bool:
+        """Publish topics may contain '.', which is also a regex metacharacter."""
+        return not re.search(r"[\^$*+?{}\[\]\\|()]", topic)
+
+    def resolve_start(self, spec, opts) -> int | None:
+        return resolve_start(self.journal, spec, opts.bookmark_not_found)
+
+    def start_replay(self, sub: Subscription, start: int) -> None:
+        sub.replay = Replay(self, sub, start)
+        sub.replay.start()
+
+    def sow_delete(self, conn: Connection, h, body) -> None:
+        conn.fail(h, "not a queue", f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages")
+
+    # -- periodic work ------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        hb_frame = frame_bytes(b'{"c":"heartbeat"}')
+        last_stats = time.monotonic()
+        while True:
+            await asyncio.sleep(HEARTBEAT_TICK)
+            now = time.monotonic()
+            for conn in list(self.heartbeats):
+                iv = conn.hb_interval
+                if now - conn.last_recv > 2 * iv:
+                    conn.close("heartbeat")
+                elif now - conn.last_send >= iv:
+                    conn.out.append(hb_frame)
+                    conn.flush_out()
+            if now - last_stats >= 1.0:
+                self.stats.sample(now - last_stats)
+                last_stats = now
+
+
+def _never(topic: str) -> bool:
+    return False

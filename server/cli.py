@@ -1,0 +1,155 @@
+"""The `tickertape` command: the entry point for the server and the command-line client.
+
+    tickertape serve [--config FILE] [--daemon --pid-file FILE]
+    tickertape serve --verify-config FILE
+    tickertape pub|sub ...            (client/cli.py)
+
+Exit status: 0 on a clean stop (SIGTERM / SIGINT drain first), 1 when the server cannot start
+(address in use, damaged journal, already running), 2 for a bad command line or configuration.
+This module may import both `server` and `client`: it is the entry point (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+log = logging.getLogger("tickertape.server")
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="run the server (embedded default config without --config)")
+    p.add_argument("--config", metavar="FILE", help="XML configuration file (see config/examples/)")
+    p.add_argument("--verify-config", metavar="FILE", help="check a configuration file and exit")
+    p.add_argument("--daemon", action="store_true", help="detach and run in the background")
+    p.add_argument("--pid-file", metavar="FILE", help="pid file, locked while the server runs")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tickertape", description="Tickertape message server and client")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    try:
+        from client.cli import add_client_commands
+    except ImportError:  # pragma: no cover - the client is part of the distribution
+        pass
+    else:
+        add_client_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    handler = getattr(args, "run", None)
+    if handler is None:  # pragma: no cover
+        parser.error(f"unknown command {args.command}")
+    result = handler(args)
+    if asyncio.iscoroutine(result):
+        result = asyncio.run(result)
+    return int(result or 0)
+
+
+def _load_config(path: str | None):
+    from config.loader import default_config, load_config
+
+    return load_config(path) if path else default_config()
+
+
+def serve(args) -> int:
+    from config.errors import ConfigError
+
+    if args.verify_config:
+        try:
+            cfg = _load_config(args.verify_config)
+        except ConfigError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+        print(f"{args.verify_config}: configuration is valid (instance {cfg.name}, "
+              f"{len(cfg.transports)} transport(s), {len(cfg.queues)} queue(s))")
+        return 0
+    try:
+        cfg = _load_config(args.config)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+
+    from .daemon import AlreadyRunning, Daemon
+    from .logsetup import setup_logging
+
+    daemon = None
+    if args.daemon:
+        daemon = Daemon(args.pid_file or "tickertape.pid")
+        try:
+            daemon.lock()
+        except AlreadyRunning as exc:
+            print(f"tickertape: {exc}", file=sys.stderr)
+            return 1
+        daemon.detach()
+    elif args.pid_file:
+        daemon = Daemon(args.pid_file)
+        try:
+            daemon.lock()
+        except AlreadyRunning as exc:
+            print(f"tickertape: {exc}", file=sys.stderr)
+            return 1
+        daemon.write_pid()
+    setup_logging(cfg.logging, foreground=not args.daemon)
+    # a file-size limit must surface as a write error (journal unavailable), not kill the server
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if args.loop == "uvloop":
+        import uvloop
+
+        runner = uvloop.run
+    else:
+        runner = asyncio.run
+    try:
+        return runner(_run(cfg, daemon))
+    finally:
+        if daemon is not None:
+            daemon.release()
+
+
+async def _run(cfg, daemon) -> int:
+    from journal.journal import JournalError
+
+    from .app import Server
+    from .logsetup import reopen
+
+    server = Server(cfg)
+    try:
+        await server.start()
+    except (OSError, JournalError) as exc:
+        msg = f"tickertape: cannot start: {exc}"
+        if isinstance(exc, OSError) and exc.errno == 98:
+            msg += " (another process listens on that address: stop it or change <InetAddr>)"
+        log.error(msg)
+        print(msg, file=sys.stderr)
+        if daemon is not None:
+            daemon.failed(msg)
+        await server.shutdown("startup failed")
+        return 1
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda s=sig: loop.create_task(server.shutdown(signal.Signals(s).name)))
+    loop.add_signal_handler(signal.SIGHUP, reopen)
+    where = ", ".join(f"{h}:{p}" for _, h, p in server.addresses)
+    line = f"tickertape {cfg.name}: listening on {where}"
+    if server.admin is not None:
+        line += f"; admin http://{server.admin.host}:{server.admin.port}/stats"
+    if daemon is not None and daemon._ready_w >= 0:
+        daemon.ready(line)
+    else:
+        print(line, flush=True)
+    await server.wait_stopped()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

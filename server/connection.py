@@ -1,0 +1,492 @@
+"""One client connection: frames in, commands dispatched, acks and deliveries out.
+
+States: connected -> logged on -> closing -> closed. The first command must be `logon`
+(PROTOCOL.md §3); anything else fails with `logon required` and closes the connection.
+
+Output is coalesced: acks and deliveries are appended to `out` and written with one
+`transport.write` per batch of input or per committed journal batch. The transport's buffer is
+bounded (`<ClientMaxBufferSize>`): past it the client is disconnected with reason `slow client`
+(a live subscriber that cannot keep up must not grow the server's memory). Replays are paced
+instead: they wait for the transport to drain (`pause_writing` / `resume_writing`).
+
+Every close has a reason from PROTOCOL.md §9 and is logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+import struct
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from protocol.bookmarks import NOW, InvalidBookmark, Now, format_bookmark, parse_bookmark
+from protocol.framing import FrameDecoder, FrameError
+from protocol.options import InvalidOptions, heartbeat_options, logon_options, subscribe_options
+
+from .filters import FilterError, compile_filter
+from .ids import publisher_id, server_publisher_id
+from .pipeline import timestamp_part
+from .router import is_pattern
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .app import Server
+
+log = logging.getLogger("tickertape.connection")
+
+_pack_len = struct.Struct(">I").pack
+_json = msgspec.json.encode
+_conn_ids = itertools.count(1)
+
+
+class Subscription:
+    """A subscription of one connection. `live` is False while it replays or is paused."""
+
+    __slots__ = (
+        "sub_id", "conn", "topic", "regex", "filter", "filter_text", "opts", "prefix",
+        "live", "timestamp", "bookmark", "replay", "acks", "cid",
+    )
+
+    def __init__(self, conn, sub_id, topic, regex, filt, filter_text, opts, acks, cid):
+        self.sub_id = sub_id
+        self.conn = conn
+        self.topic = topic
+        self.regex = regex
+        self.filter = filt
+        self.filter_text = filter_text
+        self.opts = opts
+        self.timestamp = opts.timestamp
+        sid = _json(sub_id)
+        self.prefix = b'{"c":"p","sub_id":' + sid + b',"sids":' + sid
+        self.live = True
+        self.bookmark = None
+        self.replay = None
+        self.acks = acks
+        self.cid = cid
+
+    def matches_topic(self, topic: str) -> bool:
+        return self.regex.fullmatch(topic) is not None if self.regex is not None else topic == self.topic
+
+
+def _ack_types(a: str | None) -> frozenset:
+    if not a:
+        return frozenset()
+    return frozenset(x.strip() for x in a.split(",") if x.strip())
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: Server, transport_name: str, max_frame: int):
+        self.server = server
+        self.id = next(_conn_ids)
+        self.transport_name = transport_name
+        self.decoder = FrameDecoder(max_frame)
+        self.transport = None
+        self.peer = "?"
+        self.client_name: str | None = None
+        self.user_id: str | None = None
+        self.pub = 0
+        self.server_pub = 0
+        self.logged_on = False
+        self.subs: dict[str, Subscription] = {}
+        self.out: list[bytes] = []
+        self.wants_persisted = False
+        self.is_publisher = False
+        self.closing = False
+        self.close_reason: str | None = None
+        self.hb_interval = 0.0
+        now = time.monotonic()
+        self.last_recv = now
+        self.last_send = now
+        self.ack_conflation = 0.0
+        self._persist_pending = 0
+        self._ack_timer = None
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self._read_pauses: set[str] = set()
+        self._sub_counter = 0
+        self.received = 0
+        self.sent_messages = 0
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.server.connection_opened(self)
+        log.debug("connection %d from %s on %s", self.id, self.peer, self.transport_name)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_recv = time.monotonic()
+        error = None
+        try:
+            frames = self.decoder.feed(data)
+        except FrameError as exc:
+            frames = exc.frames
+            error = exc
+        handlers = _HANDLERS
+        for header, body in frames:
+            if self.closing:
+                break
+            handler = handlers.get(header.c)
+            if handler is None:
+                self.fail(header, "unknown command", f"unknown command {header.c!r}; see PROTOCOL.md §3")
+                self.close("unknown command")
+                break
+            if not self.logged_on and handler is not Connection.cmd_logon:
+                self.fail(header, "logon required", "the first command must be logon")
+                self.close("logon required")
+                break
+            try:
+                handler(self, header, body)
+            except Exception:  # a bug must cost one connection, never the server
+                log.exception("connection %d: error handling %s", self.id, header.c)
+                self.fail(header, "bad frame", "internal error handling this command")
+                self.close("bad frame")
+                break
+        if error is not None and not self.closing:
+            self.send_ack("processed", None, "failure", "bad frame", detail=str(error))
+            log.warning("connection %d (%s): bad frame: %s", self.id, self.describe(), error)
+            self.close("bad frame")
+        if self.out:
+            self.flush_out()
+
+    def connection_lost(self, exc) -> None:
+        if self.close_reason is None:
+            self.close_reason = "connection closed"
+            log.info(
+                "disconnect: %s reason=connection closed%s",
+                self.describe(), f" ({exc})" if exc else "",
+            )
+        self.closing = True
+        self.writable.set()
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        for sub in list(self.subs.values()):
+            self.server.remove_subscription(sub)
+        self.subs.clear()
+        self.server.connection_closed(self)
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    # -- output ----------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        return f"connection {self.id} client={self.client_name or '-'} peer={self.peer}"
+
+    def flush_out(self) -> None:
+        out = self.out
+        if not out or self.transport is None:
+            out.clear()
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        if self.transport.is_closing():
+            return
+        self.transport.write(data)
+        self.last_send = time.monotonic()
+        if self.transport.get_write_buffer_size() > self.server.max_client_buffer:
+            self.close("slow client", abort=True)
+
+    def send_frame(self, header: dict, body: bytes = b"") -> None:
+        h = _json(header)
+        self.out.append(_pack_len(len(h) + len(body)) + h + body)
+
+    def send_ack(self, kind: str, cid, status: str = "success", reason: str | None = None, **fields) -> None:
+        h = {"c": "ack", "a": kind}
+        if cid is not None:
+            h["cid"] = cid
+        h["status"] = status
+        if reason:
+            h["reason"] = reason
+        for k, v in fields.items():
+            if v is not None:
+                h[k] = v
+        self.send_frame(h)
+
+    def fail(self, header, reason: str, detail: str) -> None:
+        """Refuse a command: failure ack if one was asked for, and always a log line."""
+        log.warning("%s: %s refused: %s: %s", self.describe(), header.c, reason, detail)
+        self.server.stats.refused += 1
+        acks = _ack_types(header.a)
+        kind = "processed" if "processed" in acks or not acks else sorted(acks)[0]
+        if acks or header.c in ("logon", "subscribe", "unsubscribe", "sow_delete"):
+            self.send_ack(kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id)
+
+    def out_message(self, chosen, m) -> None:
+        """Queue one delivery of committed message `m` for subscription(s) `chosen`."""
+        if type(chosen) is list:
+            ids = ",".join(s.sub_id for s in chosen)
+            prefix = b'{"c":"p","sub_id":' + _json(chosen[0].sub_id) + b',"sids":' + _json(ids)
+            ts = any(s.timestamp for s in chosen)
+        else:
+            prefix = chosen.prefix
+            ts = chosen.timestamp
+        body = m.body
+        if ts:
+            tsp = timestamp_part(m.ts)
+            self.out += (_pack_len(len(prefix) + len(m.suffix) + len(tsp) + 1 + len(body)), prefix, m.suffix, tsp, b"}", body)
+        else:
+            self.out += (_pack_len(len(prefix) + len(m.suffix) + 1 + len(body)), prefix, m.suffix, b"}", body)
+        self.sent_messages += 1
+
+    def persisted(self, seq: int) -> None:
+        """A commit made everything up to `seq` durable: one conflated ack."""
+        if self.closing:
+            return
+        if self.ack_conflation:
+            if seq > self._persist_pending:
+                self._persist_pending = seq
+            if self._ack_timer is None:
+                self._ack_timer = self.server.loop.call_later(self.ack_conflation, self._send_conflated)
+            return
+        self.out.append(b'\x00\x00\x00\x00')  # placeholder replaced below (keeps one allocation)
+        h = b'{"c":"ack","a":"persisted","status":"success","s":%d}' % seq
+        self.out[-1] = _pack_len(len(h)) + h
+        self.flush_out()
+
+    def _send_conflated(self) -> None:
+        self._ack_timer = None
+        if self._persist_pending and not self.closing:
+            seq, self._persist_pending = self._persist_pending, 0
+            self.send_ack("persisted", None, s=seq)
+            self.flush_out()
+
+    def persist_failed(self, reason: str, detail: str) -> None:
+        if self.closing:
+            return
+        self.send_ack("persisted", None, "failure", reason, detail=detail)
+        self.flush_out()
+
+    def flush_done(self, cid, acks) -> None:
+        if self.closing:
+            return
+        for kind in acks or ("completed",):
+            self.send_ack(kind, cid)
+        self.flush_out()
+
+    def flush_failed(self, cid, acks, reason) -> None:
+        if self.closing:
+            return
+        for kind in acks or ("completed",):
+            self.send_ack(kind, cid, "failure", reason)
+        self.flush_out()
+
+    def close(self, reason: str, abort: bool = False) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self.close_reason = reason
+        log.info("disconnect: %s reason=%s", self.describe(), reason)
+        self.server.stats.disconnects[reason] = self.server.stats.disconnects.get(reason, 0) + 1
+        if self.transport is None:
+            return
+        if abort:
+            self.out.clear()
+            self.transport.abort()
+        else:
+            if self.out:
+                data = b"".join(self.out)
+                self.out.clear()
+                self.transport.write(data)
+            self.transport.close()
+
+    def pause_reading(self, why: str) -> None:
+        if not self._read_pauses and self.transport is not None and not self.closing:
+            self.transport.pause_reading()
+        self._read_pauses.add(why)
+
+    def resume_reading(self, why: str) -> None:
+        self._read_pauses.discard(why)
+        if not self._read_pauses and self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def cmd_logon(self, h, body) -> None:
+        server = self.server
+        acks = _ack_types(h.a)
+        if self.logged_on:
+            self.fail(h, "auth failure", "this connection is already logged on; open a new connection")
+            return
+        name = h.client_name
+        if not name and server.journal is not None:
+            self.fail(h, "logon required", "client_name is required: this instance has a transaction log")
+            self.close("logon required")
+            return
+        try:
+            opts = logon_options(h.o)
+        except InvalidOptions as exc:
+            self.fail(h, "invalid options", str(exc))
+            self.close("auth failure")
+            return
+        if name:
+            other = server.names.get(name)
+            if other is not None and other is not self:
+                if other.user_id == h.user_id:
+                    other.close("name in use")
+                    server.names.pop(name, None)
+                else:
+                    self.fail(h, "name in use", f"client name {name!r} is connected with another user id")
+                    self.close("name in use")
+                    return
+            server.names[name] = self
+        self.client_name = name or f"anonymous-{self.id}"
+        self.user_id = h.user_id
+        self.pub = publisher_id(self.client_name)
+        self.server_pub = server_publisher_id(self.client_name, server.name)
+        self.ack_conflation = opts.ack_conflation or 0.0
+        self.logged_on = True
+        seq = server.pipeline.durable.get(self.pub, 0)
+        log.info("logon: %s user=%s last_seq=%d", self.describe(), self.user_id or "-", seq)
+        if "processed" in acks or not acks:
+            self.send_ack(
+                "processed", h.cid, s=seq, bm=format_bookmark(self.pub, seq) if seq else "",
+                client_name=self.client_name,
+            )
+
+    def cmd_publish(self, h, body) -> None:
+        topic = h.t
+        if not topic or is_pattern(topic) and not self.server.literal_topic(topic):
+            self.fail(h, "invalid topic", f"publish needs a literal topic, got {topic!r}")
+            return
+        a = h.a
+        if a is not None and "persisted" in a:
+            self.wants_persisted = True
+        self.is_publisher = True
+        self.received += 1
+        seq, dup = self.server.pipeline.publish(
+            self, self.pub if h.s is not None else self.server_pub, h.s, topic, body, h.x
+        )
+        if a is not None and ("processed" in a or "received" in a):
+            for kind in _ack_types(a) & {"received", "processed"}:
+                self.send_ack(kind, h.cid, s=seq, reason="duplicate" if dup else None)
+
+    def cmd_subscribe(self, h, body) -> None:
+        server = self.server
+        topic = h.t
+        acks = _ack_types(h.a)
+        if not topic:
+            self.fail(h, "invalid topic", "subscribe needs a topic (t)")
+            return
+        try:
+            opts = subscribe_options(h.o)
+        except InvalidOptions as exc:
+            self.fail(h, "invalid options", str(exc))
+            return
+        sub_id = h.sub_id
+        if sub_id is None:
+            self._sub_counter += 1
+            sub_id = f"{self.id}.{self._sub_counter}"
+        existing = self.subs.get(sub_id)
+        if existing is not None and not opts.replace:
+            self.fail(h, "subscription already exists", f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option")
+            return
+        regex = None
+        if is_pattern(topic):
+            try:
+                regex = re.compile(topic)
+            except re.error as exc:
+                self.fail(h, "bad regex topic", f"topic {topic!r} is not a valid regular expression: {exc}")
+                return
+        filt = None
+        if h.f:
+            try:
+                filt = compile_filter(h.f)
+            except FilterError as exc:
+                self.fail(h, "bad filter", str(exc))
+                return
+        spec = None
+        if h.bm:
+            try:
+                spec = parse_bookmark(h.bm)
+            except InvalidBookmark as exc:
+                self.fail(h, "invalid bookmark", str(exc))
+                return
+            if isinstance(spec, Now):
+                spec = None
+        if spec is None and h.bm is None and opts.bookmark_only():
+            self.fail(h, "invalid options", f"options {', '.join(opts.bookmark_only())} need a bookmark subscription (bm)")
+            return
+        start = None
+        if spec is not None:
+            if not server.replayable(topic, regex):
+                self.fail(h, "invalid topic", f"topic {topic!r} is not recorded in the transaction log, so it cannot be replayed")
+                return
+            try:
+                start = server.resolve_start(spec, opts)
+            except InvalidBookmark as exc:
+                self.fail(h, "invalid bookmark", str(exc))
+                return
+            if start is None:
+                spec = None  # an unknown bookmark starts at NOW
+        if existing is not None:  # replace: same place in the stream, new filter / options
+            server.remove_subscription(existing, keep_replay=True)
+        sub = Subscription(self, sub_id, topic, regex, filt, h.f, opts, acks, h.cid)
+        self.subs[sub_id] = sub
+        if existing is not None and existing.replay is not None:
+            sub.live = existing.live
+            sub.replay = existing.replay
+            sub.replay.sub = sub
+        elif spec is not None:
+            sub.live = False
+            sub.bookmark = h.bm
+        server.add_subscription(sub)
+        if "processed" in acks:
+            self.send_ack("processed", h.cid, sub_id=sub_id)
+        if spec is not None and existing is None:
+            server.start_replay(sub, start)
+        elif h.bm is not None and "completed" in acks and existing is None:
+            self.send_ack("completed", h.cid, sub_id=sub_id, bm=str(NOW))
+
+    def cmd_unsubscribe(self, h, body) -> None:
+        ids = (h.sub_id or "").strip()
+        if not ids:
+            self.fail(h, "invalid options", "unsubscribe needs sub_id (an id, a comma list, or all)")
+            return
+        if ids == "all":
+            targets = list(self.subs.values())
+        else:
+            targets = [self.subs[i] for i in (x.strip() for x in ids.split(",")) if i in self.subs]
+        for sub in targets:
+            del self.subs[sub.sub_id]
+            self.server.remove_subscription(sub)
+        if "processed" in _ack_types(h.a):
+            self.send_ack("processed", h.cid, sub_id=h.sub_id)
+
+    def cmd_heartbeat(self, h, body) -> None:
+        try:
+            opts = heartbeat_options(h.o) if h.o else None
+        except InvalidOptions as exc:
+            self.fail(h, "invalid options", str(exc))
+            return
+        if opts is not None and opts.start:
+            self.hb_interval = opts.start
+            self.server.heartbeats.add(self)
+        if "processed" in _ack_types(h.a):
+            self.send_ack("processed", h.cid)
+
+    def cmd_flush(self, h, body) -> None:
+        self.server.pipeline.add_flush(self, h.cid, sorted(_ack_types(h.a)))
+
+    def cmd_sow_delete(self, h, body) -> None:
+        self.server.sow_delete(self, h, body)
+
+
+_HANDLERS = {
+    "logon": Connection.cmd_logon,
+    "publish": Connection.cmd_publish,
+    "subscribe": Connection.cmd_subscribe,
+    "unsubscribe": Connection.cmd_unsubscribe,
+    "heartbeat": Connection.cmd_heartbeat,
+    "flush": Connection.cmd_flush,
+    "sow_delete": Connection.cmd_sow_delete,
+}

@@ -1,0 +1,67 @@
+"""Logging to the configured targets (`<Logging><Target>`), and reopening files on SIGHUP.
+
+Every line: `2026-11-21T21:05:09.123Z LEVEL logger: message`, UTC. File targets are opened
+in append mode; `reopen()` closes and reopens them, so log rotation (move the file, send SIGHUP)
+loses no line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+class _Formatter(logging.Formatter):
+    converter = time.gmtime
+
+    def formatTime(self, record, datefmt=None):  # noqa: N802 - logging's API
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + ".%03dZ" % record.msecs
+
+
+_handlers: list[logging.Handler] = []
+
+
+def setup_logging(targets, foreground: bool = True) -> None:
+    """Install one handler per target on the `tickertape` logger, replacing earlier ones."""
+    root = logging.getLogger("tickertape")
+    for h in _handlers:
+        root.removeHandler(h)
+        h.close()
+    _handlers.clear()
+    fmt = _Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lowest = logging.ERROR
+    for t in targets:
+        if t.protocol in ("stdout", "stderr"):
+            if not foreground:
+                continue  # a daemon has no terminal
+            h = logging.StreamHandler(sys.stdout if t.protocol == "stdout" else sys.stderr)
+        else:
+            path = t.file_name
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            h = logging.FileHandler(path, mode="a", encoding="utf-8", delay=False)
+        level = LEVELS.get(t.level, logging.INFO)
+        h.setLevel(level)
+        h.setFormatter(fmt)
+        root.addHandler(h)
+        _handlers.append(h)
+        lowest = min(lowest, level)
+    root.setLevel(lowest)
+    root.propagate = False
+
+
+def reopen() -> None:
+    """Reopen every file target (SIGHUP), for log rotation."""
+    for h in _handlers:
+        if isinstance(h, logging.FileHandler):
+            h.acquire()
+            try:
+                if h.stream:
+                    h.stream.close()
+                h.stream = h._open()
+            finally:
+                h.release()
+    logging.getLogger("tickertape").info("log files reopened")

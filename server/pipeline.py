@@ -1,0 +1,307 @@
+"""The path of a published message: dedup, stamp, batch, group commit, acks, fan-out.
+
+(DESIGN.md §2.) Everything here runs on the event loop except the journal's writer thread.
+
+1. `publish()` checks the sequence against the publisher's highest (duplicates are acked, not
+   stored), stamps a bookmark and a non-decreasing receive time, encodes the journal record into
+   the open batch, and schedules one `flush()` per loop iteration.
+2. `flush()` hands the open batch to the journal (one submit per loop iteration; the writer
+   merges whatever is queued into one write + one fdatasync).
+3. `_committed()` runs on the loop when the batch is durable: one conflated `persisted` ack per
+   publishing connection, then delivery to subscriptions, then flush markers.
+
+A failed commit (disk full) fails every batch up to the point where the loop has rolled back the
+publishers' sequences, so no later batch can be stored past a gap: see `_failed()`.
+
+Back-pressure: bytes submitted but not yet durable are bounded (`max_inflight`); past it every
+publishing connection stops reading until the journal catches up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from journal.record import KIND_MESSAGE, encode_record
+from protocol.bookmarks import format_bookmark, format_timestamp
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .app import Server
+    from .connection import Connection
+
+log = logging.getLogger("tickertape.pipeline")
+
+_json = msgspec.json.encode
+_decode_body = msgspec.json.Decoder().decode
+_UNSET = object()
+TOPIC_CACHE_LIMIT = 50_000
+
+
+class Message:
+    """A message of a committed batch, ready for delivery. `bm` is b"" on unrecorded topics."""
+
+    __slots__ = ("topic", "pub", "seq", "ts", "body", "suffix", "position", "x")
+
+    def __init__(self, topic, pub, seq, ts, body, suffix, position, x):
+        self.topic = topic
+        self.pub = pub
+        self.seq = seq
+        self.ts = ts
+        self.body = body
+        self.suffix = suffix  # b',"t":"...","bm":"..."' (+ ,"x":...) - the per-message header part
+        self.position = position
+        self.x = x
+
+
+class Batch:
+    __slots__ = ("data", "entries", "msgs", "acks", "flushes", "first_seq", "size")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.entries: list = []  # (pub, seq, ts, offset in data) for the journal index
+        self.msgs: list = []  # (topic, pub, seq, ts, body, offset or -1, x)
+        self.acks: dict = {}  # conn -> highest seq to ack as persisted
+        self.flushes: list = []  # (conn, cid, ack types) waiting for everything before them
+        self.first_seq: dict = {}  # pub -> lowest seq in this batch (for rollback)
+
+    def empty(self) -> bool:
+        return not (self.msgs or self.acks or self.flushes)
+
+
+class Pipeline:
+    def __init__(self, server: Server, journal, recorded, max_inflight: int = 64 * 1024 * 1024):
+        self.server = server
+        self.journal = journal
+        self.recorded = recorded  # topic -> bool (is it in the transaction log)
+        self.max_inflight = max_inflight
+        self.highest: dict[int, int] = {}  # pub -> highest seq accepted (stored or in flight)
+        self.durable: dict[int, int] = {}  # pub -> highest seq durable
+        self.durable_pos: dict[int, int] = {}
+        if journal is not None:
+            for pub, (seq, pos) in journal.publishers().items():
+                self.highest[pub] = seq
+                self.durable[pub] = seq
+                self.durable_pos[pub] = pos
+        self.batch = Batch()
+        self.scheduled = False
+        self.inflight_bytes = 0
+        self.inflight_batches = 0
+        self.paused_conns: set = set()
+        self.failing = False  # between a failed commit and the loop's rollback
+        self.last_ts = 0
+        self.delivered_end = journal.end_position if journal is not None else 0
+        self._topics: dict[str, tuple] = {}
+        self.published = 0
+        self.delivered = 0
+        self.duplicates = 0
+        self.on_deliver = []  # extra consumers of committed batches (queues, replay joins)
+
+    # -- intake --------------------------------------------------------------------------
+
+    def topic_info(self, topic: str) -> tuple:
+        info = self._topics.get(topic)
+        if info is None:
+            if len(self._topics) >= TOPIC_CACHE_LIMIT:
+                self._topics.clear()
+            info = (topic.encode(), b',"t":' + _json(topic), self.recorded(topic))
+            self._topics[topic] = info
+        return info
+
+    def publish(self, conn: Connection, pub: int, seq: int | None, topic: str, body: bytes, x) -> tuple[int, bool]:
+        """Accept one publish. Returns (seq, duplicate)."""
+        highest = self.highest.get(pub, 0)
+        batch = self.batch
+        if seq is None:
+            seq = highest + 1
+        elif seq <= highest:
+            self.duplicates += 1
+            if conn.wants_persisted:
+                # already stored (or in a commit ahead of this batch): ack it with this batch
+                acks = batch.acks
+                if acks.get(conn, 0) < seq:
+                    acks[conn] = seq
+                self._schedule()
+            return seq, True
+        self.highest[pub] = seq
+        if pub not in batch.first_seq:
+            batch.first_seq[pub] = seq
+        ts = int(time.time() * 1_000_000)
+        if ts <= self.last_ts:
+            ts = self.last_ts  # receive times never go backwards in journal order
+        self.last_ts = ts
+        tb, _tj, recorded = self.topic_info(topic)
+        if recorded and self.journal is not None:
+            off = len(batch.data)
+            batch.entries.append((pub, seq, ts, off))
+            batch.data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body)
+        else:
+            off = -1
+        batch.msgs.append((topic, pub, seq, ts, body, off, x))
+        if conn.wants_persisted:
+            batch.acks[conn] = seq
+        self.published += 1
+        if not self.scheduled:
+            self._schedule()
+        return seq, False
+
+    def add_flush(self, conn, cid, acks) -> None:
+        self.batch.flushes.append((conn, cid, acks))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self.scheduled:
+            self.scheduled = True
+            self.server.loop.call_soon(self.flush)
+
+    # -- commit --------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        self.scheduled = False
+        batch = self.batch
+        if batch.empty():
+            return
+        self.batch = Batch()
+        if self.journal is None or not batch.data and self.inflight_batches == 0:
+            self._committed(batch, self.delivered_end, None, -1)
+            return
+        size = len(batch.data)
+        self.inflight_bytes += size
+        self.inflight_batches += 1
+        loop = self.server.loop
+        cb = self._committed
+
+        def done(pos, err, batch=batch, size=size):
+            loop.call_soon_threadsafe(cb, batch, pos, err, size)
+
+        try:
+            self.journal.submit(bytes(batch.data), batch.entries, done)
+        except Exception as exc:  # closed journal during shutdown
+            self._committed(batch, None, exc, size)
+            return
+        if self.inflight_bytes > self.max_inflight:
+            self._pause_publishers()
+
+    def _committed(self, batch: Batch, pos, err, size: int) -> None:
+        """size = -1 for a batch that never went to the journal (nothing to wait for)."""
+        if size >= 0:
+            self.inflight_bytes -= size
+            self.inflight_batches -= 1
+        if self.paused_conns and self.inflight_bytes < self.max_inflight // 2:
+            self._resume_publishers()
+        if err is not None:
+            self._failed(batch, err)
+            return
+        server = self.server
+        # 1. conflated persisted acks
+        for conn, seq in batch.acks.items():
+            conn.persisted(seq)
+        # 2. sequences now durable (for logon acks)
+        durable = self.durable
+        durable_pos = self.durable_pos
+        base = pos if pos is not None else self.delivered_end
+        msgs = []
+        for topic, pub, seq, ts, body, off, x in batch.msgs:
+            if durable.get(pub, 0) < seq:
+                durable[pub] = seq
+            if off >= 0:
+                position = base + off
+                durable_pos[pub] = position
+                bm = format_bookmark(pub, seq)
+                suffix = self.topic_info(topic)[1] + b',"bm":"' + bm.encode() + b'"'
+            else:
+                position = -1
+                suffix = self.topic_info(topic)[1]
+            if x is not None:
+                suffix += b',"x":' + _json(x)
+            msgs.append(Message(topic, pub, seq, ts, body, suffix, position, x))
+        if self.journal is not None and batch.data:
+            self.delivered_end = base + len(batch.data)
+        # 3. fan-out
+        if msgs and server.router.count:
+            self.deliver(msgs)
+        for consumer in self.on_deliver:
+            consumer(msgs, self.delivered_end)
+        # 4. flush markers: everything before them is processed and durable
+        for conn, cid, acks in batch.flushes:
+            conn.flush_done(cid, acks)
+
+    def _failed(self, batch: Batch, err) -> None:
+        """Roll back sequences so the publisher can re-send, then tell each publisher."""
+        for pub, first in batch.first_seq.items():
+            if self.highest.get(pub, 0) >= first:
+                self.highest[pub] = first - 1
+        log.error("journal commit failed: %s (%d messages not persisted)", err, len(batch.msgs))
+        reason = getattr(err, "reason", "journal unavailable")
+        for conn in batch.acks:
+            conn.persist_failed(reason, str(err))
+        for conn, cid, acks in batch.flushes:
+            conn.flush_failed(cid, acks, reason)
+        self._fence()
+
+    def _fence(self) -> None:
+        """Fail everything queued behind a failed commit until the loop has rolled back.
+
+        The journal fails batches submitted before the fence marker it processes after a failure
+        (see Journal.fence); batches built after the rollback are accepted again.
+        """
+        if self.journal is not None:
+            self.journal.fence()
+
+    def _pause_publishers(self) -> None:
+        for conn in list(self.server.connections):
+            if conn.is_publisher and conn not in self.paused_conns:
+                conn.pause_reading("journal behind")
+                self.paused_conns.add(conn)
+
+    def _resume_publishers(self) -> None:
+        for conn in self.paused_conns:
+            conn.resume_reading("journal behind")
+        self.paused_conns.clear()
+
+    # -- delivery ------------------------------------------------------------------------
+
+    def deliver(self, msgs) -> None:
+        """Live fan-out of committed messages to every matching subscription."""
+        match = self.server.router.match
+        touched = set()
+        delivered = 0
+        for m in msgs:
+            groups = match(m.topic)
+            if not groups:
+                continue
+            decoded = _UNSET
+            for conn, subs in groups:
+                chosen = None
+                for sub in subs:
+                    if not sub.live:
+                        continue
+                    f = sub.filter
+                    if f is not None:
+                        if decoded is _UNSET:
+                            try:
+                                decoded = _decode_body(m.body)
+                            except msgspec.DecodeError:
+                                decoded = None
+                        if decoded is None or not f(decoded):
+                            continue
+                    if chosen is None:
+                        chosen = sub
+                    elif type(chosen) is list:
+                        chosen.append(sub)
+                    else:
+                        chosen = [chosen, sub]
+                if chosen is None:
+                    continue
+                conn.out_message(chosen, m)
+                touched.add(conn)
+                delivered += 1
+        self.delivered += delivered
+        for conn in touched:
+            conn.flush_out()
+
+
+def timestamp_part(ts_us: int) -> bytes:
+    return b',"ts":"' + format_timestamp(ts_us).encode() + b'"'

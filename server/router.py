@@ -1,0 +1,69 @@
+"""Topic routing: which subscriptions want a message on a given topic.
+
+A subscription's topic is literal unless it contains regular-expression metacharacters, in which
+case it is a pattern over topic names (Python `re`, full match; PROTOCOL.md §6).
+
+`match(topic)` returns the matching subscriptions grouped by connection, so a message matching
+several subscriptions of one connection is delivered once (with `sids` listing them). Results are
+cached per topic; any subscribe or unsubscribe clears the cache, and the cache is bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_META = re.compile(r"[.^$*+?{}\[\]\\|()]")
+CACHE_LIMIT = 100_000
+
+
+def is_pattern(topic: str) -> bool:
+    return _META.search(topic) is not None
+
+
+class Router:
+    def __init__(self) -> None:
+        self._exact: dict[str, list[Any]] = {}
+        self._patterns: list[Any] = []
+        self._cache: dict[str, tuple] = {}
+        self.count = 0
+
+    def add(self, sub) -> None:
+        if sub.regex is not None:
+            self._patterns.append(sub)
+        else:
+            self._exact.setdefault(sub.topic, []).append(sub)
+        self.count += 1
+        self._cache.clear()
+
+    def remove(self, sub) -> None:
+        try:
+            if sub.regex is not None:
+                self._patterns.remove(sub)
+            else:
+                lst = self._exact[sub.topic]
+                lst.remove(sub)
+                if not lst:
+                    del self._exact[sub.topic]
+        except (ValueError, KeyError):
+            return
+        self.count -= 1
+        self._cache.clear()
+
+    def match(self, topic: str) -> tuple:
+        """((conn, (sub, ...)), ...) for every connection with a subscription matching `topic`."""
+        hit = self._cache.get(topic)
+        if hit is not None:
+            return hit
+        subs = list(self._exact.get(topic, ()))
+        for sub in self._patterns:
+            if sub.regex.fullmatch(topic):
+                subs.append(sub)
+        groups: dict[Any, list] = {}
+        for sub in subs:
+            groups.setdefault(sub.conn, []).append(sub)
+        hit = tuple((conn, tuple(group)) for conn, group in groups.items())
+        if len(self._cache) >= CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[topic] = hit
+        return hit

@@ -1,0 +1,117 @@
+"""Server statistics, as served by the admin endpoint in JSON and Prometheus text format.
+
+Counters are plain integers bumped on the hot path (or read from the pipeline and journal);
+rates are computed once a second by the server's ticker from counter deltas, so reading the
+stats costs nothing per message.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+
+class Stats:
+    def __init__(self, server):
+        self.server = server
+        self.connections_total = 0
+        self.refused = 0
+        self.disconnects: dict[str, int] = {}
+        self.publish_rate = 0.0
+        self.delivery_rate = 0.0
+        self._last = (0, 0)
+
+    def sample(self, elapsed: float) -> None:
+        p = self.server.pipeline
+        if p is None or elapsed <= 0:
+            return
+        pub, dlv = p.published, p.delivered
+        self.publish_rate = (pub - self._last[0]) / elapsed
+        self.delivery_rate = (dlv - self._last[1]) / elapsed
+        self._last = (pub, dlv)
+
+    def snapshot(self) -> dict:
+        s = self.server
+        p = s.pipeline
+        j = s.journal
+        topics = len(p._topics) if p is not None else 0
+        out = {
+            "instance": s.name,
+            "uptime_s": round(time.time() - s.started_at, 3),
+            "pid": os.getpid(),
+            "rss_bytes": _rss(),
+            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "connections": len(s.connections),
+            "connections_total": self.connections_total,
+            "subscriptions": s.router.count,
+            "replays": len(s.replays),
+            "topics": topics,
+            "published": p.published if p else 0,
+            "delivered": p.delivered if p else 0,
+            "duplicates": p.duplicates if p else 0,
+            "publish_rate": round(self.publish_rate, 1),
+            "delivery_rate": round(self.delivery_rate, 1),
+            "refused_commands": self.refused,
+            "disconnects": dict(self.disconnects),
+            "journal": None,
+        }
+        if j is not None:
+            st = j.stats
+            out["journal"] = {
+                "directory": j.directory,
+                "bytes": j.disk_bytes(),
+                "segments": len(j.segments),
+                "start_position": j.start_position,
+                "end_position": j.end_position,
+                "commits": st.commits,
+                "records": st.records,
+                "write_failures": st.failures,
+                "last_commit_latency_s": st.last_latency_s,
+                "inflight_bytes": p.inflight_bytes if p else 0,
+                "recovery": j.recovery,
+            }
+        return out
+
+    def prometheus(self) -> str:
+        snap = self.snapshot()
+        lines = []
+
+        def metric(name, kind, help_, value, labels=""):
+            lines.append(f"# HELP tickertape_{name} {help_}")
+            lines.append(f"# TYPE tickertape_{name} {kind}")
+            lines.append(f"tickertape_{name}{labels} {value}")
+
+        metric("connections", "gauge", "Open client connections.", snap["connections"])
+        metric("connections_total", "counter", "Connections accepted since start.", snap["connections_total"])
+        metric("subscriptions", "gauge", "Active subscriptions.", snap["subscriptions"])
+        metric("replays", "gauge", "Bookmark replays in progress.", snap["replays"])
+        metric("topics", "gauge", "Distinct topics seen.", snap["topics"])
+        metric("published_total", "counter", "Messages accepted for publish.", snap["published"])
+        metric("delivered_total", "counter", "Live deliveries to subscriptions.", snap["delivered"])
+        metric("duplicates_total", "counter", "Duplicate publishes dropped.", snap["duplicates"])
+        metric("publish_rate", "gauge", "Messages published per second (last second).", snap["publish_rate"])
+        metric("delivery_rate", "gauge", "Deliveries per second (last second).", snap["delivery_rate"])
+        metric("refused_commands_total", "counter", "Commands refused with a failure ack.", snap["refused_commands"])
+        metric("rss_bytes", "gauge", "Resident memory of the server process.", snap["rss_bytes"])
+        lines.append("# HELP tickertape_disconnects_total Connections closed, by reason.")
+        lines.append("# TYPE tickertape_disconnects_total counter")
+        for reason, n in sorted(snap["disconnects"].items()):
+            lines.append(f'tickertape_disconnects_total{{reason="{reason}"}} {n}')
+        j = snap["journal"]
+        if j:
+            metric("journal_bytes", "gauge", "Bytes of journal segments on disk.", j["bytes"])
+            metric("journal_segments", "gauge", "Journal segment files.", j["segments"])
+            metric("journal_commits_total", "counter", "Group commits.", j["commits"])
+            metric("journal_records_total", "counter", "Records committed since start.", j["records"])
+            metric("journal_write_failures_total", "counter", "Failed journal writes.", j["write_failures"])
+            metric("journal_last_commit_latency_seconds", "gauge", "Duration of the last group commit.", j["last_commit_latency_s"])
+        return "\n".join(lines) + "\n"
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0

@@ -1,0 +1,111 @@
+"""A real Tickertape server in a child process, for end-to-end tests.
+
+`ServerProcess` writes a config (transport and admin on port 0), starts `tickertape serve`,
+waits for its `listening on` line, and parses the ports. Output is collected by a thread so a test
+can assert on log lines. stop() sends SIGTERM and waits; kill() is `kill -9`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+READY = re.compile(r"listening on ([\d.]+):(\d+)(?:; admin http://([\d.]+):(\d+))?")
+
+
+def make_config(data_dir: str, name: str = "tt-test", extra: str = "", topics=(".*",), admin=True,
+                journal_size: str | None = None, logging_xml: str = "", transport_extra: str = "") -> str:
+    topic_xml = "".join(f"<Topic><Name>{t}</Name><MessageType>json</MessageType></Topic>" for t in topics)
+    size = f"<JournalSize>{journal_size}</JournalSize>" if journal_size else ""
+    admin_xml = "<Admin><InetAddr>127.0.0.1:0</InetAddr></Admin>" if admin else ""
+    log_xml = logging_xml or "<Logging><Target><Protocol>stdout</Protocol><Level>info</Level></Target></Logging>"
+    return f"""<TickertapeConfig>
+  <Name>{name}</Name>
+  <Transports><Transport><Name>json-tcp</Name><Type>tcp</Type><InetAddr>127.0.0.1:0</InetAddr>
+    <MessageType>json</MessageType><Protocol>amps</Protocol>{transport_extra}</Transport></Transports>
+  {admin_xml}
+  {log_xml}
+  <TransactionLog><JournalDirectory>{data_dir}/journal</JournalDirectory>{size}{topic_xml}</TransactionLog>
+  {extra}
+</TickertapeConfig>
+"""
+
+
+class ServerProcess:
+    def __init__(self, directory, config_xml: str | None = None, args=(), env=None, preexec_fn=None, **cfg):
+        self.directory = str(directory)
+        os.makedirs(self.directory, exist_ok=True)
+        self.config_path = os.path.join(self.directory, "tickertape.xml")
+        with open(self.config_path, "w") as f:
+            f.write(config_xml or make_config(self.directory, **cfg))
+        self.args = list(args)
+        self.env = env
+        self.preexec_fn = preexec_fn
+        self.proc: subprocess.Popen | None = None
+        self.lines: list[str] = []
+        self.port = self.admin_port = None
+
+    def start(self, timeout: float = 30.0) -> "ServerProcess":
+        self.lines = []
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "serve", "--config", self.config_path, *self.args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.directory, env=env,
+            preexec_fn=self.preexec_fn,
+        )
+        ready = threading.Event()
+
+        def pump(proc=self.proc, lines=self.lines):
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                m = READY.search(line)
+                if m and "tickertape" in line:
+                    self.port = int(m.group(2))
+                    self.admin_port = int(m.group(4)) if m.group(4) else None
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(timeout) or self.port is None:
+            self.kill()
+            raise RuntimeError("server did not start:\n" + self.output())
+        return self
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for_log(self, pattern: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if rx.search(line):
+                    return line
+            time.sleep(0.02)
+        raise AssertionError(f"no log line matching {pattern!r}:\n{self.output()}")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self) -> "ServerProcess":
+        self.stop()
+        return self.start()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.kill() if exc[0] else self.stop()
