@@ -1,0 +1,47 @@
+"""Tickertape configuration: the XML format (`config.loader`), the typed tree (`config.model`).
+
+from config import load_config, default_config, ConfigError
+"""
+
+from .errors import ConfigError, Problem
+from .loader import default_config, load_config, load_config_text, verify_config
+from .model import (
+    Action,
+    ActionStep,
+    ActionTrigger,
+    Admin,
+    Config,
+    Limits,
+    LogTarget,
+    QueueSpec,
+    RawElement,
+    TopicSpec,
+    TransactionLog,
+    Transport,
+)
+from .values import parse_count, parse_inet_addr, parse_interval, parse_size
+
+__all__ = [
+    "Action",
+    "ActionStep",
+    "ActionTrigger",
+    "Admin",
+    "Config",
+    "ConfigError",
+    "Limits",
+    "LogTarget",
+    "Problem",
+    "QueueSpec",
+    "RawElement",
+    "TopicSpec",
+    "TransactionLog",
+    "Transport",
+    "default_config",
+    "load_config",
+    "load_config_text",
+    "parse_count",
+    "parse_inet_addr",
+    "parse_interval",
+    "parse_size",
+    "verify_config",
+]

@@ -157,6 +157,10 @@ def test_write_failure_fails_batch_and_recovers(tmp_path, monkeypatch):
         write_batch(j, [(2, "t", b"lost")])
     assert "No space left" in str(info.value) and "nothing in this batch was persisted" in str(info.value)
     monkeypatch.setattr(jm.os, "write", real_write)
+    # until the submitter has rolled back and fenced, later batches fail too (no gap is stored)
+    with pytest.raises(JournalUnavailable):
+        write_batch(j, [(3, "t", b"queued behind the failure")])
+    j.fence()
     write_batch(j, [(3, "t", b"later")])
     assert all_records(j) == [(1, "t", b"ok"), (3, "t", b"later")]
     j.close()

@@ -1,0 +1,306 @@
+"""The configuration as the server sees it: a frozen tree of typed msgspec Structs.
+
+This module owns the *typed* form of the configuration; `config.loader` owns the XML form and
+builds this tree (its docstring maps every XML element to a field here). Everything in the tree
+has been checked once, when it was loaded; nothing here re-checks, and nothing here parses.
+
+Units are resolved: every size is an `int` number of bytes, every interval a `float` number of
+seconds. `None` means "not set", with the meaning given on each field (for example no lease
+expiry). Enumerated values are lowercase strings, typed as `Literal`s.
+
+    Config
+    ├── name: str                            instance name (part of server-assigned publisher ids)
+    ├── transports: tuple[Transport, ...]    listening sockets, at least one
+    ├── admin: Admin | None                  HTTP stats endpoint; None = no admin endpoint
+    ├── logging: tuple[LogTarget, ...]       () = log nothing
+    ├── transaction_log: TransactionLog | None   None = no journal (no bookmarks, no queues)
+    │   └── topics: tuple[TopicSpec, ...]    which topics are recorded (regex, full match)
+    ├── queues: tuple[QueueSpec, ...]        <SOW><Queue>
+    ├── actions: tuple[Action, ...]          scheduled journal management
+    │   ├── on: ActionTrigger
+    │   └── do: tuple[ActionStep, ...]
+    ├── limits: Limits                       per-connection bounds
+    ├── authentication: RawElement | None    kept as written, for a later issue
+    └── source: str                          the file it came from, or "<embedded default>"
+
+Structs are frozen (hashable, comparable by value) and can be encoded as they are
+(`msgspec.json.encode(config)`), for example to dump the effective configuration. Defaults in
+the Structs are the defaults of the XML format, so that a Struct built in code (in tests) means
+the same as an XML file that leaves those elements out.
+
+Topic matching: `TransactionLog.records_topic(topic)` answers whether a topic is recorded, that
+is whether any `<Topic><Name>` pattern matches the *whole* topic name (Python `re.fullmatch`).
+Patterns are compiled once per TransactionLog, and answers are cached per topic name (bounded), so
+the call is cheap enough for the publish path.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "DEFAULT_ADMIN_PORT",
+    "DEFAULT_CLIENT_MAX_BUFFER_SIZE",
+    "DEFAULT_HOST",
+    "DEFAULT_JOURNAL_SIZE",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_PORT",
+    "Action",
+    "ActionStep",
+    "ActionTrigger",
+    "Admin",
+    "Config",
+    "Durability",
+    "FairnessModel",
+    "Leasing",
+    "Limits",
+    "LogLevel",
+    "LogProtocol",
+    "LogTarget",
+    "QueueSpec",
+    "RawElement",
+    "Semantics",
+    "TopicSpec",
+    "TransactionLog",
+    "Transport",
+]
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9007
+DEFAULT_ADMIN_PORT = 8085
+DEFAULT_MAX_MESSAGE_SIZE = 16 * MiB
+DEFAULT_JOURNAL_SIZE = 256 * MiB
+DEFAULT_CLIENT_MAX_BUFFER_SIZE = 64 * MiB
+
+TransportType = Literal["tcp", "tcps"]
+MessageType = Literal["json"]
+LogProtocol = Literal["stdout", "stderr", "file"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+Durability = Literal["fsync", "write"]
+Semantics = Literal["at-least-once", "at-most-once"]
+FairnessModel = Literal["fast", "round-robin", "proportional"]
+Leasing = Literal["strict", "sublet"]
+TriggerKind = Literal["schedule", "startup"]
+StepName = Literal["archive-journal", "compress-journal", "remove-journal", "compact-journal"]
+
+
+class Transport(msgspec.Struct, frozen=True, kw_only=True):
+    """A listening socket (`<Transports><Transport>`)."""
+
+    name: str
+    port: int
+    """0 = an ephemeral port chosen by the OS (tests)."""
+    host: str = DEFAULT_HOST
+    """IPv6 addresses without brackets ("::1"); "0.0.0.0" / "::" = every interface."""
+    type: TransportType = "tcp"
+    message_type: MessageType = "json"
+    protocol: Literal["amps"] = "amps"
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    """Largest frame (header + body) accepted, in bytes; larger: `bad frame` and disconnect."""
+    certificate: str | None = None
+    """tcps only: PEM certificate chain file."""
+    private_key: str | None = None
+    """tcps only: PEM private key file."""
+
+
+class Admin(msgspec.Struct, frozen=True, kw_only=True):
+    """The HTTP stats endpoint (`<Admin>`): JSON and Prometheus."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_ADMIN_PORT
+    interval: float = 10.0
+    """How often statistics are sampled (rates are computed over this interval), seconds."""
+
+
+class LogTarget(msgspec.Struct, frozen=True, kw_only=True):
+    """One log destination (`<Logging><Target>`): every record at `level` or above goes there."""
+
+    protocol: LogProtocol = "stdout"
+    level: LogLevel = "info"
+    file_name: str | None = None
+    """Path of the log file, for protocol "file" only. Reopened on SIGHUP (for logrotate)."""
+
+
+class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A `<TransactionLog><Topic>`: topics whose whole name matches `name` (a regex) are recorded."""
+
+    name: str
+    message_type: MessageType = "json"
+
+
+class TransactionLog(msgspec.Struct, frozen=True, kw_only=True, dict=True):
+    """The journal (`<TransactionLog>`). `dict=True` only to cache the compiled topic patterns."""
+
+    journal_directory: str
+    """Relative paths are relative to the server's working directory (as in AMPS)."""
+    archive_directory: str | None = None
+    """Where archived segments go (`archive-journal`); None = archiving not configured."""
+    journal_size: int = DEFAULT_JOURNAL_SIZE
+    """A segment is sealed and a new one started once it grows past this many bytes."""
+    durability: Durability = "fsync"
+    """"fsync": persisted means fdatasync done (survives power loss). "write": persisted means
+    written to the OS (survives a process crash, NOT a power loss or kernel crash)."""
+    topics: tuple[TopicSpec, ...] = ()
+    """No topics = the journal exists but records nothing."""
+
+    @functools.cached_property
+    def _lookup(self) -> Callable[[str], TopicSpec | None]:
+        compiled = tuple((re.compile(t.name), t) for t in self.topics)
+
+        @functools.lru_cache(maxsize=4096)
+        def lookup(topic: str) -> TopicSpec | None:
+            for pattern, spec in compiled:
+                if pattern.fullmatch(topic):
+                    return spec
+            return None
+
+        return lookup
+
+    def topic_spec(self, topic: str) -> TopicSpec | None:
+        """The first `<Topic>` whose pattern matches the whole topic name, or None."""
+        return self._lookup(topic)
+
+    def records_topic(self, topic: str) -> bool:
+        """Whether messages published to `topic` are recorded in the journal."""
+        return self._lookup(topic) is not None
+
+
+class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A queue (`<SOW><Queue>`): a view over one topic recorded in the transaction log."""
+
+    name: str
+    """The topic consumers subscribe to (a literal name)."""
+    underlying_topic: str
+    """The topic publishers publish to (literal; defaults to `name` in XML)."""
+    message_type: MessageType = "json"
+    semantics: Semantics = "at-least-once"
+    lease_period: float | None = None
+    """Seconds a delivered at-least-once message stays leased before it returns to the queue.
+    None (the AMPS default) = no expiry: it returns only on cancel or disconnect."""
+    max_per_subscription_backlog: int = 1
+    """Most unacked messages one subscription holds: min(this, the subscriber's max_backlog)."""
+    max_backlog: int | None = None
+    """Most unacked messages for the whole queue; None = unlimited."""
+    fairness_model: FairnessModel = "proportional"
+    """The XML default is "proportional" for at-least-once and "round-robin" for at-most-once
+    (the only model allowed there)."""
+    max_deliveries: int = 0
+    """Deliveries before the message expires; 0 = unlimited."""
+    max_cancels: int = 0
+    """Cancels (`sow_delete` with `cancel`) before the message expires; 0 = unlimited."""
+    expiration: float | None = None
+    """Seconds a message may wait in the queue before it expires; None = never."""
+    leasing: Leasing = "sublet"
+    """"strict": only the lease holder may ack. "sublet": any subscriber may ack."""
+    filter: str | None = None
+    """Only underlying messages matching this filter join the queue (unparsed here)."""
+    barrier_expression: str | None = None
+    """Filter marking barrier messages (unparsed here)."""
+    dead_letter_topic: str | None = None
+    """Where expired messages are published, with the expiry reason; None = dropped."""
+
+
+class ActionTrigger(msgspec.Struct, frozen=True, kw_only=True):
+    """When an action runs (`<On>`).
+
+    kind "schedule" has exactly one form: `every` (a timer, seconds, first run one interval
+    after start), or `at` alone (daily at that time), or `at` with `weekday` (weekly).
+    kind "startup" runs once when the server has started and has no other field.
+    """
+
+    kind: TriggerKind
+    every: float | None = None
+    at: tuple[int, int] | None = None
+    """(hour, minute), 24-hour clock."""
+    weekday: int | None = None
+    """0 = Monday .. 6 = Sunday."""
+    utc: bool = False
+    """`at` is in UTC (a `Z` suffix in XML); otherwise local time."""
+    name: str | None = None
+
+
+class ActionStep(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing an action does (`<Do>`), in order; if a step fails, later steps are skipped.
+
+    `options` keeps every `<Options>` child as written (after `${VAR}` substitution), in file
+    order; the options the step needs are also given typed: `age` for the journal steps (segments
+    older than this), `retention` for `compact-journal` (replay window to keep).
+    """
+
+    name: StepName
+    options: tuple[tuple[str, str], ...] = ()
+    age: float | None = None
+    retention: float | None = None
+
+    def option(self, key: str, default: str | None = None) -> str | None:
+        for k, v in self.options:
+            if k == key:
+                return v
+        return default
+
+
+class Action(msgspec.Struct, frozen=True, kw_only=True):
+    """`<Actions><Action>`: one trigger, then its steps in order."""
+
+    on: ActionTrigger
+    do: tuple[ActionStep, ...]
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-connection bounds, from elements directly under the root."""
+
+    client_max_buffer_size: int = DEFAULT_CLIENT_MAX_BUFFER_SIZE
+    """Bytes queued for output to one connection (`<ClientMaxBufferSize>`) past which the server
+    closes it with disconnect reason `slow client`. Never below any transport's max_message_size.
+    Heartbeat intervals are not configured on the server: the client chooses them (PROTOCOL §3)."""
+
+
+class RawElement(msgspec.Struct, frozen=True, kw_only=True):
+    """An element kept as written (text stripped, `${VAR}` substituted), for sections whose
+    meaning is decided later (`<Authentication>`)."""
+
+    tag: str
+    text: str = ""
+    children: tuple[RawElement, ...] = ()
+    line: int = 0
+
+    def child(self, tag: str) -> RawElement | None:
+        for c in self.children:
+            if c.tag == tag:
+                return c
+        return None
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
+    """The whole configuration. `dict=True` only to cache the queue index."""
+
+    name: str
+    transports: tuple[Transport, ...]
+    admin: Admin | None = None
+    logging: tuple[LogTarget, ...] = (LogTarget(),)
+    transaction_log: TransactionLog | None = None
+    queues: tuple[QueueSpec, ...] = ()
+    actions: tuple[Action, ...] = ()
+    limits: Limits = msgspec.field(default_factory=Limits)
+    authentication: RawElement | None = None
+    source: str = "<constructed>"
+
+    @functools.cached_property
+    def _queues_by_name(self) -> dict[str, QueueSpec]:
+        return {q.name: q for q in self.queues}
+
+    def queue(self, name: str) -> QueueSpec | None:
+        """The queue whose name is exactly `name`, or None."""
+        return self._queues_by_name.get(name)
+
+    def records_topic(self, topic: str) -> bool:
+        """Whether `topic` is recorded in the transaction log (False without one)."""
+        return self.transaction_log is not None and self.transaction_log.records_topic(topic)
