@@ -4,6 +4,8 @@ Every refusal must come out as a ConfigError (one problem with line and message)
 loader, never as an expat exception or a traceback, and never after expanding anything.
 """
 
+import textwrap
+
 import pytest
 
 from config import ConfigError, load_config, load_config_text
@@ -12,13 +14,17 @@ from config.xmltree import MAX_DEPTH, XmlError, parse_xml
 
 def test_paths_and_lines():
     root = parse_xml(
-        "<R>\n"
-        "  <A>x</A>\n"
-        "  <B><C>1</C></B>\n"
-        "  <B>\n"
-        "    <C>2</C><C>3</C>\n"
-        "  </B>\n"
-        "</R>\n"
+        textwrap.dedent(
+            """\
+            <R>
+              <A>x</A>
+              <B><C>1</C></B>
+              <B>
+                <C>2</C><C>3</C>
+              </B>
+            </R>
+            """
+        )
     )
     assert (root.path, root.line) == ("/R", 1)
     a, b1, b2 = root.children

@@ -15,6 +15,9 @@ import sys
 import threading
 import time
 
+# the console script, not `python -m`: -m puts the working directory (which holds a data
+# folder named journal/) first on sys.path
+TICKERTAPE = os.path.join(os.path.dirname(sys.executable), "tickertape")
 READY = re.compile(r"listening on ([\d.]+):(\d+)(?:; admin http://([\d.]+):(\d+))?")
 
 
@@ -54,7 +57,7 @@ class ServerProcess:
         self.lines = []
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--config", self.config_path, *self.args],
+            [TICKERTAPE, "serve", "--config", self.config_path, *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.directory, env=env,
             preexec_fn=self.preexec_fn,
         )
