@@ -42,6 +42,7 @@ class FakeConn(asyncio.Protocol):
 
     def connection_made(self, transport):
         self.transport = transport
+        self.server.conns.append(self)
         self.server.accepted.put_nowait(self)
 
     def data_received(self, data):
@@ -70,6 +71,8 @@ class FakeConn(asyncio.Protocol):
     def send(self, header: dict | bytes, body: bytes = b"") -> None:
         self.transport.write(frame(header, body))
 
+    frame = staticmethod(frame)
+
     def send_raw(self, data: bytes) -> None:
         self.transport.write(data)
 
@@ -95,6 +98,7 @@ class FakeServer:
     def __init__(self):
         self.accepted: asyncio.Queue[FakeConn] = asyncio.Queue()
         self.auto: Auto | None = None
+        self.conns: list[FakeConn] = []
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -114,8 +118,8 @@ class FakeServer:
 
     async def stop(self) -> None:
         self.server.close()
-        while not self.accepted.empty():
-            self.accepted.get_nowait().transport.abort()
+        for conn in self.conns:
+            conn.transport.abort()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ Problems are checked by (line, path) and a fragment of the message; every messag
 what to do, which the fragments check where it matters.
 """
 
-import os
 import pickle
 import textwrap
 from pathlib import Path
@@ -196,12 +195,15 @@ def test_directory_instead_of_file(tmp_path):
     assert "is a directory" in verify_config(tmp_path)[0].message
 
 
-def test_unreadable_file(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root can read anything")
+def test_unreadable_file(tmp_path, monkeypatch):
+    from config import loader
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
     path = tmp_path / "secret.xml"
     path.write_text("<TickertapeConfig><Name>x</Name></TickertapeConfig>")
-    path.chmod(0)
+    monkeypatch.setattr(loader, "open", denied, raising=False)  # works as root too
     assert "permission denied" in verify_config(path)[0].message
 
 
@@ -764,9 +766,8 @@ def test_at_most_once_queue():
 
 def test_at_most_once_queue_refuses_what_it_cannot_do():
     found = problems(
-        "<Name>x</Name>"
-        + TXLOG
-        + """
+        f"""
+        <Name>x</Name>{TXLOG}
         <SOW><Queue>
           <Name>orders</Name><Semantics>at-most-once</Semantics>
           <FairnessModel>proportional</FairnessModel>
@@ -794,9 +795,8 @@ def test_queue_needs_a_transaction_log():
 
 def test_queue_problems():
     found = problems(
-        "<Name>x</Name>"
-        + TXLOG
-        + """
+        f"""
+        <Name>x</Name>{TXLOG}
         <SOW>
           <Queue><UnderlyingTopic>orders</UnderlyingTopic></Queue>
           <Queue><Name>orders.*</Name></Queue>
@@ -899,17 +899,14 @@ def test_startup_and_several_steps_in_order():
 
 
 def test_action_problems():
+    every_hour = SCHEDULE.format("1h")
     found = problems(
-        JOURNAL
-        + """
+        f"""
+        {JOURNAL}
         <Actions>
-          <Action><Do>"""
-        + ARCHIVE
-        + """</Do></Action>
+          <Action><Do>{ARCHIVE}</Do></Action>
           <Action><On><Module>amps-action-on-signal</Module></On></Action>
-          <Action><On>"""
-        + SCHEDULE.format("1h")
-        + """</On>
+          <Action><On>{every_hour}</On>
             <Do><Module>amps-action-do-archive-journal</Module></Do>
             <Do><Module>amps-action-do-remove-journal</Module><Options><Age>old</Age>
               <Pattern>*.gz</Pattern></Options></Do>
