@@ -486,7 +486,7 @@ def _at_least(parse: Callable[[str], T], low: Any, describe: str) -> Callable[[s
     def checked(text: str) -> T:
         value = parse(text)
         if value < low:  # type: ignore[operator]
-            raise ValueError(f"{text!r} is below the minimum {describe}")
+            raise ValueError(f"{text!r} is below the minimum {describe}; write {low} or more")
         return value
 
     return checked
@@ -523,15 +523,23 @@ def _message_type(text: str) -> str:
     return _enum("json")(text)
 
 
-def _size_at_least(low: int, name: str) -> Callable[[str], int]:
+def _size_between(low: int, high: int | None, name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = parse_size(text)
         if value < low:
             hint = " (a plain number is bytes: add a unit such as MB)" if text.isdigit() else ""
             raise ValueError(f"{name} {text!r} is below the minimum {_human(low)}{hint}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} {text!r} is above the maximum {high} bytes{_why(name)}")
         return value
 
     return parse
+
+
+def _why(name: str) -> str:
+    if name == "MaxMessageSize":
+        return ", the largest frame a 4-byte length can describe"
+    return ""
 
 
 def _human(n: int) -> str:
@@ -781,15 +789,9 @@ class _Loader:
             protocol = t.value("Protocol", _enum("amps", aliases={"json": "amps"}), "amps")
             max_size = t.value(
                 "MaxMessageSize",
-                _size_at_least(MIN_MAX_MESSAGE_SIZE, "MaxMessageSize"),
+                _size_between(MIN_MAX_MESSAGE_SIZE, MAX_MAX_MESSAGE_SIZE, "MaxMessageSize"),
                 DEFAULT_MAX_MESSAGE_SIZE,
             )
-            if max_size > MAX_MAX_MESSAGE_SIZE:
-                self.report(
-                    t.one("MaxMessageSize"),  # type: ignore[arg-type]
-                    f"MaxMessageSize {max_size} is above {MAX_MAX_MESSAGE_SIZE}, the largest "
-                    "frame a 4-byte length can describe",
-                )
             certificate = t.text("Certificate")
             private_key = t.text("PrivateKey")
             if ttype == "tcps":
@@ -890,7 +892,9 @@ class _Loader:
         directory = sec.text("JournalDirectory", required=True, hint=" (where segments live)")
         archive = sec.text("JournalArchiveDirectory")
         size = sec.value(
-            "JournalSize", _size_at_least(MIN_JOURNAL_SIZE, "JournalSize"), DEFAULT_JOURNAL_SIZE
+            "JournalSize",
+            _size_between(MIN_JOURNAL_SIZE, None, "JournalSize"),
+            DEFAULT_JOURNAL_SIZE,
         )
         durability = sec.value("Durability", _enum("fsync", "write"), "fsync")
         topics = []
@@ -936,7 +940,9 @@ class _Loader:
     ) -> QueueSpec | None:
         q = _Section(self, qnode, QUEUE)
         name = q.value("Name", _literal_topic, None, required=True, hint=" (the queue's topic)")
-        underlying = q.value("UnderlyingTopic", _literal_topic, name)
+        underlying = q.value("UnderlyingTopic", _literal_topic, None)
+        if not q.has("UnderlyingTopic"):
+            underlying = name  # the AMPS default; an invalid one stays None (reported)
         message_type = q.value("MessageType", _message_type, "json")
         semantics = q.value("Semantics", _enum("at-least-once", "at-most-once"), "at-least-once")
         at_most_once = semantics == "at-most-once"
