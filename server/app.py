@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import re
 import time
 
 from config.model import Config
@@ -25,7 +24,7 @@ from protocol.framing import frame_bytes
 from .connection import Connection, Subscription
 from .pipeline import Pipeline
 from .replay import Replay, resolve_start
-from .router import Router
+from .router import Router, is_pattern
 from .stats import Stats
 
 log = logging.getLogger("tickertape.server")
@@ -56,6 +55,7 @@ class Server:
         self._stopped = asyncio.Event()
         self.started_at = time.time()
         self.shutting_down = False
+        self._literal: dict[str, bool] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -170,8 +170,13 @@ class Server:
         return bool(tl.topics)
 
     def literal_topic(self, topic: str) -> bool:
-        """Publish topics may contain '.', which is also a regex metacharacter."""
-        return not re.search(r"[\^$*+?{}\[\]\\|()]", topic)
+        """Publish needs a literal topic (cached: this runs per publish)."""
+        ok = self._literal.get(topic)
+        if ok is None:
+            if len(self._literal) > 50_000:
+                self._literal.clear()
+            ok = self._literal[topic] = not is_pattern(topic)
+        return ok
 
     def resolve_start(self, spec, opts) -> int | None:
         return resolve_start(self.journal, spec, opts.bookmark_not_found)

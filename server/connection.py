@@ -355,7 +355,7 @@ class Connection(asyncio.Protocol):
 
     def cmd_publish(self, h, body) -> None:
         topic = h.t
-        if not topic or is_pattern(topic) and not self.server.literal_topic(topic):
+        if not topic or not self.server.literal_topic(topic):
             self.fail(h, "invalid topic", f"publish needs a literal topic, got {topic!r}")
             return
         a = h.a

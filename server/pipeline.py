@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from journal.record import KIND_MESSAGE, encode_record
-from protocol.bookmarks import format_bookmark, format_timestamp
+from protocol.bookmarks import format_timestamp
 
 if TYPE_CHECKING:  # pragma: no cover
     from .app import Server
@@ -57,7 +57,7 @@ class Message:
 
 
 class Batch:
-    __slots__ = ("data", "entries", "msgs", "acks", "flushes", "first_seq", "size")
+    __slots__ = ("data", "entries", "msgs", "acks", "flushes", "first_seq", "last")
 
     def __init__(self) -> None:
         self.data = bytearray()
@@ -66,6 +66,7 @@ class Batch:
         self.acks: dict = {}  # conn -> highest seq to ack as persisted
         self.flushes: list = []  # (conn, cid, ack types) waiting for everything before them
         self.first_seq: dict = {}  # pub -> lowest seq in this batch (for rollback)
+        self.last: dict = {}  # pub -> (highest seq, offset in data or -1)
 
     def empty(self) -> bool:
         return not (self.msgs or self.acks or self.flushes)
@@ -134,12 +135,14 @@ class Pipeline:
         self.last_ts = ts
         tb, _tj, recorded = self.topic_info(topic)
         if recorded and self.journal is not None:
-            off = len(batch.data)
+            data = batch.data
+            off = len(data)
             batch.entries.append((pub, seq, ts, off))
-            batch.data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body)
+            data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body)
         else:
             off = -1
         batch.msgs.append((topic, pub, seq, ts, body, off, x))
+        batch.last[pub] = (seq, off)
         if conn.wants_persisted:
             batch.acks[conn] = seq
         self.published += 1
@@ -198,35 +201,45 @@ class Pipeline:
         # 1. conflated persisted acks
         for conn, seq in batch.acks.items():
             conn.persisted(seq)
-        # 2. sequences now durable (for logon acks)
-        durable = self.durable
-        durable_pos = self.durable_pos
+        # 2. sequences now durable (for logon acks): one update per publisher, not per message
         base = pos if pos is not None else self.delivered_end
-        msgs = []
-        for topic, pub, seq, ts, body, off, x in batch.msgs:
+        durable = self.durable
+        for pub, (seq, off) in batch.last.items():
             if durable.get(pub, 0) < seq:
                 durable[pub] = seq
-            if off >= 0:
-                position = base + off
-                durable_pos[pub] = position
-                bm = format_bookmark(pub, seq)
-                suffix = self.topic_info(topic)[1] + b',"bm":"' + bm.encode() + b'"'
-            else:
-                position = -1
-                suffix = self.topic_info(topic)[1]
-            if x is not None:
-                suffix += b',"x":' + _json(x)
-            msgs.append(Message(topic, pub, seq, ts, body, suffix, position, x))
+                if off >= 0:
+                    self.durable_pos[pub] = base + off
         if self.journal is not None and batch.data:
             self.delivered_end = base + len(batch.data)
-        # 3. fan-out
-        if msgs and server.router.count:
-            self.deliver(msgs)
-        for consumer in self.on_deliver:
-            consumer(msgs, self.delivered_end)
+        # 3. fan-out: messages are only materialized for topics someone wants
+        if server.router.count or self.on_deliver:
+            msgs = self._messages(batch, base)
+            if msgs and server.router.count:
+                self.deliver(msgs)
+            for consumer in self.on_deliver:
+                consumer(msgs, self.delivered_end)
         # 4. flush markers: everything before them is processed and durable
         for conn, cid, acks in batch.flushes:
             conn.flush_done(cid, acks)
+
+    def _messages(self, batch: Batch, base: int) -> list[Message]:
+        msgs = []
+        topic_info = self.topic_info
+        wanted = self.server.router.match if not self.on_deliver else None
+        for topic, pub, seq, ts, body, off, x in batch.msgs:
+            if wanted is not None and not wanted(topic):
+                continue
+            tj = topic_info(topic)[1]
+            if off >= 0:
+                position = base + off
+                suffix = b'%s,"bm":"%d|%d|"' % (tj, pub, seq)
+            else:
+                position = -1
+                suffix = tj
+            if x is not None:
+                suffix += b',"x":' + _json(x)
+            msgs.append(Message(topic, pub, seq, ts, body, suffix, position, x))
+        return msgs
 
     def _failed(self, batch: Batch, err) -> None:
         """Roll back sequences so the publisher can re-send, then tell each publisher."""

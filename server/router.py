@@ -1,7 +1,9 @@
 """Topic routing: which subscriptions want a message on a given topic.
 
-A subscription's topic is literal unless it contains regular-expression metacharacters, in which
-case it is a pattern over topic names (Python `re`, full match; PROTOCOL.md §6).
+A subscription's topic is literal unless it contains regular-expression metacharacters other than
+`.`, in which case it is a pattern over topic names (Python `re`, full match; PROTOCOL.md §6).
+A lone `.` does not make a pattern: dotted names (`md.eq`, `queue.work`) are the common case and
+must mean themselves.
 
 `match(topic)` returns the matching subscriptions grouped by connection, so a message matching
 several subscriptions of one connection is delivered once (with `sids` listing them). Results are
@@ -13,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_META = re.compile(r"[.^$*+?{}\[\]\\|()]")
+_META = re.compile(r"[\^$*+?{}\[\]\\|()]")
 CACHE_LIMIT = 100_000
 
 
