@@ -43,6 +43,7 @@ from .record import (
     decode_segment_header,
     encode_segment_header,
     record_length_at,
+    scan_records,
 )
 
 log = logging.getLogger("tickertape.journal")
@@ -476,6 +477,26 @@ class Journal:
             recs, stop = decode_records(buf, 0, len(buf), position, verify)
         if not recs:
             raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
+        return recs, position + stop
+
+    def read_raw(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[list[tuple], int]:
+        """Like read(), as scan_records tuples (the replay fast path). Stops at a segment end."""
+        end = self._end
+        if position >= end:
+            return [], position
+        seg = self.segments[self._segment_index(position)]
+        if position >= seg.end:
+            return [], position
+        want = min(max_bytes, seg.end - position, end - position)
+        off = SEGMENT_HEADER_SIZE + position - seg.base
+        buf = os.pread(self._reader_fd(seg), want, off)
+        recs, stop = scan_records(buf, position)
+        if not recs:
+            if len(buf) >= 4:
+                buf = os.pread(self._reader_fd(seg), record_length_at(buf, 0), off)
+                recs, stop = scan_records(buf, position)
+            if not recs:
+                raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
         return recs, position + stop
 
     def scan(self, position: int | None = None, max_bytes: int = READ_BLOCK):

@@ -135,3 +135,28 @@ def decode_records(buf, start: int, end: int, base_position: int, verify: bool =
 def record_length_at(buf, pos: int) -> int:
     """Size of the record starting at buf[pos] (needs at least 4 bytes)."""
     return 4 + struct.unpack_from("<I", buf, pos)[0]
+
+
+def scan_records(buf: bytes, base_position: int):
+    """Fast path for replay: whole records in `buf` as plain tuples, without checksum checks.
+
+    Returns ([(position, kind, publisher_id, seq, timestamp_us, topic_bytes, body), ...], stop).
+    Used on records already verified (sealed segments and the recovered tail); topic is left as
+    bytes so callers can compare and cache without decoding.
+    """
+    out = []
+    append = out.append
+    unpack = _unpack_header
+    pos = 0
+    end = len(buf)
+    hsize = RECORD_HEADER_SIZE
+    while end - pos >= hsize:
+        length, _crc, kind, _flags, tlen, pub, seq, ts = unpack(buf, pos)
+        nxt = pos + 4 + length
+        if nxt > end:
+            break
+        t = pos + hsize
+        b = t + tlen
+        append((base_position + pos, kind, pub, seq, ts, buf[t:b], buf[b:nxt]))
+        pos = nxt
+    return out, pos

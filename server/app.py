@@ -18,12 +18,13 @@ import logging
 import time
 
 from config.model import Config
+from protocol.bookmarks import Now
 from journal.journal import Journal
 from protocol.framing import frame_bytes
 
 from .connection import Connection, Subscription
 from .pipeline import Pipeline
-from .replay import Replay, resolve_start
+from .replay import Cursor, Plan, Replay, plan_replay
 from .router import Router, is_pattern
 from .stats import Stats
 
@@ -45,6 +46,7 @@ class Server:
         self.names: dict[str, Connection] = {}
         self.heartbeats: set[Connection] = set()
         self.replays: set[Replay] = set()
+        self.persist_ack_subs: set[Subscription] = set()
         self.listeners: list[asyncio.base_events.Server] = []
         self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
         self.max_client_buffer = config.limits.client_max_buffer_size
@@ -153,12 +155,27 @@ class Server:
 
     def add_subscription(self, sub: Subscription) -> None:
         self.router.add(sub)
+        if sub.bookmark is not None and "persisted" in sub.acks:
+            self.persist_ack_subs.add(sub)
 
-    def remove_subscription(self, sub: Subscription, keep_replay: bool = False) -> None:
+    def remove_subscription(self, sub: Subscription) -> None:
         self.router.remove(sub)
-        if sub.replay is not None and not keep_replay:
-            sub.replay.cancel()
+        self.persist_ack_subs.discard(sub)
+        if sub.replay is not None:
+            sub.replay.detach(sub)
             sub.replay = None
+
+    def replace_subscription(self, old: Subscription, new: Subscription) -> None:
+        """`replace`: new filter / options, same place in the stream."""
+        self.router.remove(old)
+        self.persist_ack_subs.discard(old)
+        new.live = old.live
+        new.replay = old.replay
+        new.acked_bm = old.acked_bm
+        if old.replay is not None:
+            old.replay.replace(old, new)
+        old.conn.subs[new.sub_id] = new
+        self.add_subscription(new)
 
     def replayable(self, topic: str, regex) -> bool:
         tl = self.config.transaction_log
@@ -166,8 +183,13 @@ class Server:
             return False
         if regex is None:
             return tl.records_topic(topic)
-        # a pattern replays only logged topics; accept it if any topic pattern could overlap
+        # a pattern replays only the logged topics it matches; accept it if anything is logged
         return bool(tl.topics)
+
+    def replay_topic(self, topic: str) -> str:
+        """A bookmark subscription to a queue name replays the queue's underlying topic."""
+        q = self.config.queue(topic)
+        return q.underlying_topic if q is not None else topic
 
     def literal_topic(self, topic: str) -> bool:
         """Publish needs a literal topic (cached: this runs per publish)."""
@@ -178,12 +200,58 @@ class Server:
             ok = self._literal[topic] = not is_pattern(topic)
         return ok
 
-    def resolve_start(self, spec, opts) -> int | None:
-        return resolve_start(self.journal, spec, opts.bookmark_not_found)
+    def plan_replay(self, spec, opts) -> Plan:
+        end_now = self.pipeline.delivered_end
+        if spec is None or isinstance(spec, Now):
+            return Plan(("at", end_now))  # conflation from now on
+        return plan_replay(self.journal, spec, opts.bookmark_not_found, end_now)
 
-    def start_replay(self, sub: Subscription, start: int) -> None:
-        sub.replay = Replay(self, sub, start)
-        sub.replay.start()
+    def start_replay(self, sub: Subscription, plan: Plan) -> None:
+        opts = sub.opts
+        if plan.start is None:
+            start, wait = self.pipeline.delivered_end, None
+        elif plan.start[0] == "wait":
+            start, wait = self.pipeline.delivered_end, plan.start[1]
+        else:
+            start, wait = plan.start[1], None
+        cursor = Cursor(sub, start, plan.end)
+        Replay(self, [cursor], start, paused=opts.pause, wait_until=wait,
+               rate=opts.rate, rate_max_gap=opts.rate_max_gap).start()
+
+    def pause_subscriptions(self, subs) -> None:
+        for sub in subs:
+            if sub.replay is not None:
+                sub.replay.pause()
+            elif sub.live:
+                # a bookmark subscription that already went live keeps its place in the journal
+                sub.live = False
+                pos = self.pipeline.delivered_end
+                Replay(self, [Cursor(sub, pos, None)], pos, paused=True,
+                       rate=sub.opts.rate, rate_max_gap=sub.opts.rate_max_gap).start()
+
+    def resume_subscriptions(self, subs) -> None:
+        """Resume; subscriptions resumed together share one replay pass so they stay in step."""
+        replays = []
+        for sub in subs:
+            if sub.replay is not None and sub.replay not in replays:
+                replays.append(sub.replay)
+        if not replays:
+            return
+        if len(replays) == 1 and {c.sub for c in replays[0].cursors} <= set(subs):
+            replays[0].resume()
+            return
+        wanted = set(subs)
+        cursors = []
+        for r in replays:
+            for c in list(r.cursors):
+                if c.sub in wanted:
+                    c.start = max(c.start, r.position)
+                    r.cursors.remove(c)
+                    cursors.append(c)
+            if not r.cursors:
+                r.cancel()
+        first = subs[0].opts
+        Replay(self, cursors, min(c.start for c in cursors), rate=first.rate, rate_max_gap=first.rate_max_gap).start()
 
     def sow_delete(self, conn: Connection, h, body) -> None:
         conn.fail(h, "not a queue", f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages")
@@ -206,6 +274,27 @@ class Server:
             if now - last_stats >= 1.0:
                 self.stats.sample(now - last_stats)
                 last_stats = now
+                self._bookmark_persisted_acks()
+
+    def _bookmark_persisted_acks(self) -> None:
+        """Periodic `persisted` acks on bookmark subscriptions that asked for them: the newest
+        durable bookmark the subscription has passed, so a client's bookmark store can advance
+        even when a filter lets nothing through."""
+        for sub in list(self.persist_ack_subs):
+            conn = sub.conn
+            if conn.closing:
+                continue
+            if sub.replay is not None:
+                bm = next((c.last_bm for c in sub.replay.cursors if c.sub is sub), None)
+            elif sub.live:
+                bm = self.pipeline.last_bm
+            else:
+                bm = None
+            if bm is None or bm == sub.acked_bm:
+                continue
+            sub.acked_bm = bm
+            conn.send_ack("persisted", None, sub_id=sub.sub_id, bm="%d|%d|" % bm)
+            conn.flush_out()
 
 
 def _never(topic: str) -> bool:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from protocol.bookmarks import NOW, InvalidBookmark, Now, format_bookmark, parse_bookmark
+from protocol.bookmarks import InvalidBookmark, Now, format_bookmark, parse_bookmark
 from protocol.framing import FrameDecoder, FrameError
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, subscribe_options
 
@@ -48,7 +48,7 @@ class Subscription:
 
     __slots__ = (
         "sub_id", "conn", "topic", "regex", "filter", "filter_text", "opts", "prefix",
-        "live", "timestamp", "bookmark", "replay", "acks", "cid",
+        "live", "timestamp", "bookmark", "replay", "acks", "cid", "topic_b", "regex_b", "acked_bm",
     )
 
     def __init__(self, conn, sub_id, topic, regex, filt, filter_text, opts, acks, cid):
@@ -67,9 +67,24 @@ class Subscription:
         self.replay = None
         self.acks = acks
         self.cid = cid
+        self.topic_b = topic.encode()
+        self.regex_b = None
+        if regex is not None:
+            try:
+                self.regex_b = re.compile(self.topic_b)
+            except re.error:  # pragma: no cover - a str pattern that is not a bytes pattern
+                self.regex_b = None
+        self.acked_bm = None
 
     def matches_topic(self, topic: str) -> bool:
         return self.regex.fullmatch(topic) is not None if self.regex is not None else topic == self.topic
+
+    def matches_topic_bytes(self, topic: bytes) -> bool:
+        if self.regex is None:
+            return topic == self.topic_b
+        if self.regex_b is not None:
+            return self.regex_b.fullmatch(topic) is not None
+        return self.regex.fullmatch(topic.decode("utf-8", "replace")) is not None
 
 
 def _ack_types(a: str | None) -> frozenset:
@@ -372,15 +387,18 @@ class Connection(asyncio.Protocol):
 
     def cmd_subscribe(self, h, body) -> None:
         server = self.server
-        topic = h.t
         acks = _ack_types(h.a)
-        if not topic:
-            self.fail(h, "invalid topic", "subscribe needs a topic (t)")
-            return
         try:
             opts = subscribe_options(h.o)
         except InvalidOptions as exc:
             self.fail(h, "invalid options", str(exc))
+            return
+        if opts.resume or opts.pause and h.sub_id and all(i.strip() in self.subs for i in h.sub_id.split(",")):
+            self._pause_or_resume(h, opts, acks)
+            return
+        topic = h.t
+        if not topic:
+            self.fail(h, "invalid topic", "subscribe needs a topic (t)")
             return
         sub_id = h.sub_id
         if sub_id is None:
@@ -390,10 +408,11 @@ class Connection(asyncio.Protocol):
         if existing is not None and not opts.replace:
             self.fail(h, "subscription already exists", f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option")
             return
+        match_topic = server.replay_topic(topic) if h.bm else topic
         regex = None
-        if is_pattern(topic):
+        if is_pattern(match_topic):
             try:
-                regex = re.compile(topic)
+                regex = re.compile(match_topic)
             except re.error as exc:
                 self.fail(h, "bad regex topic", f"topic {topic!r} is not a valid regular expression: {exc}")
                 return
@@ -411,41 +430,54 @@ class Connection(asyncio.Protocol):
             except InvalidBookmark as exc:
                 self.fail(h, "invalid bookmark", str(exc))
                 return
-            if isinstance(spec, Now):
-                spec = None
-        if spec is None and h.bm is None and opts.bookmark_only():
+        elif opts.bookmark_only():
             self.fail(h, "invalid options", f"options {', '.join(opts.bookmark_only())} need a bookmark subscription (bm)")
             return
-        start = None
-        if spec is not None:
-            if not server.replayable(topic, regex):
-                self.fail(h, "invalid topic", f"topic {topic!r} is not recorded in the transaction log, so it cannot be replayed")
-                return
+        needs_journal = (spec is not None and not isinstance(spec, Now)) or opts.conflation is not None
+        if needs_journal and not server.replayable(match_topic, regex):
+            what = "replayed" if spec is not None else "conflated"
+            self.fail(h, "invalid topic", f"topic {topic!r} is not recorded in the transaction log, so it cannot be {what}")
+            return
+        plan = None
+        if needs_journal and existing is None:
             try:
-                start = server.resolve_start(spec, opts)
+                plan = server.plan_replay(spec, opts)
             except InvalidBookmark as exc:
                 self.fail(h, "invalid bookmark", str(exc))
                 return
-            if start is None:
-                spec = None  # an unknown bookmark starts at NOW
+        sub = Subscription(self, sub_id, match_topic, regex, filt, h.f, opts, acks, h.cid)
+        sub.bookmark = h.bm
         if existing is not None:  # replace: same place in the stream, new filter / options
-            server.remove_subscription(existing, keep_replay=True)
-        sub = Subscription(self, sub_id, topic, regex, filt, h.f, opts, acks, h.cid)
-        self.subs[sub_id] = sub
-        if existing is not None and existing.replay is not None:
-            sub.live = existing.live
-            sub.replay = existing.replay
-            sub.replay.sub = sub
-        elif spec is not None:
-            sub.live = False
-            sub.bookmark = h.bm
-        server.add_subscription(sub)
+            server.replace_subscription(existing, sub)
+        else:
+            self.subs[sub_id] = sub
+            if plan is not None:
+                sub.live = False
+            server.add_subscription(sub)
         if "processed" in acks:
             self.send_ack("processed", h.cid, sub_id=sub_id)
-        if spec is not None and existing is None:
-            server.start_replay(sub, start)
-        elif h.bm is not None and "completed" in acks and existing is None:
-            self.send_ack("completed", h.cid, sub_id=sub_id, bm=str(NOW))
+        if plan is not None:
+            server.start_replay(sub, plan)
+        elif existing is None and spec is not None and "completed" in acks:
+            self.send_ack("completed", h.cid, sub_id=sub_id)  # NOW: nothing to replay
+
+    def _pause_or_resume(self, h, opts, acks) -> None:
+        ids = [i.strip() for i in (h.sub_id or "").split(",") if i.strip()]
+        subs = [self.subs[i] for i in ids if i in self.subs]
+        missing = [i for i in ids if i not in self.subs]
+        if missing or not subs:
+            self.fail(h, "invalid options", f"{'resume' if opts.resume else 'pause'} names unknown sub_id(s) {', '.join(missing) or '(none)'}")
+            return
+        plain = [s.sub_id for s in subs if s.bookmark is None]
+        if plain:
+            self.fail(h, "invalid options", f"pause and resume apply to bookmark subscriptions; {', '.join(plain)} has no bookmark")
+            return
+        if opts.resume:
+            self.server.resume_subscriptions(subs)
+        else:
+            self.server.pause_subscriptions(subs)
+        if "processed" in acks:
+            self.send_ack("processed", h.cid, sub_id=h.sub_id)
 
     def cmd_unsubscribe(self, h, body) -> None:
         ids = (h.sub_id or "").strip()

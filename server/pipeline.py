@@ -95,6 +95,9 @@ class Pipeline:
         self.last_ts = 0
         self.delivered_end = journal.end_position if journal is not None else 0
         self._topics: dict[str, tuple] = {}
+        self._topic_json: dict[bytes, bytes] = {}
+        self.waiters: list = []  # futures of tailing replays, resolved at every commit
+        self.last_bm: tuple[int, int] | None = None  # (pub, seq) of the newest durable record
         self.published = 0
         self.delivered = 0
         self.duplicates = 0
@@ -110,6 +113,15 @@ class Pipeline:
             info = (topic.encode(), b',"t":' + _json(topic), self.recorded(topic))
             self._topics[topic] = info
         return info
+
+    def topic_json(self, topic: bytes) -> bytes:
+        """b',"t":"<topic>"' for a topic as stored in the journal (replay's header part)."""
+        tj = self._topic_json.get(topic)
+        if tj is None:
+            if len(self._topic_json) >= TOPIC_CACHE_LIMIT:
+                self._topic_json.clear()
+            tj = self._topic_json[topic] = b',"t":' + _json(topic.decode("utf-8", "replace"))
+        return tj
 
     def publish(self, conn: Connection, pub: int, seq: int | None, topic: str, body: bytes, x) -> tuple[int, bool]:
         """Accept one publish. Returns (seq, duplicate)."""
@@ -211,6 +223,8 @@ class Pipeline:
                     self.durable_pos[pub] = base + off
         if self.journal is not None and batch.data:
             self.delivered_end = base + len(batch.data)
+            pub, seq = batch.entries[-1][:2]
+            self.last_bm = (pub, seq)
         # 3. fan-out: messages are only materialized for topics someone wants
         if server.router.count or self.on_deliver:
             msgs = self._messages(batch, base)
@@ -218,6 +232,11 @@ class Pipeline:
                 self.deliver(msgs)
             for consumer in self.on_deliver:
                 consumer(msgs, self.delivered_end)
+        if self.waiters:
+            waiters, self.waiters = self.waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
         # 4. flush markers: everything before them is processed and durable
         for conn, cid, acks in batch.flushes:
             conn.flush_done(cid, acks)

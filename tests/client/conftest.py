@@ -140,3 +140,14 @@ async def session(server):
     await logon
     yield client, conn
     await client.close()
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """Every async client test runs on both loops (CONVENTIONS.md habit 11)."""
+    factories = {"asyncio": asyncio.new_event_loop}
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return factories
+    factories["uvloop"] = uvloop.new_event_loop
+    return factories

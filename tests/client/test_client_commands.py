@@ -45,7 +45,7 @@ async def test_logon_failure_raises_and_server_close_is_reported(server):
         await task
     assert info.value.reason == "auth failure" and "user_id" in str(info.value)
     conn.close()
-    assert (await client.wait_closed()).reason == "closed by server"
+    assert (await client.wait_closed()).reason == "auth failure"
 
 
 async def test_unattributed_failure_becomes_disconnect_reason(server):
@@ -158,7 +158,7 @@ async def test_heartbeats_start_beat_and_answer(session):
 
 
 async def test_silent_server_closes_with_heartbeat_reason(session):
-    client, conn = session
+    client, _ = session
     sub_task = asyncio.ensure_future(client.flush())
     client.start_heartbeat(0.05)
     with pytest.raises(Disconnected) as info:

@@ -164,7 +164,7 @@ async def test_inflight_window_applies_back_pressure(server):
 
 
 async def test_write_buffer_pause_blocks_publish(session):
-    client, conn = session
+    client, _ = session
     proto = client._transport.get_protocol()
     proto.pause_writing()
     pending = asyncio.ensure_future(client.publish("t", b"{}"))
@@ -213,3 +213,17 @@ async def test_disconnect_fails_flush_and_blocked_publishers(server):
         with pytest.raises(Disconnected) as info:
             await asyncio.wait_for(fut, 5)
         assert info.value.reason == "closed by server"
+
+
+def test_tracker_out_of_order_sequence_settles_behind_the_earlier_one():
+    from client.publish import PublishTracker
+
+    t = PublishTracker(max_inflight=10)
+    t.sent(10)
+    t.sent(5)  # an explicit lower sequence, sent after 10
+    t.persisted(5)
+    assert (t.persisted_seq, t.inflight(), t.settled) == (5, 2, 0)
+    t.persisted(10)
+    assert (t.persisted_seq, t.inflight(), t.settled) == (10, 0, 2)
+    exc = t.failed("journal unavailable", None)  # no `s`: settles whatever is in flight
+    assert exc.count == 0 and exc.seq is None

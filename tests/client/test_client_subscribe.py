@@ -21,7 +21,12 @@ async def test_subscribe_frame_and_deliveries(session):
     sub, header = await subscribe(
         client, conn, filter="/qty > 1", bookmark="0", options=["timestamp", "rate=2X"]
     )
-    assert (header.t, header.f, header.bm, header.o) == ("orders", "/qty > 1", "0", "timestamp,rate=2X")
+    assert (header.t, header.f, header.bm, header.o) == (
+        "orders",
+        "/qty > 1",
+        "0",
+        "timestamp,rate=2X",
+    )
     assert set(header.a.split(",")) == {"processed", "completed"}
     assert header.sub_id == sub.sub_id and header.cid
     conn.deliver(
@@ -51,7 +56,8 @@ async def test_server_chosen_sub_id_is_kept_when_given(session):
 
 
 @pytest.mark.parametrize(
-    "reason", ["bad filter", "bad regex topic", "invalid bookmark", "invalid options", "invalid topic"]
+    "reason",
+    ["bad filter", "bad regex topic", "invalid bookmark", "invalid options", "invalid topic"],
 )
 async def test_failure_ack_raises_command_error(session, reason):
     client, conn = session
@@ -73,7 +79,9 @@ async def test_deliveries_split_at_every_byte(session):
     client, conn = session
     sub, _ = await subscribe(client, conn)
     data = b"".join(
-        conn.frame({"c": "p", "t": "orders", "sub_id": sub.sub_id, "bm": f"1|{i}|"}, b'{"i":%d}' % i)
+        conn.frame(
+            {"c": "p", "t": "orders", "sub_id": sub.sub_id, "bm": f"1|{i}|"}, b'{"i":%d}' % i
+        )
         for i in range(3)
     ) + conn.frame({"c": "heartbeat"})
     for i in range(len(data)):

@@ -89,7 +89,7 @@ def test_embedded_default_starts_with_no_config(tmp_path):
     proc = subprocess.Popen([TICKERTAPE, "serve"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:
-            if "listening on" in line and "tickertape" in line:
+            if line.startswith("tickertape ") and "listening on" in line:
                 break
         assert "127.0.0.1:9007" in line
         c = Raw(9007)

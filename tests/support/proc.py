@@ -18,7 +18,7 @@ import time
 # the console script, not `python -m`: -m puts the working directory (which holds a data
 # folder named journal/) first on sys.path
 TICKERTAPE = os.path.join(os.path.dirname(sys.executable), "tickertape")
-READY = re.compile(r"listening on ([\d.]+):(\d+)(?:; admin http://([\d.]+):(\d+))?")
+READY = re.compile(r"^tickertape \S+: listening on ([\d.]+):(\d+)(?:; admin http://([\d.]+):(\d+))?")
 
 
 def make_config(data_dir: str, name: str = "tt-test", extra: str = "", topics=(".*",), admin=True,
@@ -67,7 +67,7 @@ class ServerProcess:
             for line in proc.stdout:
                 lines.append(line.rstrip("\n"))
                 m = READY.search(line)
-                if m and "tickertape" in line:
+                if m:
                     self.port = int(m.group(2))
                     self.admin_port = int(m.group(4)) if m.group(4) else None
                     ready.set()
