@@ -324,13 +324,28 @@ class Journal:
             for item in batch:
                 if item[0] is None:  # a fence: the submitter has dealt with the failure
                     if run:
-                        self._commit(run)
+                        self._commit_fitting(run)
                         run = []
                     self._failure = None
                 else:
                     run.append(item)
             if run:
-                self._commit(run)
+                self._commit_fitting(run)
+
+    def _commit_fitting(self, run) -> None:
+        """Commit a run of batches, rolling segments between batches where one would overflow."""
+        room = self.segment_size - self.segments[-1].size
+        part, size = [], 0
+        for item in run:
+            n = len(item[0])
+            if part and size + n > room:
+                self._commit(part)
+                part, size = [], 0
+                room = self.segment_size - self.segments[-1].size
+            part.append(item)
+            size += n
+        if part:
+            self._commit(part)
 
     def fence(self) -> None:
         """After a failed commit every later batch fails too, until this marker is reached.

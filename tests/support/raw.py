@@ -112,3 +112,31 @@ class Raw:
             if f[0].get("c") == "p":
                 out.append(f)
         return out
+
+
+def publish_many(port: int, topic: str, bodies, name: str = "bulk-pub", start_seq: int = 1, conn: "Raw | None" = None) -> "Raw":
+    """Publish every body (pipelined), then wait until all are persisted. Returns the connection."""
+    c = conn or Raw(port)
+    if conn is None:
+        c.logon(name)
+    frames = []
+    seq = start_seq
+    for body in bodies:
+        if isinstance(body, str):
+            body = body.encode()
+        h = json.dumps({"c": "publish", "t": topic, "s": seq}).encode()
+        frames.append(struct.pack(">I", len(h) + len(body)) + h + body)
+        seq += 1
+        if len(frames) >= 1000:
+            c.send_raw(b"".join(frames))
+            frames = []
+    if frames:
+        c.send_raw(b"".join(frames))
+    cid = c.next_cid()
+    c.send({"c": "flush", "cid": cid, "a": "persisted"})
+    c.ack("persisted", cid, timeout=60)
+    return c
+
+
+def bookmark_of(header: dict) -> str:
+    return header["bm"]
