@@ -160,6 +160,9 @@ class Server:
 
     def remove_subscription(self, sub: Subscription) -> None:
         self.router.remove(sub)
+        if sub.early:
+            sub.early = False
+            self.pipeline.early_subs -= 1
         self.persist_ack_subs.discard(sub)
         if sub.replay is not None:
             sub.replay.detach(sub)
@@ -170,6 +173,7 @@ class Server:
         self.router.remove(old)
         self.persist_ack_subs.discard(old)
         new.live = old.live
+        new.early = old.early
         new.replay = old.replay
         new.acked_bm = old.acked_bm
         if old.replay is not None:

@@ -48,7 +48,7 @@ class Subscription:
 
     __slots__ = (
         "sub_id", "conn", "topic", "regex", "filter", "filter_text", "opts", "prefix",
-        "live", "timestamp", "bookmark", "replay", "acks", "cid", "topic_b", "regex_b", "acked_bm",
+        "live", "timestamp", "bookmark", "replay", "acks", "cid", "topic_b", "regex_b", "acked_bm", "early",
     )
 
     def __init__(self, conn, sub_id, topic, regex, filt, filter_text, opts, acks, cid):
@@ -75,6 +75,7 @@ class Subscription:
             except re.error:  # pragma: no cover - a str pattern that is not a bytes pattern
                 self.regex_b = None
         self.acked_bm = None
+        self.early = False  # `live` option: delivered at publish time, before the commit
 
     def matches_topic(self, topic: str) -> bool:
         return self.regex.fullmatch(topic) is not None if self.regex is not None else topic == self.topic

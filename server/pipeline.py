@@ -19,6 +19,7 @@ publishing connection stops reading until the journal catches up.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -90,6 +91,8 @@ class Pipeline:
         self.scheduled = False
         self.inflight_bytes = 0
         self.inflight_batches = 0
+        self.inflight: collections.deque[Batch] = collections.deque()  # submitted, in commit order
+        self.early_subs = 0  # subscriptions with the `live` option that joined the live stream
         self.paused_conns: set = set()
         self.failing = False  # between a failed commit and the loop's rollback
         self.last_ts = 0
@@ -155,6 +158,8 @@ class Pipeline:
             off = -1
         batch.msgs.append((topic, pub, seq, ts, body, off, x))
         batch.last[pub] = (seq, off)
+        if self.early_subs:
+            self.deliver([self._message(topic, pub, seq, ts, body, off, x, 0)], early=True)
         if conn.wants_persisted:
             batch.acks[conn] = seq
         self.published += 1
@@ -185,6 +190,7 @@ class Pipeline:
         size = len(batch.data)
         self.inflight_bytes += size
         self.inflight_batches += 1
+        self.inflight.append(batch)
         loop = self.server.loop
         cb = self._committed
 
@@ -204,6 +210,7 @@ class Pipeline:
         if size >= 0:
             self.inflight_bytes -= size
             self.inflight_batches -= 1
+            self.inflight.popleft()
         if self.paused_conns and self.inflight_bytes < self.max_inflight // 2:
             self._resume_publishers()
         if err is not None:
@@ -242,23 +249,32 @@ class Pipeline:
             conn.flush_done(cid, acks)
 
     def _messages(self, batch: Batch, base: int) -> list[Message]:
-        msgs = []
-        topic_info = self.topic_info
         wanted = self.server.router.match if not self.on_deliver else None
-        for topic, pub, seq, ts, body, off, x in batch.msgs:
-            if wanted is not None and not wanted(topic):
-                continue
-            tj = topic_info(topic)[1]
-            if off >= 0:
-                position = base + off
-                suffix = b'%s,"bm":"%d|%d|"' % (tj, pub, seq)
-            else:
-                position = -1
-                suffix = tj
-            if x is not None:
-                suffix += b',"x":' + _json(x)
-            msgs.append(Message(topic, pub, seq, ts, body, suffix, position, x))
-        return msgs
+        make = self._message
+        return [
+            make(topic, pub, seq, ts, body, off, x, base)
+            for topic, pub, seq, ts, body, off, x in batch.msgs
+            if wanted is None or wanted(topic)
+        ]
+
+    def _message(self, topic, pub, seq, ts, body, off, x, base) -> Message:
+        tj = self.topic_info(topic)[1]
+        if off >= 0:
+            position = base + off
+            suffix = b'%s,"bm":"%d|%d|"' % (tj, pub, seq)
+        else:
+            position = -1
+            suffix = tj
+        if x is not None:
+            suffix += b',"x":' + _json(x)
+        return Message(topic, pub, seq, ts, body, suffix, position, x)
+
+    def not_yet_durable(self) -> list[Message]:
+        """Messages accepted but not yet committed, in journal order (for a `live` join)."""
+        out = []
+        for batch in (*self.inflight, self.batch):
+            out.extend(self._message(*m, 0) for m in batch.msgs)
+        return out
 
     def _failed(self, batch: Batch, err) -> None:
         """Roll back sequences so the publisher can re-send, then tell each publisher."""
@@ -295,8 +311,9 @@ class Pipeline:
 
     # -- delivery ------------------------------------------------------------------------
 
-    def deliver(self, msgs) -> None:
-        """Live fan-out of committed messages to every matching subscription."""
+    def deliver(self, msgs, early: bool = False) -> None:
+        """Live fan-out to every matching subscription: of committed messages, or (early=True)
+        of just-published ones to subscriptions with the `live` option."""
         match = self.server.router.match
         touched = set()
         delivered = 0
@@ -308,7 +325,7 @@ class Pipeline:
             for conn, subs in groups:
                 chosen = None
                 for sub in subs:
-                    if not sub.live:
+                    if not sub.live or sub.early is not early:
                         continue
                     f = sub.filter
                     if f is not None:

@@ -405,11 +405,31 @@ class Replay:
                 if "completed" in sub.acks and not sub.conn.closing:
                     sub.conn.send_ack("completed", sub.cid, sub_id=sub.sub_id)
             if not c.tail_only:
+                if sub.opts.live:
+                    self._join_early(sub)
                 sub.live = True
                 sub.replay = None
                 self.cursors.remove(c)
             sub.conn.flush_out()
         return not self.cursors
+
+    def _join_early(self, sub) -> None:
+        """`live`: from now on messages reach this subscription when published, before they are
+        durable; the ones already published but not yet durable are sent now, in order."""
+        pipeline = self.server.pipeline
+        sub.early = True
+        pipeline.early_subs += 1
+        pending = [m for m in pipeline.not_yet_durable() if sub.matches_topic(m.topic)]
+        f = sub.filter
+        for m in pending:
+            if f is not None:
+                try:
+                    doc = _decode(m.body)
+                except msgspec.DecodeError:
+                    continue
+                if not f(doc):
+                    continue
+            sub.conn.out_message(sub, m)
 
     async def _tail(self, pipeline) -> None:
         """Wait for the next commit, a conflation window or a range end time."""

@@ -314,3 +314,34 @@ def test_replay_across_segments_and_restart(tmp_path):
         assert ids == list(range(1501, 3001))
     finally:
         srv.stop()
+
+
+def test_live_option_delivers_before_the_commit(tmp_path):
+    """With `live`, a message reaches the subscriber before it is durable: shown with a journal
+    whose writes fail (file-size limit), where only the `live` subscriber sees the message."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    srv = ServerProcess(tmp_path / "live", preexec_fn=limit).start()
+    try:
+        publish_many(srv.port, "orders", bodies(3), name="live-pre")
+        early = Raw(srv.port)
+        early.logon("early")
+        early.send({"c": "subscribe", "t": "orders", "bm": "0", "o": "live", "cid": "s", "a": "processed,completed"})
+        frames = early.recv_until(lambda h, b: h.get("a") == "completed")
+        assert [json.loads(b)["i"] for h, b in frames if h["c"] == "p"] == [1, 2, 3]
+        normal = Raw(srv.port)
+        normal.logon("normal")
+        normal.subscribe("orders")
+        p = Raw(srv.port)
+        p.logon("live-pub")
+        p.send({"c": "publish", "t": "orders", "s": 1, "a": "persisted"}, json.dumps({"i": 4, "pad": "z" * 200_000}))
+        assert p.ack("persisted")["reason"] == "journal unavailable"
+        (h, b), = early.messages(1)
+        assert json.loads(b)["i"] == 4 and h["bm"].endswith("|1|")
+        normal.send({"c": "flush", "cid": "f", "a": "completed"})
+        assert [h for h, _ in normal.recv_until(lambda h, b: h.get("cid") == "f") if h["c"] == "p"] == []
+    finally:
+        srv.kill()
