@@ -235,7 +235,7 @@ class Connection(asyncio.Protocol):
         acks = _ack_types(header.a)
         kind = "processed" if "processed" in acks or not acks else sorted(acks)[0]
         if acks or header.c in ("logon", "subscribe", "unsubscribe", "sow_delete"):
-            self.send_ack(kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id)
+            self.send_ack(kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id, s=header.s)
 
     def out_message(self, chosen, m) -> None:
         """Queue one delivery of committed message `m` for subscription(s) `chosen`."""

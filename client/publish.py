@@ -1,0 +1,197 @@
+"""Publish sequence numbers, the in-flight window and persisted acks of one connection.
+
+A `PublishTracker` owns no socket: the client tells it what was sent and which acks arrived,
+and it resolves the futures of callers waiting for window space or for a flush.
+
+State:
+
+- `last_seq`: the highest sequence handed out on this connection (starts at the logon's `s`).
+- `persisted_seq`: the highest `s` of a successful persisted ack (starts at the logon's `s`:
+  the server has those stored already).
+- in flight: sequences sent and not yet settled, in the order they were sent.
+- `published` / `settled`: how many publishes were sent / have been settled (by success or
+  failure). A flush waits for `settled` to reach the `published` count at the time it was asked.
+
+Events and what they do:
+
+- `sent(seq)`: appends to in flight.
+- `persisted(s)` (PROTOCOL.md §3: conflated, covers every sequence <= s): settles entries from
+  the front of in flight while they are <= s. Sequences normally increase, so that is exactly
+  "everything <= s". A sequence published out of order (an explicit lower `seq`) waits behind
+  the earlier, higher one; the server's acks only grow, so it is settled when that one is.
+- `failed(reason, s)` (`journal unavailable`): settles the same entries as failures, without
+  moving `persisted_seq`, and returns a `PublishFailed`. Every flush waiting at that moment
+  fails with it; if nobody was waiting, the next `flush()` raises it (an error is never lost).
+  An ack without `s` settles everything in flight (the server did not say which).
+- `close(exc)`: fails every waiter; later waits fail at once with `exc`.
+
+The window (`max_inflight`) is the only back-pressure on publishers besides the socket's write
+buffer: `wait_window()` returns at once while fewer than `max_inflight` are in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from .errors import CommandTimeout, PublishFailed
+
+__all__ = ["PublishTracker"]
+
+
+class PublishTracker:
+    __slots__ = (
+        "_closed",
+        "_flush_waiters",
+        "_inflight",
+        "_unreported",
+        "_window_waiter",
+        "failed_count",
+        "last_seq",
+        "max_inflight",
+        "persisted_seq",
+        "published",
+        "settled",
+    )
+
+    def __init__(self, max_inflight: int = 10_000, start_seq: int = 0):
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        self.max_inflight = max_inflight
+        self.last_seq = start_seq
+        self.persisted_seq = start_seq
+        self.published = 0
+        self.settled = 0
+        self.failed_count = 0
+        self._inflight: deque[int] = deque()
+        self._flush_waiters: deque[tuple[int, asyncio.Future]] = deque()
+        self._window_waiter: asyncio.Future | None = None
+        self._unreported: PublishFailed | None = None
+        self._closed: BaseException | None = None
+
+    # ---------------------------------------------------------------- publishing side
+
+    def reset(self, start_seq: int) -> None:
+        """Start numbering after `start_seq` (the logon's `s`)."""
+        self.last_seq = max(self.last_seq, start_seq)
+        self.persisted_seq = max(self.persisted_seq, start_seq)
+
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def window_full(self) -> bool:
+        return len(self._inflight) >= self.max_inflight
+
+    async def wait_window(self) -> None:
+        """Wait until fewer than `max_inflight` publishes are in flight."""
+        while len(self._inflight) >= self.max_inflight:
+            if self._closed is not None:
+                raise self._closed
+            fut = self._window_waiter
+            if fut is None or fut.done():
+                fut = self._window_waiter = asyncio.get_running_loop().create_future()
+            # shield: one waiter future is shared by every blocked publisher, and one caller's
+            # cancellation must not cancel it for the others
+            await asyncio.shield(fut)
+        if self._closed is not None:
+            raise self._closed
+
+    def sent(self, seq: int) -> None:
+        self._inflight.append(seq)
+        self.published += 1
+        self.last_seq = max(self.last_seq, seq)
+
+    # ---------------------------------------------------------------- ack side
+
+    def _settle(self, s: int | None) -> int:
+        inflight = self._inflight
+        n = 0
+        if s is None:
+            n = len(inflight)
+            inflight.clear()
+        else:
+            popleft = inflight.popleft
+            while inflight and inflight[0] <= s:
+                popleft()
+                n += 1
+        self.settled += n
+        return n
+
+    def _wake(self) -> None:
+        fut = self._window_waiter
+        if fut is not None and len(self._inflight) < self.max_inflight:
+            self._window_waiter = None
+            if not fut.done():
+                fut.set_result(None)
+        waiters = self._flush_waiters
+        settled = self.settled
+        while waiters and waiters[0][0] <= settled:
+            _, f = waiters.popleft()
+            if not f.done():
+                f.set_result(None)
+
+    def persisted(self, s: int) -> None:
+        """A successful persisted ack: everything <= s is durable."""
+        self.persisted_seq = max(self.persisted_seq, s)
+        if self._settle(s):
+            self._wake()
+
+    def failed(self, reason: str, s: int | None) -> PublishFailed:
+        """A failure ack for publishes (e.g. `journal unavailable`); see the module docstring."""
+        n = self._settle(s)
+        self.failed_count += n
+        exc = PublishFailed(reason, s, n)
+        waiters = self._flush_waiters
+        if waiters:
+            while waiters:
+                _, f = waiters.popleft()
+                if not f.done():
+                    f.set_exception(exc)
+        else:
+            self._unreported = exc
+        self._wake()
+        return exc
+
+    # ---------------------------------------------------------------- waiting side
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until every publish sent so far is settled; raise if any of them failed."""
+        if self._unreported is not None:
+            exc, self._unreported = self._unreported, None
+            raise exc
+        target = self.published
+        if self.settled >= target:
+            return
+        if self._closed is not None:
+            raise self._closed
+        fut = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((target, fut))
+        try:
+            if timeout is None:
+                await fut
+            else:
+                await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise CommandTimeout(
+                f"publish_flush ({len(self._inflight)} unpersisted)", timeout, "persisted ack"
+            ) from None
+        finally:
+            if not fut.done():
+                fut.cancel()
+            try:
+                self._flush_waiters.remove((target, fut))
+            except ValueError:
+                pass
+
+    def close(self, exc: BaseException) -> None:
+        """The connection ended: fail every waiter with `exc`; later waits fail at once."""
+        self._closed = exc
+        for _, f in self._flush_waiters:
+            if not f.done():
+                f.set_exception(exc)
+        self._flush_waiters.clear()
+        fut, self._window_waiter = self._window_waiter, None
+        if fut is not None and not fut.done():
+            # a result, not the exception: blocked publishers re-check `_closed` and raise it,
+            # and a shielded future whose waiter was cancelled never logs an unretrieved error
+            fut.set_result(None)

@@ -1,0 +1,217 @@
+"""A subscription's incoming messages: a bounded buffer read as an async iterator.
+
+States (moves only go down):
+
+```
+active    the subscribe ack arrived (or is awaited); deliveries are buffered, iteration
+          yields them in arrival order and waits when the buffer is empty
+ended     unsubscribe() (buffer dropped: the application said it is done), a range bookmark
+          completed, or the client was closed (buffer kept): iteration yields what is left,
+          then stops (StopAsyncIteration / next() returns None)
+failed    the connection was lost: iteration yields what is left, then raises Disconnected
+```
+
+Flow control: the buffer is bounded by `max_messages` and `max_bytes` (body bytes). When either
+bound is reached the client pauses reading from its socket (the server's queue then backs up,
+and a slow consumer only slows itself); when the application has drained the buffer to half of
+both bounds, reading resumes. The bound is soft by at most one socket read's worth of frames:
+frames already decoded are never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Self
+
+from .errors import Disconnected
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+    from .message import Message
+
+__all__ = ["Subscription"]
+
+_STOP = object()  # end marker: iteration stops cleanly
+
+
+class Subscription:
+    """Returned by `Client.subscribe`. Iterate with `async for msg in sub`, or `await sub.next()`.
+
+    `completed` is set when the server sends the `completed` ack (a bookmark replay caught up
+    with the live stream, or a range reached its end; after a range the subscription ends).
+    """
+
+    __slots__ = (
+        "_buf",
+        "_bytes",
+        "_client",
+        "_end",
+        "_full",
+        "_is_range",
+        "_on_drained",
+        "_on_full",
+        "_waiter",
+        "bookmark",
+        "completed",
+        "max_bytes",
+        "max_messages",
+        "sub_id",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        client: Client,
+        sub_id: str,
+        topic: str,
+        bookmark: str | None,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        on_full: Callable[[Subscription], None],
+        on_drained: Callable[[Subscription], None],
+    ):
+        if max_messages < 1 or max_bytes < 1:
+            raise ValueError("subscription buffer bounds must be >= 1")
+        self.sub_id = sub_id
+        self.topic = topic
+        self.bookmark = bookmark
+        self.completed = asyncio.Event()
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._client = client
+        self._buf: deque[Message] = deque()
+        self._bytes = 0
+        self._full = False
+        self._waiter: asyncio.Future | None = None
+        self._end: object = None  # None while active, _STOP when ended, an exception if failed
+        self._is_range = bookmark is not None and bookmark.lstrip()[:1] in ("[", "(")
+        self._on_full = on_full
+        self._on_drained = on_drained
+
+    def __repr__(self) -> str:
+        state = "active" if self._end is None else "ended" if self._end is _STOP else "failed"
+        return f"<Subscription {self.sub_id} {self.topic!r} {state} buffered={len(self._buf)}>"
+
+    @property
+    def buffered(self) -> int:
+        """Messages received and not yet taken by the application."""
+        return len(self._buf)
+
+    @property
+    def active(self) -> bool:
+        return self._end is None
+
+    # ---------------------------------------------------------------- client side
+
+    def _push(self, msg: Message) -> None:
+        """A delivery for this subscription (called from the protocol's data_received)."""
+        if self._end is not None:
+            return  # ended locally; the server may still send a few in-flight messages
+        buf = self._buf
+        buf.append(msg)
+        self._bytes += len(msg.body)
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+        if not self._full and (len(buf) >= self.max_messages or self._bytes >= self.max_bytes):
+            self._full = True
+            self._on_full(self)
+
+    def _complete(self) -> bool:
+        """The `completed` ack. Returns True when this ends the subscription (a range)."""
+        self.completed.set()
+        if self._is_range:
+            self._finish(_STOP, drop=False)
+            return True
+        return False
+
+    def _finish(self, end: object, *, drop: bool) -> None:
+        """Move to ended (`end` is _STOP) or failed (`end` is an exception)."""
+        if self._end is not None:
+            return
+        self._end = end
+        if drop:
+            self._buf.clear()
+            self._bytes = 0
+        if self._full:
+            self._full = False
+            self._on_drained(self)
+        w, self._waiter = self._waiter, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _end_stop(self, *, drop: bool) -> None:
+        self._finish(_STOP, drop=drop)
+
+    def _end_failed(self, exc: Disconnected) -> None:
+        self._finish(exc, drop=False)
+
+    # ---------------------------------------------------------------- application side
+
+    async def next(self, timeout: float | None = None) -> Message | None:
+        """The next message; None once the subscription has ended and its buffer is empty.
+
+        Raises `Disconnected` (after the buffer is drained) if the connection was lost, and
+        `TimeoutError` if `timeout` seconds pass without a message. Cancelling a waiting call
+        loses no message.
+        """
+        while True:
+            buf = self._buf
+            if buf:
+                msg = buf.popleft()
+                self._bytes -= len(msg.body)
+                if (
+                    self._full
+                    and len(buf) <= self.max_messages // 2
+                    and self._bytes <= self.max_bytes // 2
+                ):
+                    self._full = False
+                    self._on_drained(self)
+                return msg
+            end = self._end
+            if end is not None:
+                if end is _STOP:
+                    return None
+                raise end  # type: ignore[misc]
+            w = self._waiter
+            if w is None or w.done():
+                w = self._waiter = asyncio.get_running_loop().create_future()
+            if timeout is None:
+                await asyncio.shield(w)
+            else:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(w)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        msg = await self.next()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg
+
+    async def unsubscribe(self, timeout: float | None = 10.0) -> None:
+        """Unsubscribe; iteration stops at once (buffered messages are dropped).
+
+        On a closed or lost connection this only ends the subscription locally; on an ended
+        subscription it does nothing.
+        """
+        if self._end is not None:
+            return
+        await self._client.unsubscribe(self.sub_id, timeout=timeout)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        if self._end is None:
+            try:
+                await self.unsubscribe()
+            except Disconnected:
+                pass
