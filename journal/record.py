@@ -21,14 +21,22 @@ offset size  field
 0      4     u32 length: bytes after this field (record size = 4 + length)
 4      4     u32 crc32 (zlib) of bytes [8, 4 + length): everything after the crc
 8      1     u8  kind: 1 = message, 2 = queue event (body is the event)
-9      1     u8  flags: reserved, 0
+9      1     u8  flags (below)
 10     2     u16 topic length T
 12     8     u64 publisher id
 20     8     u64 publisher sequence
 28     8     u64 receive time, microseconds since the Unix epoch (UTC), non-decreasing
-36     T     topic, UTF-8
-36+T   ...   body, as published
+36     4     u32 expiration, seconds       only if flags & 1
+..     2     u16 header fragment length H   only if flags & 2
+..     H     header fragment               only if flags & 2: wire-ready JSON members, each
+                                           starting with ',' (e.g. `,"x":"corr-1"`), appended
+                                           as-is to the header of every delivery of the message
+..     T     topic, UTF-8
+..     ...   body, as published
 ```
+
+Flags: bit 0 = expiration present (the publish's `e`), bit 1 = header fragment present. A
+record with flags 0 is exactly the fixed header, topic and body.
 
 A record whose length runs past the end of the file, or whose crc does not match, marks a torn
 or damaged tail: recovery truncates the segment there (see segments.py).
@@ -66,6 +74,12 @@ class CorruptRecord(ValueError):
         self.reason = reason
 
 
+FLAG_EXPIRATION = 1
+FLAG_HEADER = 2
+_u32 = struct.Struct("<I")
+_u16 = struct.Struct("<H")
+
+
 class Record(NamedTuple):
     position: int
     kind: int
@@ -74,11 +88,41 @@ class Record(NamedTuple):
     timestamp_us: int
     topic: str
     body: bytes
+    expiration: int | None = None
+    header: bytes = b""
 
 
-def encode_record(kind: int, publisher_id: int, seq: int, ts_us: int, topic: bytes, body: bytes) -> bytes:
-    rest = _pack_after_crc(kind, 0, len(topic), publisher_id, seq, ts_us) + topic + body
+def encode_record(
+    kind: int, publisher_id: int, seq: int, ts_us: int, topic: bytes, body: bytes,
+    expiration: int | None = None, header: bytes = b"",
+) -> bytes:
+    if expiration is None and not header:
+        rest = _pack_after_crc(kind, 0, len(topic), publisher_id, seq, ts_us) + topic + body
+    else:
+        flags = 0
+        extra = b""
+        if expiration is not None:
+            flags |= FLAG_EXPIRATION
+            extra += _u32.pack(min(max(int(expiration), 0), 0xFFFFFFFF))
+        if header:
+            flags |= FLAG_HEADER
+            extra += _u16.pack(len(header)) + header
+        rest = _pack_after_crc(kind, flags, len(topic), publisher_id, seq, ts_us) + extra + topic + body
     return _pack_prefix(len(rest) + 4, _crc32(rest)) + rest
+
+
+def _extras(buf, at: int, flags: int):
+    """(expiration, header fragment, offset of the topic) for a record with flags."""
+    exp = None
+    hdr = b""
+    if flags & FLAG_EXPIRATION:
+        exp = _u32.unpack_from(buf, at)[0]
+        at += 4
+    if flags & FLAG_HEADER:
+        n = _u16.unpack_from(buf, at)[0]
+        hdr = bytes(buf[at + 2 : at + 2 + n])
+        at += 2 + n
+    return exp, hdr, at
 
 
 def encode_segment_header(base: int) -> bytes:
@@ -108,7 +152,7 @@ def decode_records(buf, start: int, end: int, base_position: int, verify: bool =
     append = out.append
     pos = start
     while end - pos >= RECORD_HEADER_SIZE:
-        length, crc, kind, _flags, tlen, pub, seq, ts = _unpack_header(buf, pos)
+        length, crc, kind, flags, tlen, pub, seq, ts = _unpack_header(buf, pos)
         total = 4 + length
         if length < RECORD_HEADER_SIZE - 4 + tlen:
             raise CorruptRecord(pos, f"length {length} is shorter than its own header")
@@ -117,6 +161,11 @@ def decode_records(buf, start: int, end: int, base_position: int, verify: bool =
         if verify and _crc32(memoryview(buf)[pos + 8 : pos + total]) != crc:
             raise CorruptRecord(pos, "checksum mismatch")
         tstart = pos + RECORD_HEADER_SIZE
+        exp, hdr = None, b""
+        if flags:
+            exp, hdr, tstart = _extras(buf, tstart, flags)
+            if tstart + tlen > pos + total:
+                raise CorruptRecord(pos, "optional fields run past the end of the record")
         append(
             Record(
                 base_position + pos,
@@ -126,6 +175,8 @@ def decode_records(buf, start: int, end: int, base_position: int, verify: bool =
                 ts,
                 bytes(buf[tstart : tstart + tlen]).decode("utf-8", "replace"),
                 bytes(buf[tstart + tlen : pos + total]),
+                exp,
+                hdr,
             )
         )
         pos += total
@@ -140,9 +191,10 @@ def record_length_at(buf, pos: int) -> int:
 def scan_records(buf: bytes, base_position: int):
     """Fast path for replay: whole records in `buf` as plain tuples, without checksum checks.
 
-    Returns ([(position, kind, publisher_id, seq, timestamp_us, topic_bytes, body), ...], stop).
-    Used on records already verified (sealed segments and the recovered tail); topic is left as
-    bytes so callers can compare and cache without decoding.
+    Returns ([(position, kind, publisher_id, seq, timestamp_us, topic_bytes, body, extra), ...],
+    stop) where extra is None for a record without optional fields, else (expiration, header
+    fragment). Used on records already verified (sealed segments and the recovered tail); topic
+    is left as bytes so callers can compare and cache without decoding.
     """
     out = []
     append = out.append
@@ -151,12 +203,16 @@ def scan_records(buf: bytes, base_position: int):
     end = len(buf)
     hsize = RECORD_HEADER_SIZE
     while end - pos >= hsize:
-        length, _crc, kind, _flags, tlen, pub, seq, ts = unpack(buf, pos)
+        length, _crc, kind, flags, tlen, pub, seq, ts = unpack(buf, pos)
         nxt = pos + 4 + length
         if nxt > end:
             break
         t = pos + hsize
+        extra = None
+        if flags:
+            exp, hdr, t = _extras(buf, t, flags)
+            extra = (exp, hdr)
         b = t + tlen
-        append((base_position + pos, kind, pub, seq, ts, buf[t:b], buf[b:nxt]))
+        append((base_position + pos, kind, pub, seq, ts, buf[t:b], buf[b:nxt], extra))
         pos = nxt
     return out, pos

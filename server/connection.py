@@ -380,7 +380,8 @@ class Connection(asyncio.Protocol):
         self.is_publisher = True
         self.received += 1
         seq, dup = self.server.pipeline.publish(
-            self, self.pub if h.s is not None else self.server_pub, h.s, topic, body, h.x
+            self, self.pub if h.s is not None else self.server_pub, h.s, topic, body,
+            b',"x":' + _json(h.x) if h.x is not None else b"", h.e,
         )
         if a is not None and ("processed" in a or "received" in a):
             for kind in _ack_types(a) & {"received", "processed"}:

@@ -887,19 +887,102 @@ def _value(node: _Node) -> Callable[[object], object]:
 
         fn = arith
     else:  # a condition used as a value: TRUE, FALSE or NULL
-        t = _condition(node, True)
-        f = _condition(node, False)
-
-        def condition_value(body):
-            if t(body):
-                return True
-            return False if f(body) else None
-
-        fn = condition_value
+        fn = _tri(node)
     if not node.dyn and kind != "const":
         fn = _constant(fn(None))
     node.memo["value"] = fn
     return fn
+
+
+def _tri(node: _Node) -> Callable[[object], object]:
+    """A closure giving a condition's three-valued result: True, False or None (UNKNOWN).
+
+    Used only where a condition is a value (``(/a = 1) = TRUE``, ``/b IN (/a > 1)``). It
+    evaluates each subtree once: deriving it from the TRUE and FALSE closures would evaluate
+    both, and nested conditions-as-values would then cost 2**depth per message."""
+    kind = node.kind
+    if kind == "not":
+        f = _value(node.a)
+
+        def not3(body):
+            x = f(body)
+            return not x if x.__class__ is bool else None
+
+        return not3
+    if kind == "and" or kind == "or":
+        fns = []
+        for item in node.items:
+            fns.append(_value(item))
+        fns = tuple(fns)
+        stop = kind == "or"  # OR stops at the first TRUE, AND at the first FALSE
+
+        def junction3(body):
+            result = not stop
+            for f in fns:
+                x = f(body)
+                if x is stop:
+                    return stop
+                if x is not result:  # UNKNOWN, or a non-boolean value
+                    result = None
+            return result
+
+        return junction3
+    if kind == "cmp":
+        op = node.op
+        op_fn = _OPFN[op]
+        lf = _value(node.a)
+        rf = _value(node.b)
+
+        def cmp3(body):
+            a = lf(body)
+            if a is None:
+                return None
+            b = rf(body)
+            if b is None:
+                return None
+            return _cmp(op, op_fn, a, b)
+
+        return cmp3
+    negated = node.negated
+    get = _value(node.a)
+    if kind == "isnull":
+
+        def isnull3(body):
+            return (get(body) is None) is not negated
+
+        return isnull3
+    if kind == "in":
+        item_fns = []
+        for item in node.items:
+            item_fns.append(_value(item))
+        item_fns = tuple(item_fns)
+
+        def in3(body):
+            x = _in(get(body), [f(body) for f in item_fns])
+            return x if x is None or not negated else not x
+
+        return in3
+    if kind == "between":
+        lo_fn = _value(node.b)
+        hi_fn = _value(node.c)
+
+        def between3(body):
+            v = get(body)
+            if v is None:
+                return None
+            x = _between(v, lo_fn(body), hi_fn(body))
+            return x if x is None or not negated else not x
+
+        return between3
+    if kind == "like":
+        search = node.value.search
+
+        def like3(body):
+            x = _like(get(body), search)
+            return x if x is None or not negated else not x
+
+        return like3
+    raise AssertionError(kind)
 
 
 def _const_value(node: _Node):

@@ -44,17 +44,17 @@ TOPIC_CACHE_LIMIT = 50_000
 class Message:
     """A message of a committed batch, ready for delivery. `bm` is b"" on unrecorded topics."""
 
-    __slots__ = ("topic", "pub", "seq", "ts", "body", "suffix", "position", "x")
+    __slots__ = ("topic", "pub", "seq", "ts", "body", "suffix", "position", "exp")
 
-    def __init__(self, topic, pub, seq, ts, body, suffix, position, x):
+    def __init__(self, topic, pub, seq, ts, body, suffix, position, exp):
         self.topic = topic
         self.pub = pub
         self.seq = seq
         self.ts = ts
         self.body = body
-        self.suffix = suffix  # b',"t":"...","bm":"..."' (+ ,"x":...) - the per-message header part
+        self.suffix = suffix  # b',"t":"...","bm":"..."' + the record's header fragment
         self.position = position
-        self.x = x
+        self.exp = exp  # the publish's expiration (`e`, seconds) or None
 
 
 class Batch:
@@ -63,7 +63,7 @@ class Batch:
     def __init__(self) -> None:
         self.data = bytearray()
         self.entries: list = []  # (pub, seq, ts, offset in data) for the journal index
-        self.msgs: list = []  # (topic, pub, seq, ts, body, offset or -1, x)
+        self.msgs: list = []  # (topic, pub, seq, ts, body, offset or -1, header fragment, expiration)
         self.acks: dict = {}  # conn -> highest seq to ack as persisted
         self.flushes: list = []  # (conn, cid, ack types) waiting for everything before them
         self.first_seq: dict = {}  # pub -> lowest seq in this batch (for rollback)
@@ -126,15 +126,19 @@ class Pipeline:
             tj = self._topic_json[topic] = b',"t":' + _json(topic.decode("utf-8", "replace"))
         return tj
 
-    def publish(self, conn: Connection, pub: int, seq: int | None, topic: str, body: bytes, x) -> tuple[int, bool]:
-        """Accept one publish. Returns (seq, duplicate)."""
+    def publish(self, conn, pub: int, seq: int | None, topic: str, body: bytes, hdr: bytes = b"", exp=None) -> tuple[int, bool]:
+        """Accept one publish. Returns (seq, duplicate).
+
+        hdr: wire-ready header members stored with the message (`,"x":...`); exp: the `e` header.
+        conn may be None for messages the server publishes itself (dead letters).
+        """
         highest = self.highest.get(pub, 0)
         batch = self.batch
         if seq is None:
             seq = highest + 1
         elif seq <= highest:
             self.duplicates += 1
-            if conn.wants_persisted:
+            if conn is not None and conn.wants_persisted:
                 # already stored (or in a commit ahead of this batch): ack it with this batch
                 acks = batch.acks
                 if acks.get(conn, 0) < seq:
@@ -153,14 +157,14 @@ class Pipeline:
             data = batch.data
             off = len(data)
             batch.entries.append((pub, seq, ts, off))
-            data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body)
+            data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, exp, hdr)
         else:
             off = -1
-        batch.msgs.append((topic, pub, seq, ts, body, off, x))
+        batch.msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
         batch.last[pub] = (seq, off)
         if self.early_subs:
-            self.deliver([self._message(topic, pub, seq, ts, body, off, x, 0)], early=True)
-        if conn.wants_persisted:
+            self.deliver([self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True)
+        if conn is not None and conn.wants_persisted:
             batch.acks[conn] = seq
         self.published += 1
         if not self.scheduled:
@@ -252,22 +256,20 @@ class Pipeline:
         wanted = self.server.router.match if not self.on_deliver else None
         make = self._message
         return [
-            make(topic, pub, seq, ts, body, off, x, base)
-            for topic, pub, seq, ts, body, off, x in batch.msgs
+            make(topic, pub, seq, ts, body, off, hdr, exp, base)
+            for topic, pub, seq, ts, body, off, hdr, exp in batch.msgs
             if wanted is None or wanted(topic)
         ]
 
-    def _message(self, topic, pub, seq, ts, body, off, x, base) -> Message:
+    def _message(self, topic, pub, seq, ts, body, off, hdr, exp, base) -> Message:
         tj = self.topic_info(topic)[1]
         if off >= 0:
             position = base + off
-            suffix = b'%s,"bm":"%d|%d|"' % (tj, pub, seq)
+            suffix = b'%s,"bm":"%d|%d|"%s' % (tj, pub, seq, hdr)
         else:
             position = -1
-            suffix = tj
-        if x is not None:
-            suffix += b',"x":' + _json(x)
-        return Message(topic, pub, seq, ts, body, suffix, position, x)
+            suffix = tj + hdr
+        return Message(topic, pub, seq, ts, body, suffix, position, exp)
 
     def not_yet_durable(self) -> list[Message]:
         """Messages accepted but not yet committed, in journal order (for a `live` join)."""

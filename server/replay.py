@@ -466,7 +466,7 @@ class Replay:
         sent = 0
         last = None
         for rec in recs:
-            pos, kind, pub, seq, ts, tb, body = rec
+            pos, kind, pub, seq, ts, tb, body, extra = rec
             if pos >= end:
                 nxt = pos
                 break
@@ -480,10 +480,11 @@ class Replay:
                     continue
                 if not f(doc):
                     continue
+            tj = topic_json(tb) if extra is None else topic_json(tb) + extra[1]
             if ts_part:
-                hdr = b'%s%s,"bm":"%d|%d|"%s}' % (prefix, topic_json(tb), pub, seq, _ts(ts))
+                hdr = b'%s%s,"bm":"%d|%d|"%s}' % (prefix, tj, pub, seq, _ts(ts))
             else:
-                hdr = b'%s%s,"bm":"%d|%d|"}' % (prefix, topic_json(tb), pub, seq)
+                hdr = b'%s%s,"bm":"%d|%d|"}' % (prefix, tj, pub, seq)
             out += (_pack_len(len(hdr) + len(body)), hdr, body)
             sent += 1
         if last is not None:
@@ -497,7 +498,7 @@ class Replay:
         """The general loop: several cursors, rates, ranges, conflation."""
         topic_json = self.server.pipeline.topic_json
         for rec in recs:
-            pos, kind, pub, seq, ts, tb, body = rec
+            pos, kind, pub, seq, ts, tb, body, extra = rec
             if pos >= end:
                 return pos
             if self.paused or not self.cursors or self.conn.closing:
@@ -534,7 +535,7 @@ class Replay:
                             self._emit_conflated(c, c.conflater.due(ts))
                             c.conflater.add(rec)
                         else:
-                            self._emit(sub, pub, seq, ts, topic_json(tb), body)
+                            self._emit(sub, pub, seq, ts, topic_json(tb) + (extra[1] if extra else b""), body)
                 elif c.conflater is not None:
                     self._emit_conflated(c, c.conflater.due(ts))
                 if stop:
@@ -559,7 +560,7 @@ class Replay:
     def _emit_conflated(self, c: Cursor, entries) -> None:
         tj = self.server.pipeline.topic_json
         for first_ts, first_pub, first_seq, rec in entries:
-            self._emit(c.sub, first_pub, first_seq, rec[4], tj(rec[5]), rec[6])
+            self._emit(c.sub, first_pub, first_seq, rec[4], tj(rec[5]) + (rec[7][1] if rec[7] else b""), rec[6])
         if entries:
             c.sub.conn.flush_out()
 

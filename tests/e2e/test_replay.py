@@ -345,3 +345,12 @@ def test_live_option_delivers_before_the_commit(tmp_path):
         assert [h for h, _ in normal.recv_until(lambda h, b: h.get("cid") == "f") if h["c"] == "p"] == []
     finally:
         srv.kill()
+
+
+def test_correlation_id_survives_replay(loaded):
+    p = Raw(loaded.port)
+    p.logon("corr-pub")
+    p.send({"c": "publish", "t": "ranged", "s": 1, "x": "corr-42", "a": "persisted"}, '{"i":7}')
+    p.ack("persisted")
+    _, ids, headers, _ = sub_until_completed(loaded.port, "ranged", "0", name="corr-replay")
+    assert [h.get("x") for h in headers if h.get("x")] == ["corr-42"]

@@ -190,3 +190,18 @@ def test_bad_segment_header(tmp_path):
         Journal(d)
     assert "not a journal segment" in str(info.value)
     assert SEGMENT_HEADER_SIZE == 16
+
+
+def test_optional_fields_round_trip(tmp_path):
+    from journal.record import decode_records, scan_records
+
+    rec = encode_record(KIND_MESSAGE, 9, 3, 77, b"topic", b"{}", expiration=30, header=b',"x":"c-1"')
+    plain = encode_record(KIND_MESSAGE, 9, 4, 78, b"topic", b"[]")
+    buf = rec + plain
+    recs, stop = decode_records(buf, 0, len(buf), 100)
+    assert stop == len(buf)
+    assert (recs[0].expiration, recs[0].header, recs[0].topic, recs[0].body) == (30, b',"x":"c-1"', "topic", b"{}")
+    assert (recs[1].expiration, recs[1].header, recs[1].body) == (None, b"", b"[]")
+    raw, _ = scan_records(buf, 100)
+    assert raw[0][5:] == (b"topic", b"{}", (30, b',"x":"c-1"')) and raw[1][7] is None
+    assert raw[1][0] == 100 + len(rec)
