@@ -21,9 +21,12 @@ from config.model import Config
 from protocol.bookmarks import Now
 from journal.journal import Journal
 from protocol.framing import frame_bytes
+from protocol.options import InvalidOptions, sow_delete_options
 
 from .connection import Connection, Subscription
+from .filters import FilterError, compile_filter
 from .pipeline import Pipeline
+from .queues import QueueManager
 from .replay import Cursor, Plan, Replay, plan_replay
 from .router import Router, is_pattern
 from .stats import Stats
@@ -41,6 +44,7 @@ class Server:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.journal: Journal | None = None
         self.pipeline: Pipeline | None = None
+        self.queues: QueueManager = QueueManager(self, ())
         self.router = Router()
         self.connections: set[Connection] = set()
         self.names: dict[str, Connection] = {}
@@ -73,6 +77,9 @@ class Server:
         else:
             recorded = _never
         self.pipeline = Pipeline(self, self.journal, recorded)
+        self.queues = QueueManager(self, self.config.queues if self.journal is not None else ())
+        await self.loop.run_in_executor(None, self.queues.recover)
+        self.queues.attach(self.pipeline)
         for t in self.config.transports:
             srv = await self.loop.create_server(
                 lambda t=t: Connection(self, t.name, t.max_message_size),
@@ -159,6 +166,10 @@ class Server:
             self.persist_ack_subs.add(sub)
 
     def remove_subscription(self, sub: Subscription) -> None:
+        if sub.queue is not None:
+            sub.queue.remove_sub(sub)
+            sub.queue = None
+            return
         self.router.remove(sub)
         if sub.early:
             sub.early = False
@@ -258,7 +269,55 @@ class Server:
         Replay(self, cursors, min(c.start for c in cursors), rate=first.rate, rate_max_gap=first.rate_max_gap).start()
 
     def sow_delete(self, conn: Connection, h, body) -> None:
-        conn.fail(h, "not a queue", f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages")
+        """Queue acknowledgements: bookmarks (the normal, batched case) or a filter."""
+        q = self.queues.queues.get(h.t or "")
+        if q is None:
+            conn.fail(h, "not a queue", f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages")
+            return
+        try:
+            opts = sow_delete_options(h.o)
+        except InvalidOptions as exc:
+            conn.fail(h, "invalid options", str(exc))
+            return
+        if h.bm:
+            bms = []
+            for item in h.bm.split(","):
+                parts = item.strip().split("|")
+                try:
+                    bms.append((int(parts[0]), int(parts[1])))
+                except (ValueError, IndexError):
+                    conn.fail(h, "invalid bookmark", f"{item.strip()!r} is not a bookmark (publisher|seq|)")
+                    return
+            n, refused = q.ack(conn, bms, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend)
+        elif h.f:
+            try:
+                f = compile_filter(h.f)
+            except FilterError as exc:
+                conn.fail(h, "bad filter", str(exc))
+                return
+            n, refused = q.ack_filter(conn, f, expire=opts.expire), []
+        else:
+            conn.fail(h, "invalid options", "sow_delete on a queue needs bm (bookmarks) or f (a filter)")
+            return
+        acks = [a.strip() for a in (h.a or "").split(",") if a.strip()]
+        if not acks:
+            return
+        if refused:
+            log.warning("%s: sow_delete on %s refused for %d: %s", conn.describe(), q.name, len(refused), refused[0])
+
+        def reply(err, conn=conn, cid=h.cid, n=n, refused=refused):
+            if conn.closing:
+                return
+            for kind in acks:
+                if err is not None:
+                    conn.send_ack(kind, cid, "failure", getattr(err, "reason", "journal unavailable"), detail=str(err))
+                elif refused:
+                    conn.send_ack(kind, cid, "failure", "not entitled", detail="; ".join(refused[:5]), records_deleted=n)
+                else:
+                    conn.send_ack(kind, cid, records_deleted=n)
+            conn.flush_out()
+
+        self.pipeline.after_commit(reply)  # acked only once the acknowledgement is durable
 
     # -- periodic work ------------------------------------------------------------------------
 
@@ -275,6 +334,7 @@ class Server:
                 elif now - conn.last_send >= iv:
                     conn.out.append(hb_frame)
                     conn.flush_out()
+            self.queues.tick()
             if now - last_stats >= 1.0:
                 self.stats.sample(now - last_stats)
                 last_stats = now

@@ -48,7 +48,7 @@ class Subscription:
 
     __slots__ = (
         "sub_id", "conn", "topic", "regex", "filter", "filter_text", "opts", "prefix",
-        "live", "timestamp", "bookmark", "replay", "acks", "cid", "topic_b", "regex_b", "acked_bm", "early",
+        "live", "timestamp", "bookmark", "replay", "acks", "cid", "topic_b", "regex_b", "acked_bm", "early", "queue",
     )
 
     def __init__(self, conn, sub_id, topic, regex, filt, filter_text, opts, acks, cid):
@@ -76,6 +76,7 @@ class Subscription:
                 self.regex_b = None
         self.acked_bm = None
         self.early = False  # `live` option: delivered at publish time, before the commit
+        self.queue = None  # the Queue of a queue subscription
 
     def matches_topic(self, topic: str) -> bool:
         return self.regex.fullmatch(topic) is not None if self.regex is not None else topic == self.topic
@@ -410,6 +411,13 @@ class Connection(asyncio.Protocol):
         if existing is not None and not opts.replace:
             self.fail(h, "subscription already exists", f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option")
             return
+        queue = server.queues.queues.get(topic) if not h.bm else None
+        if queue is not None:
+            self._subscribe_queue(h, queue, sub_id, opts, acks, existing)
+            return
+        if opts.max_backlog is not None:
+            self.fail(h, "invalid options", f"max_backlog applies to queue subscriptions; {topic!r} is not a queue")
+            return
         match_topic = server.replay_topic(topic) if h.bm else topic
         regex = None
         if is_pattern(match_topic):
@@ -462,6 +470,26 @@ class Connection(asyncio.Protocol):
             server.start_replay(sub, plan)
         elif existing is None and spec is not None and "completed" in acks:
             self.send_ack("completed", h.cid, sub_id=sub_id)  # NOW: nothing to replay
+
+    def _subscribe_queue(self, h, queue, sub_id, opts, acks, existing) -> None:
+        filt = None
+        if h.f:
+            try:
+                filt = compile_filter(h.f)
+            except FilterError as exc:
+                self.fail(h, "bad filter", str(exc))
+                return
+        if opts.bookmark_only() or opts.conflation is not None:
+            self.fail(h, "invalid options", "a queue subscription takes max_backlog (and timestamp); replay options need a bookmark")
+            return
+        if existing is not None:
+            self.server.remove_subscription(existing)
+        sub = Subscription(self, sub_id, h.t, None, filt, h.f, opts, acks, h.cid)
+        sub.live = False  # queue deliveries come from the queue, never from pub/sub fan-out
+        self.subs[sub_id] = sub
+        if "processed" in acks:
+            self.send_ack("processed", h.cid, sub_id=sub_id)
+        queue.add_sub(sub, opts.max_backlog)
 
     def _pause_or_resume(self, h, opts, acks) -> None:
         ids = [i.strip() for i in (h.sub_id or "").split(",") if i.strip()]

@@ -1220,8 +1220,6 @@ def _between_condition(node: _Node, want: bool) -> Callable[[object], bool]:
     lo_const, lo = _const_value(node.b)
     hi_const, hi = _const_value(node.c)
     if lo_const and hi_const:
-        if lo is None or hi is None:
-            return _always_false
         kinds = {_KIND.get(lo.__class__), _KIND.get(hi.__class__)}
         if kinds == {"n"}:
             c1, c2 = int, float

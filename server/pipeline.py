@@ -44,9 +44,9 @@ TOPIC_CACHE_LIMIT = 50_000
 class Message:
     """A message of a committed batch, ready for delivery. `bm` is b"" on unrecorded topics."""
 
-    __slots__ = ("topic", "pub", "seq", "ts", "body", "suffix", "position", "exp")
+    __slots__ = ("topic", "pub", "seq", "ts", "body", "suffix", "position", "exp", "hdr")
 
-    def __init__(self, topic, pub, seq, ts, body, suffix, position, exp):
+    def __init__(self, topic, pub, seq, ts, body, suffix, position, exp, hdr=b""):
         self.topic = topic
         self.pub = pub
         self.seq = seq
@@ -55,10 +55,11 @@ class Message:
         self.suffix = suffix  # b',"t":"...","bm":"..."' + the record's header fragment
         self.position = position
         self.exp = exp  # the publish's expiration (`e`, seconds) or None
+        self.hdr = hdr  # the record's header fragment
 
 
 class Batch:
-    __slots__ = ("data", "entries", "msgs", "acks", "flushes", "first_seq", "last")
+    __slots__ = ("data", "entries", "msgs", "acks", "flushes", "first_seq", "last", "after", "meta")
 
     def __init__(self) -> None:
         self.data = bytearray()
@@ -68,9 +69,11 @@ class Batch:
         self.flushes: list = []  # (conn, cid, ack types) waiting for everything before them
         self.first_seq: dict = {}  # pub -> lowest seq in this batch (for rollback)
         self.last: dict = {}  # pub -> (highest seq, offset in data or -1)
+        self.after: list = []  # callables(err) once this batch is durable (err None) or failed
+        self.meta: dict | None = None  # index metadata committed with this batch
 
     def empty(self) -> bool:
-        return not (self.msgs or self.acks or self.flushes)
+        return not (self.data or self.msgs or self.acks or self.flushes or self.after)
 
 
 class Pipeline:
@@ -104,7 +107,8 @@ class Pipeline:
         self.published = 0
         self.delivered = 0
         self.duplicates = 0
-        self.on_deliver = []  # extra consumers of committed batches (queues, replay joins)
+        self.on_deliver = []  # extra consumers of committed messages: f(msgs, delivered_end)
+        self.before_flush = []  # f(batch): last chance to add records (queue events) to a batch
 
     # -- intake --------------------------------------------------------------------------
 
@@ -175,6 +179,19 @@ class Pipeline:
         self.batch.flushes.append((conn, cid, acks))
         self._schedule()
 
+    def after_commit(self, fn) -> None:
+        """Call fn(err) once everything accepted so far is durable (err None) or failed."""
+        self.batch.after.append(fn)
+        self._schedule()
+
+    def add_record(self, record: bytes) -> None:
+        """Append an encoded non-message record (a queue event) to the open batch."""
+        self.batch.data += record
+        self._schedule()
+
+    def schedule(self) -> None:
+        self._schedule()
+
     def _schedule(self) -> None:
         if not self.scheduled:
             self.scheduled = True
@@ -185,6 +202,8 @@ class Pipeline:
     def flush(self) -> None:
         self.scheduled = False
         batch = self.batch
+        for fn in self.before_flush:
+            fn(batch)
         if batch.empty():
             return
         self.batch = Batch()
@@ -202,7 +221,7 @@ class Pipeline:
             loop.call_soon_threadsafe(cb, batch, pos, err, size)
 
         try:
-            self.journal.submit(bytes(batch.data), batch.entries, done)
+            self.journal.submit(bytes(batch.data), batch.entries, done, batch.meta)
         except Exception as exc:  # closed journal during shutdown
             self._committed(batch, None, exc, size)
             return
@@ -251,6 +270,8 @@ class Pipeline:
         # 4. flush markers: everything before them is processed and durable
         for conn, cid, acks in batch.flushes:
             conn.flush_done(cid, acks)
+        for fn in batch.after:
+            fn(None)
 
     def _messages(self, batch: Batch, base: int) -> list[Message]:
         wanted = self.server.router.match if not self.on_deliver else None
@@ -269,7 +290,7 @@ class Pipeline:
         else:
             position = -1
             suffix = tj + hdr
-        return Message(topic, pub, seq, ts, body, suffix, position, exp)
+        return Message(topic, pub, seq, ts, body, suffix, position, exp, hdr)
 
     def not_yet_durable(self) -> list[Message]:
         """Messages accepted but not yet committed, in journal order (for a `live` join)."""
@@ -289,6 +310,8 @@ class Pipeline:
             conn.persist_failed(reason, str(err))
         for conn, cid, acks in batch.flushes:
             conn.flush_failed(cid, acks, reason)
+        for fn in batch.after:
+            fn(err)
         self._fence()
 
     def _fence(self) -> None:

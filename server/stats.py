@@ -55,6 +55,8 @@ class Stats:
             "refused_commands": self.refused,
             "disconnects": dict(self.disconnects),
             "journal": None,
+            "queues": s.queues.snapshot() if s.queues is not None else {},
+            "queue_recovery_s": round(s.queues.recovery_seconds, 3) if s.queues is not None else 0,
         }
         if j is not None:
             st = j.stats
@@ -98,6 +100,17 @@ class Stats:
         lines.append("# TYPE tickertape_disconnects_total counter")
         for reason, n in sorted(snap["disconnects"].items()):
             lines.append(f'tickertape_disconnects_total{{reason="{reason}"}} {n}')
+        if snap["queues"]:
+            for key, help_ in (("depth", "Messages waiting in the queue."), ("leased", "Messages leased to consumers."),
+                               ("acked", "Messages acknowledged since start."), ("expired", "Messages expired since start."),
+                               ("redelivered", "Redeliveries since start."), ("delivered", "Deliveries since start."),
+                               ("dead_lettered", "Messages sent to the dead-letter topic since start.")):
+                kind = "gauge" if key in ("depth", "leased") else "counter"
+                name = f"queue_{key}" + ("" if kind == "gauge" else "_total")
+                lines.append(f"# HELP tickertape_{name} {help_}")
+                lines.append(f"# TYPE tickertape_{name} {kind}")
+                for qname, q in sorted(snap["queues"].items()):
+                    lines.append(f'tickertape_{name}{{queue="{qname}"}} {q[key]}')
         j = snap["journal"]
         if j:
             metric("journal_bytes", "gauge", "Bytes of journal segments on disk.", j["bytes"])

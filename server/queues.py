@@ -1,0 +1,745 @@
+"""Message queues (PROTOCOL.md §8): views over recorded topics with leases, backlogs and fairness.
+
+A queue never copies a message body. Per waiting message it keeps the journal position and the
+receive time (16 bytes in two `array('Q')`s); messages that were delivered at least once also
+have a small entry in `counts`. Bodies are read back from the journal when a message is
+delivered from the backlog (through a one-block cache, so a run of deliveries costs one read),
+or taken from memory when a fresh message can go straight to a consumer.
+
+Message states:
+
+    waiting --deliver--> leased --ack / expire--> done
+       ^                   |
+       +---- lease ends, cancel, holder disconnects (back at the front, redelivered first)
+    waiting --expiration, max deliveries, max cancels--> done (to the dead-letter topic)
+
+At-most-once: delivered is done; the consumer's ack only frees its backlog.
+
+Durability: every state change that must survive a restart is a queue *event*, written to the
+journal in the same group commit as publishes, as one record per queue per batch (kind 2, topic
+= queue name). Event record body: a run of 12-byte entries (little-endian):
+
+    u8 op | u8 reserved | u16 value | u64 position
+
+ops: 1 LEASED (value = delivery count), 2 ACKED, 3 EXPIRED (value = reason code), 4 CANCELLED
+(value = cancel count), 5 DELIVERED_AT_MOST_ONCE (done). Acks to clients are sent only once the
+event is durable. A recovery checkpoint (the position below which every message of the queue is
+done) is committed with the events in the journal index, so a restart scans only from there:
+messages on the underlying topic become waiting, events are applied, leases are not restored
+(a leased message is waiting again, with its delivery count).
+
+Leases expire on one heap with one loop timer; not one task per message.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import collections
+import heapq
+import logging
+import struct
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from journal.record import KIND_QUEUE_EVENT, encode_record
+from protocol.bookmarks import format_timestamp
+
+from .filters import FilterError, compile_filter
+from .ids import publisher_id
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .app import Server
+
+log = logging.getLogger("tickertape.queues")
+
+_EV = struct.Struct("<BBHQ")
+OP_LEASED, OP_ACKED, OP_EXPIRED, OP_CANCELLED, OP_AMO = 1, 2, 3, 4, 5
+REASONS = {1: "expiration", 2: "max deliveries", 3: "max cancels", 4: "expired by consumer", 5: "filter"}
+REASON_CODE = {v: k for k, v in REASONS.items()}
+DEFAULT_LEASE = 30.0
+CACHE_BLOCK = 256 * 1024
+_decode = msgspec.json.Decoder().decode
+_pack_len = struct.Struct(">I").pack
+_json = msgspec.json.encode
+
+
+class QueueSub:
+    __slots__ = ("sub", "backlog", "outstanding")
+
+    def __init__(self, sub, backlog: int):
+        self.sub = sub
+        self.backlog = backlog
+        self.outstanding = 0
+
+
+class Lease:
+    __slots__ = ("position", "holder", "deadline", "pub", "seq", "gen")
+
+    def __init__(self, position, holder, deadline, pub, seq, gen):
+        self.position = position
+        self.holder = holder
+        self.deadline = deadline
+        self.pub = pub
+        self.seq = seq
+        self.gen = gen
+
+
+class Queue:
+    def __init__(self, manager: QueueManager, spec):
+        self.m = manager
+        self.spec = spec
+        self.name = spec.name
+        self.name_b = spec.name.encode()
+        self.at_most_once = spec.semantics == "at-most-once"
+        self.fairness = "round-robin" if self.at_most_once else spec.fairness_model
+        self.lease_period = spec.lease_period or DEFAULT_LEASE
+        import re
+
+        from .router import is_pattern
+
+        t = spec.underlying_topic
+        self._topic_b = t.encode()
+        self._topic_rx = re.compile(t.encode()) if is_pattern(t) else None
+        self.filter = compile_filter(spec.filter) if spec.filter else None
+        self.barrier = compile_filter(spec.barrier_expression) if spec.barrier_expression else None
+        self.avail_pos = array.array("Q")
+        self.avail_ts = array.array("Q")
+        self.head = 0
+        self.returned: list[int] = []  # heap of positions: returned messages go first, oldest first
+        self.gone: set[int] = set()  # removed from the middle of the arrays (acked by filter, `e`)
+        self.counts: dict[int, list] = {}  # position -> [deliveries, cancels]
+        self.expiry: dict[int, int] = {}  # position -> deadline (us) from the message's own `e`
+        self.exp_heap: list = []  # (deadline, position) for messages with their own `e`
+        self.leased: dict[int, Lease] = {}
+        self.by_bm: dict[tuple, int] = {}  # (pub, seq) -> position, for leased / outstanding
+        self.subs: list[QueueSub] = []
+        self.rr = 0
+        self.lease_heap: list = []
+        self.gen = 0
+        self.events = bytearray()
+        self.parked: collections.deque[int] = collections.deque()  # no subscription's filter matches
+        self.barrier_wait = False
+        self.stats = {"acked": 0, "expired": 0, "redelivered": 0, "delivered": 0, "dead_lettered": 0}
+        self.dlt_pub = publisher_id(f"{manager.server.name}\x00queue:{self.name}\x00dead-letter")
+        self.checkpoint_dirty = True
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def wants_topic(self, topic_b: bytes) -> bool:
+        if self._topic_rx is not None:
+            return self._topic_rx.fullmatch(topic_b) is not None
+        return topic_b == self._topic_b
+
+    def passes_filter(self, body: bytes) -> bool:
+        if self.filter is None:
+            return True
+        try:
+            return bool(self.filter(_decode(body)))
+        except msgspec.DecodeError:
+            return False
+
+    @property
+    def depth(self) -> int:
+        return len(self.avail_pos) - self.head - self._gone_waiting() + len(self.returned) + len(self.parked)
+
+    def _gone_waiting(self) -> int:
+        return len(self.gone)
+
+    def deadline_for(self, ts: int, exp) -> int:
+        d = 0
+        if self.spec.expiration:
+            d = ts + int(self.spec.expiration * 1e6)
+        if exp is not None:
+            e = ts + int(exp * 1e6)
+            d = e if not d else min(d, e)
+        return d
+
+    def add_waiting(self, position: int, ts: int, exp) -> None:
+        self.avail_pos.append(position)
+        self.avail_ts.append(ts)
+        if exp is not None:
+            dl = self.deadline_for(ts, exp)
+            self.expiry[position] = dl
+            heapq.heappush(self.exp_heap, (dl, position))
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def event(self, op: int, position: int, value: int = 0) -> None:
+        self.events += _EV.pack(op, 0, min(value, 0xFFFF), position)
+        self.checkpoint_dirty = True
+
+    def take_events(self) -> bytes | None:
+        if not self.events:
+            return None
+        body = bytes(self.events)
+        self.events.clear()
+        return encode_record(KIND_QUEUE_EVENT, 0, 0, 0, self.name_b, body)
+
+    def low_water(self, end: int) -> int:
+        """Every message of this queue below this position is done."""
+        lo = end
+        self._advance_head()
+        if self.head < len(self.avail_pos):
+            lo = min(lo, self.avail_pos[self.head])
+        if self.returned:
+            lo = min(lo, self.returned[0])
+        if self.parked:
+            lo = min(lo, min(self.parked))
+        if self.leased:
+            lo = min(lo, min(self.leased))
+        if self.gone:
+            pass  # gone entries are done
+        return lo
+
+    # -- subscribers ----------------------------------------------------------------------------
+
+    def add_sub(self, sub, max_backlog: int | None) -> None:
+        cap = self.spec.max_per_subscription_backlog or 1
+        self.subs.append(QueueSub(sub, max(1, min(max_backlog or 1, cap))))
+        sub.queue = self
+        if self.parked:
+            for p in self.parked:
+                heapq.heappush(self.returned, p)
+            self.parked.clear()
+        self.pump()
+
+    def remove_sub(self, sub) -> None:
+        qs = next((q for q in self.subs if q.sub is sub), None)
+        if qs is None:
+            return
+        self.subs.remove(qs)
+        returned = sorted(p for p, lease in self.leased.items() if lease.holder is qs)
+        for p in returned:
+            lease = self.leased.pop(p)
+            self.by_bm.pop((lease.pub, lease.seq), None)
+            if not self.at_most_once:
+                self._return(p, "disconnect")
+        self.pump()
+
+    # -- delivery --------------------------------------------------------------------------------
+
+    def _advance_head(self) -> None:
+        pos = self.avail_pos
+        while self.head < len(pos) and pos[self.head] in self.gone:
+            self.gone.discard(pos[self.head])
+            self.head += 1
+        if self.head > 65536 and self.head * 2 > len(pos):
+            del self.avail_pos[: self.head]
+            del self.avail_ts[: self.head]
+            self.head = 0
+
+    def _pick(self, body_doc_fn):
+        """The subscription that gets the next message, by the fairness model (None if full)."""
+        subs = self.subs
+        if not subs:
+            return None
+        limit = self.spec.max_backlog
+        if limit and len(self.leased) >= limit:
+            return None
+        best = None
+        n = len(subs)
+        if self.fairness == "proportional":
+            ratio = 2.0
+            for qs in subs:
+                if qs.outstanding < qs.backlog and (qs.sub.filter is None or body_doc_fn(qs.sub.filter)):
+                    r = qs.outstanding / qs.backlog
+                    if r < ratio:
+                        ratio, best = r, qs
+            return best
+        start = self.rr if self.fairness == "round-robin" else 0
+        for k in range(n):
+            qs = subs[(start + k) % n]
+            if qs.outstanding < qs.backlog and (qs.sub.filter is None or body_doc_fn(qs.sub.filter)):
+                if self.fairness == "round-robin":
+                    self.rr = (start + k + 1) % n
+                return qs
+        return None
+
+    def any_matching_sub(self, doc_fn) -> bool:
+        return any(qs.sub.filter is None or doc_fn(qs.sub.filter) for qs in self.subs)
+
+    def offer_fresh(self, m) -> None:
+        """A committed message on the underlying topic: deliver at once or keep it waiting."""
+        if self.head >= len(self.avail_pos) and not self.returned and not self.barrier_wait and self.subs:
+            rec = (m.position, m.pub, m.seq, m.ts, m.topic.encode(), m.body, m.hdr)
+            if self._try_deliver(rec):
+                return
+        self.add_waiting(m.position, m.ts, m.exp)
+        self.pump()
+
+    def pump(self) -> None:
+        """Deliver waiting messages while some subscription has room."""
+        if not self.subs or self.m.loading:
+            return
+        now = _now_us()
+        touched = set()
+        while True:
+            if self.returned:
+                pos = self.returned[0]
+                from_returned = True
+            else:
+                self._advance_head()
+                if self.head >= len(self.avail_pos):
+                    break
+                pos = self.avail_pos[self.head]
+                from_returned = False
+                ts = self.avail_ts[self.head]
+                dl = self.expiry.get(pos) or self.deadline_for(ts, None)
+                if dl and now >= dl:
+                    self.head += 1
+                    self._expire(pos, "expiration", None)
+                    continue
+            if self.barrier_wait:
+                break
+            rec = self.m.read(pos)
+            if rec is None:  # archived away: nothing to deliver
+                self._pop(from_returned)
+                continue
+            if not self._try_deliver(rec, from_returned, touched, pop=True):
+                break
+        for conn in touched:
+            conn.flush_out()
+
+    def _pop(self, from_returned: bool) -> None:
+        if from_returned:
+            heapq.heappop(self.returned)
+        else:
+            self.head += 1
+
+    def _try_deliver(self, rec, from_returned=False, touched=None, pop=False) -> bool:
+        position, pub, seq, ts, topic_b, body, extra = rec
+        doc_cache = []
+
+        def doc_fn(f):
+            if not doc_cache:
+                try:
+                    doc_cache.append(_decode(body))
+                except msgspec.DecodeError:
+                    doc_cache.append(None)
+            d = doc_cache[0]
+            return d is not None and f(d)
+
+        if self.barrier is not None and doc_fn(self.barrier):
+            if self.leased:
+                self.barrier_wait = True  # held until every earlier message is acked
+                return False
+            if pop:
+                self._pop(from_returned)
+            self._deliver_barrier(rec)
+            return True
+        if not self.any_matching_sub(doc_fn):
+            if pop:
+                self._pop(from_returned)
+                self.parked.append(position)
+                return True
+            return False
+        qs = self._pick(doc_fn)
+        if qs is None:
+            return False
+        if pop:
+            self._pop(from_returned)
+        self._lease(qs, rec, touched)
+        return True
+
+    def _deliver_barrier(self, rec) -> None:
+        position, pub, seq, ts, topic_b, body, extra = rec
+        for qs in self.subs:
+            qs.sub.conn.out_message(qs.sub, _QMsg(topic_b, pub, seq, body, extra, b""))
+            qs.sub.conn.flush_out()
+        self.event(OP_ACKED, position)
+        self.stats["delivered"] += 1
+        self.stats["acked"] += 1
+        self._forget(position)
+
+    def _lease(self, qs: QueueSub, rec, touched) -> None:
+        position, pub, seq, ts, topic_b, body, extra = rec
+        counts = self.counts.get(position)
+        if counts is None:
+            counts = self.counts[position] = [0, 0]
+        counts[0] += 1
+        if counts[0] > 1:
+            self.stats["redelivered"] += 1
+        self.stats["delivered"] += 1
+        qs.outstanding += 1
+        self.by_bm[(pub, seq)] = position
+        sub = qs.sub
+        if self.at_most_once:
+            self.event(OP_AMO, position)
+            self.leased[position] = Lease(position, qs, 0, pub, seq, 0)
+            lp = b""
+        else:
+            self.gen += 1
+            deadline = time.monotonic() + self.lease_period
+            lease = Lease(position, qs, deadline, pub, seq, self.gen)
+            self.leased[position] = lease
+            heapq.heappush(self.lease_heap, (deadline, self.gen, position))
+            self.m.arm(deadline)
+            self.event(OP_LEASED, position, counts[0])
+            lp = b',"lp":"' + format_timestamp(_now_us() + int(self.lease_period * 1e6)).encode() + b'"'
+        sub.conn.out_message(sub, _QMsg(topic_b, pub, seq, body, extra, lp))
+        if touched is not None:
+            touched.add(sub.conn)
+        else:
+            sub.conn.flush_out()
+
+    # -- leaving the lease -------------------------------------------------------------------------
+
+    def _return(self, position: int, why: str) -> None:
+        counts = self.counts.get(position, [0, 0])
+        maxd = self.spec.max_deliveries
+        if maxd and counts[0] >= maxd:
+            self._expire(position, "max deliveries", None)
+            return
+        heapq.heappush(self.returned, position)
+
+    def _take_waiting(self, pos: int) -> None:
+        """Remove a waiting message from wherever it waits."""
+        if pos in self.returned:
+            self.returned.remove(pos)
+            heapq.heapify(self.returned)
+        elif pos in self.parked:
+            self.parked.remove(pos)
+        else:
+            self.gone.add(pos)
+
+    def _forget(self, position: int) -> None:
+        self.counts.pop(position, None)
+        if self.expiry.pop(position, None) is not None:
+            pass
+        if self.barrier_wait and not self.leased:
+            self.barrier_wait = False
+            self.m.server.loop.call_soon(self.pump)
+
+    def _expire(self, position: int, reason: str, rec) -> None:
+        counts = self.counts.get(position, [0, 0])
+        self.event(OP_EXPIRED, position, REASON_CODE.get(reason, 0))
+        self.stats["expired"] += 1
+        if self.spec.dead_letter_topic:
+            self.m.dead_letter(self, position, reason, counts[0], rec)
+        self._forget(position)
+
+    def expire_due(self, now_us: int) -> None:
+        """Expire waiting messages whose time is up, even with no subscriber (a tick)."""
+        changed = False
+        if self.spec.expiration:
+            while True:
+                self._advance_head()
+                if self.head >= len(self.avail_pos):
+                    break
+                if now_us < self.avail_ts[self.head] + int(self.spec.expiration * 1e6):
+                    break
+                pos = self.avail_pos[self.head]
+                self.head += 1
+                self._expire(pos, "expiration", None)
+                changed = True
+        heap = self.exp_heap
+        while heap and heap[0][0] <= now_us:
+            dl, pos = heapq.heappop(heap)
+            if self.expiry.get(pos) != dl or pos in self.leased or pos in self.gone:
+                continue
+            self._take_waiting(pos)
+            self._expire(pos, "expiration", None)
+            changed = True
+        if changed:
+            self.pump()
+
+    def lease_timeouts(self, now: float) -> None:
+        heap = self.lease_heap
+        changed = False
+        while heap and heap[0][0] <= now:
+            _, gen, pos = heapq.heappop(heap)
+            lease = self.leased.get(pos)
+            if lease is None or lease.gen != gen:
+                continue
+            del self.leased[pos]
+            self.by_bm.pop((lease.pub, lease.seq), None)
+            lease.holder.outstanding -= 1
+            log.info("queue %s: lease on %d|%d| expired (holder %s)", self.name, lease.pub, lease.seq, lease.holder.sub.conn.describe())
+            self._return(pos, "lease")
+            changed = True
+        if changed:
+            self.pump()
+        if heap:
+            self.m.arm(heap[0][0])
+
+    # -- acknowledgements -------------------------------------------------------------------------
+
+    def ack(self, conn, bms, cancel=False, expire=False, extend=None) -> tuple[int, list]:
+        """Apply a sow_delete by bookmarks. Returns (records affected, refusal details)."""
+        done = 0
+        refused = []
+        strict = self.spec.leasing == "strict"
+        for pub, seq in bms:
+            pos = self.by_bm.get((pub, seq))
+            if pos is None:
+                continue
+            lease = self.leased.get(pos)
+            if lease is None:
+                continue
+            if strict and lease.holder.sub.conn is not conn:
+                refused.append(f"{pub}|{seq}| is leased to another client (Leasing strict)")
+                continue
+            if extend is not None and not self.at_most_once:
+                self.gen += 1
+                lease.gen = self.gen
+                lease.deadline = time.monotonic() + extend
+                heapq.heappush(self.lease_heap, (lease.deadline, lease.gen, pos))
+                self.m.arm(lease.deadline)
+                done += 1
+                continue
+            del self.leased[pos]
+            del self.by_bm[(pub, seq)]
+            lease.holder.outstanding -= 1
+            done += 1
+            if self.at_most_once:
+                self._forget(pos)
+                continue
+            if cancel:
+                counts = self.counts.setdefault(pos, [0, 0])
+                counts[1] += 1
+                self.event(OP_CANCELLED, pos, counts[1])
+                if self.spec.max_cancels and counts[1] > self.spec.max_cancels:
+                    self._expire(pos, "max cancels", None)
+                else:
+                    self._return(pos, "cancel")
+            elif expire:
+                self._expire(pos, "expired by consumer", None)
+            else:
+                self.event(OP_ACKED, pos)
+                self.stats["acked"] += 1
+                self._forget(pos)
+        self.pump()
+        return done, refused
+
+    def ack_filter(self, conn, f, expire=False) -> int:
+        """sow_delete with a filter: every message in the queue that matches, leased or not."""
+        n = 0
+        for pos, lease in list(self.leased.items()):
+            rec = self.m.read(pos)
+            if rec is not None and _matches(f, rec[5]):
+                n += self.ack(conn, [(lease.pub, lease.seq)], expire=expire)[0]
+        self._advance_head()
+        waiting = list(self.returned) + list(self.parked) + [
+            p for p in self.avail_pos[self.head :] if p not in self.gone
+        ]
+        for pos in waiting:
+            rec = self.m.read(pos)
+            if rec is None or not _matches(f, rec[5]):
+                continue
+            self._take_waiting(pos)
+            if expire:
+                self._expire(pos, "expired by consumer", rec)
+            else:
+                self.event(OP_ACKED, pos)
+                self.stats["acked"] += 1
+                self._forget(pos)
+            n += 1
+        self.pump()
+        return n
+
+    def snapshot(self) -> dict:
+        return {
+            "depth": self.depth,
+            "leased": len(self.leased),
+            "subscribers": len(self.subs),
+            **self.stats,
+        }
+
+
+def _matches(f, body: bytes) -> bool:
+    try:
+        return bool(f(_decode(body)))
+    except msgspec.DecodeError:
+        return False
+
+
+def _now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+class _QMsg:
+    """What Connection.out_message needs for a queue delivery."""
+
+    __slots__ = ("body", "suffix", "ts")
+
+    def __init__(self, topic_b, pub, seq, body, extra, lp):
+        self.body = body
+        self.suffix = b',"t":%s,"bm":"%d|%d|"%s%s' % (_json(topic_b.decode("utf-8", "replace")), pub, seq, extra or b"", lp)
+        self.ts = 0
+
+
+class QueueManager:
+    """All queues of the instance: recovery, routing of committed messages, timers, commands."""
+
+    def __init__(self, server: Server, specs):
+        self.server = server
+        self.queues: dict[str, Queue] = {}
+        self.loading = False
+        for spec in specs:
+            self.queues[spec.name] = Queue(self, spec)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._cache_range = (0, 0)
+        self._cache: dict[int, tuple] = {}
+        self.recovery_seconds = 0.0
+        self._last_checkpoint = 0.0
+
+    # -- wiring ----------------------------------------------------------------------------------
+
+    def attach(self, pipeline) -> None:
+        pipeline.on_deliver.append(self.on_committed)
+        pipeline.before_flush.append(self.before_flush)
+
+    def on_committed(self, msgs, end: int) -> None:
+        for m in msgs:
+            if m.position < 0:
+                continue
+            tb = None
+            for q in self.queues.values():
+                if tb is None:
+                    tb = m.topic.encode()
+                if q.wants_topic(tb) and q.passes_filter(m.body):
+                    q.offer_fresh(m)
+
+    def before_flush(self, batch) -> None:
+        for q in self.queues.values():
+            rec = q.take_events()
+            if rec is not None:
+                batch.data += rec
+        now = time.monotonic()
+        if now - self._last_checkpoint >= 1.0 and any(q.checkpoint_dirty for q in self.queues.values()):
+            self._last_checkpoint = now
+            # a checkpoint committed with this batch covers only what this batch makes durable
+            end = self.server.pipeline.delivered_end
+            meta = batch.meta or {}
+            for q in self.queues.values():
+                meta[b"queue-checkpoint:" + q.name_b] = struct.pack("<Q", q.low_water(end))
+                q.checkpoint_dirty = False
+            batch.meta = meta
+
+    def arm(self, deadline: float) -> None:
+        if deadline >= self._timer_at and self._timer is not None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = self.server.loop
+        self._timer_at = deadline
+        self._timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        now = time.monotonic()
+        for q in self.queues.values():
+            q.lease_timeouts(now)
+
+    def tick(self) -> None:
+        now = _now_us()
+        for q in self.queues.values():
+            q.expire_due(now)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def read(self, position: int):
+        """(position, pub, seq, ts, topic_b, body, header fragment) of the record at position."""
+        rec = self._cache.get(position)
+        if rec is not None:
+            return rec
+        journal = self.server.journal
+        if position < journal.start_position:
+            return None
+        recs, _ = journal.read_raw(position, CACHE_BLOCK)
+        if not recs:
+            return None
+        self._cache = {r[0]: (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"") for r in recs if r[1] == 1}
+        return self._cache.get(position)
+
+    # -- recovery --------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        journal = self.server.journal
+        if journal is None or not self.queues:
+            return
+        started = time.monotonic()
+        self.loading = True
+        starts = []
+        for q in self.queues.values():
+            raw = journal.index.get_meta(b"queue-checkpoint:" + q.name_b)
+            starts.append(struct.unpack("<Q", raw)[0] if raw else journal.start_position)
+        pos = max(journal.start_position, min(starts))
+        qlist = list(self.queues.values())
+        by_name = {q.name_b: q for q in qlist}
+        qstart = {q.name_b: max(s, journal.start_position) for q, s in zip(qlist, starts)}
+        done: dict[bytes, set] = {q.name_b: set() for q in qlist}
+        counts: dict[bytes, dict] = {q.name_b: {} for q in qlist}
+        scanned = 0
+        while True:
+            recs, nxt = journal.read_raw(pos, 4 * 1024 * 1024)
+            if not recs:
+                nxt2 = journal.next_position(nxt)
+                if nxt2 == pos:
+                    break
+                pos = nxt2
+                continue
+            for position, kind, pub, seq, ts, tb, body, extra in recs:
+                scanned += 1
+                if kind == 1:
+                    for q in qlist:
+                        if position >= qstart[q.name_b] and q.wants_topic(tb) and q.passes_filter(body):
+                            q.add_waiting(position, ts, extra[0] if extra else None)
+                elif kind == KIND_QUEUE_EVENT:
+                    q = by_name.get(tb)
+                    if q is None:
+                        continue
+                    d = done[q.name_b]
+                    c = counts[q.name_b]
+                    for off in range(0, len(body) - 11, 12):
+                        op, _, value, p = _EV.unpack_from(body, off)
+                        if op in (OP_ACKED, OP_EXPIRED, OP_AMO):
+                            d.add(p)
+                            c.pop(p, None)
+                        elif op == OP_LEASED:
+                            c.setdefault(p, [0, 0])[0] = value
+                        elif op == OP_CANCELLED:
+                            c.setdefault(p, [0, 0])[1] = value
+            pos = journal.next_position(nxt)
+        for q in qlist:
+            d = done[q.name_b]
+            if d:
+                keep = [(p, t) for p, t in zip(q.avail_pos, q.avail_ts) if p not in d]
+                q.avail_pos = array.array("Q", (p for p, _ in keep))
+                q.avail_ts = array.array("Q", (t for _, t in keep))
+                for p in d:
+                    q.expiry.pop(p, None)
+            q.counts = {p: c for p, c in counts[q.name_b].items() if p not in d}
+        self.loading = False
+        self.recovery_seconds = time.monotonic() - started
+        for q in qlist:
+            log.info("queue %s: recovered %d waiting messages (%d delivered before) in %.3fs",
+                     q.name, q.depth, len(q.counts), self.recovery_seconds)
+        log.info("queues: recovery scanned %d records in %.3fs", scanned, self.recovery_seconds)
+
+    # -- dead letters --------------------------------------------------------------------------------
+
+    def dead_letter(self, q: Queue, position: int, reason: str, deliveries: int, rec) -> None:
+        rec = rec or self.read(position)
+        if rec is None:
+            return
+        _, pub, seq, ts, topic_b, body, extra = rec
+        hdr = b',"reason":%s,"deliveries":%d,"queue":%s,"source_bm":"%d|%d|"' % (
+            _json(reason), deliveries, _json(q.name), pub, seq)
+        self.server.pipeline.publish(None, q.dlt_pub, None, q.spec.dead_letter_topic, body, hdr, None)
+        q.stats["dead_lettered"] += 1
+
+    def snapshot(self) -> dict:
+        return {name: q.snapshot() for name, q in self.queues.items()}
+
+
+def compile_ack_filter(text: str):
+    try:
+        return compile_filter(text)
+    except FilterError:
+        raise
