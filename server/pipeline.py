@@ -253,15 +253,19 @@ class Pipeline:
                     self.durable_pos[pub] = base + off
         if self.journal is not None and batch.data:
             self.delivered_end = base + len(batch.data)
-            pub, seq = batch.entries[-1][:2]
-            self.last_bm = (pub, seq)
+            if batch.entries:
+                pub, seq = batch.entries[-1][:2]
+                self.last_bm = (pub, seq)
         # 3. fan-out: messages are only materialized for topics someone wants
         if server.router.count or self.on_deliver:
             msgs = self._messages(batch, base)
             if msgs and server.router.count:
                 self.deliver(msgs)
             for consumer in self.on_deliver:
-                consumer(msgs, self.delivered_end)
+                try:
+                    consumer(msgs, self.delivered_end)
+                except Exception:  # one consumer's bug must not stop acks and deliveries
+                    log.exception("error in a consumer of committed messages")
         if self.waiters:
             waiters, self.waiters = self.waiters, []
             for fut in waiters:

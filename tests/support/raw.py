@@ -18,6 +18,7 @@ class Raw:
         self.sock.settimeout(timeout)
         self.buf = b""
         self.cid = 0
+        self.pending: list = []  # frames put back by pushback(), returned first by recv()
 
     def close(self) -> None:
         self.sock.close()
@@ -39,8 +40,13 @@ class Raw:
             self.buf += chunk
         return True
 
+    def pushback(self, frames) -> None:
+        self.pending[:0] = list(frames)
+
     def recv(self) -> tuple[dict, bytes] | None:
         """Next frame as (header, body); None when the server closed the connection."""
+        if self.pending:
+            return self.pending.pop(0)
         if not self._fill(4):
             return None
         (n,) = struct.unpack(">I", self.buf[:4])
@@ -67,11 +73,13 @@ class Raw:
         raise TimeoutError(f"no matching frame in {timeout}s; got {got}")
 
     def ack(self, kind: str | None = None, cid=None, timeout: float = 10.0) -> dict:
+        """The next matching ack; deliveries that arrive before it are kept for messages()."""
         frames = self.recv_until(
             lambda h, b: h.get("c") == "ack" and (kind is None or h.get("a") == kind)
             and (cid is None or h.get("cid") == cid),
             timeout,
         )
+        self.pushback(f for f in frames[:-1] if f[0].get("c") == "p")
         return frames[-1][0]
 
     def closed(self, timeout: float = 5.0) -> bool:
