@@ -324,3 +324,24 @@ def test_admin_stats_json_and_prometheus(shared_server):
     assert "tickertape_journal_bytes " in text and "tickertape_published_total " in text
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(base + "/nope", timeout=5)
+
+
+def test_ack_conflation_interval(shared_server):
+    p = Raw(shared_server.port)
+    p.logon("conflating-pub", o="ack_conflation=300ms")
+    t0 = time.monotonic()
+    for i in range(1, 6):
+        pub(p, "orders", "{}", s=i, a="persisted")
+        time.sleep(0.02)
+    ack = p.ack("persisted")
+    assert ack["s"] == 5 and time.monotonic() - t0 >= 0.25  # one ack for the whole interval
+    p.send({"c": "flush", "cid": "f", "a": "completed"})
+    frames = p.recv_until(lambda h, b: h.get("cid") == "f")
+    assert [h for h, _ in frames if h.get("a") == "persisted"] == []
+
+
+def test_bad_logon_options(shared_server):
+    c = Raw(shared_server.port)
+    c.send({"c": "logon", "cid": "1", "client_name": "badopts", "o": "ack_conflation=soon", "a": "processed"})
+    assert c.ack("processed", "1")["reason"] == "invalid options"
+    assert c.closed()
