@@ -6,7 +6,9 @@ source of truth; the index only makes lookups fast.
 
 Databases (all keys big-endian so LMDB's byte order is numeric order):
 
-- `bm`:   publisher_id u64 | seq u64           -> position u64     (every message)
+- `bm`:   publisher_id u64 | seq u64           -> position u64     (sparse: a publisher's first
+          message after each start, then whenever 64 of its messages or 64 KiB of journal have
+          passed since its last entry; a lookup takes the floor entry and scans at most that far)
 - `time`: timestamp_us u64                     -> position u64     (sparse: every 256th record
           and the first record of each second; a lookup scans forward at most that far)
 - `pub`:  publisher_id u64                     -> seq u64 | position u64 (highest per publisher)
@@ -31,6 +33,8 @@ _unpack_q = _Q.unpack
 _unpack_qq = _QQ.unpack
 
 TIME_STRIDE = 256
+BM_STRIDE = 64
+BM_SPAN = 64 * 1024
 DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
 
 
@@ -61,6 +65,7 @@ class JournalIndex:
         self._pub = self.env.open_db(b"pub")
         self._meta = self.env.open_db(b"meta")
         self._since_time = TIME_STRIDE  # so the first record written gets a time entry
+        self._bm_last: dict[int, tuple[int, int]] = {}  # pub -> (seq, position) of its last entry
         self._last_second = -1
 
     def close(self) -> None:
@@ -74,9 +79,27 @@ class JournalIndex:
         return _unpack_q(v)[0] if v else 0
 
     def locate(self, publisher_id: int, seq: int) -> int | None:
+        """Position of an exactly indexed bookmark (see locate_floor for the sparse lookup)."""
         with self.env.begin(db=self._bm) as txn:
             v = txn.get(_pack_qq(publisher_id, seq))
         return _unpack_q(v)[0] if v is not None else None
+
+    def locate_floor(self, publisher_id: int, seq: int) -> tuple[int, int] | None:
+        """(seq, position) of the publisher's last index entry at or before seq, or None."""
+        with self.env.begin(db=self._bm) as txn:
+            cur = txn.cursor()
+            key = _pack_qq(publisher_id, seq)
+            if cur.set_range(key):
+                if cur.key() == key:
+                    return seq, _unpack_q(cur.value())[0]
+                if not cur.prev():
+                    return None
+            elif not cur.last():
+                return None
+            pub, found = _unpack_qq(cur.key())
+            if pub != publisher_id:
+                return None
+            return found, _unpack_q(cur.value())[0]
 
     def time_floor(self, ts_us: int) -> int | None:
         """Position of the last indexed record with timestamp <= ts_us, or None."""
@@ -103,20 +126,30 @@ class JournalIndex:
 
     # -- writes (writer thread) ----------------------------------------------------------
 
-    def add(self, entries, upto: int) -> None:
+    def get_meta(self, key: bytes) -> bytes | None:
+        with self.env.begin(db=self._meta) as txn:
+            return txn.get(b"user:" + key)
+
+    def add(self, entries, upto: int, meta: dict | None = None) -> None:
         """Index one committed batch.
 
         entries: iterable of (publisher_id, seq, timestamp_us, position), in journal order.
         upto: the journal position just after the batch.
+        meta: small values written in the same transaction (e.g. queue recovery checkpoints),
+        readable with get_meta; like everything here they must be derivable or conservative.
         """
         bm_items = []
         time_items = []
         highest: dict[int, tuple[int, int]] = {}
         since = self._since_time
         last_second = self._last_second
+        bm_last = self._bm_last
         for pub, seq, ts, pos in entries:
             pos_b = _pack_q(pos)
-            bm_items.append((_pack_qq(pub, seq), pos_b))
+            last = bm_last.get(pub)
+            if last is None or seq - last[0] >= BM_STRIDE or pos - last[1] >= BM_SPAN:
+                bm_items.append((_pack_qq(pub, seq), pos_b))
+                bm_last[pub] = (seq, pos)
             highest[pub] = (seq, pos)
             second = ts // 1_000_000
             since += 1
@@ -136,6 +169,9 @@ class JournalIndex:
                     for pub, (seq, pos) in highest.items():
                         pubs.put(_pack_q(pub), _pack_qq(seq, pos))
                 txn.put(b"indexed_upto", _pack_q(upto), db=self._meta)
+                if meta:
+                    for k, v in meta.items():
+                        txn.put(b"user:" + k, v, db=self._meta)
         except lmdb.MapFullError:
             raise IndexFull(self.map_size) from None
         self._since_time = since
@@ -148,6 +184,7 @@ class JournalIndex:
                 txn.drop(db, delete=False)
         self._since_time = TIME_STRIDE
         self._last_second = -1
+        self._bm_last.clear()
 
     def remove_below(self, position: int) -> None:
         """Forget index entries for positions below `position` (segments removed by archival)."""

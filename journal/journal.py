@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .index import JournalIndex
+from .index import BM_SPAN, JournalIndex
 from .record import (
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -283,17 +283,17 @@ class Journal:
 
     # -- writing -------------------------------------------------------------------------
 
-    def submit(self, data: bytes, entries: list, on_done: DoneCallback) -> None:
+    def submit(self, data: bytes, entries: list, on_done: DoneCallback, meta: dict | None = None) -> None:
         """Queue encoded records for the next group commit (any thread).
 
         entries: (publisher_id, seq, timestamp_us, offset within `data`) for each message record.
         on_done(position_of_first_byte, None) runs on the writer thread once durable, or
-        on_done(None, error) if the write failed.
+        on_done(None, error) if the write failed. meta: index metadata stored with this commit.
         """
         with self._cond:
             if self._closing:
                 raise JournalClosed()
-            self._pending.append((data, entries, on_done))
+            self._pending.append((data, entries, on_done, meta))
             self._pending_bytes += len(data)
             self._cond.notify()
 
@@ -357,20 +357,20 @@ class Journal:
         with self._cond:
             if self._closing:
                 return
-            self._pending.append((None, [], None))
+            self._pending.append((None, [], None, None))
             self._cond.notify()
 
     def _commit(self, batch) -> None:
         if self._failure is not None:
-            for _, _, cb in batch:
-                cb(None, self._failure)
+            for item in batch:
+                item[2](None, self._failure)
             return
         started = time.perf_counter()
         data = batch[0][0] if len(batch) == 1 else b"".join(b[0] for b in batch)
         seg = self.segments[-1]
         if not data:  # only markers: durable already, since earlier commits finished
-            for _, _, cb in batch:
-                cb(self._end, None)
+            for item in batch:
+                item[2](self._end, None)
             return
         try:
             if seg.size and seg.size + len(data) > self.segment_size:
@@ -385,19 +385,23 @@ class Journal:
             err = JournalUnavailable(exc)
             self._failure = err
             log.error("journal: %s", err)
-            for _, _, cb in batch:
-                cb(None, err)
+            for item in batch:
+                item[2](None, err)
             return
         base = self._end
         entries = []
         off = base
-        for chunk, ents, _ in batch:
+        for chunk, ents, _, _ in batch:
             entries.extend((p, s, t, off + o) for p, s, t, o in ents)
             off += len(chunk)
         seg.size += len(data)
         new_end = base + len(data)
+        meta = {}
+        for item in batch:
+            if item[3]:
+                meta.update(item[3])  # only the batches in this commit: metadata never runs ahead
         try:
-            self.index.add(entries, new_end)
+            self.index.add(entries, new_end, meta)
         except Exception:  # the records are durable; a later open re-indexes them
             log.exception("journal: index update failed; the index is rebuilt at the next start")
         self._end = new_end
@@ -407,7 +411,7 @@ class Journal:
         st.bytes += len(data)
         st.last_latency_s = time.perf_counter() - started
         off = base
-        for chunk, _, cb in batch:
+        for chunk, _, cb, _ in batch:
             cb(off, None)
             off += len(chunk)
 
@@ -539,10 +543,37 @@ class Journal:
         return position
 
     def locate(self, publisher_id: int, seq: int) -> int | None:
-        pos = self.index.locate(publisher_id, seq)
-        if pos is None or pos < self.start_position:
+        """Position of the message (publisher_id, seq), or None if the journal does not hold it.
+
+        The index is sparse (index.py): take the floor entry, then scan forward; the scan is
+        bounded because the index has an entry at least every BM_SPAN bytes of a publisher's run.
+        """
+        floor = self.index.locate_floor(publisher_id, seq)
+        if floor is None:
             return None
-        return pos
+        found_seq, pos = floor
+        if pos < self.start_position:
+            return None
+        if found_seq == seq:
+            return pos
+        budget = 4 * BM_SPAN + READ_BLOCK
+        while budget > 0:
+            recs, nxt = self.read_raw(pos, 64 * 1024)
+            if not recs:
+                nxt2 = self.next_position(nxt)
+                if nxt2 == pos:
+                    return None
+                pos = nxt2
+                continue
+            for r in recs:
+                if r[2] == publisher_id and r[1] == 1:
+                    if r[3] == seq:
+                        return r[0]
+                    if r[3] > seq:
+                        return None
+            budget -= nxt - pos
+            pos = nxt
+        return None
 
     def after(self, position: int) -> int:
         """Position of the record that follows the one at `position`."""

@@ -100,6 +100,7 @@ def _point_position(journal, point, inclusive: bool, not_found: str | None):
 
 def _not_found(journal, spec, not_found):
     mode = not_found or "now"
+    log.info("bookmark %s is not in the transaction log; starting at %s", spec, mode.upper())
     if mode == "epoch":
         return ("at", journal.start_position)
     if mode == "fail":
