@@ -39,6 +39,15 @@ def make_config(data_dir: str, name: str = "tt-test", extra: str = "", topics=("
 """
 
 
+_LIVE: set = set()
+
+
+def kill_leftovers() -> None:
+    """Kill every server a test started and did not stop (a failed assertion skips its stop)."""
+    for sp in list(_LIVE):
+        sp.kill()
+
+
 class ServerProcess:
     def __init__(self, directory, config_xml: str | None = None, args=(), env=None, preexec_fn=None, **cfg):
         self.directory = str(directory)
@@ -61,6 +70,7 @@ class ServerProcess:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.directory, env=env,
             preexec_fn=self.preexec_fn,
         )
+        _LIVE.add(self)
         ready = threading.Event()
 
         def pump(proc=self.proc, lines=self.lines):
@@ -93,12 +103,14 @@ class ServerProcess:
         raise AssertionError(f"no log line matching {pattern!r}:\n{self.output()}")
 
     def stop(self, timeout: float = 20.0) -> int:
+        _LIVE.discard(self)
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
     def kill(self) -> None:
+        _LIVE.discard(self)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
