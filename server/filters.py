@@ -30,15 +30,18 @@ Grammar (EBNF). Keywords are case-insensitive; whitespace separates tokens::
 ``/`` directly followed by a name starts a field; ``/a/b`` is ``body["a"]["b"]`` and ``/arr[0]``
 is ``body["arr"][0]``. Put spaces around ``/`` when it means division (``/a / 2``); ``10/2`` also
 works. Backslashes in strings are literal, so ``LIKE '^\\d+$'`` is written as in Python ``re``.
-A bare value is also a condition: ``/active`` and ``TRUE`` hold when the value is JSON ``true``.
+A bare value is also a condition: ``/active`` and ``TRUE`` hold when the value is JSON ``true``;
+and a condition is also a value (TRUE, FALSE or NULL): ``(/a > 1) = /flag``. ``NOT`` binds
+looser than comparisons (``NOT /a = 1`` is ``NOT (/a = 1)``) and tighter than ``AND``.
 
 NULL semantics (SQL three-valued logic):
 
 - A missing field, JSON ``null``, a path through a non-object / non-array or an index out of
   range is NULL. The empty string is *not* NULL.
-- Any comparison, ``IN``, ``BETWEEN`` or ``LIKE`` with a NULL operand is UNKNOWN; so is one whose
-  operands cannot be ordered (``'abc' < 5``, ``TRUE < 1``, an object). Equality of values of
-  different types is known: ``5 = 'abc'`` is FALSE and ``5 != 'abc'`` TRUE (``TRUE = 1`` is FALSE).
+- Any comparison, ``IN``, ``BETWEEN`` or ``LIKE`` with a NULL or object operand is UNKNOWN; so
+  is an ordering of values that have no order (``'abc' < 5``, ``TRUE < FALSE``). Equality of
+  values of different types is known: ``5 = 'abc'`` is FALSE and ``5 != 'abc'`` TRUE
+  (``TRUE = 1`` is FALSE).
 - ``NOT UNKNOWN`` is UNKNOWN; ``FALSE AND UNKNOWN`` is FALSE; ``TRUE OR UNKNOWN`` is TRUE.
   A message matches only if the whole filter is TRUE, so ``NOT (/missing = 1)`` matches nothing.
   ``x IN (...)`` is ``x = v1 OR x = v2 ...``; ``x NOT IN (1, NULL)`` is never TRUE.
@@ -322,11 +325,24 @@ def _describe(tok: _Tok, text: str) -> str:
 
 
 class _Node:
-    """kind and its fields:
-    'const' (value) | 'path' (steps) | 'unary' (op, a) | 'arith' (a, rest: [(op, node)])
-    'cmp' (op, a, b) | 'in' (a, items, negated) | 'between' (a, lo, hi, negated)
-    'like' (a, regex, negated) | 'isnull' (a, negated) | 'and' (items) | 'or' (items) | 'not' (a)
-    ``dyn``: whether the value depends on the body (False means it is folded at compile time).
+    """One node of the syntax tree. ``kind`` and the fields it uses:
+
+    ====================  ===================================================================
+    'const'               value
+    'path'                value (the steps: str keys and int indexes)
+    'unary'               op ('-' or '+'), a
+    'arith'               a, items [(op, node), ...] applied left to right, value (its level)
+    'cmp'                 op, a, b
+    'in'                  a, items [node, ...], negated
+    'between'             a, b (low), c (high), negated
+    'like'                a, value (the compiled regex), negated
+    'isnull'              a, negated (IS NOT NULL)
+    'and', 'or'           items [node, ...]
+    'not'                 a
+    ====================  ===================================================================
+
+    ``dyn`` says whether the node depends on the body (if not, it is folded at compile time);
+    ``memo`` holds its compiled closures by mode ("value", True, False).
     """
 
     __slots__ = ("a", "b", "c", "dyn", "items", "kind", "memo", "negated", "op", "value")
@@ -358,7 +374,7 @@ class _Node:
                 parts.append(item[1] if isinstance(item, tuple) else item)
             dyn = any(p.dyn for p in parts)
         self.dyn = dyn
-        self.memo: dict = {}  # compiled closures by mode, so shared subtrees compile once
+        self.memo: dict = {}  # a condition used as a value compiles in up to three modes
 
 
 # Binding powers (higher binds tighter).
