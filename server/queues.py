@@ -116,6 +116,8 @@ class Queue:
         self.leased: dict[int, Lease] = {}
         self.by_bm: dict[tuple, int] = {}  # (pub, seq) -> position, for leased / outstanding
         self.subs: list[QueueSub] = []
+        self._filtered = 0  # subscriptions with a content filter
+        self._lp = (0.0, b"")  # (monotonic second, `lp` header part) cache
         self.rr = 0
         self.lease_heap: list = []
         self.gen = 0
@@ -196,9 +198,15 @@ class Queue:
 
     # -- subscribers ----------------------------------------------------------------------------
 
+    @property
+    def filtered_subs(self) -> bool:
+        return self._filtered > 0
+
     def add_sub(self, sub, max_backlog: int | None) -> None:
         cap = self.spec.max_per_subscription_backlog or 1
         self.subs.append(QueueSub(sub, max(1, min(max_backlog or 1, cap))))
+        if sub.filter is not None:
+            self._filtered += 1
         sub.queue = self
         if self.parked:
             for p in self.parked:
@@ -211,6 +219,8 @@ class Queue:
         if qs is None:
             return
         self.subs.remove(qs)
+        if sub.filter is not None:
+            self._filtered -= 1
         returned = sorted(p for p, lease in self.leased.items() if lease.holder is qs)
         for p in returned:
             lease = self.leased.pop(p)
@@ -246,6 +256,8 @@ class Queue:
             for qs in subs:
                 if qs.outstanding < qs.backlog and (qs.sub.filter is None or body_doc_fn(qs.sub.filter)):
                     r = qs.outstanding / qs.backlog
+                    if r == 0.0:
+                        return qs  # nothing outstanding: no one can beat it
                     if r < ratio:
                         ratio, best = r, qs
             return best
@@ -311,6 +323,15 @@ class Queue:
 
     def _try_deliver(self, rec, from_returned=False, touched=None, pop=False) -> bool:
         position, pub, seq, ts, topic_b, body, extra = rec
+        if self.barrier is None and not self.filtered_subs:
+            # the common case: no content to look at, so no decode and no closure
+            qs = self._pick(None)
+            if qs is None:
+                return False
+            if pop:
+                self._pop(from_returned)
+            self._lease(qs, rec, touched)
+            return True
         doc_cache = []
 
         def doc_fn(f):
@@ -347,7 +368,7 @@ class Queue:
     def _deliver_barrier(self, rec) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
         for qs in self.subs:
-            qs.sub.conn.out_message(qs.sub, _QMsg(topic_b, pub, seq, body, extra, b""))
+            qs.sub.conn.out_message(qs.sub, _QMsg(self.m.server.pipeline.topic_json(topic_b), pub, seq, body, extra, b""))
             qs.sub.conn.flush_out()
         self.event(OP_ACKED, position)
         self.stats["delivered"] += 1
@@ -378,12 +399,22 @@ class Queue:
             heapq.heappush(self.lease_heap, (deadline, self.gen, position))
             self.m.arm(deadline)
             self.event(OP_LEASED, position, counts[0])
-            lp = b',"lp":"' + format_timestamp(_now_us() + int(self.lease_period * 1e6)).encode() + b'"'
-        sub.conn.out_message(sub, _QMsg(topic_b, pub, seq, body, extra, lp))
+            lp = self._lease_end_part()
+        sub.conn.out_message(sub, _QMsg(self.m.server.pipeline.topic_json(topic_b), pub, seq, body, extra, lp))
         if touched is not None:
             touched.add(sub.conn)
         else:
             sub.conn.flush_out()
+
+    def _lease_end_part(self) -> bytes:
+        """`lp` for a lease starting now; recomputed at most every millisecond."""
+        now = time.monotonic()
+        cached_at, part = self._lp
+        if now - cached_at < 0.001:
+            return part
+        part = b',"lp":"' + format_timestamp(_now_us() + int(self.lease_period * 1e6)).encode() + b'"'
+        self._lp = (now, part)
+        return part
 
     # -- leaving the lease -------------------------------------------------------------------------
 
@@ -565,9 +596,9 @@ class _QMsg:
 
     __slots__ = ("body", "suffix", "ts")
 
-    def __init__(self, topic_b, pub, seq, body, extra, lp):
+    def __init__(self, topic_json, pub, seq, body, extra, lp):
         self.body = body
-        self.suffix = b',"t":%s,"bm":"%d|%d|"%s%s' % (_json(topic_b.decode("utf-8", "replace")), pub, seq, extra or b"", lp)
+        self.suffix = b'%s,"bm":"%d|%d|"%s%s' % (topic_json, pub, seq, extra or b"", lp)
         self.ts = 0
 
 
