@@ -1,0 +1,157 @@
+"""Fan-out: 1 publisher (persisted, window-bounded), 10 subscribers each receiving every message.
+
+    ./run bench bench_fanout [--count 50000] [--subs 10] [--reps 3] [--peers ...] [--nats-sub push,core]
+
+Subscribers by peer:
+  tickertape        10 connections, each `subscribe` to the topic (delivery after the fsync'd
+                    group commit)
+  jetstream (push)  10 durable push consumers (ack none) on the stored subject: delivery from
+                    the stream, after it is stored
+  jetstream (core)  10 plain SUBs on the same stored subject: delivered at publish time, beside
+                    the store (not from it)
+  redis-*           10 connections looping XREAD COUNT 1000 BLOCK 2000 STREAMS key last-id
+
+Per peer (median of repetitions, fresh server each):
+  deliveries/s      messages received by all subscribers / seconds from the first publish to
+                    the last delivery
+  pub msgs/s        publisher acks / seconds to the last ack
+  srv CPU µs/deliv  server CPU over the run / deliveries
+  srv CPU %, peak RSS MiB, client CPU % as in bench_publish. The client parses every delivery in
+  one Python process: when client CPU % nears 100 the figure is a floor for the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import benchlib
+import loadgen
+from benchlib import Metric
+
+DEST = {"tickertape": "bench.fan", "nats": "bench.fan", "redis": "bench:fan"}
+
+METRICS = [
+    Metric("deliv_s", "deliveries/s", spread=True),
+    Metric("pub_s", "pub msgs/s"),
+    Metric("cpu_us", "srv CPU µs/deliv", "{:.2f}", "lower"),
+    Metric("cpu_pct", "srv CPU %", "{:.0f}", "lower"),
+    Metric("peak_rss_mib", "peak RSS MiB", "{:.1f}", "lower"),
+    Metric("client_pct", "client CPU %", "{:.0f}", "lower", ratio=False),
+]
+
+
+def subscriber_dests(args, peer, v) -> list[str]:
+    dest = DEST[peer.kind]
+    if peer.kind == "nats" and v.opts.get("nats_sub") == "push":
+        subs = []
+        for i in range(args.subs):
+            peer.create_push_consumer(f"fan{i}", f"_bench.fan.{i}", dest)
+            subs.append(f"_bench.fan.{i}")
+        return subs
+    return [dest] * args.subs
+
+
+def one_rep(args, peer, v, rep) -> dict:
+    proto = peer.kind
+    st = {}
+    subs = subscriber_dests(args, peer, v)
+
+    def on_start():
+        st["cpu0"] = peer.cpu_seconds()
+
+    r = loadgen.run_sync(
+        proto,
+        peer.host,
+        peer.port,
+        n=args.count,
+        pub_dest=DEST[proto],
+        sub_dests=subs,
+        body_size=args.size,
+        window=args.window,
+        timeout=args.timeout,
+        tag=f"f{rep}",
+        on_start=on_start,
+    )
+    cpu = peer.cpu_seconds() - st["cpu0"]
+    peak = peer.peak_rss_bytes()
+    want = args.count * args.subs
+    got = r["received"] or 1
+    out = {
+        "deliv_s": r["received"] / r["seconds"] if r["seconds"] else None,
+        "pub_s": r["acked"] / r["pub_seconds"] if r["pub_seconds"] else None,
+        "cpu_us": cpu / got * 1e6,
+        "cpu_pct": cpu / r["seconds"] * 100 if r["seconds"] else None,
+        "peak_rss_mib": peak / 2**20,
+        "client_pct": r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None,
+        "received": r["received"],
+    }
+    problem = []
+    if r["timed_out"]:
+        problem.append(
+            f"timed out after {args.timeout}s: {r['received']}/{want} delivered, "
+            f"{r['acked']}/{args.count} acked"
+        )
+    if r["errors"] or r["pub_errors"]:
+        problem.append(f"errors: {r['errors'][:2]}")
+    if r["received"] != want:
+        problem.append(f"received {r['received']} of {want}")
+    if problem:
+        out["problem"] = "; ".join(problem)
+        out["valid"] = False
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--count", type=int, default=50_000, help="messages published per repetition")
+    p.add_argument("--subs", type=int, default=10, help="subscribers")
+    benchlib.common_args(p)
+    benchlib.nats_sub_arg(p)
+    args = p.parse_args()
+    if args.quick:
+        args.count, args.reps = min(args.count, 5_000), 1
+    names, skipped = benchlib.select_peers(args.peers)
+    for s in skipped:
+        print(f"SKIPPED {s}")
+    variants = benchlib.variants_for(names, args.nats_sub)
+    print(
+        f"fan-out: {args.count} msgs x {args.subs} subscribers, {args.reps} reps, peers: "
+        f"{', '.join(v.label for v in variants)}"
+    )
+    rows, problems = [], {}
+    for v in variants:
+        results, probs = benchlib.run_variant(
+            v, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
+        )
+        rows.append((v.label, benchlib.medians(results, METRICS)))
+        if probs:
+            problems[v.label] = probs
+    notes = [
+        (
+            f"1 publisher ({args.count} messages of {args.size} B, persisted acks, window "
+            f"{args.window}) and {args.subs} subscribers receiving all of them; all clients in "
+            f"one load-generator process; median of {args.reps} repetitions (fresh server each)"
+        ),
+        (
+            "jetstream (push) delivers from the stream after storing; jetstream (core) delivers "
+            "at publish time beside the store; tickertape delivers after the fsync'd commit; "
+            "redis readers are woken after the command (and, with appendfsync always, after "
+            "the fsync)"
+        ),
+    ]
+    benchlib.report(
+        "bench_fanout",
+        f"Fan-out 1 → {args.subs} (bench_fanout)",
+        rows,
+        METRICS,
+        skipped,
+        problems,
+        notes,
+        args.no_results,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Publish-to-delivery latency at a paced rate (default 5,000 msg/s), one subscriber.
+
+    ./run bench bench_latency [--rate 5000] [--seconds 10] [--warmup 1] [--reps 3] [--peers ...]
+
+The publisher sends on a 1 ms tick whatever is due (window-bounded, persisted acks as in
+bench_publish) and stamps each message's send time (perf_counter_ns) by its sequence; the
+subscriber, in the same process, reads the sequence from the body (body[7:17]) and records
+receive - send. The first `--warmup` seconds of messages are not counted.
+
+What "delivery" is by peer:
+  tickertape        a `subscribe` connection; the server delivers after the fsync'd group commit
+  jetstream (push)  a durable push consumer: delivered from the stream once stored (2.9: not
+                    fsync'd); jetstream-sync (push): stored and fsync'd per write
+  jetstream (core)  a plain SUB on the stored subject: delivered at publish time
+  redis-*           XREAD BLOCK loop; with appendfsync always the reply follows the AOF fsync
+
+Per peer: p50 / p99 / p99.9 / max in µs (median over repetitions), the rate actually achieved
+(a peer that cannot sustain the rate queues behind the window, and its latencies show that),
+server CPU % at that rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import benchlib
+import loadgen
+from benchlib import Metric
+
+DEST = {"tickertape": "bench.lat", "nats": "bench.lat", "redis": "bench:lat"}
+
+METRICS = [
+    Metric("p50", "p50 µs", "{:,.0f}", "lower"),
+    Metric("p99", "p99 µs", "{:,.0f}", "lower", spread=True),
+    Metric("p999", "p99.9 µs", "{:,.0f}", "lower"),
+    Metric("max", "max µs", "{:,.0f}", "lower"),
+    Metric("rate", "achieved msg/s", "{:,.0f}"),
+    Metric("cpu_pct", "srv CPU %", "{:.0f}", "lower"),
+    Metric("client_pct", "client CPU %", "{:.0f}", "lower", ratio=False),
+]
+
+
+def pct(sorted_vals, q: float) -> float:
+    """Nearest-rank percentile of sorted values (ns) in µs."""
+    i = max(0, math.ceil(q * len(sorted_vals)) - 1)
+    return sorted_vals[i] / 1e3
+
+
+def one_rep(args, peer, v, rep) -> dict:
+    proto = peer.kind
+    dest = DEST[proto]
+    if proto == "nats" and v.opts.get("nats_sub") == "push":
+        peer.create_push_consumer("lat0", "_bench.lat.0", dest)
+        subs = ["_bench.lat.0"]
+    else:
+        subs = [dest]
+    n = int(args.rate * args.seconds)
+    warm = int(args.rate * args.warmup)
+    st = {}
+
+    def on_start():
+        st["cpu0"] = peer.cpu_seconds()
+
+    r = loadgen.run_sync(
+        proto,
+        peer.host,
+        peer.port,
+        n=n,
+        pub_dest=dest,
+        sub_dests=subs,
+        body_size=args.size,
+        window=args.window,
+        rate=args.rate,
+        warmup_msgs=warm,
+        timeout=args.timeout or args.seconds + 60,
+        tag=f"l{rep}",
+        on_start=on_start,
+        redis_count=1000,
+    )
+    cpu = peer.cpu_seconds() - st["cpu0"]
+    lat = sorted(r["latency_ns"])
+    out = {"samples": len(lat)}
+    if lat:
+        out.update(p50=pct(lat, 0.50), p99=pct(lat, 0.99), p999=pct(lat, 0.999), max=lat[-1] / 1e3)
+    out["rate"] = r["acked"] / r["pub_seconds"] if r["pub_seconds"] else None
+    out["cpu_pct"] = cpu / r["seconds"] * 100 if r["seconds"] else None
+    out["client_pct"] = r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None
+    problem = []
+    if r["timed_out"]:
+        problem.append(f"timed out: {r['received']}/{n} delivered, {r['acked']}/{n} acked")
+    if r["errors"] or r["pub_errors"]:
+        problem.append(f"errors: {r['errors'][:2]}")
+    if r["received"] != n:
+        problem.append(f"received {r['received']} of {n}")
+    if out["rate"] and out["rate"] < 0.95 * args.rate:
+        problem.append(f"could not sustain {args.rate:.0f} msg/s (achieved {out['rate']:.0f})")
+    if problem:
+        out["problem"] = "; ".join(problem)
+        # an unsustained rate is a result (latencies show the queueing); a broken run is not
+        out["valid"] = not (r["timed_out"] or r["errors"] or r["received"] != n)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--rate", type=float, default=5000.0, help="messages per second, paced")
+    p.add_argument("--seconds", type=float, default=10.0, help="publishing time per repetition")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of messages not counted")
+    benchlib.common_args(p)
+    benchlib.nats_sub_arg(p)
+    p.set_defaults(timeout=0.0)
+    args = p.parse_args()
+    if args.quick:
+        args.seconds, args.warmup, args.reps = min(args.seconds, 3.0), 0.5, 1
+    names, skipped = benchlib.select_peers(args.peers)
+    for s in skipped:
+        print(f"SKIPPED {s}")
+    variants = benchlib.variants_for(names, args.nats_sub)
+    print(
+        f"latency: {args.rate:.0f} msg/s for {args.seconds}s ({args.warmup}s warm-up), "
+        f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
+    )
+    rows, problems = [], {}
+    for v in variants:
+        results, probs = benchlib.run_variant(
+            v, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
+        )
+        rows.append((v.label, benchlib.medians(results, METRICS)))
+        if probs:
+            problems[v.label] = probs
+    notes = [
+        (
+            f"paced publisher at {args.rate:.0f} msg/s ({args.size} B bodies, 1 ms send tick, "
+            f"persisted acks, window {args.window}) for {args.seconds:g} s, first "
+            f"{args.warmup:g} s not counted; 1 subscriber in the same process; latency = "
+            f"receive - send (perf_counter_ns); median of {args.reps} repetitions' percentiles"
+        ),
+        (
+            "tickertape delivers after the fsync'd commit; jetstream (push) after storing "
+            "(2.9: no fsync), jetstream-sync after an fsync per write; jetstream (core) at "
+            "publish time; redis-always after the AOF fsync, redis-everysec after the write"
+        ),
+    ]
+    benchlib.report(
+        "bench_latency",
+        f"Publish-to-delivery latency at {args.rate:.0f} msg/s (bench_latency)",
+        rows,
+        METRICS,
+        skipped,
+        problems,
+        notes,
+        args.no_results,
+    )
+
+
+if __name__ == "__main__":
+    main()

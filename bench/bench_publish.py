@@ -1,0 +1,158 @@
+"""Persisted publish: one publisher, window-bounded, 100-byte JSON bodies, no subscribers.
+
+    ./run bench bench_publish [--count 200000] [--reps 3] [--peers tickertape,jetstream,...]
+
+Per peer (each repetition on a freshly started server, median of the repetitions):
+  msgs/s            acked messages / seconds from the first send to the last ack
+  srv CPU µs/msg    server utime+stime over the run / messages (every thread of the server)
+  srv CPU %         the same over the wall time (100 % = one core busy)
+  peak RSS MiB      VmHWM of the server process at the end of the run
+  disk B/msg        bytes allocated under the server's data dir after a clean stop, minus before
+                    the run, / messages (journal / stream store / AOF)
+  client CPU %      the load generator's own CPU over the wall time (near 100 %: client-bound)
+After each run (outside the measures) the count the server stored is checked against the count
+sent: Redis XLEN, JetStream stream info, Tickertape a bookmark replay from EPOCH to `completed`.
+What "acked" means differs, and the table says so: Tickertape `persisted` = fdatasync'd;
+JetStream (2.9, default) = written to the OS, fsync every 2 min; jetstream-sync = fsync'd;
+Redis always = fsync'd before the reply; Redis everysec = written, fsync once a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import benchlib
+import loadgen
+from benchlib import Metric
+
+DEST = {"tickertape": "bench.pub", "nats": "bench.pub", "redis": "bench:pub"}
+
+METRICS = [
+    Metric("msgs_s", "msgs/s", spread=True),
+    Metric("cpu_us", "srv CPU µs/msg", "{:.2f}", "lower"),
+    Metric("cpu_pct", "srv CPU %", "{:.0f}", "lower"),
+    Metric("peak_rss_mib", "peak RSS MiB", "{:.1f}", "lower"),
+    Metric("disk_b", "disk B/msg", "{:.1f}", "lower"),
+    Metric("client_pct", "client CPU %", "{:.0f}", "lower", ratio=False),
+]
+
+ACK_MEANING = [
+    (
+        "ack meaning: tickertape `persisted` = fdatasync'd group commit; jetstream = nats-server 2.9 "
+        "default, stored in the OS page cache (fsync every 2 min); jetstream-sync = "
+        "`sync_interval: always` (fsync per write); redis-always = fsync before the reply; "
+        "redis-everysec = written, fsync once a second"
+    ),
+]
+
+
+def one_rep(args, peer, v, rep) -> dict:
+    proto = peer.kind
+    dest = DEST[proto]
+    st = {}
+
+    def on_start():
+        st["cpu0"] = peer.cpu_seconds()
+        st["disk0"] = peer.data_bytes()
+
+    r = loadgen.run_sync(
+        proto,
+        peer.host,
+        peer.port,
+        n=args.count,
+        pub_dest=dest,
+        body_size=args.size,
+        window=args.window,
+        timeout=args.timeout,
+        tag=f"p{rep}",
+        on_start=on_start,
+    )
+    cpu = peer.cpu_seconds() - st["cpu0"]
+    peak = peer.peak_rss_bytes()
+    stored = None
+    if args.no_verify:
+        pass
+    elif proto == "tickertape":
+        stored = peer.stored_count(dest, timeout=max(60.0, args.timeout))
+    elif proto == "nats":
+        stored = peer.stream_info().get("state", {}).get("messages")
+    elif proto == "redis":
+        stored = peer.xlen(dest)
+    peer.stop()
+    disk = peer.data_bytes() - st["disk0"]
+    n = r["acked"] or 1
+    out = {
+        "msgs_s": r["acked"] / r["pub_seconds"] if r["pub_seconds"] else None,
+        "cpu_us": cpu / n * 1e6,
+        "cpu_pct": cpu / r["pub_seconds"] * 100 if r["pub_seconds"] else None,
+        "peak_rss_mib": peak / 2**20,
+        "disk_b": disk / n,
+        "client_pct": r["client_cpu"] / r["pub_seconds"] * 100 if r["pub_seconds"] else None,
+        "acked": r["acked"],
+    }
+    problem = []
+    if r["timed_out"]:
+        problem.append(f"timed out after {args.timeout}s with {r['acked']}/{args.count} acked")
+    if r["errors"] or r["pub_errors"]:
+        problem.append(f"{r['pub_errors']} failed publishes; {r['errors'][:2]}")
+    if stored is not None and stored != args.count:
+        problem.append(f"server holds {stored} messages, expected {args.count}")
+    if r["acked"] != args.count:
+        problem.append(f"acked {r['acked']} of {args.count}")
+    if problem:
+        out["problem"] = "; ".join(problem)
+        out["valid"] = False
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--count", type=int, default=200_000, help="messages per repetition")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip counting what each server stored after the run (XLEN, stream "
+        "info, Tickertape bookmark replay from EPOCH)",
+    )
+    benchlib.common_args(p)
+    args = p.parse_args()
+    if args.quick:
+        args.count, args.reps = min(args.count, 20_000), 1
+    names, skipped = benchlib.select_peers(args.peers)
+    for s in skipped:
+        print(f"SKIPPED {s}")
+    variants = benchlib.variants_for(names)
+    rows, problems = [], {}
+    print(
+        f"persisted publish: {args.count} msgs of {args.size} B, window {args.window}, "
+        f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
+    )
+    for v in variants:
+        results, probs = benchlib.run_variant(
+            v, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
+        )
+        rows.append((v.label, benchlib.medians(results, METRICS)))
+        if probs:
+            problems[v.label] = probs
+    notes = [
+        (
+            f"{args.count} messages of {args.size} B JSON per repetition, one publisher, "
+            f"window {args.window} unacked, median of {args.reps} repetitions (fresh server each)"
+        )
+    ]
+    benchlib.report(
+        "bench_publish",
+        "Persisted publish (bench_publish)",
+        rows,
+        METRICS,
+        skipped,
+        problems,
+        notes + ACK_MEANING,
+        args.no_results,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""What the three benchmarks share: options, repetitions and medians, the printed table with
+ratios, and the section each one keeps up to date in bench/RESULTS.md.
+
+A benchmark is a list of variants (a label, the peer server to start, and options for the load)
+and a function that runs one repetition of one variant against a freshly started peer and returns
+a dict of metrics. Each repetition starts its own server (clean disk, clean peak RSS) and stops it;
+a repetition that fails or times out is reported, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import loadgen
+import peers
+
+RESULTS = os.path.join(peers.HERE, "RESULTS.md")
+
+
+@dataclass
+class Variant:
+    label: str  # row name in the table, e.g. "jetstream (push)"
+    peer: str  # peers.make_peer name
+    opts: dict = field(default_factory=dict)
+
+
+@dataclass
+class Metric:
+    key: str
+    title: str
+    fmt: str = "{:,.0f}"
+    better: str = "higher"  # "higher" | "lower": only for reading the ratio
+    ratio: bool = True  # False: shown, but no tickertape ÷ peer ratio (e.g. client CPU)
+    spread: bool = False  # also show the repetitions' range: "median (min–max)"
+
+
+def common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--peers",
+        default="all",
+        help="comma list of peers: " + ",".join(peers.ALL_PEERS) + " (default: all "
+        "that are installed; the ones that are not are listed as skipped)",
+    )
+    p.add_argument("--reps", type=int, default=3, help="repetitions per peer (median reported)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds one repetition may take before it is cut off",
+    )
+    p.add_argument("--window", type=int, default=1000, help="most unacked messages in flight")
+    p.add_argument("--size", type=int, default=100, help="body bytes (JSON)")
+    p.add_argument(
+        "--no-results", action="store_true", help="print only; do not update bench/RESULTS.md"
+    )
+    p.add_argument("--quick", action="store_true", help="small counts, 1 repetition")
+
+
+def nats_sub_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nats-sub",
+        default="push,core",
+        help="JetStream subscriber kinds: push (durable push consumer, delivers from "
+        "the stream) and/or core (plain SUB on the stored subject, delivered at "
+        "publish time); jetstream-sync always uses push",
+    )
+
+
+def select_peers(arg: str) -> tuple[list[str], list[str]]:
+    """(peers to run, lines saying which were skipped and why)."""
+    names = peers.ALL_PEERS if arg == "all" else [x.strip() for x in arg.split(",") if x.strip()]
+    run, skipped = [], []
+    for n in names:
+        ok, why = peers.available(n)
+        if ok:
+            run.append(n)
+        else:
+            skipped.append(f"{n}: {why}")
+    return run, skipped
+
+
+def variants_for(names: list[str], nats_sub: str | None = None) -> list[Variant]:
+    out = []
+    kinds = [k.strip() for k in (nats_sub or "").split(",") if k.strip()]
+    for n in names:
+        if n == "jetstream" and kinds:
+            for k in kinds:
+                out.append(Variant(f"jetstream ({k})", n, {"nats_sub": k}))
+        elif n == "jetstream-sync" and kinds:
+            out.append(Variant("jetstream-sync (push)", n, {"nats_sub": "push"}))
+        else:
+            out.append(Variant(n, n, {}))
+    return out
+
+
+def run_variant(v: Variant, reps: int, one_rep) -> tuple[list[dict], list[str]]:
+    """Run one_rep(peer, variant, rep) `reps` times, each on a fresh server."""
+    results, problems = [], []
+    for r in range(reps):
+        peer = peers.make_peer(v.peer)
+        try:
+            peer.start()
+            m = one_rep(peer, v, r)
+            if m.get("problem"):
+                problems.append(f"rep {r + 1}: {m['problem']}")
+            if m.get("valid", True):
+                results.append(m)
+            print(f"  {v.label:24} rep {r + 1}/{reps}: " + summary(m), flush=True)
+        except Exception as e:  # noqa: BLE001 - a failed rep is reported and the run goes on
+            problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
+            print(f"  {v.label:24} rep {r + 1}/{reps}: FAILED {type(e).__name__}: {e}", flush=True)
+            if os.environ.get("BENCH_DEBUG"):
+                traceback.print_exc()
+            tail = peer.log_tail(8) if peer.log_path else ""
+            if tail:
+                print("    server log tail:\n    " + tail.replace("\n", "\n    "), flush=True)
+        finally:
+            peer.cleanup()
+    return results, problems
+
+
+def summary(m: dict) -> str:
+    parts = []
+    for k, v in m.items():
+        if k in ("problem", "valid") or isinstance(v, (list, dict)):
+            continue
+        parts.append(f"{k}={v:,.1f}" if isinstance(v, float) else f"{k}={v}")
+    return " ".join(parts)
+
+
+def medians(results: list[dict], metrics: list[Metric]) -> dict:
+    out = {}
+    for m in metrics:
+        vals = [r[m.key] for r in results if r.get(m.key) is not None]
+        out[m.key] = statistics.median(vals) if vals else None
+        if m.spread and len(vals) > 1:
+            out[m.key + "~"] = (min(vals), max(vals))
+    return out
+
+
+def fmt(metric: Metric, v) -> str:
+    return "—" if v is None else metric.fmt.format(v)
+
+
+def table(
+    rows: list[tuple[str, dict]], metrics: list[Metric], ours: str = "tickertape"
+) -> tuple[str, str]:
+    """(figures table, ratio table) as markdown. Ratio = our figure / the peer's figure."""
+    head = "| peer | " + " | ".join(m.title for m in metrics) + " |"
+    sep = "|---|" + "---:|" * len(metrics)
+    lines = [head, sep]
+    for label, med in rows:
+        cells = []
+        for m in metrics:
+            cell = fmt(m, med.get(m.key))
+            if med.get(m.key + "~"):
+                lo, hi = med[m.key + "~"]
+                cell += f" ({fmt(m, lo)}–{fmt(m, hi)})"
+            cells.append(cell)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    figures = "\n".join(lines)
+    our = dict(rows).get(ours)
+    rms = [m for m in metrics if m.ratio]
+    rl = [
+        "| tickertape ÷ peer | "
+        + " | ".join(f"{m.title} ({m.better} is better)" for m in rms)
+        + " |",
+        "|---|" + "---:|" * len(rms),
+    ]
+    for label, med in rows:
+        if label == ours:
+            continue
+        cells = []
+        for m in rms:
+            a = our.get(m.key) if our else None
+            b = med.get(m.key)
+            cells.append("—" if a is None or not b else f"{a / b:.2f}×")
+        rl.append(f"| {label} | " + " | ".join(cells) + " |")
+    if our is None:
+        rl.append("\n(no Tickertape figures in this run: ratios are left blank)")
+    return figures, "\n".join(rl)
+
+
+# ---- environment ---------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+            mem = f"{kb / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "memory": mem,
+        "kernel": platform.release(),
+        "disk": _fs_of(peers.HERE),
+    }
+
+
+def _fs_of(path: str) -> str:
+    best = ("", "?", "?")
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, fstype = line.split()[:3]
+                if path.startswith(mnt) and len(mnt) > len(best[0]):
+                    best = (mnt, dev, fstype)
+    except OSError:
+        pass
+    return f"{best[2]} on {best[1]}"
+
+
+def header_block(title: str, argv: list[str], notes: list[str]) -> str:
+    m = machine()
+    v = peers.versions()
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"## {title}",
+        "",
+        f"- date: {now}; command: `./run bench {' '.join(argv)}`",
+        (
+            f"- machine: {m['nproc']} cores, {m['cpu']}, {m['memory']} RAM, kernel {m['kernel']}, "
+            f"data dir {m['disk']}"
+        ),
+        "- versions: "
+        + "; ".join(f"{k} {val}" for k, val in v.items())
+        + f"; load generator on {loadgen.loop_name()}",
+    ]
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def update_results(name: str, text: str) -> None:
+    """Replace (or append) the section between this benchmark's markers in RESULTS.md."""
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    block = f"{begin}\n{text.rstrip()}\n{end}\n"
+    try:
+        with open(RESULTS) as f:
+            cur = f.read()
+    except FileNotFoundError:
+        cur = (
+            "# Benchmark results\n\nWritten by the scripts in bench/ (see bench/README.md); "
+            "each section is replaced when its benchmark runs again. Machine is noisy: "
+            "figures are medians of the repetitions.\n\n"
+        )
+    pat = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.DOTALL)
+    new = pat.sub(lambda _m: block, cur) if pat.search(cur) else cur.rstrip() + "\n\n" + block
+    tmp = RESULTS + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(new)
+    os.replace(tmp, RESULTS)
+
+
+def report(
+    name: str,
+    title: str,
+    rows: list[tuple[str, dict]],
+    metrics: list[Metric],
+    skipped: list[str],
+    problems: dict[str, list[str]],
+    notes: list[str],
+    no_results: bool,
+) -> None:
+    figures, ratios = table(rows, metrics)
+    extra = [f"skipped {s}" for s in skipped]
+    for label, ps in problems.items():
+        extra += [f"{label} {p}" for p in ps]
+    text = (
+        header_block(title, [name] + sys.argv[1:], notes)
+        + "\n\n"
+        + figures
+        + "\n\n"
+        + ratios
+        + "\n"
+        + ("\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else "")
+    )
+    print("\n" + text)
+    if not no_results:
+        update_results(name, text)
+        print(f"(section `{name}` updated in {os.path.relpath(RESULTS)})")
+
+
+def settle(seconds: float = 0.3) -> None:
+    time.sleep(seconds)
