@@ -60,6 +60,7 @@ OP_LEASED, OP_ACKED, OP_EXPIRED, OP_CANCELLED, OP_AMO = 1, 2, 3, 4, 5
 REASONS = {1: "expiration", 2: "max deliveries", 3: "max cancels", 4: "expired by consumer", 5: "filter"}
 REASON_CODE = {v: k for k, v in REASONS.items()}
 DEFAULT_LEASE = 30.0
+EVENT_FLUSH_DELAY = 0.005
 CACHE_BLOCK = 256 * 1024
 _decode = msgspec.json.Decoder().decode
 _pack_len = struct.Struct(">I").pack
@@ -172,6 +173,7 @@ class Queue:
     def event(self, op: int, position: int, value: int = 0) -> None:
         self.events += _EV.pack(op, 0, min(value, 0xFFFF), position)
         self.checkpoint_dirty = True
+        self.m.events_added()
 
     def take_events(self) -> bytes | None:
         if not self.events:
@@ -612,6 +614,7 @@ class QueueManager:
         for spec in specs:
             self.queues[spec.name] = Queue(self, spec)
         self._timer: asyncio.TimerHandle | None = None
+        self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._cache_range = (0, 0)
         self._cache: dict[int, tuple] = {}
@@ -650,6 +653,19 @@ class QueueManager:
                 meta[b"queue-checkpoint:" + q.name_b] = struct.pack("<Q", q.low_water(end))
                 q.checkpoint_dirty = False
             batch.meta = meta
+
+    def events_added(self) -> None:
+        """Queue events ride with the next commit; if none comes soon, commit them anyway.
+
+        An ack whose reply was asked for forces a commit at once (after_commit); the others are
+        made durable within EVENT_FLUSH_DELAY, so a quiet server does not hold them in memory.
+        """
+        if self._event_timer is None and not self.loading:
+            self._event_timer = self.server.loop.call_later(EVENT_FLUSH_DELAY, self._flush_events)
+
+    def _flush_events(self) -> None:
+        self._event_timer = None
+        self.server.pipeline.schedule()
 
     def arm(self, deadline: float) -> None:
         if deadline >= self._timer_at and self._timer is not None:

@@ -373,3 +373,21 @@ def test_kill9_while_consumers_ack(tmp_path):
     assert len(after) == len(set(after)), "a message was delivered twice after the restart"
     assert len(after) >= total - len(confirmed) - len(unconfirmed)
     srv.stop()
+
+
+def test_acks_without_a_reply_are_made_durable_soon(tmp_path):
+    """An ack that asks for no reply still reaches the journal within milliseconds."""
+    srv = make_server(tmp_path / "quiet").start()
+    try:
+        publish_many(srv.port, "jobs", [body(i) for i in range(1, 6)], name="quiet-pub")
+        c = consumer(srv.port, "jobs", "quiet-cons", backlog=10)
+        msgs = c.messages(5)
+        c.send({"c": "sow_delete", "t": "jobs", "bm": ",".join(h["bm"] for h, _ in msgs[:3])})
+        time.sleep(0.3)
+        srv.kill()
+        srv.start()
+        c = consumer(srv.port, "jobs", "quiet-cons2", backlog=10)
+        assert ids(c.messages(2)) == [4, 5]
+        assert nothing_more(c)
+    finally:
+        srv.stop()
