@@ -107,6 +107,7 @@ def run_variant(v: Variant, reps: int, one_rep) -> tuple[list[dict], list[str]]:
     results, problems = [], []
     for r in range(reps):
         peer = peers.make_peer(v.peer)
+        peer.extra.update(v.opts.get("peer_extra") or {})
         try:
             peer.start()
             m = one_rep(peer, v, r)
@@ -152,7 +153,9 @@ def fmt(metric: Metric, v) -> str:
 
 
 def table(
-    rows: list[tuple[str, dict]], metrics: list[Metric], ours: str = "tickertape"
+    rows: list[tuple[str, dict]],
+    metrics: list[Metric],
+    ours: str = "tickertape",
 ) -> tuple[str, str]:
     """(figures table, ratio table) as markdown. Ratio = our figure / the peer's figure."""
     head = "| peer | " + " | ".join(m.title for m in metrics) + " |"
@@ -177,8 +180,8 @@ def table(
         "|---|" + "---:|" * len(rms),
     ]
     for label, med in rows:
-        if label == ours:
-            continue
+        if label == ours or label.startswith(ours + " "):
+            continue  # our own variants (e.g. "tickertape (filtered)") are not peers
         cells = []
         for m in rms:
             a = our.get(m.key) if our else None
@@ -282,7 +285,9 @@ def report(
     problems: dict[str, list[str]],
     notes: list[str],
     no_results: bool,
+    extra_text: str = "",
 ) -> None:
+    """extra_text: more markdown after the ratio table (e.g. targets_table())."""
     figures, ratios = table(rows, metrics)
     extra = [f"skipped {s}" for s in skipped]
     for label, ps in problems.items():
@@ -294,6 +299,7 @@ def report(
         + "\n\n"
         + ratios
         + "\n"
+        + ("\n" + extra_text.rstrip() + "\n" if extra_text else "")
         + ("\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else "")
     )
     print("\n" + text)
@@ -304,3 +310,19 @@ def report(
 
 def settle(seconds: float = 0.3) -> None:
     time.sleep(seconds)
+
+
+def targets_table(items: list[tuple[str, str, object, object, str]]) -> str:
+    """Markdown table of targets: items are (target, figure name, measured, wanted, "min"|"max").
+
+    measured/wanted are numbers (measured may be None: not measured); "min" means
+    measured >= wanted is met, "max" means measured < wanted is met."""
+    lines = ["| target | measured | met |", "|---|---:|:---:|"]
+    for what, unit, got, want, kind in items:
+        if got is None:
+            lines.append(f"| {what} | — | not measured |")
+            continue
+        ok = got >= want if kind == "min" else got < want
+        shown = f"{got:,.0f}" if abs(got) >= 100 else f"{got:,.2f}"
+        lines.append(f"| {what} | {shown} {unit} | {'yes' if ok else '**no**'} |")
+    return "\n".join(lines)

@@ -256,6 +256,30 @@ class Peer:
         if self in _live:
             _live.remove(self)
 
+    def restart(self, timeout: float = 60.0) -> Peer:
+        """Stop and start the same server again on the same port and data (a clean process:
+        peak RSS and CPU start over; what it stored is recovered from disk)."""
+        self.stop()
+        cmd = self._command()
+        self.extra["log_from"] = os.path.getsize(self.log_path) if self.log_path else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+        _live.append(self)
+        try:
+            self._wait_ready(timeout)
+            self._after_start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
     def cleanup(self) -> None:
         self.stop()
         if self.workdir and os.path.isdir(self.workdir):
@@ -317,16 +341,40 @@ class Peer:
 
 
 class TickertapePeer(Peer):
+    """extra (all optional, set before start()):
+    config_xml         XML inserted in <TickertapeConfig> (e.g. a <SOW><Queue> section)
+    journal_copy_from  a journal directory copied into the data dir before the server starts
+                       (a journal built with the journal API: bench/journaldata.py)
+    journal_dir        use this journal directory in place (not copied, not removed by cleanup)
+    """
+
+    def journal_dir(self) -> str:
+        return self.extra.get("journal_dir") or os.path.join(self.datadir, "journal")
+
     def _command(self) -> list[str]:
+        src = self.extra.get("journal_copy_from")
+        dst = os.path.join(self.datadir, "journal")
+        if src and not os.path.exists(dst):
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("LOCK"))
         cfg = os.path.join(self.workdir, "bench.xml")
         with open(cfg, "w") as f:
-            f.write(tickertape_config(self.port, os.path.join(self.datadir, "journal")))
+            f.write(
+                tickertape_config(self.port, self.journal_dir(), self.extra.get("config_xml", ""))
+            )
         return [TICKERTAPE_BIN, "serve", "--config", cfg]
+
+    def log_text(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _ready_probe(self) -> bool:
         # The server prints "listening on HOST:PORT" when ready; a connect is the fallback.
         try:
             with open(self.log_path, "rb") as f:
+                f.seek(self.extra.get("log_from", 0))
                 if b"listening on" in f.read():
                     return True
         except OSError:
@@ -393,7 +441,7 @@ class TickertapePeer(Peer):
         raise RuntimeError(f"verify replay did not complete in {timeout}s ({count} so far)")
 
 
-def tickertape_config(port: int, journal_dir: str) -> str:
+def tickertape_config(port: int, journal_dir: str, extra_xml: str = "") -> str:
     return f"""<TickertapeConfig>
   <Name>bench</Name>
   <Transports>
@@ -412,7 +460,7 @@ def tickertape_config(port: int, journal_dir: str) -> str:
     <JournalDirectory>{journal_dir}</JournalDirectory>
     <Topic><Name>.*</Name><MessageType>json</MessageType></Topic>
   </TransactionLog>
-</TickertapeConfig>
+{extra_xml}</TickertapeConfig>
 """
 
 
@@ -478,8 +526,35 @@ class NatsPeer(Peer):
         if "error" in r:
             raise RuntimeError(f"consumer create failed: {r}")
 
-    def stream_info(self) -> dict:
-        return nats_request(self.host, self.port, f"$JS.API.STREAM.INFO.{STREAM}", None)
+    def stream_info(self, stream: str = STREAM) -> dict:
+        return nats_request(self.host, self.port, f"$JS.API.STREAM.INFO.{stream}", None)
+
+    def create_stream(self, name: str, subjects: list[str], retention: str = "limits") -> None:
+        """Another file-storage stream (e.g. retention "workqueue" for bench_queue)."""
+        cfg = {
+            "name": name,
+            "subjects": subjects,
+            "storage": "file",
+            "retention": retention,
+            "discard": "old",
+            "num_replicas": 1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": 0,
+            "duplicate_window": 0,
+        }
+        r = nats_request(self.host, self.port, f"$JS.API.STREAM.CREATE.{name}", cfg)
+        if "error" in r:
+            raise RuntimeError(f"stream create failed: {r}")
+
+    def create_durable(self, stream: str, durable: str, config: dict) -> None:
+        """A durable consumer with this config (durable_name is filled in)."""
+        cfg = {"stream_name": stream, "config": dict(config, durable_name=durable)}
+        r = nats_request(
+            self.host, self.port, f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}", cfg
+        )
+        if "error" in r:
+            raise RuntimeError(f"consumer create failed: {r}")
 
 
 def nats_request(host: str, port: int, subject: str, payload, timeout: float = 10.0) -> dict:

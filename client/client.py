@@ -33,8 +33,12 @@ Wire decisions taken here (PROTOCOL.md leaves them to the client):
   `transport.write` (at once past 256 KiB), so a burst of publishes is one syscall, not one
   each. Order across commands is kept (a flush after publishes is sent after them).
 - Client-side heartbeats: after `start_heartbeat(i)` a `beat` is sent every `i` seconds and in
-  answer to each server heartbeat; no bytes from the server for `2 * i` closes the connection
-  with reason `heartbeat` (not counted while reading is paused for a full subscription).
+  answer to each server heartbeat; no bytes from the server for `2 * i` (or the `timeout`
+  given) closes the connection with reason `heartbeat` (not counted while reading is paused
+  for a full subscription).
+- A subscription placed with `marks=True` also asks for `persisted` acks; the server's periodic
+  ones (`{"a":"persisted","sub_id":..,"bm":..}`) are queued in order with its messages as
+  `PersistedBookmark` items (what bookmark stores need). Without it they are ignored.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from .errors import (
     Disconnected,
     PublishFailed,
 )
-from .message import LogonResult, Message
+from .message import LogonResult, Message, PersistedBookmark
 from .publish import PublishTracker
 from .subscription import Subscription
 
@@ -146,7 +150,9 @@ class Client:
     Callbacks (called on the event loop; an exception in one is logged, not raised):
     `on_error(exc)` for failures that belong to no awaiting call (publish failures,
     failure acks without a `cid`); `on_duplicate(seq)` for each publish acknowledged with
-    `reason: duplicate` (only with `track_duplicates=True`, which asks for processed acks).
+    `reason: duplicate` (only with `track_duplicates=True`, which asks for processed acks);
+    `on_persisted(seq)` for each successful conflated persisted ack of publishes (everything
+    through `seq` is durable: what a publish store needs).
     """
 
     def __init__(
@@ -163,6 +169,7 @@ class Client:
         track_duplicates: bool = False,
         on_error: Callable[[ClientError], None] | None = None,
         on_duplicate: Callable[[int | None], None] | None = None,
+        on_persisted: Callable[[int], None] | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError("client name must be a non-empty string (it identifies the publisher)")
@@ -174,6 +181,7 @@ class Client:
         self.max_buffered_bytes = max_buffered_bytes
         self.on_error = on_error
         self.on_duplicate = on_duplicate
+        self.on_persisted = on_persisted
         self.duplicate_count = 0
         self.stray_messages = 0  # deliveries for no known subscription (e.g. after unsubscribe)
         self.logon_result: LogonResult | None = None
@@ -281,6 +289,11 @@ class Client:
             transport.abort()
             await lost
 
+    def abort(self, reason: str, detail: str = "") -> None:
+        """Drop the connection at once (nothing buffered is sent): pending commands and
+        subscriptions fail with Disconnected(`reason`), as when the connection is lost."""
+        self._abort(reason, detail)
+
     async def wait_closed(self) -> Disconnected | None:
         """Wait until the connection ends; returns why (None if it never opened)."""
         if self._lost is not None:
@@ -376,6 +389,81 @@ class Client:
         tracker.sent(seq)
         return seq
 
+    def can_publish(self) -> bool:
+        """True when publish_nowait() may be called: logged on, the in-flight window has room
+        and the socket's write buffer is below its high-water mark."""
+        return (
+            self._state == "logged_on"
+            and not self._write_paused
+            and len(self._tracker._inflight) < self._tracker.max_inflight
+        )
+
+    async def wait_publishable(self) -> None:
+        """Wait until can_publish() (raises Disconnected if the connection ends first)."""
+        while True:
+            if self._state != "logged_on":
+                raise self._not_ready("publish")
+            if len(self._tracker._inflight) >= self._tracker.max_inflight:
+                await self._tracker.wait_window()
+            elif self._write_paused:
+                await self._wait_writable()
+            else:
+                return
+
+    def try_publish(
+        self,
+        topic: str,
+        body: bytes,
+        seq: int,
+        expiration: float | None = None,
+        correlation_id: str | None = None,
+    ) -> bool:
+        """Send one publish with sequence `seq` if that needs no waiting (logged on, room in
+        the window and the write buffer); returns False, sending nothing, otherwise."""
+        tracker = self._tracker
+        if (
+            self._state != "logged_on"
+            or self._write_paused
+            or len(tracker._inflight) >= tracker.max_inflight
+        ):
+            return False
+        if expiration is None and correlation_id is None:
+            prefix = self._prefixes.get(topic)
+            if prefix is None:
+                prefix = self._publish_prefix(topic)
+            self._write(frame_bytes(prefix + b"%d}" % seq, body))
+        else:
+            self.publish_nowait(topic, body, seq, expiration, correlation_id)
+            return True
+        tracker.sent(seq)
+        return True
+
+    def publish_nowait(
+        self,
+        topic: str,
+        body: bytes,
+        seq: int,
+        expiration: float | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Send one publish with sequence `seq` now, without waiting (check can_publish()
+        first: this ignores the window). For callers that number publishes themselves, such
+        as the HAClient's publish store. Raises Disconnected / ClientError when not logged on.
+        """
+        if self._state != "logged_on":
+            raise self._not_ready("publish")
+        if expiration is None and correlation_id is None:
+            prefix = self._prefixes.get(topic)
+            if prefix is None:
+                prefix = self._publish_prefix(topic)
+            header = prefix + b"%d}" % seq
+        else:
+            h = Header(c="publish", t=topic, a=self._publish_acks, s=seq, x=correlation_id,
+                       e=expiration)  # fmt: skip
+            header = encode_header(h)
+        self._write(frame_bytes(header, body))
+        self._tracker.sent(seq)
+
     def _publish_prefix(self, topic: str) -> bytes:
         # The common publish header differs only in `s`: encode the rest once per topic and
         # append the number (halves the per-publish cost against a Header encode).
@@ -407,8 +495,12 @@ class Client:
         options: str | Iterable[str] | None = None,
         sub_id: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
+        marks: bool = False,
     ) -> Subscription:
         """Subscribe and wait for the processed ack; returns the Subscription to iterate.
+
+        `marks=True` also asks for `persisted` acks and hands the periodic ones out of the
+        iterator as PersistedBookmark items (see the module docstring).
 
         `bookmark` (a str, or a protocol.bookmarks value) makes it a bookmark subscription;
         `options` is the `o` text or a list of options. With `replace` in the options and an
@@ -439,13 +531,14 @@ class Client:
             max_bytes=self.max_buffered_bytes,
             on_full=self._sub_full,
             on_drained=self._sub_drained,
+            marks=marks,
         )
         # registered before sending: a replay may deliver before the ack arrives
         self._subs[sub_id] = sub
         self._subs_by_cid[cid] = sub
         header = Header(
             c="subscribe", cid=cid, t=topic, sub_id=sub_id, f=filter, bm=bm, o=opts,
-            a="processed,completed",
+            a="processed,completed,persisted" if marks else "processed,completed",
         )  # fmt: skip
         try:
             await self._request(header, "processed", timeout)
@@ -552,33 +645,40 @@ class Client:
         if self._write_paused:
             await self._wait_writable()
 
-    def start_heartbeat(self, interval: float) -> None:
+    def start_heartbeat(self, interval: float, timeout: float | None = None) -> None:
         """Ask the server for heartbeats every `interval` seconds, beat at that pace, and close
-        with reason `heartbeat` when the server is silent for two intervals."""
+        with reason `heartbeat` when the server is silent for `timeout` seconds (default two
+        intervals; the server closes a client silent for two intervals whatever this is)."""
         if self._state != "logged_on":
             raise self._not_ready("heartbeat")
         if not interval >= 0.01:
             raise ValueError(f"heartbeat interval must be >= 0.01 seconds, got {interval!r}")
+        if timeout is None:
+            timeout = 2 * interval
+        elif not timeout > 0:
+            raise ValueError(f"heartbeat timeout must be > 0 seconds, got {timeout!r}")
         text = f"{interval:.3f}".rstrip("0").rstrip(".")
         self._write(encode_frame(Header(c="heartbeat", o=f"start,{text}")))
         self._last_rx = self._loop.time()
         if self._hb_task is not None:
             self._hb_task.cancel()
-        self._hb_task = self._loop.create_task(self._heartbeat_loop(interval))
+        self._hb_task = self._loop.create_task(self._heartbeat_loop(interval, timeout))
 
-    async def _heartbeat_loop(self, interval: float) -> None:
+    async def _heartbeat_loop(self, interval: float, timeout: float) -> None:
         loop = self._loop
         next_beat = loop.time() + interval
+        tick = min(interval, timeout) / 2
         while self._transport is not None:
-            await asyncio.sleep(interval / 2)
+            await asyncio.sleep(tick)
             now = loop.time()
             if self._reading_paused:
                 self._last_rx = now  # we stopped reading; the server is not the silent one
-            elif now - self._last_rx > 2 * interval:
+            elif now - self._last_rx > timeout:
                 self._abort(
                     "heartbeat",
                     f"no bytes from the server for {now - self._last_rx:.1f}s "
-                    f"(heartbeat interval {interval:g}s); check the server and the network",
+                    f"(heartbeat interval {interval:g}s, timeout {timeout:g}s); check the "
+                    "server and the network",
                 )
                 return
             if now >= next_beat and self._transport is not None:
@@ -755,10 +855,20 @@ class Client:
                         w.fut.set_result(h)
                     return
         if a == "persisted" and cid is None:
+            if h.sub_id is not None and h.bm is not None:
+                sub = self._subs.get(h.sub_id)
+                if sub is not None:
+                    sub._push_mark(PersistedBookmark(h.sub_id, h.bm))
+                return
             if h.status == "failure":
                 self._report(self._tracker.failed(h.reason or "unknown", h.s))
             elif h.s is not None:
                 self._tracker.persisted(h.s)
+                if self.on_persisted is not None:
+                    try:
+                        self.on_persisted(h.s)
+                    except Exception:
+                        log.exception("on_persisted callback failed")
             return
         if a == "completed":
             sub = self._subs.get(h.sub_id) if h.sub_id else None

@@ -7,7 +7,15 @@ ClientError                         base of everything below
 ├── Disconnected    (ConnectionError)  an open connection ended; every waiter fails with it
 ├── CommandError                       the server refused a command (failure ack)
 │   └── PublishFailed                  the server could not persist publishes
-└── CommandTimeout  (TimeoutError)     no ack within the caller's timeout
+├── CommandTimeout  (TimeoutError)     no ack within the caller's timeout
+├── NoServerAvailable                  HA: the server chooser offers no server (its `error()`)
+├── ReconnectGaveUp                    HA: the delay strategy's give-up time has passed
+└── StoreError                         publish / bookmark store files
+    ├── StoreClosed                    the store was used after close()
+    ├── StoreLocked                    another process (or store object) holds the file
+    ├── StoreFull                      a record cannot fit (or no room came within a timeout)
+    └── CorruptStore                   a file whose header is unreadable (damaged tails are
+                                       cut off and reported, never raised: see RecoveryReport)
 ```
 
 `CommandError.reason` is one of PROTOCOL.md §3's stable failure reasons (`bad filter`,
@@ -25,8 +33,15 @@ __all__ = [
     "CommandError",
     "CommandTimeout",
     "ConnectFailed",
+    "CorruptStore",
     "Disconnected",
+    "NoServerAvailable",
     "PublishFailed",
+    "ReconnectGaveUp",
+    "StoreClosed",
+    "StoreError",
+    "StoreFull",
+    "StoreLocked",
 ]
 
 _HINTS = {
@@ -122,3 +137,83 @@ class CommandTimeout(ClientError, builtins.TimeoutError):
         )
         self.command = command
         self.timeout = timeout
+
+
+class NoServerAvailable(ClientError):
+    """The server chooser returned no URI; `detail` is what its `error()` said."""
+
+    def __init__(self, detail: str):
+        super().__init__(
+            f"no server to connect to: {detail or 'the server chooser is empty'}; "
+            "add servers to the chooser (tickertape --server HOST:PORT, repeatable)"
+        )
+        self.detail = detail
+
+
+class ReconnectGaveUp(ClientError):
+    """The reconnect delay strategy gave up after `elapsed` seconds without a connection.
+
+    `last_error` is the last connection or logon failure (or None)."""
+
+    def __init__(self, elapsed: float, limit: float, last_error: BaseException | None):
+        text = f"gave up reconnecting after {elapsed:.1f}s (give-up time {limit:g}s)"
+        if last_error is not None:
+            text += f"; last error: {last_error}"
+        super().__init__(text + "; check the servers, or raise the strategy's give_up_after")
+        self.elapsed = elapsed
+        self.limit = limit
+        self.last_error = last_error
+
+
+class StoreError(ClientError):
+    """Base of the publish and bookmark store errors; `path` is the file (None in memory)."""
+
+    def __init__(self, path: str | None, message: str):
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+
+
+class StoreClosed(StoreError):
+    """The store was used after close()."""
+
+    def __init__(self, path: str | None):
+        super().__init__(path, "store is closed; open a new store object")
+
+
+class StoreLocked(StoreError):
+    """Another process (or another store object in this one) holds the store file."""
+
+    def __init__(self, path: str):
+        super().__init__(
+            path,
+            "store file is in use by another client (a store file serves one client at a "
+            "time); stop the other one, or give this client its own file",
+        )
+
+
+class StoreFull(StoreError):
+    """A record of `size` bytes does not fit in a store bounded to `limit` bytes / records."""
+
+    def __init__(self, path: str | None, size: int, limit: str):
+        super().__init__(
+            path,
+            f"a record of {size} bytes does not fit (limit {limit}); raise the store's "
+            "max_bytes / max_messages, or wait for the server to persist what is stored",
+        )
+        self.size = size
+        self.limit = limit
+
+
+class CorruptStore(StoreError):
+    """The file at `path` cannot be used at all (`offset`, `reason`): its header is damaged or
+    it is not a store of this kind. Damage after the header is never raised: the valid records
+    load and the loss is reported (see client/storefile.py `RecoveryReport`)."""
+
+    def __init__(self, path: str, offset: int, reason: str):
+        super().__init__(
+            path,
+            f"not a usable store at offset {offset}: {reason}; move the file aside to start "
+            "an empty store (its unpersisted messages / bookmarks are then lost)",
+        )
+        self.offset = offset
+        self.reason = reason

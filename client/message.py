@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import msgspec
 
 from protocol.headers import Header
 
-__all__ = ["LogonResult", "Message"]
+__all__ = ["LogonResult", "Message", "PersistedBookmark"]
 
 
 # gc=False: a Message only holds strings, bytes and a Header (no cycles), and skipping GC
@@ -44,3 +46,13 @@ class LogonResult(msgspec.Struct, frozen=True):
 
     seq: int
     bookmark: str | None
+
+
+class PersistedBookmark(msgspec.Struct, frozen=True, gc=False):
+    """A bookmark subscription's periodic `persisted` ack, in stream order with its messages
+    (only from subscriptions placed with `marks=True`): the server has passed the durable
+    message `bookmark` for subscription `sub_id`. Bookmark stores use it as a resume point."""
+
+    sub_id: str | None
+    bookmark: str
+    body: ClassVar[bytes] = b""  # counted like an empty message in a subscription's buffer

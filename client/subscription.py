@@ -29,7 +29,7 @@ from .errors import Disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
-    from .message import Message
+    from .message import Message, PersistedBookmark
 
 __all__ = ["Subscription"]
 
@@ -50,6 +50,7 @@ class Subscription:
         "_end",
         "_full",
         "_is_range",
+        "_marks",
         "_on_drained",
         "_on_full",
         "_waiter",
@@ -72,6 +73,7 @@ class Subscription:
         max_bytes: int,
         on_full: Callable[[Subscription], None],
         on_drained: Callable[[Subscription], None],
+        marks: bool = False,
     ):
         if max_messages < 1 or max_bytes < 1:
             raise ValueError("subscription buffer bounds must be >= 1")
@@ -90,6 +92,7 @@ class Subscription:
         self._is_range = bookmark is not None and bookmark.lstrip()[:1] in ("[", "(")
         self._on_full = on_full
         self._on_drained = on_drained
+        self._marks = marks  # next() also returns PersistedBookmark items (bookmark stores)
 
     def __repr__(self) -> str:
         state = "active" if self._end is None else "ended" if self._end is _STOP else "failed"
@@ -121,6 +124,11 @@ class Subscription:
         if not self._full and (len(buf) >= self.max_messages or self._bytes >= self.max_bytes):
             self._full = True
             self._on_full(self)
+
+    def _push_mark(self, mark: PersistedBookmark) -> None:
+        """A periodic persisted ack: queued in order with the messages when asked for."""
+        if self._marks:
+            self._push(mark)  # type: ignore[arg-type]
 
     def _complete(self) -> bool:
         """The `completed` ack. Returns True when this ends the subscription (a range)."""
@@ -155,6 +163,8 @@ class Subscription:
 
     async def next(self, timeout: float | None = None) -> Message | None:
         """The next message; None once the subscription has ended and its buffer is empty.
+
+        With `marks=True` (Client.subscribe) a PersistedBookmark may come instead of a message.
 
         Raises `Disconnected` (after the buffer is drained) if the connection was lost, and
         `TimeoutError` if `timeout` seconds pass without a message. Cancelling a waiting call

@@ -6,6 +6,14 @@ Layout on disk (`directory`):
   segment is sealed (fsynced, never written again) when the next batch would take it past
   `segment_size`.
 - `index/`: the LMDB index (index.py), derived from the segments.
+- `MANIFEST` (manifest.py), once compaction or removal has run: which compacted files
+  (compacted.py) replace which position ranges, and the position below which segments were
+  removed. Plain and compacted segments are read through the same calls (`read`, `read_raw`,
+  `next_position`, `after`); a compacted range may have gaps where records were dropped.
+  Layout changes run on the writer thread between two commits (`run_in_writer`), commit by
+  renaming the manifest, and swap the segment list in one assignment; files that left the layout
+  are unlinked (and their cached fds closed) only after a grace period, so a read in flight
+  finishes on the file it started with.
 
 Durability: `submit()` hands a batch of encoded records to the writer thread. The writer takes
 every batch submitted since its last write, writes them with one `write` and makes them durable
@@ -26,6 +34,8 @@ JournalClosed.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
+import fcntl
 import logging
 import os
 import threading
@@ -33,7 +43,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from .compacted import CompactedReader, CorruptCompacted, is_compacted_name
 from .index import BM_SPAN, JournalIndex
+from .manifest import Manifest, load_manifest, save_manifest
 from .record import (
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -75,6 +87,16 @@ class JournalUnavailable(JournalError):
         self.cause = cause
 
 
+class JournalLocked(JournalError):
+    """Another process holds the journal in a way that excludes this open (see Journal(exclusive=))."""
+
+    def __init__(self, directory: str, exclusive: bool):
+        what = ("a server (or another tool) has this journal open; let it apply the change, or stop it first"
+                if exclusive else "`tickertape archive|compact` is applying a change to it; wait for it to finish")
+        super().__init__(f"journal {directory} is locked: {what}")
+        self.directory = directory
+
+
 class CorruptSegment(JournalError):
     def __init__(self, path: str, offset: int, reason: str):
         super().__init__(
@@ -86,15 +108,46 @@ class CorruptSegment(JournalError):
         self.reason = reason
 
 
-@dataclass
+@dataclass(eq=False)
 class Segment:
     base: int
     path: str
-    size: int  # bytes of records (file size minus header)
+    size: int  # bytes of records (file size minus header); for a compacted one, end - base
+    reader: CompactedReader | None = None  # set for a compacted segment
 
     @property
     def end(self) -> int:
         return self.base + self.size
+
+    @property
+    def kind(self) -> str:
+        return "plain" if self.reader is None else "compacted"
+
+    @property
+    def file_bytes(self) -> int:
+        return self.reader.file_bytes if self.reader is not None else self.size + SEGMENT_HEADER_SIZE
+
+
+def _seg_base(seg: Segment) -> int:
+    return seg.base
+
+
+class _Control:
+    """A maintenance call queued on the writer thread (run_in_writer)."""
+
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn, future):
+        self.fn = fn
+        self.future = future
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as exc:  # handed to the caller
+            self.future.set_exception(exc)
 
 
 @dataclass
@@ -113,6 +166,12 @@ def segment_name(base: int) -> str:
     return f"{base:020d}.seg"
 
 
+def _base_of(name: str) -> int | None:
+    """The base position in a plain segment's name, or None for a name not made by segment_name."""
+    stem = name[:-4]
+    return int(stem) if len(stem) == 20 and stem.isdigit() else None
+
+
 class Journal:
     def __init__(
         self,
@@ -120,22 +179,39 @@ class Journal:
         segment_size: int = DEFAULT_SEGMENT_SIZE,
         durability: str = "fsync",
         index_map_size: int | None = None,
+        exclusive: bool = False,
     ):
+        """exclusive: fail with JournalLocked if any other Journal has the directory open (the
+        maintenance CLI applies changes this way only when no server runs); by default a Journal
+        takes a shared lock, so an exclusive opener sees it."""
         if durability not in ("fsync", "write"):
             raise ValueError(f"durability must be 'fsync' or 'write', not {durability!r}")
         self.directory = directory
         self.segment_size = segment_size
         self.durability = durability
         os.makedirs(directory, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise JournalLocked(directory, exclusive) from None
         kw = {"map_size": index_map_size} if index_map_size else {}
         self.index = JournalIndex(os.path.join(directory, "index"), **kw)
         self.segments: list[Segment] = []
         self._bases: list[int] = []
-        self._read_fds: dict[int, int] = {}
+        self._read_fds: dict[str, int] = {}  # by path: a compacted file may reuse a base
         self._read_lock = threading.Lock()
+        self._retired: list[tuple[float, Segment, int | None]] = []  # (when, segment, cached fd)
+        self.manifest = Manifest()
         self.stats = CommitStats()
         self.recovery: dict = {}
-        self._open_segments()
+        try:
+            self._open_segments()
+        except BaseException:
+            self.index.close()
+            os.close(self._lock_fd)
+            raise
         self._end = self.segments[-1].end
         self._fd = os.open(self.segments[-1].path, os.O_WRONLY | os.O_APPEND)
         self._pending: list[tuple[bytes, list, DoneCallback]] = []
@@ -151,9 +227,16 @@ class Journal:
 
     def _open_segments(self) -> None:
         started = time.monotonic()
-        names = sorted(n for n in os.listdir(self.directory) if n.endswith(".seg"))
+        names = self._listing()
         segs: list[Segment] = []
         for i, name in enumerate(names):
+            if isinstance(name, Segment):  # a compacted segment named by the manifest
+                if segs and name.base != segs[-1].end:
+                    raise CorruptSegment(
+                        name.path, 0, f"starts at position {name.base} but the previous segment ends at {segs[-1].end} (a segment is missing)"
+                    )
+                segs.append(name)
+                continue
             path = os.path.join(self.directory, name)
             with open(path, "rb") as f:
                 head = f.read(SEGMENT_HEADER_SIZE)
@@ -175,10 +258,11 @@ class Journal:
                     path, 0, f"starts at position {base} but the previous segment ends at {segs[-1].end} (a segment is missing)"
                 )
             segs.append(Segment(base, path, size))
-        if not segs:
-            path = os.path.join(self.directory, segment_name(0))
-            self._write_new_segment_file(path, 0)
-            segs.append(Segment(0, path, 0))
+        if not segs or segs[-1].reader is not None:
+            base = segs[-1].end if segs else self.manifest.start
+            path = os.path.join(self.directory, segment_name(base))
+            self._write_new_segment_file(path, base)
+            segs.append(Segment(base, path, 0))
         self.segments = segs
         self._bases = [s.base for s in segs]
 
@@ -193,6 +277,7 @@ class Journal:
             upto = first
         upto = max(upto, first)
         indexed, dropped = self._scan_and_index(upto)
+        self._seed_removed_publishers()
         self.recovery = {
             "segments": len(self.segments),
             "reindexed_records": indexed,
@@ -205,6 +290,72 @@ class Journal:
             indexed, self.recovery["seconds"],
         )
 
+    def _listing(self) -> list:
+        """Plain segment names and compacted Segments, in position order, per the manifest.
+
+        Files the manifest has superseded (a crash after its commit) or never committed (a
+        crash before it) are deleted here, and logged.
+        """
+        man = self.manifest = load_manifest(self.directory)
+        named = {e["file"]: e for e in man.compacted}
+        items: list[tuple[str, object]] = []
+        for name in sorted(os.listdir(self.directory)):
+            if name.endswith(".seg"):
+                base = _base_of(name)
+                if base is not None and (base < man.start or man.covered_by_compacted(base) is not None):
+                    self._discard(name, "superseded by the manifest")
+                    continue
+                items.append((name, name))
+            elif is_compacted_name(name) and name not in named:
+                self._discard(name, "an uncommitted compaction output (not in the manifest)")
+        for fname, e in named.items():
+            path = os.path.join(self.directory, fname)
+            try:
+                reader = CompactedReader(path)
+            except FileNotFoundError:
+                raise CorruptSegment(path, 0, "the manifest names this compacted segment but it is missing") from None
+            except CorruptCompacted as exc:
+                raise CorruptSegment(path, exc.offset, exc.reason) from None
+            if (reader.base, reader.end) != (e["base"], e["end"]):
+                reader.close()
+                raise CorruptSegment(path, 0, f"covers [{reader.base}, {reader.end}) but the manifest says [{e['base']}, {e['end']})")
+            items.append((f"{reader.base:020d}", Segment(reader.base, path, reader.end - reader.base, reader)))
+        items.sort(key=lambda kv: kv[0])
+        return [v for _, v in items]
+
+    def _seed_removed_publishers(self) -> None:
+        """Dedup state of publishers whose newest message was removed lives in the manifest; an
+        index rebuilt from the remaining segments gets it back from there."""
+        if not self.manifest.publishers:
+            return
+        have = self.index.publishers()
+        missing = [(int(p), seq, 0, pos) for p, (seq, pos) in self.manifest.publishers.items()
+                   if have.get(int(p), (-1, 0))[0] < seq]
+        if missing:
+            self.index.add(missing, self.index.indexed_upto())
+
+    def _discard(self, name: str, why: str) -> None:
+        path = os.path.join(self.directory, name)
+        log.warning("journal: removing %s: %s", path, why)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _index_compacted(self, seg: Segment, pos: int) -> int:
+        indexed = 0
+        while True:
+            try:
+                recs, nxt = seg.reader.read(pos, 4 * READ_BLOCK, verify=True)
+            except CorruptCompacted as exc:
+                raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
+            if not recs:
+                self.index.add((), seg.end)
+                return indexed
+            self._index_records(recs, nxt)
+            indexed += len(recs)
+            pos = nxt
+
     def _scan_and_index(self, start: int) -> tuple[int, int]:
         """Verify and index every record from `start` to the end; truncate a bad tail."""
         indexed = 0
@@ -212,6 +363,10 @@ class Journal:
         while i < len(self.segments):
             seg = self.segments[i]
             pos = max(start, seg.base)
+            if seg.reader is not None:
+                indexed += self._index_compacted(seg, pos)
+                i += 1
+                continue
             with open(seg.path, "rb") as f:
                 while pos < seg.end:
                     f.seek(SEGMENT_HEADER_SIZE + (pos - seg.base))
@@ -327,6 +482,11 @@ class Journal:
                         self._commit_fitting(run)
                         run = []
                     self._failure = None
+                elif type(item[0]) is _Control:  # maintenance: between two commits
+                    if run:
+                        self._commit_fitting(run)
+                        run = []
+                    item[0].run()
                 else:
                     run.append(item)
             if run:
@@ -453,21 +613,31 @@ class Journal:
             for fd in self._read_fds.values():
                 os.close(fd)
             self._read_fds.clear()
+        for seg in self.segments:
+            if seg.reader is not None:
+                seg.reader.close()
+        self.collect_garbage(grace_s=0.0)
         self.index.sync()
         self.index.close()
+        os.close(self._lock_fd)  # releases the lock
         self._closed = True
 
     # -- reading -------------------------------------------------------------------------
 
     def _reader_fd(self, seg: Segment) -> int:
-        fd = self._read_fds.get(seg.base)
+        fd = self._read_fds.get(seg.path)
         if fd is None:
             with self._read_lock:
-                fd = self._read_fds.get(seg.base)
+                fd = self._read_fds.get(seg.path)
                 if fd is None:
                     fd = os.open(seg.path, os.O_RDONLY)
-                    self._read_fds[seg.base] = fd
+                    self._read_fds[seg.path] = fd
         return fd
+
+    def _find(self, position: int) -> tuple[list[Segment], int]:
+        """(segments, index of the one holding position) from one snapshot of the layout."""
+        segs = self.segments
+        return segs, max(0, bisect.bisect_right(segs, position, key=_seg_base) - 1)
 
     def read(self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False) -> tuple[list[Record], int]:
         """Records from `position` (a record boundary) up to about max_bytes, and the next position.
@@ -477,11 +647,17 @@ class Journal:
         end = self._end
         if position >= end:
             return [], position
-        if position < self.segments[0].base:
-            position = self.segments[0].base
-        seg = self.segments[self._segment_index(position)]
+        segs, i = self._find(position)
+        seg = segs[i]
+        if position < seg.base:  # below the start (removed)
+            position = seg.base
         if position >= seg.end:  # exactly at a segment boundary
             return [], position
+        if seg.reader is not None:
+            try:
+                return seg.reader.read(position, max_bytes, verify)
+            except CorruptCompacted as exc:
+                raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
         want = min(max_bytes, seg.end - position, end - position)
         fd = self._reader_fd(seg)
         off = SEGMENT_HEADER_SIZE + position - seg.base
@@ -499,13 +675,25 @@ class Journal:
         return recs, position + stop
 
     def read_raw(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[list[tuple], int]:
-        """Like read(), as scan_records tuples (the replay fast path). Stops at a segment end."""
+        """Like read(), as scan_records tuples (the replay fast path). Stops at a segment end.
+
+        In a compacted segment the records returned are the retained ones at or after position;
+        past the last one it returns ([], the segment's end), which next_position carries on.
+        """
         end = self._end
         if position >= end:
             return [], position
-        seg = self.segments[self._segment_index(position)]
+        segs, i = self._find(position)
+        seg = segs[i]
+        if position < seg.base:  # below the start (removed)
+            position = seg.base
         if position >= seg.end:
             return [], position
+        if seg.reader is not None:
+            try:
+                return seg.reader.read_raw(position, max_bytes)
+            except CorruptCompacted as exc:
+                raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
         want = min(max_bytes, seg.end - position, end - position)
         off = SEGMENT_HEADER_SIZE + position - seg.base
         buf = os.pread(self._reader_fd(seg), want, off)
@@ -526,20 +714,22 @@ class Journal:
             if not recs:
                 if nxt >= self._end:
                     return
-                # segment boundary
-                i = self._segment_index(nxt)
-                if i + 1 >= len(self.segments) or self.segments[i].end != nxt:
+                nxt2 = self.next_position(nxt)  # a segment boundary, or the end of a compacted range
+                if nxt2 == pos:
                     return
-                pos = self.segments[i + 1].base
+                pos = nxt2
                 continue
             yield from recs
             pos = nxt
 
     def next_position(self, position: int) -> int:
-        """Normalize a position that sits at the end of a sealed segment to the next segment's start."""
-        i = self._segment_index(position)
-        if position >= self.segments[i].end and i + 1 < len(self.segments):
-            return self.segments[i + 1].base
+        """Normalize a position that sits at the end of a sealed segment to the next segment's start
+        (and one below the start of the journal to the start)."""
+        segs, i = self._find(position)
+        if position < segs[0].base:
+            return segs[0].base
+        if position >= segs[i].end and i + 1 < len(segs):
+            return segs[i + 1].base
         return position
 
     def locate(self, publisher_id: int, seq: int) -> int | None:
@@ -555,7 +745,7 @@ class Journal:
         if pos < self.start_position:
             return None
         if found_seq == seq:
-            return pos
+            return pos if self.holds(pos) else None  # compaction may have dropped it
         budget = 4 * BM_SPAN + READ_BLOCK
         while budget > 0:
             recs, nxt = self.read_raw(pos, 64 * 1024)
@@ -577,7 +767,13 @@ class Journal:
 
     def after(self, position: int) -> int:
         """Position of the record that follows the one at `position`."""
-        seg = self.segments[self._segment_index(position)]
+        segs, i = self._find(position)
+        seg = segs[i]
+        if seg.reader is not None:
+            e = seg.reader.record_end(position)
+            if e is None:
+                raise CorruptSegment(seg.path, 0, f"no record at position {position}")
+            return self.next_position(e)
         head = os.pread(self._reader_fd(seg), 4, SEGMENT_HEADER_SIZE + position - seg.base)
         if len(head) < 4:
             raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, "no record at this position")
@@ -597,7 +793,82 @@ class Journal:
         return self.index.publishers()
 
     def disk_bytes(self) -> int:
-        return sum(s.size + SEGMENT_HEADER_SIZE for s in self.segments)
+        return sum(s.file_bytes for s in self.segments)
+
+    def holds(self, position: int) -> bool:
+        """Whether a record starts at position (False where compaction dropped it or below the
+        start). Plain segments are taken on trust: positions come from the index."""
+        segs, i = self._find(position)
+        seg = segs[i]
+        if position < seg.base or position >= self._end:
+            return False
+        return seg.reader is None or seg.reader.holds(position)
+
+    # -- maintenance: layout changes (journal/maintenance.py decides what; this applies it) ----
+
+    def sealed_segments(self) -> list[Segment]:
+        """Every segment but the one being written, oldest first (a snapshot)."""
+        return list(self.segments[:-1])
+
+    def run_in_writer(self, fn) -> concurrent.futures.Future:
+        """Run fn() on the writer thread between two group commits; its result in a Future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closing:
+                raise JournalClosed()
+            self._pending.append((_Control(fn, fut), [], None, None))
+            self._cond.notify()
+        return fut
+
+    def commit_layout(self, manifest: Manifest, sealed: list[Segment]) -> list[Segment]:
+        """Writer thread only (run_in_writer): commit `manifest` and make `sealed` the sealed part
+        of the journal (the segment being written stays). `sealed` must run without a gap up to
+        the active segment. The manifest's rename is the commit point; readers switch at their
+        next lookup. Returns the segments that left the layout (retired, unlinked later)."""
+        if threading.current_thread() is not self._thread:
+            raise RuntimeError("commit_layout runs on the journal writer thread (run_in_writer)")
+        active = self.segments[-1]
+        new = list(sealed) + [active]
+        for a, b in zip(new, new[1:]):
+            if a.end != b.base:
+                raise JournalError(f"new layout has a gap or overlap at {a.end} / {b.base} ({a.path}, {b.path})")
+        manifest.generation = self.manifest.generation + 1
+        save_manifest(self.directory, manifest)
+        kept = {id(s) for s in new}
+        gone = [s for s in self.segments if id(s) not in kept]
+        self.manifest = manifest
+        self.segments = new
+        self._bases = [s.base for s in new]
+        now = time.monotonic()
+        with self._read_lock:
+            for seg in gone:
+                self._retired.append((now, seg, self._read_fds.pop(seg.path, None)))
+        log.info("journal: manifest generation %d: %d sealed segments from position %d; %d retired",
+                 manifest.generation, len(sealed), new[0].base, len(gone))
+        return gone
+
+    def collect_garbage(self, grace_s: float = 30.0) -> int:
+        """Unlink retired files (and close their fds) once no read can still be starting on them."""
+        now = time.monotonic()
+        done = 0
+        with self._read_lock:
+            keep = []
+            for when, seg, fd in self._retired:
+                if now - when < grace_s:
+                    keep.append((when, seg, fd))
+                    continue
+                if fd is not None:
+                    os.close(fd)
+                if seg.reader is not None:
+                    seg.reader.close()
+                if all(s.path != seg.path for s in self.segments):
+                    try:
+                        os.unlink(seg.path)
+                    except FileNotFoundError:
+                        pass
+                done += 1
+            self._retired = keep
+        return done
 
 
 __all__ = [
@@ -606,6 +877,7 @@ __all__ = [
     "JournalClosed",
     "JournalUnavailable",
     "CorruptSegment",
+    "JournalLocked",
     "Segment",
     "RECORD_HEADER_SIZE",
 ]

@@ -216,3 +216,99 @@ def scan_records(buf: bytes, base_position: int):
         append((base_position + pos, kind, pub, seq, ts, buf[t:b], buf[b:nxt], extra))
         pos = nxt
     return out, pos
+
+
+_u32x2 = struct.Struct("<II")
+
+
+def record_offsets(buf, verify: bool = True) -> tuple[list[int], int]:
+    """Offsets of the whole records in buf (from offset 0), and the offset after the last one.
+
+    The batch job's walk over a segment: one pass over the length fields, checking each record's
+    crc32 when verify is set. A partial record at the end stops the walk (the caller decides
+    whether that is a torn tail); a bad length or crc raises CorruptRecord.
+    """
+    offs: list[int] = []
+    append = offs.append
+    unpack = _u32x2.unpack_from
+    crc32 = _crc32
+    mv = memoryview(buf)
+    pos = 0
+    end = len(buf)
+    hsize = RECORD_HEADER_SIZE
+    while end - pos >= hsize:
+        length, crc = unpack(buf, pos)
+        nxt = pos + 4 + length
+        if length < hsize - 4:
+            raise CorruptRecord(pos, f"length {length} is shorter than its own header")
+        if nxt > end:
+            break
+        if verify and crc32(mv[pos + 8 : nxt]) != crc:
+            raise CorruptRecord(pos, "checksum mismatch")
+        append(pos)
+        pos = nxt
+    return offs, pos
+
+
+def record_columns(buf, offsets, stop: int) -> dict:
+    """Columnar view of the records at `offsets` in buf (numpy arrays; numpy is imported here
+    only, so the server never needs it). Keys: offset, size, crc, kind, flags, publisher_id, seq,
+    ts, expiration (0 where absent), header_start/header_end (equal where absent), topic_start,
+    topic_end (= body start), body_end. Offsets are into buf."""
+    import numpy as np
+
+    b = np.frombuffer(buf, dtype=np.uint8)
+    o = np.asarray(offsets, dtype=np.int64)
+    n = len(o)
+    ends = np.empty(n, dtype=np.int64)
+    if n:
+        ends[:-1] = o[1:]
+        ends[-1] = stop
+
+    def u(width: int, at):
+        idx = at[:, None] + np.arange(width, dtype=np.int64)
+        return np.ascontiguousarray(b[idx]).view(f"<u{width}").reshape(len(at))
+
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return {k: empty for k in ("offset", "size", "crc", "kind", "flags", "publisher_id", "seq", "ts",
+                                   "expiration", "header_start", "header_end", "topic_start", "topic_end",
+                                   "body_end")}
+    hdr = b[o[:, None] + np.arange(RECORD_HEADER_SIZE, dtype=np.int64)]  # one gather: (n, 36) bytes
+
+    def field(lo: int, width: int):
+        return np.ascontiguousarray(hdr[:, lo:lo + width]).view(f"<u{width}").reshape(n)
+
+    kind = hdr[:, 8].copy()
+    flags = hdr[:, 9].copy()
+    tlen = field(10, 2).astype(np.int64)
+    t = o + RECORD_HEADER_SIZE
+    has_exp = (flags & FLAG_EXPIRATION) != 0
+    expiration = np.zeros(n, dtype=np.uint32)
+    if has_exp.any():
+        expiration[has_exp] = u(4, t[has_exp])
+    t = t + np.where(has_exp, 4, 0)
+    has_hdr = (flags & FLAG_HEADER) != 0
+    hstart = t.copy()
+    hend = t.copy()
+    if has_hdr.any():
+        hl = u(2, t[has_hdr]).astype(np.int64)
+        hstart[has_hdr] = t[has_hdr] + 2
+        hend[has_hdr] = t[has_hdr] + 2 + hl
+    t = hend
+    return {
+        "offset": o,
+        "size": ends - o,
+        "crc": field(4, 4),
+        "kind": kind,
+        "flags": flags,
+        "publisher_id": field(12, 8),
+        "seq": field(20, 8),
+        "ts": field(28, 8).astype(np.int64),
+        "expiration": expiration,
+        "header_start": hstart,
+        "header_end": hend,
+        "topic_start": t,
+        "topic_end": t + tlen,
+        "body_end": ends,
+    }

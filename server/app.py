@@ -58,6 +58,7 @@ class Server:
         self.admin = None
         self.readers = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="journal-reader")
         self._ticker: asyncio.Task | None = None
+        self.maintenance = None  # journal maintenance (server/maintenance.py), with a journal
         self._stopped = asyncio.Event()
         self.started_at = time.time()
         self.shutting_down = False
@@ -98,6 +99,7 @@ class Server:
             self.admin = AdminEndpoint(self, self.config.admin.host, self.config.admin.port)
             await self.admin.start()
         self._ticker = self.loop.create_task(self._tick())
+        self._start_maintenance()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -130,6 +132,8 @@ class Server:
             self._ticker.cancel()
         if self.admin is not None:
             await self.admin.stop()
+        if self.maintenance is not None:
+            await self.maintenance.stop()  # stop a running journal job before the journal closes
         if self.journal is not None:
             await self.loop.run_in_executor(None, self.journal.close)
         self.readers.shutdown(wait=False, cancel_futures=True)
@@ -335,6 +339,8 @@ class Server:
                     conn.out.append(hb_frame)
                     conn.flush_out()
             self.queues.tick()
+            if self.maintenance is not None:
+                self.maintenance.tick(now)
             if now - last_stats >= 1.0:
                 self.stats.sample(now - last_stats)
                 last_stats = now
@@ -359,6 +365,17 @@ class Server:
             sub.acked_bm = bm
             conn.send_ack("persisted", None, sub_id=sub.sub_id, bm="%d|%d|" % bm)
             conn.flush_out()
+
+
+    # -- journal maintenance (archive / compaction; server/maintenance.py) ---------------------------
+
+    def _start_maintenance(self) -> None:
+        if self.journal is None:
+            return
+        from .maintenance import Maintenance
+
+        self.maintenance = Maintenance(self)
+        self.maintenance.start()
 
 
 def _never(topic: str) -> bool:

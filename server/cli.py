@@ -3,6 +3,7 @@
     tickertape serve [--config FILE] [--daemon --pid-file FILE]
     tickertape serve --verify-config FILE
     tickertape pub|sub ...            (client/cli.py)
+    tickertape archive|compact ...    (maintenance_cli.py: the Spark journal job)
 
 Exit status: 0 on a clean stop (SIGTERM / SIGINT drain first), 1 when the server cannot start
 (address in use, damaged journal, already running), 2 for a bad command line or configuration.
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_client_commands(sub)
+    from .maintenance_cli import add_maintenance_commands  # archive, compact (journal/batch.py)
+
+    add_maintenance_commands(sub)
     return parser
 
 

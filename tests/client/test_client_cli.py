@@ -173,6 +173,6 @@ def test_commands_register_on_a_parent_parser():
     parser = argparse.ArgumentParser(prog="tickertape")
     add_client_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["pub", "orders", "--client-name", "p1"])
-    assert args.func is run_pub and args.server == "127.0.0.1:9007" and args.client_name == "p1"
+    assert args.func is run_pub and args.server is None and args.client_name == "p1"
     args = parser.parse_args(["sub", "orders", "--count", "3", "--headers", "--bookmark", "0"])
     assert args.func is run_sub and (args.count, args.headers, args.bookmark) == (3, True, "0")

@@ -1,0 +1,356 @@
+"""Bookmark stores: where a subscriber's HAClient resumes a bookmark subscription.
+
+Special bookmarks: `EPOCH` ("0", replay everything), `NOW` ("0|1|", no replay), and
+`MOST_RECENT` ("recent", resolved here: where this subscription left off, or EPOCH for a
+subscription id the store has never seen). A bookmark is `<publisher_id>|<seq>|`
+(PROTOCOL.md §5); within one publisher, sequence numbers grow in journal order.
+
+What a store tracks per subscription id (`_SubState`, shared by the memory and logged stores):
+
+- `base`: the point the subscription started from (EPOCH for a new MOST_RECENT subscription).
+- `recovery`: the newest bookmark with every entry up to it (in arrival order) discarded.
+- the window: entries received after `recovery`, in arrival order, each discarded or not; its
+  first entry is never discarded (discarding it moves `recovery` forward over every discarded
+  entry that follows). An entry is a message or a mark (below).
+- `highest`: per publisher, the newest sequence delivered to the application.
+- `redeliver`: after a restart, the window's undiscarded messages: the application lost them
+  with its process, so each is delivered once more when the replay brings it.
+
+Events:
+
+- `log(message) -> bool`: a message arrived. False means "drop it": its publisher's sequence is
+  not above `highest` (a duplicate after a resubscribe or failover, or the out-of-order 999
+  after 1000 and 1002), unless it is in `redeliver`. True appends it to the window.
+- `discard(message)`: the application is done with it (any order).
+- `persisted(sub_id, bookmark)`: a periodic `persisted` ack of the subscription, "the server
+  has passed this durable bookmark": it is appended as a mark entry (a discarded position, not
+  a message), so `recovery` can pass stretches a filter let nothing through. HASubscription
+  feeds marks in stream order with the messages, so a mark never overtakes a message. A mark
+  that comes while a replay is re-sending messages already delivered (the newest message was a
+  duplicate) lies behind what was seen, and is ignored.
+- `most_recent(sub_id)`: the bookmark (list) to resubscribe with:
+    * window empty: `recovery`, else `base`;
+    * otherwise `recovery` (the entry just before the oldest undiscarded message: the server
+      replays after it, so that message comes again, and `log` drops everything after it that
+      was already delivered), plus, per publisher with undiscarded messages, the newest
+      discarded message of that publisher before its oldest undiscarded one when that entry
+      lies in the window. The server starts after the oldest entry of the list it knows; on
+      the instance that sent the messages `recovery` is the oldest, the per-publisher entries
+      keep each publisher's point on an instance whose journal orders publishers differently.
+    * no `recovery` yet: `base`; if `base` is NOW, the oldest undiscarded message's own
+      bookmark (nothing earlier is known; that one message would only be lost if the process
+      dies before the first discard or mark).
+
+Bounds: the window is bounded by the application's discards (HASubscription stops handing out
+messages while a subscription's window holds `max_window` entries); `highest` holds at most
+`max_publishers` publishers (the least recently seen is forgotten first).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+
+from .errors import StoreClosed
+
+__all__ = [
+    "EPOCH",
+    "MOST_RECENT",
+    "NOW",
+    "BookmarkStore",
+    "MemoryBookmarkStore",
+    "parse_bookmark",
+]
+
+EPOCH = "0"
+NOW = "0|1|"
+MOST_RECENT = "recent"
+MAX_LIST = 9_999  # the server accepts lists of up to 10,000 items (protocol.bookmarks)
+
+
+def parse_bookmark(bm: str) -> tuple[int, int] | None:
+    """`(publisher_id, seq)` of `<publisher_id>|<seq>|`, or None for anything else."""
+    parts = bm.split("|")
+    if len(parts) < 2 or len(parts) > 3 or (len(parts) == 3 and parts[2]):
+        return None
+    p, s = parts[0], parts[1]
+    if not (p.isdigit() and s.isdigit()) or p == "0":
+        return None
+    return int(p), int(s)
+
+
+def _text(pub: int, seq: int) -> str:
+    return f"{pub}|{seq}|"
+
+
+class _Entry:
+    __slots__ = ("bm", "done", "mark", "pub", "seq")
+
+    def __init__(self, pub: int, seq: int, bm: str, done: bool = False, mark: bool = False):
+        self.pub = pub
+        self.seq = seq
+        self.bm = bm  # the bookmark text as the server sent it (canonical)
+        self.done = done
+        self.mark = mark
+
+
+class _SubState:
+    """One subscription's bookmark state; see the module docstring."""
+
+    __slots__ = ("base", "behind", "highest", "index", "max_publishers", "recovery",
+                 "redeliver", "undiscarded", "window")  # fmt: skip
+
+    def __init__(self, base: str, max_publishers: int):
+        self.base = base
+        self.recovery: str | None = None
+        self.window: deque[_Entry] = deque()
+        self.index: dict[str, _Entry] = {}  # the window's messages by bookmark
+        self.highest: dict[int, int] = {}
+        self.redeliver: set[str] = set()
+        self.undiscarded = 0
+        self.max_publishers = max_publishers
+        self.behind = False  # the newest message was a duplicate: a replay is catching up
+
+    def log(self, pub: int, seq: int, bm: str) -> bool:
+        redeliver = self.redeliver
+        if redeliver and bm in redeliver:
+            redeliver.discard(bm)
+            return True
+        highest = self.highest
+        h = highest.get(pub)
+        if h is not None:
+            if seq <= h:
+                self.behind = True
+                return False
+            del highest[pub]  # re-insert: the dict's order is least recently seen first
+        elif len(highest) >= self.max_publishers:
+            self._forget_publisher()
+        highest[pub] = seq
+        self.behind = False
+        self.append(pub, seq, bm)
+        return True
+
+    def append(self, pub: int, seq: int, bm: str) -> None:
+        """Add a received message to the window (load: no duplicate check)."""
+        e = _Entry(pub, seq, bm)
+        self.window.append(e)
+        self.index[bm] = e
+        self.undiscarded += 1
+        h = self.highest.get(pub)
+        if h is None or seq > h:
+            self.highest[pub] = seq
+
+    def discard(self, bm: str) -> _Entry | None:
+        """Mark the message `bm` discarded; returns its entry (None if it was not pending)."""
+        e = self.index.get(bm)
+        if e is None or e.done:
+            return None
+        e.done = True
+        self.undiscarded -= 1
+        if self.redeliver:
+            self.redeliver.discard(bm)
+        window = self.window
+        if window[0] is e:
+            index = self.index
+            while window and window[0].done:
+                f = window.popleft()
+                if not f.mark:
+                    del index[f.bm]
+                self.recovery = f.bm
+        return e
+
+    def mark(self, pub: int, seq: int) -> bool:
+        if self.behind:
+            return False
+        text = _text(pub, seq)
+        window = self.window
+        if not window:
+            if text == self.recovery:
+                return False
+            self.recovery = text
+            return True
+        last = window[-1]
+        if last.mark:
+            if last.bm == text:
+                return False
+            last.pub, last.seq, last.bm = pub, seq, text  # newer, nothing between: replace
+        else:
+            window.append(_Entry(pub, seq, text, True, True))
+        return True
+
+    def most_recent(self) -> str:
+        window = self.window
+        if not window:
+            return self.recovery or self.base
+        if self.recovery is None:
+            if self.base == NOW:
+                return window[0].bm
+            return self.base
+        items = [self.recovery]
+        last_done: dict[int, str] = {}
+        settled: set[int] = set()
+        for e in window:
+            if e.mark or e.pub in settled:
+                continue
+            if e.done:
+                last_done[e.pub] = e.bm
+            else:
+                settled.add(e.pub)
+                text = last_done.get(e.pub)
+                if text is not None and len(items) < MAX_LIST:
+                    items.append(text)
+        return ",".join(items)
+
+    def _forget_publisher(self) -> None:
+        held = {e.pub for e in self.window}
+        for pub in self.highest:
+            if pub not in held:
+                del self.highest[pub]
+                return
+        del self.highest[next(iter(self.highest))]
+
+    def start_redelivery(self) -> None:
+        """After a load: the undiscarded messages in the window come once more."""
+        self.redeliver = {e.bm for e in self.window if not e.done and not e.mark}
+
+
+def _canonical(bookmark: str) -> str:
+    return bookmark if bookmark.endswith("|") else bookmark + "|"
+
+
+class BookmarkStore(ABC):
+    """What an HAClient needs from a bookmark store. Every method is synchronous and fast:
+    it runs on the event loop for every message. Thread-unsafe by design (one loop)."""
+
+    path: str | None = None
+
+    @abstractmethod
+    def start(self, sub_id: str, bookmark: str) -> str:
+        """A subscription is entered with `bookmark`; returns the bookmark to send.
+
+        MOST_RECENT resolves through the store (EPOCH for an unknown `sub_id`) and keeps the
+        subscription's state; any other bookmark starts the subscription afresh from there
+        (its previous state for `sub_id` is dropped).
+        """
+
+    @abstractmethod
+    def log(self, message) -> bool:
+        """A message of a bookmark subscription arrived; False: drop it (see module doc)."""
+
+    @abstractmethod
+    def discard_bookmark(self, sub_id: str, bookmark: str) -> bool:
+        """The application is done with this message; False if it was not pending."""
+
+    def discard(self, message) -> bool:
+        """The application is done with `message` (call it once processed, in any order)."""
+        if message.bookmark is None or message.sub_id is None:
+            return False
+        return self.discard_bookmark(message.sub_id, message.bookmark)
+
+    @abstractmethod
+    def persisted(self, sub_id: str, bookmark: str) -> None:
+        """A periodic persisted ack of the subscription (see module doc)."""
+
+    @abstractmethod
+    def most_recent(self, sub_id: str) -> str:
+        """Where to resume `sub_id` (EPOCH if unknown)."""
+
+    @abstractmethod
+    def window_size(self, sub_id: str) -> int:
+        """Entries the store holds for `sub_id`'s recovery (0 if unknown)."""
+
+    @abstractmethod
+    def purge(self, sub_id: str | None = None) -> None:
+        """Forget `sub_id` (None: every subscription)."""
+
+    def prune(self) -> None:
+        """Rewrite the store's file compactly (file stores); memory: nothing."""
+
+    def close(self) -> None:
+        """Flush and release the store; later calls raise StoreClosed. Idempotent."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MemoryBookmarkStore(BookmarkStore):
+    """Bookmark state in process memory: resumes after disconnects and failover (with
+    duplicate and out-of-order filtering), not after the process ends."""
+
+    def __init__(self, *, max_publishers: int = 100_000):
+        self.max_publishers = max_publishers
+        self._subs: dict[str, _SubState] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {len(self._subs)} subscription(s)>"
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreClosed(self.path)
+
+    def start(self, sub_id: str, bookmark: str) -> str:
+        self._check()
+        state = self._subs.get(sub_id)
+        if bookmark == MOST_RECENT:
+            if state is None:
+                state = self._new_state(sub_id, EPOCH)
+            return state.most_recent()
+        self._new_state(sub_id, bookmark)
+        return bookmark
+
+    def _new_state(self, sub_id: str, base: str) -> _SubState:
+        state = self._subs[sub_id] = _SubState(base, self.max_publishers)
+        return state
+
+    def log(self, message) -> bool:
+        state = self._subs.get(message.sub_id)
+        bm = message.bookmark
+        if state is None or bm is None:
+            return True
+        parts = bm.split("|")
+        try:
+            pub, seq = int(parts[0]), int(parts[1])
+        except (ValueError, IndexError):
+            return True  # not a publisher bookmark: nothing to track
+        return state.log(pub, seq, bm)
+
+    def discard_bookmark(self, sub_id: str, bookmark: str) -> bool:
+        self._check()
+        state = self._subs.get(sub_id)
+        if state is None:
+            return False
+        return state.discard(_canonical(bookmark)) is not None
+
+    def persisted(self, sub_id: str, bookmark: str) -> None:
+        self._check()
+        state = self._subs.get(sub_id)
+        key = parse_bookmark(bookmark)
+        if state is not None and key is not None:
+            state.mark(*key)
+
+    def most_recent(self, sub_id: str) -> str:
+        self._check()
+        state = self._subs.get(sub_id)
+        return EPOCH if state is None else state.most_recent()
+
+    def window_size(self, sub_id: str) -> int:
+        state = self._subs.get(sub_id)
+        return 0 if state is None else len(state.window)
+
+    def undiscarded(self, sub_id: str) -> int:
+        state = self._subs.get(sub_id)
+        return 0 if state is None else state.undiscarded
+
+    def purge(self, sub_id: str | None = None) -> None:
+        self._check()
+        if sub_id is None:
+            self._subs.clear()
+        else:
+            self._subs.pop(sub_id, None)
+
+    def close(self) -> None:
+        self._closed = True

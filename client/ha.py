@@ -1,0 +1,596 @@
+"""HAClient: a Client that reconnects, fails over, republishes and resubscribes by itself.
+
+```python
+store = FilePublishStore("pub.store")
+async with HAClient("pub-1", servers=["primary:9007", "secondary:9007"],
+                    publish_store=store) as c:                 # connect_and_logon()
+    await c.publish("orders", {"id": 1})                       # numbered by the store
+    await c.publish_flush(timeout=10)                          # persisted on the server
+    async for msg in await c.subscribe("orders", bookmark=MOST_RECENT, sub_id="orders-1"):
+        ...
+        c.discard(msg)                                         # processed
+```
+
+States:
+
+```
+new --connect_and_logon()--> connecting --> connected <--> reconnecting
+connected / reconnecting --close()--> closed
+reconnecting --NoServerAvailable / ReconnectGaveUp--> failed
+```
+
+The connect sequence (`connect_and_logon()`, and again after every lost connection):
+
+1. Ask the ServerChooser for `current_uri()` and `current_authenticator()`; no URI: raise
+   NoServerAvailable with the chooser's `error()` (a reconnect then moves to `failed`).
+2. Ask the delay strategy how long to wait, and wait (it raises ReconnectGaveUp past its
+   give-up time; the first attempt to a URI after a success is immediate).
+3. Connect. On failure: `report_failure` to the chooser, back to 1.
+4. Log on (the authenticator gives the password). On failure: `report_failure`, back to 1.
+5. `report_success`; reset the delay strategy; start heartbeats if configured.
+6. The logon ack's `s` is the highest sequence the server stored for this client name: the
+   publish store discards everything through it.
+7. Republish everything the store still holds, in sequence order. Publishes the application
+   makes meanwhile are stored and sent by the same loop, after them (sequence order on the
+   wire is what keeps the server's duplicate detection exact).
+8. Re-enter every subscription of the subscription manager that the application still
+   consumes: bookmark subscriptions at MOST_RECENT from the bookmark store (with
+   `bookmark_not_found=epoch`, so a server that does not know the bookmark replays all it has
+   and the store drops what was seen), the others as first placed. A refused one fails its
+   HASubscription; the others continue.
+9. `connected`: waiting calls proceed. A connection lost during 6-8 restarts at 1.
+
+Publishing: `publish()` stores the message (waiting for room while the store is full), then
+sends it at once when connected and nothing is queued before it; otherwise the store keeps it
+and step 7 or the send loop sends it. A publish made while disconnected returns once stored.
+Persisted acks discard from the store. `publish_flush()` waits until everything stored when it
+was called is persisted, across reconnects; it raises PublishFailed if the server refused
+publishes (they stay in the store and are sent again after the next logon).
+
+Heartbeats: `heartbeat=i` asks the server for a heartbeat every `i` seconds; a connection
+silent for `heartbeat_timeout` (default 2 * i) is closed as dead and the sequence above runs.
+
+Ownership: stores and the subscription manager passed in belong to the caller (close them
+after the client); the HAClient creates memory ones when none are given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Self
+
+from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
+from .chooser import DefaultServerChooser, ServerChooser
+from .client import DEFAULT_TIMEOUT, Client, _body_bytes, _opts_text
+from .delay import ExponentialDelayStrategy, ReconnectDelayStrategy
+from .errors import (
+    ClientError,
+    CommandError,
+    CommandTimeout,
+    ConnectFailed,
+    Disconnected,
+    NoServerAvailable,
+    PublishFailed,
+    ReconnectGaveUp,
+)
+from .hapublisher import Publisher
+from .hasub import HASubscription
+from .message import LogonResult
+from .pubstore import MemoryPublishStore, PublishStore
+from .submanager import MemorySubscriptionManager, SubscriptionManager, SubscriptionSpec
+
+__all__ = ["HAClient"]
+
+log = logging.getLogger("tickertape.client.ha")
+
+
+def _is_range(bookmark: str) -> bool:
+    return bookmark.lstrip()[:1] in ("[", "(")
+
+
+class HAClient:
+    """See the module docstring. Keyword options:
+
+    - `servers` (a list of addresses, in failover order) or `chooser` (a ServerChooser).
+    - `publish_store` (default MemoryPublishStore()), `bookmark_store` (default
+      MemoryBookmarkStore()), `subscription_manager` (default MemorySubscriptionManager()).
+    - `delay_strategy` (default ExponentialDelayStrategy(): 50 ms doubling to 500 ms).
+    - `heartbeat` / `heartbeat_timeout` seconds; `connect_timeout`, `logon_timeout`.
+    - `bookmark_not_found` added to MOST_RECENT placements ("epoch"; None to leave it out).
+    - `max_window`: most bookmark-store entries per subscription before next() waits.
+    - `on_error(exc)`: failures no call waits for (publish refusals, a failed resubscribe);
+      `on_state(state)`: each state change.
+    - `client_options`: passed to every Client (max_inflight, max_buffered_messages, ...).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        servers: Iterable[str] | None = None,
+        chooser: ServerChooser | None = None,
+        user_id: str | None = None,
+        password: str | None = None,
+        publish_store: PublishStore | None = None,
+        bookmark_store: BookmarkStore | None = None,
+        subscription_manager: SubscriptionManager | None = None,
+        delay_strategy: ReconnectDelayStrategy | None = None,
+        heartbeat: float | None = None,
+        heartbeat_timeout: float | None = None,
+        connect_timeout: float = 5.0,
+        logon_timeout: float = 10.0,
+        bookmark_not_found: str | None = "epoch",
+        max_window: int = 100_000,
+        on_error: Callable[[ClientError], None] | None = None,
+        on_state: Callable[[str], None] | None = None,
+        **client_options,
+    ):
+        if not isinstance(name, str) or not name:
+            raise ValueError("client name must be a non-empty string (it identifies the publisher)")
+        if chooser is not None and servers is not None:
+            raise ValueError("pass servers or chooser, not both")
+        self.name = name
+        self.chooser = chooser or DefaultServerChooser(servers or ())
+        self.user_id = user_id
+        self.password = password
+        self.publish_store = publish_store if publish_store is not None else MemoryPublishStore()
+        self.bookmark_store = (
+            bookmark_store if bookmark_store is not None else MemoryBookmarkStore()
+        )
+        self.subscription_manager = subscription_manager or MemorySubscriptionManager()
+        self.delay_strategy = delay_strategy or ExponentialDelayStrategy()
+        self.heartbeat = heartbeat
+        self.heartbeat_timeout = heartbeat_timeout
+        self.connect_timeout = connect_timeout
+        self.logon_timeout = logon_timeout
+        self.bookmark_not_found = bookmark_not_found
+        self.max_window = max_window
+        self.on_error = on_error
+        self.on_state = on_state
+        self.client_options = client_options
+        self.reconnects = 0  # connections established after the first
+        self.republished = 0  # messages sent again by the connect sequence (step 7)
+        self.logon_result: LogonResult | None = None
+        self.current_uri: str | None = None
+        self.last_error: BaseException | None = None
+        self._state = "new"
+        self._client: Client | None = None
+        self._publisher = Publisher(self.publish_store, self._check_publish)
+        self._supervisor: asyncio.Task | None = None
+        self._ready: asyncio.Event | None = None
+        self._subs: dict[str, HASubscription] = {}
+        self._failure: BaseException | None = None
+        self._logged_on_once = False
+
+    def __repr__(self) -> str:
+        return f"<HAClient {self.name!r} {self._state} {self.current_uri}>"
+
+    # ================================================================ state
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def connected(self) -> bool:
+        return self._state == "connected"
+
+    @property
+    def client(self) -> Client | None:
+        """The Client of the current connection (None between connections)."""
+        return self._client
+
+    def _set_state(self, state: str) -> None:
+        if state == self._state:
+            return
+        self._state = state
+        if self._ready is not None:
+            if state == "connected":
+                self._ready.set()
+            else:
+                self._ready.clear()
+        if self.on_state is not None:
+            try:
+                self.on_state(state)
+            except Exception:
+                log.exception("on_state callback failed")
+
+    def _report(self, exc: ClientError) -> None:
+        if self.on_error is not None:
+            try:
+                self.on_error(exc)
+            except Exception:
+                log.exception("on_error callback failed")
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until the client is connected (raises its failure, or Disconnected if it was
+        closed, or CommandTimeout)."""
+        while self._state != "connected":
+            self._raise_if_done()
+            if self._state == "new":
+                raise ClientError("not connected; call await client.connect_and_logon() first")
+            try:
+                if timeout is None:
+                    await self._wait_ready_or_done()
+                else:
+                    async with asyncio.timeout(timeout):
+                        await self._wait_ready_or_done()
+            except TimeoutError:
+                raise CommandTimeout("waiting for a connection", timeout, "connection") from None
+
+    async def _wait_ready_or_done(self) -> None:
+        ready = asyncio.ensure_future(self._ready.wait())
+        done = self._supervisor
+        try:
+            await asyncio.wait([ready, done] if done is not None else [ready],
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            ready.cancel()
+
+    def _raise_if_done(self) -> None:
+        if self._state == "closed":
+            raise Disconnected("closed by client")
+        if self._state == "failed":
+            raise self._failure  # type: ignore[misc]
+
+    # ================================================================ connecting
+
+    async def connect_and_logon(self, timeout: float | None = None) -> LogonResult:
+        """Run the connect sequence (module docstring) until connected; then keep the client
+        connected in the background. With `timeout`, give up after that many seconds (every
+        server is tried at least once) and raise the last ConnectFailed / CommandError.
+        Raises NoServerAvailable / ReconnectGaveUp as the chooser / strategy decide."""
+        if self._state != "new":
+            raise ClientError(f"connect_and_logon() on a {self._state} HAClient")
+        loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self._set_state("connecting")
+        try:
+            await self._establish(None if timeout is None else loop.time() + timeout)
+        except BaseException:
+            self._set_state("new")
+            raise
+        self._supervisor = loop.create_task(self._supervise(), name=f"ha-{self.name}")
+        return self.logon_result  # type: ignore[return-value]
+
+    def _new_client(self, password: str | None) -> Client:
+        return Client(
+            self.name,
+            user_id=self.user_id,
+            password=password,
+            on_error=self._on_client_error,
+            on_persisted=self._on_persisted,
+            **self.client_options,
+        )
+
+    def _min_attempts(self) -> int:
+        uris = getattr(self.chooser, "uris", None)
+        return max(1, len(uris)) if isinstance(uris, list) else 1
+
+    async def _establish(self, deadline: float | None) -> None:
+        """Steps 1-9 of the connect sequence, until one connection gets through them."""
+        loop = asyncio.get_running_loop()
+        last: BaseException | None = None
+        attempts = 0
+        while True:
+            if self._state == "closed":
+                raise Disconnected("closed by client")
+            uri = self.chooser.current_uri()
+            if not uri:
+                raise NoServerAvailable(self.chooser.error())
+            authenticator = self.chooser.current_authenticator()
+            try:
+                delay = self.delay_strategy.next_delay(uri)
+            except ReconnectGaveUp as exc:
+                raise ReconnectGaveUp(exc.elapsed, exc.limit, last) from last
+            past = deadline is not None and loop.time() + delay > deadline
+            if past and attempts >= self._min_attempts():
+                raise last  # type: ignore[misc]
+            if delay > 0:
+                await asyncio.sleep(delay)
+            attempts += 1
+            password = authenticator.authenticate(self.user_id, self.password)
+            client = self._new_client(password)
+            try:
+                await client.connect(uri, timeout=self.connect_timeout)
+                logon = await client.logon(timeout=self.logon_timeout)
+            except (ConnectFailed, CommandError, CommandTimeout, Disconnected) as exc:
+                await client.close()
+                last = self.last_error = exc
+                self.chooser.report_failure(exc, uri)
+                log.info("connect to %s failed: %s", uri, exc)
+                continue
+            self.chooser.report_success(uri)
+            self.delay_strategy.reset()
+            try:
+                await self._resync(client, uri, logon)
+            except Disconnected as exc:
+                last = self.last_error = exc
+                self.chooser.report_failure(exc, uri)
+                log.info("connection to %s lost while resynchronizing: %s", uri, exc)
+                self._client = None
+                self._publisher.offline()
+                continue
+            return
+
+    async def _resync(self, client: Client, uri: str, logon: LogonResult) -> None:
+        """Steps 5-9 on a logged-on connection."""
+        if self.heartbeat:
+            client.start_heartbeat(self.heartbeat, self.heartbeat_timeout)
+        if self._logged_on_once:
+            self.reconnects += 1
+        self._logged_on_once = True
+        self._client = client
+        self.current_uri = uri
+        self.logon_result = logon
+        again = await self._publisher.resync(client, logon.seq)  # steps 6-7
+        if again:
+            log.info("republished %d message(s) to %s after seq %d", again, uri, logon.seq)
+        self.republished += again
+        for hs in list(self._subs.values()):  # step 8
+            if not hs.active or not hs._placed_once:
+                continue  # a first placement in progress is subscribe()'s to retry
+            try:
+                await self._place(hs, client, first=False)
+            except CommandError as exc:
+                log.warning("re-entering subscription %s refused: %s", hs.sub_id, exc)
+                hs._fail(exc)
+                self._subs.pop(hs.sub_id, None)
+                self.subscription_manager.remove(hs.sub_id)
+                self._report(exc)
+            except CommandTimeout as exc:
+                client.abort("timeout", f"re-entering subscription {hs.sub_id}: {exc}")
+                raise Disconnected("timeout", str(exc)) from None
+        if self._client is not client or not client.connected:
+            raise client.closed_reason or Disconnected("connection lost")
+        self._set_state("connected")
+
+    async def _supervise(self) -> None:
+        """Wait for the connection to end; run the connect sequence again (module docstring)."""
+        while True:
+            client = self._client
+            if client is None:
+                return
+            reason = await client.wait_closed()
+            if self._state == "closed":
+                return
+            self._publisher.offline()
+            self._client = None
+            self._set_state("reconnecting")
+            log.warning("connection to %s lost (%s); reconnecting", self.current_uri, reason)
+            try:
+                await self._establish(None)
+            except (NoServerAvailable, ReconnectGaveUp) as exc:
+                self._fail(exc)
+                return
+            except Disconnected:
+                return  # closed by the application meanwhile
+
+    def _fail(self, exc: BaseException) -> None:
+        log.error("HAClient %s stops: %s", self.name, exc)
+        self._failure = exc
+        self._set_state("failed")
+        for hs in self._subs.values():
+            hs._fail(exc)
+        self._publisher.fail(exc)
+        self._report(exc)  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        """Stop reconnecting, end every subscription, close the connection. Stores and the
+        subscription manager stay open (they belong to the caller)."""
+        if self._state == "closed":
+            return
+        self._set_state("closed")
+        for hs in self._subs.values():
+            hs._stop()
+        self._publisher.fail(Disconnected("closed by client"))
+        sup, self._supervisor = self._supervisor, None
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+        if sup is not None and sup is not asyncio.current_task():
+            sup.cancel()
+            try:
+                await sup
+            except (asyncio.CancelledError, ClientError):
+                pass
+
+    async def __aenter__(self) -> Self:
+        if self._state == "new":
+            await self.connect_and_logon()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    # ================================================================ publishing
+
+    @property
+    def persisted_seq(self) -> int:
+        return self.publish_store.acked_seq
+
+    @property
+    def last_seq(self) -> int:
+        return self.publish_store.last_seq
+
+    def unpersisted_count(self) -> int:
+        """Messages stored and not yet acknowledged as persisted (in any connection)."""
+        return self.publish_store.unpersisted_count()
+
+    def _on_persisted(self, seq: int) -> None:
+        self._publisher.on_persisted(seq)
+
+    def _on_client_error(self, exc: ClientError) -> None:
+        if isinstance(exc, PublishFailed):
+            self._publisher.on_failure(exc)
+        self._report(exc)
+
+    def _check_publish(self) -> None:
+        self._raise_if_done()
+        if not self._logged_on_once:
+            raise ClientError("publish before connect_and_logon(): the store's numbering "
+                              "starts from the server's logon ack")  # fmt: skip
+
+    async def publish(
+        self,
+        topic: str,
+        body,
+        *,
+        expiration: float | None = None,
+        correlation_id: str | None = None,
+    ) -> int:
+        """Store and send one message; returns its sequence number (module docstring and
+        client/hapublisher.py).
+
+        `body`: bytes as-is, str as UTF-8, dict/list as JSON. Waits for room while the store
+        is full and for the socket while connected; returns once stored while disconnected.
+        Raises StoreFull for a message larger than the store, ClientError before the first
+        connect_and_logon(), the failure once the client failed, Disconnected once closed.
+        """
+        if type(body) is not bytes:
+            body = _body_bytes(body)
+        return await self._publisher.publish(topic, body, expiration, correlation_id)
+
+    async def publish_flush(self, timeout: float | None = None) -> None:
+        """Wait until every message stored so far is persisted by a server (across
+        reconnects). Raises PublishFailed if publishes were refused since the last call (they
+        stay stored and go out again after the next logon), CommandTimeout after `timeout`."""
+        await self._publisher.flush(timeout)
+
+    # ================================================================ subscribing
+
+    async def subscribe(
+        self,
+        topic: str,
+        *,
+        filter: str | None = None,
+        bookmark: str | None = None,
+        options: str | Iterable[str] | None = None,
+        sub_id: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> HASubscription:
+        """Place a subscription that is re-entered after every reconnect; returns its
+        HASubscription once the server accepted it.
+
+        `bookmark`: None for a live subscription; EPOCH, NOW, a bookmark, a list, a
+        timestamp, or MOST_RECENT (resume `sub_id` from the bookmark store; EPOCH when the
+        store does not know it). A bookmark other than MOST_RECENT starts `sub_id` afresh in
+        the store. Give a stable `sub_id` to resume across process restarts. Ranges are
+        re-entered as placed. Raises CommandError with the server's reason.
+        """
+        if sub_id is None:
+            sub_id = f"ha-{os.urandom(6).hex()}"
+        existing = self._subs.get(sub_id)
+        if existing is not None and existing.active:
+            raise CommandError("subscription already exists",
+                               f"sub_id {sub_id!r} is active on this client")  # fmt: skip
+        spec = SubscriptionSpec(sub_id, topic, filter, _opts_text(options),
+                                None if bookmark is None else str(bookmark))  # fmt: skip
+        hs = HASubscription(self, spec, self._tracking_store(spec), self.max_window)
+        self._subs[sub_id] = hs
+        try:
+            while True:
+                await self.wait_connected(timeout)
+                try:
+                    await self._place(hs, self._client, first=True, timeout=timeout)
+                    break
+                except Disconnected:
+                    continue  # placed again on the next connection
+        except BaseException:
+            if self._subs.get(sub_id) is hs:
+                del self._subs[sub_id]
+            hs._stop()
+            raise
+        self.subscription_manager.add(spec)
+        return hs
+
+    def _tracking_store(self, spec: SubscriptionSpec) -> BookmarkStore | None:
+        if spec.bookmark is None or _is_range(spec.bookmark):
+            return None
+        return self.bookmark_store
+
+    async def _place(self, hs: HASubscription, client: Client, *, first: bool,
+                     timeout: float | None = DEFAULT_TIMEOUT) -> None:  # fmt: skip
+        """Subscribe `hs` on `client`; a bookmark subscription through the bookmark store."""
+        spec = hs.spec
+        bookmark = spec.bookmark
+        options = spec.options
+        store = hs._store
+        if store is not None:
+            recent = bookmark == MOST_RECENT or not first
+            bookmark = (
+                store.start(spec.sub_id, bookmark) if first else store.most_recent(spec.sub_id)
+            )
+            if recent and self.bookmark_not_found and "bookmark_not_found" not in (options or ""):
+                nf = f"bookmark_not_found={self.bookmark_not_found}"
+                options = f"{options},{nf}" if options else nf
+        elif bookmark == MOST_RECENT:
+            bookmark = "0"
+        sub = await client.subscribe(spec.topic, filter=spec.filter, bookmark=bookmark,
+                                     options=options, sub_id=spec.sub_id, timeout=timeout,
+                                     marks=store is not None)  # fmt: skip
+        hs._attach(sub)
+
+    async def restore_subscriptions(self, timeout: float | None = DEFAULT_TIMEOUT
+                                    ) -> list[HASubscription]:  # fmt: skip
+        """Place every spec of the subscription manager that has no HASubscription in this
+        process (after a restart, with a persistent manager); bookmark ones at MOST_RECENT."""
+        out = []
+        for spec in self.subscription_manager.specs():
+            if spec.sub_id in self._subs:
+                continue
+            out.append(await self.subscribe(
+                spec.topic, filter=spec.filter, options=spec.options, sub_id=spec.sub_id,
+                bookmark=MOST_RECENT if spec.bookmark is not None else None, timeout=timeout,
+            ))  # fmt: skip
+        return out
+
+    def subscriptions(self) -> list[HASubscription]:
+        return list(self._subs.values())
+
+    async def unsubscribe(self, sub_id: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        """Stop `sub_id` for good (also after reconnects); its iterator ends at once."""
+        hs = self._subs.pop(sub_id, None)
+        self.subscription_manager.remove(sub_id)
+        if hs is not None:
+            hs._stop()
+        client = self._client
+        if client is not None and client.connected:
+            try:
+                await client.unsubscribe(sub_id, timeout=timeout)
+            except Disconnected:
+                pass  # the server drops subscriptions with the connection
+
+    def discard(self, message) -> bool:
+        """Mark a bookmark subscription's message processed (any order)."""
+        return self.bookmark_store.discard(message)
+
+    # ================================================================ other commands
+
+    async def _on_connection(self, what, timeout: float | None):
+        """Run `what(client)` on a connection, retrying on the next one if it is lost."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            await self.wait_connected(left)
+            try:
+                return await what(self._client, left)
+            except Disconnected:
+                await asyncio.sleep(0)
+
+    async def sow_delete(self, topic: str, bookmarks=None, *, filter: str | None = None,
+                         options=None, timeout: float | None = DEFAULT_TIMEOUT) -> int:  # fmt: skip
+        """Client.sow_delete (acknowledge queue messages) on the current connection, sent
+        again on the next one if the connection is lost before the ack."""
+        return await self._on_connection(
+            lambda c, t: c.sow_delete(topic, bookmarks, filter=filter, options=options, timeout=t),
+            timeout,
+        )
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Client.flush on the current connection (again on the next if it is lost)."""
+        await self._on_connection(lambda c, t: c.flush(timeout=t), timeout)

@@ -1,0 +1,210 @@
+"""The publishing half of an HAClient: the publish store, steps 6-7 of the connect sequence,
+and the send loop that keeps sequence numbers in order on the wire.
+
+States:
+
+```
+offline    no connection: publish() stores the message and returns
+resyncing  a new connection logged on: the store dropped what the server has (the logon ack's
+           `s`) and everything left is being sent again, oldest first; publish() stores and
+           returns (the same loop sends it, after the older ones)
+live       publish() stores and sends at once when nothing is queued before it and the
+           connection can take it; else it wakes the send loop and waits for it to catch up
+offline    the connection was lost (or the client closed / failed: waiters fail)
+```
+
+Why one send loop: the server treats a publish whose `s` is not above the highest it stored
+for the client name as a duplicate. If a later sequence number overtook an earlier one on the
+wire, the earlier one would be dropped as a duplicate and lost. So every publish goes out
+either on the fast path (it is the next sequence number and nothing waits) or through the
+loop, which sends `store.first_after(sent_seq)` until the store has nothing newer.
+
+Persisted acks (`on_persisted`) discard from the store, wake publishers waiting for room and
+settle `publish_flush()` waiters. A failure ack (`journal unavailable`, `on_failure`) fails the
+waiting flushes (or the next one): the messages stay stored and go out after the next logon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .errors import ClientError, CommandTimeout, Disconnected, PublishFailed, StoreFull
+from .pubstore import PublishStore, record_size
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """See the module docstring. `check()` raises when publishing is not allowed at all
+    (before the first logon, after close, after the HAClient failed)."""
+
+    def __init__(self, store: PublishStore, check: Callable[[], None]):
+        self.store = store
+        self.client: Client | None = None
+        self.live = False
+        self.sent_seq = 0  # highest sequence written on the current connection
+        self._check = check
+        self._pump_task: asyncio.Task | None = None
+        self._room = asyncio.Event()
+        self._flush_waiters: list[tuple[int, asyncio.Future]] = []
+        self._unreported: PublishFailed | None = None
+
+    # ------------------------------------------------------------------ connection events
+
+    async def resync(self, client: Client, server_seq: int) -> int:
+        """Steps 6-7 on a logged-on `client`; returns how many messages were sent again."""
+        self.client = client
+        self.live = False
+        store = self.store
+        store.resync(server_seq)
+        self._settle()
+        self._room.set()
+        self.sent_seq = max(server_seq, store.acked_seq)
+        before = self.sent_seq
+        await self._pump(client)  # returns with nothing left to send
+        self.live = True
+        return self.sent_seq - before
+
+    def offline(self) -> None:
+        """The connection was lost: publishes are only stored until the next resync."""
+        self.live = False
+        self.client = None
+
+    def fail(self, exc: BaseException) -> None:
+        """The HAClient closed or failed: every waiter fails with `exc`."""
+        self.offline()
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._room.set()
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+
+    def on_persisted(self, seq: int) -> None:
+        if self.store.discard_up_to(seq):
+            self._room.set()
+        self._settle()
+
+    def on_failure(self, exc: PublishFailed) -> None:
+        waiters, self._flush_waiters = self._flush_waiters, []
+        if not waiters:
+            self._unreported = exc  # the next publish_flush() raises it
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _settle(self) -> None:
+        if not self._flush_waiters:
+            return
+        acked = self.store.acked_seq
+        keep = []
+        for target, fut in self._flush_waiters:
+            if target <= acked:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((target, fut))
+        self._flush_waiters = keep
+
+    # ------------------------------------------------------------------ publishing
+
+    async def publish(self, topic: str, body: bytes, expiration, correlation_id) -> int:
+        if not self.live:
+            return await self._publish_slow(topic, body, expiration, correlation_id)
+        try:
+            seq = self.store.store(topic, body, expiration, correlation_id)
+        except StoreFull:
+            return await self._publish_slow(topic, body, expiration, correlation_id)
+        # the fast path: nothing queued before it and the connection takes it now
+        if self.sent_seq == seq - 1 and self.client.try_publish(
+            topic, body, seq, expiration, correlation_id
+        ):
+            self.sent_seq = seq
+            return seq
+        await asyncio.shield(self._kick(self.client))
+        return seq
+
+    async def _publish_slow(self, topic, body, expiration, correlation_id) -> int:
+        """publish() while not live, or with a full store."""
+        self._check()
+        store = self.store
+        size = record_size(topic, body, correlation_id)
+        while True:
+            while not store.fits(size):
+                if store.unpersisted_count() == 0:
+                    raise StoreFull(store.path, size, "the store's max_bytes")
+                self._room.clear()
+                if self.live:
+                    self._kick(self.client)
+                await self._room.wait()
+                self._check()
+            try:
+                seq = store.store(topic, body, expiration, correlation_id)
+                break
+            except StoreFull:
+                if store.unpersisted_count() == 0:
+                    raise  # it can never fit
+        if self.live:
+            await asyncio.shield(self._kick(self.client))
+        return seq
+
+    def _kick(self, client: Client) -> asyncio.Task:
+        task = self._pump_task
+        if task is None or task.done():
+            task = self._pump_task = asyncio.get_running_loop().create_task(self._run(client))
+        return task
+
+    async def _run(self, client: Client) -> None:
+        try:
+            await self._pump(client)
+        except ClientError:
+            pass  # the connection ended: the next resync sends the rest
+
+    async def _pump(self, client: Client) -> None:
+        """Send every stored message after `sent_seq`, in order, on `client`."""
+        store = self.store
+        while self.client is client:
+            entry = store.first_after(self.sent_seq)
+            if entry is None:
+                return
+            if not client.can_publish():
+                await client.wait_publishable()
+                continue
+            client.publish_nowait(entry.topic, entry.body, entry.seq, entry.expiration,
+                                  entry.correlation_id)  # fmt: skip
+            self.sent_seq = entry.seq
+        raise Disconnected("connection replaced")
+
+    async def flush(self, timeout: float | None) -> None:
+        """HAClient.publish_flush()."""
+        if self._unreported is not None:
+            exc, self._unreported = self._unreported, None
+            raise exc
+        store = self.store
+        target = store.last_seq
+        if store.acked_seq >= target:
+            return
+        self._check()
+        if self.live:
+            self._kick(self.client)
+        fut = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((target, fut))
+        try:
+            if timeout is None:
+                await fut
+            else:
+                async with asyncio.timeout(timeout):
+                    await fut
+        except TimeoutError:
+            raise CommandTimeout(
+                f"publish_flush ({store.unpersisted_count()} unpersisted)", timeout,
+                "persisted ack",
+            ) from None  # fmt: skip
+        finally:
+            self._flush_waiters = [(t, f) for t, f in self._flush_waiters if f is not fut]

@@ -1,0 +1,498 @@
+"""Journal maintenance on the journal's owner: what to archive / compact / remove, and applying
+a job's result. No Spark here (batch.py runs the jobs); this module runs in the server (in a
+worker thread) or in `tickertape archive|compact` when no server has the journal open.
+
+The protocol (file formats in manifest.py):
+
+    order    (CLI, optional)  _maint/orders/<id>.json       {"kind", "older_than_s", "retention_s", ...}
+    request  (journal owner)  _maint/requests/<id>.json     make_request(): the segments, policy
+    job      (Spark)          _maint/staging/<id>/ ...      batch.py; archive files go to the archive
+    result   (Spark driver)   _maint/results/<id>.json      the job's commit point (archive: after
+                                                            its catalog file is committed)
+    apply    (journal owner)  MANIFEST, _maint/applied/<id>.json   apply_result()
+
+The owner (the server, or the CLI holding the journal's exclusive lock) is the only writer of
+the manifest and the index. A job only proposes: apply_result checks that every segment the
+result replaces is still in the layout, unchanged (path, range, size, mtime), and that every
+output is there with the checksum the job recorded; otherwise the result is rejected (the job
+can be run again on a new request) and the journal is untouched.
+
+Segment states, as seen from here: sealed -> (archived: a verified archive covers it, recorded
+in the manifest) -> compacted (replaced by a compacted segment with the same positions) ->
+removed (below the manifest's start). Only a prefix of the journal is ever removed, and only
+when it is archived, its archive's recorded crc32 matches the file, no queue needs it (every
+queue's checkpoint is past it) and no replay is reading it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import struct
+import time
+import zlib
+
+from .compacted import CompactedReader
+from .manifest import (
+    applied_path,
+    maint_dir,
+    new_request_id,
+    read_json,
+    request_path,
+    result_path,
+    staging_dir,
+    write_json_atomic,
+)
+from .record import KIND_MESSAGE
+
+log = logging.getLogger("tickertape.journal.maintenance")
+
+DEFAULT_GROUP_BYTES = 512 * 1024 * 1024
+STALE_REQUEST_S = 24 * 3600.0
+
+
+class MaintenanceError(RuntimeError):
+    pass
+
+
+def now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+# -- choosing segments -------------------------------------------------------------------------
+
+
+def segment_entry(seg) -> dict:
+    st = os.stat(seg.path)
+    return {"path": os.path.abspath(seg.path), "base": seg.base, "end": seg.end, "kind": seg.kind,
+            "file_bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def newest_time_us(journal, seg) -> int | None:
+    """An upper bound of the receive times in `seg`: the first message time at or after its end
+    (times never decrease along the journal); None if nothing follows it yet."""
+    pos = seg.end
+    budget = 8
+    while budget > 0 and pos < journal.end_position:
+        recs, nxt = journal.read_raw(pos, 64 * 1024)
+        if not recs:
+            nxt2 = journal.next_position(nxt)
+            if nxt2 == pos:
+                break
+            pos = nxt2
+            budget -= 1
+            continue
+        for r in recs:
+            if r[1] == KIND_MESSAGE:
+                return r[4]
+        pos = nxt
+        budget -= 1
+    return None
+
+
+def queue_floors(journal, queues) -> list[dict]:
+    """[{name, topic, pattern, floor}]: floor is the queue's persisted recovery checkpoint (every
+    message of the queue below it is done); 0 (keep everything) where none was written yet."""
+    out = []
+    for name, topic, pattern in queues:
+        raw = journal.index.get_meta(b"queue-checkpoint:" + name.encode())
+        floor = struct.unpack("<Q", raw)[0] if raw else 0
+        out.append({"name": name, "topic": topic, "pattern": bool(pattern), "floor": floor})
+    return out
+
+
+def make_request(journal, kind: str, *, older_than_s: float | None = None, retention_s: float | None = None,
+                 archive_root: str | None = None, queues=(), now: int | None = None, recompact: bool = False,
+                 level: int = 3, group_bytes: int | None = None, req_id: str | None = None) -> dict | None:
+    """A request for the sealed segments the job should process, or None if there are none.
+
+    archive: sealed segments older than older_than_s whose range is not archived yet.
+    compact: sealed plain segments older than older_than_s (compacted ones too with recompact);
+             with retention_s, records older than now - retention_s may be dropped (policy).
+    queues: (name, underlying topic, is_pattern) of every configured queue.
+    """
+    if kind not in ("archive", "compact"):
+        raise ValueError(f"unknown job kind {kind!r}")
+    now = now if now is not None else now_us()
+    man = journal.manifest
+    chosen = []
+    for seg in journal.sealed_segments():
+        if seg.size <= 0:
+            continue
+        if older_than_s:
+            newest = newest_time_us(journal, seg)
+            if newest is None or newest > now - int(older_than_s * 1_000_000):
+                break  # times only grow: later segments are younger still
+        if kind == "archive":
+            if man.archived_through(seg.base, seg.end):
+                continue
+        elif seg.reader is not None and not recompact:
+            continue
+        chosen.append(segment_entry(seg))
+    if not chosen:
+        return None
+    req = {
+        "version": 1,
+        "id": req_id or new_request_id(kind),
+        "kind": kind,
+        "created_us": now,
+        "journal": os.path.abspath(journal.directory),
+        "generation": man.generation,
+        "group_bytes": group_bytes or (DEFAULT_GROUP_BYTES if kind == "archive" else 2 * DEFAULT_GROUP_BYTES),
+        "segments": chosen,
+    }
+    if kind == "archive":
+        if not archive_root:
+            raise MaintenanceError("archive needs <JournalArchiveDirectory> in <TransactionLog> (or --archive-dir)")
+        req["archive_root"] = os.path.abspath(archive_root)
+    else:
+        lo, hi = chosen[0]["base"], chosen[-1]["end"]
+        keep = sorted(pos for _, (_seq, pos) in journal.publishers().items() if lo <= pos < hi)
+        req["policy"] = {
+            "cutoff_us": now - int(retention_s * 1_000_000) if retention_s else 0,
+            "retention_s": retention_s,
+            "queues": queue_floors(journal, queues),
+            "keep_positions": keep,
+            "level": level,
+            "block_size": 1 << 20,
+        }
+    return req
+
+
+def write_request(journal_dir: str, req: dict) -> str:
+    path = request_path(journal_dir, req["id"])
+    write_json_atomic(path, req)
+    return path
+
+
+def plan_groups(segments: list[dict], group_bytes: int, parallelism: int = 1) -> list[list[int]]:
+    """Consecutive, adjacent segments in groups of about group_bytes, and at least `parallelism`
+    groups when there are that many segments (so every core has work)."""
+    n = len(segments)
+    if n == 0:
+        return []
+    total = sum(s["file_bytes"] for s in segments)
+    target = min(group_bytes, max(1, -(-total // max(1, min(parallelism, n)))))
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    for i, s in enumerate(segments):
+        adjacent = not cur or segments[cur[-1]]["end"] == s["base"]
+        if cur and (size >= target or size + s["file_bytes"] > group_bytes or not adjacent):
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += s["file_bytes"]
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+# -- applying results --------------------------------------------------------------------------
+
+
+def _same_file(seg, entry: dict) -> bool:
+    try:
+        st = os.stat(seg.path)
+    except FileNotFoundError:
+        return False
+    return (os.path.abspath(seg.path) == entry["path"] and seg.base == entry["base"] and seg.end == entry["end"]
+            and st.st_size == entry["file_bytes"] and st.st_mtime_ns == entry["mtime_ns"])
+
+
+def _answer(journal_dir: str, req_id: str, status: str, reason: str = "", **extra) -> dict:
+    ans = {"id": req_id, "status": status, "reason": reason, "at_us": now_us(), **extra}
+    write_json_atomic(applied_path(journal_dir, req_id), ans)
+    if status == "applied":
+        log.info("maintenance %s: applied %s", req_id, reason)
+    else:
+        log.warning("maintenance %s: %s: %s", req_id, status, reason)
+    return ans
+
+
+def apply_result(journal, req_id: str) -> dict:
+    """Apply (or reject) the result of request req_id. Idempotent: an answered request is not
+    applied twice. Runs on the journal's owner; the layout change itself runs on the writer thread."""
+    d = journal.directory
+    try:
+        return read_json(applied_path(d, req_id))
+    except FileNotFoundError:
+        pass
+    try:
+        req = read_json(request_path(d, req_id))
+        res = read_json(result_path(d, req_id))
+    except FileNotFoundError as exc:
+        raise MaintenanceError(f"request {req_id}: {exc.filename} is missing") from None
+    if req_id in journal.manifest.applied:
+        return _answer(d, req_id, "noop", "already in the manifest")
+    if res.get("status") != "ok":
+        ans = _answer(d, req_id, "rejected", f"the job failed: {res.get('error', 'no detail')}")
+        _clean_staging(d, req_id)
+        return ans
+    try:
+        if req["kind"] == "archive":
+            ans = _apply_archive(journal, req, res)
+        else:
+            ans = _apply_compaction(journal, req, res)
+    except MaintenanceError as exc:
+        ans = _answer(d, req_id, "rejected", str(exc))
+    _clean_staging(d, req_id)
+    return ans
+
+
+def _clean_staging(journal_dir: str, req_id: str) -> None:
+    shutil.rmtree(staging_dir(journal_dir, req_id), ignore_errors=True)
+
+
+def _check_sources(journal, entries) -> dict:
+    by_base = {s.base: s for s in journal.sealed_segments()}
+    for e in entries:
+        seg = by_base.get(e["base"])
+        if seg is None or not _same_file(seg, e):
+            raise MaintenanceError(f"segment {e['path']} changed or left the journal since the request; run again")
+    return by_base
+
+
+def _apply_archive(journal, req: dict, res: dict) -> dict:
+    cat_path = res["catalog"]
+    try:
+        cat = read_json(cat_path)
+    except FileNotFoundError:
+        raise MaintenanceError(f"archive catalog {cat_path} is missing") from None
+    if cat.get("id") != req["id"]:
+        raise MaintenanceError(f"archive catalog {cat_path} belongs to {cat.get('id')}")
+    _check_sources(journal, req["segments"])
+    seen = {(s["base"], s["end"]) for s in cat["segments"]}
+    for e in req["segments"]:
+        if (e["base"], e["end"]) not in seen:
+            raise MaintenanceError(f"archive catalog {cat_path} does not cover segment {e['path']}")
+    man = journal.manifest.copy()
+    for s in cat["segments"]:
+        man.add_archived(s["base"], s["end"], req["id"])
+    man.applied.append(req["id"])
+    journal.run_in_writer(lambda: journal.commit_layout(man, journal.sealed_segments())).result()
+    return _answer(journal.directory, req["id"], "applied",
+                   f"{len(cat['segments'])} segments archived ({cat['records']} records)",
+                   generation=journal.manifest.generation)
+
+
+def _apply_compaction(journal, req: dict, res: dict) -> dict:
+    from .journal import Segment  # the owner of Segment (journal imports this module lazily too)
+
+    d = journal.directory
+    _check_sources(journal, req["segments"])
+    outputs = res["outputs"]
+    readers = []
+    try:
+        for out in outputs:
+            staged = out["staged"]
+            if not os.path.exists(staged):
+                raise MaintenanceError(f"compacted output {staged} is missing")
+            if _sha256(staged) != out["sha256"]:
+                raise MaintenanceError(f"compacted output {staged} does not match its recorded sha256")
+            r = CompactedReader(staged)
+            r.close()
+            if (r.base, r.end, r.records) != (out["base"], out["end"], out["records_out"]):
+                raise MaintenanceError(f"compacted output {staged} holds [{r.base}, {r.end}) x {r.records}, "
+                                       f"not what the job reported")
+        # move the outputs into the journal directory (not yet part of the journal: a crash here
+        # leaves files the manifest does not name, removed at the next open)
+        for out in outputs:
+            os.replace(out["staged"], os.path.join(d, out["file"]))
+        from .manifest import fsync_dir
+
+        fsync_dir(d)
+        for out in outputs:
+            readers.append(CompactedReader(os.path.join(d, out["file"])))
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+
+    def commit():
+        sealed = journal.sealed_segments()
+        by_base = {s.base: s for s in sealed}
+        replaced = set()
+        for e in req["segments"]:
+            seg = by_base.get(e["base"])
+            if seg is None or not _same_file(seg, e):
+                raise MaintenanceError(f"segment {e['path']} changed while the result was applied")
+            replaced.add(id(seg))
+        new_segs = [Segment(r.base, r.path, r.end - r.base, r) for r in readers]
+        layout = [s for s in sealed if id(s) not in replaced] + new_segs
+        layout.sort(key=lambda s: s.base)
+        man = journal.manifest.copy()
+        gone_files = {os.path.basename(s.path) for s in sealed if id(s) in replaced}
+        man.compacted = [e for e in man.compacted if e["file"] not in gone_files]
+        for out in outputs:
+            man.compacted.append({"file": out["file"], "base": out["base"], "end": out["end"],
+                                  "records": out["records_out"], "raw_bytes": out["raw_out"],
+                                  "file_bytes": out["bytes_out"], "request": req["id"]})
+        man.applied.append(req["id"])
+        return journal.commit_layout(man, layout)
+
+    try:
+        gone = journal.run_in_writer(commit).result()
+    except BaseException:
+        for r in readers:
+            r.close()
+        for out in outputs:  # not committed: these files are not part of the journal
+            try:
+                os.unlink(os.path.join(d, out["file"]))
+            except FileNotFoundError:
+                pass
+        raise
+    journal.collect_garbage()
+    rin = sum(o["records_in"] for o in outputs)
+    rout = sum(o["records_out"] for o in outputs)
+    bin_ = sum(o["bytes_in"] for o in outputs)
+    bout = sum(o["bytes_out"] for o in outputs)
+    return _answer(d, req["id"], "applied",
+                   f"{len(gone)} segments -> {len(outputs)} compacted; {rin} -> {rout} records; {bin_} -> {bout} bytes",
+                   generation=journal.manifest.generation)
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- removal (no Spark: deletes only what a verified archive holds) ------------------------------
+
+
+def _file_crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(4 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def remove_journal(journal, *, older_than_s: float | None, archive_root: str | None, queues=(),
+                   replay_floor: int | None = None, now: int | None = None) -> dict:
+    """Remove the oldest sealed segments that are old enough, archived (and the archive's crc32
+    of the file matches it now), past every queue's checkpoint and every replay's position."""
+    now = now if now is not None else now_us()
+    man = journal.manifest
+    floors = queue_floors(journal, queues)
+    qfloor = min((q["floor"] for q in floors), default=None)
+    removed = []
+    why = ""
+    catalogs: dict = {}
+    for seg in journal.sealed_segments():
+        if older_than_s:
+            newest = newest_time_us(journal, seg)
+            if newest is None or newest > now - int(older_than_s * 1_000_000):
+                why = f"{seg.path} is younger than {older_than_s:g}s"
+                break
+        cat_id = man.archived_through(seg.base, seg.end)
+        if cat_id is None or not archive_root:
+            why = f"{seg.path} is not archived"
+            break
+        if qfloor is not None and seg.end > qfloor:
+            why = f"{seg.path} holds messages a queue has not finished (checkpoint {qfloor})"
+            break
+        if replay_floor is not None and seg.end > replay_floor:
+            why = f"a replay is reading {seg.path}"
+            break
+        cat = catalogs.get(cat_id)
+        if cat is None:
+            try:
+                cat = catalogs[cat_id] = read_json(os.path.join(archive_root, "_catalog", cat_id + ".json"))
+            except FileNotFoundError:
+                why = f"archive catalog {cat_id} is missing"
+                break
+        entry = next((s for s in cat["segments"] if s["base"] == seg.base and s["end"] == seg.end), None)
+        if entry is None or entry.get("file_crc32") != _file_crc32(seg.path):
+            why = f"{seg.path} does not match its archive (catalog {cat_id}); archive it again"
+            break
+        removed.append(seg)
+    if not removed:
+        return {"removed": 0, "reason": why}
+    cut = removed[-1].end
+
+    def commit():
+        sealed = journal.sealed_segments()
+        if [s.path for s in sealed[:len(removed)]] != [s.path for s in removed]:
+            raise MaintenanceError("the journal's layout changed during removal; run again")
+        m = journal.manifest.copy()
+        for pub, (seq, pos) in journal.publishers().items():
+            if pos < cut:
+                m.publishers[str(pub)] = [seq, pos]
+        m.start = cut
+        return journal.commit_layout(m, sealed[len(removed):])
+
+    gone = journal.run_in_writer(commit).result()
+    journal.collect_garbage()
+    return {"removed": len(gone), "start": cut, "bytes": sum(s.file_bytes for s in removed), "reason": why}
+
+
+# -- the owner's loop over orders and results -----------------------------------------------------
+
+
+def _ids(folder: str) -> list[str]:
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    return sorted(n[:-5] for n in names if n.endswith(".json") and not n.startswith("."))
+
+
+def pending_results(journal_dir: str) -> list[str]:
+    answered = set(_ids(maint_dir(journal_dir, "applied")))
+    return [i for i in _ids(maint_dir(journal_dir, "results")) if i not in answered]
+
+
+def take_orders(journal, *, archive_root: str | None, queues) -> list[dict]:
+    """Turn each order (written by the CLI while the server runs) into a request. Returns the
+    answers: {"id", "request": path or None, "reason"} also written next to the order."""
+    d = journal.directory
+    out = []
+    for oid in _ids(maint_dir(d, "orders")):
+        opath = maint_dir(d, "orders", oid + ".json")
+        try:
+            order = read_json(opath)
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        ans = {"id": oid, "request": None, "reason": ""}
+        try:
+            req = make_request(journal, order["kind"], older_than_s=order.get("older_than_s"),
+                               retention_s=order.get("retention_s"),
+                               archive_root=order.get("archive_root") or archive_root, queues=queues,
+                               recompact=bool(order.get("recompact")), req_id=oid)
+            if req is None:
+                ans["reason"] = "nothing to do: no sealed segment qualifies"
+            elif order.get("dry_run"):
+                ans["preview"] = req
+            else:
+                ans["request"] = write_request(d, req)
+        except (MaintenanceError, ValueError, KeyError) as exc:
+            ans["reason"] = str(exc)
+        write_json_atomic(maint_dir(d, "orders", oid + ".answer"), ans)
+        os.unlink(opath)
+        out.append(ans)
+    return out
+
+
+def clean_stale(journal_dir: str, max_age_s: float = STALE_REQUEST_S) -> None:
+    """Forget requests whose job never reported (killed): staging is removed, the request answered."""
+    now = time.time()
+    answered = set(_ids(maint_dir(journal_dir, "applied")))
+    results = set(_ids(maint_dir(journal_dir, "results")))
+    for rid in _ids(maint_dir(journal_dir, "requests")):
+        if rid in answered or rid in results:
+            continue
+        try:
+            age = now - os.path.getmtime(request_path(journal_dir, rid))
+        except FileNotFoundError:
+            continue
+        if age > max_age_s:
+            _clean_staging(journal_dir, rid)
+            _answer(journal_dir, rid, "rejected", f"no result after {age:.0f}s: the job was lost")

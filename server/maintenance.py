@@ -1,0 +1,244 @@
+"""Journal maintenance inside the server: the <Actions> schedule, the Spark job in a child
+process, orders from `tickertape archive|compact`, and applying results.
+
+The server is the journal's owner, so it is the one that changes the manifest and the index
+(journal/maintenance.py): it writes requests, applies results, and removes segments. The Spark
+job itself (journal/batch.py) always runs in another process: a child started here for a
+scheduled action, or the CLI. Nothing here runs on the event loop but bookkeeping: file work
+runs in the default executor, the job in a child process, and the layout swap on the journal's
+writer thread between two group commits.
+
+Action steps (CONFIG.md <Actions>), run in order; a step that fails skips the rest:
+- archive-journal (Age): archive sealed segments older than Age (needs JournalArchiveDirectory)
+- compress-journal (Age): compact segments older than Age, dropping nothing
+- compact-journal (Retention): compact sealed segments, dropping what is older than Retention
+  and needed by no queue and no publisher's dedup state
+- remove-journal (Age): delete the oldest archived segments older than Age that no queue and no
+  replay still needs
+
+Every POLL_S the server also takes orders (CLI requests), applies results that arrived, answers
+requests whose job was lost, and unlinks retired segment files after their grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from journal import maintenance as jm
+from journal.manifest import request_path, result_path
+
+from .router import is_pattern
+
+log = logging.getLogger("tickertape.maintenance")
+
+POLL_S = 1.0
+CHILD_STOP_S = 5.0
+
+
+def next_run(trigger, after: float) -> float | None:
+    """Wall-clock time of the next run of a schedule trigger strictly after `after`."""
+    if trigger.kind != "schedule":
+        return None
+    if trigger.every:
+        return after + trigger.every
+    if trigger.at is None:
+        return None
+    tz = dt.UTC if trigger.utc else None
+    now = dt.datetime.fromtimestamp(after, tz)
+    hour, minute = trigger.at
+    cand = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    for _ in range(8):
+        ok = cand.timestamp() > after and (trigger.weekday is None or cand.weekday() == trigger.weekday)
+        if ok:
+            return cand.timestamp()
+        cand = cand + dt.timedelta(days=1)
+    return None
+
+
+class Maintenance:
+    def __init__(self, server):
+        self.server = server
+        self.config = server.config
+        tl = self.config.transaction_log
+        self.archive_root = tl.archive_directory if tl is not None else None
+        self.queues = [(q.name, q.underlying_topic, is_pattern(q.underlying_topic)) for q in self.config.queues]
+        self.actions = list(self.config.actions)
+        self._next: list[float | None] = [None] * len(self.actions)
+        self._running: dict[int, asyncio.Task] = {}
+        self._poll: asyncio.Future | None = None
+        self._last_poll = 0.0
+        self._apply_lock = threading.Lock()
+        self.children: dict[int, asyncio.subprocess.Process] = {}
+        self.history: list[dict] = []
+        self.stopping = False
+
+    @property
+    def journal(self):
+        return self.server.journal
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        now = time.time()
+        for i, a in enumerate(self.actions):
+            if a.on.kind == "startup":
+                self._launch(i)
+            else:
+                self._next[i] = next_run(a.on, now)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for proc in list(self.children.values()):
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + CHILD_STOP_S
+        for proc in list(self.children.values()):
+            try:
+                await asyncio.wait_for(proc.wait(), max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                _signal_group(proc, signal.SIGKILL)
+                await proc.wait()
+        for t in list(self._running.values()):
+            t.cancel()
+        if self._poll is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._poll), 10.0)
+            except (TimeoutError, Exception):
+                pass
+
+    def tick(self, now_mono: float) -> None:
+        """From the server's periodic tick: start due actions, and poll the maintenance folder."""
+        if self.stopping or self.journal is None:
+            return
+        wall = time.time()
+        for i, a in enumerate(self.actions):
+            due = self._next[i]
+            if due is not None and wall >= due:
+                self._next[i] = next_run(a.on, wall)
+                if i in self._running:
+                    log.warning("action %s: still running; this run is skipped", _label(a))
+                else:
+                    self._launch(i)
+        if (self._poll is None or self._poll.done()) and now_mono - self._last_poll >= POLL_S:
+            self._last_poll = now_mono
+            self._poll = self.server.loop.run_in_executor(None, self._poll_sync)
+
+    # -- the folder: orders, results, stale requests, retired files ---------------------------
+
+    def _poll_sync(self) -> None:
+        j = self.journal
+        if j is None:
+            return
+        try:
+            jm.take_orders(j, archive_root=self.archive_root, queues=self.queues)
+            for rid in jm.pending_results(j.directory):
+                self.apply(rid)
+            jm.clean_stale(j.directory)
+            j.collect_garbage()
+        except Exception:
+            log.exception("journal maintenance: polling %s failed", j.directory)
+
+    def apply(self, rid: str) -> dict:
+        with self._apply_lock:
+            ans = jm.apply_result(self.journal, rid)
+        self.history.append(ans)
+        del self.history[:-50]
+        return ans
+
+    # -- actions ---------------------------------------------------------------------------------
+
+    def _launch(self, i: int) -> None:
+        task = self.server.loop.create_task(self._run_action(i))
+        self._running[i] = task
+        task.add_done_callback(lambda t, i=i: self._running.pop(i, None))
+
+    async def _run_action(self, i: int) -> None:
+        action = self.actions[i]
+        label = _label(action)
+        started = time.monotonic()
+        for step in action.do:
+            try:
+                ok, what = await self._step(step)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("action %s: %s failed", label, step.name)
+                ok, what = False, str(exc)
+            log.log(logging.INFO if ok else logging.WARNING, "action %s: %s: %s", label, step.name, what)
+            if not ok:
+                log.warning("action %s: later steps skipped", label)
+                break
+        log.info("action %s: done in %.1fs", label, time.monotonic() - started)
+
+    async def _step(self, step) -> tuple[bool, str]:
+        loop = self.server.loop
+        j = self.journal
+        if step.name == "remove-journal":
+            floor = min((r.position for r in self.server.replays), default=None)
+            res = await loop.run_in_executor(None, lambda: jm.remove_journal(
+                j, older_than_s=step.age, archive_root=self.archive_root, queues=self.queues, replay_floor=floor))
+            if res["removed"]:
+                return True, f"removed {res['removed']} segments ({res['bytes']:,} bytes); journal starts at {res['start']}"
+            return True, f"nothing removed ({res['reason'] or 'no sealed segment'})"
+        kind = "archive" if step.name == "archive-journal" else "compact"
+        older = step.age if step.name in ("archive-journal", "compress-journal") else None
+        retention = step.retention if step.name == "compact-journal" else None
+
+        def make():
+            req = jm.make_request(j, kind, older_than_s=older, retention_s=retention,
+                                  archive_root=self.archive_root, queues=self.queues)
+            if req is not None:
+                jm.write_request(j.directory, req)
+            return req
+
+        req = await loop.run_in_executor(None, make)
+        if req is None:
+            return True, "nothing to do"
+        rc, summary = await self._run_child(request_path(j.directory, req["id"]))
+        if not os.path.exists(result_path(j.directory, req["id"])):
+            return False, f"the job exited with status {rc} and no result ({summary or 'see the log'})"
+        ans = await loop.run_in_executor(None, self.apply, req["id"])
+        ok = ans.get("status") in ("applied", "noop")
+        return ok, f"{ans.get('status')}: {ans.get('reason')}" + (f" [{summary}]" if summary else "")
+
+    async def _run_child(self, req_path: str) -> tuple[int, str]:
+        """`python -m journal.batch --request ...` in its own process group; its output is logged."""
+        root = os.path.dirname(os.path.dirname(os.path.abspath(jm.__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "journal.batch", "--request", req_path, "--driver-memory", "1g",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            cwd=root, env=env, start_new_session=True,
+        )
+        self.children[proc.pid] = proc
+        last = ""
+        try:
+            assert proc.stdout is not None
+            async for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip()
+                if not line or "WARN" in line and "NativeCodeLoader" in line:
+                    continue
+                log.info("journal job %d: %s", proc.pid, line)
+                last = line
+            rc = await proc.wait()
+        finally:
+            self.children.pop(proc.pid, None)
+        return rc, last
+
+
+def _label(action) -> str:
+    return action.on.name or ",".join(s.name for s in action.do)
+
+
+def _signal_group(proc, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,239 @@
+"""`tickertape archive` and `tickertape compact`: run the journal job (journal/batch.py) by hand.
+
+    tickertape archive --config FILE [--older-than 1d] [--archive-dir DIR] [--master local[*]]
+    tickertape compact --config FILE [--retention 7d] [--older-than 1h] [--recompact]
+
+Who does what (journal/maintenance.py has the protocol):
+
+1. The request. If no server has the journal open, this command opens it exclusively and
+   writes the request itself. If a server runs (the journal's lock is held), it drops an
+   *order* in `_maint/orders/` and the server answers with the request within a second or two.
+2. The job runs here, in this process (a local Spark session, or --master), with a progress bar
+   on stderr; it writes the result file.
+3. The apply step runs on the journal's owner: this command if it can take the journal
+   exclusively, otherwise the server, which picks the result up at its next maintenance tick and
+   swaps its manifest without a restart. This command waits for the answer and prints a summary.
+
+Defaults come from the configuration's <Actions>: the first archive-journal step's <Age> for
+--older-than, the first compact-journal step's <Retention> for --retention (no retention: the
+segments are only compressed, nothing is dropped).
+
+Exit status: 0 done or nothing to do; 1 error; 2 verification failed or the result was rejected
+(nothing changed); 3 a segment changed under the job (run again); 4 Spark or Java missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+
+ORDER_WAIT_S = 30.0
+APPLY_WAIT_S = 120.0
+
+
+def add_maintenance_commands(sub) -> None:
+    for kind, helptext in (("archive", "archive sealed journal segments to Parquet (Spark job)"),
+                           ("compact", "rewrite sealed journal segments compressed, dropping what retention allows (Spark job)")):
+        p = sub.add_parser(kind, help=helptext)
+        p.add_argument("--config", metavar="FILE", help="the server's XML configuration (default: the embedded one)")
+        p.add_argument("--older-than", metavar="INTERVAL", help="only segments whose newest record is older than this (e.g. 1d)")
+        if kind == "archive":
+            p.add_argument("--archive-dir", metavar="DIR", help="override <JournalArchiveDirectory>")
+        else:
+            p.add_argument("--retention", metavar="INTERVAL", help="keep everything newer than this (e.g. 7d); records older may be dropped")
+            p.add_argument("--recompact", action="store_true", help="also rewrite segments compacted before")
+        p.add_argument("--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)")
+        p.add_argument("--driver-memory", default="2g", help="Spark driver heap in local mode (default 2g)")
+        p.add_argument("--dry-run", action="store_true", help="show the segments the job would take, and stop")
+        p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument("--wait", type=float, default=APPLY_WAIT_S, metavar="SECONDS",
+                       help="how long to wait for a running server to apply the result")
+        p.set_defaults(run=lambda args, kind=kind: run(args, kind))
+
+
+def _defaults(cfg, kind: str) -> tuple[float | None, float | None]:
+    age = retention = None
+    for action in cfg.actions:
+        for step in action.do:
+            if kind == "archive" and step.name == "archive-journal" and age is None:
+                age = step.age
+            if kind == "compact" and step.name == "compact-journal" and retention is None:
+                retention = step.retention
+    return age, retention
+
+
+def _err(msg: str) -> None:
+    print(f"tickertape: {msg}", file=sys.stderr)
+
+
+def run(args, kind: str, spark=None) -> int:
+    """The command; `spark`: an existing SparkSession to run the job in (tests), else one is built."""
+    from config.errors import ConfigError
+    from config.loader import default_config, load_config
+    from journal.journal import Journal, JournalError, JournalLocked
+    from journal.maintenance import MaintenanceError, apply_result, make_request, write_request
+    from protocol.units import parse_interval
+
+    from .router import is_pattern
+
+    try:
+        cfg = load_config(args.config) if args.config else default_config()
+    except ConfigError as exc:
+        _err(str(exc))
+        return 2
+    tl = cfg.transaction_log
+    if tl is None:
+        _err("the configuration has no <TransactionLog>: there is no journal to work on")
+        return 2
+    age, retention = _defaults(cfg, kind)
+    try:
+        if args.older_than:
+            age = parse_interval(args.older_than)
+        if kind == "compact" and args.retention:
+            retention = parse_interval(args.retention)
+    except ValueError as exc:
+        _err(str(exc))
+        return 2
+    archive_root = getattr(args, "archive_dir", None) or tl.archive_directory
+    if kind == "archive" and not archive_root:
+        _err("archive needs <JournalArchiveDirectory> in <TransactionLog> (or --archive-dir DIR)")
+        return 2
+    jdir = tl.journal_directory
+    queues = [(q.name, q.underlying_topic, is_pattern(q.underlying_topic)) for q in cfg.queues]
+    opts = {"older_than_s": age, "retention_s": retention, "archive_root": archive_root,
+            "recompact": bool(getattr(args, "recompact", False))}
+
+    # 1. the request: ours if we can own the journal, else the server's
+    req = None
+    try:
+        j = Journal(jdir, tl.journal_size, tl.durability, exclusive=True)
+    except JournalLocked:
+        j = None
+    except JournalError as exc:
+        _err(f"cannot open the journal: {exc}")
+        return 1
+    try:
+        if j is not None:
+            try:
+                req = make_request(j, kind, queues=queues, **opts)
+            finally:
+                j.close()
+            if req is not None and not args.dry_run:
+                write_request(jdir, req)
+        else:
+            ans = _order(jdir, kind, opts, args.dry_run)
+            if ans is None:
+                _err(f"a server holds {jdir} but did not answer within {ORDER_WAIT_S:.0f}s; "
+                     "is it a Tickertape version with journal maintenance?")
+                return 1
+            if ans.get("request"):
+                from journal.manifest import read_json
+
+                req = read_json(ans["request"])
+            else:
+                req = ans.get("preview")
+                if req is None:
+                    print(f"{kind}: {ans.get('reason') or 'nothing to do'}")
+                    return 0
+    except MaintenanceError as exc:
+        _err(str(exc))
+        return 2
+    if req is None:
+        print(f"{kind}: nothing to do: no sealed segment qualifies")
+        return 0
+    if args.dry_run:
+        total = sum(s["file_bytes"] for s in req["segments"])
+        print(f"{kind}: would take {len(req['segments'])} segments ({total / 1e6:,.1f} MB):")
+        for s in req["segments"]:
+            print(f"  {s['path']}  [{s['base']}, {s['end']})  {s['kind']}  {s['file_bytes']:,} bytes")
+        if req.get("policy", {}).get("cutoff_us"):
+            print(f"  drop cutoff: records received before {_iso(req['policy']['cutoff_us'])}, "
+                  f"queues {[(q['name'], q['floor']) for q in req['policy']['queues']]}")
+        return 0
+
+    # 2. the job, here
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        _err("the Spark job needs Java 17 or newer: apt-get install -y openjdk-17-jre-headless "
+             "(./run installs it in CI), or set JAVA_HOME")
+        return 4
+    try:
+        from journal import batch
+    except ImportError as exc:
+        _err(f"the Spark job needs the 'spark' extra ({exc}): pip install 'tickertape[spark]' (./run test installs it)")
+        return 4
+    summary = batch.run_job(req, spark, master=args.master, driver_memory=args.driver_memory, progress=not args.quiet)
+    if summary.get("status") != "ok":
+        _report(args, summary, None, batch)
+        # the owner still answers the failed result so the request is closed
+        _apply_or_wait(jdir, tl, req["id"], args.wait, Journal, JournalLocked, apply_result)
+        return batch.exit_code(summary)
+
+    # 3. apply: by us if we can own the journal, else by the server
+    answer = _apply_or_wait(jdir, tl, req["id"], args.wait, Journal, JournalLocked, apply_result)
+    _report(args, summary, answer, batch)
+    if answer is None:
+        return 1
+    return 0 if answer.get("status") in ("applied", "noop") else 2
+
+
+def _apply_or_wait(jdir, tl, req_id, wait_s, Journal, JournalLocked, apply_result):
+    from journal.manifest import applied_path, read_json
+
+    try:
+        j = Journal(jdir, tl.journal_size, tl.durability, exclusive=True)
+    except JournalLocked:
+        j = None
+    if j is not None:
+        try:
+            return apply_result(j, req_id)
+        finally:
+            j.close()
+    path = applied_path(jdir, req_id)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            return read_json(path)
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(0.1)
+    _err(f"the server did not apply the result within {wait_s:.0f}s; it will when it next can "
+         f"(see {path})")
+    return None
+
+
+def _order(jdir: str, kind: str, opts: dict, dry_run: bool):
+    from journal.manifest import maint_dir, new_request_id, read_json, write_json_atomic
+
+    oid = new_request_id(kind)
+    write_json_atomic(maint_dir(jdir, "orders", oid + ".json"), {"kind": kind, "dry_run": dry_run, **opts})
+    answer = maint_dir(jdir, "orders", oid + ".answer")
+    deadline = time.monotonic() + ORDER_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            ans = read_json(answer)
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(0.05)
+            continue
+        os.unlink(answer)
+        return ans
+    try:
+        os.unlink(maint_dir(jdir, "orders", oid + ".json"))
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def _report(args, summary: dict, answer, batch) -> None:
+    if args.json:
+        print(json.dumps({**summary, "applied": answer}), flush=True)
+        return
+    print(batch.format_summary(summary))
+    if answer is not None:
+        print(f"journal: {answer.get('status')}: {answer.get('reason', '')}")
+
+
+def _iso(us: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(us / 1e6))
