@@ -784,10 +784,19 @@ class Journal:
         pos = self.index.time_floor(ts_us)
         if pos is None or pos < self.start_position:
             pos = self.start_position
-        for rec in self.scan(pos):
-            if rec.timestamp_us > ts_us:
-                return rec.position
-        return self._end
+        # the time index has an entry at least every TIME_STRIDE records: read small blocks
+        while True:
+            recs, nxt = self.read_raw(pos, 48 * 1024)
+            if not recs:
+                nxt2 = self.next_position(nxt)
+                if nxt2 == pos:
+                    return self._end
+                pos = nxt2
+                continue
+            for r in recs:
+                if r[4] > ts_us:
+                    return r[0]
+            pos = nxt
 
     def publishers(self) -> dict[int, tuple[int, int]]:
         return self.index.publishers()

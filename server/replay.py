@@ -42,6 +42,7 @@ log = logging.getLogger("tickertape.replay")
 _pack_len = struct.Struct(">I").pack
 _decode = msgspec.json.Decoder().decode
 READ_BLOCK = 256 * 1024
+FIRST_BLOCK = 16 * 1024  # the first read is small, so the first message goes out at once
 _MISSING = object()
 
 
@@ -356,7 +357,7 @@ class Replay:
                         return
                     await self._tail(pipeline)
                     continue
-                recs, nxt = await loop.run_in_executor(server.readers, journal.read_raw, self.position, READ_BLOCK)
+                recs, nxt = await loop.run_in_executor(server.readers, journal.read_raw, self.position, READ_BLOCK if self.sent else FIRST_BLOCK)
                 if not recs:
                     nxt2 = journal.next_position(nxt)
                     if nxt2 == self.position:
