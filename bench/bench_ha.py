@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shutil
 import statistics
@@ -245,6 +246,8 @@ def main() -> None:
                    help="comma list of: publish, subscribe, restart")  # fmt: skip
     args = p.parse_args()
     LOOP = args.loop
+    # the restart section loses connections on purpose: keep the client's warnings quiet
+    logging.getLogger("tickertape.client").addHandler(logging.NullHandler())
     if args.quick:
         args.count, args.reps, args.restarts = 10_000, 1, 2
     ok, why = peers.available("tickertape")

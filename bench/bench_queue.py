@@ -193,11 +193,12 @@ def main() -> None:
             else:
                 variants.append(Variant(n, n, {"backlog": b}))
         rows = []
+        print(f"backlog {b}:", flush=True)
+        runs = benchlib.run_interleaved(
+            variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
+        )
         for v in variants:
-            print(f"backlog {b}: {v.label}", flush=True)
-            results, probs = benchlib.run_variant(
-                v, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
-            )
+            results, probs = runs[v.label]
             rows.append((v.label, benchlib.medians(results, METRICS)))
             if probs:
                 problems_all[f"backlog {b}, {v.label}"] = probs
@@ -245,8 +246,9 @@ def main() -> None:
     notes = [
         (
             f"{args.count} messages of {args.size} B waiting (loaded by pipelined publish, not "
-            f"measured), one consumer takes and acks {want}; median of {args.reps} repetitions, "
-            "fresh server each; the clock stops at the reply to the last ack"
+            f"measured), one consumer takes and acks {want}; median of {args.reps} repetitions "
+            "(interleaved across peers), fresh server each; the clock stops at the reply to the "
+            "last ack"
         ),
         (
             "acks: tickertape one sow_delete per read (bookmark list), queue events in the "

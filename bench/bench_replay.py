@@ -213,10 +213,11 @@ def main() -> None:
         f"peers: {', '.join(v.label for v in variants)}"
     )
     rows, problems = [], {}
+    runs = benchlib.run_interleaved(
+        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
+    )
     for v in variants:
-        results, probs = benchlib.run_variant(
-            v, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
-        )
+        results, probs = runs[v.label]
         rows.append((v.label, benchlib.medians(results, METRICS)))
         if probs:
             problems[v.label] = probs
@@ -252,8 +253,9 @@ def main() -> None:
     notes = [
         (
             f"{args.count} stored messages of {args.size} B JSON, replayed from the start by one "
-            f"subscriber; median of {args.reps} repetitions, each on a freshly started server "
-            "(peers restarted after loading, so neither the load nor its memory is counted)"
+            f"subscriber; median of {args.reps} repetitions (interleaved: rep 1 of every peer, "
+            "then rep 2, ...), each on a freshly started server (peers restarted after loading, "
+            "so neither the load nor its memory is counted)"
         ),
         (
             "tickertape: journal built with the journal API and copied in before the start; "

@@ -102,10 +102,15 @@ def variants_for(names: list[str], nats_sub: str | None = None) -> list[Variant]
     return out
 
 
-def run_variant(v: Variant, reps: int, one_rep) -> tuple[list[dict], list[str]]:
-    """Run one_rep(peer, variant, rep) `reps` times, each on a fresh server."""
+def run_variant(
+    v: Variant, reps: int, one_rep, first_rep: int = 0, of: int | None = None
+) -> tuple[list[dict], list[str]]:
+    """Run one_rep(peer, variant, rep) `reps` times, each on a fresh server.
+
+    first_rep / of: number the repetitions first_rep+1 .. of `of` (run_interleaved)."""
     results, problems = [], []
-    for r in range(reps):
+    of = of or reps
+    for r in range(first_rep, first_rep + reps):
         peer = peers.make_peer(v.peer)
         peer.extra.update(v.opts.get("peer_extra") or {})
         try:
@@ -115,10 +120,10 @@ def run_variant(v: Variant, reps: int, one_rep) -> tuple[list[dict], list[str]]:
                 problems.append(f"rep {r + 1}: {m['problem']}")
             if m.get("valid", True):
                 results.append(m)
-            print(f"  {v.label:24} rep {r + 1}/{reps}: " + summary(m), flush=True)
+            print(f"  {v.label:24} rep {r + 1}/{of}: " + summary(m), flush=True)
         except Exception as e:  # noqa: BLE001 - a failed rep is reported and the run goes on
             problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
-            print(f"  {v.label:24} rep {r + 1}/{reps}: FAILED {type(e).__name__}: {e}", flush=True)
+            print(f"  {v.label:24} rep {r + 1}/{of}: FAILED {type(e).__name__}: {e}", flush=True)
             if os.environ.get("BENCH_DEBUG"):
                 traceback.print_exc()
             tail = peer.log_tail(8) if peer.log_path else ""
@@ -127,6 +132,21 @@ def run_variant(v: Variant, reps: int, one_rep) -> tuple[list[dict], list[str]]:
         finally:
             peer.cleanup()
     return results, problems
+
+
+def run_interleaved(
+    variants: list[Variant], reps: int, one_rep
+) -> dict[str, tuple[list[dict], list[str]]]:
+    """Like run_variant for each variant, but repetition-major: rep 1 of every variant, then
+    rep 2 of every variant, ... so that a noisy spell on the machine hits every peer alike.
+    Returns label -> (results, problems)."""
+    out: dict[str, tuple[list[dict], list[str]]] = {v.label: ([], []) for v in variants}
+    for r in range(reps):
+        for v in variants:
+            res, probs = run_variant(v, 1, one_rep, first_rep=r, of=reps)
+            out[v.label][0].extend(res)
+            out[v.label][1].extend(probs)
+    return out
 
 
 def summary(m: dict) -> str:

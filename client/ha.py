@@ -97,7 +97,7 @@ class HAClient:
     - `servers` (a list of addresses, in failover order) or `chooser` (a ServerChooser).
     - `publish_store` (default MemoryPublishStore()), `bookmark_store` (default
       MemoryBookmarkStore()), `subscription_manager` (default MemorySubscriptionManager()).
-    - `delay_strategy` (default ExponentialDelayStrategy(): 50 ms doubling to 500 ms).
+    - `delay_strategy` (default ExponentialDelayStrategy(): 50 ms doubling to 250 ms).
     - `heartbeat` / `heartbeat_timeout` seconds; `connect_timeout`, `logon_timeout`.
     - `bookmark_not_found` added to MOST_RECENT placements ("epoch"; None to leave it out).
     - `max_window`: most bookmark-store entries per subscription before next() waits.

@@ -148,6 +148,13 @@ class HASubscription:
         store = self._store
         deadline = None
         while True:
+            if self._count >= _CHECK_EVERY and store is not None:
+                # before taking a message, so a cancelled or timed-out wait loses none
+                if store.window_size(self.sub_id) >= self.max_window:
+                    if timeout is not None:
+                        deadline = deadline or asyncio.get_running_loop().time() + timeout
+                    await self._wait_for_discards(deadline)
+                self._count = 0
             sub = self._current
             if sub is None:
                 if self._queue:
@@ -193,13 +200,9 @@ class HASubscription:
                 self.duplicates += 1
                 continue
             self._count += 1
-            if self._count >= _CHECK_EVERY:
-                self._count = 0
-                if store.window_size(self.sub_id) >= self.max_window:
-                    await self._wait_for_discards()
             return item
 
-    async def _wait_for_discards(self) -> None:
+    async def _wait_for_discards(self, deadline: float | None) -> None:
         store = self._store
         if not self._full_warned:
             self._full_warned = True
@@ -209,7 +212,10 @@ class HASubscription:
                 self.sub_id,
                 store.window_size(self.sub_id),
             )
+        loop = asyncio.get_running_loop()
         while store.window_size(self.sub_id) >= self.max_window and self._end is None:
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError
             await asyncio.sleep(_FULL_POLL)
 
     def __aiter__(self) -> HASubscription:

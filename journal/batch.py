@@ -9,9 +9,10 @@ The driver reads a request (maintenance.make_request), plans groups of consecuti
 journal's own readers, writes its outputs under a staging directory and reads them back. Spark
 schedules and retries; the tasks do the I/O with pyarrow and zstandard.
 
-Archive: the driver verifies the staged Parquet with Spark SQL (per source segment: row count,
-sum of record crc32s, first and last position, equal to what the tasks counted while reading the
-segments), then publishes: each file is renamed into `<archive root>/topic=../date=../`, stale
+Archive: the driver verifies the staged Parquet per source segment (row count, sum of record
+crc32s, first and last position as the tasks read them back from the files they wrote, equal to
+what they counted while reading the segments; with verify="spark" the staged files are also read
+with Spark SQL), then publishes: each file is renamed into `<archive root>/topic=../date=../`, stale
 files of an earlier, interrupted run over the same positions are deleted, and
 `<archive root>/_catalog/<id>.json` is written (temp + fsync + rename): **the catalog is the
 commit point** of the archive. Then the result file tells the journal's owner to record the
@@ -82,6 +83,9 @@ def build_session(master: str | None = None, driver_memory: str | None = None, a
         b = b.master(master or "local[*]")
         if driver_memory:
             b = b.config("spark.driver.memory", driver_memory)
+        java_opts = os.environ.get("TICKERTAPE_SPARK_JAVA_OPTIONS")  # e.g. -XX:TieredStopAtLevel=1 (tests)
+        if java_opts:
+            b = b.config("spark.driver.extraJavaOptions", java_opts)
         if (master or "local").startswith("local"):
             b = b.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
     b = (b.config("spark.ui.enabled", "false")
@@ -150,7 +154,7 @@ class Progress:
             fill = int(width * done / self.total) if self.total else width
             mb = self.bytes / 1e6 * (done / self.total if self.total else 1)
             line = (f"{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} groups "
-                    f"{mb:,.0f}/{self.bytes / 1e6:,.0f} MB {el:5.1f}s")
+                    f"{mb:,.1f}/{self.bytes / 1e6:,.1f} MB {el:5.1f}s")
         if self.tty:
             self.stream.write("\r" + line + ("\n" if final else ""))
             self.stream.flush()

@@ -42,6 +42,9 @@ def add_maintenance_commands(sub) -> None:
         p.add_argument("--older-than", metavar="INTERVAL", help="only segments whose newest record is older than this (e.g. 1d)")
         if kind == "archive":
             p.add_argument("--archive-dir", metavar="DIR", help="override <JournalArchiveDirectory>")
+            p.add_argument("--verify", choices=("files", "spark"), default="files",
+                           help="check the tasks' read-back of every Parquet file against the segments "
+                                "(files, default), or also read the archive with Spark SQL (spark)")
         else:
             p.add_argument("--retention", metavar="INTERVAL", help="keep everything newer than this (e.g. 7d); records older may be dropped")
             p.add_argument("--recompact", action="store_true", help="also rewrite segments compacted before")
@@ -165,7 +168,8 @@ def run(args, kind: str, spark=None) -> int:
     except ImportError as exc:
         _err(f"the Spark job needs the 'spark' extra ({exc}): pip install 'tickertape[spark]' (./run test installs it)")
         return 4
-    summary = batch.run_job(req, spark, master=args.master, driver_memory=args.driver_memory, progress=not args.quiet)
+    summary = batch.run_job(req, spark, master=args.master, driver_memory=args.driver_memory, progress=not args.quiet,
+                            verify=getattr(args, "verify", "files") or "files")
     if summary.get("status") != "ok":
         _report(args, summary, None, batch)
         # the owner still answers the failed result so the request is closed

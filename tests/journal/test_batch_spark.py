@@ -33,6 +33,9 @@ def spark():
     pytest.importorskip("pyspark")
     from journal.batch import build_session
 
+    # short-lived JVMs (this session, the server's and the tests' job processes): C1 only starts faster
+    os.environ.setdefault("TICKERTAPE_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
     s = build_session("local[2]", "1g")
     s.conf.set("spark.sql.shuffle.partitions", "2")
     yield s
@@ -205,7 +208,7 @@ def test_compaction_under_a_live_server(spark, tmp_path):
 
 
 def test_a_scheduled_action_archives_and_removes_in_a_child_process(spark, tmp_path):
-    """<Actions>: every 2s, archive-journal then remove-journal; the server runs the job in a child
+    """<Actions>: every 1s, archive-journal then remove-journal; the server runs the job in a child
     process, applies the result, removes only the archived oldest segments, and replay from
     EPOCH starts at the new start without a gap."""
     import pyarrow.dataset as ds
@@ -214,7 +217,7 @@ def test_a_scheduled_action_archives_and_removes_in_a_child_process(spark, tmp_p
     directory.mkdir()
     archive = str(tmp_path / "archive")
     actions = """<Actions><Action>
-      <On><Module>amps-action-on-schedule</Module><Options><Every>2s</Every><Name>archiver</Name></Options></On>
+      <On><Module>amps-action-on-schedule</Module><Options><Every>1s</Every><Name>archiver</Name></Options></On>
       <Do><Module>amps-action-do-archive-journal</Module><Options><Age>0s</Age></Options></Do>
       <Do><Module>amps-action-do-remove-journal</Module><Options><Age>0s</Age></Options></Do>
     </Action></Actions>"""
