@@ -120,7 +120,7 @@ def add_client_commands(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--bookmark",
         help="replay from a bookmark: recent (where --sub-id left off, with --bookmark-store), "
-        "0 (everything), 0|1| (now), <id>|<seq>|, a timestamp YYYYmmddTHHMMSS, a comma list, "
+        "epoch or 0 (everything), now or 0|1| (no replay), <id>|<seq>|, a timestamp YYYYmmddTHHMMSS, a comma list, "
         "or a range [begin:end]",
     )
     sub.add_argument(
@@ -410,6 +410,9 @@ def _sub_options(args: argparse.Namespace) -> str | None:
     return ",".join(opts) or None
 
 
+_BOOKMARK_WORDS = {"epoch": "0", "now": "0|1|"}
+
+
 def _check_bookmark(text: str | None) -> None:
     if text is None or text == MOST_RECENT:
         return
@@ -460,6 +463,7 @@ async def _idle_next(sub, args, received: int, command: str, stderr: IO[str]):
 
 async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
     _servers(args)
+    args.bookmark = _BOOKMARK_WORDS.get((args.bookmark or "").lower(), args.bookmark)
     _check_bookmark(args.bookmark)
     if args.count is not None and args.count < 1:
         raise _Usage("--count must be at least 1")

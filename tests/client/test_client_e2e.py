@@ -154,6 +154,16 @@ async def test_cli_pub_then_sub(address):
     )
     assert status == 0, err
     assert out.startswith(b'{"bm":"') and b'"body":{"n":0}' in out
+    # the words epoch and now, and a paced replay
+    status, out, err = await run_cli(
+        "sub", topic, "--server", address, "--bookmark", "epoch", "--rate", "2000", "--count", "20"
+    )
+    assert status == 0, err
+    assert out == lines
+    status, out, err = await run_cli(
+        "sub", topic, "--server", address, "--bookmark", "now", "--count", "1", "--timeout", "1"
+    )
+    assert out == b""  # nothing replayed, nothing new published
 
 
 async def test_cli_entry_point_runs_client_commands(address):
