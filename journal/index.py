@@ -143,20 +143,21 @@ class JournalIndex:
         highest: dict[int, tuple[int, int]] = {}
         since = self._since_time
         last_second = self._last_second
+        # the first timestamp of the next second (no division per record on this hot loop)
+        next_second = (last_second + 1) * 1_000_000 if last_second >= 0 else 0
         bm_last = self._bm_last
         for pub, seq, ts, pos in entries:
-            pos_b = _pack_q(pos)
             last = bm_last.get(pub)
             if last is None or seq - last[0] >= BM_STRIDE or pos - last[1] >= BM_SPAN:
-                bm_items.append((_pack_qq(pub, seq), pos_b))
+                bm_items.append((_pack_qq(pub, seq), _pack_q(pos)))
                 bm_last[pub] = (seq, pos)
             highest[pub] = (seq, pos)
-            second = ts // 1_000_000
             since += 1
-            if since >= TIME_STRIDE or second != last_second:
-                time_items.append((_pack_q(ts), pos_b))
+            if since >= TIME_STRIDE or ts >= next_second or ts < next_second - 1_000_000:
+                time_items.append((_pack_q(ts), _pack_q(pos)))
                 since = 0
-                last_second = second
+                last_second = ts // 1_000_000
+                next_second = (last_second + 1) * 1_000_000
         try:
             with self.env.begin(write=True) as txn:
                 if bm_items:
