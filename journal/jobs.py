@@ -438,7 +438,6 @@ def compact_group(group: dict) -> dict:
     (every block decompressed, every record's crc checked) before its metadata is returned.
     """
     import numpy as np
-    import pyarrow as pa
 
     segs = group["segments"]
     policy = group.get("policy") or {}

@@ -40,8 +40,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .compacted import CompactedReader, CorruptCompacted, is_compacted_name
 from .index import BM_SPAN, JournalIndex
@@ -881,12 +881,12 @@ class Journal:
 
 
 __all__ = [
-    "Journal",
-    "JournalError",
-    "JournalClosed",
-    "JournalUnavailable",
-    "CorruptSegment",
-    "JournalLocked",
-    "Segment",
     "RECORD_HEADER_SIZE",
+    "CorruptSegment",
+    "Journal",
+    "JournalClosed",
+    "JournalError",
+    "JournalLocked",
+    "JournalUnavailable",
+    "Segment",
 ]

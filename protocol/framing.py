@@ -24,12 +24,12 @@ import struct
 from .headers import Header, HeaderError, decode_header, encode_header
 
 __all__ = [
+    "DEFAULT_MAX_FRAME",
     "FrameDecoder",
     "FrameError",
     "FrameTooLarge",
     "encode_frame",
     "frame_bytes",
-    "DEFAULT_MAX_FRAME",
 ]
 
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024

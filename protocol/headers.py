@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["Header", "HeaderError", "decode_header", "encode_header", "LONG_NAMES"]
+__all__ = ["LONG_NAMES", "Header", "HeaderError", "decode_header", "encode_header"]
 
 
 class HeaderError(ValueError):
@@ -44,7 +44,7 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     e: float | None = None
     ts: str | None = None
     lp: str | None = None
-    l: int | None = None  # noqa: E741 - the protocol's own name
+    l: int | None = None
     client_name: str | None = None
     user_id: str | None = None
     pw: str | None = None

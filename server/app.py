@@ -18,8 +18,8 @@ import logging
 import time
 
 from config.model import Config
-from protocol.bookmarks import Now
 from journal.journal import Journal
+from protocol.bookmarks import Now
 from protocol.framing import frame_bytes
 from protocol.options import InvalidOptions, sow_delete_options
 
@@ -140,7 +140,7 @@ class Server:
         for srv in self.listeners:
             try:
                 await asyncio.wait_for(srv.wait_closed(), 2.0)
-            except (asyncio.TimeoutError, Exception):
+            except (TimeoutError, Exception):
                 pass
         log.info("stopped in %.3fs", time.monotonic() - started)
         self._stopped.set()

@@ -47,8 +47,25 @@ class Subscription:
     """A subscription of one connection. `live` is False while it replays or is paused."""
 
     __slots__ = (
-        "sub_id", "conn", "topic", "regex", "filter", "filter_text", "opts", "prefix",
-        "live", "timestamp", "bookmark", "replay", "acks", "cid", "topic_b", "regex_b", "acked_bm", "early", "queue",
+        "acked_bm",
+        "acks",
+        "bookmark",
+        "cid",
+        "conn",
+        "early",
+        "filter",
+        "filter_text",
+        "live",
+        "opts",
+        "prefix",
+        "queue",
+        "regex",
+        "regex_b",
+        "replay",
+        "sub_id",
+        "timestamp",
+        "topic",
+        "topic_b",
     )
 
     def __init__(self, conn, sub_id, topic, regex, filt, filter_text, opts, acks, cid):
@@ -260,8 +277,7 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         if self.ack_conflation:
-            if seq > self._persist_pending:
-                self._persist_pending = seq
+            self._persist_pending = max(self._persist_pending, seq)
             if self._ack_timer is None:
                 self._ack_timer = self.server.loop.call_later(self.ack_conflation, self._send_conflated)
             return

@@ -18,7 +18,7 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNI
 class _Formatter(logging.Formatter):
     converter = time.gmtime
 
-    def formatTime(self, record, datefmt=None):  # noqa: N802 - logging's API
+    def formatTime(self, record, datefmt=None):
         return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + ".%03dZ" % record.msecs
 
 

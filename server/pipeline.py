@@ -31,7 +31,6 @@ from protocol.bookmarks import format_timestamp
 
 if TYPE_CHECKING:  # pragma: no cover
     from .app import Server
-    from .connection import Connection
 
 log = logging.getLogger("tickertape.pipeline")
 
@@ -44,7 +43,7 @@ TOPIC_CACHE_LIMIT = 50_000
 class Message:
     """A message of a committed batch, ready for delivery. `bm` is b"" on unrecorded topics."""
 
-    __slots__ = ("topic", "pub", "seq", "ts", "body", "suffix", "position", "exp", "hdr")
+    __slots__ = ("body", "exp", "hdr", "position", "pub", "seq", "suffix", "topic", "ts")
 
     def __init__(self, topic, pub, seq, ts, body, suffix, position, exp, hdr=b""):
         self.topic = topic
@@ -59,7 +58,7 @@ class Message:
 
 
 class Batch:
-    __slots__ = ("data", "entries", "msgs", "acks", "flushes", "first_seq", "last", "after", "meta")
+    __slots__ = ("acks", "after", "data", "entries", "first_seq", "flushes", "last", "meta", "msgs")
 
     def __init__(self) -> None:
         self.data = bytearray()
@@ -153,8 +152,7 @@ class Pipeline:
         if pub not in batch.first_seq:
             batch.first_seq[pub] = seq
         ts = int(time.time() * 1_000_000)
-        if ts <= self.last_ts:
-            ts = self.last_ts  # receive times never go backwards in journal order
+        ts = max(self.last_ts, ts)  # receive times never go backwards in journal order
         self.last_ts = ts
         tb, _tj, recorded = self.topic_info(topic)
         if recorded and self.journal is not None:

@@ -47,7 +47,7 @@ import msgspec
 from journal.record import KIND_QUEUE_EVENT, encode_record
 from protocol.bookmarks import format_timestamp
 
-from .filters import FilterError, compile_filter
+from .filters import compile_filter
 from .ids import publisher_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,7 +68,7 @@ _json = msgspec.json.encode
 
 
 class QueueSub:
-    __slots__ = ("sub", "backlog", "outstanding")
+    __slots__ = ("backlog", "outstanding", "sub")
 
     def __init__(self, sub, backlog: int):
         self.sub = sub
@@ -77,7 +77,7 @@ class QueueSub:
 
 
 class Lease:
-    __slots__ = ("position", "holder", "deadline", "pub", "seq", "gen")
+    __slots__ = ("deadline", "gen", "holder", "position", "pub", "seq")
 
     def __init__(self, position, holder, deadline, pub, seq, gen):
         self.position = position
@@ -146,10 +146,7 @@ class Queue:
 
     @property
     def depth(self) -> int:
-        return len(self.avail_pos) - self.head - self._gone_waiting() + len(self.returned) + len(self.parked)
-
-    def _gone_waiting(self) -> int:
-        return len(self.gone)
+        return len(self.avail_pos) - self.head - len(self.gone) + len(self.returned) + len(self.parked)
 
     def deadline_for(self, ts: int, exp) -> int:
         d = 0
@@ -194,8 +191,6 @@ class Queue:
             lo = min(lo, min(self.parked))
         if self.leased:
             lo = min(lo, min(self.leased))
-        if self.gone:
-            pass  # gone entries are done
         return lo
 
     # -- subscribers ----------------------------------------------------------------------------
@@ -444,8 +439,7 @@ class Queue:
 
     def _forget(self, position: int) -> None:
         self.counts.pop(position, None)
-        if self.expiry.pop(position, None) is not None:
-            pass
+        self.expiry.pop(position, None)
         if self.barrier_wait and not self.leased:
             self.barrier_wait = False
             self.m.server.loop.call_soon(self.pump)
@@ -791,9 +785,3 @@ class QueueManager:
     def snapshot(self) -> dict:
         return {name: q.snapshot() for name, q in self.queues.items()}
 
-
-def compile_ack_filter(text: str):
-    try:
-        return compile_filter(text)
-    except FilterError:
-        raise

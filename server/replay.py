@@ -115,7 +115,7 @@ def _not_found(journal, spec, not_found):
 class End:
     """Where a range stops. check(position, pub, seq, ts) -> (deliver_this, stop_after)."""
 
-    __slots__ = ("position", "pub", "seq", "ts", "inclusive")
+    __slots__ = ("inclusive", "position", "pub", "seq", "ts")
 
     def __init__(self, position=None, pub=None, seq=None, ts=None, inclusive=True):
         self.position = position
@@ -170,7 +170,7 @@ def resolve_end(journal, point, inclusive: bool, end_now: int) -> End:
 class Plan:
     """Resolved bookmark: start ("at", pos) / ("wait", micros) / None (NOW), and an optional End."""
 
-    __slots__ = ("start", "end")
+    __slots__ = ("end", "start")
 
     def __init__(self, start, end=None):
         self.start = start
@@ -196,7 +196,7 @@ class Conflater:
     latest body and the *first* message's bookmark (as AMPS does).
     """
 
-    __slots__ = ("interval", "paths", "held")
+    __slots__ = ("held", "interval", "paths")
 
     def __init__(self, interval_s: float, keys):
         self.interval = int(interval_s * 1_000_000)
@@ -252,7 +252,7 @@ class Conflater:
 
 
 class Cursor:
-    __slots__ = ("sub", "start", "end", "conflater", "completed_sent", "last_bm", "tail_only")
+    __slots__ = ("completed_sent", "conflater", "end", "last_bm", "start", "sub", "tail_only")
 
     def __init__(self, sub, start: int, end: End | None):
         self.sub = sub
@@ -612,7 +612,7 @@ class Replay:
         self.wake.clear()
         try:
             await asyncio.wait_for(self.wake.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
