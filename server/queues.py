@@ -77,9 +77,10 @@ class QueueSub:
 
 
 class Lease:
-    __slots__ = ("deadline", "gen", "holder", "position", "pub", "seq")
+    __slots__ = ("counts", "deadline", "gen", "holder", "position", "pub", "seq")
 
-    def __init__(self, position, holder, deadline, pub, seq, gen):
+    def __init__(self, position, holder, deadline, pub, seq, gen, counts=None):
+        self.counts = counts  # [deliveries, cancels], back in Queue.counts if the message returns
         self.position = position
         self.holder = holder
         self.deadline = deadline
@@ -119,6 +120,7 @@ class Queue:
         self.subs: list[QueueSub] = []
         self._filtered = 0  # subscriptions with a content filter
         self._lp = (0.0, b"")  # (monotonic second, `lp` header part) cache
+        self._tj = (b"", b"")  # (topic, its header part): most queues see one topic
         self.rr = 0
         self.lease_heap: list = []
         self.gen = 0
@@ -223,6 +225,7 @@ class Queue:
             lease = self.leased.pop(p)
             self.by_bm.pop((lease.pub, lease.seq), None)
             if not self.at_most_once:
+                self.counts[p] = lease.counts
                 self._return(p, "disconnect")
         self.pump()
 
@@ -285,18 +288,24 @@ class Queue:
             return
         now = _now_us()
         touched = set()
+        avail_pos = self.avail_pos
+        exp_us = int(self.spec.expiration * 1e6) if self.spec.expiration else 0
+        expiry = self.expiry
         while True:
             if self.returned:
                 pos = self.returned[0]
                 from_returned = True
             else:
-                self._advance_head()
-                if self.head >= len(self.avail_pos):
+                if self.gone or self.head > 65536:
+                    self._advance_head()
+                    avail_pos = self.avail_pos
+                if self.head >= len(avail_pos):
                     break
-                pos = self.avail_pos[self.head]
+                pos = avail_pos[self.head]
                 from_returned = False
-                ts = self.avail_ts[self.head]
-                dl = self.expiry.get(pos) or self.deadline_for(ts, None)
+                dl = expiry.get(pos, 0) if expiry else 0
+                if not dl and exp_us:
+                    dl = self.avail_ts[self.head] + exp_us
                 if dl and now >= dl:
                     self.head += 1
                     self._expire(pos, "expiration", None)
@@ -374,9 +383,7 @@ class Queue:
 
     def _lease(self, qs: QueueSub, rec, touched) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
-        counts = self.counts.get(position)
-        if counts is None:
-            counts = self.counts[position] = [0, 0]
+        counts = self.counts.pop(position, None) or [0, 0]  # kept on the lease while it lasts
         counts[0] += 1
         if counts[0] > 1:
             self.stats["redelivered"] += 1
@@ -386,12 +393,12 @@ class Queue:
         sub = qs.sub
         if self.at_most_once:
             self.event(OP_AMO, position)
-            self.leased[position] = Lease(position, qs, 0, pub, seq, 0)
+            self.leased[position] = Lease(position, qs, 0, pub, seq, 0, counts)
             lp = b""
         else:
             self.gen += 1
             deadline = time.monotonic() + self.lease_period
-            lease = Lease(position, qs, deadline, pub, seq, self.gen)
+            lease = Lease(position, qs, deadline, pub, seq, self.gen, counts)
             self.leased[position] = lease
             heapq.heappush(self.lease_heap, (deadline, self.gen, position))
             self.m.arm(deadline)
@@ -399,7 +406,10 @@ class Queue:
             lp = self._lease_end_part()
         # the frame, built in place (the hot path of a queue: no intermediate objects)
         conn = sub.conn
-        hdr = b'%s%s,"bm":"%d|%d|"%s%s}' % (sub.prefix, self.m.topic_json(topic_b), pub, seq, extra or b"", lp)
+        tj = self._tj
+        if tj[0] != topic_b:
+            tj = self._tj = (topic_b, self.m.topic_json(topic_b))
+        hdr = b'%s%s,"bm":"%d|%d|"%s%s}' % (sub.prefix, tj[1], pub, seq, extra or b"", lp)
         conn.out += (_pack_len(len(hdr) + len(body)), hdr, body)
         conn.sent_messages += 1
         if touched is not None:
@@ -489,6 +499,7 @@ class Queue:
             self.by_bm.pop((lease.pub, lease.seq), None)
             lease.holder.outstanding -= 1
             log.info("queue %s: lease on %d|%d| expired (holder %s)", self.name, lease.pub, lease.seq, lease.holder.sub.conn.describe())
+            self.counts[pos] = lease.counts
             self._return(pos, "lease")
             changed = True
         if changed:
@@ -528,8 +539,10 @@ class Queue:
             if self.at_most_once:
                 self._forget(pos)
                 continue
+            if cancel or expire:
+                self.counts[pos] = lease.counts
             if cancel:
-                counts = self.counts.setdefault(pos, [0, 0])
+                counts = lease.counts
                 counts[1] += 1
                 self.event(OP_CANCELLED, pos, counts[1])
                 if self.spec.max_cancels and counts[1] > self.spec.max_cancels:
