@@ -22,7 +22,7 @@ def random_header(rng: random.Random) -> dict:
 
 
 def test_random_frames_never_crash_the_server(shared_server):
-    rng = random.Random(1234)
+    rng = random.Random(int(__import__("os").environ.get("FUZZ_SEED", "1234")))
     watcher = Raw(shared_server.port)
     watcher.logon("fuzz-watcher")
     watcher.subscribe("orders", sub_id="watch", f="/fuzz = 'ok'")
