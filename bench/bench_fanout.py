@@ -120,14 +120,9 @@ def main() -> None:
         f"fan-out: {args.count} msgs x {args.subs} subscribers, {args.reps} reps, peers: "
         f"{', '.join(v.label for v in variants)}"
     )
-    rows, problems = [], {}
-    for v in variants:
-        results, probs = benchlib.run_variant(
-            v, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
-        )
-        rows.append((v.label, benchlib.medians(results, METRICS)))
-        if probs:
-            problems[v.label] = probs
+    rows, problems = benchlib.run_all(
+        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
+    )
     notes = [
         (
             f"1 publisher ({args.count} messages of {args.size} B, persisted acks, window "

@@ -123,14 +123,9 @@ def main() -> None:
         f"latency: {args.rate:.0f} msg/s for {args.seconds}s ({args.warmup}s warm-up), "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    rows, problems = [], {}
-    for v in variants:
-        results, probs = benchlib.run_variant(
-            v, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
-        )
-        rows.append((v.label, benchlib.medians(results, METRICS)))
-        if probs:
-            problems[v.label] = probs
+    rows, problems = benchlib.run_all(
+        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
+    )
     notes = [
         (
             f"paced publisher at {args.rate:.0f} msg/s ({args.size} B bodies, 1 ms send tick, "

@@ -124,18 +124,13 @@ def main() -> None:
     for s in skipped:
         print(f"SKIPPED {s}")
     variants = benchlib.variants_for(names)
-    rows, problems = [], {}
     print(
         f"persisted publish: {args.count} msgs of {args.size} B, window {args.window}, "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    for v in variants:
-        results, probs = benchlib.run_variant(
-            v, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
-        )
-        rows.append((v.label, benchlib.medians(results, METRICS)))
-        if probs:
-            problems[v.label] = probs
+    rows, problems = benchlib.run_all(
+        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
+    )
     notes = [
         (
             f"{args.count} messages of {args.size} B JSON per repetition, one publisher, "

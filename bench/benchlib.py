@@ -149,6 +149,17 @@ def run_interleaved(
     return out
 
 
+def run_all(variants: list[Variant], reps: int, one_rep, metrics: list[Metric]):
+    """Run every variant (variant-major) and return (rows of (label, medians), problems by label)."""
+    rows, problems = [], {}
+    for v in variants:
+        results, probs = run_variant(v, reps, one_rep)
+        rows.append((v.label, medians(results, metrics)))
+        if probs:
+            problems[v.label] = probs
+    return rows, problems
+
+
 def summary(m: dict) -> str:
     parts = []
     for k, v in m.items():
