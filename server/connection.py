@@ -281,9 +281,8 @@ class Connection(asyncio.Protocol):
             if self._ack_timer is None:
                 self._ack_timer = self.server.loop.call_later(self.ack_conflation, self._send_conflated)
             return
-        self.out.append(b'\x00\x00\x00\x00')  # placeholder replaced below (keeps one allocation)
         h = b'{"c":"ack","a":"persisted","status":"success","s":%d}' % seq
-        self.out[-1] = _pack_len(len(h)) + h
+        self.out.append(_pack_len(len(h)) + h)
         self.flush_out()
 
     def _send_conflated(self) -> None:

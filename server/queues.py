@@ -374,8 +374,7 @@ class Queue:
     def _deliver_barrier(self, rec) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
         for qs in self.subs:
-            qs.sub.conn.out_message(qs.sub, _QMsg(self.m.server.pipeline.topic_json(topic_b), pub, seq, body, extra, b""))
-            qs.sub.conn.flush_out()
+            self._send(qs.sub, topic_b, pub, seq, body, extra, b"", None)
         self.event(OP_ACKED, position)
         self.stats["delivered"] += 1
         self.stats["acked"] += 1
@@ -404,7 +403,10 @@ class Queue:
             self.m.arm(deadline)
             self.event(OP_LEASED, position, counts[0])
             lp = self._lease_end_part()
-        # the frame, built in place (the hot path of a queue: no intermediate objects)
+        self._send(sub, topic_b, pub, seq, body, extra, lp, touched)
+
+    def _send(self, sub, topic_b, pub, seq, body, extra, lp, touched) -> None:
+        """One queue delivery, the frame built in place (the hot path: no intermediate objects)."""
         conn = sub.conn
         tj = self._tj
         if tj[0] != topic_b:
@@ -602,17 +604,6 @@ def _matches(f, body: bytes) -> bool:
 
 def _now_us() -> int:
     return int(time.time() * 1_000_000)
-
-
-class _QMsg:
-    """What Connection.out_message needs for a queue delivery."""
-
-    __slots__ = ("body", "suffix", "ts")
-
-    def __init__(self, topic_json, pub, seq, body, extra, lp):
-        self.body = body
-        self.suffix = b'%s,"bm":"%d|%d|"%s%s' % (topic_json, pub, seq, extra or b"", lp)
-        self.ts = 0
 
 
 class QueueManager:

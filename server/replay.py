@@ -38,6 +38,8 @@ import msgspec
 from journal.record import KIND_MESSAGE
 from protocol.bookmarks import Bookmark, BookmarkList, Epoch, InvalidBookmark, Now, Range, Timestamp
 
+from .pipeline import timestamp_part
+
 log = logging.getLogger("tickertape.replay")
 _pack_len = struct.Struct(">I").pack
 _decode = msgspec.json.Decoder().decode
@@ -509,7 +511,7 @@ class Replay:
                     continue
             tj = topic_json(tb) if extra is None else topic_json(tb) + extra[1]
             if ts_part:
-                hdr = b'%s%s,"bm":"%d|%d|"%s}' % (prefix, tj, pub, seq, _ts(ts))
+                hdr = b'%s%s,"bm":"%d|%d|"%s}' % (prefix, tj, pub, seq, timestamp_part(ts))
             else:
                 hdr = b'%s%s,"bm":"%d|%d|"}' % (prefix, tj, pub, seq)
             out += (_pack_len(len(hdr) + len(body)), hdr, body)
@@ -577,7 +579,7 @@ class Replay:
 
     def _emit(self, sub, pub, seq, ts, tj, body) -> None:
         if sub.timestamp:
-            hdr = b'%s%s,"bm":"%d|%d|"%s}' % (sub.prefix, tj, pub, seq, _ts(ts))
+            hdr = b'%s%s,"bm":"%d|%d|"%s}' % (sub.prefix, tj, pub, seq, timestamp_part(ts))
         else:
             hdr = b'%s%s,"bm":"%d|%d|"}' % (sub.prefix, tj, pub, seq)
         sub.conn.out += (_pack_len(len(hdr) + len(body)), hdr, body)
@@ -639,9 +641,3 @@ class Replay:
             await asyncio.wait_for(self.wake.wait(), seconds)
         except TimeoutError:
             pass
-
-
-def _ts(ts_us: int) -> bytes:
-    from protocol.bookmarks import format_timestamp
-
-    return b',"ts":"' + format_timestamp(ts_us).encode() + b'"'
