@@ -706,6 +706,35 @@ class Journal:
                 raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
         return recs, position + stop
 
+    def read_block(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[bytes, int] | None:
+        """The stored bytes from `position` to at most max_bytes on (more when the record there
+        is larger), within its segment and the durable end, as (bytes, position); the position
+        is normalized like read_raw's. None in a compacted segment, whose bytes are not stored
+        as they were written (use read_raw). The replay splices frames from these bytes.
+        """
+        end = self._end
+        if position >= end:
+            return b"", position
+        segs, i = self._find(position)
+        seg = segs[i]
+        if position < seg.base:
+            position = seg.base
+        if position >= seg.end:
+            return b"", position
+        if seg.reader is not None:
+            return None
+        limit = min(seg.end, end) - position
+        off = SEGMENT_HEADER_SIZE + position - seg.base
+        fd = self._reader_fd(seg)
+        buf = os.pread(fd, min(max_bytes, limit), off)
+        if len(buf) >= 4:
+            size = record_length_at(buf, 0)
+            if size > len(buf):
+                if size > limit:
+                    raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
+                buf = os.pread(fd, size, off)
+        return buf, position
+
     def scan(self, position: int | None = None, max_bytes: int = READ_BLOCK):
         """Iterate every durable record from `position` (default: the start) to the current end."""
         pos = self.start_position if position is None else position

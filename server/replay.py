@@ -39,6 +39,7 @@ from journal.record import KIND_MESSAGE
 from protocol.bookmarks import Bookmark, BookmarkList, Epoch, InvalidBookmark, Now, Range, Timestamp
 
 from .pipeline import timestamp_part
+from .splice import splice_frames
 
 log = logging.getLogger("tickertape.replay")
 _pack_len = struct.Struct(">I").pack
@@ -253,6 +254,16 @@ class Conflater:
 # -- cursors and the replay pass --------------------------------------------------------------------
 
 
+def _read_spliced(journal, position: int, size: int, start: int, end: int, topic: bytes, head: bytes):
+    """In a reader thread: (position, splice_frames result) of the next block, None in a
+    compacted segment (whose records are read as tuples instead)."""
+    blk = journal.read_block(position, size)
+    if blk is None:
+        return None
+    buf, pos = blk
+    return pos, splice_frames(buf, pos, start, end, topic, head)
+
+
 class Cursor:
     __slots__ = ("completed_sent", "conflater", "end", "last_bm", "start", "sub", "tail_only")
 
@@ -359,7 +370,18 @@ class Replay:
                         return
                     await self._tail(pipeline)
                     continue
-                recs, nxt = await loop.run_in_executor(server.readers, journal.read_raw, self.position, READ_BLOCK if self.sent else FIRST_BLOCK)
+                size = READ_BLOCK if self.sent else FIRST_BLOCK
+                plain = self._plain_cursor()
+                if plain is not None:
+                    c, head = plain
+                    got = await loop.run_in_executor(
+                        server.readers, _read_spliced, journal, self.position, size, c.start, end, c.sub.topic_b, head
+                    )
+                    if got is not None:
+                        if self._deliver_spliced(c, got, journal):
+                            continue
+                        return
+                recs, nxt = await loop.run_in_executor(server.readers, journal.read_raw, self.position, size)
                 if not recs:
                     nxt2 = journal.next_position(nxt)
                     if nxt2 == self.position:
@@ -455,6 +477,38 @@ class Replay:
             wake.cancel()
             if not fut.done():
                 fut.cancel()
+
+    def _plain_cursor(self):
+        """(cursor, frame head) when the one cursor is plain: a literal topic, no filter, no
+        timestamp, no rate, no range or conflation (the frames can be spliced from the journal's
+        bytes); else None."""
+        if self.rate is not None or len(self.cursors) != 1:
+            return None
+        c = self.cursors[0]
+        sub = c.sub
+        if c.tail_only or sub.filter is not None or sub.timestamp or sub.regex is not None:
+            return None
+        return c, sub.prefix + self.server.pipeline.topic_json(sub.topic_b)
+
+    def _deliver_spliced(self, c: Cursor, got, journal) -> bool:
+        """Queue one block of spliced frames; False when the replay cannot go on."""
+        pos, (frames, sent, stop, last_pub, last_seq, _at_end) = got
+        conn = c.sub.conn
+        if conn.closing or self.paused or not self.cursors or self.cursors[0] is not c:
+            return True  # the loop looks again; the block is read again if still wanted
+        if sent:
+            conn.out.append(frames)
+            self.sent += sent
+            conn.sent_messages += sent
+            conn.flush_out()
+        if last_pub is not None:
+            c.last_bm = (last_pub, last_seq)
+        nxt = journal.next_position(pos + stop)
+        if nxt == self.position:
+            log.error("replay stuck at position %d", self.position)
+            return False
+        self.position = nxt
+        return True
 
     def _send_fast(self, cursor: Cursor, recs, end: int, nxt: int) -> int:
         """One plain cursor, no rate: the hot replay loop."""

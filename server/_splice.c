@@ -1,0 +1,192 @@
+/* Replay frames spliced straight from journal bytes: the C twin of server/splice.py.
+ *
+ * splice_frames(buf, base, start, end, topic, head) walks the whole records at the start of
+ * `buf` (journal/record.py's layout: u32 LE length, u32 crc, u8 kind, u8 flags, u16 LE topic
+ * length, u64 LE publisher id, u64 LE sequence, u64 LE time, [u32 expiration if flags & 1],
+ * [u16 LE H + H bytes header fragment if flags & 2], topic, body) and, for every message
+ * (kind 1) on exactly `topic` at a position in [start, end), writes the delivery frame of
+ * PROTOCOL.md §1 (protocol/framing.py's layout):
+ *
+ *     u32 BE length | head | fragment | ,"bm":"<pub>|<seq>|"} | body
+ *
+ * `head` is the subscription's header up to and including the topic member. It stops at the
+ * first record at or past `end` and at a partial record. It returns
+ *
+ *     (frames: bytes, sent, stop_offset, last_pub, last_seq, at_end)
+ *
+ * stop_offset is the offset in `buf` of the first record not gone through; last_pub/last_seq
+ * name the last record gone through (delivered or not; None when there was none); at_end says
+ * the walk stopped at `end`. The pure-Python version is the reference: the tests hold both to
+ * the same bytes. Why C: the replay loop otherwise costs a tuple, two slices and a %-format per
+ * record, which is most of the server's CPU in a replay.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define RECORD_HEADER 36
+#define KIND_MESSAGE 1
+#define FLAG_EXPIRATION 1
+#define FLAG_HEADER 2
+
+static inline uint32_t rd32(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline uint16_t rd16(const unsigned char *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint64_t rd64(const unsigned char *p) {
+    return (uint64_t)rd32(p) | ((uint64_t)rd32(p + 4) << 32);
+}
+
+static inline char *put_u64(char *o, uint64_t v) {
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *o++ = tmp[--n];
+    return o;
+}
+
+static const char BM_OPEN[] = ",\"bm\":\"";  /* ,"bm":" */
+#define BM_OPEN_LEN 7
+#define BM_MAX (BM_OPEN_LEN + 20 + 1 + 20 + 3) /* ...<pub>|<seq>|"} */
+
+static PyObject *
+splice_frames(PyObject *self, PyObject *args)
+{
+    Py_buffer buf, topic, head;
+    long long base, start, end;
+    if (!PyArg_ParseTuple(args, "y*LLLy*y*", &buf, &base, &start, &end, &topic, &head))
+        return NULL;
+    const unsigned char *in = (const unsigned char *)buf.buf;
+    Py_ssize_t n = buf.len;
+    Py_ssize_t per = 4 + head.len + BM_MAX;
+    Py_ssize_t bound = n + (n / RECORD_HEADER + 1) * per;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, bound);
+    PyObject *result = NULL;
+    if (out == NULL)
+        goto done;
+    char *o0 = PyBytes_AS_STRING(out);
+    char *o = o0;
+    Py_ssize_t off = 0, sent = 0;
+    uint64_t last_pub = 0, last_seq = 0;
+    int have_last = 0, at_end = 0, bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (n - off >= RECORD_HEADER) {
+        const unsigned char *r = in + off;
+        Py_ssize_t nxt = off + 4 + (Py_ssize_t)rd32(r);
+        if (nxt > n)
+            break;
+        if (nxt - off < RECORD_HEADER) {
+            bad = 1;
+            break;
+        }
+        if (base + off >= end) {
+            at_end = 1;
+            break;
+        }
+        unsigned kind = r[8], flags = r[9];
+        Py_ssize_t tlen = rd16(r + 10);
+        uint64_t pub = rd64(r + 12), seq = rd64(r + 20);
+        last_pub = pub;
+        last_seq = seq;
+        have_last = 1;
+        Py_ssize_t t = off + RECORD_HEADER;
+        const unsigned char *frag = NULL;
+        Py_ssize_t flen = 0;
+        if (flags & FLAG_EXPIRATION)
+            t += 4;
+        if (flags & FLAG_HEADER) {
+            if (t + 2 > nxt) {
+                bad = 1;
+                break;
+            }
+            flen = rd16(in + t);
+            frag = in + t + 2;
+            t += 2 + flen;
+        }
+        if (t + tlen > nxt) {
+            bad = 1;
+            break;
+        }
+        if (kind == KIND_MESSAGE && tlen == topic.len && base + off >= start &&
+            memcmp(in + t, topic.buf, (size_t)tlen) == 0) {
+            const unsigned char *body = in + t + tlen;
+            Py_ssize_t blen = nxt - (t + tlen);
+            char *lenp = o;
+            o += 4;
+            memcpy(o, head.buf, (size_t)head.len);
+            o += head.len;
+            if (flen) {
+                /* the bound reserves BM_MAX per record, not room for fragments: they come out
+                   of the record's own bytes (fragment + its u16 length are in the input) */
+                memcpy(o, frag, (size_t)flen);
+                o += flen;
+            }
+            memcpy(o, BM_OPEN, BM_OPEN_LEN);
+            o += BM_OPEN_LEN;
+            o = put_u64(o, pub);
+            *o++ = '|';
+            o = put_u64(o, seq);
+            *o++ = '|';
+            *o++ = '"';
+            *o++ = '}';
+            memcpy(o, body, (size_t)blen);
+            o += blen;
+            uint32_t flen_total = (uint32_t)(o - lenp - 4);
+            lenp[0] = (char)(flen_total >> 24);
+            lenp[1] = (char)(flen_total >> 16);
+            lenp[2] = (char)(flen_total >> 8);
+            lenp[3] = (char)flen_total;
+            sent++;
+        }
+        off = nxt;
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_Format(PyExc_ValueError,
+                     "bad record at offset %zd: its fields run past its length", off);
+        Py_CLEAR(out);
+        goto done;
+    }
+    if (_PyBytes_Resize(&out, o - o0) < 0)
+        goto done;
+    if (have_last)
+        result = Py_BuildValue("(NnnKKO)", out, sent, off, (unsigned long long)last_pub,
+                               (unsigned long long)last_seq, at_end ? Py_True : Py_False);
+    else
+        result = Py_BuildValue("(NnnOOO)", out, sent, off, Py_None, Py_None,
+                               at_end ? Py_True : Py_False);
+    out = NULL; /* owned by the tuple (N), or freed by Py_BuildValue on failure */
+done:
+    Py_XDECREF(out);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&topic);
+    PyBuffer_Release(&head);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"splice_frames", splice_frames, METH_VARARGS,
+     "splice_frames(buf, base, start, end, topic, head) -> (frames, sent, stop_offset, "
+     "last_pub, last_seq, at_end); see server/splice.py"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "server._splice", "Replay frames spliced from journal bytes (C).",
+    -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__splice(void)
+{
+    return PyModule_Create(&module);
+}

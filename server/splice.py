@@ -1,0 +1,59 @@
+"""Replay delivery frames spliced straight from journal bytes.
+
+`splice_frames(buf, base, start, end, topic, head)` turns the whole journal records at the start
+of `buf` (the bytes of a segment from position `base`, journal/record.py's layout) into the
+delivery frames one plain bookmark subscription gets (PROTOCOL.md §1, protocol/framing.py):
+for every message on exactly `topic` at a position in [start, end),
+
+    u32 BE length | head | header fragment | ,"bm":"<pub>|<seq>|"} | body
+
+where `head` is the subscription's header up to and including its topic member. It returns
+`(frames, sent, stop_offset, last_pub, last_seq, at_end)`: stop_offset is where the walk
+stopped (the first record at or past `end`, a partial record, or the end of `buf`), last_pub and
+last_seq name the last record gone through (None if none), at_end whether it stopped at `end`.
+
+The C version (server/_splice.c, built when a compiler is there) does it without a Python
+object per record; `splice_frames_py` is the reference both are tested against and the fallback.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from journal.record import KIND_MESSAGE, scan_records
+
+__all__ = ["splice_frames", "splice_frames_py", "ACCELERATED"]
+
+_pack_len = struct.Struct(">I").pack
+
+
+def splice_frames_py(buf, base: int, start: int, end: int, topic: bytes, head: bytes):
+    out = []
+    sent = 0
+    last = None
+    recs, stop = scan_records(buf, base)
+    at_end = False
+    for pos, kind, pub, seq, _ts, tb, body, extra in recs:
+        if pos >= end:
+            stop = pos - base
+            at_end = True
+            break
+        last = (pub, seq)
+        if kind != KIND_MESSAGE or tb != topic or pos < start:
+            continue
+        frag = extra[1] if extra is not None else b""
+        hdr = b'%s%s,"bm":"%d|%d|"}' % (head, frag, pub, seq)
+        out += (_pack_len(len(hdr) + len(body)), hdr, body)
+        sent += 1
+    if last is None:
+        return b"".join(out), sent, stop, None, None, at_end
+    return b"".join(out), sent, stop, last[0], last[1], at_end
+
+
+try:
+    from server._splice import splice_frames  # type: ignore[import-not-found]
+
+    ACCELERATED = True
+except ImportError:  # no compiler at install time: same bytes, slower
+    splice_frames = splice_frames_py
+    ACCELERATED = False
