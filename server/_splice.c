@@ -58,10 +58,78 @@ static const char BM_OPEN[] = ",\"bm\":\"";  /* ,"bm":" */
 #define BM_OPEN_LEN 7
 #define BM_MAX (BM_OPEN_LEN + 20 + 1 + 20 + 3) /* ...<pub>|<seq>|"} */
 
+/* One delivery frame at o: u32 BE length | head | fragment | ,"bm":"<pub>|<seq>|" | tail | } |
+   body. Returns the end of what it wrote. */
+static inline Py_ssize_t format_bm(char *dst, uint64_t pub, uint64_t seq)
+{
+    char *o = put_u64(dst, pub);
+    *o++ = '|';
+    o = put_u64(o, seq);
+    *o++ = '|';
+    return o - dst;
+}
+
+static inline char *emit_frame(char *o, const char *head, Py_ssize_t hlen, const unsigned char *frag,
+                               Py_ssize_t flen, const char *bm, Py_ssize_t bmlen, const char *tail,
+                               Py_ssize_t tlen, const unsigned char *body, Py_ssize_t blen)
+{
+    char *lenp = o;
+    o += 4;
+    memcpy(o, head, (size_t)hlen);
+    o += hlen;
+    if (flen) {
+        memcpy(o, frag, (size_t)flen);
+        o += flen;
+    }
+    memcpy(o, BM_OPEN, BM_OPEN_LEN);
+    o += BM_OPEN_LEN;
+    memcpy(o, bm, (size_t)bmlen);
+    o += bmlen;
+    *o++ = '"';
+    if (tlen) {
+        memcpy(o, tail, (size_t)tlen);
+        o += tlen;
+    }
+    *o++ = '}';
+    memcpy(o, body, (size_t)blen);
+    o += blen;
+    uint32_t total = (uint32_t)(o - lenp - 4);
+    lenp[0] = (char)(total >> 24);
+    lenp[1] = (char)(total >> 16);
+    lenp[2] = (char)(total >> 8);
+    lenp[3] = (char)total;
+    return o;
+}
+
+/* The fields of the record at in[off..nxt): the header fragment and where the topic starts.
+   0 when its optional fields run past its length. */
+static inline int record_fields(const unsigned char *in, Py_ssize_t off, Py_ssize_t nxt,
+                                const unsigned char **frag, Py_ssize_t *flen, Py_ssize_t *topic)
+{
+    unsigned flags = in[off + 9];
+    Py_ssize_t t = off + RECORD_HEADER;
+    *frag = NULL;
+    *flen = 0;
+    if (flags & FLAG_EXPIRATION)
+        t += 4;
+    if (flags & FLAG_HEADER) {
+        if (t + 2 > nxt)
+            return 0;
+        *flen = rd16(in + t);
+        *frag = in + t + 2;
+        t += 2 + *flen;
+    }
+    if (t + (Py_ssize_t)rd16(in + off + 10) > nxt)
+        return 0;
+    *topic = t;
+    return 1;
+}
+
 static PyObject *
 splice_frames(PyObject *self, PyObject *args)
 {
     Py_buffer buf, topic, head;
+    (void)self;
     long long base, start, end;
     if (!PyArg_ParseTuple(args, "y*LLLy*y*", &buf, &base, &start, &end, &topic, &head))
         return NULL;
@@ -92,59 +160,24 @@ splice_frames(PyObject *self, PyObject *args)
             at_end = 1;
             break;
         }
-        unsigned kind = r[8], flags = r[9];
+        unsigned kind = r[8];
         Py_ssize_t tlen = rd16(r + 10);
         uint64_t pub = rd64(r + 12), seq = rd64(r + 20);
         last_pub = pub;
         last_seq = seq;
         have_last = 1;
-        Py_ssize_t t = off + RECORD_HEADER;
-        const unsigned char *frag = NULL;
-        Py_ssize_t flen = 0;
-        if (flags & FLAG_EXPIRATION)
-            t += 4;
-        if (flags & FLAG_HEADER) {
-            if (t + 2 > nxt) {
-                bad = 1;
-                break;
-            }
-            flen = rd16(in + t);
-            frag = in + t + 2;
-            t += 2 + flen;
-        }
-        if (t + tlen > nxt) {
+        const unsigned char *frag;
+        Py_ssize_t flen, t;
+        if (!record_fields(in, off, nxt, &frag, &flen, &t)) {
             bad = 1;
             break;
         }
         if (kind == KIND_MESSAGE && tlen == topic.len && base + off >= start &&
             memcmp(in + t, topic.buf, (size_t)tlen) == 0) {
-            const unsigned char *body = in + t + tlen;
-            Py_ssize_t blen = nxt - (t + tlen);
-            char *lenp = o;
-            o += 4;
-            memcpy(o, head.buf, (size_t)head.len);
-            o += head.len;
-            if (flen) {
-                /* the bound reserves BM_MAX per record, not room for fragments: they come out
-                   of the record's own bytes (fragment + its u16 length are in the input) */
-                memcpy(o, frag, (size_t)flen);
-                o += flen;
-            }
-            memcpy(o, BM_OPEN, BM_OPEN_LEN);
-            o += BM_OPEN_LEN;
-            o = put_u64(o, pub);
-            *o++ = '|';
-            o = put_u64(o, seq);
-            *o++ = '|';
-            *o++ = '"';
-            *o++ = '}';
-            memcpy(o, body, (size_t)blen);
-            o += blen;
-            uint32_t flen_total = (uint32_t)(o - lenp - 4);
-            lenp[0] = (char)(flen_total >> 24);
-            lenp[1] = (char)(flen_total >> 16);
-            lenp[2] = (char)(flen_total >> 8);
-            lenp[3] = (char)flen_total;
+            char bm[42];
+            Py_ssize_t bml = format_bm(bm, pub, seq);
+            o = emit_frame(o, head.buf, head.len, frag, flen, bm, bml, NULL, 0, in + t + tlen,
+                           nxt - (t + tlen));
             sent++;
         }
         off = nxt;
@@ -173,16 +206,95 @@ done:
     return result;
 }
 
+
+/* splice_at(buf, base, positions, head, tail) -> (frames, bookmarks, count): the delivery frames
+   of the messages at `positions` (array('Q'), ascending or not, each the position of a record
+   in buf, which holds the journal from position `base`), with `tail` before the closing brace,
+   and each message's bookmark as a str "pub|seq|". Stops at the first position whose record is
+   not whole in buf (count says how many were done); a position that holds no message record
+   raises ValueError. */
+static PyObject *
+splice_at(PyObject *self, PyObject *args)
+{
+    Py_buffer buf, pos, head, tail;
+    long long base;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*Ly*y*y*", &buf, &base, &pos, &head, &tail))
+        return NULL;
+    PyObject *out = NULL, *bms = NULL, *result = NULL;
+    const unsigned char *in = (const unsigned char *)buf.buf;
+    Py_ssize_t n = buf.len;
+    Py_ssize_t count = pos.len / 8;
+    Py_ssize_t per = 4 + head.len + tail.len + BM_MAX;
+    /* each record is at least RECORD_HEADER bytes, and only as many as fit are done */
+    Py_ssize_t most = n / RECORD_HEADER + 1;
+    if (count > most)
+        count = most;
+    out = PyBytes_FromStringAndSize(NULL, n + count * per);
+    bms = PyList_New(0);
+    if (out == NULL || bms == NULL)
+        goto done;
+    char *o0 = PyBytes_AS_STRING(out), *o = o0;
+    Py_ssize_t done_n = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t p;
+        memcpy(&p, (const char *)pos.buf + 8 * i, 8);
+        long long off = (long long)p - base;
+        if (off < 0 || off + RECORD_HEADER > n)
+            break;
+        const unsigned char *r = in + off;
+        Py_ssize_t nxt = (Py_ssize_t)off + 4 + (Py_ssize_t)rd32(r);
+        if (nxt > n)
+            break;
+        const unsigned char *frag;
+        Py_ssize_t flen, t;
+        if (nxt - off < RECORD_HEADER || r[8] != KIND_MESSAGE ||
+            !record_fields(in, (Py_ssize_t)off, nxt, &frag, &flen, &t)) {
+            PyErr_Format(PyExc_ValueError, "no message record at position %llu",
+                         (unsigned long long)p);
+            goto done;
+        }
+        uint64_t pb = rd64(r + 12), sq = rd64(r + 20);
+        Py_ssize_t tl = rd16(r + 10);
+        char bm[42];
+        Py_ssize_t bml = format_bm(bm, pb, sq);
+        o = emit_frame(o, head.buf, head.len, frag, flen, bm, bml, tail.buf, tail.len,
+                       in + t + tl, nxt - (t + tl));
+        PyObject *s = PyUnicode_FromStringAndSize(bm, bml);
+        if (s == NULL || PyList_Append(bms, s) < 0) {
+            Py_XDECREF(s);
+            goto done;
+        }
+        Py_DECREF(s);
+        done_n++;
+    }
+    if (_PyBytes_Resize(&out, o - o0) < 0)
+        goto done;
+    result = Py_BuildValue("(NNn)", out, bms, done_n);
+    out = bms = NULL;
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(bms);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&tail);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"splice_frames", splice_frames, METH_VARARGS,
      "splice_frames(buf, base, start, end, topic, head) -> (frames, sent, stop_offset, "
      "last_pub, last_seq, at_end); see server/splice.py"},
+    {"splice_at", splice_at, METH_VARARGS,
+     "splice_at(buf, base, positions, head, tail) -> (frames, bookmarks, count); see "
+     "server/splice.py"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "server._splice", "Replay frames spliced from journal bytes (C).",
-    -1, methods,
+    -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC

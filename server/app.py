@@ -284,14 +284,11 @@ class Server:
             conn.fail(h, "invalid options", str(exc))
             return
         if h.bm:
-            bms = []
-            for item in h.bm.split(","):
-                parts = item.strip().split("|")
-                try:
-                    bms.append((int(parts[0]), int(parts[1])))
-                except (ValueError, IndexError):
-                    conn.fail(h, "invalid bookmark", f"{item.strip()!r} is not a bookmark (publisher|seq|)")
-                    return
+            try:
+                bms = q.normalize_bookmarks(h.bm.split(","))
+            except ValueError as exc:
+                conn.fail(h, "invalid bookmark", f"{exc.args[0]!r} is not a bookmark (publisher|seq|)")
+                return
             n, refused = q.ack(conn, bms, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend)
         elif h.f:
             try:

@@ -12,6 +12,13 @@ where `head` is the subscription's header up to and including its topic member. 
 stopped (the first record at or past `end`, a partial record, or the end of `buf`), last_pub and
 last_seq name the last record gone through (None if none), at_end whether it stopped at `end`.
 
+`splice_at(buf, base, positions, head, tail)` makes the frames of the messages at the given
+positions (an array('Q'); the queue deliveries of server/queues.py), each with `tail` (the
+lease's `lp` member) before the closing brace, and returns `(frames, bookmarks, count)`:
+bookmarks as str `"pub|seq|"` (what a consumer acknowledges with), count how many positions were
+done before the first whose record is not whole in buf. A position holding no message record
+raises ValueError.
+
 The C version (server/_splice.c, built when a compiler is there) does it without a Python
 object per record; `splice_frames_py` is the reference both are tested against and the fallback.
 """
@@ -20,9 +27,9 @@ from __future__ import annotations
 
 import struct
 
-from journal.record import KIND_MESSAGE, scan_records
+from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
 
-__all__ = ["splice_frames", "splice_frames_py", "ACCELERATED"]
+__all__ = ["splice_at", "splice_at_py", "splice_frames", "splice_frames_py", "ACCELERATED"]
 
 _pack_len = struct.Struct(">I").pack
 
@@ -50,10 +57,31 @@ def splice_frames_py(buf, base: int, start: int, end: int, topic: bytes, head: b
     return b"".join(out), sent, stop, last[0], last[1], at_end
 
 
+def splice_at_py(buf, base: int, positions, head: bytes, tail: bytes):
+    out = []
+    bms = []
+    n = len(buf)
+    for p in positions:
+        off = p - base
+        if off < 0 or off + RECORD_HEADER_SIZE > n or off + record_length_at(buf, off) > n:
+            break
+        recs, _ = scan_records(buf[off : off + record_length_at(buf, off)], p)
+        if not recs or recs[0][1] != KIND_MESSAGE:
+            raise ValueError(f"no message record at position {p}")
+        _pos, _kind, pub, seq, _ts, _tb, body, extra = recs[0]
+        bm = b"%d|%d|" % (pub, seq)
+        frag = extra[1] if extra is not None else b""
+        hdr = b'%s%s,"bm":"%s"%s}' % (head, frag, bm, tail)
+        out += (_pack_len(len(hdr) + len(body)), hdr, body)
+        bms.append(bm.decode())
+    return b"".join(out), bms, len(bms)
+
+
 try:
-    from server._splice import splice_frames  # type: ignore[import-not-found]
+    from server._splice import splice_at, splice_frames  # type: ignore[import-not-found]
 
     ACCELERATED = True
 except ImportError:  # no compiler at install time: same bytes, slower
     splice_frames = splice_frames_py
+    splice_at = splice_at_py
     ACCELERATED = False

@@ -30,6 +30,8 @@ QUEUES = """<SOW>
   <Queue><Name>amo-q</Name><UnderlyingTopic>amo</UnderlyingTopic><Semantics>at-most-once</Semantics><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
   <Queue><Name>filt-q</Name><UnderlyingTopic>filt</UnderlyingTopic><Filter>/keep = 1</Filter><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
   <Queue><Name>orders</Name><UnderlyingTopic>orders</UnderlyingTopic><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
+  <Queue><Name>run-q</Name><UnderlyingTopic>run</UnderlyingTopic><LeasePeriod>400ms</LeasePeriod><MaxDeliveries>2</MaxDeliveries>
+         <DeadLetterTopic>dead-run</DeadLetterTopic><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
   <Queue><Name>crash-q</Name><UnderlyingTopic>crash</UnderlyingTopic><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue>
 </SOW>"""
 
@@ -305,6 +307,46 @@ def test_state_survives_graceful_restart_with_delivery_counts(tmp_path):
         stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats").read())
         assert stats["queue_recovery_s"] >= 0
         srv.wait_for_log("queue jobs: recovered")
+    finally:
+        srv.stop()
+
+
+def test_a_run_of_leases_expires_together_then_goes_to_dead_letter(qs):
+    """A backlog's worth of messages goes out as one run of leases (one LEASED_RUN event): they
+    all come back when the run's lease ends, then all go past MaxDeliveries together."""
+    dead = Raw(qs.port)
+    dead.logon("run-dead")
+    dead.subscribe("dead-run")
+    publish_many(qs.port, "run", [body(i) for i in range(1, 6)], name="run-pub")
+    c = consumer(qs.port, "run-q", "run-cons", backlog=5)
+    first = c.messages(5)
+    again = c.messages(5, timeout=5)  # nothing acked: the whole run is offered again
+    assert [h["bm"] for h, _ in again] == [h["bm"] for h, _ in first]
+    assert ids(again) == [1, 2, 3, 4, 5]
+    dl = dead.messages(5, timeout=5)
+    assert ids(dl) == [1, 2, 3, 4, 5] and {h["deliveries"] for h, _ in dl} == {2}
+    assert nothing_more(c)
+
+
+def test_runs_of_leases_and_acks_survive_kill9(tmp_path):
+    """Leases and acks written as runs are recovered after kill -9: acked messages stay gone,
+    the others come back with their delivery count (so the next lease is their last)."""
+    srv = make_server(tmp_path / "r").start()
+    try:
+        publish_many(srv.port, "run", [body(i) for i in range(1, 7)], name="r-pub")
+        c = consumer(srv.port, "run-q", "r-cons", backlog=10)
+        got = c.messages(6)
+        assert ack(c, "run-q", [h["bm"] for h, _ in got[:2]])["records_deleted"] == 2  # durable
+        srv.kill()
+        srv.start()
+        dead = Raw(srv.port)
+        dead.logon("r-dead")
+        dead.subscribe("dead-run")
+        c = consumer(srv.port, "run-q", "r-cons2", backlog=10)
+        assert ids(c.messages(4)) == [3, 4, 5, 6]
+        dl = dead.messages(4, timeout=5)  # delivery 2 of MaxDeliveries 2 ran out
+        assert ids(dl) == [3, 4, 5, 6] and {h["deliveries"] for h, _ in dl} == {2}
+        assert nothing_more(c)
     finally:
         srv.stop()
 

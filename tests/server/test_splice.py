@@ -93,3 +93,42 @@ def test_c_refuses_a_record_whose_fields_overrun_it():
     bad[36:38] = (60000).to_bytes(2, "little")
     with pytest.raises(ValueError, match="bad record at offset 0"):
         _c(bytes(bad), 0, 0, 1 << 60, b"orders", HEAD)
+
+
+AT_IMPLS = [pytest.param(splice.splice_at_py, id="python")]
+if splice.ACCELERATED:
+    from server._splice import splice_at as _c_at
+
+    AT_IMPLS.append(pytest.param(_c_at, id="c"))
+
+
+@pytest.mark.parametrize("impl", AT_IMPLS)
+def test_splice_at_golden_frames_and_bookmarks(impl):
+    import array
+
+    buf, offs = block()
+    want = array.array("Q", [BASE + offs[i] for i in (0, 3, 4, 6)])
+    frames, bms, n = impl(buf, BASE, want, b'{"c":"p","sub_id":"q","t":"orders"', b',"lp":"L"')
+    assert n == 4
+    assert bms == ["7|1|", "18446744073709551615|1000000000000000|", "9|3|", "9|5|"]
+    got = FrameDecoder().feed(frames)
+    assert [b for _, b in got] == [b'{"px":1}', b"", b"body}", b"b" * 300]
+    assert frames.startswith(b'\x00\x00\x00\x40{"c":"p","sub_id":"q","t":"orders","bm":"7|1|","lp":"L"}{"px":1}')
+    assert b'"t":"orders","x":"c-1","bm":"9|3|","lp":"L"}body}' in frames
+    # a position past the block stops the run; the ones before it are done
+    short = buf[: offs[6] + 5]
+    assert impl(short, BASE, want, b"{", b"")[1:] == (["7|1|", "18446744073709551615|1000000000000000|", "9|3|"], 3)
+    assert impl(buf, BASE + offs[1], want, b"{", b"") == (b"", [], 0)  # below the block
+    with pytest.raises(ValueError, match="no message record at position"):
+        impl(buf, BASE, array.array("Q", [BASE + offs[2]]), b"{", b"")
+
+
+@pytest.mark.skipif(not splice.ACCELERATED, reason="the C accelerator was not built (no compiler)")
+def test_splice_at_c_equals_python_on_every_cut():
+    import array
+
+    buf, offs = block()
+    want = array.array("Q", [BASE + offs[i] for i in (0, 1, 3, 4, 5, 6)])
+    for cut in range(len(buf) + 1):
+        args = (buf[:cut], BASE, want, b'{"c":"p","t":"orders"', b',"lp":"x"')
+        assert _c_at(*args) == splice.splice_at_py(*args), cut
