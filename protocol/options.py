@@ -439,6 +439,8 @@ def subscribe_options(text: str | None) -> SubscribeOptions:
 
 def sow_delete_options(text: str | None) -> SowDeleteOptions:
     """Parse and check the ``o`` header of a ``sow_delete``. Raises :class:`InvalidOptions`."""
+    if not text:
+        return _NO_SOW_DELETE_OPTIONS  # the common ack: one per read of a queue consumer
     opts = parse_options(text)
     if not opts:
         return SowDeleteOptions()
@@ -455,6 +457,9 @@ def sow_delete_options(text: str | None) -> SowDeleteOptions:
         expire=_flag(opts, "expire"),
         lease_extend=_interval(opts, "lease_extend", positive=True),
     )
+
+
+_NO_SOW_DELETE_OPTIONS = SowDeleteOptions()
 
 
 def logon_options(text: str | None) -> LogonOptions:

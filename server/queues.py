@@ -74,12 +74,13 @@ _json = msgspec.json.encode
 
 
 class QueueSub:
-    __slots__ = ("backlog", "outstanding", "sub")
+    __slots__ = ("backlog", "head", "outstanding", "sub")
 
     def __init__(self, sub, backlog: int):
         self.sub = sub
         self.backlog = backlog
         self.outstanding = 0
+        self.head = (None, b"")  # (sub.prefix it was made from, prefix + topic member)
 
 
 # A lease is a tuple (holder QueueSub, generation, bookmark str, counts): a batch of deliveries
@@ -182,10 +183,13 @@ class Queue:
     def event_run(self, op: int, positions) -> None:
         """One run entry (ACKED_RUN, LEASED_RUN) per MAX_RUN positions (an array('Q'))."""
         ev = self.events
-        for k in range(0, len(positions), MAX_RUN):
-            part = positions[k : k + MAX_RUN]
-            ev += _EV.pack(op, 0, len(part), part[0])
-            ev += part[1:].tobytes()
+        if len(positions) == 1:
+            ev += _EV.pack(op, 0, 1, positions[0])
+        else:
+            for k in range(0, len(positions), MAX_RUN):
+                part = positions[k : k + MAX_RUN]
+                ev += _EV.pack(op, 0, len(part), part[0])
+                ev += part[1:].tobytes()
         self.checkpoint_dirty = True
         self.m.events_added()
 
@@ -315,10 +319,11 @@ class Queue:
     def _lease_run(self, touched) -> int:
         """Lease the next waiting messages (from the head, none removed in between) to the first
         subscription with room, in one go: frames spliced from the journal's bytes, one
-        LEASED_RUN event. Returns how many; 0 when it cannot (the caller goes one by one)."""
+        LEASED_RUN event. Returns how many; 0 when it cannot (the caller goes one by one), -1
+        when no subscription has room (nothing to do: no record is read)."""
         qs = self._pick(None)
         if qs is None:
-            return 0
+            return -1
         room = qs.backlog - qs.outstanding
         limit = self.spec.max_backlog
         if limit:
@@ -333,10 +338,10 @@ class Queue:
                 return 0
             positions = positions[:k]
         sub = qs.sub
-        tj = self._tj
-        if tj[0] != self._topic_b:
-            tj = self._tj = (self._topic_b, self.m.topic_json(self._topic_b))
-        got = self.m.splice_run(positions, sub.prefix + tj[1], self._lease_end_part())
+        head = qs.head
+        if head[0] is not sub.prefix:
+            head = qs.head = (sub.prefix, sub.prefix + self.m.topic_json(self._topic_b))
+        got = self.m.splice_run(positions, head[1], self._lease_end_part())
         if got is None:
             return 0
         frames, bms, n = got
@@ -346,8 +351,13 @@ class Queue:
         self.gen += 1
         gen = self.gen
         deadline = time.monotonic() + self.lease_period
-        self.leased.update(zip(positions, zip(repeat(qs), repeat(gen), bms, repeat(None))))
-        self.by_bm.update(zip(bms, positions))
+        if n == 1:  # backlog 1: one round trip a message, so no iterator machinery
+            bm = bms[0]
+            self.leased[positions[0]] = (qs, gen, bm, None)
+            self.by_bm[bm] = positions[0]
+        else:
+            self.leased.update(zip(positions, zip(repeat(qs), repeat(gen), bms, repeat(None))))
+            self.by_bm.update(zip(bms, positions))
         qs.outstanding += n
         self.stats["delivered"] += n
         heapq.heappush(self.lease_heap, (deadline, gen, positions))
@@ -363,19 +373,25 @@ class Queue:
         """Deliver waiting messages while some subscription has room."""
         if not self.subs or self.m.loading:
             return
-        now = _now_us()
         touched = set()
         avail_pos = self.avail_pos
         exp_us = int(self.spec.expiration * 1e6) if self.spec.expiration else 0
         expiry = self.expiry
+        now = _now_us() if exp_us or expiry else 0
         runs = self._runs_possible()
         while True:
             if runs and not self.returned and not self.barrier_wait:
                 if self.gone:
                     self._advance_head()
                     avail_pos = self.avail_pos
-                if not self.gone and self._lease_run(touched):
-                    continue
+                if not self.gone:
+                    k = self._lease_run(touched)
+                    if k > 0:
+                        if len(self.subs) == 1 and self.subs[0].outstanding >= self.subs[0].backlog:
+                            break  # full: no need to ask again
+                        continue
+                    if k < 0:
+                        break
             if self.returned:
                 pos = self.returned[0]
                 from_returned = True
