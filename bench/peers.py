@@ -361,8 +361,6 @@ class TickertapePeer(Peer):
             f.write(
                 tickertape_config(self.port, self.journal_dir(), self.extra.get("config_xml", ""))
             )
-        if os.environ.get("TT_WRAP"):
-            return [sys.executable, os.environ["TT_WRAP"], "serve", "--config", cfg]
         return [TICKERTAPE_BIN, "serve", "--config", cfg]
 
     def log_text(self) -> str:
