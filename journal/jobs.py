@@ -56,7 +56,7 @@ ARCHIVE_COLUMNS = (
     ("publisher_id", "uint64", "DECIMAL(20,0)", "publisher id (unsigned 64-bit; Spark reads it as DECIMAL(20,0))"),
     ("seq", "uint64", "DECIMAL(20,0)", "the publisher's sequence number"),
     ("ts", "timestamp[us, UTC]", "TIMESTAMP", "receive time (UTC)"),
-    ("kind", "int8", "TINYINT", "1 = message, 2 = queue event (body = 12-byte entries, see server/queues.py)"),
+    ("kind", "int8", "TINYINT", "1 = message, 2 = queue event (body = event entries, see server/queues.py)"),
     ("expiration", "int64", "BIGINT", "the publish's expiration in seconds, NULL if none"),
     ("header", "binary", "BINARY", "header fragment appended to deliveries (e.g. correlation id), NULL if none"),
     ("body", "binary", "BINARY", "the message as published (CAST(body AS STRING) for JSON)"),

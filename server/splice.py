@@ -20,11 +20,14 @@ done before the first whose record is not whole in buf. A position holding no me
 raises ValueError.
 
 The C version (server/_splice.c, built when a compiler is there) does it without a Python
-object per record; `splice_frames_py` is the reference both are tested against and the fallback.
+object per record; the `_py` functions are the reference both are tested against and the fallback
+(also used when the environment sets TICKERTAPE_PURE_PYTHON=1). The server logs at start which
+one it runs.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 
 from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
@@ -78,6 +81,8 @@ def splice_at_py(buf, base: int, positions, head: bytes, tail: bytes):
 
 
 try:
+    if os.environ.get("TICKERTAPE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("TICKERTAPE_PURE_PYTHON is set")  # to compare, or to rule the C out
     from server._splice import splice_at, splice_frames  # type: ignore[import-not-found]
 
     ACCELERATED = True
