@@ -188,6 +188,7 @@ class Connection(asyncio.Protocol):
             self.close("bad frame")
         if self.out:
             self.flush_out()
+        self.server.input_seen()
 
     def connection_lost(self, exc) -> None:
         if self.close_reason is None:

@@ -53,6 +53,7 @@ class Stats:
             "publish_rate": round(self.publish_rate, 1),
             "delivery_rate": round(self.delivery_rate, 1),
             "refused_commands": self.refused,
+            "idle_poll_rounds": s.poll_rounds,
             "disconnects": dict(self.disconnects),
             "journal": None,
             "queues": s.queues.snapshot() if s.queues is not None else {},
@@ -95,6 +96,7 @@ class Stats:
         metric("publish_rate", "gauge", "Messages published per second (last second).", snap["publish_rate"])
         metric("delivery_rate", "gauge", "Deliveries per second (last second).", snap["delivery_rate"])
         metric("refused_commands_total", "counter", "Commands refused with a failure ack.", snap["refused_commands"])
+        metric("idle_poll_rounds_total", "counter", "Event-loop rounds spent polling after input instead of sleeping (<IdlePoll>).", snap["idle_poll_rounds"])
         metric("rss_bytes", "gauge", "Resident memory of the server process.", snap["rss_bytes"])
         lines.append("# HELP tickertape_disconnects_total Connections closed, by reason.")
         lines.append("# TYPE tickertape_disconnects_total counter")

@@ -946,6 +946,17 @@ def test_client_max_buffer_size():
     assert c.limits.client_max_buffer_size == 128 * MB
 
 
+def test_idle_poll():
+    assert load("<Name>x</Name>").limits.idle_poll == pytest.approx(100e-6)
+    assert load("<Name>x</Name><IdlePoll>0</IdlePoll>").limits.idle_poll == 0
+    assert load("<Name>x</Name><IdlePoll>2ms</IdlePoll>").limits.idle_poll == pytest.approx(0.002)
+    _, path, message = one_problem("<Name>x</Name><IdlePoll>1s</IdlePoll>")
+    assert path == "/TickertapeConfig/IdlePoll"
+    assert "out of range; give 0 (off) up to 10ms" in message
+    _, path, message = one_problem("<Name>x</Name><IdlePoll>soon</IdlePoll>")
+    assert path == "/TickertapeConfig/IdlePoll" and "invalid interval 'soon'" in message
+
+
 def test_client_buffer_must_hold_the_largest_message():
     _, path, message = one_problem("<Name>x</Name><ClientMaxBufferSize>1MB</ClientMaxBufferSize>")
     assert path == "/TickertapeConfig/ClientMaxBufferSize"
