@@ -328,6 +328,8 @@ class Queue:
         limit = self.spec.max_backlog
         if limit:
             room = min(room, limit - len(self.leased))
+        if room <= 0:
+            return -1
         positions = self.avail_pos[self.head : self.head + min(room, MAX_RUN)]
         if not positions:
             return 0
