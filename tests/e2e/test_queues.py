@@ -32,6 +32,7 @@ QUEUES = """<SOW>
   <Queue><Name>orders</Name><UnderlyingTopic>orders</UnderlyingTopic><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
   <Queue><Name>run-q</Name><UnderlyingTopic>run</UnderlyingTopic><LeasePeriod>400ms</LeasePeriod><MaxDeliveries>2</MaxDeliveries>
          <DeadLetterTopic>dead-run</DeadLetterTopic><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
+  <Queue><Name>mb-q</Name><UnderlyingTopic>mb</UnderlyingTopic><MaxBacklog>3</MaxBacklog><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
   <Queue><Name>crash-q</Name><UnderlyingTopic>crash</UnderlyingTopic><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue>
 </SOW>"""
 
@@ -309,6 +310,22 @@ def test_state_survives_graceful_restart_with_delivery_counts(tmp_path):
         srv.wait_for_log("queue jobs: recovered")
     finally:
         srv.stop()
+
+
+def test_queue_wide_max_backlog_caps_every_subscriber_together(qs):
+    publish_many(qs.port, "mb", [body(i) for i in range(1, 11)], name="mb-pub")
+    c1 = consumer(qs.port, "mb-q", "mb1", backlog=10)
+    first = c1.messages(3)
+    assert ids(first) == [1, 2, 3]
+    c2 = consumer(qs.port, "mb-q", "mb2", backlog=10)
+    assert nothing_more(c1) and nothing_more(c2)  # 3 leased queue-wide: nobody gets a 4th
+    ack(c1, "mb-q", [h["bm"] for h, _ in first[:2]])
+    c1.close()  # its last lease (3) returns, to be redelivered first
+    got = c2.messages(3)
+    assert sorted(ids(got)) == [3, 4, 5]
+    assert nothing_more(c2)
+    ack(c2, "mb-q", [h["bm"] for h, _ in got])
+    assert ids(c2.messages(3)) == [6, 7, 8]
 
 
 def test_a_run_of_leases_expires_together_then_goes_to_dead_letter(qs):
