@@ -1,16 +1,21 @@
-/* Replay frames spliced straight from journal bytes: the C twin of server/splice.py.
+/* Delivery frames spliced straight from journal bytes: the C twin of server/splice.py.
+ *
+ * Both functions write, per message, the delivery frame of PROTOCOL.md §1 (protocol/framing.py's
+ * layout)
+ *
+ *     u32 BE length | head | fragment | ,"bm":"<pub>|<seq>|" | tail | } | body
+ *
+ * where head is the subscription's header up to and including the topic member, fragment the
+ * record's stored header fragment, tail empty for replay and the lease end for queues. The
+ * output is sized before the walk: every input byte is copied at most once, plus a bounded
+ * header per record, so positions given to splice_at must ascend.
  *
  * splice_frames(buf, base, start, end, topic, head) walks the whole records at the start of
  * `buf` (journal/record.py's layout: u32 LE length, u32 crc, u8 kind, u8 flags, u16 LE topic
  * length, u64 LE publisher id, u64 LE sequence, u64 LE time, [u32 expiration if flags & 1],
  * [u16 LE H + H bytes header fragment if flags & 2], topic, body) and, for every message
- * (kind 1) on exactly `topic` at a position in [start, end), writes the delivery frame of
- * PROTOCOL.md §1 (protocol/framing.py's layout):
- *
- *     u32 BE length | head | fragment | ,"bm":"<pub>|<seq>|"} | body
- *
- * `head` is the subscription's header up to and including the topic member. It stops at the
- * first record at or past `end` and at a partial record. It returns
+ * (kind 1) on exactly `topic` at a position in [start, end), writes its delivery frame (no
+ * tail). It stops at the first record at or past `end` and at a partial record. It returns
  *
  *     (frames: bytes, sent, stop_offset, last_pub, last_seq, at_end)
  *
@@ -22,6 +27,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -208,11 +214,11 @@ done:
 
 
 /* splice_at(buf, base, positions, head, tail) -> (frames, bookmarks, count): the delivery frames
-   of the messages at `positions` (array('Q'), ascending or not, each the position of a record
-   in buf, which holds the journal from position `base`), with `tail` before the closing brace,
-   and each message's bookmark as a str "pub|seq|". Stops at the first position whose record is
-   not whole in buf (count says how many were done); a position that holds no message record
-   raises ValueError. */
+   of the messages at `positions` (array('Q'), ascending, each the position of a record in buf,
+   which holds the journal from position `base`), with `tail` before the closing brace, and each
+   message's bookmark as a str "pub|seq|". Stops at the first position whose record is not whole
+   in buf (count says how many were done); a position that holds no message record, or one
+   inside the record before it, raises ValueError. */
 static PyObject *
 splice_at(PyObject *self, PyObject *args)
 {
@@ -236,10 +242,17 @@ splice_at(PyObject *self, PyObject *args)
         goto done;
     char *o0 = PyBytes_AS_STRING(out), *o = o0;
     Py_ssize_t done_n = 0;
+    long long min_off = LLONG_MIN; /* the end of the record before: positions must ascend */
     for (Py_ssize_t i = 0; i < count; i++) {
         uint64_t p;
         memcpy(&p, (const char *)pos.buf + 8 * i, 8);
         long long off = (long long)p - base;
+        if (off < min_off && off + RECORD_HEADER <= n) {
+            PyErr_Format(PyExc_ValueError,
+                         "position %llu is inside the record before it: positions must ascend",
+                         (unsigned long long)p);
+            goto done;
+        }
         if (off < 0 || off + RECORD_HEADER > n)
             break;
         const unsigned char *r = in + off;
@@ -254,6 +267,7 @@ splice_at(PyObject *self, PyObject *args)
                          (unsigned long long)p);
             goto done;
         }
+        min_off = nxt;
         uint64_t pb = rd64(r + 12), sq = rd64(r + 20);
         Py_ssize_t tl = rd16(r + 10);
         char bm[42];

@@ -16,8 +16,9 @@ last_seq name the last record gone through (None if none), at_end whether it sto
 positions (an array('Q'); the queue deliveries of server/queues.py), each with `tail` (the
 lease's `lp` member) before the closing brace, and returns `(frames, bookmarks, count)`:
 bookmarks as str `"pub|seq|"` (what a consumer acknowledges with), count how many positions were
-done before the first whose record is not whole in buf. A position holding no message record
-raises ValueError.
+done before the first whose record is not whole in buf. Positions must ascend (each at or past
+the end of the record before); one that does not, or that holds no message record, raises
+ValueError.
 
 The C version (server/_splice.c, built when a compiler is there) does it without a Python
 object per record; the `_py` functions are the reference both are tested against and the fallback
@@ -64,10 +65,14 @@ def splice_at_py(buf, base: int, positions, head: bytes, tail: bytes):
     out = []
     bms = []
     n = len(buf)
+    min_off = None
     for p in positions:
         off = p - base
+        if min_off is not None and off < min_off and off + RECORD_HEADER_SIZE <= n:
+            raise ValueError(f"position {p} is inside the record before it: positions must ascend")
         if off < 0 or off + RECORD_HEADER_SIZE > n or off + record_length_at(buf, off) > n:
             break
+        min_off = off + record_length_at(buf, off)
         recs, _ = scan_records(buf[off : off + record_length_at(buf, off)], p)
         if not recs or recs[0][1] != KIND_MESSAGE:
             raise ValueError(f"no message record at position {p}")

@@ -121,6 +121,11 @@ def test_splice_at_golden_frames_and_bookmarks(impl):
     assert impl(buf, BASE + offs[1], want, b"{", b"") == (b"", [], 0)  # below the block
     with pytest.raises(ValueError, match="no message record at position"):
         impl(buf, BASE, array.array("Q", [BASE + offs[2]]), b"{", b"")
+    # the output is sized for each stored byte copied once: a repeated or backward position
+    # is refused, not written past the buffer
+    for bad in ([offs[6], offs[6]], [offs[3], offs[0]], [offs[0], offs[0] + 1]):
+        with pytest.raises(ValueError, match="positions must ascend"):
+            impl(buf, BASE, array.array("Q", [BASE + o for o in bad]), b"{", b"")
 
 
 @pytest.mark.skipif(not splice.ACCELERATED, reason="the C accelerator was not built (no compiler)")
