@@ -328,6 +328,30 @@ def test_queue_wide_max_backlog_caps_every_subscriber_together(qs):
     assert ids(c2.messages(3)) == [6, 7, 8]
 
 
+def test_runs_cross_segment_boundaries_exactly_once(tmp_path):
+    """Runs of deliveries are spliced from one journal block at a time: a run that reaches a
+    segment's end continues from the next segment, with nothing skipped or repeated."""
+    srv = ServerProcess(tmp_path / "seg", extra=QUEUES, journal_size="64KB").start()
+    try:
+        n = 3000
+        pub = Raw(srv.port)
+        pub.logon("seg-pub")
+        for k in range(1, n + 1, 200):  # small batches: segments roll at batch boundaries
+            publish_many(srv.port, "work", [body(i, pad="p" * 150) for i in range(k, k + 200)], conn=pub, start_seq=k)
+        segments = [f for f in os.listdir(tmp_path / "seg" / "journal") if f.endswith(".seg")]
+        assert len(segments) > 3
+        c = consumer(srv.port, "work-q", "seg-cons", backlog=100)
+        got = []
+        while len(got) < n:
+            batch = c.messages(min(100, n - len(got)))
+            got += ids(batch)
+            ack(c, "work-q", [h["bm"] for h, _ in batch])
+        assert got == list(range(1, n + 1))
+        assert nothing_more(c)
+    finally:
+        srv.stop()
+
+
 def test_a_run_of_leases_expires_together_then_goes_to_dead_letter(qs):
     """A backlog's worth of messages goes out as one run of leases (one LEASED_RUN event): they
     all come back when the run's lease ends, then all go past MaxDeliveries together."""
