@@ -31,7 +31,11 @@ done) is committed with the events in the journal index, so a restart scans only
 messages on the underlying topic become waiting, events are applied, leases are not restored
 (a leased message is waiting again, with its delivery count).
 
-Leases expire on one heap with one loop timer; not one task per message.
+Leases expire on one heap with one loop timer; not one task per message. The common case
+delivers in runs (`Queue._lease_run`): the next waiting messages go to one subscriber at once,
+their frames spliced from the journal block (server/splice.py), with one heap entry and one
+LEASED_RUN event for the whole run; a batched ack is one dict lookup per bookmark string and one
+ACKED_RUN event.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ class Queue:
         self.counts: dict[int, list] = {}  # position -> [deliveries, cancels]
         self.expiry: dict[int, int] = {}  # position -> deadline (us) from the message's own `e`
         self.exp_heap: list = []  # (deadline, position) for messages with their own `e`
-        self.leased: dict[int, Lease] = {}
+        self.leased: dict[int, tuple] = {}  # position -> lease tuple (L_HOLDER, L_GEN, ...)
         self.by_bm: dict[str, int] = {}  # "pub|seq|" -> position, for leased / outstanding
         self.subs: list[QueueSub] = []
         self._filtered = 0  # subscriptions with a content filter
