@@ -639,37 +639,54 @@ class Journal:
         segs = self.segments
         return segs, max(0, bisect.bisect_right(segs, position, key=_seg_base) - 1)
 
+    def _at(self, position: int):
+        """(segment, position) for a read at `position`: a position below the start moves to the
+        start; the segment is None where there is nothing to read (the durable end, or exactly
+        at a segment's end)."""
+        if position >= self._end:
+            return None, position
+        segs, i = self._find(position)
+        seg = segs[i]
+        if position < seg.base:  # below the start (removed)
+            position = seg.base
+        if position >= seg.end:
+            return None, position
+        return seg, position
+
+    def _pread(self, seg, position: int, max_bytes: int) -> bytes:
+        """Stored bytes of a plain segment from position, at most max_bytes within the segment
+        and the durable end, or the whole record there when it is larger."""
+        limit = min(seg.end, self._end) - position
+        fd = self._reader_fd(seg)
+        off = SEGMENT_HEADER_SIZE + position - seg.base
+        buf = os.pread(fd, min(max_bytes, limit), off)
+        if len(buf) >= 4:
+            size = record_length_at(buf, 0)
+            if size > len(buf):
+                if size > limit:
+                    raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
+                buf = os.pread(fd, size, off)
+        return buf
+
     def read(self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False) -> tuple[list[Record], int]:
         """Records from `position` (a record boundary) up to about max_bytes, and the next position.
 
         Reads only durable records. At the end of the journal returns ([], position).
         """
-        end = self._end
-        if position >= end:
-            return [], position
-        segs, i = self._find(position)
-        seg = segs[i]
-        if position < seg.base:  # below the start (removed)
-            position = seg.base
-        if position >= seg.end:  # exactly at a segment boundary
+        seg, position = self._at(position)
+        if seg is None:
             return [], position
         if seg.reader is not None:
             try:
                 return seg.reader.read(position, max_bytes, verify)
             except CorruptCompacted as exc:
                 raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
-        want = min(max_bytes, seg.end - position, end - position)
-        fd = self._reader_fd(seg)
+        buf = self._pread(seg, position, max_bytes)
         off = SEGMENT_HEADER_SIZE + position - seg.base
-        buf = os.pread(fd, want, off)
         try:
             recs, stop = decode_records(buf, 0, len(buf), position, verify)
         except CorruptRecord as exc:
             raise CorruptSegment(seg.path, off + exc.offset, exc.reason) from None
-        if not recs and len(buf) >= 4:
-            need = record_length_at(buf, 0)  # one record larger than max_bytes
-            buf = os.pread(fd, need, off)
-            recs, stop = decode_records(buf, 0, len(buf), position, verify)
         if not recs:
             raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
         return recs, position + stop
@@ -680,60 +697,31 @@ class Journal:
         In a compacted segment the records returned are the retained ones at or after position;
         past the last one it returns ([], the segment's end), which next_position carries on.
         """
-        end = self._end
-        if position >= end:
-            return [], position
-        segs, i = self._find(position)
-        seg = segs[i]
-        if position < seg.base:  # below the start (removed)
-            position = seg.base
-        if position >= seg.end:
+        seg, position = self._at(position)
+        if seg is None:
             return [], position
         if seg.reader is not None:
             try:
                 return seg.reader.read_raw(position, max_bytes)
             except CorruptCompacted as exc:
                 raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
-        want = min(max_bytes, seg.end - position, end - position)
-        off = SEGMENT_HEADER_SIZE + position - seg.base
-        buf = os.pread(self._reader_fd(seg), want, off)
-        recs, stop = scan_records(buf, position)
+        recs, stop = scan_records(self._pread(seg, position, max_bytes), position)
         if not recs:
-            if len(buf) >= 4:
-                buf = os.pread(self._reader_fd(seg), record_length_at(buf, 0), off)
-                recs, stop = scan_records(buf, position)
-            if not recs:
-                raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
+            raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, "record runs past the end of the segment")
         return recs, position + stop
 
     def read_block(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[bytes, int] | None:
         """The stored bytes from `position` to at most max_bytes on (more when the record there
         is larger), within its segment and the durable end, as (bytes, position); the position
         is normalized like read_raw's. None in a compacted segment, whose bytes are not stored
-        as they were written (use read_raw). The replay splices frames from these bytes.
+        as they were written (use read_raw). Replay and queues splice frames from these bytes.
         """
-        end = self._end
-        if position >= end:
-            return b"", position
-        segs, i = self._find(position)
-        seg = segs[i]
-        if position < seg.base:
-            position = seg.base
-        if position >= seg.end:
+        seg, position = self._at(position)
+        if seg is None:
             return b"", position
         if seg.reader is not None:
             return None
-        limit = min(seg.end, end) - position
-        off = SEGMENT_HEADER_SIZE + position - seg.base
-        fd = self._reader_fd(seg)
-        buf = os.pread(fd, min(max_bytes, limit), off)
-        if len(buf) >= 4:
-            size = record_length_at(buf, 0)
-            if size > len(buf):
-                if size > limit:
-                    raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
-                buf = os.pread(fd, size, off)
-        return buf, position
+        return self._pread(seg, position, max_bytes), position
 
     def scan(self, position: int | None = None, max_bytes: int = READ_BLOCK):
         """Iterate every durable record from `position` (default: the start) to the current end."""
