@@ -511,7 +511,8 @@ class Replay:
         return True
 
     def _send_fast(self, cursor: Cursor, recs, end: int, nxt: int) -> int:
-        """One plain cursor, no rate: the hot replay loop."""
+        """One cursor, no rate, records as tuples: content filters, regex topics, timestamps, and
+        compacted segments (a plain subscription on stored bytes goes through splice_frames)."""
         sub = cursor.sub
         conn = sub.conn
         out = conn.out
@@ -523,31 +524,6 @@ class Replay:
         ts_part = sub.timestamp
         sent = 0
         last = None
-        if f is None and not ts_part and sub.regex is None:
-            # the commonest replay (one literal topic, no filter): one template, no calls
-            topic_b = sub.topic_b
-            template = prefix + topic_json(topic_b) + b',"bm":"%d|%d|"}'
-            pack_len = _pack_len
-            for rec in recs:
-                pos, kind, pub, seq, ts, tb, body, extra = rec
-                if pos >= end:
-                    nxt = pos
-                    break
-                last = rec
-                if tb != topic_b or kind != 1 or pos < start:
-                    continue
-                if extra is None:
-                    hdr = template % (pub, seq)
-                else:
-                    hdr = b'%s%s%s,"bm":"%d|%d|"}' % (prefix, topic_json(tb), extra[1], pub, seq)
-                out += (pack_len(len(hdr) + len(body)), hdr, body)
-                sent += 1
-            if last is not None:
-                cursor.last_bm = (last[2], last[3])
-            self.sent += sent
-            conn.sent_messages += sent
-            conn.flush_out()
-            return nxt
         for rec in recs:
             pos, kind, pub, seq, ts, tb, body, extra = rec
             if pos >= end:
