@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from journal.record import KIND_QUEUE_EVENT, encode_record
+from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, RECORD_HEADER_SIZE, encode_record, record_length_at, scan_records
 from protocol.bookmarks import format_timestamp
 
 from .filters import compile_filter
@@ -817,9 +817,8 @@ class QueueManager:
         self._timer: asyncio.TimerHandle | None = None
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
-        self._cache_range = (0, 0)
-        self._cache: dict[int, tuple] = {}
-        self._block: tuple[bytes, int] | None = None  # journal bytes of the last run (splice_run)
+        self._block: tuple[bytes, int] | None = None  # stored journal bytes of the last read (_block_at)
+        self._compacted: dict[int, tuple] = {}  # records of the last compacted block read
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
 
@@ -895,45 +894,57 @@ class QueueManager:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def splice_run(self, positions, head: bytes, tail: bytes):
-        """splice_at over the journal block holding positions[0] (kept for the next run), or
-        None where the bytes are not stored as written (compacted, removed): the caller then
-        reads record by record."""
-        first = positions[0]
+    def _block_at(self, position: int):
+        """The journal block (bytes, base) holding the whole record at position: the cached one,
+        else the block read from there (and kept). None where the bytes are not stored as
+        written (a compacted segment) or no longer stored."""
         blk = self._block
-        for _ in range(2):
-            if blk is None or not (blk[1] <= first < blk[1] + len(blk[0])):
-                journal = self.server.journal
-                if first < journal.start_position:
-                    return None
-                got = journal.read_block(first, CACHE_BLOCK)
-                if got is None or got[1] != first or not got[0]:
-                    return None
-                blk = self._block = got
-            try:
-                frames, bms, n = splice_at(blk[0], blk[1], positions, head, tail)
-            except ValueError:
-                log.exception("queue delivery from the journal block at %d", blk[1])
-                self._block = None
-                return None
-            if n:
-                return frames, bms, n
-            blk = None  # positions[0] starts in the block but ends past it: read from there
-        return None
-
-    def read(self, position: int):
-        """(position, pub, seq, ts, topic_b, body, header fragment) of the record at position."""
-        rec = self._cache.get(position)
-        if rec is not None:
-            return rec
+        if blk is not None:
+            buf, base = blk
+            off = position - base
+            if 0 <= off <= len(buf) - RECORD_HEADER_SIZE and off + record_length_at(buf, off) <= len(buf):
+                return blk
         journal = self.server.journal
         if position < journal.start_position:
             return None
-        recs, _ = journal.read_raw(position, CACHE_BLOCK)
-        if not recs:
+        got = journal.read_block(position, CACHE_BLOCK)
+        if got is None or got[1] != position or not got[0]:
             return None
-        self._cache = {r[0]: (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"") for r in recs if r[1] == 1}
-        return self._cache.get(position)
+        self._block = got
+        return got
+
+    def splice_run(self, positions, head: bytes, tail: bytes):
+        """splice_at over the journal block holding positions[0], or None where the bytes are
+        not stored as written (compacted, removed): the caller then reads record by record."""
+        blk = self._block_at(positions[0])
+        if blk is None:
+            return None
+        try:
+            return splice_at(blk[0], blk[1], positions, head, tail)  # the first record is whole
+        except ValueError:
+            log.exception("queue delivery from the journal block at %d", blk[1])
+            self._block = None
+            return None
+
+    def read(self, position: int):
+        """(position, pub, seq, ts, topic_b, body, header fragment) of the message at position,
+        or None if the journal no longer holds one there."""
+        if position < self.server.journal.start_position:
+            return None
+        blk = self._block_at(position)
+        if blk is not None:
+            buf, base = blk
+            off = position - base
+            r = scan_records(buf[off : off + record_length_at(buf, off)], position)[0][0]
+            if r[1] != KIND_MESSAGE:
+                return None
+            return (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"")
+        rec = self._compacted.get(position)  # a compacted segment: its retained records, by position
+        if rec is not None:
+            return rec
+        recs, _ = self.server.journal.read_raw(position, CACHE_BLOCK)
+        self._compacted = {r[0]: (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"") for r in recs if r[1] == 1}
+        return self._compacted.get(position)
 
     # -- recovery --------------------------------------------------------------------------------
 
