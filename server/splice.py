@@ -70,10 +70,12 @@ def splice_at_py(buf, base: int, positions, head: bytes, tail: bytes):
         off = p - base
         if min_off is not None and off < min_off and off + RECORD_HEADER_SIZE <= n:
             raise ValueError(f"position {p} is inside the record before it: positions must ascend")
-        if off < 0 or off + RECORD_HEADER_SIZE > n or off + record_length_at(buf, off) > n:
+        if off < 0 or off + RECORD_HEADER_SIZE > n:
             break
         min_off = off + record_length_at(buf, off)
-        recs, _ = scan_records(buf[off : off + record_length_at(buf, off)], p)
+        if min_off > n:
+            break
+        recs, _ = scan_records(buf[off:min_off], p)
         if not recs or recs[0][1] != KIND_MESSAGE:
             raise ValueError(f"no message record at position {p}")
         _pos, _kind, pub, seq, _ts, _tb, body, extra = recs[0]
