@@ -71,7 +71,7 @@ class Server:
 
     # -- idle polling ----------------------------------------------------------------------
 
-    def input_seen(self) -> None:
+    def input_seen(self, now: float) -> None:
         """Network input arrived: keep the loop polling for <IdlePoll> before it sleeps.
 
         While a callback is ready the event loop polls its sockets without blocking, so a reply
@@ -79,7 +79,7 @@ class Server:
         client) is read at once; a sleeping CPU takes tens of microseconds to wake on a virtual
         machine, more than the server's own work per round trip. Go runtimes spin the same way.
         """
-        self._input_at = time.monotonic()
+        self._input_at = now  # time.monotonic() of the input
         if not self._polling and self.idle_poll:
             self._polling = True
             self.loop.call_soon(self._poll)

@@ -188,7 +188,7 @@ class Connection(asyncio.Protocol):
             self.close("bad frame")
         if self.out:
             self.flush_out()
-        self.server.input_seen()
+        self.server.input_seen(self.last_recv)
 
     def connection_lost(self, exc) -> None:
         if self.close_reason is None:
