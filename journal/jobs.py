@@ -30,12 +30,12 @@ Compaction keeps a record if any of these holds (policy, see maintenance.make_re
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import zlib
 
 from .compacted import CompactedReader, CompactedWriter, compacted_name
+from .manifest import file_sha256
 from .record import (
     KIND_MESSAGE,
     KIND_QUEUE_EVENT,
@@ -375,19 +375,11 @@ def archive_group(group: dict) -> dict:
             r[2] = min(r[2], lo)
             r[3] = max(r[3], hi)
         files.append({"path": rel, "rows": rows, "crc_sum": crc_sum, "bytes": os.path.getsize(path),
-                      "sha256": _sha256(path)})
+                      "sha256": file_sha256(path)})
     return {"kind": "archive", "first": first_pos, "end": end_pos, "records": records,
             "raw_bytes": raw_bytes, "bytes_in": sum(s["file_bytes"] for s in segs),
             "bytes_out": sum(f["bytes"] for f in files), "files": files, "segments": seg_stats,
             "readback": {str(k): v for k, v in readback.items()}}
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- compaction ------------------------------------------------------------------------------
@@ -544,7 +536,7 @@ def _verify_compacted(final, name, info, seg_stats, records_in, raw_in, crc_out,
     return {"kind": "compact", "file": name, "staged": final, "base": info["base"], "end": info["end"],
             "records_in": records_in, "records_out": info["records"], "raw_in": raw_in,
             "raw_out": info["raw_bytes"], "bytes_in": sum(s["file_bytes"] for s in segs),
-            "bytes_out": info["file_bytes"], "crc_sum_out": crc_out, "sha256": _sha256(final),
+            "bytes_out": info["file_bytes"], "crc_sum_out": crc_out, "sha256": file_sha256(final),
             "segments": seg_stats}
 
 

@@ -37,6 +37,7 @@ import zlib
 from .compacted import CompactedReader
 from .manifest import (
     applied_path,
+    file_sha256,
     maint_dir,
     new_request_id,
     read_json,
@@ -290,7 +291,7 @@ def _apply_compaction(journal, req: dict, res: dict) -> dict:
             staged = out["staged"]
             if not os.path.exists(staged):
                 raise MaintenanceError(f"compacted output {staged} is missing")
-            if _sha256(staged) != out["sha256"]:
+            if file_sha256(staged) != out["sha256"]:
                 raise MaintenanceError(f"compacted output {staged} does not match its recorded sha256")
             r = CompactedReader(staged)
             r.close()
@@ -354,14 +355,6 @@ def _apply_compaction(journal, req: dict, res: dict) -> dict:
                    generation=journal.manifest.generation)
 
 
-def _sha256(path: str) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- removal (no Spark: deletes only what a verified archive holds) ------------------------------

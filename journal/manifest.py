@@ -39,6 +39,7 @@ by the journal, Spark and pyarrow):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -179,3 +180,9 @@ def applied_path(journal_dir: str, req_id: str) -> str:
 
 def staging_dir(journal_dir: str, req_id: str) -> str:
     return maint_dir(journal_dir, "staging", req_id)
+
+
+def file_sha256(path: str) -> str:
+    """Hex sha256 of a file's bytes (archive files in the catalog, staged compaction outputs)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
