@@ -295,7 +295,6 @@ def _existing_catalog(req: dict):
 
 
 def _verify_and_publish_archive(spark, req: dict, metas: list[dict], stage: str, verify: str) -> dict:
-    root = req["archive_root"]
     expected = {}
     readback: dict = {}
     for m in metas:
