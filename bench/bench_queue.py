@@ -183,7 +183,7 @@ def main() -> None:
     for b in backlogs:
         variants = []
         for n in names:
-            if n == "tickertape":
+            if peers.is_tickertape(n):
                 variants.append(
                     Variant(n, n, {"backlog": b, "peer_extra": {"config_xml": QUEUE_XML}})
                 )

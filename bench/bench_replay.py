@@ -197,12 +197,12 @@ def main() -> None:
     jdir = None
     variants = []
     for n in names:
-        if n == "tickertape":
+        if peers.is_tickertape(n):
             jdir, _meta = journaldata.cached_journal(args.count, TOPIC, args.size)
             extra = {"journal_copy_from": jdir}
-            variants.append(Variant("tickertape", n, {"peer_extra": extra}))
+            variants.append(Variant(n, n, {"peer_extra": extra}))
             variants.append(
-                Variant(f"tickertape (filter {FILTER})", n, {"peer_extra": extra, "filter": FILTER})
+                Variant(f"{n} (filter {FILTER})", n, {"peer_extra": extra, "filter": FILTER})
             )
         elif n == "jetstream":
             variants.append(Variant("jetstream (ordered consumer)", n))

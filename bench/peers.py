@@ -39,6 +39,11 @@ REPO = os.path.dirname(HERE)
 DATA_ROOT = os.path.join(HERE, ".data")
 PEERS_DIR = os.path.join(HERE, ".peers")
 TICKERTAPE_BIN = os.path.join(REPO, ".venv", "bin", "tickertape")
+# `tickertape-base`: another build of Tickertape (an earlier commit installed in its own checkout,
+# e.g. `git worktree add ../base REV && ../base/run install`), measured in the same run to show a
+# change's effect: TICKERTAPE_BASE_BIN=../base/.venv/bin/tickertape ./run bench NAME --peers
+# tickertape,tickertape-base
+TICKERTAPE_BASE_BIN = os.environ.get("TICKERTAPE_BASE_BIN", "")
 NATS_PYPI_BIN = os.path.join(PEERS_DIR, "nats-pypi", "bin", "nats-server")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -98,13 +103,24 @@ def nats_debian_bin() -> str | None:
     )
 
 
-def tickertape_runnable() -> tuple[bool, str]:
+def is_tickertape(name: str) -> bool:
+    """`tickertape` or `tickertape-base` (the same driver, another build)."""
+    return name in ("tickertape", "tickertape-base")
+
+
+def tickertape_bin(name: str = "tickertape") -> str:
+    return TICKERTAPE_BASE_BIN if name == "tickertape-base" else TICKERTAPE_BIN
+
+
+def tickertape_runnable(binary: str = TICKERTAPE_BIN) -> tuple[bool, str]:
     """True when `tickertape serve --help` works (the server is being written alongside)."""
-    if not os.path.exists(TICKERTAPE_BIN):
-        return False, f"{TICKERTAPE_BIN} does not exist (run ./run install)"
+    if not binary:
+        return False, "set TICKERTAPE_BASE_BIN to another build's .venv/bin/tickertape"
+    if not os.path.exists(binary):
+        return False, f"{binary} does not exist (run ./run install)"
     try:
         r = subprocess.run(
-            [TICKERTAPE_BIN, "serve", "--help"],
+            [binary, "serve", "--help"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -120,8 +136,8 @@ def tickertape_runnable() -> tuple[bool, str]:
 
 
 def available(name: str) -> tuple[bool, str]:
-    if name == "tickertape":
-        return tickertape_runnable()
+    if is_tickertape(name):
+        return tickertape_runnable(tickertape_bin(name))
     if name == "jetstream":
         return (nats_debian_bin() is not None, "nats-server not installed (bench/setup_peers.sh)")
     if name == "jetstream-sync":
@@ -149,10 +165,13 @@ def versions() -> dict[str, str]:
         else "not installed"
     )
     v["tickertape"] = tickertape_rev()
+    if TICKERTAPE_BASE_BIN:
+        base_repo = os.path.dirname(os.path.dirname(os.path.dirname(TICKERTAPE_BASE_BIN)))
+        v["tickertape-base"] = tickertape_rev(base_repo)
     return v
 
 
-def tickertape_rev() -> str:
+def tickertape_rev(repo: str = REPO) -> str:
     """`git <short rev>`, plus a note when the server's parts have uncommitted edits.
 
     Read-only git only: GIT_OPTIONAL_LOCKS=0 keeps `git status` from rewriting the index."""
@@ -163,7 +182,7 @@ def tickertape_rev() -> str:
             capture_output=True,
             text=True,
             timeout=10,
-            cwd=REPO,
+            cwd=repo,
             env=env,
             check=False,
         ).stdout.strip()
@@ -182,7 +201,7 @@ def tickertape_rev() -> str:
             capture_output=True,
             text=True,
             timeout=10,
-            cwd=REPO,
+            cwd=repo,
             env=env,
             check=False,
         ).stdout.strip()
@@ -361,7 +380,7 @@ class TickertapePeer(Peer):
             f.write(
                 tickertape_config(self.port, self.journal_dir(), self.extra.get("config_xml", ""))
             )
-        return [TICKERTAPE_BIN, "serve", "--config", cfg]
+        return [tickertape_bin(self.name), "serve", "--config", cfg]
 
     def log_text(self) -> str:
         try:
@@ -624,7 +643,7 @@ class RedisPeer(Peer):
 
 
 def make_peer(name: str) -> Peer:
-    if name == "tickertape":
+    if is_tickertape(name):
         return TickertapePeer(name, kind="tickertape")
     if name.startswith("jetstream"):
         return NatsPeer(name, kind="nats")
