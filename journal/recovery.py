@@ -1,0 +1,244 @@
+"""Opening a journal directory: the layout per the manifest, segment headers, and recovery.
+
+The newest segment is scanned from the index's checkpoint with checksums verified; a torn or
+damaged tail is truncated (logged: file, offset, bytes dropped) and every record past the
+checkpoint is indexed again. Part of Journal (journal.py), which supplies the state it uses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+
+from .compacted import CompactedReader, CorruptCompacted, is_compacted_name
+from .errors import CorruptSegment
+from .manifest import load_manifest
+from .record import (
+    RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    CorruptRecord,
+    Record,
+    decode_records,
+    decode_segment_header,
+    encode_segment_header,
+    record_length_at,
+)
+from .segments import READ_BLOCK, Segment, _base_of, segment_name
+
+log = logging.getLogger("tickertape.journal")
+
+
+class JournalRecovery:
+
+    def _open_segments(self) -> None:
+        started = time.monotonic()
+        names = self._listing()
+        segs: list[Segment] = []
+        for i, name in enumerate(names):
+            if isinstance(name, Segment):  # a compacted segment named by the manifest
+                if segs and name.base != segs[-1].end:
+                    raise CorruptSegment(
+                        name.path, 0, f"starts at position {name.base} but the previous segment ends at {segs[-1].end} (a segment is missing)"
+                    )
+                segs.append(name)
+                continue
+            path = os.path.join(self.directory, name)
+            with open(path, "rb") as f:
+                head = f.read(SEGMENT_HEADER_SIZE)
+            size = os.path.getsize(path) - SEGMENT_HEADER_SIZE
+            last = i == len(names) - 1
+            try:
+                base = decode_segment_header(head)
+            except CorruptRecord as exc:
+                if last and size <= 0:
+                    # crash between creating the file and writing its header: start it again
+                    log.warning("journal: %s has no complete header (%s); rewriting it", path, exc.reason)
+                    base = segs[-1].end if segs else 0
+                    self._write_new_segment_file(path, base)
+                    size = 0
+                else:
+                    raise CorruptSegment(path, exc.offset, exc.reason) from None
+            if segs and base != segs[-1].end:
+                raise CorruptSegment(
+                    path, 0, f"starts at position {base} but the previous segment ends at {segs[-1].end} (a segment is missing)"
+                )
+            segs.append(Segment(base, path, size))
+        if not segs or segs[-1].reader is not None:
+            base = segs[-1].end if segs else self.manifest.start
+            path = os.path.join(self.directory, segment_name(base))
+            self._write_new_segment_file(path, base)
+            segs.append(Segment(base, path, 0))
+        self.segments = segs
+        self._bases = [s.base for s in segs]
+
+        upto = self.index.indexed_upto()
+        first, end = segs[0].base, segs[-1].end
+        if upto > end or (upto < first and self.index.count() > 0 and upto != 0):
+            log.warning(
+                "journal: index checkpoint %d is outside the journal [%d, %d]; rebuilding the index",
+                upto, first, end,
+            )
+            self.index.reset()
+            upto = first
+        upto = max(upto, first)
+        indexed, dropped = self._scan_and_index(upto)
+        self._seed_removed_publishers()
+        self.recovery = {
+            "segments": len(self.segments),
+            "reindexed_records": indexed,
+            "dropped_bytes": dropped,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        log.info(
+            "journal: opened %s: %d segments, positions [%d, %d), %d records re-indexed in %.3fs",
+            self.directory, len(self.segments), self.segments[0].base, self.segments[-1].end,
+            indexed, self.recovery["seconds"],
+        )
+
+    def _listing(self) -> list:
+        """Plain segment names and compacted Segments, in position order, per the manifest.
+
+        Files the manifest has superseded (a crash after its commit) or never committed (a
+        crash before it) are deleted here, and logged.
+        """
+        man = self.manifest = load_manifest(self.directory)
+        named = {e["file"]: e for e in man.compacted}
+        items: list[tuple[str, object]] = []
+        for name in sorted(os.listdir(self.directory)):
+            if name.endswith(".seg"):
+                base = _base_of(name)
+                if base is not None and (base < man.start or man.covered_by_compacted(base) is not None):
+                    self._discard(name, "superseded by the manifest")
+                    continue
+                items.append((name, name))
+            elif is_compacted_name(name) and name not in named:
+                self._discard(name, "an uncommitted compaction output (not in the manifest)")
+        for fname, e in named.items():
+            path = os.path.join(self.directory, fname)
+            try:
+                reader = CompactedReader(path)
+            except FileNotFoundError:
+                raise CorruptSegment(path, 0, "the manifest names this compacted segment but it is missing") from None
+            except CorruptCompacted as exc:
+                raise CorruptSegment(path, exc.offset, exc.reason) from None
+            if (reader.base, reader.end) != (e["base"], e["end"]):
+                reader.close()
+                raise CorruptSegment(path, 0, f"covers [{reader.base}, {reader.end}) but the manifest says [{e['base']}, {e['end']})")
+            items.append((f"{reader.base:020d}", Segment(reader.base, path, reader.end - reader.base, reader)))
+        items.sort(key=lambda kv: kv[0])
+        return [v for _, v in items]
+
+    def _seed_removed_publishers(self) -> None:
+        """Dedup state of publishers whose newest message was removed lives in the manifest; an
+        index rebuilt from the remaining segments gets it back from there."""
+        if not self.manifest.publishers:
+            return
+        have = self.index.publishers()
+        missing = [(int(p), seq, 0, pos) for p, (seq, pos) in self.manifest.publishers.items()
+                   if have.get(int(p), (-1, 0))[0] < seq]
+        if missing:
+            self.index.add(missing, self.index.indexed_upto())
+
+    def _discard(self, name: str, why: str) -> None:
+        path = os.path.join(self.directory, name)
+        log.warning("journal: removing %s: %s", path, why)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _index_compacted(self, seg: Segment, pos: int) -> int:
+        indexed = 0
+        while True:
+            try:
+                recs, nxt = seg.reader.read(pos, 4 * READ_BLOCK, verify=True)
+            except CorruptCompacted as exc:
+                raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
+            if not recs:
+                self.index.add((), seg.end)
+                return indexed
+            self._index_records(recs, nxt)
+            indexed += len(recs)
+            pos = nxt
+
+    def _scan_and_index(self, start: int) -> tuple[int, int]:
+        """Verify and index every record from `start` to the end; truncate a bad tail."""
+        indexed = 0
+        i = self._segment_index(start)
+        while i < len(self.segments):
+            seg = self.segments[i]
+            pos = max(start, seg.base)
+            if seg.reader is not None:
+                indexed += self._index_compacted(seg, pos)
+                i += 1
+                continue
+            with open(seg.path, "rb") as f:
+                while pos < seg.end:
+                    f.seek(SEGMENT_HEADER_SIZE + (pos - seg.base))
+                    buf = f.read(min(4 * READ_BLOCK, seg.end - pos))
+                    try:
+                        recs, stop = decode_records(buf, 0, len(buf), pos)
+                    except CorruptRecord as exc:
+                        recs, stop = decode_records(buf, 0, exc.offset, pos)
+                        self._index_records(recs, pos + stop)
+                        return indexed + len(recs), self._truncate_tail(i, pos + stop, exc.reason)
+                    if not recs:
+                        need = record_length_at(buf, 0) if len(buf) >= 4 else RECORD_HEADER_SIZE
+                        if len(buf) >= RECORD_HEADER_SIZE and pos + need <= seg.end:
+                            f.seek(SEGMENT_HEADER_SIZE + (pos - seg.base))
+                            buf = f.read(need)  # one record larger than the read block
+                            try:
+                                recs, stop = decode_records(buf, 0, len(buf), pos)
+                            except CorruptRecord as exc:
+                                return indexed, self._truncate_tail(i, pos, exc.reason)
+                        else:
+                            return indexed, self._truncate_tail(i, pos, "record runs past the end of the file")
+                    self._index_records(recs, pos + stop)
+                    indexed += len(recs)
+                    pos += stop
+            i += 1
+        return indexed, 0
+
+    def _index_records(self, recs: list[Record], upto: int) -> None:
+        if recs:
+            self.index.add(((r.publisher_id, r.seq, r.timestamp_us, r.position) for r in recs if r.kind == 1), upto)
+
+    def _truncate_tail(self, seg_i: int, position: int, reason: str) -> int:
+        seg = self.segments[seg_i]
+        if seg_i != len(self.segments) - 1:
+            raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, reason)
+        dropped = seg.end - position
+        if dropped <= 0:
+            return 0
+        offset = SEGMENT_HEADER_SIZE + position - seg.base
+        log.warning(
+            "journal: truncating damaged tail of %s at offset %d (%s): %d bytes dropped; "
+            "they were never acknowledged as persisted",
+            seg.path, offset, reason, dropped,
+        )
+        with open(seg.path, "r+b") as f:
+            f.truncate(offset)
+            os.fsync(f.fileno())
+        seg.size = position - seg.base
+        return dropped
+
+    def _segment_index(self, position: int) -> int:
+        return max(0, bisect.bisect_right(self._bases, position) - 1)
+
+    def _write_new_segment_file(self, path: str, base: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, encode_segment_header(base))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
