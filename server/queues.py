@@ -45,6 +45,7 @@ import asyncio
 import collections
 import heapq
 import logging
+from functools import partial
 from itertools import repeat
 import struct
 import time
@@ -135,6 +136,7 @@ class Queue:
         self.lease_heap: list = []
         self.gen = 0
         self.events = bytearray()
+        self.failed_events = bytearray()  # events of commits that failed, to be written again
         self.parked: collections.deque[int] = collections.deque()  # no subscription's filter matches
         self.barrier_wait = False
         self.stats = {"acked": 0, "expired": 0, "redelivered": 0, "delivered": 0, "dead_lettered": 0}
@@ -198,11 +200,22 @@ class Queue:
         self.m.events_added()
 
     def take_events(self) -> bytes | None:
-        if not self.events:
+        """The events since the last call (the failed ones first), as one body, or None."""
+        if not self.events and not self.failed_events:
             return None
-        body = bytes(self.events)
+        body = bytes(self.failed_events + self.events)
+        self.failed_events.clear()
         self.events.clear()
-        return encode_record(KIND_QUEUE_EVENT, 0, 0, 0, self.name_b, body)
+        return body
+
+    def events_failed(self, body: bytes) -> None:
+        """A commit carrying `body` failed. The state in memory has moved on already (an acked
+        message left its lease), so the events go out again with the next commit rather than
+        being lost: else an ack whose commit failed strands its message until a restart.
+        Batches fail in the order they were built, so appending keeps the events in order."""
+        self.failed_events += body
+        self.checkpoint_dirty = True
+        self.m.events_added()
 
     def low_water(self, end: int) -> int:
         """Every message of this queue below this position is done."""
@@ -766,6 +779,12 @@ class Queue:
         }
 
 
+def _events_committed(taken: list, err) -> None:
+    if err is not None:
+        for q, body in taken:
+            q.events_failed(body)
+
+
 def _apply_events(body: bytes, done: set, counts: dict) -> None:
     """Replay one queue event record onto (positions done, position -> [deliveries, cancels])."""
     off = 0
@@ -840,10 +859,14 @@ class QueueManager:
                     q.offer_fresh(m)
 
     def before_flush(self, batch) -> None:
+        taken = []
         for q in self.queues.values():
-            rec = q.take_events()
-            if rec is not None:
-                batch.data += rec
+            body = q.take_events()
+            if body is not None:
+                batch.data += encode_record(KIND_QUEUE_EVENT, 0, 0, 0, q.name_b, body)
+                taken.append((q, body))
+        if taken:
+            batch.after.append(partial(_events_committed, taken))
         now = time.monotonic()
         if now - self._last_checkpoint >= 1.0 and any(q.checkpoint_dirty for q in self.queues.values()):
             self._last_checkpoint = now
