@@ -20,19 +20,23 @@ class JournalUnavailable(JournalError):
     def __init__(self, cause: BaseException):
         super().__init__(
             f"journal write failed ({cause}); nothing in this batch was persisted. "
-            "Free disk space or fix the journal device; the server retries on the next publish"
+            "Free disk space or fix the journal device: the journal probes it every second and "
+            "resumes by itself; resend what was not acknowledged"
         )
         self.cause = cause
 
 
 class JournalLocked(JournalError):
-    """Another process holds the journal in a way that excludes this open (see Journal(exclusive=))."""
+    """Another process has the journal directory open (the lock is exclusive)."""
 
-    def __init__(self, directory: str, exclusive: bool):
-        what = ("a server (or another tool) has this journal open; let it apply the change, or stop it first"
-                if exclusive else "`tickertape archive|compact` is applying a change to it; wait for it to finish")
-        super().__init__(f"journal {directory} is locked: {what}")
+    def __init__(self, directory: str, holder: str):
+        super().__init__(
+            f"journal {directory} is locked by process {holder} (a server, or `tickertape "
+            "archive|compact` applying a change): one process at a time owns a journal. Stop "
+            "that process, or give this one its own <JournalDirectory>"
+        )
         self.directory = directory
+        self.holder = holder
 
 
 class CorruptSegment(JournalError):

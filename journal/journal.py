@@ -40,6 +40,7 @@ import threading
 import time
 
 from .errors import CorruptSegment, JournalClosed, JournalError, JournalLocked, JournalUnavailable
+from .fileio import FileIO
 from .index import JournalIndex
 from .manifest import Manifest, save_manifest
 from .reading import JournalReader
@@ -60,23 +61,21 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         segment_size: int = DEFAULT_SEGMENT_SIZE,
         durability: str = "fsync",
         index_map_size: int | None = None,
-        exclusive: bool = False,
+        exclusive: bool = True,
+        io: FileIO | None = None,
     ):
-        """exclusive: fail with JournalLocked if any other Journal has the directory open (the
-        maintenance CLI applies changes this way only when no server runs); by default a Journal
-        takes a shared lock, so an exclusive opener sees it."""
+        """The directory is locked exclusively before anything in it is read, for as long as the
+        Journal is open: a second server (or a maintenance tool while a server runs) gets
+        JournalLocked naming the holder's pid. `exclusive` is kept for callers; every open is
+        exclusive. io: the writer's file operations (fileio.py; tests pass a FaultyIO)."""
         if durability not in ("fsync", "write"):
             raise ValueError(f"durability must be 'fsync' or 'write', not {durability!r}")
         self.directory = directory
         self.segment_size = segment_size
         self.durability = durability
+        self._io = io or FileIO()
         os.makedirs(directory, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise JournalLocked(directory, exclusive) from None
+        self._lock_fd = _lock(directory)
         kw = {"map_size": index_map_size} if index_map_size else {}
         self.index = JournalIndex(os.path.join(directory, "index"), **kw)
         self.segments: list[Segment] = []
@@ -94,13 +93,21 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
             os.close(self._lock_fd)
             raise
         self._end = self.segments[-1].end
-        self._fd = os.open(self.segments[-1].path, os.O_WRONLY | os.O_APPEND)
+        try:
+            self._fd = self._io.open(self.segments[-1].path, os.O_WRONLY | os.O_APPEND)
+        except BaseException:
+            self.index.close()
+            os.close(self._lock_fd)
+            raise
         self._pending: list[tuple[bytes, list, DoneCallback]] = []
         self._pending_bytes = 0
         self._cond = threading.Condition()
         self._closing = False
         self._closed = False
-        self._failure: JournalUnavailable | None = None
+        self._failure: JournalUnavailable | None = None  # fails batches until the next fence
+        self._unavailable: JournalUnavailable | None = None  # fails batches until a probe succeeds
+        self._next_probe = 0.0
+        self._dirty_tail = False  # a failed write could not be cut off; the probe must first
         self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -112,17 +119,28 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
             self._closing = True
             self._cond.notify()
         self._thread.join()
-        os.fsync(self._fd)
-        os.close(self._fd)
-        with self._read_lock:
-            for fd in self._read_fds.values():
+        # Shutdown must end even on a broken device: what fails here is logged, not raised;
+        # every acknowledged record was synced at its commit already.
+        if not self._dirty_tail:
+            try:
+                self._io.fsync(self._fd)
+            except OSError as exc:
+                log.error("journal: final sync of %s failed: %s", self.segments[-1].path, exc)
+        for fd in (self._fd, *self._read_fds.values()):
+            try:
                 os.close(fd)
+            except OSError:
+                pass
+        with self._read_lock:
             self._read_fds.clear()
         for seg in self.segments:
             if seg.reader is not None:
                 seg.reader.close()
         self.collect_garbage(grace_s=0.0)
-        self.index.sync()
+        try:
+            self.index.sync()
+        except Exception as exc:  # derived data: rebuilt from the segments at the next open
+            log.error("journal: final index sync failed: %s", exc)
         self.index.close()
         os.close(self._lock_fd)  # releases the lock
         self._closed = True
@@ -182,6 +200,23 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
                 done += 1
             self._retired = keep
         return done
+
+
+def _lock(directory: str) -> int:
+    """Take the directory's lock (exclusive, not waiting) and write our pid into it."""
+    path = os.path.join(directory, "LOCK")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise JournalLocked(directory, holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 __all__ = [

@@ -27,6 +27,8 @@ from .record import (
 )
 from .segments import READ_BLOCK, Segment, _base_of, segment_name
 
+PROBE_NAME = "probe.tmp"  # writer.py's probe file
+
 log = logging.getLogger("tickertape.journal")
 
 
@@ -113,6 +115,8 @@ class JournalRecovery:
                     self._discard(name, "superseded by the manifest")
                     continue
                 items.append((name, name))
+            elif name.endswith(".seg.new") or name == PROBE_NAME:
+                self._discard(name, "left by a segment roll or a probe that did not finish")
             elif is_compacted_name(name) and name not in named:
                 self._discard(name, "an uncommitted compaction output (not in the manifest)")
         for fname, e in named.items():

@@ -4,6 +4,17 @@
 submitted since its last write, writes them with one `write` and makes them durable with one
 `fdatasync` (group commit), updates the index in one LMDB transaction, then calls each batch's
 callback with the batch's starting position. Part of Journal (journal.py).
+
+Every file operation goes through `self._io` (fileio.py), so tests can fail each one.
+
+Failure states. A write, fdatasync or roll that fails (disk full, I/O error) leaves the writer
+on a valid state: a partial write is cut off; a roll makes the new segment as `<name>.new`,
+syncs it, renames it and syncs the directory before it switches to it, so the writer never
+keeps a closed descriptor and never counts a half-made file. The journal is then *unavailable*:
+every batch fails at once with JournalUnavailable, without touching the disk, and a probe
+(`_probe`, every PROBE_INTERVAL s: cut any partial write still there, write and sync a small
+file, remove it) makes it available again when writes succeed. A commit that failed also fails
+every batch submitted before the submitter's `fence()` (the gap rule, docs/publishing.md).
 """
 
 from __future__ import annotations
@@ -16,10 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import JournalClosed, JournalUnavailable
-from .record import SEGMENT_HEADER_SIZE
+from .record import SEGMENT_HEADER_SIZE, encode_segment_header
 from .segments import Segment, segment_name
 
 log = logging.getLogger("tickertape.journal")
+
+PROBE_INTERVAL = 1.0
+PROBE_BYTES = 64 * 1024
+PROBE_NAME = "probe.tmp"  # recovery.py removes one a crash left
 
 
 class _Control:
@@ -47,6 +62,8 @@ class CommitStats:
     bytes: int = 0
     last_latency_s: float = 0.0
     failures: int = 0
+    unavailable_since: float = 0.0  # time.time() when it became unavailable; 0 while available
+    recoveries: int = 0
 
 
 DoneCallback = Callable[[int | None, BaseException | None], None]
@@ -85,12 +102,20 @@ class JournalWriter:
         while True:
             with self._cond:
                 while not self._pending and not self._closing:
-                    self._cond.wait()
+                    if self._unavailable is None:
+                        self._cond.wait()
+                        continue
+                    left = self._next_probe - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 batch = self._pending
                 if not batch and self._closing:
                     return
                 self._pending = []
                 self._pending_bytes = 0
+            if self._unavailable is not None and time.monotonic() >= self._next_probe:
+                self._probe()
             run = []
             for item in batch:
                 if item[0] is None:  # a fence: the submitter has dealt with the failure
@@ -107,6 +132,50 @@ class JournalWriter:
                     run.append(item)
             if run:
                 self._commit_fitting(run)
+
+    @property
+    def available(self) -> bool:
+        """False from a failed write until a probe succeeds (writes fail at once meanwhile)."""
+        return self._unavailable is None
+
+    def _set_unavailable(self, exc: OSError) -> JournalUnavailable:
+        err = JournalUnavailable(exc)
+        self.stats.failures += 1
+        if self._unavailable is None:
+            self.stats.unavailable_since = time.time()
+            log.error("journal: %s; unavailable until a probe write succeeds (every %.0fs)", err, PROBE_INTERVAL)
+        self._unavailable = err
+        self._failure = err
+        self._next_probe = time.monotonic() + PROBE_INTERVAL
+        return err
+
+    def _probe(self) -> None:
+        """Whether the device takes writes again: cut what a failed write left, then write and
+        sync a small file. Success makes the journal available; failure waits for the next."""
+        io = self._io
+        probe = os.path.join(self.directory, PROBE_NAME)
+        try:
+            if self._dirty_tail:
+                io.ftruncate(self._fd, SEGMENT_HEADER_SIZE + self.segments[-1].size)
+                io.fdatasync(self._fd)
+                self._dirty_tail = False
+            fd = io.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                self._write_fd(fd, bytes(PROBE_BYTES))
+                io.fdatasync(fd)
+            finally:
+                io.close(fd)
+        except OSError as exc:
+            self._next_probe = time.monotonic() + PROBE_INTERVAL
+            log.debug("journal: probe failed: %s", exc)
+            return
+        finally:
+            _unlink_quietly(probe)
+        down = time.time() - self.stats.unavailable_since
+        self._unavailable = None
+        self.stats.unavailable_since = 0.0
+        self.stats.recoveries += 1
+        log.warning("journal: writes succeed again after %.1fs; the journal is available", down)
 
     def _commit_fitting(self, run) -> None:
         """Commit a run of batches, rolling segments between batches where one would overflow."""
@@ -137,9 +206,10 @@ class JournalWriter:
             self._cond.notify()
 
     def _commit(self, batch) -> None:
-        if self._failure is not None:
+        failed = self._failure or self._unavailable
+        if failed is not None:
             for item in batch:
-                item[2](None, self._failure)
+                item[2](None, failed)
             return
         started = time.perf_counter()
         data = batch[0][0] if len(batch) == 1 else b"".join(b[0] for b in batch)
@@ -152,15 +222,12 @@ class JournalWriter:
             if seg.size and seg.size + len(data) > self.segment_size:
                 self._roll()
                 seg = self.segments[-1]
-            self._write_all(data)
+            self._write_fd(self._fd, data)
             if self.durability == "fsync":
-                os.fdatasync(self._fd)
+                self._io.fdatasync(self._fd)
         except OSError as exc:
             self._undo_partial_write(seg)
-            self.stats.failures += 1
-            err = JournalUnavailable(exc)
-            self._failure = err
-            log.error("journal: %s", err)
+            err = self._set_unavailable(exc)
             for item in batch:
                 item[2](None, err)
             return
@@ -191,28 +258,53 @@ class JournalWriter:
             cb(off, None)
             off += len(chunk)
 
-    def _write_all(self, data: bytes) -> None:
+    def _write_fd(self, fd: int, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            n = os.write(self._fd, view)
+            n = self._io.write(fd, view)
             view = view[n:]
 
     def _undo_partial_write(self, seg: Segment) -> None:
+        """Cut what a failed write left past the last commit; if even that fails, the probe
+        cuts it before anything else is written (an append after it would misplace records)."""
         try:
-            os.ftruncate(self._fd, SEGMENT_HEADER_SIZE + seg.size)
-        except OSError as exc:  # pragma: no cover - the device is gone; recovery at open handles it
-            log.error("journal: could not cut a partial write from %s: %s", seg.path, exc)
+            self._io.ftruncate(self._fd, SEGMENT_HEADER_SIZE + seg.size)
+        except OSError as exc:
+            self._dirty_tail = True
+            log.error("journal: could not cut a partial write from %s (%s); the probe will", seg.path, exc)
 
     def _roll(self) -> None:
+        """Seal the active segment and switch to a new one. The switch happens only once the
+        new file is complete and durable under its name; an error before leaves everything as
+        it was (the old descriptor open, no new file)."""
+        io = self._io
         old = self.segments[-1]
-        os.fsync(self._fd)
-        os.close(self._fd)
+        io.fsync(self._fd)
         base = old.end
         path = os.path.join(self.directory, segment_name(base))
-        self._write_new_segment_file(path, base)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        tmp = path + ".new"
+        fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        renamed = False
+        try:
+            self._write_fd(fd, encode_segment_header(base))
+            io.fsync(fd)
+            io.rename(tmp, path)
+            renamed = True
+            io.fsync_dir(self.directory)
+        except OSError:
+            try:
+                io.close(fd)
+            except OSError:
+                pass
+            _unlink_quietly(path if renamed else tmp)
+            raise
+        old_fd, self._fd = self._fd, fd
         self.segments.append(Segment(base, path, 0))
         self._bases.append(base)
+        try:
+            io.close(old_fd)
+        except OSError as exc:  # its data is synced, and the descriptor is released anyway
+            log.warning("journal: closing sealed segment %s: %s", old.path, exc)
         log.info("journal: sealed %s at %d bytes; writing %s", old.path, old.size, path)
 
     def run_in_writer(self, fn) -> concurrent.futures.Future:
@@ -224,3 +316,12 @@ class JournalWriter:
             self._pending.append((_Control(fn, fut), [], None, None))
             self._cond.notify()
         return fut
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.error("journal: could not remove %s: %s", path, exc)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import time
 
 from config.model import Config
+from journal.fileio import io_from_env
 from journal.journal import Journal
 from protocol.bookmarks import Now
 from protocol.framing import frame_bytes
@@ -100,8 +102,11 @@ class Server:
         self._stopped = asyncio.Event()
         tl = self.config.transaction_log
         if tl is not None:
+            faults = io_from_env()  # tests and the fault campaign only (journal/fileio.py)
+            if faults is not None:
+                log.warning("fault injection enabled: TICKERTAPE_FAULTS=%s", os.environ["TICKERTAPE_FAULTS"])
             self.journal = await self.loop.run_in_executor(
-                None, lambda: Journal(tl.journal_directory, tl.journal_size, tl.durability)
+                None, lambda: Journal(tl.journal_directory, tl.journal_size, tl.durability, io=faults)
             )
             recorded = tl.records_topic
         else:

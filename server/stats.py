@@ -70,6 +70,9 @@ class Stats:
                 "commits": st.commits,
                 "records": st.records,
                 "write_failures": st.failures,
+                "available": j.available,
+                "unavailable_since": st.unavailable_since or None,
+                "recoveries": st.recoveries,
                 "last_commit_latency_s": st.last_latency_s,
                 "inflight_bytes": p.inflight_bytes if p else 0,
                 "recovery": j.recovery,
@@ -120,6 +123,8 @@ class Stats:
             metric("journal_commits_total", "counter", "Group commits.", j["commits"])
             metric("journal_records_total", "counter", "Records committed since start.", j["records"])
             metric("journal_write_failures_total", "counter", "Failed journal writes.", j["write_failures"])
+            metric("journal_available", "gauge", "1 while the journal takes writes, 0 from a failed write until a probe succeeds.", int(j["available"]))
+            metric("journal_recoveries_total", "counter", "Times the journal became available again by itself.", j["recoveries"])
             metric("journal_last_commit_latency_seconds", "gauge", "Duration of the last group commit.", j["last_commit_latency_s"])
         return "\n".join(lines) + "\n"
 

@@ -285,15 +285,15 @@ def test_remove_only_archived_prefix_not_needed_by_queues_or_replays(tmp_path):
     j.close()
 
 
-def test_exclusive_open_sees_any_other_open(tmp_path):
+def test_every_open_is_exclusive_and_names_the_holder(tmp_path):
     d = str(tmp_path / "j")
     j = Journal(d)
-    with pytest.raises(JournalLocked, match="has this journal open"):
+    with pytest.raises(JournalLocked, match=f"locked by process {os.getpid()}"):
         Journal(d, exclusive=True)
+    with pytest.raises(JournalLocked, match=f"locked by process {os.getpid()}"):
+        Journal(d)
     j.close()
     j = Journal(d, exclusive=True)
-    with pytest.raises(JournalLocked, match="is applying a change"):
-        Journal(d)
     j.close()
 
 

@@ -1,6 +1,7 @@
 """The journal through its API, across restarts: write, close, reopen, check."""
 
 import os
+import time
 import threading
 
 import pytest
@@ -161,6 +162,11 @@ def test_write_failure_fails_batch_and_recovers(tmp_path, monkeypatch):
     with pytest.raises(JournalUnavailable):
         write_batch(j, [(3, "t", b"queued behind the failure")])
     j.fence()
+    assert not j.available
+    deadline = time.monotonic() + 10
+    while not j.available:  # the writer probes the device every second and resumes by itself
+        assert time.monotonic() < deadline, "the journal did not recover after the disk came back"
+        time.sleep(0.05)
     write_batch(j, [(3, "t", b"later")])
     assert all_records(j) == [(1, "t", b"ok"), (3, "t", b"later")]
     j.close()

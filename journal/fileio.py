@@ -1,0 +1,171 @@
+"""The file operations the journal writer makes, behind one object so tests can make them fail.
+
+`FileIO` is the real thing (os calls). `FaultyIO` fails chosen operations with a chosen errno:
+the tests drive every error path of the writer with it, and a server started with the
+environment variable TICKERTAPE_FAULTS uses it (the fault campaign in bench/ does), e.g.
+
+    TICKERTAPE_FAULTS="seed=7;p=0.02;ops=write+fsync+open+rename+close;errno=ENOSPC+EIO;after=100;count=5"
+
+Keys (all optional): `seed` (random seed, default 0), `p` (probability that an eligible operation
+fails once past `after`, default 1.0), `ops` (eligible operations joined by `+`, from
+open, write, fsync, rename, close, truncate; default all), `errno` (errno names joined by `+`,
+default ENOSPC), `after` (eligible operations that succeed first, default 0), `count` (most
+failures in all, 0 = unlimited, default 1). `fsync` covers fdatasync and the directory fsync.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+import random
+import threading
+
+from .errors import JournalError
+
+OPS = ("open", "write", "fsync", "rename", "close", "truncate")
+
+
+class FaultSpecError(JournalError, ValueError):
+    def __init__(self, spec: str, why: str):
+        super().__init__(
+            f"TICKERTAPE_FAULTS={spec!r} is not a fault spec: {why}. Use e.g. "
+            "'seed=7;p=0.02;ops=write+fsync;errno=ENOSPC+EIO;after=100;count=5', or unset it"
+        )
+
+
+class FileIO:
+    """The writer's file operations, as the os module does them."""
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags, mode)
+
+    def write(self, fd: int, data) -> int:
+        return os.write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fsync_dir(self, directory: str) -> None:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            self.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+class FaultyIO(FileIO):
+    """FileIO that fails eligible operations (see the module doc). Thread-safe; `failures`
+    counts the errors raised, `armed` turns injection off and on (tests)."""
+
+    def __init__(self, ops=OPS, errnos=(errno_mod.ENOSPC,), p: float = 1.0, after: int = 0,
+                 count: int = 1, seed: int = 0):
+        self.ops = frozenset(ops)
+        self.errnos = tuple(errnos)
+        self.p = p
+        self.after = after
+        self.count = count
+        self.rng = random.Random(seed)
+        self.seen = 0
+        self.failures = 0
+        self.armed = True
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_spec(cls, spec: str) -> FaultyIO:
+        kw: dict = {}
+        for part in filter(None, (p.strip() for p in spec.split(";"))):
+            key, sep, val = part.partition("=")
+            if not sep:
+                raise FaultSpecError(spec, f"{part!r} is not key=value")
+            try:
+                if key == "seed":
+                    kw["seed"] = int(val)
+                elif key == "p":
+                    kw["p"] = float(val)
+                    if not 0.0 <= kw["p"] <= 1.0:
+                        raise FaultSpecError(spec, "p is a probability between 0 and 1")
+                elif key in ("after", "count"):
+                    kw[key] = int(val)
+                    if kw[key] < 0:
+                        raise FaultSpecError(spec, f"{key} is a count, 0 or more")
+                elif key == "ops":
+                    ops = val.split("+")
+                    bad = [o for o in ops if o not in OPS]
+                    if bad:
+                        raise FaultSpecError(spec, f"unknown operation {bad[0]!r} (one of {', '.join(OPS)})")
+                    kw["ops"] = ops
+                elif key == "errno":
+                    names = val.split("+")
+                    bad = [n for n in names if not isinstance(getattr(errno_mod, n, None), int)]
+                    if bad:
+                        raise FaultSpecError(spec, f"unknown errno {bad[0]!r} (e.g. ENOSPC, EIO, EBADF)")
+                    kw["errnos"] = [getattr(errno_mod, n) for n in names]
+                else:
+                    raise FaultSpecError(spec, f"unknown key {key!r} (seed, p, ops, errno, after, count)")
+            except ValueError as exc:
+                if isinstance(exc, FaultSpecError):
+                    raise
+                raise FaultSpecError(spec, f"{key}={val!r} is not a number") from None
+        return cls(**kw)
+
+    def _maybe_fail(self, op: str) -> None:
+        if op not in self.ops or not self.armed:
+            return
+        with self._lock:
+            self.seen += 1
+            if self.seen <= self.after or (self.count and self.failures >= self.count):
+                return
+            if self.p < 1.0 and self.rng.random() >= self.p:
+                return
+            self.failures += 1
+            code = self.rng.choice(self.errnos)
+        raise OSError(code, f"{os.strerror(code)} (injected into {op})")
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        self._maybe_fail("open")
+        return super().open(path, flags, mode)
+
+    def write(self, fd: int, data) -> int:
+        self._maybe_fail("write")
+        return super().write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        self._maybe_fail("fsync")
+        super().fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        self._maybe_fail("fsync")
+        super().fsync(fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._maybe_fail("rename")
+        super().rename(src, dst)
+
+    def close(self, fd: int) -> None:
+        # Like Linux: the descriptor is released even when close reports an error.
+        try:
+            self._maybe_fail("close")
+        finally:
+            super().close(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        self._maybe_fail("truncate")
+        super().ftruncate(fd, size)
+
+
+def io_from_env(environ=os.environ) -> FileIO | None:
+    """FaultyIO per TICKERTAPE_FAULTS, or None when it is unset (FaultSpecError when malformed)."""
+    spec = environ.get("TICKERTAPE_FAULTS", "").strip()
+    return FaultyIO.from_spec(spec) if spec else None
