@@ -1,0 +1,328 @@
+"""The journal writer under I/O errors (journal/writer.py, journal/fileio.py).
+
+A FaultyIO fails one chosen operation (open, write, fsync, rename, close, truncate) with ENOSPC,
+EIO or EBADF, at an ordinary commit or at a segment roll. After each: no acknowledged record is
+lost, nothing unacknowledged is visible, the writer's descriptor is the active segment's, no
+half-made segment is counted, the journal recovers by itself once writes succeed, and a reopen
+finds exactly the acknowledged records. A power-loss file layer checks that every record is
+synced before its callback runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+from journal.fileio import FaultSpecError, FaultyIO, FileIO, io_from_env
+from journal.journal import Journal, JournalUnavailable
+from journal.record import KIND_MESSAGE, SEGMENT_HEADER_SIZE, encode_record
+
+SEG = 4096
+BODY = b"x" * 300
+
+
+def record(seq: int) -> tuple[bytes, list]:
+    return encode_record(KIND_MESSAGE, 1, seq, 1_700_000_000_000_000 + seq, b"t", BODY), [(1, seq, 0, 0)]
+
+
+def put(j: Journal, seq: int) -> BaseException | None:
+    """Submit one record and wait: None once durable, else the error."""
+    data, entries = record(seq)
+    done = threading.Event()
+    out: dict = {}
+
+    def cb(pos, err):
+        out["err"] = err
+        done.set()
+
+    j.submit(data, entries, cb)
+    assert done.wait(30), "the writer never answered"
+    return out["err"]
+
+
+def seqs(j: Journal) -> list[int]:
+    return [r.seq for r in j.scan()]
+
+
+def wait_available(j: Journal, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not j.available:
+        assert time.monotonic() < deadline, "the journal did not recover by itself"
+        time.sleep(0.02)
+
+
+def writer_fd_is_active_segment(j: Journal) -> bool:
+    st = os.fstat(j._fd)
+    seg = os.stat(j.segments[-1].path)
+    return (st.st_dev, st.st_ino) == (seg.st_dev, seg.st_ino)
+
+
+def records_before_roll() -> int:
+    """How many records fit in the first segment (the next one rolls)."""
+    n = 0
+    size = 0
+    while True:
+        size += len(record(n + 1)[0])
+        if size > SEG:
+            return n
+        n += 1
+
+
+OPS_AT_COMMIT = ["write", "fsync"]
+OPS_AT_ROLL = ["fsync", "open", "write", "rename", "close"]
+ERRNOS = [errno.ENOSPC, errno.EIO, errno.EBADF]
+
+
+def run_case(tmp_path, op: str, code: int, at_roll: bool):
+    io = FaultyIO(ops=[op], errnos=[code], count=1)
+    io.armed = False
+    d = str(tmp_path / "j")
+    j = Journal(d, segment_size=SEG, io=io)
+    acked = []
+    n_first = records_before_roll() if at_roll else 3
+    for s in range(1, n_first + 1):
+        assert put(j, s) is None
+        acked.append(s)
+    io.armed = True
+    failed_seq = n_first + 1
+    err = put(j, failed_seq)
+    io.armed = False
+    if op == "close" and at_roll:
+        # closing the sealed segment fails after the switch: the data was synced, nothing is lost
+        assert err is None and io.failures == 1
+        acked.append(failed_seq)
+    else:
+        assert isinstance(err, JournalUnavailable), f"{op} {errno.errorcode[code]}: {err!r}"
+        assert io.failures == 1
+        assert not j.available
+        # until the submitter fences, a batch queued behind the failure fails too (no gap)
+        assert isinstance(put(j, failed_seq), JournalUnavailable)
+        j.fence()
+    assert writer_fd_is_active_segment(j)
+    assert not [n for n in os.listdir(d) if n.endswith(".new") or n == "probe.tmp"]
+    wait_available(j)
+    for s in range(acked[-1] + 1, acked[-1] + 4):
+        assert put(j, s) is None
+        acked.append(s)
+    assert seqs(j) == acked
+    if at_roll:
+        assert len(j.segments) >= 2
+    j.close()
+    j2 = Journal(d, segment_size=SEG)
+    assert seqs(j2) == acked
+    j2.close()
+
+
+@pytest.mark.parametrize("code", ERRNOS, ids=lambda c: errno.errorcode[c])
+@pytest.mark.parametrize("op", OPS_AT_COMMIT)
+def test_failure_at_a_commit(tmp_path, op, code):
+    run_case(tmp_path, op, code, at_roll=False)
+
+
+@pytest.mark.parametrize("code", ERRNOS, ids=lambda c: errno.errorcode[c])
+@pytest.mark.parametrize("op", OPS_AT_ROLL)
+def test_failure_at_a_segment_roll(tmp_path, op, code):
+    run_case(tmp_path, op, code, at_roll=True)
+
+
+def test_a_failed_partial_write_is_cut_before_the_next(tmp_path):
+    """A write that fails after writing part of the batch, and a truncate that fails too: the
+    probe cuts the partial bytes before anything else is appended."""
+
+    class Partial(FileIO):
+        def __init__(self):
+            self.mode = None
+
+        def write(self, fd, data):
+            if self.mode == "partial":
+                self.mode = "no-truncate"
+                super().write(fd, bytes(data[:17]))
+                raise OSError(errno.ENOSPC, "disk full")
+            return super().write(fd, data)
+
+        def ftruncate(self, fd, size):
+            if self.mode == "no-truncate":
+                self.mode = None
+                raise OSError(errno.EIO, "truncate failed")
+            super().ftruncate(fd, size)
+
+    io = Partial()
+    d = str(tmp_path / "j")
+    j = Journal(d, io=io)
+    assert put(j, 1) is None
+    io.mode = "partial"
+    assert isinstance(put(j, 2), JournalUnavailable)
+    j.fence()
+    wait_available(j)
+    assert put(j, 2) is None
+    assert seqs(j) == [1, 2]
+    j.close()
+    j2 = Journal(d)
+    assert seqs(j2) == [1, 2]
+    j2.close()
+
+
+def test_close_returns_on_a_broken_device(tmp_path):
+    io = FaultyIO(ops=["fsync", "write", "close", "open"], errnos=[errno.EIO], count=0)
+    io.armed = False
+    d = str(tmp_path / "j")
+    j = Journal(d, io=io)
+    assert put(j, 1) is None
+    io.armed = True
+    assert isinstance(put(j, 2), JournalUnavailable)
+    t = threading.Thread(target=j.close)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "close() hung on a broken device"
+    j2 = Journal(d)
+    assert seqs(j2) == [1]
+    j2.close()
+
+
+def test_stale_roll_and_probe_files_are_removed_at_open(tmp_path):
+    d = str(tmp_path / "j")
+    j = Journal(d)
+    assert put(j, 1) is None
+    j.close()
+    for name in ("00000000000000009999.seg.new", "probe.tmp"):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(b"junk")
+    j = Journal(d)
+    assert seqs(j) == [1]
+    assert sorted(n for n in os.listdir(d) if n.endswith((".new", ".tmp"))) == []
+    j.close()
+
+
+# -- power loss: only what was synced survives -------------------------------------------------------
+
+
+class PowerLossIO(FileIO):
+    """Tracks, per file, how many bytes were made durable by a sync; `synced(path)` is what a
+    power loss would leave of that file."""
+
+    def __init__(self):
+        self.paths: dict[int, str] = {}
+        self.durable: dict[str, int] = {}
+
+    def open(self, path, flags, mode=0o644):
+        fd = super().open(path, flags, mode)
+        self.paths[fd] = path
+        return fd
+
+    def _synced(self, fd):
+        path = self.paths.get(fd)
+        if path is not None:
+            self.durable[path] = os.fstat(fd).st_size
+
+    def fdatasync(self, fd):
+        super().fdatasync(fd)
+        self._synced(fd)
+
+    def fsync(self, fd):
+        super().fsync(fd)
+        self._synced(fd)
+
+    def rename(self, src, dst):
+        super().rename(src, dst)
+        if src in self.durable:
+            self.durable[dst] = self.durable.pop(src)
+        for fd, p in self.paths.items():
+            if p == src:
+                self.paths[fd] = dst
+
+    def synced(self, path: str) -> int:
+        return self.durable.get(path, 0)
+
+
+def test_every_record_is_synced_before_its_callback(tmp_path):
+    """Fails if the fdatasync before the callbacks is removed, or moved after them."""
+    io = PowerLossIO()
+    d = str(tmp_path / "j")
+    j = Journal(d, segment_size=SEG, io=io)
+    j._io = io
+    # the active segment was opened before io could track it: track it now
+    io.paths[j._fd] = j.segments[-1].path
+    io.durable[j.segments[-1].path] = os.path.getsize(j.segments[-1].path)
+    problems = []
+    done = threading.Semaphore(0)
+
+    def cb(pos, err):
+        seg = j.segments[-1]
+        end = SEGMENT_HEADER_SIZE + (pos - seg.base) + len(record(1)[0])
+        if err is None and io.synced(seg.path) < end:
+            problems.append((pos, io.synced(seg.path), end))
+        done.release()
+
+    for s in range(1, 40):  # crosses several segment rolls
+        data, entries = record(s)
+        j.submit(data, entries, cb)
+    for _ in range(39):
+        assert done.acquire(timeout=30)
+    assert len(j.segments) > 2
+    j.close()
+    assert problems == [], f"acknowledged before synced (position, synced bytes, needed): {problems[:3]}"
+
+
+def test_power_loss_keeps_every_acknowledged_record(tmp_path):
+    io = PowerLossIO()
+    d = str(tmp_path / "j")
+    j = Journal(d, segment_size=SEG, io=io)
+    io.paths[j._fd] = j.segments[-1].path
+    io.durable[j.segments[-1].path] = os.path.getsize(j.segments[-1].path)
+    acked = [s for s in range(1, 30) if put(j, s) is None]
+    # the power goes: every file keeps only what was synced (the writer thread is stopped first)
+    with j._cond:
+        j._closing = True
+        j._cond.notify()
+    j._thread.join()
+    for path in {p for p in io.paths.values()}:
+        if os.path.exists(path):
+            os.truncate(path, io.synced(path))
+    os.close(j._lock_fd)
+    j.index.close()
+    j2 = Journal(d, segment_size=SEG)
+    assert seqs(j2) == acked
+    j2.close()
+
+
+# -- the TICKERTAPE_FAULTS spec --------------------------------------------------------------------
+
+
+def test_fault_spec_parses():
+    io = io_from_env({"TICKERTAPE_FAULTS": "seed=7;p=0.5;ops=write+fsync;errno=ENOSPC+EIO;after=3;count=2"})
+    assert isinstance(io, FaultyIO)
+    assert io.ops == {"write", "fsync"} and io.errnos == (errno.ENOSPC, errno.EIO)
+    assert (io.p, io.after, io.count) == (0.5, 3, 2)
+    assert io_from_env({}) is None
+
+
+@pytest.mark.parametrize("spec,why", [
+    ("p=2", "probability"),
+    ("ops=write+chmod", "unknown operation 'chmod'"),
+    ("errno=ENOTANERRNO", "unknown errno"),
+    ("after=-1", "0 or more"),
+    ("colour=red", "unknown key"),
+    ("seed", "not key=value"),
+    ("p=x", "not a number"),
+])
+def test_fault_spec_errors_say_what_is_wrong(spec, why):
+    with pytest.raises(FaultSpecError, match=why):
+        FaultyIO.from_spec(spec)
+
+
+def test_faulty_io_fails_after_and_at_most_count(tmp_path):
+    io = FaultyIO(ops=["write"], errnos=[errno.EIO], after=2, count=2)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    results = []
+    for _ in range(6):
+        try:
+            io.write(fd, b"a")
+            results.append("ok")
+        except OSError as exc:
+            results.append(errno.errorcode[exc.errno])
+    os.close(fd)
+    assert results == ["ok", "ok", "EIO", "EIO", "ok", "ok"]
