@@ -8,43 +8,14 @@ runs, yet delivered again after a restart) nor lost.
 
 import json
 import os
-import subprocess
 import time
 
-import pytest
-
+from tests.support.disk import fill, small_disk  # noqa: F401 (a fixture)
 from tests.support.proc import ServerProcess
 from tests.support.raw import Raw, publish_many
 
 QUEUE = """<SOW><Queue><Name>ackfail-q</Name><UnderlyingTopic>ackfail</UnderlyingTopic>
   <MaxPerSubscriptionBacklog>1000</MaxPerSubscriptionBacklog></Queue></SOW>"""
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot mount a tmpfs (needs root): {r.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs (needs root): {r.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(path) -> None:
-    """Write until the device is full."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (256 * 1024, 4096, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
 
 
 def consume(port, name, n):
