@@ -21,7 +21,10 @@ loop, which sends `store.first_after(sent_seq)` until the store has nothing newe
 
 Persisted acks (`on_persisted`) discard from the store, wake publishers waiting for room and
 settle `publish_flush()` waiters. A failure ack (`journal unavailable`, `on_failure`) fails the
-waiting flushes (or the next one): the messages stay stored and go out after the next logon.
+waiting flushes (or the next one); the messages stay stored and, after RESEND_DELAY, go out again
+on the same connection from the first one not persisted: the server refuses everything after a
+sequence that failed to commit until that sequence is sent again (the gap rule), so waiting for
+the next logon would stall the publisher.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Publisher"]
 
+RESEND_DELAY = 0.5  # s after a `journal unavailable` failure; the server probes its disk every 1 s
+
 
 class Publisher:
     """See the module docstring. `check()` raises when publishing is not allowed at all
@@ -53,6 +58,7 @@ class Publisher:
         self._room = asyncio.Event()
         self._flush_waiters: list[tuple[int, asyncio.Future]] = []
         self._unreported: PublishFailed | None = None
+        self._resend: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ connection events
 
@@ -98,6 +104,17 @@ class Publisher:
         for _, fut in waiters:
             if not fut.done():
                 fut.set_exception(exc)
+        if self.live and self._resend is None:
+            loop = asyncio.get_running_loop()
+            self._resend = loop.call_later(RESEND_DELAY, self._resend_unpersisted, self.client)
+
+    def _resend_unpersisted(self, client: Client | None) -> None:
+        """Send again from the first unpersisted message (see the module doc)."""
+        self._resend = None
+        if client is None or client is not self.client or not self.live:
+            return  # a new connection resends everything anyway (resync)
+        self.sent_seq = min(self.sent_seq, self.store.acked_seq)
+        self._kick(client)
 
     def _settle(self) -> None:
         if not self._flush_waiters:

@@ -74,8 +74,17 @@ class CorruptRecord(ValueError):
         self.reason = reason
 
 
+class RecordFieldError(ValueError):
+    """A field that the record format cannot hold (encode_record); nothing was written."""
+
+    def __init__(self, what: str):
+        super().__init__(f"cannot store this message: {what}")
+        self.what = what
+
+
 FLAG_EXPIRATION = 1
 FLAG_HEADER = 2
+MAX_U64 = (1 << 64) - 1
 _u32 = struct.Struct("<I")
 _u16 = struct.Struct("<H")
 
@@ -96,6 +105,15 @@ def encode_record(
     kind: int, publisher_id: int, seq: int, ts_us: int, topic: bytes, body: bytes,
     expiration: int | None = None, header: bytes = b"",
 ) -> bytes:
+    """The record's bytes. RecordFieldError for a field the format cannot hold: checked before
+    anything else, so a caller can encode first and change its own state only after."""
+    if len(topic) > MAX_TOPIC or len(header) > 0xFFFF:
+        raise RecordFieldError(f"the topic ({len(topic)} bytes) and the header fragment ({len(header)} bytes) "
+                               f"must each be at most {MAX_TOPIC} bytes")
+    if not (0 <= seq <= MAX_U64 and 0 <= publisher_id <= MAX_U64 and 0 <= ts_us <= MAX_U64):
+        raise RecordFieldError(f"sequence {seq}, publisher {publisher_id} and time {ts_us} must be 0..2^64-1")
+    if expiration is not None and not (expiration == expiration and abs(expiration) != float("inf")):
+        raise RecordFieldError(f"expiration {expiration!r} is not a finite number of seconds")
     if expiration is None and not header:
         rest = _pack_after_crc(kind, 0, len(topic), publisher_id, seq, ts_us) + topic + body
     else:

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from journal.record import RecordFieldError
 from protocol.bookmarks import InvalidBookmark, Now, format_bookmark, parse_bookmark
 from protocol.framing import FrameDecoder, FrameError
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, subscribe_options
 
 from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id
-from .pipeline import timestamp_part
+from .pipeline import ABOVE_GAP, DUPLICATE, timestamp_part
 from .router import is_pattern
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,6 +129,7 @@ class Connection(asyncio.Protocol):
         self.subs: dict[str, Subscription] = {}
         self.out: list[bytes] = []
         self.wants_persisted = False
+        self._gap_told = 0  # the gap a persisted failure was sent for (_refuse_above_gap)
         self.is_publisher = False
         self.closing = False
         self.close_reason: str | None = None
@@ -396,13 +398,36 @@ class Connection(asyncio.Protocol):
             self.wants_persisted = True
         self.is_publisher = True
         self.received += 1
-        seq, dup = self.server.pipeline.publish(
-            self, self.pub if h.s is not None else self.server_pub, h.s, topic, body,
-            b',"x":' + _json(h.x) if h.x is not None else b"", h.e,
-        )
+        try:
+            seq, outcome = self.server.pipeline.publish(
+                self, self.pub if h.s is not None else self.server_pub, h.s, topic, body,
+                b',"x":' + _json(h.x) if h.x is not None else b"", h.e,
+            )
+        except RecordFieldError as exc:
+            self.fail(h, "bad frame", str(exc))
+            return
+        if outcome == ABOVE_GAP:
+            self._refuse_above_gap(h, seq)
+            return
         if a is not None and ("processed" in a or "received" in a):
             for kind in _ack_types(a) & {"received", "processed"}:
-                self.send_ack(kind, h.cid, s=seq, reason="duplicate" if dup else None)
+                self.send_ack(kind, h.cid, s=seq, reason="duplicate" if outcome == DUPLICATE else None)
+
+    def _refuse_above_gap(self, h, seq: int) -> None:
+        """A publish past this publisher's gap (an earlier sequence failed to commit): refused
+        and not stored, with a failure ack for each ack type asked for; logged once per gap (a
+        pipelining publisher may have thousands in flight)."""
+        gap = self.server.pipeline.gaps.get(self.pub)
+        detail = (f"sequence {gap} was not persisted; nothing after it is stored until it is sent "
+                  f"again: resend from {gap}")
+        if self._gap_told != gap:
+            self._gap_told = gap
+            log.warning("%s: publishes from s=%d refused until s=%d is sent again", self.describe(), seq, gap)
+        if self.wants_persisted:
+            self.send_ack("persisted", None, "failure", "journal unavailable", detail=detail, s=seq)
+        for kind in _ack_types(h.a) & {"received", "processed"}:
+            self.send_ack(kind, h.cid, "failure", "journal unavailable", detail=detail, s=seq)
+        self.flush_out()
 
     def cmd_subscribe(self, h, body) -> None:
         server = self.server

@@ -38,6 +38,7 @@ _json = msgspec.json.encode
 _decode_body = msgspec.json.Decoder().decode
 _UNSET = object()
 TOPIC_CACHE_LIMIT = 50_000
+STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 
 
 class Message:
@@ -58,7 +59,7 @@ class Message:
 
 
 class Batch:
-    __slots__ = ("acks", "after", "data", "entries", "first_seq", "flushes", "last", "meta", "msgs")
+    __slots__ = ("acks", "after", "data", "doomed", "entries", "first_seq", "flushes", "last", "meta", "msgs")
 
     def __init__(self) -> None:
         self.data = bytearray()
@@ -70,6 +71,7 @@ class Batch:
         self.last: dict = {}  # pub -> (highest seq, offset in data or -1)
         self.after: list = []  # callables(err) once this batch is durable (err None) or failed
         self.meta: dict | None = None  # index metadata committed with this batch
+        self.doomed = False  # failed with an earlier batch (Pipeline._failed): rolled back already
 
     def empty(self) -> bool:
         return not (self.data or self.msgs or self.acks or self.flushes or self.after)
@@ -97,6 +99,8 @@ class Pipeline:
         self.early_subs = 0  # subscriptions with the `live` option that joined the live stream
         self.paused_conns: set = set()
         self.failing = False  # between a failed commit and the loop's rollback
+        self.gaps: dict[int, int] = {}  # pub -> the sequence it must send next (after a failure)
+        self.refused_above_gap = 0
         self.last_ts = 0
         self.delivered_end = journal.end_position if journal is not None else 0
         self._topics: dict[str, tuple] = {}
@@ -129,9 +133,11 @@ class Pipeline:
             tj = self._topic_json[topic] = b',"t":' + _json(topic.decode("utf-8", "replace"))
         return tj
 
-    def publish(self, conn, pub: int, seq: int | None, topic: str, body: bytes, hdr: bytes = b"", exp=None) -> tuple[int, bool]:
-        """Accept one publish. Returns (seq, duplicate).
+    def publish(self, conn, pub: int, seq: int | None, topic: str, body: bytes, hdr: bytes = b"", exp=None) -> tuple[int, int]:
+        """Accept one publish. Returns (seq, outcome): STORED, DUPLICATE, or ABOVE_GAP (refused:
+        an earlier sequence of this publisher failed to commit and was not sent again yet).
 
+        Nothing changes before the record is encoded: RecordFieldError leaves no trace.
         hdr: wire-ready header members stored with the message (`,"x":...`); exp: the `e` header.
         conn may be None for messages the server publishes itself (dead letters).
         """
@@ -147,21 +153,28 @@ class Pipeline:
                 if acks.get(conn, 0) < seq:
                     acks[conn] = seq
                 self._schedule()
-            return seq, True
-        self.highest[pub] = seq
-        if pub not in batch.first_seq:
-            batch.first_seq[pub] = seq
+            return seq, DUPLICATE
+        if self.gaps and pub in self.gaps:
+            if seq != self.gaps[pub]:
+                self.refused_above_gap += 1
+                return seq, ABOVE_GAP
         ts = int(time.time() * 1_000_000)
         ts = max(self.last_ts, ts)  # receive times never go backwards in journal order
-        self.last_ts = ts
         tb, _tj, recorded = self.topic_info(topic)
         if recorded and self.journal is not None:
+            rec = encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, exp, hdr)
             data = batch.data
             off = len(data)
             batch.entries.append((pub, seq, ts, off))
-            data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, exp, hdr)
+            data += rec
         else:
             off = -1
+        if self.gaps:
+            self.gaps.pop(pub, None)
+        self.last_ts = ts
+        self.highest[pub] = seq
+        if pub not in batch.first_seq:
+            batch.first_seq[pub] = seq
         batch.msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
         batch.last[pub] = (seq, off)
         if self.early_subs:
@@ -171,7 +184,7 @@ class Pipeline:
         self.published += 1
         if not self.scheduled:
             self._schedule()
-        return seq, False
+        return seq, STORED
 
     def add_flush(self, conn, cid, acks) -> None:
         self.batch.flushes.append((conn, cid, acks))
@@ -302,11 +315,40 @@ class Pipeline:
         return out
 
     def _failed(self, batch: Batch, err) -> None:
-        """Roll back sequences so the publisher can re-send, then tell each publisher."""
+        """Roll back sequences so the publisher can re-send, then tell each publisher.
+
+        The gap rule (docs/publishing.md): the lowest failed sequence R of a publisher becomes
+        its gap; until a publish of exactly R arrives, every later sequence is refused, not
+        stored and not acked, so a `persisted` ack can never cover a sequence that is not in
+        the journal. Every batch submitted before the fence fails too, and the open batch was
+        built before this failure was known: they are all failed here at once ("doomed"), so no
+        batch submitted after the fence can hold a sequence above any of their gaps.
+        """
+        if not batch.doomed:
+            open_batch = None
+            if not self.batch.empty():
+                open_batch, self.batch = self.batch, Batch()
+            doomed = [batch, *self.inflight, *([open_batch] if open_batch else [])]
+            for b in doomed:
+                b.doomed = True
+                self._roll_back(b)
+            log.error("journal commit failed: %s (%d messages not persisted; %d later batches fail with it)",
+                      err, sum(len(b.msgs) for b in doomed), len(doomed) - 1)
+            self._fence()
+            if open_batch is not None:  # never submitted: fails here, not in the journal
+                self._notify_failed(open_batch, err)
+        self._notify_failed(batch, err)
+
+    def _roll_back(self, batch: Batch) -> None:
+        highest = self.highest
         for pub, first in batch.first_seq.items():
-            if self.highest.get(pub, 0) >= first:
-                self.highest[pub] = first - 1
-        log.error("journal commit failed: %s (%d messages not persisted)", err, len(batch.msgs))
+            if highest.get(pub, 0) >= first:
+                highest[pub] = first - 1
+            gap = self.gaps.get(pub)
+            if gap is None or first < gap:
+                self.gaps[pub] = first
+
+    def _notify_failed(self, batch: Batch, err) -> None:
         reason = getattr(err, "reason", "journal unavailable")
         for conn in batch.acks:
             conn.persist_failed(reason, str(err))
@@ -314,7 +356,6 @@ class Pipeline:
             conn.flush_failed(cid, acks, reason)
         for fn in batch.after:
             fn(err)
-        self._fence()
 
     def _fence(self) -> None:
         """Fail everything queued behind a failed commit until the loop has rolled back.
