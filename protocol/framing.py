@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import struct
 
-from .headers import Header, HeaderError, decode_header, encode_header
+from .headers import FieldError, Header, HeaderError, decode_header, encode_header
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -69,11 +69,15 @@ class FrameTooLarge(FrameError):
 class FrameDecoder:
     """Incremental decoder. States: waiting for a prefix, waiting for the rest of a frame."""
 
-    __slots__ = ("_buf", "max_size")
+    __slots__ = ("_buf", "max_size", "refuse_fields")
 
-    def __init__(self, max_size: int = DEFAULT_MAX_FRAME):
+    def __init__(self, max_size: int = DEFAULT_MAX_FRAME, refuse_fields: bool = False):
+        """refuse_fields: a header whose fields have the wrong type yields (header, FieldError)
+        in place of (header, body), and decoding goes on (the server refuses that one command);
+        otherwise it is a FrameError like any bad header."""
         self._buf = bytearray()
         self.max_size = max_size
+        self.refuse_fields = refuse_fields
 
     @property
     def buffered(self) -> int:
@@ -107,13 +111,21 @@ class FrameDecoder:
                     raise HeaderError("frame does not start with a JSON object header")
                 close += 1
                 try:
-                    header = decode_header(view[start:close])
-                except HeaderError:
-                    m = _HEADER_END.match(view, start, end)
-                    if m is None or m.end() == close:
+                    try:
+                        header = decode_header(view[start:close])
+                    except FieldError:
                         raise
-                    close = m.end()
-                    header = decode_header(view[start:close])
+                    except HeaderError:
+                        m = _HEADER_END.match(view, start, end)
+                        if m is None or m.end() == close:
+                            raise
+                        close = m.end()
+                        header = decode_header(view[start:close])
+                except FieldError as exc:
+                    if not self.refuse_fields or exc.header.c is None:
+                        raise
+                    frames.append((exc.header, exc))
+                    continue
                 if header.c is None:
                     raise HeaderError("header has no command field `c`")
                 frames.append((header, bytes(view[close:end])))

@@ -20,13 +20,38 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["LONG_NAMES", "Header", "HeaderError", "decode_header", "encode_header"]
+__all__ = ["LONG_NAMES", "FieldError", "Header", "HeaderError", "check_fields", "decode_header", "encode_header"]
+
+# Field limits of a command a client sends (check_fields). The journal record holds a topic and
+# a header fragment of at most 65,535 bytes each (journal/record.py); the others keep one
+# command's state small.
+MAX_SEQ = (1 << 63) - 1
+MAX_TOPIC_BYTES = 65_535
+MAX_CORRELATION_ID_BYTES = 32 * 1024
+MAX_FILTER_BYTES = 64 * 1024
+MAX_CID_BYTES = 1024
+MAX_SUB_ID_BYTES = 256
+MAX_BOOKMARK_BYTES = 64 * 1024
+MAX_OPTIONS_BYTES = 4096
+MAX_NAME_BYTES = 1024
 
 
 class HeaderError(ValueError):
     """A header that cannot be decoded; the connection is closed with reason `bad frame`."""
 
     reason = "bad frame"
+
+
+class FieldError(HeaderError):
+    """A readable header with a field of the wrong type, size or range. Only this command is
+    refused (failure ack with `reason`); the connection stays open. `header` holds the fields
+    that were usable (at least `c` and `cid` when given), for the ack."""
+
+    def __init__(self, header: Header, reason: str, detail: str):
+        super().__init__(detail)
+        self.header = header
+        self.reason = reason
+        self.detail = detail
 
 
 class Header(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -88,10 +113,11 @@ _ENC = msgspec.json.Encoder()
 
 
 def decode_header(raw: bytes | memoryview) -> Header:
-    """Decode one header object. Raises HeaderError for anything that is not a usable header."""
+    """Decode one header object. Raises HeaderError for anything that is not a usable header,
+    FieldError (a HeaderError) for a usable one with a field of the wrong type."""
     try:
         return _FAST.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, ValueError, RecursionError):
         pass
     return _decode_lenient(raw)
 
@@ -99,23 +125,33 @@ def decode_header(raw: bytes | memoryview) -> Header:
 def _decode_lenient(raw: bytes | memoryview) -> Header:
     try:
         obj = _ANY.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise HeaderError(f"header is not valid JSON: {exc}; send a flat JSON object") from None
+    except (msgspec.DecodeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise HeaderError(f"header is not valid JSON: {exc}; send a flat JSON object in UTF-8") from None
+    except RecursionError:
+        raise HeaderError("header is nested too deeply; headers are flat (strings or numbers)") from None
     if not isinstance(obj, dict):
         raise HeaderError(f"header is a JSON {type(obj).__name__}, not an object")
     out: dict[str, object] = {}
+    problem = None
     for key, value in obj.items():
         short = LONG_NAMES.get(key, key)
         if short not in _FIELDS:
             continue  # unknown keys are ignored, as AMPS ignores unknown header fields
         if isinstance(value, (dict, list)):
-            raise HeaderError(f"header field {key!r} is nested; headers are flat (strings or numbers)")
+            problem = problem or f"header field {key!r} is nested; headers are flat (strings or numbers)"
+            continue
         if value is None:
             continue
-        if short in _INT_FIELDS:
-            value = _as_int(key, value)
-        elif short in _FLOAT_FIELDS:
-            value = _as_float(key, value)
+        try:
+            if short in _INT_FIELDS:
+                value = _as_int(key, value)
+            elif short in _FLOAT_FIELDS:
+                value = _as_float(key, value)
+        except HeaderError as exc:
+            problem = problem or str(exc)
+            continue
+        if short in _INT_FIELDS or short in _FLOAT_FIELDS:
+            pass
         elif isinstance(value, bool):
             value = "true" if value else "false"
         elif isinstance(value, (int, float)):
@@ -125,9 +161,45 @@ def _decode_lenient(raw: bytes | memoryview) -> Header:
             continue
         out[short] = value
     try:
-        return msgspec.convert(out, Header)
+        header = msgspec.convert(out, Header)
     except msgspec.ValidationError as exc:  # pragma: no cover - coercion above covers the types
         raise HeaderError(f"bad header: {exc}") from None
+    if problem is not None:
+        raise FieldError(header, "bad frame", problem)
+    return header
+
+
+def _too_long(text: str | None, limit: int) -> bool:
+    # a str of n characters takes n..4n bytes in UTF-8: encode only when it could be too long
+    return text is not None and len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit
+
+
+def check_fields(h: Header) -> FieldError | None:
+    """Range and size checks on a command a client sent (the decoder checked the types).
+    None when every field is usable, else the FieldError to refuse the command with."""
+    s = h.s
+    if s is not None and not 0 < s <= MAX_SEQ:
+        return FieldError(h, "bad frame", f"sequence s={s} is out of range: use 1..{MAX_SEQ}")
+    e = h.e
+    if e is not None and not (0.0 < e < float("inf")):
+        return FieldError(h, "bad frame", f"expiration e={e!r} must be a positive, finite number of seconds")
+    if _too_long(h.t, MAX_TOPIC_BYTES):
+        return FieldError(h, "invalid topic", f"topic is longer than {MAX_TOPIC_BYTES} bytes")
+    if _too_long(h.x, MAX_CORRELATION_ID_BYTES):
+        return FieldError(h, "bad frame", f"correlation id x is longer than {MAX_CORRELATION_ID_BYTES} bytes")
+    if _too_long(h.f, MAX_FILTER_BYTES):
+        return FieldError(h, "bad filter", f"filter is longer than {MAX_FILTER_BYTES} bytes")
+    if _too_long(h.cid, MAX_CID_BYTES):
+        return FieldError(h, "bad frame", f"command id cid is longer than {MAX_CID_BYTES} bytes")
+    if _too_long(h.sub_id, MAX_SUB_ID_BYTES * 64):  # a comma list on unsubscribe
+        return FieldError(h, "bad frame", f"sub_id is longer than {MAX_SUB_ID_BYTES * 64} bytes")
+    if _too_long(h.bm, MAX_BOOKMARK_BYTES):
+        return FieldError(h, "invalid bookmark", f"bm is longer than {MAX_BOOKMARK_BYTES} bytes")
+    if _too_long(h.o, MAX_OPTIONS_BYTES):
+        return FieldError(h, "invalid options", f"options o are longer than {MAX_OPTIONS_BYTES} bytes")
+    if _too_long(h.client_name, MAX_NAME_BYTES) or _too_long(h.user_id, MAX_NAME_BYTES):
+        return FieldError(h, "bad frame", f"client_name and user_id are at most {MAX_NAME_BYTES} bytes")
+    return None
 
 
 def _as_int(key: str, value: object) -> int:

@@ -27,6 +27,7 @@ import msgspec
 from journal.record import RecordFieldError
 from protocol.bookmarks import InvalidBookmark, Now, format_bookmark, parse_bookmark
 from protocol.framing import FrameDecoder, FrameError
+from protocol.headers import FieldError, check_fields
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, subscribe_options
 
 from .filters import FilterError, compile_filter
@@ -118,7 +119,7 @@ class Connection(asyncio.Protocol):
         self.server = server
         self.id = next(_conn_ids)
         self.transport_name = transport_name
-        self.decoder = FrameDecoder(max_frame)
+        self.decoder = FrameDecoder(max_frame, refuse_fields=True)
         self.transport = None
         self.peer = "?"
         self.client_name: str | None = None
@@ -168,6 +169,13 @@ class Connection(asyncio.Protocol):
         for header, body in frames:
             if self.closing:
                 break
+            problem = body if type(body) is FieldError else check_fields(header)
+            if problem is not None:
+                self.fail(header, problem.reason, problem.detail)
+                if not self.logged_on:  # a logon is refused with its connection
+                    self.close(problem.reason)
+                    break
+                continue
             handler = handlers.get(header.c)
             if handler is None:
                 self.fail(header, "unknown command", f"unknown command {header.c!r}; see PROTOCOL.md §3")

@@ -1,0 +1,64 @@
+"""Header field checks (protocol/headers.py): types at the decoder, ranges and sizes in
+check_fields, and frames the server refuses one by one (FrameDecoder(refuse_fields=True))."""
+
+import struct
+
+import pytest
+
+from protocol.framing import FrameDecoder, FrameError
+from protocol.headers import MAX_SEQ, FieldError, check_fields, decode_header
+
+
+def frame(header: bytes, body: bytes = b"") -> bytes:
+    return struct.pack(">I", len(header) + len(body)) + header + body
+
+
+@pytest.mark.parametrize("raw,reason,words", [
+    (b'{"c":"publish","t":"a","s":18446744073709551616}', "bad frame", "out of range"),
+    (b'{"c":"publish","t":"a","s":0}', "bad frame", "out of range"),
+    (b'{"c":"publish","t":"a","s":-1}', "bad frame", "out of range"),
+    (b'{"c":"publish","t":"a","s":9223372036854775808}', "bad frame", "out of range"),
+    (b'{"c":"publish","t":"a","e":"nan"}', "bad frame", "positive, finite"),
+    (b'{"c":"publish","t":"a","e":"inf"}', "bad frame", "positive, finite"),
+    (b'{"c":"publish","t":"a","e":-3}', "bad frame", "positive, finite"),
+    (b'{"c":"publish","t":"' + b"t" * 65536 + b'"}', "invalid topic", "longer than 65535"),
+    (b'{"c":"publish","t":"a","x":"' + b"x" * 40000 + b'"}', "bad frame", "correlation id"),
+    (b'{"c":"subscribe","t":"a","f":"' + b"f" * 70000 + b'"}', "bad filter", "filter is longer"),
+    (b'{"c":"subscribe","t":"a","cid":"' + b"c" * 2000 + b'"}', "bad frame", "command id"),
+])
+def test_out_of_range_fields_are_refused(raw, reason, words):
+    problem = check_fields(decode_header(raw))
+    assert isinstance(problem, FieldError)
+    assert problem.reason == reason and words in problem.detail
+
+
+def test_in_range_fields_pass():
+    for raw in (b'{"c":"publish","t":"a","s":1,"e":0.5,"x":"c"}',
+                b'{"c":"publish","t":"a","s":%d}' % MAX_SEQ,
+                b'{"c":"publish","t":"' + b"t" * 65535 + b'"}'):
+        assert check_fields(decode_header(raw)) is None
+
+
+def test_a_field_of_the_wrong_type_refuses_that_command_only():
+    d = FrameDecoder(refuse_fields=True)
+    frames = d.feed(frame(b'{"c":"publish","cid":"7","t":"a","s":"abc"}', b"body")
+                    + frame(b'{"c":"publish","t":"a","s":2}', b"next"))
+    (h1, bad), (h2, body2) = frames
+    assert isinstance(bad, FieldError) and h1.c == "publish" and h1.cid == "7"
+    assert "must be a decimal integer" in bad.detail
+    assert h2.s == 2 and body2 == b"next"
+
+
+def test_the_client_side_decoder_still_treats_a_bad_field_as_a_bad_frame():
+    with pytest.raises(FrameError, match="decimal integer"):
+        FrameDecoder().feed(frame(b'{"c":"publish","s":"abc"}'))
+
+
+@pytest.mark.parametrize("raw,words", [
+    (b'{"c":"publish","t":"a\xff\xfe"}', "not valid JSON"),
+    (b'{"c":"publish","x":' + b"[" * 100000 + b"]" * 100000 + b"}", "nested"),
+    (b'{"c":"publish","x":{"a":1}}', "not valid JSON"),
+])
+def test_invalid_utf8_and_deep_nesting_are_bad_frames(raw, words):
+    with pytest.raises(FrameError, match=words):
+        FrameDecoder(refuse_fields=True).feed(frame(raw))
