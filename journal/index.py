@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 
 import lmdb
 
@@ -46,11 +47,80 @@ class IndexFull(RuntimeError):
         )
 
 
+def data_file_problem(path: str) -> str | None:
+    """Why `path`/data.mdb cannot be opened safely, or None. Checked before LMDB maps the file:
+    a file shorter than its own meta page says would be a SIGBUS on first read, and garbage in
+    the meta pages an lmdb.Error. The layout read here is LMDB's meta page (lmdb.h: MDB_meta
+    after a 16-byte page header: magic, version, address, map size, two MDB_db of 48 bytes,
+    last page number, transaction id); the page size is the free DB's md_pad."""
+    f = os.path.join(path, "data.mdb")
+    try:
+        size = os.path.getsize(f)
+    except FileNotFoundError:
+        return None  # a new index
+    if size == 0:
+        return None
+    if size < 2 * 4096:
+        return f"data.mdb is {size} bytes, shorter than its two meta pages"
+    with open(f, "rb") as fh:
+        head = fh.read(2 * 65536)
+    best = None
+    psize = struct.unpack_from("<I", head, 16 + 24)[0]
+    if psize < 512 or psize > 65536 or psize & (psize - 1):
+        return f"data.mdb has an impossible page size {psize}"
+    for page in (0, 1):
+        off = page * psize + 16
+        if off + 152 > len(head):
+            return "data.mdb is truncated inside its meta pages"
+        magic, version = struct.unpack_from("<II", head, off)
+        if magic != 0xBEEFC0DE or version != 1:
+            return f"meta page {page} of data.mdb has no LMDB signature"
+        last_pg, txnid = struct.unpack_from("<QQ", head, off + 120)
+        if best is None or txnid > best[1]:
+            best = (last_pg, txnid)
+    need = (best[0] + 1) * psize
+    if size < need:
+        return f"data.mdb is {size} bytes but its meta page says {need}: the file was truncated"
+    return None
+
+
 class JournalIndex:
     def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE):
+        """Opens the index at path. A data file that LMDB cannot open safely (data_file_problem)
+        or that fails a full read is moved aside as `<path>.unreadable-<time>` and a new, empty
+        index is made (`rebuilt` is then the reason): the journal re-indexes the segments."""
         os.makedirs(path, exist_ok=True)
         self.path = path
         self.map_size = map_size
+        self.rebuilt: str | None = None
+        problem = data_file_problem(path)
+        if problem is None:
+            try:
+                self._open()
+                self._check_readable()
+                return
+            except lmdb.Error as exc:
+                try:
+                    self.env.close()
+                except Exception:  # noqa: BLE001 - it is being discarded
+                    pass
+                problem = f"LMDB cannot read it: {exc}"
+        aside = f"{path}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"
+        os.rename(path, aside)
+        os.makedirs(path)
+        self.rebuilt = f"{problem}; moved to {aside}"
+        self._open()
+
+    def _check_readable(self) -> None:
+        """Read every entry once, so damage inside the file surfaces now, not in a lookup."""
+        for db in (self._meta, self._pub, self._bm, self._time):
+            with self.env.begin(db=db) as txn:
+                for _ in txn.cursor().iternext(keys=True, values=False):
+                    pass
+
+    def _open(self) -> None:
+        path = self.path
+        map_size = self.map_size
         self.env = lmdb.open(
             path,
             map_size=map_size,

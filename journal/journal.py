@@ -42,6 +42,7 @@ import time
 from .errors import CorruptSegment, JournalClosed, JournalError, JournalLocked, JournalUnavailable
 from .fileio import FileIO
 from .index import JournalIndex
+from .integrity import Integrity
 from .manifest import Manifest, save_manifest
 from .reading import JournalReader
 from .record import RECORD_HEADER_SIZE
@@ -85,6 +86,7 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         self._retired: list[tuple[float, Segment, int | None]] = []  # (when, segment, cached fd)
         self.manifest = Manifest()
         self.stats = CommitStats()
+        self.integrity = Integrity()
         self.recovery: dict = {}
         try:
             self._open_segments()

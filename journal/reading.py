@@ -11,11 +11,12 @@ from .errors import CorruptSegment
 from .index import BM_SPAN
 from .record import (
     SEGMENT_HEADER_SIZE,
-    CorruptRecord,
     Record,
     decode_records,
     record_length_at,
+    resync,
     scan_records,
+    verified_prefix,
 )
 from .segments import READ_BLOCK, Segment, _seg_base
 
@@ -53,40 +54,66 @@ class JournalReader:
 
     def _pread(self, seg, position: int, max_bytes: int) -> bytes:
         """Stored bytes of a plain segment from position, at most max_bytes within the segment
-        and the durable end, or the whole record there when it is larger."""
+        and the durable end, or the whole record there when it is larger (as far as the
+        segment goes: a damaged length is found by the checks, not here)."""
         limit = min(seg.end, self._end) - position
         fd = self._reader_fd(seg)
         off = SEGMENT_HEADER_SIZE + position - seg.base
         buf = os.pread(fd, min(max_bytes, limit), off)
         if len(buf) >= 4:
             size = record_length_at(buf, 0)
-            if size > len(buf):
-                if size > limit:
-                    raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
+            if len(buf) < size <= limit:
                 buf = os.pread(fd, size, off)
         return buf
+
+    def _intact(self, seg, position: int, max_bytes: int) -> tuple[bytes, int]:
+        """(bytes of whole, checked records from position, position): damage is reported and
+        skipped, so the position returned may be past the one asked for; (b"", end) when
+        nothing good is left in the segment (end: its end, or the durable end)."""
+        limit = min(seg.end, self._end)
+        while position < limit:
+            buf = self._pread(seg, position, max_bytes)
+            stop, bad = verified_prefix(buf)
+            if stop:
+                return (buf if stop == len(buf) else buf[:stop]), position
+            reason = "bad length, kind or checksum" if bad == 0 else "record runs past the end of the segment"
+            nxt = self._resync(seg, position + 1, limit)
+            self.integrity.damaged(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, nxt - position, reason)
+            position = nxt
+        return b"", limit
+
+    def _resync(self, seg, position: int, limit: int) -> int:
+        """The position of the first good record at or after position in seg, else limit."""
+        window = 4 * READ_BLOCK
+        fd = self._reader_fd(seg)
+        while position < limit:
+            buf = os.pread(fd, min(window, limit - position), SEGMENT_HEADER_SIZE + position - seg.base)
+            found = resync(buf, 0)
+            if found >= 0:
+                return position + found
+            if position + len(buf) >= limit:
+                break
+            # the next window overlaps this one by a record header and a little: a good record
+            # that began near its end is found whole in the next
+            position += max(1, len(buf) - 64 * 1024)
+        return limit
 
     def read(self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False) -> tuple[list[Record], int]:
         """Records from `position` (a record boundary) up to about max_bytes, and the next position.
 
-        Reads only durable records. At the end of the journal returns ([], position).
+        Reads only durable, checked records (damage is skipped and reported; `verify` is kept
+        for callers: every read verifies). At the end of a segment returns ([], position).
         """
         seg, position = self._at(position)
         if seg is None:
             return [], position
         if seg.reader is not None:
             try:
-                return seg.reader.read(position, max_bytes, verify)
+                return seg.reader.read(position, max_bytes, True)
             except CorruptCompacted as exc:
                 raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
-        buf = self._pread(seg, position, max_bytes)
-        off = SEGMENT_HEADER_SIZE + position - seg.base
-        try:
-            recs, stop = decode_records(buf, 0, len(buf), position, verify)
-        except CorruptRecord as exc:
-            raise CorruptSegment(seg.path, off + exc.offset, exc.reason) from None
-        if not recs:
-            raise CorruptSegment(seg.path, off, "record runs past the end of the segment")
+        buf, position = self._intact(seg, position, max_bytes)
+        recs, stop = decode_records(buf, 0, len(buf), position, False)
         return recs, position + stop
 
     def read_raw(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[list[tuple], int]:
@@ -103,23 +130,23 @@ class JournalReader:
                 return seg.reader.read_raw(position, max_bytes)
             except CorruptCompacted as exc:
                 raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
-        recs, stop = scan_records(self._pread(seg, position, max_bytes), position)
-        if not recs:
-            raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, "record runs past the end of the segment")
+        buf, position = self._intact(seg, position, max_bytes)
+        recs, stop = scan_records(buf, position)
         return recs, position + stop
 
     def read_block(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[bytes, int] | None:
-        """The stored bytes from `position` to at most max_bytes on (more when the record there
-        is larger), within its segment and the durable end, as (bytes, position); the position
-        is normalized like read_raw's. None in a compacted segment, whose bytes are not stored
-        as they were written (use read_raw). Replay and queues splice frames from these bytes.
+        """Checked stored bytes from `position`: whole good records, to at most max_bytes on
+        (more when the record there is larger), within its segment and the durable end, as
+        (bytes, position); the position is normalized like read_raw's and moves past damage
+        (reported, never returned). None in a compacted segment, whose bytes are not stored as
+        they were written (use read_raw). Replay and queues splice frames from these bytes.
         """
         seg, position = self._at(position)
         if seg is None:
             return b"", position
         if seg.reader is not None:
             return None
-        return self._pread(seg, position, max_bytes), position
+        return self._intact(seg, position, max_bytes)
 
     def scan(self, position: int | None = None, max_bytes: int = READ_BLOCK):
         """Iterate every durable record from `position` (default: the start) to the current end."""

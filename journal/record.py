@@ -38,8 +38,10 @@ offset size  field
 Flags: bit 0 = expiration present (the publish's `e`), bit 1 = header fragment present. A
 record with flags 0 is exactly the fixed header, topic and body.
 
-A record whose length runs past the end of the file, or whose crc does not match, marks a torn
-or damaged tail: recovery truncates the segment there (see segments.py).
+Every read checks each record (`verified_prefix`: a length that holds the record's own fields,
+a known kind and flags, the crc); a damaged record is never served: readers report it and go on
+at the next good record (`resync`). A partial record at the end of the newest segment is a
+torn tail, which recovery truncates (docs/integrity.md).
 """
 
 from __future__ import annotations
@@ -330,3 +332,63 @@ def record_columns(buf, offsets, stop: int) -> dict:
         "topic_end": t + tlen,
         "body_end": ends,
     }
+
+
+def _check_py(buf, pos: int, end: int) -> int:
+    """Size of the good record at pos; 0 if damaged; -1 if it runs past end."""
+    if end - pos < RECORD_HEADER_SIZE:
+        return -1
+    length, crc, kind, flags, tlen = _check_head(buf, pos)
+    total = 4 + length
+    if length < RECORD_HEADER_SIZE - 4 + tlen or kind not in (1, 2) or flags & ~3:
+        return 0
+    if pos + total > end:
+        return -1
+    need = RECORD_HEADER_SIZE + (4 if flags & FLAG_EXPIRATION else 0)  # where the fragment's length is
+    if flags & FLAG_HEADER:
+        if need + 2 > total:
+            return 0
+        need += 2 + _u16.unpack_from(buf, pos + need)[0]
+    need += tlen
+    if need > total or _crc32(memoryview(buf)[pos + 8 : pos + total]) != crc:
+        return 0
+    return total
+
+
+_check_head = struct.Struct("<IIBBH").unpack_from
+
+
+def verified_prefix_py(buf) -> tuple[int, int]:
+    """(stop, bad): the offset after the good records at the start of buf, and that offset
+    again if the record there is damaged, or -1 if buf ended (or a record runs past it)."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        n = _check_py(buf, pos, end)
+        if n > 0:
+            pos += n
+            continue
+        return pos, (pos if n == 0 else -1)
+    return pos, -1
+
+
+def resync_py(buf, start: int) -> int:
+    """The first offset at or after start where a whole good record lies in buf, or -1."""
+    end = len(buf)
+    for pos in range(max(start, 0), end - RECORD_HEADER_SIZE + 1):
+        if buf[pos + 8] in (1, 2) and _check_py(buf, pos, end) > 0:
+            return pos
+    return -1
+
+
+try:  # the C twin (journal/_verify.c), built when a compiler and zlib's headers are there
+    import os as _os
+
+    if _os.environ.get("TICKERTAPE_PURE_PYTHON"):
+        raise ImportError
+    from ._verify import resync, verified_prefix
+
+    VERIFY_ACCELERATED = True
+except ImportError:
+    verified_prefix, resync = verified_prefix_py, resync_py
+    VERIFY_ACCELERATED = False
+

@@ -16,14 +16,15 @@ from .compacted import CompactedReader, CorruptCompacted, is_compacted_name
 from .errors import CorruptSegment
 from .manifest import load_manifest
 from .record import (
+    KIND_MESSAGE,
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     CorruptRecord,
     Record,
-    decode_records,
     decode_segment_header,
     encode_segment_header,
-    record_length_at,
+    scan_records,
+    verified_prefix,
 )
 from .segments import READ_BLOCK, Segment, _base_of, segment_name
 
@@ -63,9 +64,7 @@ class JournalRecovery:
                 else:
                     raise CorruptSegment(path, exc.offset, exc.reason) from None
             if segs and base != segs[-1].end:
-                raise CorruptSegment(
-                    path, 0, f"starts at position {base} but the previous segment ends at {segs[-1].end} (a segment is missing)"
-                )
+                self._segment_gap(segs[-1], path, base)
             segs.append(Segment(base, path, size))
         if not segs or segs[-1].reader is not None:
             base = segs[-1].end if segs else self.manifest.start
@@ -74,14 +73,17 @@ class JournalRecovery:
             segs.append(Segment(base, path, 0))
         self.segments = segs
         self._bases = [s.base for s in segs]
+        self._end = segs[-1].end
 
+        if self.index.rebuilt:
+            log.warning("journal: the index was unreadable (%s); rebuilding it from the segments", self.index.rebuilt)
+            self.integrity.index_rebuilds += 1
         upto = self.index.indexed_upto()
         first, end = segs[0].base, segs[-1].end
-        if upto > end or (upto < first and self.index.count() > 0 and upto != 0):
-            log.warning(
-                "journal: index checkpoint %d is outside the journal [%d, %d]; rebuilding the index",
-                upto, first, end,
-            )
+        suspect = self._index_problem(upto, first, end)
+        if suspect:
+            log.warning("journal: %s; rebuilding the index from the segments", suspect)
+            self.integrity.index_rebuilds += 1
             self.index.reset()
             upto = first
         upto = max(upto, first)
@@ -167,8 +169,46 @@ class JournalRecovery:
             indexed += len(recs)
             pos = nxt
 
+    def _segment_gap(self, prev: Segment, path: str, base: int) -> None:
+        """Segment `path` does not start where the one before it ends: report what is missing
+        and serve the rest (an overlap cannot be read in any order and is refused)."""
+        if base < prev.end:
+            raise CorruptSegment(path, 0, f"starts at position {base}, inside the previous segment "
+                                          f"{prev.path} (which ends at {prev.end})")
+        missing = base - prev.end
+        reason = (f"{prev.path} ends at position {prev.end} but the next segment starts at {base}: "
+                  f"{missing} bytes are missing (the file was truncated, or a segment was removed)")
+        self.integrity.damaged(prev.path, SEGMENT_HEADER_SIZE + prev.size, missing, reason)
+
+    def _index_problem(self, upto: int, first: int, end: int) -> str | None:
+        """Why the index cannot be trusted against these segments, or None: its checkpoint
+        must be a record boundary inside the journal, and each publisher's newest entry must
+        name the record it points at."""
+        if upto > end or (upto < first and upto != 0 and self.index.count() > 0):
+            return f"index checkpoint {upto} is outside the journal [{first}, {end}]"
+        if first < upto < end and not self._good_record_at(upto):
+            segs, i = self._find(upto)
+            if segs[i].reader is None and self._resync(segs[i], upto, segs[i].end) < segs[i].end:
+                return f"index checkpoint {upto} is not at the start of a record (good records follow it)"
+        for pub, (seq, pos) in list(self.index.publishers().items())[:1000]:
+            if first <= pos < min(upto, end):
+                recs, _ = self.read_raw(pos, RECORD_HEADER_SIZE + 64 * 1024)
+                if recs and recs[0][0] == pos and (recs[0][2], recs[0][3]) != (pub, seq):
+                    return f"the index says publisher {pub} seq {seq} is at {pos}, but the record there is not"
+        return None
+
+    def _good_record_at(self, position: int) -> bool:
+        segs, i = self._find(position)
+        seg = segs[i]
+        if position == seg.end or seg.reader is not None:
+            return True
+        buf = self._pread(seg, position, RECORD_HEADER_SIZE + 64 * 1024)
+        return verified_prefix(buf)[0] > 0
+
     def _scan_and_index(self, start: int) -> tuple[int, int]:
-        """Verify and index every record from `start` to the end; truncate a bad tail."""
+        """Verify and index every record from `start` to the end. Damage is reported and
+        skipped; a partial or damaged tail of the newest segment with no good record after it
+        (a torn write) is truncated."""
         indexed = 0
         i = self._segment_index(start)
         while i < len(self.segments):
@@ -178,30 +218,22 @@ class JournalRecovery:
                 indexed += self._index_compacted(seg, pos)
                 i += 1
                 continue
-            with open(seg.path, "rb") as f:
-                while pos < seg.end:
-                    f.seek(SEGMENT_HEADER_SIZE + (pos - seg.base))
-                    buf = f.read(min(4 * READ_BLOCK, seg.end - pos))
-                    try:
-                        recs, stop = decode_records(buf, 0, len(buf), pos)
-                    except CorruptRecord as exc:
-                        recs, stop = decode_records(buf, 0, exc.offset, pos)
-                        self._index_records(recs, pos + stop)
-                        return indexed + len(recs), self._truncate_tail(i, pos + stop, exc.reason)
-                    if not recs:
-                        need = record_length_at(buf, 0) if len(buf) >= 4 else RECORD_HEADER_SIZE
-                        if len(buf) >= RECORD_HEADER_SIZE and pos + need <= seg.end:
-                            f.seek(SEGMENT_HEADER_SIZE + (pos - seg.base))
-                            buf = f.read(need)  # one record larger than the read block
-                            try:
-                                recs, stop = decode_records(buf, 0, len(buf), pos)
-                            except CorruptRecord as exc:
-                                return indexed, self._truncate_tail(i, pos, exc.reason)
-                        else:
-                            return indexed, self._truncate_tail(i, pos, "record runs past the end of the file")
-                    self._index_records(recs, pos + stop)
+            last = i == len(self.segments) - 1
+            while pos < seg.end:
+                buf = self._pread(seg, pos, 4 * READ_BLOCK)
+                stop, bad = verified_prefix(buf)
+                if stop:
+                    recs, _ = scan_records(buf[:stop], pos)
+                    self.index.add(((r[2], r[3], r[4], r[0]) for r in recs if r[1] == KIND_MESSAGE), pos + stop)
                     indexed += len(recs)
                     pos += stop
+                    continue
+                nxt = self._resync(seg, pos + 1, seg.end)
+                reason = "bad length, kind or checksum" if bad == 0 else "record runs past the end of the file"
+                if last and nxt >= seg.end:
+                    return indexed, self._truncate_tail(i, pos, reason)
+                self.integrity.damaged(seg.path, SEGMENT_HEADER_SIZE + pos - seg.base, nxt - pos, reason)
+                pos = nxt
             i += 1
         return indexed, 0
 
@@ -218,10 +250,11 @@ class JournalRecovery:
             return 0
         offset = SEGMENT_HEADER_SIZE + position - seg.base
         log.warning(
-            "journal: truncating damaged tail of %s at offset %d (%s): %d bytes dropped; "
-            "they were never acknowledged as persisted",
+            "journal: truncating the tail of %s at offset %d (%s): %d bytes with no good record "
+            "after them dropped (a write torn by a crash, never acknowledged as persisted)",
             seg.path, offset, reason, dropped,
         )
+        self.integrity.truncated_bytes += dropped
         with open(seg.path, "r+b") as f:
             f.truncate(offset)
             os.fsync(f.fileno())

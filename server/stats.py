@@ -76,6 +76,7 @@ class Stats:
                 "last_commit_latency_s": st.last_latency_s,
                 "inflight_bytes": p.inflight_bytes if p else 0,
                 "recovery": j.recovery,
+                "integrity": j.integrity.snapshot(),
             }
         return out
 
@@ -123,6 +124,11 @@ class Stats:
             metric("journal_commits_total", "counter", "Group commits.", j["commits"])
             metric("journal_records_total", "counter", "Records committed since start.", j["records"])
             metric("journal_write_failures_total", "counter", "Failed journal writes.", j["write_failures"])
+            ig = j["integrity"]
+            metric("journal_damaged_regions_total", "counter", "Damaged regions of the journal found at rest and skipped (never served).", ig["damaged_regions"])
+            metric("journal_damaged_bytes_total", "counter", "Bytes of the journal skipped as damaged.", ig["damaged_bytes"])
+            metric("journal_truncated_bytes_total", "counter", "Bytes of a torn tail truncated at open.", ig["truncated_bytes"])
+            metric("journal_index_rebuilds_total", "counter", "Times the derived index was found unreadable or inconsistent and rebuilt.", ig["index_rebuilds"])
             metric("journal_available", "gauge", "1 while the journal takes writes, 0 from a failed write until a probe succeeds.", int(j["available"]))
             metric("journal_recoveries_total", "counter", "Times the journal became available again by itself.", j["recoveries"])
             metric("journal_last_commit_latency_seconds", "gauge", "Duration of the last group commit.", j["last_commit_latency_s"])

@@ -179,7 +179,7 @@ def test_corrupted_tail_is_truncated_at_start(tmp_path):
     with open(seg, "ab") as f:
         f.write(b"\x40\x00\x00\x00garbage-that-was-being-written")
     srv.start()
-    srv.wait_for_log("truncating damaged tail")
+    srv.wait_for_log("truncating the tail")
     assert [json.loads(b)["i"] for _, b in replay_all(srv.port)] == list(range(1, 51))
     srv.stop()
 
