@@ -251,6 +251,10 @@ def _run(spark, req: dict, started: float, jvm_s: float, progress: bool, verify:
         summary.update(status="failed", error=msg, seconds=round(time.monotonic() - started, 2))
         return summary
     tasks_s = time.monotonic() - t0
+    damaged = [(s["path"], off, size) for m in metas for s in m.get("segments", ()) for off, size in s.get("damaged", ())]
+    if damaged:  # skipped by the tasks (jobs.read_segment): reported, never archived as data
+        summary["damaged"] = [{"file": p, "offset": o, "bytes": n} for p, o, n in damaged[:100]]
+        summary["damaged_bytes"] = sum(n for _, _, n in damaged)
     try:
         if kind == "archive":
             extra = _verify_and_publish_archive(spark, req, metas, stage, verify)

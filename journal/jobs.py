@@ -30,6 +30,7 @@ Compaction keeps a record if any of these holds (policy, see maintenance.make_re
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import zlib
@@ -42,9 +43,12 @@ from .record import (
     SEGMENT_HEADER_SIZE,
     CorruptRecord,
     decode_segment_header,
+    good_runs,
     record_columns,
     record_offsets,
 )
+
+log = logging.getLogger("tickertape.journal")
 
 DAY_US = 86_400_000_000
 PARQUET_LEVEL = 3
@@ -88,11 +92,12 @@ def _stat_key(path: str) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def read_segment(entry: dict):
-    """Yield (buf, positions, columns) chunks of every record of one segment, checksums verified.
+def read_segment(entry: dict, damaged: list | None = None):
+    """Yield (buf, positions, columns) chunks of every good record of one segment, checksums
+    verified. A damaged region of a plain segment is skipped (never archived or compacted as
+    data) and appended to `damaged` as (file offset, bytes), and logged.
 
-    entry: a request's segment entry (path, base, end, kind, file_bytes, mtime_ns). Also fills
-    entry-level stats into the returned dict of the last iteration via `stats` (see below).
+    entry: a request's segment entry (path, base, end, kind, file_bytes, mtime_ns).
     """
     import numpy as np
 
@@ -116,14 +121,19 @@ def read_segment(entry: dict):
         if base != entry["base"]:
             raise SegmentChanged(path, f"starts at {base}, not {entry['base']}")
         buf = memoryview(data)[SEGMENT_HEADER_SIZE:]
-        try:
-            offs, stop = record_offsets(buf, verify=True)
-        except CorruptRecord as exc:
-            raise SegmentChanged(path, f"is damaged at offset {SEGMENT_HEADER_SIZE + exc.offset}: {exc.reason}") from None
-        if stop != len(buf) or base + stop != entry["end"]:
-            raise SegmentChanged(path, f"ends with a partial record at offset {SEGMENT_HEADER_SIZE + stop}")
-        cols = record_columns(buf, offs, stop)
-        yield buf, base + cols["offset"], cols, file_crc
+        if base + len(buf) != entry["end"]:
+            raise SegmentChanged(path, f"holds {len(buf)} bytes of records, not {entry['end'] - base}")
+        found: list = []
+        for a, b in good_runs(buf, found):
+            run = buf[a:b]
+            offs, stop = record_offsets(run, verify=False)
+            cols = record_columns(run, offs, stop)
+            yield run, base + a + cols["offset"], cols, file_crc
+        for off, nbytes in found:
+            log.warning("journal job: %s is damaged at offset %d: %d bytes skipped (not archived or "
+                        "compacted as data)", path, SEGMENT_HEADER_SIZE + off, nbytes)
+            if damaged is not None:
+                damaged.append((SEGMENT_HEADER_SIZE + off, nbytes))
     else:
         reader = CompactedReader(path)
         try:
@@ -268,7 +278,8 @@ def archive_group(group: dict) -> dict:
         for entry in segs:
             st = {"path": entry["path"], "base": entry["base"], "end": entry["end"], "records": 0,
                   "crc_sum": 0, "first": None, "last": None, "file_crc32": None, "file_bytes": entry["file_bytes"]}
-            for buf, positions, cols, file_crc in read_segment(entry):
+            damaged: list = st.setdefault("damaged", [])
+            for buf, positions, cols, file_crc in read_segment(entry, damaged):
                 st["file_crc32"] = file_crc
                 n = len(positions)
                 if n == 0:
@@ -450,7 +461,8 @@ def compact_group(group: dict) -> dict:
         for entry in segs:
             st = {"path": entry["path"], "base": entry["base"], "end": entry["end"], "records": 0,
                   "crc_sum": 0, "file_crc32": None, "file_bytes": entry["file_bytes"], "kept": 0}
-            for buf, positions, cols, file_crc in read_segment(entry):
+            damaged: list = st.setdefault("damaged", [])
+            for buf, positions, cols, file_crc in read_segment(entry, damaged):
                 st["file_crc32"] = file_crc
                 n = len(positions)
                 if n == 0:

@@ -392,3 +392,21 @@ except ImportError:
     verified_prefix, resync = verified_prefix_py, resync_py
     VERIFY_ACCELERATED = False
 
+
+def good_runs(buf, damaged: list):
+    """Yield (start, end) of each run of good records in buf (a whole sealed segment's
+    records); every region between them that is not a good record, a partial one at the end
+    included, is appended to `damaged` as (offset, size). The batch job's walk."""
+    pos, n = 0, len(buf)
+    mv = memoryview(buf)
+    while pos < n:
+        stop, _bad = verified_prefix(mv[pos:])
+        if stop:
+            yield pos, pos + stop
+            pos += stop
+            continue
+        nxt = resync(mv, pos + 1)
+        end = n if nxt < 0 else nxt
+        damaged.append((pos, end - pos))
+        pos = end
+
