@@ -115,13 +115,15 @@ import difflib
 import os
 import re
 import stat
-import warnings
 from collections import ChainMap
 from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any, TypeVar
 
+from protocol.patterns import PatternError, compile_pattern
+
 from .errors import ConfigError, Problem
+from .limits import LIMIT_ELEMENTS
 from .model import (
     DEFAULT_ADMIN_PORT,
     DEFAULT_CLIENT_MAX_BUFFER_SIZE,
@@ -279,6 +281,7 @@ ROOT = _Spec(
         "Name",
         "ClientMaxBufferSize",
         "IdlePoll",
+        *LIMIT_ELEMENTS,
         "Transports",
         "Admin",
         "Logging",
@@ -298,7 +301,6 @@ ROOT = _Spec(
         "MessageDiskLimit": _SLOW_CLIENT,
         "MessageDiskPath": _SLOW_CLIENT,
         "ClientMaxCapacity": _SLOW_CLIENT,
-        "ClientMessageAgeLimit": _SLOW_CLIENT,
         "ProcessorAffinity": "not applicable to a Python server",
     },
     misnamed={
@@ -1159,7 +1161,8 @@ class _Loader:
                 "(longer only burns CPU: a sleeping server wakes within tens of microseconds)",
             )
             poll = DEFAULT_IDLE_POLL
-        return Limits(client_max_buffer_size=size, idle_poll=poll)
+        return Limits(client_max_buffer_size=size, idle_poll=poll,
+                      **{f: sec.value(tag, parse, default) for tag, (f, parse, default) in LIMIT_ELEMENTS.items()})
 
     def _raw(self, node: Node) -> RawElement:
         self._check_attrs(node)
@@ -1188,13 +1191,11 @@ def _log_level(text: str) -> str:
 
 def _topic_pattern(text: str) -> str:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. FutureWarning on "[[": not the user's error
-            re.compile(text)
-    except re.error as e:
-        where = f" at position {e.pos}" if e.pos is not None else ""
+        compile_pattern(text)
+    except PatternError as e:
         raise ValueError(
-            f"invalid regular expression {text!r}: {e.msg}{where}; topic names here are "
-            r"regular expressions (escape a literal dot as \.)"
+            f"invalid regular expression {text!r}: {e.why}; topic names here are "
+            r"regular expressions (escape a literal dot as \.; RE2 syntax: no backreferences "
+            "or lookaround)"
         ) from None
     return text

@@ -37,11 +37,12 @@ the call is cheap enough for the publish path.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from typing import Literal
 
 import msgspec
+
+from protocol.patterns import compile_pattern
 
 __all__ = [
     "DEFAULT_ADMIN_PORT",
@@ -157,7 +158,7 @@ class TransactionLog(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
     @functools.cached_property
     def _lookup(self) -> Callable[[str], TopicSpec | None]:
-        compiled = tuple((re.compile(t.name), t) for t in self.topics)
+        compiled = tuple((compile_pattern(t.name), t) for t in self.topics)
 
         @functools.lru_cache(maxsize=4096)
         def lookup(topic: str) -> TopicSpec | None:
@@ -271,6 +272,14 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     wake-up of a sleeping CPU, which on virtual machines costs tens of microseconds per round
     trip; the price is at most this much CPU after each burst of input. Not while a journal
     commit is in flight (the writer thread then needs the GIL)."""
+    # Input and connection bounds (config/limits.py documents each; docs/configuration.md)
+    logon_timeout: float = 10.0
+    max_logon_message_size: int = 64 * 1024
+    input_memory_limit: int = 256 * 1024 * 1024
+    partial_message_timeout: float = 60.0
+    idle_timeout: float = 0.0
+    client_message_age_limit: float = 60.0
+    client_max_subscriptions: int = 1000
 
 
 class RawElement(msgspec.Struct, frozen=True, kw_only=True):

@@ -28,6 +28,7 @@ from protocol.options import InvalidOptions, sow_delete_options
 from . import splice
 from .connection import Connection, Subscription
 from .filters import FilterError, compile_filter
+from .intake import Intake
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay import Cursor, Plan, Replay, plan_replay
@@ -58,6 +59,7 @@ class Server:
         self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
         self.max_client_buffer = config.limits.client_max_buffer_size
         self.idle_poll = config.limits.idle_poll
+        self.intake = Intake(config.limits)
         self._polling = False
         self._input_at = 0.0
         self.poll_rounds = 0  # loop iterations spent polling instead of sleeping (stats)
@@ -193,6 +195,7 @@ class Server:
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
         self.heartbeats.discard(conn)
+        self.intake.forget(conn)
         if conn.client_name and self.names.get(conn.client_name) is conn:
             del self.names[conn.client_name]
         if self.pipeline is not None:
@@ -371,6 +374,7 @@ class Server:
                 elif now - conn.last_send >= iv:
                     conn.out.append(hb_frame)
                     conn.flush_out()
+            self.intake.sweep(self.connections, now)
             self.queues.tick()
             if self.maintenance is not None:
                 self.maintenance.tick(now)

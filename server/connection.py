@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 import struct
 import time
 from typing import TYPE_CHECKING
@@ -26,8 +25,9 @@ import msgspec
 
 from journal.record import RecordFieldError
 from protocol.bookmarks import InvalidBookmark, Now, format_bookmark, parse_bookmark
-from protocol.framing import FrameDecoder, FrameError
-from protocol.headers import FieldError, check_fields
+from protocol.framing import FrameDecoder, FrameError, FrameTooLarge
+from protocol.headers import MAX_SUB_ID_BYTES, FieldError, check_fields
+from protocol.patterns import PatternError, compile_pattern
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, subscribe_options
 
 from .filters import FilterError, compile_filter
@@ -90,8 +90,8 @@ class Subscription:
         self.regex_b = None
         if regex is not None:
             try:
-                self.regex_b = re.compile(self.topic_b)
-            except re.error:  # pragma: no cover - a str pattern that is not a bytes pattern
+                self.regex_b = compile_pattern(self.topic_b)
+            except PatternError:  # pragma: no cover - the str pattern compiled already
                 self.regex_b = None
         self.acked_bm = None
         self.early = False  # `live` option: delivered at publish time, before the commit
@@ -119,7 +119,13 @@ class Connection(asyncio.Protocol):
         self.server = server
         self.id = next(_conn_ids)
         self.transport_name = transport_name
-        self.decoder = FrameDecoder(max_frame, refuse_fields=True)
+        self.max_frame = max_frame  # after logon; before it, <MaxLogonMessageSize> (server/intake.py)
+        self.decoder = FrameDecoder(min(max_frame, server.config.limits.max_logon_message_size), refuse_fields=True)
+        self.buffered = 0  # bytes of a partial frame, as the intake last counted them
+        self.partial_since: float | None = None
+        self.bytes_written = 0
+        self.drained_mark = 0
+        self.drained_at = 0.0
         self.transport = None
         self.peer = "?"
         self.client_name: str | None = None
@@ -136,6 +142,7 @@ class Connection(asyncio.Protocol):
         self.close_reason: str | None = None
         self.hb_interval = 0.0
         now = time.monotonic()
+        self.connected_at = now
         self.last_recv = now
         self.last_send = now
         self.ack_conflation = 0.0
@@ -165,6 +172,12 @@ class Connection(asyncio.Protocol):
         except FrameError as exc:
             frames = exc.frames
             error = exc
+            if not self.logged_on and isinstance(exc, FrameTooLarge):
+                self.server.intake.frame_too_large_before_logon(self)
+                error = FrameError(f"{exc}; before logon frames are at most <MaxLogonMessageSize> "
+                                   f"{self.decoder.max_size} bytes", exc.frames)
+        if not self.server.intake.after_feed(self):
+            return
         handlers = _HANDLERS
         for header, body in frames:
             if self.closing:
@@ -237,6 +250,7 @@ class Connection(asyncio.Protocol):
         if self.transport.is_closing():
             return
         self.transport.write(data)
+        self.bytes_written += len(data)
         self.last_send = time.monotonic()
         if self.transport.get_write_buffer_size() > self.server.max_client_buffer:
             self.close("slow client", abort=True)
@@ -388,6 +402,7 @@ class Connection(asyncio.Protocol):
         self.server_pub = server_publisher_id(self.client_name, server.name)
         self.ack_conflation = opts.ack_conflation or 0.0
         self.logged_on = True
+        self.decoder.max_size = self.max_frame
         seq = server.pipeline.durable.get(self.pub, 0)
         log.info("logon: %s user=%s last_seq=%d", self.describe(), self.user_id or "-", seq)
         if "processed" in acks or not acks:
@@ -420,6 +435,20 @@ class Connection(asyncio.Protocol):
         if a is not None and ("processed" in a or "received" in a):
             for kind in _ack_types(a) & {"received", "processed"}:
                 self.send_ack(kind, h.cid, s=seq, reason="duplicate" if outcome == DUPLICATE else None)
+
+    def _room_for_subscription(self, h, sub_id: str) -> bool:
+        """A new subscription fits the connection's bounds: <ClientMaxSubscriptions>, and a
+        sub_id short enough that a delivery's `sids` (every matching sub_id) stays small."""
+        if len(sub_id.encode()) > MAX_SUB_ID_BYTES or "," in sub_id:
+            self.fail(h, "bad frame", f"sub_id is at most {MAX_SUB_ID_BYTES} bytes and has no comma")
+            return False
+        limit = self.server.config.limits.client_max_subscriptions
+        if len(self.subs) >= limit:
+            self.server.intake.counts["subscriptions_refused"] += 1
+            self.fail(h, "not entitled", f"this connection has {len(self.subs)} subscriptions, the most "
+                                         f"<ClientMaxSubscriptions> allows; unsubscribe some or open another connection")
+            return False
+        return True
 
     def _refuse_above_gap(self, h, seq: int) -> None:
         """A publish past this publisher's gap (an earlier sequence failed to commit): refused
@@ -457,6 +486,8 @@ class Connection(asyncio.Protocol):
             self._sub_counter += 1
             sub_id = f"{self.id}.{self._sub_counter}"
         existing = self.subs.get(sub_id)
+        if existing is None and not self._room_for_subscription(h, sub_id):
+            return
         if existing is not None and not opts.replace:
             self.fail(h, "subscription already exists", f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option")
             return
@@ -471,9 +502,9 @@ class Connection(asyncio.Protocol):
         regex = None
         if is_pattern(match_topic):
             try:
-                regex = re.compile(match_topic)
-            except re.error as exc:
-                self.fail(h, "bad regex topic", f"topic {topic!r} is not a valid regular expression: {exc}")
+                regex = compile_pattern(match_topic)
+            except PatternError as exc:
+                self.fail(h, "bad regex topic", str(exc))
                 return
         filt = None
         if h.f:

@@ -78,6 +78,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from protocol.patterns import PatternError, compile_pattern
+
 __all__ = [
     "MAX_FILTER_DEPTH",
     "MAX_FILTER_TEXT",
@@ -296,17 +298,6 @@ def _lex_string(text: str, i: int) -> tuple[str, int]:
             j = k + 2
         else:
             return "".join(parts), k + 1
-
-
-def _string_source_offset(text: str, tok: _Tok, index: int) -> int:
-    """Position in ``text`` of character ``index`` of the decoded string token ``tok``."""
-    quote = text[tok.pos]
-    src = tok.pos + 1
-    for _ in range(index):
-        if src >= tok.end - 1:
-            break
-        src += 2 if text[src] == quote else 1
-    return min(src, tok.end - 1)
 
 
 def _describe(tok: _Tok, text: str) -> str:
@@ -528,14 +519,9 @@ class _Parser:
                     f"LIKE needs a quoted regular expression, found {_describe(pat, self.text)}",
                 )
             try:
-                regex = re.compile(pat.value)
-            except re.error as e:
-                pos = pat.pos
-                if e.pos is not None:
-                    pos = _string_source_offset(self.text, pat, e.pos)
-                raise self.error(pos, f"bad regular expression in LIKE: {e.msg}") from None
-            except (RecursionError, OverflowError, ValueError, MemoryError) as e:
-                raise self.error(pat.pos, f"bad regular expression in LIKE: {e}") from None
+                regex = compile_pattern(pat.value)
+            except PatternError as e:
+                raise self.error(pat.pos, f"bad regular expression in LIKE: {e.why} (RE2 syntax: no backreferences or lookaround)") from None
             return _Node("like", a=left, value=regex, negated=negated)
         raise AssertionError(word)  # infix_bp admits no other keyword
 

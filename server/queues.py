@@ -109,13 +109,13 @@ class Queue:
         self.at_most_once = spec.semantics == "at-most-once"
         self.fairness = "round-robin" if self.at_most_once else spec.fairness_model
         self.lease_period = spec.lease_period or DEFAULT_LEASE
-        import re
+        from protocol.patterns import compile_pattern
 
         from .router import is_pattern
 
         t = spec.underlying_topic
         self._topic_b = t.encode()
-        self._topic_rx = re.compile(t.encode()) if is_pattern(t) else None
+        self._topic_rx = compile_pattern(t.encode()) if is_pattern(t) else None
         self.filter = compile_filter(spec.filter) if spec.filter else None
         self.barrier = compile_filter(spec.barrier_expression) if spec.barrier_expression else None
         self.avail_pos = array.array("Q")

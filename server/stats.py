@@ -58,6 +58,8 @@ class Stats:
             "journal": None,
             "queues": s.queues.snapshot() if s.queues is not None else {},
             "queue_recovery_s": round(s.queues.recovery_seconds, 3) if s.queues is not None else 0,
+            "limits": {"input_buffered_bytes": s.intake.buffered, **s.intake.counts},
+            "refused_above_gap": p.refused_above_gap if p else 0,
         }
         if j is not None:
             st = j.stats
@@ -93,6 +95,17 @@ class Stats:
         metric("connections_total", "counter", "Connections accepted since start.", snap["connections_total"])
         metric("subscriptions", "gauge", "Active subscriptions.", snap["subscriptions"])
         metric("replays", "gauge", "Bookmark replays in progress.", snap["replays"])
+        lim = snap["limits"]
+        metric("input_buffered_bytes", "gauge", "Partial input frames buffered over all connections.", lim["input_buffered_bytes"])
+        for key, what in (("logon_timeout", "closed for no logon within LogonTimeout"),
+                          ("logon_frame_too_large", "closed for a frame over MaxLogonMessageSize before logon"),
+                          ("input_memory_limit", "closed at InputMemoryLimit"),
+                          ("partial_message_timeout", "closed for a frame not whole within PartialMessageTimeout"),
+                          ("idle", "closed after IdleTimeout without input"),
+                          ("slow_client_age", "closed for output not draining within ClientMessageAgeLimit"),
+                          ("subscriptions_refused", "subscriptions refused at ClientMaxSubscriptions")):
+            metric(f"limit_{key}_total", "counter", f"Connections {what}." if key != "subscriptions_refused" else "Subscriptions refused at ClientMaxSubscriptions.", lim[key])
+        metric("publishes_refused_above_gap_total", "counter", "Publishes refused past a sequence that failed to commit (the gap rule).", snap["refused_above_gap"])
         metric("topics", "gauge", "Distinct topics seen.", snap["topics"])
         metric("published_total", "counter", "Messages accepted for publish.", snap["published"])
         metric("delivered_total", "counter", "Live deliveries to subscriptions.", snap["delivered"])

@@ -369,7 +369,7 @@ def test_bad_file_reports_every_problem(tmp_path):
         (
             19,
             "/TickertapeConfig/TransactionLog/Topic[1]/Name",
-            "invalid regular expression 'orders(': missing ), unterminated subpattern",
+            "invalid regular expression 'orders(': missing ): orders(",
         ),
         (
             26,
@@ -470,11 +470,17 @@ def test_config_error_pickles():
         ),
         ("<Name>  </Name>", 2, "/TickertapeConfig/Name", "<Name> is empty; give a value"),
         (
-            "<Name>x</Name><ClientMessageAgeLimit>1m</ClientMessageAgeLimit>",
+            "<Name>x</Name><ClientMaxCapacity>1m</ClientMaxCapacity>",
             2,
-            "/TickertapeConfig/ClientMessageAgeLimit",
+            "/TickertapeConfig/ClientMaxCapacity",
             "<ClientMaxBufferSize> at the root",
         ),
+        ("<Name>x</Name><LogonTimeout>0s</LogonTimeout>", 2, "/TickertapeConfig/LogonTimeout",
+         "LogonTimeout '0s' must be a positive interval"),
+        ("<Name>x</Name><InputMemoryLimit>10KB</InputMemoryLimit>", 2, "/TickertapeConfig/InputMemoryLimit",
+         "is below the minimum"),
+        ("<Name>x</Name><ClientMaxSubscriptions>0</ClientMaxSubscriptions>", 2,
+         "/TickertapeConfig/ClientMaxSubscriptions", "must be at least 1"),
     ],
 )
 def test_element_rules(body, line, path, fragment):
@@ -721,7 +727,7 @@ def test_invalid_topic_regexes_are_all_reported():
         (7, "/TickertapeConfig/TransactionLog/Topic[3]/Name"),
         (8, "/TickertapeConfig/TransactionLog/Topic[4]"),
     ]
-    assert "nothing to repeat at position 0" in found[0][2]
+    assert "no argument for repetition operator: *" in found[0][2]
     assert "missing <Name>" in found[2][2]
 
 

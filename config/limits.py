@@ -1,0 +1,60 @@
+"""Root elements that bound what one client can make the server hold or do (docs/configuration.md,
+"Limits"). Each is optional; the defaults keep a single trusted client unhindered and a hostile
+or broken one from taking the server's memory or event loop.
+
+| element | default | bounds |
+|---|---|---|
+| `<LogonTimeout>` | 10s | time from connect to a successful logon (with or without authentication) |
+| `<MaxLogonMessageSize>` | 64KB | the size of any frame before logon (a logon fits in a few hundred bytes) |
+| `<InputMemoryLimit>` | 256MB | partial frames buffered across all connections; the connection that would pass it is closed |
+| `<PartialMessageTimeout>` | 60s | how long one frame may take to arrive whole (a byte a second would pin its buffer) |
+| `<IdleTimeout>` | 0 (off) | time with no input at all from a connection (heartbeats count) |
+| `<ClientMessageAgeLimit>` | 60s | time a connection's queued output may go without draining before it is closed |
+| `<ClientMaxSubscriptions>` | 1000 | subscriptions on one connection (so the `sids` of a delivery stay bounded) |
+"""
+
+from __future__ import annotations
+
+from .values import parse_count, parse_interval, parse_size
+
+
+def _interval(name: str, zero_ok: bool):
+    def parse(text: str) -> float:
+        value = parse_interval(text)
+        if value < 0 or (value == 0 and not zero_ok):
+            raise ValueError(f"{name} {text!r} must be {'0 (off) or ' if zero_ok else ''}a positive interval such as 10s")
+        return value
+
+    return parse
+
+
+def _size(name: str, low: int):
+    def parse(text: str) -> int:
+        value = parse_size(text)
+        if value < low:
+            raise ValueError(f"{name} {text!r} is below the minimum {low} bytes")
+        return value
+
+    return parse
+
+
+def _count(name: str):
+    def parse(text: str) -> int:
+        value = parse_count(text)
+        if value < 1:
+            raise ValueError(f"{name} {text!r} must be at least 1")
+        return value
+
+    return parse
+
+
+# element -> (Limits field, parser, default)
+LIMIT_ELEMENTS = {
+    "LogonTimeout": ("logon_timeout", _interval("LogonTimeout", False), 10.0),
+    "MaxLogonMessageSize": ("max_logon_message_size", _size("MaxLogonMessageSize", 1024), 64 * 1024),
+    "InputMemoryLimit": ("input_memory_limit", _size("InputMemoryLimit", 1 << 20), 256 * 1024 * 1024),
+    "PartialMessageTimeout": ("partial_message_timeout", _interval("PartialMessageTimeout", False), 60.0),
+    "IdleTimeout": ("idle_timeout", _interval("IdleTimeout", True), 0.0),
+    "ClientMessageAgeLimit": ("client_message_age_limit", _interval("ClientMessageAgeLimit", False), 60.0),
+    "ClientMaxSubscriptions": ("client_max_subscriptions", _count("ClientMaxSubscriptions"), 1000),
+}

@@ -1,0 +1,95 @@
+"""Bounds on what clients make the server hold: input memory and connection timeouts.
+
+One `Intake` per server, from the root limits of the configuration (config/limits.py):
+
+- before logon a connection's frames may be at most <MaxLogonMessageSize> (its decoder's limit;
+  raised to the transport's <MaxMessageSize> at logon), and the logon must come within
+  <LogonTimeout>;
+- partial frames buffered over all connections stay under <InputMemoryLimit>: the connection
+  whose input would pass it is closed (`input memory limit`);
+- a frame must arrive whole within <PartialMessageTimeout> (`partial message timeout`);
+- with <IdleTimeout>, a connection that sends nothing for that long is closed (`idle`);
+- a connection whose queued output drains by not one byte for <ClientMessageAgeLimit> is
+  closed (`slow client`), however little it holds.
+
+Each close is logged at WARNING with what to change, and counted (`counts`, in /stats).
+One client's work per event-loop turn is bounded already: the event loop reads at most
+256 KiB from one socket per callback, and everything decoded from it is handled in that turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("tickertape.server")
+
+
+class Intake:
+    def __init__(self, limits) -> None:
+        self.limits = limits
+        self.buffered = 0  # bytes of partial frames over all connections
+        self.counts = {"logon_timeout": 0, "logon_frame_too_large": 0, "input_memory_limit": 0,
+                       "partial_message_timeout": 0, "idle": 0, "slow_client_age": 0,
+                       "subscriptions_refused": 0}
+
+    def after_feed(self, conn) -> bool:
+        """Account for conn's partial frame after it was fed input; False if conn was closed."""
+        now_buffered = conn.decoder.buffered
+        self.buffered += now_buffered - conn.buffered
+        conn.buffered = now_buffered
+        if now_buffered == 0:
+            conn.partial_since = None
+            return True
+        if conn.partial_since is None:
+            conn.partial_since = time.monotonic()
+        if self.buffered > self.limits.input_memory_limit:
+            self.counts["input_memory_limit"] += 1
+            log.warning("%s: closed: partial input over all connections passed <InputMemoryLimit> %d bytes "
+                        "(this one holds %d); raise the limit if such frames are expected",
+                        conn.describe(), self.limits.input_memory_limit, now_buffered)
+            conn.close("input memory limit", abort=True)
+            return False
+        return True
+
+    def forget(self, conn) -> None:
+        self.buffered -= conn.buffered
+        conn.buffered = 0
+
+    def frame_too_large_before_logon(self, conn) -> None:
+        self.counts["logon_frame_too_large"] += 1
+
+    def sweep(self, connections, now: float) -> None:
+        """Close connections past a timeout (called about every heartbeat tick)."""
+        lim = self.limits
+        for conn in list(connections):
+            if conn.closing:
+                continue
+            if not conn.logged_on and now - conn.connected_at > lim.logon_timeout:
+                self._close(conn, "logon_timeout", "logon timeout",
+                            f"no logon within <LogonTimeout> {lim.logon_timeout:g}s")
+            elif conn.partial_since is not None and now - conn.partial_since > lim.partial_message_timeout:
+                self._close(conn, "partial_message_timeout", "partial message timeout",
+                            f"a frame did not arrive whole within <PartialMessageTimeout> {lim.partial_message_timeout:g}s")
+            elif lim.idle_timeout and now - conn.last_recv > lim.idle_timeout:
+                self._close(conn, "idle", "idle", f"no input for <IdleTimeout> {lim.idle_timeout:g}s")
+            elif self._output_stuck(conn, now):
+                self._close(conn, "slow_client_age", "slow client",
+                            f"its queued output did not drain for <ClientMessageAgeLimit> {lim.client_message_age_limit:g}s")
+
+    def _output_stuck(self, conn, now: float) -> bool:
+        t = conn.transport
+        if t is None or t.is_closing():
+            return False
+        queued = t.get_write_buffer_size()
+        drained = conn.bytes_written - queued  # grows whenever the client reads anything
+        if queued == 0 or drained != conn.drained_mark:
+            conn.drained_mark = drained
+            conn.drained_at = now
+            return False
+        return now - conn.drained_at > self.limits.client_message_age_limit
+
+    def _close(self, conn, counter: str, reason: str, why: str) -> None:
+        self.counts[counter] += 1
+        log.warning("%s: closed (%s): %s", conn.describe(), reason, why)
+        conn.close(reason, abort=True)
