@@ -33,6 +33,9 @@ QUEUES = """<SOW>
   <Queue><Name>run-q</Name><UnderlyingTopic>run</UnderlyingTopic><LeasePeriod>400ms</LeasePeriod><MaxDeliveries>2</MaxDeliveries>
          <DeadLetterTopic>dead-run</DeadLetterTopic><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
   <Queue><Name>mb-q</Name><UnderlyingTopic>mb</UnderlyingTopic><MaxBacklog>3</MaxBacklog><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
+  <Queue><Name>multi-q1</Name><UnderlyingTopic>multi</UnderlyingTopic></Queue>
+  <Queue><Name>multi-q2</Name><UnderlyingTopic>multi</UnderlyingTopic></Queue>
+  <Queue><Name>stats-q</Name><UnderlyingTopic>statsq</UnderlyingTopic><MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
   <Queue><Name>crash-q</Name><UnderlyingTopic>crash</UnderlyingTopic><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue>
 </SOW>"""
 
@@ -97,14 +100,16 @@ def test_at_least_once_backlog_and_acks(qs):
 
 
 def test_several_queues_over_one_topic_each_see_every_message(qs):
-    publish_many(qs.port, "work", [body(i) for i in range(100, 103)], name="w-pub2")
-    c = consumer(qs.port, "work-q2", "w2-cons", backlog=1)
-    got = []
-    for _ in range(13):  # work-q2 sees the 10 earlier messages and these 3
-        (h, b), = c.messages(1)
-        got.append(json.loads(b)["i"])
-        ack(c, "work-q2", [h["bm"]])
-    assert got == list(range(1, 11)) + [100, 101, 102]
+    publish_many(qs.port, "multi", [body(i) for i in range(100, 103)], name="m-pub")
+    for queue in ("multi-q1", "multi-q2"):
+        c = consumer(qs.port, queue, f"{queue}-cons", backlog=1)
+        got = []
+        for _ in range(3):
+            (h, b), = c.messages(1)
+            got.append(json.loads(b)["i"])
+            ack(c, queue, [h["bm"]])
+        assert got == [100, 101, 102]
+        assert nothing_more(c)
 
 
 def test_queue_with_its_topics_name_takes_subscriptions(qs):
@@ -271,13 +276,17 @@ def test_bad_sow_delete_input(qs):
 
 
 def test_queue_stats_exposed(qs):
+    publish_many(qs.port, "statsq", [body(i) for i in range(1, 6)], name="st-pub")
+    c = consumer(qs.port, "stats-q", "st-cons", backlog=5)
+    got = c.messages(5)
+    assert ack(c, "stats-q", [h["bm"] for h, _ in got[:3]])["records_deleted"] == 3
     stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{qs.admin_port}/stats").read())
-    q = stats["queues"]["work-q"]
+    q = stats["queues"]["stats-q"]
     for key in ("depth", "leased", "acked", "expired", "redelivered"):
         assert key in q
-    assert q["acked"] >= 3
+    assert q["acked"] == 3 and q["leased"] == 2
     text = urllib.request.urlopen(f"http://127.0.0.1:{qs.admin_port}/metrics").read().decode()
-    assert 'tickertape_queue_depth{queue="work-q"}' in text
+    assert 'tickertape_queue_depth{queue="stats-q"}' in text
 
 
 def test_state_survives_graceful_restart_with_delivery_counts(tmp_path):
