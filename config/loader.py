@@ -6,7 +6,7 @@
     verify_config(path) -> list[Problem]     every problem in the file; [] when it is usable
 
 The format is shaped after AMPS's configuration, so an AMPS user recognizes every element
-(/work/shared/CONFIG.md is the contract; config/examples/full.xml uses every element).
+(config/examples/full.xml uses and explains every element; docs/configuration-limits.md the limits).
 
 General rules
 -------------

@@ -272,7 +272,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     wake-up of a sleeping CPU, which on virtual machines costs tens of microseconds per round
     trip; the price is at most this much CPU after each burst of input. Not while a journal
     commit is in flight (the writer thread then needs the GIL)."""
-    # Input and connection bounds (config/limits.py documents each; docs/configuration.md)
+    # Input and connection bounds (config/limits.py documents each; docs/configuration-limits.md)
     logon_timeout: float = 10.0
     max_logon_message_size: int = 64 * 1024
     input_memory_limit: int = 256 * 1024 * 1024
