@@ -43,9 +43,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from journal.journal import Journal  # noqa: E402
-from journal.record import SEGMENT_HEADER_SIZE  # noqa: E402
-from server.ids import publisher_id  # noqa: E402
+from journal.journal import Journal
+from journal.record import SEGMENT_HEADER_SIZE
+from server.ids import publisher_id
 
 TICKERTAPE = os.path.join(os.path.dirname(sys.executable), "tickertape")
 FAULTS = ("kill", "disk-full", "io-errors", "bitflip")

@@ -46,6 +46,7 @@ torn tail, which recovery truncates (docs/integrity.md).
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from typing import NamedTuple
@@ -114,7 +115,7 @@ def encode_record(
                                f"must each be at most {MAX_TOPIC} bytes")
     if not (0 <= seq <= MAX_U64 and 0 <= publisher_id <= MAX_U64 and 0 <= ts_us <= MAX_U64):
         raise RecordFieldError(f"sequence {seq}, publisher {publisher_id} and time {ts_us} must be 0..2^64-1")
-    if expiration is not None and not (expiration == expiration and abs(expiration) != float("inf")):
+    if expiration is not None and not math.isfinite(expiration):
         raise RecordFieldError(f"expiration {expiration!r} is not a finite number of seconds")
     if expiration is None and not header:
         rest = _pack_after_crc(kind, 0, len(topic), publisher_id, seq, ts_us) + topic + body

@@ -27,8 +27,8 @@ from journal.record import RecordFieldError
 from protocol.bookmarks import InvalidBookmark, Now, format_bookmark, parse_bookmark
 from protocol.framing import FrameDecoder, FrameError, FrameTooLarge
 from protocol.headers import MAX_SUB_ID_BYTES, FieldError, check_fields
-from protocol.patterns import PatternError, compile_pattern
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, subscribe_options
+from protocol.patterns import PatternError, compile_pattern
 
 from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id

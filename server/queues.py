@@ -45,15 +45,22 @@ import asyncio
 import collections
 import heapq
 import logging
-from functools import partial
-from itertools import repeat
 import struct
 import time
+from functools import partial
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, RECORD_HEADER_SIZE, encode_record, record_length_at, scan_records
+from journal.record import (
+    KIND_MESSAGE,
+    KIND_QUEUE_EVENT,
+    RECORD_HEADER_SIZE,
+    encode_record,
+    record_length_at,
+    scan_records,
+)
 from protocol.bookmarks import format_timestamp
 
 from .filters import compile_filter

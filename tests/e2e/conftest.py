@@ -1,5 +1,6 @@
 import pytest
 
+from tests.support.disk import small_disk  # noqa: F401 (a fixture for the disk-full tests)
 from tests.support.proc import ServerProcess
 
 

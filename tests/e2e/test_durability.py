@@ -6,7 +6,6 @@ import resource
 import signal
 import struct
 import subprocess
-import sys
 import threading
 import time
 

@@ -5,7 +5,6 @@ rebuild, never an acknowledged record. Each test fails on the code before the ch
 
 import json
 import os
-import struct
 import urllib.request
 
 import pytest

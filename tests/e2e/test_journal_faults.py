@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 from journal.record import KIND_MESSAGE, encode_record
-from tests.support.disk import fill, small_disk  # noqa: F401 (a fixture)
+from tests.support.disk import fill
 from tests.support.proc import TICKERTAPE, ServerProcess
 from tests.support.raw import Raw
 

@@ -10,7 +10,7 @@ import json
 import os
 import time
 
-from tests.support.disk import fill, small_disk  # noqa: F401 (a fixture)
+from tests.support.disk import fill
 from tests.support.proc import ServerProcess
 from tests.support.raw import Raw, publish_many
 

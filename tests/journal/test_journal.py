@@ -1,8 +1,8 @@
 """The journal through its API, across restarts: write, close, reopen, check."""
 
 import os
-import time
 import threading
+import time
 
 import pytest
 
