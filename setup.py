@@ -7,8 +7,10 @@ there; without them the install still succeeds and the same work is done in pure
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[
-    Extension("server._splice", ["server/_splice.c"], optional=True),
-    # record checks on read (journal/record.py); links zlib for its crc32
-    Extension("journal._verify", ["journal/_verify.c"], libraries=["z"], optional=True),
-])
+setup(
+    ext_modules=[
+        Extension("server._splice", ["server/_splice.c"], optional=True),
+        # record checks on read (journal/record.py); links zlib for its crc32
+        Extension("journal._verify", ["journal/_verify.c"], libraries=["z"], optional=True),
+    ]
+)

@@ -41,15 +41,29 @@ from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 
 DAY_US = 86_400_000_000
-SYMS = ["ACME", "GLOBEX", "INITECH", "UMBRELLA", "HOOLI", "STARK", "WAYNE", "TYRELL", "CYBERDYNE", "SOYLENT"]
+SYMS = [
+    "ACME",
+    "GLOBEX",
+    "INITECH",
+    "UMBRELLA",
+    "HOOLI",
+    "STARK",
+    "WAYNE",
+    "TYRELL",
+    "CYBERDYNE",
+    "SOYLENT",
+]
 
 
 def generate(directory: str, n: int, segment_size: int) -> None:
     rnd = random.Random(42)
     letters = "abcdefghijklmnopqrstuvwxyz"
     words = ["".join(rnd.choices(letters, k=rnd.randrange(2, 10))) for _ in range(2000)]
-    topics = [f"orders/{r}" for r in ("us", "eu", "ap", "latam")] + [f"md/{s.lower()}" for s in SYMS] + \
-             [f"fills/desk{i}" for i in range(6)]
+    topics = (
+        [f"orders/{r}" for r in ("us", "eu", "ap", "latam")]
+        + [f"md/{s.lower()}" for s in SYMS]
+        + [f"fills/desk{i}" for i in range(6)]
+    )
     pubs = [int.from_bytes(os.urandom(8), "big") | 1 for _ in range(50)]
     t0 = int(time.time() * 1e6) - 3 * DAY_US
     step = 3 * DAY_US // n
@@ -67,14 +81,25 @@ def generate(directory: str, n: int, segment_size: int) -> None:
             topic = topics[rnd.randrange(len(topics))]
             ts = t0 + k * step
             if topic.startswith("md/"):
-                body = {"sym": topic[3:].upper(), "bid": round(100 + rnd.random() * 50, 2),
-                        "ask": round(100.1 + rnd.random() * 50, 2), "size": rnd.randrange(1, 5000), "ts": ts}
+                body = {
+                    "sym": topic[3:].upper(),
+                    "bid": round(100 + rnd.random() * 50, 2),
+                    "ask": round(100.1 + rnd.random() * 50, 2),
+                    "size": rnd.randrange(1, 5000),
+                    "ts": ts,
+                }
             else:
-                body = {"order_id": f"O-{k:09d}", "sym": rnd.choice(SYMS), "side": rnd.choice(("buy", "sell")),
-                        "qty": rnd.randrange(1, 10_000), "px": round(10 + rnd.random() * 990, 2),
-                        "account": f"ACC{rnd.randrange(1000):04d}", "tif": rnd.choice(("day", "gtc", "ioc")),
-                        "tags": [rnd.choice(("algo", "dma", "care", "block"))] * rnd.randrange(0, 4),
-                        "note": " ".join(rnd.choices(words, k=rnd.randrange(0, 25)))}
+                body = {
+                    "order_id": f"O-{k:09d}",
+                    "sym": rnd.choice(SYMS),
+                    "side": rnd.choice(("buy", "sell")),
+                    "qty": rnd.randrange(1, 10_000),
+                    "px": round(10 + rnd.random() * 990, 2),
+                    "account": f"ACC{rnd.randrange(1000):04d}",
+                    "tif": rnd.choice(("day", "gtc", "ioc")),
+                    "tags": [rnd.choice(("algo", "dma", "care", "block"))] * rnd.randrange(0, 4),
+                    "note": " ".join(rnd.choices(words, k=rnd.randrange(0, 25))),
+                }
             b = json.dumps(body, separators=(",", ":")).encode()
             entries.append((pubs[p], seqs[p], ts, len(data)))
             data += encode_record(KIND_MESSAGE, pubs[p], seqs[p], ts, topic.encode(), b)
@@ -91,11 +116,17 @@ def generate(directory: str, n: int, segment_size: int) -> None:
 
 
 def median_range(xs):
-    return f"{statistics.median(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})" if len(xs) > 1 else f"{xs[0]:,.0f}"
+    return (
+        f"{statistics.median(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
+        if len(xs) > 1
+        else f"{xs[0]:,.0f}"
+    )
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--records", type=int, default=5_000_000)
     ap.add_argument("--segment-size", type=int, default=128 << 20)
     ap.add_argument("--reps", type=int, default=2)
@@ -125,8 +156,10 @@ def main() -> int:
     sealed = j.sealed_segments()
     bytes_in = sum(s.file_bytes for s in sealed)
     nrec = args.records
-    print(f"journal: {len(sealed)} sealed segments, {bytes_in / 1e6:,.1f} MB, {nrec:,} records; "
-          f"Spark {spark.version}, {args.master}, JVM + session start {jvm_s:.1f}s (not in the rates)")
+    print(
+        f"journal: {len(sealed)} sealed segments, {bytes_in / 1e6:,.1f} MB, {nrec:,} records; "
+        f"Spark {spark.version}, {args.master}, JVM + session start {jvm_s:.1f}s (not in the rates)"
+    )
 
     def job(kind, label, slug, **kw):
         rates, mbs, outs, kept, secs = [], [], [], [], []
@@ -140,18 +173,30 @@ def main() -> int:
             mbs.append(s["bytes_in"] / s["work_s"] / 1e6)
             outs.append(s["bytes_out"])
             kept.append(s["records_out"])
-            print(f"  {label} rep {rep + 1}: {s['work_s']:.1f}s, {rates[-1]:,.0f} rec/s, {mbs[-1]:,.1f} MB/s, "
-                  f"{s['bytes_out'] / 1e6:,.1f} MB out, {s['records_out']:,} records kept")
+            print(
+                f"  {label} rep {rep + 1}: {s['work_s']:.1f}s, {rates[-1]:,.0f} rec/s, {mbs[-1]:,.1f} MB/s, "
+                f"{s['bytes_out'] / 1e6:,.1f} MB out, {s['records_out']:,} records kept"
+            )
             if kind == "compact":
                 for o in json.load(open(jm.result_path(src, req["id"])))["outputs"]:
                     keep_path = os.path.join(work, f"{slug}-{o['file']}")
-                    os.replace(o["staged"], keep_path) if rep == args.reps - 1 else os.remove(o["staged"])
+                    os.replace(o["staged"], keep_path) if rep == args.reps - 1 else os.remove(
+                        o["staged"]
+                    )
                 shutil.rmtree(jm.staging_dir(src, req["id"]), ignore_errors=True)
             for p in (jm.result_path(src, req["id"]), jm.request_path(src, req["id"])):
                 os.remove(p)
-        rows.append((label, median_range(secs), median_range(rates), median_range(mbs),
-                     f"{statistics.median(outs) / 1e6:,.1f}", f"{100 * statistics.median(outs) / bytes_in:.1f}%",
-                     f"{int(statistics.median(kept)):,}"))
+        rows.append(
+            (
+                label,
+                median_range(secs),
+                median_range(rates),
+                median_range(mbs),
+                f"{statistics.median(outs) / 1e6:,.1f}",
+                f"{100 * statistics.median(outs) / bytes_in:.1f}%",
+                f"{int(statistics.median(kept)):,}",
+            )
+        )
 
     try:
         # archive: a fresh archive root per repetition
@@ -166,16 +211,31 @@ def main() -> int:
             arates.append(s["records_in"] / s["work_s"])
             amb.append(s["bytes_in"] / s["work_s"] / 1e6)
             aout.append(s["bytes_out"])
-            print(f"  archive rep {rep + 1}: {s['work_s']:.1f}s, {arates[-1]:,.0f} rec/s, {amb[-1]:,.1f} MB/s, "
-                  f"{s['bytes_out'] / 1e6:,.1f} MB of Parquet in {s['files']} files")
+            print(
+                f"  archive rep {rep + 1}: {s['work_s']:.1f}s, {arates[-1]:,.0f} rec/s, {amb[-1]:,.1f} MB/s, "
+                f"{s['bytes_out'] / 1e6:,.1f} MB of Parquet in {s['files']} files"
+            )
             os.remove(jm.result_path(src, req["id"]))
             os.remove(jm.request_path(src, req["id"]))
-        rows.append(("archive (Parquet zstd)", median_range(asecs), median_range(arates), median_range(amb),
-                     f"{statistics.median(aout) / 1e6:,.1f}", f"{100 * statistics.median(aout) / bytes_in:.1f}%",
-                     f"{nrec:,}"))
+        rows.append(
+            (
+                "archive (Parquet zstd)",
+                median_range(asecs),
+                median_range(arates),
+                median_range(amb),
+                f"{statistics.median(aout) / 1e6:,.1f}",
+                f"{100 * statistics.median(aout) / bytes_in:.1f}%",
+                f"{nrec:,}",
+            )
+        )
         job("compact", "compress (nothing dropped)", "compress")
-        job("compact", "compact (1d retention, queue, newest)", "compact", retention_s=86_400.0,
-            queues=[("orders-q", "orders/(us|eu)", True)])
+        job(
+            "compact",
+            "compact (1d retention, queue, newest)",
+            "compact",
+            retention_s=86_400.0,
+            queues=[("orders-q", "orders/(us|eu)", True)],
+        )
     finally:
         spark.stop()
 
@@ -218,18 +278,24 @@ def main() -> int:
     assert n_comp == n_plain
 
     print()
-    print(f"## Journal archive and compaction ({nrec:,} records, {bytes_in / 1e6:,.0f} MB in {len(sealed)} segments, "
-          f"{args.master}, 2 cores)")
+    print(
+        f"## Journal archive and compaction ({nrec:,} records, {bytes_in / 1e6:,.0f} MB in {len(sealed)} segments, "
+        f"{args.master}, 2 cores)"
+    )
     print()
     print("| job | seconds | records/s | MB/s (journal bytes) | MB out | out / in | records kept |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
     print()
-    print(f"JVM and session start: {jvm_s:.1f}s (excluded above). Bytes on disk: journal {bytes_in / 1e6:,.1f} MB "
-          f"-> compacted journal {disk_c / 1e6:,.1f} MB ({100 * disk_c / bytes_in:.1f}%, nothing dropped).")
-    print(f"Replay with Journal.read_raw, one thread: plain {n_plain / s_plain:,.0f} rec/s ({s_plain:.1f}s), "
-          f"compacted {n_comp / s_comp:,.0f} rec/s ({s_comp:.1f}s).")
+    print(
+        f"JVM and session start: {jvm_s:.1f}s (excluded above). Bytes on disk: journal {bytes_in / 1e6:,.1f} MB "
+        f"-> compacted journal {disk_c / 1e6:,.1f} MB ({100 * disk_c / bytes_in:.1f}%, nothing dropped)."
+    )
+    print(
+        f"Replay with Journal.read_raw, one thread: plain {n_plain / s_plain:,.0f} rec/s ({s_plain:.1f}s), "
+        f"compacted {n_comp / s_comp:,.0f} rec/s ({s_comp:.1f}s)."
+    )
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -223,7 +223,7 @@ def main() -> None:
             if e2e["bad"]:
                 problems.append(f"end to end: {e2e['bad']} first messages were not the expected")
             problems += [f"end to end: {x}" for x in e2e["errors"]]
-        except Exception as e:  # noqa: BLE001 - reported
+        except Exception as e:
             problems.append(f"end to end failed: {type(e).__name__}: {e}"[:300])
             print(f"  end to end FAILED: {e}", flush=True)
     elif not ok:

@@ -143,7 +143,7 @@ def main() -> None:
                 f"restart {m['rebuild2_s']:.2f}s ({m['scanned2']} records)",
                 flush=True,
             )
-        except Exception as e:  # noqa: BLE001 - reported
+        except Exception as e:
             problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
             print(f"  rep {r + 1}/{args.reps}: FAILED {e}", flush=True)
 

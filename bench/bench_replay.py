@@ -228,7 +228,7 @@ def main() -> None:
                 m = slow_reader(args, jdir)
                 slow.append(m)
                 print(f"  slow reader rep {r + 1}/{args.reps}: " + benchlib.summary(m), flush=True)
-            except Exception as e:  # noqa: BLE001 - reported, the run goes on
+            except Exception as e:
                 problems.setdefault("slow reader", []).append(f"rep {r + 1}: {e}")
                 print(f"  slow reader rep {r + 1}/{args.reps}: FAILED {e}", flush=True)
     med = dict(rows)

@@ -121,7 +121,7 @@ def run_variant(
             if m.get("valid", True):
                 results.append(m)
             print(f"  {v.label:24} rep {r + 1}/{of}: " + summary(m), flush=True)
-        except Exception as e:  # noqa: BLE001 - a failed rep is reported and the run goes on
+        except Exception as e:
             problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
             print(f"  {v.label:24} rep {r + 1}/{of}: FAILED {type(e).__name__}: {e}", flush=True)
             if os.environ.get("BENCH_DEBUG"):

@@ -506,7 +506,7 @@ class NatsQueuePull(_NatsQueue):
 
     def _messages(self, msgs) -> None:
         got = 0
-        for sid, reply, hdr, start, end in msgs:
+        for sid, reply, hdr, _start, _end in msgs:
             if sid == 1:
                 if hdr is not None and hdr.startswith(b"NATS/1.0 4"):
                     # 404 no messages / 408 request timeout: pull again

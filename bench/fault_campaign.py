@@ -111,14 +111,21 @@ class Server:
         env.pop("TICKERTAPE_FAULTS", None)
         if faults:
             env["TICKERTAPE_FAULTS"] = faults
-        self.proc = subprocess.Popen([TICKERTAPE, "serve", "--config", self.cfg], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=env, cwd=self.data)
+        self.proc = subprocess.Popen(
+            [TICKERTAPE, "serve", "--config", self.cfg],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.data,
+        )
         deadline = time.monotonic() + 20
         import socket
 
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited at start ({self.proc.returncode}); see {self.data}/server.log")
+                raise RuntimeError(
+                    f"server exited at start ({self.proc.returncode}); see {self.data}/server.log"
+                )
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return
@@ -199,14 +206,18 @@ class Publisher:
             except (OSError, ConnectionError, asyncio.IncompleteReadError):
                 await asyncio.sleep(0.1)
                 continue
-            if stored > self.acked:
-                self.acked = stored  # stored by the server: the logon says so
+            self.acked = max(self.acked, stored)  # stored by the server: the logon says so
             sent = self.acked
             try:
                 while self.acked < self.target and not stop.is_set():
                     while sent < self.target and sent - self.acked < self.window:
                         sent += 1
-                        w.write(frame({"c": "publish", "t": TOPIC, "s": sent, "a": "persisted"}, payload(self.name, sent)))
+                        w.write(
+                            frame(
+                                {"c": "publish", "t": TOPIC, "s": sent, "a": "persisted"},
+                                payload(self.name, sent),
+                            )
+                        )
                     await w.drain()
                     h, _ = await asyncio.wait_for(f.next(), 5)
                     if h.get("c") != "ack" or h.get("a") != "persisted":
@@ -216,7 +227,7 @@ class Publisher:
                     else:
                         await asyncio.sleep(0.2)
                         sent = self.acked
-            except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
                 await asyncio.sleep(0.1)
             finally:
                 w.close()
@@ -236,7 +247,9 @@ class Consumer:
             try:
                 f, w, _ = await connect(port, f"fc-{self.kind}")
                 t = QUEUE if self.kind == "queue" else TOPIC
-                w.write(frame({"c": "subscribe", "t": t, "cid": "s", "a": "processed", "sub_id": "s1"}))
+                w.write(
+                    frame({"c": "subscribe", "t": t, "cid": "s", "a": "processed", "sub_id": "s1"})
+                )
                 pending: dict[str, str] = {}
                 n = 0
                 while not stop.is_set():
@@ -244,14 +257,28 @@ class Consumer:
                     if h.get("c") == "p":
                         self.got += 1
                         if payload_ok(body) is None:
-                            self.violations.append(f"{self.kind}: delivered a message that was not published: {body[:80]!r}")
+                            self.violations.append(
+                                f"{self.kind}: delivered a message that was not published: {body[:80]!r}"
+                            )
                         bm = h.get("bm", "")
                         if self.kind == "queue":
                             if bm in self.acked_bms:
-                                self.violations.append(f"queue: {bm} delivered again after its ack was confirmed")
+                                self.violations.append(
+                                    f"queue: {bm} delivered again after its ack was confirmed"
+                                )
                             n += 1
                             pending[f"a{n}"] = bm
-                            w.write(frame({"c": "sow_delete", "t": QUEUE, "bm": bm, "cid": f"a{n}", "a": "processed"}))
+                            w.write(
+                                frame(
+                                    {
+                                        "c": "sow_delete",
+                                        "t": QUEUE,
+                                        "bm": bm,
+                                        "cid": f"a{n}",
+                                        "a": "processed",
+                                    }
+                                )
+                            )
                     elif h.get("c") == "ack" and h.get("cid", "").startswith("a"):
                         bm = pending.pop(h["cid"], None)
                         if bm and h.get("status") == "success":
@@ -259,7 +286,7 @@ class Consumer:
             except Violation as exc:
                 self.violations.append(str(exc))
                 return
-            except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
                 await asyncio.sleep(0.05)
 
 
@@ -321,8 +348,10 @@ async def round_async(srv: Server, rng: random.Random, fault: str, data: str) ->
     flipped = None
     faults_env = None
     if fault == "io-errors":
-        faults_env = (f"seed={rng.randrange(1 << 30)};p={rng.choice([0.02, 0.1, 0.3])};"
-                      "ops=write+fsync+open+rename+close;errno=ENOSPC+EIO;after=20;count=4")
+        faults_env = (
+            f"seed={rng.randrange(1 << 30)};p={rng.choice([0.02, 0.1, 0.3])};"
+            "ops=write+fsync+open+rename+close;errno=ENOSPC+EIO;after=20;count=4"
+        )
     srv.start(faults_env)
     tasks = [asyncio.create_task(p.run(srv.port, stop, count)) for p in pubs]
     tasks += [asyncio.create_task(c.run(srv.port, stop)) for c in (live, queue)]
@@ -392,7 +421,7 @@ def check(out: dict, jdir: str) -> tuple[dict, list[str]]:
         violations.append("replay gave one bookmark twice")
     leaked = sum(1 for v in violations if v.startswith("leak"))
     served_damaged = 0
-    for h, body in out["replayed"]:
+    for _h, body in out["replayed"]:
         got = payload_ok(body)
         if got is None:
             served_damaged += 1
@@ -400,36 +429,65 @@ def check(out: dict, jdir: str) -> tuple[dict, list[str]]:
         elif flipped is not None and (publisher_id(got[0]), got[1]) == flipped:
             served_damaged += 1
             violations.append("replay served the record damaged at rest")
-    return {"acked": acked, "lost": lost, "duplicated": dup, "leaked": leaked, "damaged_served": served_damaged,
-            "damaged_found": damaged, "delivered": out["live"].got + out["queue"].got + len(out["replayed"])}, violations
+    return {
+        "acked": acked,
+        "lost": lost,
+        "duplicated": dup,
+        "leaked": leaked,
+        "damaged_served": served_damaged,
+        "damaged_found": damaged,
+        "delivered": out["live"].got + out["queue"].got + len(out["replayed"]),
+    }, violations
 
 
 def mount_tmpfs(path: str, size: str) -> bool:
     os.makedirs(path, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+        capture_output=True,
+        text=True,
+    )
     return r.returncode == 0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--first-round", type=int, default=0)
     ap.add_argument("--json", help="write the totals and violations here")
     ap.add_argument("--keep", help="keep each failing round's directory under here")
-    ap.add_argument("--time-limit", type=float, default=0, help="stop after this many seconds (exit 3)")
-    ap.add_argument("--faults", default=",".join(FAULTS), help="comma list of: " + ", ".join(FAULTS))
+    ap.add_argument(
+        "--time-limit", type=float, default=0, help="stop after this many seconds (exit 3)"
+    )
+    ap.add_argument(
+        "--faults", default=",".join(FAULTS), help="comma list of: " + ", ".join(FAULTS)
+    )
     args = ap.parse_args(argv)
     faults = [f for f in args.faults.split(",") if f]
     if any(f not in FAULTS for f in faults):
-        print(f"fault_campaign: unknown fault in {args.faults!r}; use {', '.join(FAULTS)}", file=sys.stderr)
+        print(
+            f"fault_campaign: unknown fault in {args.faults!r}; use {', '.join(FAULTS)}",
+            file=sys.stderr,
+        )
         return 2
     if not os.path.exists(TICKERTAPE):
         print(f"fault_campaign: {TICKERTAPE} is missing: run ./run install first", file=sys.stderr)
         return 2
     root = tempfile.mkdtemp(prefix="tt-faults-")
-    totals = {"rounds": 0, "acked": 0, "lost": 0, "duplicated": 0, "leaked": 0, "damaged_served": 0,
-              "damaged_found": 0, "delivered": 0, "by_fault": {f: 0 for f in faults}}
+    totals = {
+        "rounds": 0,
+        "acked": 0,
+        "lost": 0,
+        "duplicated": 0,
+        "leaked": 0,
+        "damaged_served": 0,
+        "damaged_found": 0,
+        "delivered": 0,
+        "by_fault": {f: 0 for f in faults},
+    }
     all_violations = []
     started = time.monotonic()
     rc = 0
@@ -444,7 +502,10 @@ def main(argv=None) -> int:
             os.makedirs(data)
             tmpfs = mount_tmpfs(data, "48m") if fault == "disk-full" else False
             if fault == "disk-full" and not tmpfs:
-                print("fault_campaign: cannot mount a tmpfs (needs root): disk-full rounds need one", file=sys.stderr)
+                print(
+                    "fault_campaign: cannot mount a tmpfs (needs root): disk-full rounds need one",
+                    file=sys.stderr,
+                )
                 return 2
             srv = Server(data)
             try:
@@ -459,11 +520,21 @@ def main(argv=None) -> int:
                 srv.log.close()
             totals["rounds"] += 1
             totals["by_fault"][fault] += 1
-            for k in ("acked", "lost", "duplicated", "leaked", "damaged_served", "damaged_found", "delivered"):
+            for k in (
+                "acked",
+                "lost",
+                "duplicated",
+                "leaked",
+                "damaged_served",
+                "damaged_found",
+                "delivered",
+            ):
                 totals[k] += stats.get(k, 0)
-            line = (f"round {r:4d} {fault:9s} acked {stats.get('acked', 0):5d} delivered {stats.get('delivered', 0):6d} "
-                    f"lost {stats.get('lost', 0)} dup {stats.get('duplicated', 0)} leaked {stats.get('leaked', 0)} "
-                    f"damaged-served {stats.get('damaged_served', 0)}")
+            line = (
+                f"round {r:4d} {fault:9s} acked {stats.get('acked', 0):5d} delivered {stats.get('delivered', 0):6d} "
+                f"lost {stats.get('lost', 0)} dup {stats.get('duplicated', 0)} leaked {stats.get('leaked', 0)} "
+                f"damaged-served {stats.get('damaged_served', 0)}"
+            )
             print(line + (f"  VIOLATIONS: {violations}" if violations else ""), flush=True)
             if violations:
                 all_violations.append({"round": r, "fault": fault, "violations": violations})
@@ -477,9 +548,11 @@ def main(argv=None) -> int:
     totals["seconds"] = round(time.monotonic() - started, 1)
     totals["violations"] = all_violations
     print(json.dumps({k: v for k, v in totals.items() if k != "violations"}))
-    print(f"fault campaign: {totals['rounds']} rounds, {totals['acked']} acked, lost {totals['lost']}, "
-          f"duplicated {totals['duplicated']}, leaked {totals['leaked']}, damaged served {totals['damaged_served']}, "
-          f"{len(all_violations)} round(s) with violations")
+    print(
+        f"fault campaign: {totals['rounds']} rounds, {totals['acked']} acked, lost {totals['lost']}, "
+        f"duplicated {totals['duplicated']}, leaked {totals['leaked']}, damaged served {totals['damaged_served']}, "
+        f"{len(all_violations)} round(s) with violations"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(totals, f, indent=1)

@@ -22,7 +22,9 @@ def _interval(name: str, zero_ok: bool):
     def parse(text: str) -> float:
         value = parse_interval(text)
         if value < 0 or (value == 0 and not zero_ok):
-            raise ValueError(f"{name} {text!r} must be {'0 (off) or ' if zero_ok else ''}a positive interval such as 10s")
+            raise ValueError(
+                f"{name} {text!r} must be {'0 (off) or ' if zero_ok else ''}a positive interval such as 10s"
+            )
         return value
 
     return parse
@@ -51,10 +53,26 @@ def _count(name: str):
 # element -> (Limits field, parser, default)
 LIMIT_ELEMENTS = {
     "LogonTimeout": ("logon_timeout", _interval("LogonTimeout", False), 10.0),
-    "MaxLogonMessageSize": ("max_logon_message_size", _size("MaxLogonMessageSize", 1024), 64 * 1024),
-    "InputMemoryLimit": ("input_memory_limit", _size("InputMemoryLimit", 1 << 20), 256 * 1024 * 1024),
-    "PartialMessageTimeout": ("partial_message_timeout", _interval("PartialMessageTimeout", False), 60.0),
+    "MaxLogonMessageSize": (
+        "max_logon_message_size",
+        _size("MaxLogonMessageSize", 1024),
+        64 * 1024,
+    ),
+    "InputMemoryLimit": (
+        "input_memory_limit",
+        _size("InputMemoryLimit", 1 << 20),
+        256 * 1024 * 1024,
+    ),
+    "PartialMessageTimeout": (
+        "partial_message_timeout",
+        _interval("PartialMessageTimeout", False),
+        60.0,
+    ),
     "IdleTimeout": ("idle_timeout", _interval("IdleTimeout", True), 0.0),
-    "ClientMessageAgeLimit": ("client_message_age_limit", _interval("ClientMessageAgeLimit", False), 60.0),
+    "ClientMessageAgeLimit": (
+        "client_message_age_limit",
+        _interval("ClientMessageAgeLimit", False),
+        60.0,
+    ),
     "ClientMaxSubscriptions": ("client_max_subscriptions", _count("ClientMaxSubscriptions"), 1000),
 }

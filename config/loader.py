@@ -1161,8 +1161,14 @@ class _Loader:
                 "(longer only burns CPU: a sleeping server wakes within tens of microseconds)",
             )
             poll = DEFAULT_IDLE_POLL
-        return Limits(client_max_buffer_size=size, idle_poll=poll,
-                      **{f: sec.value(tag, parse, default) for tag, (f, parse, default) in LIMIT_ELEMENTS.items()})
+        return Limits(
+            client_max_buffer_size=size,
+            idle_poll=poll,
+            **{
+                f: sec.value(tag, parse, default)
+                for tag, (f, parse, default) in LIMIT_ELEMENTS.items()
+            },
+        )
 
     def _raw(self, node: Node) -> RawElement:
         self._check_attrs(node)

@@ -67,7 +67,11 @@ def _under_spark_submit() -> bool:
     return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
 
 
-def build_session(master: str | None = None, driver_memory: str | None = None, app_name: str = "tickertape-journal"):
+def build_session(
+    master: str | None = None,
+    driver_memory: str | None = None,
+    app_name: str = "tickertape-journal",
+):
     """A SparkSession for the job. Locally: `master` (default local[*]) with the settings above;
     under spark-submit: whatever spark-submit configured."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -83,18 +87,24 @@ def build_session(master: str | None = None, driver_memory: str | None = None, a
         b = b.master(master or "local[*]")
         if driver_memory:
             b = b.config("spark.driver.memory", driver_memory)
-        java_opts = os.environ.get("TICKERTAPE_SPARK_JAVA_OPTIONS")  # e.g. -XX:TieredStopAtLevel=1 (tests)
+        java_opts = os.environ.get(
+            "TICKERTAPE_SPARK_JAVA_OPTIONS"
+        )  # e.g. -XX:TieredStopAtLevel=1 (tests)
         if java_opts:
             b = b.config("spark.driver.extraJavaOptions", java_opts)
         if (master or "local").startswith("local"):
-            b = b.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-    b = (b.config("spark.ui.enabled", "false")
-         .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "4")
-         .config("spark.sql.session.timeZone", "UTC")
-         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-         .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
-         .config("spark.python.worker.reuse", "true"))
+            b = b.config("spark.driver.bindAddress", "127.0.0.1").config(
+                "spark.driver.host", "127.0.0.1"
+            )
+    b = (
+        b.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+    )
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -153,8 +163,10 @@ class Progress:
             width = 30
             fill = int(width * done / self.total) if self.total else width
             mb = self.bytes / 1e6 * (done / self.total if self.total else 1)
-            line = (f"{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} groups "
-                    f"{mb:,.1f}/{self.bytes / 1e6:,.1f} MB {el:5.1f}s")
+            line = (
+                f"{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} groups "
+                f"{mb:,.1f}/{self.bytes / 1e6:,.1f} MB {el:5.1f}s"
+            )
         if self.tty:
             self.stream.write("\r" + line + ("\n" if final else ""))
             self.stream.flush()
@@ -176,8 +188,15 @@ def _group_specs(req: dict, parallelism: int) -> list[dict]:
     else:
         stage = staging_dir(req["journal"], req["id"])
     for g in groups:
-        specs.append({"kind": req["kind"], "segments": [segs[i] for i in g], "staging": stage,
-                      "tag": req["id"], "policy": req.get("policy") or {}})
+        specs.append(
+            {
+                "kind": req["kind"],
+                "segments": [segs[i] for i in g],
+                "staging": stage,
+                "tag": req["id"],
+                "policy": req.get("policy") or {},
+            }
+        )
     return specs
 
 
@@ -201,8 +220,15 @@ def _run_tasks(spark, specs: list[dict], label: str, progress: bool) -> list[dic
     return metas
 
 
-def run_job(request, spark=None, *, master: str | None = None, driver_memory: str | None = None,
-            progress: bool = False, verify: str = "files") -> dict:
+def run_job(
+    request,
+    spark=None,
+    *,
+    master: str | None = None,
+    driver_memory: str | None = None,
+    progress: bool = False,
+    verify: str = "files",
+) -> dict:
     """Run one request (a dict or the path of its file); write its result file; return a summary.
 
     spark: an existing session (tests, notebooks) that is used and never stopped; otherwise one
@@ -233,9 +259,18 @@ def _run(spark, req: dict, started: float, jvm_s: float, progress: bool, verify:
     if kind == "archive":
         done = _existing_catalog(req)
         if done is not None:  # the same request ran to its commit point already: report it again
-            _write_result(jdir, rid, {"status": "ok", "kind": kind, "catalog": done["path"], "noop": True})
-            summary.update(status="ok", noop=True, records_in=done["cat"]["records"], records_out=done["cat"]["records"],
-                           bytes_in=done["cat"]["bytes_in"], bytes_out=done["cat"]["bytes_out"], seconds=0.0)
+            _write_result(
+                jdir, rid, {"status": "ok", "kind": kind, "catalog": done["path"], "noop": True}
+            )
+            summary.update(
+                status="ok",
+                noop=True,
+                records_in=done["cat"]["records"],
+                records_out=done["cat"]["records"],
+                bytes_in=done["cat"]["bytes_in"],
+                bytes_out=done["cat"]["bytes_out"],
+                seconds=0.0,
+            )
             return summary
     specs = _group_specs(req, spark.sparkContext.defaultParallelism)
     stage = specs[0]["staging"]
@@ -251,7 +286,12 @@ def _run(spark, req: dict, started: float, jvm_s: float, progress: bool, verify:
         summary.update(status="failed", error=msg, seconds=round(time.monotonic() - started, 2))
         return summary
     tasks_s = time.monotonic() - t0
-    damaged = [(s["path"], off, size) for m in metas for s in m.get("segments", ()) for off, size in s.get("damaged", ())]
+    damaged = [
+        (s["path"], off, size)
+        for m in metas
+        for s in m.get("segments", ())
+        for off, size in s.get("damaged", ())
+    ]
     if damaged:  # skipped by the tasks (jobs.read_segment): reported, never archived as data
         summary["damaged"] = [{"file": p, "offset": o, "bytes": n} for p, o, n in damaged[:100]]
         summary["damaged_bytes"] = sum(n for _, _, n in damaged)
@@ -261,14 +301,25 @@ def _run(spark, req: dict, started: float, jvm_s: float, progress: bool, verify:
         else:
             extra = _verify_compaction(req, metas)
     except VerificationFailed as exc:
-        _write_result(jdir, rid, {"status": "failed", "kind": kind, "error": f"verification: {exc}"})
+        _write_result(
+            jdir, rid, {"status": "failed", "kind": kind, "error": f"verification: {exc}"}
+        )
         shutil.rmtree(stage, ignore_errors=True)
-        summary.update(status="verification failed", error=str(exc), seconds=round(time.monotonic() - started, 2))
+        summary.update(
+            status="verification failed",
+            error=str(exc),
+            seconds=round(time.monotonic() - started, 2),
+        )
         return summary
     work_s = time.monotonic() - t0
     summary.update(extra["summary"])
-    summary.update(status="ok", seconds=round(time.monotonic() - started, 2), work_s=round(work_s, 2),
-                   tasks_s=round(tasks_s, 2), groups=len(specs))
+    summary.update(
+        status="ok",
+        seconds=round(time.monotonic() - started, 2),
+        work_s=round(work_s, 2),
+        tasks_s=round(tasks_s, 2),
+        groups=len(specs),
+    )
     _write_result(jdir, rid, {"status": "ok", "kind": kind, **extra["result"], "summary": summary})
     return summary
 
@@ -276,7 +327,7 @@ def _run(spark, req: dict, started: float, jvm_s: float, progress: bool, verify:
 def _task_error(exc: BaseException) -> str:
     text = str(exc)
     for line in text.splitlines():
-        if "SegmentChanged" in line or "journal.jobs." in line and "Error" in line:
+        if "SegmentChanged" in line or ("journal.jobs." in line and "Error" in line):
             return line.strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
     tail = [ln for ln in lines if "Error" in ln or "Exception" in ln]
@@ -298,7 +349,9 @@ def _existing_catalog(req: dict):
         return None
 
 
-def _verify_and_publish_archive(spark, req: dict, metas: list[dict], stage: str, verify: str) -> dict:
+def _verify_and_publish_archive(
+    spark, req: dict, metas: list[dict], stage: str, verify: str
+) -> dict:
     expected = {}
     readback: dict = {}
     for m in metas:
@@ -316,7 +369,8 @@ def _verify_and_publish_archive(spark, req: dict, metas: list[dict], stage: str,
         if (n, crc) != (s["records"], s["crc_sum"]) or (n and (lo, hi) != (s["first"], s["last"])):
             raise VerificationFailed(
                 f"segment {s['path']}: the archive reads back {n} records (crc sum {crc}, positions "
-                f"[{lo}, {hi}]), the segment holds {s['records']} ({s['crc_sum']}, [{s['first']}, {s['last']}])")
+                f"[{lo}, {hi}]), the segment holds {s['records']} ({s['crc_sum']}, [{s['first']}, {s['last']}])"
+            )
     files = [f for m in metas for f in m["files"]]
     if verify == "spark":
         _verify_with_spark_sql(spark, stage, files, expected)
@@ -328,14 +382,21 @@ def _verify_with_spark_sql(spark, stage: str, files: list[dict], expected: dict)
     from pyspark.sql import functions as F
 
     if files:
-        df = spark.read.schema(jobs.SPARK_SCHEMA).option("basePath", stage).parquet(
-            *[os.path.join(stage, f["path"]) for f in files])
+        df = (
+            spark.read.schema(jobs.SPARK_SCHEMA)
+            .option("basePath", stage)
+            .parquet(*[os.path.join(stage, f["path"]) for f in files])
+        )
         got = {
             r["segment"]: r
-            for r in df.groupBy("segment").agg(
-                F.count(F.lit(1)).alias("n"), F.sum("record_crc").alias("crc"),
-                F.min("position").alias("lo"), F.max("position").alias("hi"),
-            ).collect()
+            for r in df.groupBy("segment")
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.sum("record_crc").alias("crc"),
+                F.min("position").alias("lo"),
+                F.max("position").alias("hi"),
+            )
+            .collect()
         }
     else:
         got = {}
@@ -344,13 +405,18 @@ def _verify_with_spark_sql(spark, stage: str, files: list[dict], expected: dict)
         n, crc = (r["n"], int(r["crc"])) if r is not None else (0, 0)
         if n != s["records"] or crc != s["crc_sum"]:
             raise VerificationFailed(
-                f"segment {s['path']}: archive holds {n} records (crc sum {crc}), the segment {s['records']} ({s['crc_sum']})")
+                f"segment {s['path']}: archive holds {n} records (crc sum {crc}), the segment {s['records']} ({s['crc_sum']})"
+            )
         if n and (r["lo"], r["hi"]) != (s["first"], s["last"]):
-            raise VerificationFailed(f"segment {s['path']}: archive positions [{r['lo']}, {r['hi']}] "
-                                     f"differ from the segment's [{s['first']}, {s['last']}]")
+            raise VerificationFailed(
+                f"segment {s['path']}: archive positions [{r['lo']}, {r['hi']}] "
+                f"differ from the segment's [{s['first']}, {s['last']}]"
+            )
 
 
-def _publish_archive(req: dict, metas: list[dict], stage: str, files: list[dict], expected: dict) -> dict:
+def _publish_archive(
+    req: dict, metas: list[dict], stage: str, files: list[dict], expected: dict
+) -> dict:
     root = req["archive_root"]
     # publish: rename each file into place (deterministic names: a re-run rewrites the same ones)
     new_rel = set()
@@ -363,8 +429,12 @@ def _publish_archive(req: dict, metas: list[dict], stage: str, files: list[dict]
     _drop_stale_files(root, ranges, new_rel, req["id"])
     records = sum(s["records"] for s in expected.values())
     cat = {
-        "id": req["id"], "created_us": int(time.time() * 1e6), "root": root, "records": records,
-        "bytes_in": sum(m["bytes_in"] for m in metas), "bytes_out": sum(m["bytes_out"] for m in metas),
+        "id": req["id"],
+        "created_us": int(time.time() * 1e6),
+        "root": root,
+        "records": records,
+        "bytes_in": sum(m["bytes_in"] for m in metas),
+        "bytes_out": sum(m["bytes_out"] for m in metas),
         "schema": jobs.SPARK_SCHEMA,
         "segments": sorted(expected.values(), key=lambda s: s["base"]),
         "files": sorted(files, key=lambda f: f["path"]),
@@ -374,8 +444,14 @@ def _publish_archive(req: dict, metas: list[dict], stage: str, files: list[dict]
     shutil.rmtree(stage, ignore_errors=True)
     return {
         "result": {"catalog": cat_path},
-        "summary": {"records_in": records, "records_out": records, "bytes_in": cat["bytes_in"],
-                    "bytes_out": cat["bytes_out"], "files": len(files), "catalog": cat_path},
+        "summary": {
+            "records_in": records,
+            "records_out": records,
+            "bytes_in": cat["bytes_in"],
+            "bytes_out": cat["bytes_out"],
+            "files": len(files),
+            "catalog": cat_path,
+        },
     }
 
 
@@ -410,7 +486,11 @@ def _drop_stale_files(root: str, ranges, keep: set, rid: str) -> None:
         cat = read_json(path)
         if any(f["path"] in gone for f in cat.get("files", ())):
             cat["files"] = [f for f in cat["files"] if f["path"] not in gone]
-            cat["segments"] = [s for s in cat["segments"] if not any(s["base"] < e and b < s["end"] for b, e in ranges)]
+            cat["segments"] = [
+                s
+                for s in cat["segments"]
+                if not any(s["base"] < e and b < s["end"] for b, e in ranges)
+            ]
             cat["superseded_by"] = rid
             write_json_atomic(path, cat)
 
@@ -424,13 +504,17 @@ def _verify_compaction(req: dict, metas: list[dict]) -> dict:
         for s in m["segments"]:
             seen[s["base"]] = s
         if sum(s["kept"] for s in m["segments"]) != m["records_out"]:
-            raise VerificationFailed(f"{m['file']}: {m['records_out']} records written, {sum(s['kept'] for s in m['segments'])} kept")
+            raise VerificationFailed(
+                f"{m['file']}: {m['records_out']} records written, {sum(s['kept'] for s in m['segments'])} kept"
+            )
     for e in req["segments"]:
         if e["base"] not in seen:
             raise VerificationFailed(f"segment {e['path']} was not compacted by any task")
     summary = {
-        "records_in": sum(m["records_in"] for m in metas), "records_out": sum(m["records_out"] for m in metas),
-        "bytes_in": sum(m["bytes_in"] for m in metas), "bytes_out": sum(m["bytes_out"] for m in metas),
+        "records_in": sum(m["records_in"] for m in metas),
+        "records_out": sum(m["records_out"] for m in metas),
+        "bytes_in": sum(m["bytes_in"] for m in metas),
+        "bytes_out": sum(m["bytes_out"] for m in metas),
         "files": len(metas),
     }
     return {"result": {"outputs": metas}, "summary": summary}
@@ -449,9 +533,11 @@ def format_summary(s: dict) -> str:
     pct = f" ({100.0 * bout / bin_:.1f}%)" if bin_ else ""
     kept = f"{rin:,} records" if rin == rout else f"{rin:,} -> {rout:,} records"
     noop = " (already committed: nothing done)" if s.get("noop") else ""
-    return (f"{s['kind']} {s['id']}{noop}: {s['segments']} segments, {kept}, "
-            f"{bin_ / 1e6:,.1f} MB in -> {bout / 1e6:,.1f} MB out{pct}, {secs:.1f}s ({rate}); "
-            f"JVM start {s.get('jvm_s', 0):.1f}s, total {s.get('seconds', 0):.1f}s")
+    return (
+        f"{s['kind']} {s['id']}{noop}: {s['segments']} segments, {kept}, "
+        f"{bin_ / 1e6:,.1f} MB in -> {bout / 1e6:,.1f} MB out{pct}, {secs:.1f}s ({rate}); "
+        f"JVM start {s.get('jvm_s', 0):.1f}s, total {s.get('seconds', 0):.1f}s"
+    )
 
 
 def exit_code(summary: dict) -> int:
@@ -460,23 +546,42 @@ def exit_code(summary: dict) -> int:
         return EXIT_OK
     if st == "verification failed":
         return EXIT_VERIFY
-    if "SegmentChanged" in (summary.get("error") or "") or "changed since the request" in (summary.get("error") or ""):
+    if "SegmentChanged" in (summary.get("error") or "") or "changed since the request" in (
+        summary.get("error") or ""
+    ):
         return EXIT_STALE
     return EXIT_ERROR
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m journal.batch", description="Run one journal archive / compaction request")
-    p.add_argument("--request", required=True, help="the request file (<JournalDirectory>/_maint/requests/<id>.json)")
-    p.add_argument("--master", default=None, help="Spark master when not under spark-submit (default local[*])")
+    p = argparse.ArgumentParser(
+        prog="python -m journal.batch", description="Run one journal archive / compaction request"
+    )
+    p.add_argument(
+        "--request",
+        required=True,
+        help="the request file (<JournalDirectory>/_maint/requests/<id>.json)",
+    )
+    p.add_argument(
+        "--master", default=None, help="Spark master when not under spark-submit (default local[*])"
+    )
     p.add_argument("--driver-memory", default="2g", help="driver heap in local mode (default 2g)")
     p.add_argument("--progress", action="store_true", help="progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    p.add_argument("--verify", choices=("files", "spark"), default="files",
-                   help="archive: check the tasks' read-back (files, default) or also read it with Spark SQL (spark)")
+    p.add_argument(
+        "--verify",
+        choices=("files", "spark"),
+        default="files",
+        help="archive: check the tasks' read-back (files, default) or also read it with Spark SQL (spark)",
+    )
     args = p.parse_args(argv)
-    summary = run_job(args.request, master=args.master, driver_memory=args.driver_memory, progress=args.progress,
-                      verify=args.verify)
+    summary = run_job(
+        args.request,
+        master=args.master,
+        driver_memory=args.driver_memory,
+        progress=args.progress,
+        verify=args.verify,
+    )
     print(json.dumps(summary) if args.json else format_summary(summary), flush=True)
     return exit_code(summary)
 

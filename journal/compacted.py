@@ -108,8 +108,17 @@ class CompactedWriter:
     finish() to write the block index and the header. Returns a summary dict from finish().
     """
 
-    def __init__(self, path: str, base: int, end: int, *, sources: int = 1, cutoff_us: int = 0,
-                 level: int = DEFAULT_LEVEL, block_size: int = DEFAULT_BLOCK_SIZE):
+    def __init__(
+        self,
+        path: str,
+        base: int,
+        end: int,
+        *,
+        sources: int = 1,
+        cutoff_us: int = 0,
+        level: int = DEFAULT_LEVEL,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ):
         self.path = path
         self.base = base
         self.end = end
@@ -128,13 +137,17 @@ class CompactedWriter:
         self.records = 0
         self.raw_bytes = 0
         self._last_end = base
-        self.raw_crcs: list[int] = []  # crc32 of each block's uncompressed bytes (for read-back checks)
+        self.raw_crcs: list[
+            int
+        ] = []  # crc32 of each block's uncompressed bytes (for read-back checks)
 
     def add(self, position: int, record) -> None:
         """One whole record (its original bytes) at its original position."""
         n = len(record)
         if position < self._last_end:
-            raise ValueError(f"record at {position} is not after the previous one (ends {self._last_end})")
+            raise ValueError(
+                f"record at {position} is not after the previous one (ends {self._last_end})"
+            )
         if position + n > self.end:
             raise ValueError(f"record at {position} runs past the end of the range ({self.end})")
         runs = self._runs
@@ -160,14 +173,14 @@ class CompactedWriter:
         count = 0
         for n in record_sizes:
             if acc and self._pending + acc + n > self.block_size:
-                self._add_contiguous(position + start, view[start:start + acc], count)
+                self._add_contiguous(position + start, view[start : start + acc], count)
                 start += acc
                 acc = 0
                 count = 0
             acc += n
             count += 1
         if acc:
-            self._add_contiguous(position + start, view[start:start + acc], count)
+            self._add_contiguous(position + start, view[start : start + acc], count)
 
     def _add_contiguous(self, position: int, data, nrecords: int) -> None:
         n = len(data)
@@ -214,8 +227,18 @@ class CompactedWriter:
         index_offset = self._offset
         self._f.write(index)
         self._f.write(struct.pack("<I", zlib.crc32(index)))
-        body = HEADER.pack(MAGIC, 0, self.base, self.end, self.records, self.raw_bytes, index_offset,
-                           len(self._index), self.sources, self.cutoff_us)
+        body = HEADER.pack(
+            MAGIC,
+            0,
+            self.base,
+            self.end,
+            self.records,
+            self.raw_bytes,
+            index_offset,
+            len(self._index),
+            self.sources,
+            self.cutoff_us,
+        )
         header = MAGIC + struct.pack("<I", zlib.crc32(body[8:])) + body[8:]
         self._f.seek(0)
         self._f.write(header)
@@ -226,8 +249,15 @@ class CompactedWriter:
         self._f.seek(0, os.SEEK_END)
         size = self._f.tell()
         self._f.close()
-        return {"path": self.path, "base": self.base, "end": self.end, "records": self.records,
-                "raw_bytes": self.raw_bytes, "file_bytes": size, "blocks": len(self._index)}
+        return {
+            "path": self.path,
+            "base": self.base,
+            "end": self.end,
+            "records": self.records,
+            "raw_bytes": self.raw_bytes,
+            "file_bytes": size,
+            "blocks": len(self._index),
+        }
 
     def abort(self) -> None:
         try:
@@ -260,9 +290,21 @@ class CompactedReader:
     def _load(self) -> None:
         head = os.pread(self.fd, HEADER_SIZE, 0)
         if len(head) < HEADER_SIZE:
-            raise CorruptCompacted(self.path, 0, f"header truncated ({len(head)} of {HEADER_SIZE} bytes)")
-        (magic, hcrc, self.base, self.end, self.records, self.raw_bytes, index_off, nblocks,
-         self.sources, self.cutoff_us) = HEADER.unpack(head)
+            raise CorruptCompacted(
+                self.path, 0, f"header truncated ({len(head)} of {HEADER_SIZE} bytes)"
+            )
+        (
+            magic,
+            hcrc,
+            self.base,
+            self.end,
+            self.records,
+            self.raw_bytes,
+            index_off,
+            nblocks,
+            self.sources,
+            self.cutoff_us,
+        ) = HEADER.unpack(head)
         if magic[:3] != MAGIC[:3]:
             raise CorruptCompacted(self.path, 0, f"not a compacted segment (magic {magic!r})")
         if magic != MAGIC:
@@ -272,7 +314,9 @@ class CompactedReader:
         size = os.fstat(self.fd).st_size
         want = nblocks * INDEX_ENTRY.size + 4
         if index_off + want != size:
-            raise CorruptCompacted(self.path, index_off, f"file is {size} bytes; the header says {index_off + want}")
+            raise CorruptCompacted(
+                self.path, index_off, f"file is {size} bytes; the header says {index_off + want}"
+            )
         raw = os.pread(self.fd, want, index_off)
         if zlib.crc32(raw[:-4]) != struct.unpack_from("<I", raw, len(raw) - 4)[0]:
             raise CorruptCompacted(self.path, index_off, "block index checksum mismatch")
@@ -371,9 +415,11 @@ class CompactedReader:
                     o = position - rpos
                     if not _is_record_at(buf, boff + o, boff + n):
                         # not a record boundary: decode the run and skip to the first record after it
-                        recs, stop = decode(buf[boff:boff + n], rpos)
+                        recs, stop = decode(buf[boff : boff + n], rpos)
                         if stop != n:
-                            raise CorruptCompacted(self.path, self.block_offsets[i], "a run ends inside a record")
+                            raise CorruptCompacted(
+                                self.path, self.block_offsets[i], "a run ends inside a record"
+                            )
                         k = 0
                         while k < len(recs) and recs[k][0] < position:
                             k += 1
@@ -384,11 +430,15 @@ class CompactedReader:
                     first = rpos + o
                 budget = max(max_bytes - (rpos + o - first), 1)
                 lim = min(n, o + budget)
-                recs, stop = decode(buf[boff + o:boff + lim], rpos + o)
+                recs, stop = decode(buf[boff + o : boff + lim], rpos + o)
                 if not recs:
-                    recs, stop = decode(buf[boff + o:boff + n], rpos + o)
+                    recs, stop = decode(buf[boff + o : boff + n], rpos + o)
                     if not recs:
-                        raise CorruptCompacted(self.path, self.block_offsets[i], f"no whole record at position {rpos + o}")
+                        raise CorruptCompacted(
+                            self.path,
+                            self.block_offsets[i],
+                            f"no whole record at position {rpos + o}",
+                        )
                 out.extend(recs)
                 nxt = rpos + o + stop
                 if nxt < rend or nxt - first >= max_bytes:  # the budget ends inside this run
@@ -406,7 +456,9 @@ class CompactedReader:
             try:
                 return decode_records(part, 0, len(part), rpos, verify)
             except CorruptRecord as exc:
-                raise CorruptCompacted(self.path, -1, f"record at position {rpos + exc.offset}: {exc.reason}") from None
+                raise CorruptCompacted(
+                    self.path, -1, f"record at position {rpos + exc.offset}: {exc.reason}"
+                ) from None
 
         return self._collect(position, max_bytes, dec)
 
@@ -439,14 +491,21 @@ def _is_record_at(buf, off: int, end: int) -> bool:
     total = 4 + length
     if total < 36 or off + total > end:
         return False
-    return zlib.crc32(memoryview(buf)[off + 8:off + total]) == crc
+    return zlib.crc32(memoryview(buf)[off + 8 : off + total]) == crc
 
 
 def read_header(path: str) -> dict:
     r = CompactedReader(path)
     try:
-        return {"base": r.base, "end": r.end, "records": r.records, "raw_bytes": r.raw_bytes,
-                "file_bytes": r.file_bytes, "blocks": r.blocks, "sources": r.sources,
-                "cutoff_us": r.cutoff_us}
+        return {
+            "base": r.base,
+            "end": r.end,
+            "records": r.records,
+            "raw_bytes": r.raw_bytes,
+            "file_bytes": r.file_bytes,
+            "blocks": r.blocks,
+            "sources": r.sources,
+            "cutoff_us": r.cutoff_us,
+        }
     finally:
         r.close()

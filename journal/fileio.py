@@ -69,8 +69,15 @@ class FaultyIO(FileIO):
     """FileIO that fails eligible operations (see the module doc). Thread-safe; `failures`
     counts the errors raised, `armed` turns injection off and on (tests)."""
 
-    def __init__(self, ops=OPS, errnos=(errno_mod.ENOSPC,), p: float = 1.0, after: int = 0,
-                 count: int = 1, seed: int = 0):
+    def __init__(
+        self,
+        ops=OPS,
+        errnos=(errno_mod.ENOSPC,),
+        p: float = 1.0,
+        after: int = 0,
+        count: int = 1,
+        seed: int = 0,
+    ):
         self.ops = frozenset(ops)
         self.errnos = tuple(errnos)
         self.p = p
@@ -104,16 +111,22 @@ class FaultyIO(FileIO):
                     ops = val.split("+")
                     bad = [o for o in ops if o not in OPS]
                     if bad:
-                        raise FaultSpecError(spec, f"unknown operation {bad[0]!r} (one of {', '.join(OPS)})")
+                        raise FaultSpecError(
+                            spec, f"unknown operation {bad[0]!r} (one of {', '.join(OPS)})"
+                        )
                     kw["ops"] = ops
                 elif key == "errno":
                     names = val.split("+")
                     bad = [n for n in names if not isinstance(getattr(errno_mod, n, None), int)]
                     if bad:
-                        raise FaultSpecError(spec, f"unknown errno {bad[0]!r} (e.g. ENOSPC, EIO, EBADF)")
+                        raise FaultSpecError(
+                            spec, f"unknown errno {bad[0]!r} (e.g. ENOSPC, EIO, EBADF)"
+                        )
                     kw["errnos"] = [getattr(errno_mod, n) for n in names]
                 else:
-                    raise FaultSpecError(spec, f"unknown key {key!r} (seed, p, ops, errno, after, count)")
+                    raise FaultSpecError(
+                        spec, f"unknown key {key!r} (seed, p, ops, errno, after, count)"
+                    )
             except ValueError as exc:
                 if isinstance(exc, FaultSpecError):
                     raise

@@ -102,7 +102,7 @@ class JournalIndex:
             except lmdb.Error as exc:
                 try:
                     self.env.close()
-                except Exception:  # noqa: BLE001 - it is being discarded
+                except Exception:
                     pass
                 problem = f"LMDB cannot read it: {exc}"
         aside = f"{path}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"

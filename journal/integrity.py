@@ -36,12 +36,20 @@ class Integrity:
             self._seen.add(key)
             self.damaged_regions += 1
             self.damaged_bytes += size
-            self.last_damage = {"file": path, "offset": offset, "bytes": size, "reason": reason,
-                                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            self.last_damage = {
+                "file": path,
+                "offset": offset,
+                "bytes": size,
+                "reason": reason,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
         log.warning(
             "journal: damaged data in %s at offset %d (%s): %d bytes skipped, not served; the "
             "records after it are served. Restore the file from the archive to recover what was there",
-            path, offset, reason, size,
+            path,
+            offset,
+            reason,
+            size,
         )
 
     def snapshot(self) -> dict:

@@ -57,19 +57,36 @@ PARQUET_LEVEL = 3
 ARCHIVE_COLUMNS = (
     ("position", "int64", "BIGINT", "journal position of the record (orders records; lineage)"),
     ("bookmark", "string", "STRING", "'publisher_id|seq|', as a subscription's bookmark takes it"),
-    ("publisher_id", "uint64", "DECIMAL(20,0)", "publisher id (unsigned 64-bit; Spark reads it as DECIMAL(20,0))"),
+    (
+        "publisher_id",
+        "uint64",
+        "DECIMAL(20,0)",
+        "publisher id (unsigned 64-bit; Spark reads it as DECIMAL(20,0))",
+    ),
     ("seq", "uint64", "DECIMAL(20,0)", "the publisher's sequence number"),
     ("ts", "timestamp[us, UTC]", "TIMESTAMP", "receive time (UTC)"),
-    ("kind", "int8", "TINYINT", "1 = message, 2 = queue event (body = event entries, see server/queues.py)"),
+    (
+        "kind",
+        "int8",
+        "TINYINT",
+        "1 = message, 2 = queue event (body = event entries, see server/queues.py)",
+    ),
     ("expiration", "int64", "BIGINT", "the publish's expiration in seconds, NULL if none"),
-    ("header", "binary", "BINARY", "header fragment appended to deliveries (e.g. correlation id), NULL if none"),
+    (
+        "header",
+        "binary",
+        "BINARY",
+        "header fragment appended to deliveries (e.g. correlation id), NULL if none",
+    ),
     ("body", "binary", "BINARY", "the message as published (CAST(body AS STRING) for JSON)"),
     ("record_crc", "int64", "BIGINT", "the record's crc32 in the journal (verification)"),
     ("segment", "int64", "BIGINT", "base position of the journal segment it came from"),
 )
 PARTITION_COLUMNS = (("topic", "STRING"), ("date", "STRING"))
-SPARK_SCHEMA = ", ".join(f"{n} {t}" for n, _, t, _ in ARCHIVE_COLUMNS) + ", " + ", ".join(
-    f"{n} {t}" for n, t in PARTITION_COLUMNS
+SPARK_SCHEMA = (
+    ", ".join(f"{n} {t}" for n, _, t, _ in ARCHIVE_COLUMNS)
+    + ", "
+    + ", ".join(f"{n} {t}" for n, t in PARTITION_COLUMNS)
 )
 
 
@@ -107,7 +124,9 @@ def read_segment(entry: dict, damaged: list | None = None):
     except FileNotFoundError:
         raise SegmentChanged(path, "no longer exists") from None
     if size != entry["file_bytes"] or mtime != entry["mtime_ns"]:
-        raise SegmentChanged(path, f"changed since the request (size {size}, was {entry['file_bytes']})")
+        raise SegmentChanged(
+            path, f"changed since the request (size {size}, was {entry['file_bytes']})"
+        )
     if entry["kind"] == "plain":
         with open(path, "rb") as f:
             data = f.read()
@@ -122,7 +141,9 @@ def read_segment(entry: dict, damaged: list | None = None):
             raise SegmentChanged(path, f"starts at {base}, not {entry['base']}")
         buf = memoryview(data)[SEGMENT_HEADER_SIZE:]
         if base + len(buf) != entry["end"]:
-            raise SegmentChanged(path, f"holds {len(buf)} bytes of records, not {entry['end'] - base}")
+            raise SegmentChanged(
+                path, f"holds {len(buf)} bytes of records, not {entry['end'] - base}"
+            )
         found: list = []
         for a, b in good_runs(buf, found):
             run = buf[a:b]
@@ -130,22 +151,32 @@ def read_segment(entry: dict, damaged: list | None = None):
             cols = record_columns(run, offs, stop)
             yield run, base + a + cols["offset"], cols, file_crc
         for off, nbytes in found:
-            log.warning("journal job: %s is damaged at offset %d: %d bytes skipped (not archived or "
-                        "compacted as data)", path, SEGMENT_HEADER_SIZE + off, nbytes)
+            log.warning(
+                "journal job: %s is damaged at offset %d: %d bytes skipped (not archived or "
+                "compacted as data)",
+                path,
+                SEGMENT_HEADER_SIZE + off,
+                nbytes,
+            )
             if damaged is not None:
                 damaged.append((SEGMENT_HEADER_SIZE + off, nbytes))
     else:
         reader = CompactedReader(path)
         try:
             if (reader.base, reader.end) != (entry["base"], entry["end"]):
-                raise SegmentChanged(path, f"covers [{reader.base}, {reader.end}), not [{entry['base']}, {entry['end']})")
+                raise SegmentChanged(
+                    path,
+                    f"covers [{reader.base}, {reader.end}), not [{entry['base']}, {entry['end']})",
+                )
             with open(path, "rb") as f:
                 file_crc = zlib.crc32(f.read())
             for buf, runs in reader.iter_blocks():
                 try:
                     offs, stop = record_offsets(buf, verify=True)
                 except CorruptRecord as exc:
-                    raise SegmentChanged(path, f"has a damaged record in a block: {exc.reason}") from None
+                    raise SegmentChanged(
+                        path, f"has a damaged record in a block: {exc.reason}"
+                    ) from None
                 if stop != len(buf):
                     raise SegmentChanged(path, "has a block that ends inside a record")
                 cols = record_columns(buf, offs, stop)
@@ -195,13 +226,15 @@ def binary_column(buf, starts, ends, valid=None):
     views[lng, 4:8] = inline[lng, 0:4]
     views[lng, 12:16] = starts[lng].astype(np.int32).view(np.uint8).reshape(-1, 4)
     validity = None if valid is None else pa.array(valid, pa.bool_()).buffers()[1]
-    arr = pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf)])
+    arr = pa.Array.from_buffers(
+        pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf)]
+    )
     return arr.cast(pa.binary())
 
 
 # -- archive ---------------------------------------------------------------------------------
 
-_SPARK_ESCAPE = set('"#%\'*/:=?\\\x7f{[]^')
+_SPARK_ESCAPE = set("\"#%'*/:=?\\\x7f{[]^")
 
 
 def escape_partition(value: str) -> str:
@@ -222,19 +255,21 @@ def unescape_partition(text: str) -> str:
 def _arrow_schema():
     import pyarrow as pa
 
-    return pa.schema([
-        ("position", pa.int64()),
-        ("bookmark", pa.string()),
-        ("publisher_id", pa.uint64()),
-        ("seq", pa.uint64()),
-        ("ts", pa.timestamp("us", tz="UTC")),
-        ("kind", pa.int8()),
-        ("expiration", pa.int64()),
-        ("header", pa.binary()),
-        ("body", pa.binary()),
-        ("record_crc", pa.int64()),
-        ("segment", pa.int64()),
-    ])
+    return pa.schema(
+        [
+            ("position", pa.int64()),
+            ("bookmark", pa.string()),
+            ("publisher_id", pa.uint64()),
+            ("seq", pa.uint64()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("kind", pa.int8()),
+            ("expiration", pa.int64()),
+            ("header", pa.binary()),
+            ("body", pa.binary()),
+            ("record_crc", pa.int64()),
+            ("segment", pa.int64()),
+        ]
+    )
 
 
 def _day_text(day: int) -> str:
@@ -276,8 +311,17 @@ def archive_group(group: dict) -> dict:
     raw_bytes = 0
     try:
         for entry in segs:
-            st = {"path": entry["path"], "base": entry["base"], "end": entry["end"], "records": 0,
-                  "crc_sum": 0, "first": None, "last": None, "file_crc32": None, "file_bytes": entry["file_bytes"]}
+            st = {
+                "path": entry["path"],
+                "base": entry["base"],
+                "end": entry["end"],
+                "records": 0,
+                "crc_sum": 0,
+                "first": None,
+                "last": None,
+                "file_crc32": None,
+                "file_bytes": entry["file_bytes"],
+            }
             damaged: list = st.setdefault("damaged", [])
             for buf, positions, cols, file_crc in read_segment(entry, damaged):
                 st["file_crc32"] = file_crc
@@ -297,7 +341,9 @@ def archive_group(group: dict) -> dict:
                 day = np.where(msg, day, eday)
                 if msg.any():
                     last_msg_day = int(day[np.nonzero(msg)[0][-1]])
-                tarr = binary_column(buf, cols["topic_start"], cols["topic_end"]).dictionary_encode()
+                tarr = binary_column(
+                    buf, cols["topic_start"], cols["topic_end"]
+                ).dictionary_encode()
                 tcodes = tarr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
                 tdict = [v.decode("utf-8", "replace") for v in tarr.dictionary.to_pylist()]
                 bodies = binary_column(buf, cols["topic_end"], cols["body_end"])
@@ -309,21 +355,26 @@ def archive_group(group: dict) -> dict:
                 has_exp = (cols["flags"] & 1) != 0
                 pub = pa.array(cols["publisher_id"], pa.uint64())
                 seq = pa.array(cols["seq"], pa.uint64())
-                bookmark = pc.binary_join_element_wise(pc.cast(pub, pa.string()), pc.cast(seq, pa.string()), "", "|")
+                bookmark = pc.binary_join_element_wise(
+                    pc.cast(pub, pa.string()), pc.cast(seq, pa.string()), "", "|"
+                )
                 crc = cols["crc"].astype(np.int64)
-                table = pa.table([
-                    pa.array(positions, pa.int64()),
-                    bookmark,
-                    pub,
-                    seq,
-                    pa.array(ts, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                    pa.array(kind.astype(np.int8), pa.int8()),
-                    pa.array(cols["expiration"].astype(np.int64), pa.int64(), mask=~has_exp),
-                    headers,
-                    bodies,
-                    pa.array(crc, pa.int64()),
-                    pa.array(np.full(n, entry["base"], dtype=np.int64), pa.int64()),
-                ], schema=schema)
+                table = pa.table(
+                    [
+                        pa.array(positions, pa.int64()),
+                        bookmark,
+                        pub,
+                        seq,
+                        pa.array(ts, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                        pa.array(kind.astype(np.int8), pa.int8()),
+                        pa.array(cols["expiration"].astype(np.int64), pa.int64(), mask=~has_exp),
+                        headers,
+                        bodies,
+                        pa.array(crc, pa.int64()),
+                        pa.array(np.full(n, entry["base"], dtype=np.int64), pa.int64()),
+                    ],
+                    schema=schema,
+                )
                 dmin = int(day.min())
                 span = int(day.max()) - dmin + 1
                 key = tcodes * span + (day - dmin)
@@ -337,7 +388,9 @@ def archive_group(group: dict) -> dict:
                     topic = tdict[k // span]
                     d = k % span + dmin
                     dn = day_names.get(d) or day_names.setdefault(d, _day_text(d))
-                    tn = topic_names.get(topic) or topic_names.setdefault(topic, escape_partition(topic))
+                    tn = topic_names.get(topic) or topic_names.setdefault(
+                        topic, escape_partition(topic)
+                    )
                     rel = f"topic={tn}/date={dn}/{fname}"
                     part = table.take(pa.array(order[a:z]))
                     w = writers.get(rel)
@@ -345,9 +398,19 @@ def archive_group(group: dict) -> dict:
                         path = os.path.join(staging, rel)
                         os.makedirs(os.path.dirname(path), exist_ok=True)
                         w = writers[rel] = pq.ParquetWriter(
-                            path, schema, compression="zstd", compression_level=level,
+                            path,
+                            schema,
+                            compression="zstd",
+                            compression_level=level,
                             use_dictionary=["kind", "segment"],
-                            write_statistics=["position", "publisher_id", "seq", "ts", "kind", "segment"],
+                            write_statistics=[
+                                "position",
+                                "publisher_id",
+                                "seq",
+                                "ts",
+                                "kind",
+                                "segment",
+                            ],
                         )
                         expect[rel] = [0, 0]
                     w.write_table(part)
@@ -374,23 +437,56 @@ def archive_group(group: dict) -> dict:
         back = pq.read_table(path, columns=["segment", "position", "record_crc"])
         got_rows, got_crc = back.num_rows, int(pc.sum(back["record_crc"]).as_py() or 0)
         if (got_rows, got_crc) != (rows, crc_sum):
-            raise RuntimeError(f"archive file {path} reads back {got_rows} rows / crc sum {got_crc}, "
-                               f"wrote {rows} / {crc_sum}")
+            raise RuntimeError(
+                f"archive file {path} reads back {got_rows} rows / crc sum {got_crc}, "
+                f"wrote {rows} / {crc_sum}"
+            )
         agg = back.group_by("segment").aggregate(
-            [("record_crc", "count"), ("record_crc", "sum"), ("position", "min"), ("position", "max")])
-        for seg, cnt, csum, lo, hi in zip(*(agg[c].to_pylist() for c in (
-                "segment", "record_crc_count", "record_crc_sum", "position_min", "position_max"))):
+            [
+                ("record_crc", "count"),
+                ("record_crc", "sum"),
+                ("position", "min"),
+                ("position", "max"),
+            ]
+        )
+        for seg, cnt, csum, lo, hi in zip(
+            *(
+                agg[c].to_pylist()
+                for c in (
+                    "segment",
+                    "record_crc_count",
+                    "record_crc_sum",
+                    "position_min",
+                    "position_max",
+                )
+            )
+        ):
             r = readback.setdefault(seg, [0, 0, lo, hi])
             r[0] += cnt
             r[1] += csum
             r[2] = min(r[2], lo)
             r[3] = max(r[3], hi)
-        files.append({"path": rel, "rows": rows, "crc_sum": crc_sum, "bytes": os.path.getsize(path),
-                      "sha256": file_sha256(path)})
-    return {"kind": "archive", "first": first_pos, "end": end_pos, "records": records,
-            "raw_bytes": raw_bytes, "bytes_in": sum(s["file_bytes"] for s in segs),
-            "bytes_out": sum(f["bytes"] for f in files), "files": files, "segments": seg_stats,
-            "readback": {str(k): v for k, v in readback.items()}}
+        files.append(
+            {
+                "path": rel,
+                "rows": rows,
+                "crc_sum": crc_sum,
+                "bytes": os.path.getsize(path),
+                "sha256": file_sha256(path),
+            }
+        )
+    return {
+        "kind": "archive",
+        "first": first_pos,
+        "end": end_pos,
+        "records": records,
+        "raw_bytes": raw_bytes,
+        "bytes_in": sum(s["file_bytes"] for s in segs),
+        "bytes_out": sum(f["bytes"] for f in files),
+        "files": files,
+        "segments": seg_stats,
+        "readback": {str(k): v for k, v in readback.items()},
+    }
 
 
 # -- compaction ------------------------------------------------------------------------------
@@ -404,7 +500,9 @@ def _queue_matchers(policy: dict):
     return out
 
 
-def keep_mask(positions, cols, topics: list[str], topic_codes, policy: dict, cutoff_position: int | None):
+def keep_mask(
+    positions, cols, topics: list[str], topic_codes, policy: dict, cutoff_position: int | None
+):
     """Which records of one chunk compaction keeps (a numpy bool array), per the module's rules."""
     import numpy as np
 
@@ -452,15 +550,30 @@ def compact_group(group: dict) -> dict:
     tmp = final + ".tmp"
     cutoff = int(policy.get("cutoff_us") or 0)
     must_keep = np.asarray(sorted(policy.get("keep_positions") or ()), dtype=np.int64)
-    w = CompactedWriter(tmp, base, end, sources=len(segs), cutoff_us=cutoff,
-                        level=int(policy.get("level", 3)), block_size=int(policy.get("block_size", 1 << 20)))
+    w = CompactedWriter(
+        tmp,
+        base,
+        end,
+        sources=len(segs),
+        cutoff_us=cutoff,
+        level=int(policy.get("level", 3)),
+        block_size=int(policy.get("block_size", 1 << 20)),
+    )
     seg_stats = []
     records_in = raw_in = crc_out = 0
     cutoff_position = None
     try:
         for entry in segs:
-            st = {"path": entry["path"], "base": entry["base"], "end": entry["end"], "records": 0,
-                  "crc_sum": 0, "file_crc32": None, "file_bytes": entry["file_bytes"], "kept": 0}
+            st = {
+                "path": entry["path"],
+                "base": entry["base"],
+                "end": entry["end"],
+                "records": 0,
+                "crc_sum": 0,
+                "file_crc32": None,
+                "file_bytes": entry["file_bytes"],
+                "kept": 0,
+            }
             damaged: list = st.setdefault("damaged", [])
             for buf, positions, cols, file_crc in read_segment(entry, damaged):
                 st["file_crc32"] = file_crc
@@ -475,10 +588,14 @@ def compact_group(group: dict) -> dict:
                 keep = None
                 if cutoff > 0:
                     if cutoff_position is None:
-                        inside = np.flatnonzero((cols["kind"] == KIND_MESSAGE) & (cols["ts"] >= cutoff))
+                        inside = np.flatnonzero(
+                            (cols["kind"] == KIND_MESSAGE) & (cols["ts"] >= cutoff)
+                        )
                         if len(inside):
                             cutoff_position = int(positions[inside[0]])
-                    tarr = binary_column(buf, cols["topic_start"], cols["topic_end"]).dictionary_encode()
+                    tarr = binary_column(
+                        buf, cols["topic_start"], cols["topic_end"]
+                    ).dictionary_encode()
                     tcodes = tarr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
                     tdict = [v.decode("utf-8", "replace") for v in tarr.dictionary.to_pylist()]
                     keep = keep_mask(positions, cols, tdict, tcodes, policy, cutoff_position)
@@ -494,7 +611,9 @@ def compact_group(group: dict) -> dict:
         w.abort()
         raise
     os.replace(tmp, final)
-    return _verify_compacted(final, name, info, seg_stats, records_in, raw_in, crc_out, segs, w.raw_crcs)
+    return _verify_compacted(
+        final, name, info, seg_stats, records_in, raw_in, crc_out, segs, w.raw_crcs
+    )
 
 
 def _write_kept(w: CompactedWriter, buf, positions, cols, keep) -> int:
@@ -531,25 +650,42 @@ def _write_kept(w: CompactedWriter, buf, positions, cols, keep) -> int:
     return total_crc
 
 
-def _verify_compacted(final, name, info, seg_stats, records_in, raw_in, crc_out, segs, raw_crcs) -> dict:
+def _verify_compacted(
+    final, name, info, seg_stats, records_in, raw_in, crc_out, segs, raw_crcs
+) -> dict:
     """Read the output back: every block decompressed, and equal (crc32) to the bytes written,
     which were read from the segments with every record's crc checked; record counts too."""
     reader = CompactedReader(final)
     try:
         if reader.blocks != len(raw_crcs) or sum(reader.block_records) != info["records"]:
-            raise RuntimeError(f"compacted segment {final} has {reader.blocks} blocks / "
-                               f"{sum(reader.block_records)} records; wrote {len(raw_crcs)} / {info['records']}")
+            raise RuntimeError(
+                f"compacted segment {final} has {reader.blocks} blocks / "
+                f"{sum(reader.block_records)} records; wrote {len(raw_crcs)} / {info['records']}"
+            )
         for i, want in enumerate(raw_crcs):
             buf, _ = reader.block(i)
             if zlib.crc32(buf) != want:
-                raise RuntimeError(f"compacted segment {final}: block {i} does not read back as written")
+                raise RuntimeError(
+                    f"compacted segment {final}: block {i} does not read back as written"
+                )
     finally:
         reader.close()
-    return {"kind": "compact", "file": name, "staged": final, "base": info["base"], "end": info["end"],
-            "records_in": records_in, "records_out": info["records"], "raw_in": raw_in,
-            "raw_out": info["raw_bytes"], "bytes_in": sum(s["file_bytes"] for s in segs),
-            "bytes_out": info["file_bytes"], "crc_sum_out": crc_out, "sha256": file_sha256(final),
-            "segments": seg_stats}
+    return {
+        "kind": "compact",
+        "file": name,
+        "staged": final,
+        "base": info["base"],
+        "end": info["end"],
+        "records_in": records_in,
+        "records_out": info["records"],
+        "raw_in": raw_in,
+        "raw_out": info["raw_bytes"],
+        "bytes_in": sum(s["file_bytes"] for s in segs),
+        "bytes_out": info["file_bytes"],
+        "crc_sum_out": crc_out,
+        "sha256": file_sha256(final),
+        "segments": seg_stats,
+    }
 
 
 # -- the Spark task ------------------------------------------------------------------------------
@@ -568,4 +704,6 @@ def spark_task(batches):
             g = json.loads(spec)
             meta = archive_group(g) if g["kind"] == "archive" else compact_group(g)
             yield pa.RecordBatch.from_arrays(
-                [pa.array([gid], pa.int32()), pa.array([json.dumps(meta)], pa.string())], schema=schema)
+                [pa.array([gid], pa.int32()), pa.array([json.dumps(meta)], pa.string())],
+                schema=schema,
+            )

@@ -164,7 +164,9 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         new = list(sealed) + [active]
         for a, b in zip(new, new[1:]):
             if a.end != b.base:
-                raise JournalError(f"new layout has a gap or overlap at {a.end} / {b.base} ({a.path}, {b.path})")
+                raise JournalError(
+                    f"new layout has a gap or overlap at {a.end} / {b.base} ({a.path}, {b.path})"
+                )
         manifest.generation = self.manifest.generation + 1
         save_manifest(self.directory, manifest)
         kept = {id(s) for s in new}
@@ -176,8 +178,13 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         with self._read_lock:
             for seg in gone:
                 self._retired.append((now, seg, self._read_fds.pop(seg.path, None)))
-        log.info("journal: manifest generation %d: %d sealed segments from position %d; %d retired",
-                 manifest.generation, len(sealed), new[0].base, len(gone))
+        log.info(
+            "journal: manifest generation %d: %d sealed segments from position %d; %d retired",
+            manifest.generation,
+            len(sealed),
+            new[0].base,
+            len(gone),
+        )
         return gone
 
     def collect_garbage(self, grace_s: float = 30.0) -> int:

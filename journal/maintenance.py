@@ -67,8 +67,14 @@ def now_us() -> int:
 
 def segment_entry(seg) -> dict:
     st = os.stat(seg.path)
-    return {"path": os.path.abspath(seg.path), "base": seg.base, "end": seg.end, "kind": seg.kind,
-            "file_bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {
+        "path": os.path.abspath(seg.path),
+        "base": seg.base,
+        "end": seg.end,
+        "kind": seg.kind,
+        "file_bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
 
 
 def newest_time_us(journal, seg) -> int | None:
@@ -104,9 +110,20 @@ def queue_floors(journal, queues) -> list[dict]:
     return out
 
 
-def make_request(journal, kind: str, *, older_than_s: float | None = None, retention_s: float | None = None,
-                 archive_root: str | None = None, queues=(), now: int | None = None, recompact: bool = False,
-                 level: int = 3, group_bytes: int | None = None, req_id: str | None = None) -> dict | None:
+def make_request(
+    journal,
+    kind: str,
+    *,
+    older_than_s: float | None = None,
+    retention_s: float | None = None,
+    archive_root: str | None = None,
+    queues=(),
+    now: int | None = None,
+    recompact: bool = False,
+    level: int = 3,
+    group_bytes: int | None = None,
+    req_id: str | None = None,
+) -> dict | None:
     """A request for the sealed segments the job should process, or None if there are none.
 
     archive: sealed segments older than older_than_s whose range is not archived yet.
@@ -141,12 +158,15 @@ def make_request(journal, kind: str, *, older_than_s: float | None = None, reten
         "created_us": now,
         "journal": os.path.abspath(journal.directory),
         "generation": man.generation,
-        "group_bytes": group_bytes or (DEFAULT_GROUP_BYTES if kind == "archive" else 2 * DEFAULT_GROUP_BYTES),
+        "group_bytes": group_bytes
+        or (DEFAULT_GROUP_BYTES if kind == "archive" else 2 * DEFAULT_GROUP_BYTES),
         "segments": chosen,
     }
     if kind == "archive":
         if not archive_root:
-            raise MaintenanceError("archive needs <JournalArchiveDirectory> in <TransactionLog> (or --archive-dir)")
+            raise MaintenanceError(
+                "archive needs <JournalArchiveDirectory> in <TransactionLog> (or --archive-dir)"
+            )
         req["archive_root"] = os.path.abspath(archive_root)
     else:
         lo, hi = chosen[0]["base"], chosen[-1]["end"]
@@ -199,8 +219,13 @@ def _same_file(seg, entry: dict) -> bool:
         st = os.stat(seg.path)
     except FileNotFoundError:
         return False
-    return (os.path.abspath(seg.path) == entry["path"] and seg.base == entry["base"] and seg.end == entry["end"]
-            and st.st_size == entry["file_bytes"] and st.st_mtime_ns == entry["mtime_ns"])
+    return (
+        os.path.abspath(seg.path) == entry["path"]
+        and seg.base == entry["base"]
+        and seg.end == entry["end"]
+        and st.st_size == entry["file_bytes"]
+        and st.st_mtime_ns == entry["mtime_ns"]
+    )
 
 
 def _answer(journal_dir: str, req_id: str, status: str, reason: str = "", **extra) -> dict:
@@ -252,7 +277,9 @@ def _check_sources(journal, entries) -> dict:
     for e in entries:
         seg = by_base.get(e["base"])
         if seg is None or not _same_file(seg, e):
-            raise MaintenanceError(f"segment {e['path']} changed or left the journal since the request; run again")
+            raise MaintenanceError(
+                f"segment {e['path']} changed or left the journal since the request; run again"
+            )
     return by_base
 
 
@@ -274,9 +301,13 @@ def _apply_archive(journal, req: dict, res: dict) -> dict:
         man.add_archived(s["base"], s["end"], req["id"])
     man.applied.append(req["id"])
     journal.run_in_writer(lambda: journal.commit_layout(man, journal.sealed_segments())).result()
-    return _answer(journal.directory, req["id"], "applied",
-                   f"{len(cat['segments'])} segments archived ({cat['records']} records)",
-                   generation=journal.manifest.generation)
+    return _answer(
+        journal.directory,
+        req["id"],
+        "applied",
+        f"{len(cat['segments'])} segments archived ({cat['records']} records)",
+        generation=journal.manifest.generation,
+    )
 
 
 def _apply_compaction(journal, req: dict, res: dict) -> dict:
@@ -292,12 +323,16 @@ def _apply_compaction(journal, req: dict, res: dict) -> dict:
             if not os.path.exists(staged):
                 raise MaintenanceError(f"compacted output {staged} is missing")
             if file_sha256(staged) != out["sha256"]:
-                raise MaintenanceError(f"compacted output {staged} does not match its recorded sha256")
+                raise MaintenanceError(
+                    f"compacted output {staged} does not match its recorded sha256"
+                )
             r = CompactedReader(staged)
             r.close()
             if (r.base, r.end, r.records) != (out["base"], out["end"], out["records_out"]):
-                raise MaintenanceError(f"compacted output {staged} holds [{r.base}, {r.end}) x {r.records}, "
-                                       f"not what the job reported")
+                raise MaintenanceError(
+                    f"compacted output {staged} holds [{r.base}, {r.end}) x {r.records}, "
+                    f"not what the job reported"
+                )
         # move the outputs into the journal directory (not yet part of the journal: a crash here
         # leaves files the manifest does not name, removed at the next open)
         for out in outputs:
@@ -328,9 +363,17 @@ def _apply_compaction(journal, req: dict, res: dict) -> dict:
         gone_files = {os.path.basename(s.path) for s in sealed if id(s) in replaced}
         man.compacted = [e for e in man.compacted if e["file"] not in gone_files]
         for out in outputs:
-            man.compacted.append({"file": out["file"], "base": out["base"], "end": out["end"],
-                                  "records": out["records_out"], "raw_bytes": out["raw_out"],
-                                  "file_bytes": out["bytes_out"], "request": req["id"]})
+            man.compacted.append(
+                {
+                    "file": out["file"],
+                    "base": out["base"],
+                    "end": out["end"],
+                    "records": out["records_out"],
+                    "raw_bytes": out["raw_out"],
+                    "file_bytes": out["bytes_out"],
+                    "request": req["id"],
+                }
+            )
         man.applied.append(req["id"])
         return journal.commit_layout(man, layout)
 
@@ -350,11 +393,13 @@ def _apply_compaction(journal, req: dict, res: dict) -> dict:
     rout = sum(o["records_out"] for o in outputs)
     bin_ = sum(o["bytes_in"] for o in outputs)
     bout = sum(o["bytes_out"] for o in outputs)
-    return _answer(d, req["id"], "applied",
-                   f"{len(gone)} segments -> {len(outputs)} compacted; {rin} -> {rout} records; {bin_} -> {bout} bytes",
-                   generation=journal.manifest.generation)
-
-
+    return _answer(
+        d,
+        req["id"],
+        "applied",
+        f"{len(gone)} segments -> {len(outputs)} compacted; {rin} -> {rout} records; {bin_} -> {bout} bytes",
+        generation=journal.manifest.generation,
+    )
 
 
 # -- removal (no Spark: deletes only what a verified archive holds) ------------------------------
@@ -368,8 +413,15 @@ def _file_crc32(path: str) -> int:
     return crc
 
 
-def remove_journal(journal, *, older_than_s: float | None, archive_root: str | None, queues=(),
-                   replay_floor: int | None = None, now: int | None = None) -> dict:
+def remove_journal(
+    journal,
+    *,
+    older_than_s: float | None,
+    archive_root: str | None,
+    queues=(),
+    replay_floor: int | None = None,
+    now: int | None = None,
+) -> dict:
     """Remove the oldest sealed segments that are old enough, archived (and the archive's crc32
     of the file matches it now), past every queue's checkpoint and every replay's position."""
     now = now if now is not None else now_us()
@@ -398,11 +450,15 @@ def remove_journal(journal, *, older_than_s: float | None, archive_root: str | N
         cat = catalogs.get(cat_id)
         if cat is None:
             try:
-                cat = catalogs[cat_id] = read_json(os.path.join(archive_root, "_catalog", cat_id + ".json"))
+                cat = catalogs[cat_id] = read_json(
+                    os.path.join(archive_root, "_catalog", cat_id + ".json")
+                )
             except FileNotFoundError:
                 why = f"archive catalog {cat_id} is missing"
                 break
-        entry = next((s for s in cat["segments"] if s["base"] == seg.base and s["end"] == seg.end), None)
+        entry = next(
+            (s for s in cat["segments"] if s["base"] == seg.base and s["end"] == seg.end), None
+        )
         if entry is None or entry.get("file_crc32") != _file_crc32(seg.path):
             why = f"{seg.path} does not match its archive (catalog {cat_id}); archive it again"
             break
@@ -413,18 +469,23 @@ def remove_journal(journal, *, older_than_s: float | None, archive_root: str | N
 
     def commit():
         sealed = journal.sealed_segments()
-        if [s.path for s in sealed[:len(removed)]] != [s.path for s in removed]:
+        if [s.path for s in sealed[: len(removed)]] != [s.path for s in removed]:
             raise MaintenanceError("the journal's layout changed during removal; run again")
         m = journal.manifest.copy()
         for pub, (seq, pos) in journal.publishers().items():
             if pos < cut:
                 m.publishers[str(pub)] = [seq, pos]
         m.start = cut
-        return journal.commit_layout(m, sealed[len(removed):])
+        return journal.commit_layout(m, sealed[len(removed) :])
 
     gone = journal.run_in_writer(commit).result()
     journal.collect_garbage()
-    return {"removed": len(gone), "start": cut, "bytes": sum(s.file_bytes for s in removed), "reason": why}
+    return {
+        "removed": len(gone),
+        "start": cut,
+        "bytes": sum(s.file_bytes for s in removed),
+        "reason": why,
+    }
 
 
 # -- the owner's loop over orders and results -----------------------------------------------------
@@ -456,10 +517,16 @@ def take_orders(journal, *, archive_root: str | None, queues) -> list[dict]:
             continue
         ans = {"id": oid, "request": None, "reason": ""}
         try:
-            req = make_request(journal, order["kind"], older_than_s=order.get("older_than_s"),
-                               retention_s=order.get("retention_s"),
-                               archive_root=order.get("archive_root") or archive_root, queues=queues,
-                               recompact=bool(order.get("recompact")), req_id=oid)
+            req = make_request(
+                journal,
+                order["kind"],
+                older_than_s=order.get("older_than_s"),
+                retention_s=order.get("retention_s"),
+                archive_root=order.get("archive_root") or archive_root,
+                queues=queues,
+                recompact=bool(order.get("recompact")),
+                req_id=oid,
+            )
             if req is None:
                 ans["reason"] = "nothing to do: no sealed segment qualifies"
             elif order.get("dry_run"):

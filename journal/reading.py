@@ -22,7 +22,6 @@ from .segments import READ_BLOCK, Segment, _seg_base
 
 
 class JournalReader:
-
     def _reader_fd(self, seg: Segment) -> int:
         fd = self._read_fds.get(seg.path)
         if fd is None:
@@ -76,9 +75,15 @@ class JournalReader:
             stop, bad = verified_prefix(buf)
             if stop:
                 return (buf if stop == len(buf) else buf[:stop]), position
-            reason = "bad length, kind or checksum" if bad == 0 else "record runs past the end of the segment"
+            reason = (
+                "bad length, kind or checksum"
+                if bad == 0
+                else "record runs past the end of the segment"
+            )
             nxt = self._resync(seg, position + 1, limit)
-            self.integrity.damaged(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, nxt - position, reason)
+            self.integrity.damaged(
+                seg.path, SEGMENT_HEADER_SIZE + position - seg.base, nxt - position, reason
+            )
             position = nxt
         return b"", limit
 
@@ -87,7 +92,9 @@ class JournalReader:
         window = 4 * READ_BLOCK
         fd = self._reader_fd(seg)
         while position < limit:
-            buf = os.pread(fd, min(window, limit - position), SEGMENT_HEADER_SIZE + position - seg.base)
+            buf = os.pread(
+                fd, min(window, limit - position), SEGMENT_HEADER_SIZE + position - seg.base
+            )
             found = resync(buf, 0)
             if found >= 0:
                 return position + found
@@ -98,7 +105,9 @@ class JournalReader:
             position += max(1, len(buf) - 64 * 1024)
         return limit
 
-    def read(self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False) -> tuple[list[Record], int]:
+    def read(
+        self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False
+    ) -> tuple[list[Record], int]:
         """Records from `position` (a record boundary) up to about max_bytes, and the next position.
 
         Reads only durable, checked records (damage is skipped and reported; `verify` is kept
@@ -156,7 +165,9 @@ class JournalReader:
             if not recs:
                 if nxt >= self._end:
                     return
-                nxt2 = self.next_position(nxt)  # a segment boundary, or the end of a compacted range
+                nxt2 = self.next_position(
+                    nxt
+                )  # a segment boundary, or the end of a compacted range
                 if nxt2 == pos:
                     return
                 pos = nxt2
@@ -218,7 +229,9 @@ class JournalReader:
             return self.next_position(e)
         head = os.pread(self._reader_fd(seg), 4, SEGMENT_HEADER_SIZE + position - seg.base)
         if len(head) < 4:
-            raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, "no record at this position")
+            raise CorruptSegment(
+                seg.path, SEGMENT_HEADER_SIZE + position - seg.base, "no record at this position"
+            )
         return self.next_position(position + record_length_at(head, 0))
 
     def locate_time(self, ts_us: int) -> int:

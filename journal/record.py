@@ -105,16 +105,26 @@ class Record(NamedTuple):
 
 
 def encode_record(
-    kind: int, publisher_id: int, seq: int, ts_us: int, topic: bytes, body: bytes,
-    expiration: int | None = None, header: bytes = b"",
+    kind: int,
+    publisher_id: int,
+    seq: int,
+    ts_us: int,
+    topic: bytes,
+    body: bytes,
+    expiration: int | None = None,
+    header: bytes = b"",
 ) -> bytes:
     """The record's bytes. RecordFieldError for a field the format cannot hold: checked before
     anything else, so a caller can encode first and change its own state only after."""
     if len(topic) > MAX_TOPIC or len(header) > 0xFFFF:
-        raise RecordFieldError(f"the topic ({len(topic)} bytes) and the header fragment ({len(header)} bytes) "
-                               f"must each be at most {MAX_TOPIC} bytes")
+        raise RecordFieldError(
+            f"the topic ({len(topic)} bytes) and the header fragment ({len(header)} bytes) "
+            f"must each be at most {MAX_TOPIC} bytes"
+        )
     if not (0 <= seq <= MAX_U64 and 0 <= publisher_id <= MAX_U64 and 0 <= ts_us <= MAX_U64):
-        raise RecordFieldError(f"sequence {seq}, publisher {publisher_id} and time {ts_us} must be 0..2^64-1")
+        raise RecordFieldError(
+            f"sequence {seq}, publisher {publisher_id} and time {ts_us} must be 0..2^64-1"
+        )
     if expiration is not None and not math.isfinite(expiration):
         raise RecordFieldError(f"expiration {expiration!r} is not a finite number of seconds")
     if expiration is None and not header:
@@ -128,7 +138,12 @@ def encode_record(
         if header:
             flags |= FLAG_HEADER
             extra += _u16.pack(len(header)) + header
-        rest = _pack_after_crc(kind, flags, len(topic), publisher_id, seq, ts_us) + extra + topic + body
+        rest = (
+            _pack_after_crc(kind, flags, len(topic), publisher_id, seq, ts_us)
+            + extra
+            + topic
+            + body
+        )
     return _pack_prefix(len(rest) + 4, _crc32(rest)) + rest
 
 
@@ -153,7 +168,9 @@ def encode_segment_header(base: int) -> bytes:
 def decode_segment_header(data: bytes) -> int:
     """Return the base position; raise CorruptRecord(0, ...) on a bad header."""
     if len(data) < SEGMENT_HEADER_SIZE:
-        raise CorruptRecord(0, f"segment header truncated ({len(data)} of {SEGMENT_HEADER_SIZE} bytes)")
+        raise CorruptRecord(
+            0, f"segment header truncated ({len(data)} of {SEGMENT_HEADER_SIZE} bytes)"
+        )
     magic, _reserved, base = SEGMENT_HEADER.unpack_from(data)
     if magic[:3] != MAGIC[:3]:
         raise CorruptRecord(0, f"not a journal segment (magic {magic!r})")
@@ -292,13 +309,29 @@ def record_columns(buf, offsets, stop: int) -> dict:
 
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return {k: empty for k in ("offset", "size", "crc", "kind", "flags", "publisher_id", "seq", "ts",
-                                   "expiration", "header_start", "header_end", "topic_start", "topic_end",
-                                   "body_end")}
+        return {
+            k: empty
+            for k in (
+                "offset",
+                "size",
+                "crc",
+                "kind",
+                "flags",
+                "publisher_id",
+                "seq",
+                "ts",
+                "expiration",
+                "header_start",
+                "header_end",
+                "topic_start",
+                "topic_end",
+                "body_end",
+            )
+        }
     hdr = b[o[:, None] + np.arange(RECORD_HEADER_SIZE, dtype=np.int64)]  # one gather: (n, 36) bytes
 
     def field(lo: int, width: int):
-        return np.ascontiguousarray(hdr[:, lo:lo + width]).view(f"<u{width}").reshape(n)
+        return np.ascontiguousarray(hdr[:, lo : lo + width]).view(f"<u{width}").reshape(n)
 
     kind = hdr[:, 8].copy()
     flags = hdr[:, 9].copy()
@@ -345,7 +378,9 @@ def _check_py(buf, pos: int, end: int) -> int:
         return 0
     if pos + total > end:
         return -1
-    need = RECORD_HEADER_SIZE + (4 if flags & FLAG_EXPIRATION else 0)  # where the fragment's length is
+    need = RECORD_HEADER_SIZE + (
+        4 if flags & FLAG_EXPIRATION else 0
+    )  # where the fragment's length is
     if flags & FLAG_HEADER:
         if need + 2 > total:
             return 0
@@ -410,4 +445,3 @@ def good_runs(buf, damaged: list):
         end = n if nxt < 0 else nxt
         damaged.append((pos, end - pos))
         pos = end
-

@@ -34,7 +34,6 @@ log = logging.getLogger("tickertape.journal")
 
 
 class JournalRecovery:
-
     def _open_segments(self) -> None:
         started = time.monotonic()
         names = self._listing()
@@ -43,7 +42,9 @@ class JournalRecovery:
             if isinstance(name, Segment):  # a compacted segment named by the manifest
                 if segs and name.base != segs[-1].end:
                     raise CorruptSegment(
-                        name.path, 0, f"starts at position {name.base} but the previous segment ends at {segs[-1].end} (a segment is missing)"
+                        name.path,
+                        0,
+                        f"starts at position {name.base} but the previous segment ends at {segs[-1].end} (a segment is missing)",
                     )
                 segs.append(name)
                 continue
@@ -57,7 +58,9 @@ class JournalRecovery:
             except CorruptRecord as exc:
                 if last and size <= 0:
                     # crash between creating the file and writing its header: start it again
-                    log.warning("journal: %s has no complete header (%s); rewriting it", path, exc.reason)
+                    log.warning(
+                        "journal: %s has no complete header (%s); rewriting it", path, exc.reason
+                    )
                     base = segs[-1].end if segs else 0
                     self._write_new_segment_file(path, base)
                     size = 0
@@ -76,7 +79,10 @@ class JournalRecovery:
         self._end = segs[-1].end
 
         if self.index.rebuilt:
-            log.warning("journal: the index was unreadable (%s); rebuilding it from the segments", self.index.rebuilt)
+            log.warning(
+                "journal: the index was unreadable (%s); rebuilding it from the segments",
+                self.index.rebuilt,
+            )
             self.integrity.index_rebuilds += 1
         upto = self.index.indexed_upto()
         first, end = segs[0].base, segs[-1].end
@@ -97,8 +103,12 @@ class JournalRecovery:
         }
         log.info(
             "journal: opened %s: %d segments, positions [%d, %d), %d records re-indexed in %.3fs",
-            self.directory, len(self.segments), self.segments[0].base, self.segments[-1].end,
-            indexed, self.recovery["seconds"],
+            self.directory,
+            len(self.segments),
+            self.segments[0].base,
+            self.segments[-1].end,
+            indexed,
+            self.recovery["seconds"],
         )
 
     def _listing(self) -> list:
@@ -113,7 +123,9 @@ class JournalRecovery:
         for name in sorted(os.listdir(self.directory)):
             if name.endswith(".seg"):
                 base = _base_of(name)
-                if base is not None and (base < man.start or man.covered_by_compacted(base) is not None):
+                if base is not None and (
+                    base < man.start or man.covered_by_compacted(base) is not None
+                ):
                     self._discard(name, "superseded by the manifest")
                     continue
                 items.append((name, name))
@@ -126,13 +138,24 @@ class JournalRecovery:
             try:
                 reader = CompactedReader(path)
             except FileNotFoundError:
-                raise CorruptSegment(path, 0, "the manifest names this compacted segment but it is missing") from None
+                raise CorruptSegment(
+                    path, 0, "the manifest names this compacted segment but it is missing"
+                ) from None
             except CorruptCompacted as exc:
                 raise CorruptSegment(path, exc.offset, exc.reason) from None
             if (reader.base, reader.end) != (e["base"], e["end"]):
                 reader.close()
-                raise CorruptSegment(path, 0, f"covers [{reader.base}, {reader.end}) but the manifest says [{e['base']}, {e['end']})")
-            items.append((f"{reader.base:020d}", Segment(reader.base, path, reader.end - reader.base, reader)))
+                raise CorruptSegment(
+                    path,
+                    0,
+                    f"covers [{reader.base}, {reader.end}) but the manifest says [{e['base']}, {e['end']})",
+                )
+            items.append(
+                (
+                    f"{reader.base:020d}",
+                    Segment(reader.base, path, reader.end - reader.base, reader),
+                )
+            )
         items.sort(key=lambda kv: kv[0])
         return [v for _, v in items]
 
@@ -142,8 +165,11 @@ class JournalRecovery:
         if not self.manifest.publishers:
             return
         have = self.index.publishers()
-        missing = [(int(p), seq, 0, pos) for p, (seq, pos) in self.manifest.publishers.items()
-                   if have.get(int(p), (-1, 0))[0] < seq]
+        missing = [
+            (int(p), seq, 0, pos)
+            for p, (seq, pos) in self.manifest.publishers.items()
+            if have.get(int(p), (-1, 0))[0] < seq
+        ]
         if missing:
             self.index.add(missing, self.index.indexed_upto())
 
@@ -173,11 +199,17 @@ class JournalRecovery:
         """Segment `path` does not start where the one before it ends: report what is missing
         and serve the rest (an overlap cannot be read in any order and is refused)."""
         if base < prev.end:
-            raise CorruptSegment(path, 0, f"starts at position {base}, inside the previous segment "
-                                          f"{prev.path} (which ends at {prev.end})")
+            raise CorruptSegment(
+                path,
+                0,
+                f"starts at position {base}, inside the previous segment "
+                f"{prev.path} (which ends at {prev.end})",
+            )
         missing = base - prev.end
-        reason = (f"{prev.path} ends at position {prev.end} but the next segment starts at {base}: "
-                  f"{missing} bytes are missing (the file was truncated, or a segment was removed)")
+        reason = (
+            f"{prev.path} ends at position {prev.end} but the next segment starts at {base}: "
+            f"{missing} bytes are missing (the file was truncated, or a segment was removed)"
+        )
         self.integrity.damaged(prev.path, SEGMENT_HEADER_SIZE + prev.size, missing, reason)
 
     def _index_problem(self, upto: int, first: int, end: int) -> str | None:
@@ -224,22 +256,33 @@ class JournalRecovery:
                 stop, bad = verified_prefix(buf)
                 if stop:
                     recs, _ = scan_records(buf[:stop], pos)
-                    self.index.add(((r[2], r[3], r[4], r[0]) for r in recs if r[1] == KIND_MESSAGE), pos + stop)
+                    self.index.add(
+                        ((r[2], r[3], r[4], r[0]) for r in recs if r[1] == KIND_MESSAGE), pos + stop
+                    )
                     indexed += len(recs)
                     pos += stop
                     continue
                 nxt = self._resync(seg, pos + 1, seg.end)
-                reason = "bad length, kind or checksum" if bad == 0 else "record runs past the end of the file"
+                reason = (
+                    "bad length, kind or checksum"
+                    if bad == 0
+                    else "record runs past the end of the file"
+                )
                 if last and nxt >= seg.end:
                     return indexed, self._truncate_tail(i, pos, reason)
-                self.integrity.damaged(seg.path, SEGMENT_HEADER_SIZE + pos - seg.base, nxt - pos, reason)
+                self.integrity.damaged(
+                    seg.path, SEGMENT_HEADER_SIZE + pos - seg.base, nxt - pos, reason
+                )
                 pos = nxt
             i += 1
         return indexed, 0
 
     def _index_records(self, recs: list[Record], upto: int) -> None:
         if recs:
-            self.index.add(((r.publisher_id, r.seq, r.timestamp_us, r.position) for r in recs if r.kind == 1), upto)
+            self.index.add(
+                ((r.publisher_id, r.seq, r.timestamp_us, r.position) for r in recs if r.kind == 1),
+                upto,
+            )
 
     def _truncate_tail(self, seg_i: int, position: int, reason: str) -> int:
         seg = self.segments[seg_i]
@@ -252,7 +295,10 @@ class JournalRecovery:
         log.warning(
             "journal: truncating the tail of %s at offset %d (%s): %d bytes with no good record "
             "after them dropped (a write torn by a crash, never acknowledged as persisted)",
-            seg.path, offset, reason, dropped,
+            seg.path,
+            offset,
+            reason,
+            dropped,
         )
         self.integrity.truncated_bytes += dropped
         with open(seg.path, "r+b") as f:

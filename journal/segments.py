@@ -28,7 +28,9 @@ class Segment:
 
     @property
     def file_bytes(self) -> int:
-        return self.reader.file_bytes if self.reader is not None else self.size + SEGMENT_HEADER_SIZE
+        return (
+            self.reader.file_bytes if self.reader is not None else self.size + SEGMENT_HEADER_SIZE
+        )
 
 
 def _seg_base(seg: Segment) -> int:

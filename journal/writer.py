@@ -70,8 +70,9 @@ DoneCallback = Callable[[int | None, BaseException | None], None]
 
 
 class JournalWriter:
-
-    def submit(self, data: bytes, entries: list, on_done: DoneCallback, meta: dict | None = None) -> None:
+    def submit(
+        self, data: bytes, entries: list, on_done: DoneCallback, meta: dict | None = None
+    ) -> None:
         """Queue encoded records for the next group commit (any thread).
 
         entries: (publisher_id, seq, timestamp_us, offset within `data`) for each message record.
@@ -143,7 +144,11 @@ class JournalWriter:
         self.stats.failures += 1
         if self._unavailable is None:
             self.stats.unavailable_since = time.time()
-            log.error("journal: %s; unavailable until a probe write succeeds (every %.0fs)", err, PROBE_INTERVAL)
+            log.error(
+                "journal: %s; unavailable until a probe write succeeds (every %.0fs)",
+                err,
+                PROBE_INTERVAL,
+            )
         self._unavailable = err
         self._failure = err
         self._next_probe = time.monotonic() + PROBE_INTERVAL
@@ -271,7 +276,9 @@ class JournalWriter:
             self._io.ftruncate(self._fd, SEGMENT_HEADER_SIZE + seg.size)
         except OSError as exc:
             self._dirty_tail = True
-            log.error("journal: could not cut a partial write from %s (%s); the probe will", seg.path, exc)
+            log.error(
+                "journal: could not cut a partial write from %s (%s); the probe will", seg.path, exc
+            )
 
     def _roll(self) -> None:
         """Seal the active segment and switch to a new one. The switch happens only once the

@@ -20,7 +20,15 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["LONG_NAMES", "FieldError", "Header", "HeaderError", "check_fields", "decode_header", "encode_header"]
+__all__ = [
+    "LONG_NAMES",
+    "FieldError",
+    "Header",
+    "HeaderError",
+    "check_fields",
+    "decode_header",
+    "encode_header",
+]
 
 # Field limits of a command a client sends (check_fields). The journal record holds a topic and
 # a header fragment of at most 65,535 bytes each (journal/record.py); the others keep one
@@ -126,9 +134,13 @@ def _decode_lenient(raw: bytes | memoryview) -> Header:
     try:
         obj = _ANY.decode(raw)
     except (msgspec.DecodeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-        raise HeaderError(f"header is not valid JSON: {exc}; send a flat JSON object in UTF-8") from None
+        raise HeaderError(
+            f"header is not valid JSON: {exc}; send a flat JSON object in UTF-8"
+        ) from None
     except RecursionError:
-        raise HeaderError("header is nested too deeply; headers are flat (strings or numbers)") from None
+        raise HeaderError(
+            "header is nested too deeply; headers are flat (strings or numbers)"
+        ) from None
     if not isinstance(obj, dict):
         raise HeaderError(f"header is a JSON {type(obj).__name__}, not an object")
     out: dict[str, object] = {}
@@ -138,7 +150,9 @@ def _decode_lenient(raw: bytes | memoryview) -> Header:
         if short not in _FIELDS:
             continue  # unknown keys are ignored, as AMPS ignores unknown header fields
         if isinstance(value, (dict, list)):
-            problem = problem or f"header field {key!r} is nested; headers are flat (strings or numbers)"
+            problem = (
+                problem or f"header field {key!r} is nested; headers are flat (strings or numbers)"
+            )
             continue
         if value is None:
             continue
@@ -171,7 +185,11 @@ def _decode_lenient(raw: bytes | memoryview) -> Header:
 
 def _too_long(text: str | None, limit: int) -> bool:
     # a str of n characters takes n..4n bytes in UTF-8: encode only when it could be too long
-    return text is not None and len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit
+    return (
+        text is not None
+        and len(text) * 4 > limit
+        and len(text.encode("utf-8", "surrogatepass")) > limit
+    )
 
 
 def check_fields(h: Header) -> FieldError | None:
@@ -182,11 +200,15 @@ def check_fields(h: Header) -> FieldError | None:
         return FieldError(h, "bad frame", f"sequence s={s} is out of range: use 1..{MAX_SEQ}")
     e = h.e
     if e is not None and not (0.0 < e < float("inf")):
-        return FieldError(h, "bad frame", f"expiration e={e!r} must be a positive, finite number of seconds")
+        return FieldError(
+            h, "bad frame", f"expiration e={e!r} must be a positive, finite number of seconds"
+        )
     if _too_long(h.t, MAX_TOPIC_BYTES):
         return FieldError(h, "invalid topic", f"topic is longer than {MAX_TOPIC_BYTES} bytes")
     if _too_long(h.x, MAX_CORRELATION_ID_BYTES):
-        return FieldError(h, "bad frame", f"correlation id x is longer than {MAX_CORRELATION_ID_BYTES} bytes")
+        return FieldError(
+            h, "bad frame", f"correlation id x is longer than {MAX_CORRELATION_ID_BYTES} bytes"
+        )
     if _too_long(h.f, MAX_FILTER_BYTES):
         return FieldError(h, "bad filter", f"filter is longer than {MAX_FILTER_BYTES} bytes")
     if _too_long(h.cid, MAX_CID_BYTES):
@@ -196,9 +218,13 @@ def check_fields(h: Header) -> FieldError | None:
     if _too_long(h.bm, MAX_BOOKMARK_BYTES):
         return FieldError(h, "invalid bookmark", f"bm is longer than {MAX_BOOKMARK_BYTES} bytes")
     if _too_long(h.o, MAX_OPTIONS_BYTES):
-        return FieldError(h, "invalid options", f"options o are longer than {MAX_OPTIONS_BYTES} bytes")
+        return FieldError(
+            h, "invalid options", f"options o are longer than {MAX_OPTIONS_BYTES} bytes"
+        )
     if _too_long(h.client_name, MAX_NAME_BYTES) or _too_long(h.user_id, MAX_NAME_BYTES):
-        return FieldError(h, "bad frame", f"client_name and user_id are at most {MAX_NAME_BYTES} bytes")
+        return FieldError(
+            h, "bad frame", f"client_name and user_id are at most {MAX_NAME_BYTES} bytes"
+        )
     return None
 
 

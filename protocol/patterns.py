@@ -20,7 +20,9 @@ __all__ = ["Pattern", "PatternError", "compile_pattern"]
 Pattern = re2._Regexp  # a compiled pattern: .search / .match / .fullmatch like re's
 
 _OPTIONS = re2.Options()
-_OPTIONS.log_errors = False  # a refused pattern is the client's error: reported to it, not to stderr
+_OPTIONS.log_errors = (
+    False  # a refused pattern is the client's error: reported to it, not to stderr
+)
 _OPTIONS.max_mem = 8 << 20  # bounds one pattern's compiled program (a huge pattern is refused)
 
 
@@ -50,7 +52,9 @@ def compile_pattern(pattern: str | bytes) -> Pattern:
         got = re2.compile(pattern, _OPTIONS)
     except re2.error as exc:
         why = exc.args[0] if exc.args else "invalid pattern"
-        raise PatternError(pattern, why.decode("utf-8", "replace") if isinstance(why, bytes) else str(why)) from None
+        raise PatternError(
+            pattern, why.decode("utf-8", "replace") if isinstance(why, bytes) else str(why)
+        ) from None
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     _CACHE[pattern] = got

@@ -27,7 +27,9 @@ class AdminEndpoint:
         self._srv: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
-        self._srv = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True)
+        self._srv = await asyncio.start_server(
+            self._handle, self.host, self.port, reuse_address=True
+        )
         self.host, self.port = self._srv.sockets[0].getsockname()[:2]
         log.info("admin endpoint on http://%s:%d/stats and /metrics", self.host, self.port)
 
@@ -38,7 +40,12 @@ class AdminEndpoint:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        except (
+            TimeoutError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+        ):
             writer.close()
             return
         line = head[:MAX_HEAD].split(b"\r\n", 1)[0].decode("latin-1")
@@ -48,7 +55,10 @@ class AdminEndpoint:
             status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET is served\n"
         elif path == "/stats":
             status, ctype = "200 OK", "application/json"
-            body = msgspec.json.format(msgspec.json.encode(self.server.stats.snapshot()), indent=2) + b"\n"
+            body = (
+                msgspec.json.format(msgspec.json.encode(self.server.stats.snapshot()), indent=2)
+                + b"\n"
+            )
         elif path == "/metrics":
             status, ctype = "200 OK", "text/plain; version=0.0.4"
             body = self.server.stats.prometheus().encode()
@@ -56,10 +66,15 @@ class AdminEndpoint:
             status, ctype = "200 OK", "text/plain"
             body = f"tickertape {self.server.name}: GET /stats (JSON) or /metrics (Prometheus)\n".encode()
         else:
-            status, ctype, body = "404 Not Found", "text/plain", b"not found: try /stats or /metrics\n"
+            status, ctype, body = (
+                "404 Not Found",
+                "text/plain",
+                b"not found: try /stats or /metrics\n",
+            )
         writer.write(
             f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n".encode() + body
+            "Connection: close\r\n\r\n".encode()
+            + body
         )
         try:
             await writer.drain()

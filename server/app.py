@@ -65,7 +65,9 @@ class Server:
         self.poll_rounds = 0  # loop iterations spent polling instead of sleeping (stats)
         self.stats = Stats(self)
         self.admin = None
-        self.readers = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="journal-reader")
+        self.readers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="journal-reader"
+        )
         self._ticker: asyncio.Task | None = None
         self.maintenance = None  # journal maintenance (server/maintenance.py), with a journal
         self._stopped = asyncio.Event()
@@ -91,7 +93,9 @@ class Server:
     def _poll(self) -> None:
         p = self.pipeline
         # a commit in flight needs the GIL back when its fdatasync returns: sleep instead
-        if (p is None or p.inflight_batches == 0) and time.monotonic() - self._input_at < self.idle_poll:
+        if (
+            p is None or p.inflight_batches == 0
+        ) and time.monotonic() - self._input_at < self.idle_poll:
             self.poll_rounds += 1
             self.loop.call_soon(self._poll)
         else:
@@ -106,9 +110,12 @@ class Server:
         if tl is not None:
             faults = io_from_env()  # tests and the fault campaign only (journal/fileio.py)
             if faults is not None:
-                log.warning("fault injection enabled: TICKERTAPE_FAULTS=%s", os.environ["TICKERTAPE_FAULTS"])
+                log.warning(
+                    "fault injection enabled: TICKERTAPE_FAULTS=%s", os.environ["TICKERTAPE_FAULTS"]
+                )
             self.journal = await self.loop.run_in_executor(
-                None, lambda: Journal(tl.journal_directory, tl.journal_size, tl.durability, io=faults)
+                None,
+                lambda: Journal(tl.journal_directory, tl.journal_size, tl.durability, io=faults),
             )
             recorded = tl.records_topic
         else:
@@ -117,8 +124,12 @@ class Server:
         self.queues = QueueManager(self, self.config.queues if self.journal is not None else ())
         await self.loop.run_in_executor(None, self.queues.recover)
         self.queues.attach(self.pipeline)
-        log.info("stored messages are framed by %s", "the C accelerator (server/_splice.c)" if splice.ACCELERATED
-                 else "pure Python (server/splice.py): no C accelerator was built, or TICKERTAPE_PURE_PYTHON is set")
+        log.info(
+            "stored messages are framed by %s",
+            "the C accelerator (server/_splice.c)"
+            if splice.ACCELERATED
+            else "pure Python (server/splice.py): no C accelerator was built, or TICKERTAPE_PURE_PYTHON is set",
+        )
         for t in self.config.transports:
             srv = await self.loop.create_server(
                 lambda t=t: Connection(self, t.name, t.max_message_size),
@@ -130,7 +141,14 @@ class Server:
             self.listeners.append(srv)
             host, port = srv.sockets[0].getsockname()[:2]
             self.addresses.append((t.name, host, port))
-            log.info("listening on %s:%d (transport %s, %s/%s)", host, port, t.name, t.protocol, t.message_type)
+            log.info(
+                "listening on %s:%d (transport %s, %s/%s)",
+                host,
+                port,
+                t.name,
+                t.protocol,
+                t.message_type,
+            )
         if self.config.admin is not None:
             from .admin import AdminEndpoint
 
@@ -161,8 +179,11 @@ class Server:
             while self.pipeline.inflight_batches and time.monotonic() < deadline:
                 await asyncio.sleep(0.005)
             if self.pipeline.inflight_batches:
-                log.error("shutdown: %d journal batches still not durable after %.0fs",
-                          self.pipeline.inflight_batches, SHUTDOWN_TIMEOUT)
+                log.error(
+                    "shutdown: %d journal batches still not durable after %.0fs",
+                    self.pipeline.inflight_batches,
+                    SHUTDOWN_TIMEOUT,
+                )
         for conn in list(self.connections):
             conn.flush_out()
             conn.close("shutdown")
@@ -273,8 +294,15 @@ class Server:
         else:
             start, wait = plan.start[1], None
         cursor = Cursor(sub, start, plan.end)
-        Replay(self, [cursor], start, paused=opts.pause, wait_until=wait,
-               rate=opts.rate, rate_max_gap=opts.rate_max_gap).start()
+        Replay(
+            self,
+            [cursor],
+            start,
+            paused=opts.pause,
+            wait_until=wait,
+            rate=opts.rate,
+            rate_max_gap=opts.rate_max_gap,
+        ).start()
 
     def pause_subscriptions(self, subs) -> None:
         for sub in subs:
@@ -284,8 +312,14 @@ class Server:
                 # a bookmark subscription that already went live keeps its place in the journal
                 sub.live = False
                 pos = self.pipeline.delivered_end
-                Replay(self, [Cursor(sub, pos, None)], pos, paused=True,
-                       rate=sub.opts.rate, rate_max_gap=sub.opts.rate_max_gap).start()
+                Replay(
+                    self,
+                    [Cursor(sub, pos, None)],
+                    pos,
+                    paused=True,
+                    rate=sub.opts.rate,
+                    rate_max_gap=sub.opts.rate_max_gap,
+                ).start()
 
     def resume_subscriptions(self, subs) -> None:
         """Resume; subscriptions resumed together share one replay pass so they stay in step."""
@@ -309,13 +343,23 @@ class Server:
             if not r.cursors:
                 r.cancel()
         first = subs[0].opts
-        Replay(self, cursors, min(c.start for c in cursors), rate=first.rate, rate_max_gap=first.rate_max_gap).start()
+        Replay(
+            self,
+            cursors,
+            min(c.start for c in cursors),
+            rate=first.rate,
+            rate_max_gap=first.rate_max_gap,
+        ).start()
 
     def sow_delete(self, conn: Connection, h, body) -> None:
         """Queue acknowledgements: bookmarks (the normal, batched case) or a filter."""
         q = self.queues.queues.get(h.t or "")
         if q is None:
-            conn.fail(h, "not a queue", f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages")
+            conn.fail(
+                h,
+                "not a queue",
+                f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages",
+            )
             return
         try:
             opts = sow_delete_options(h.o)
@@ -326,9 +370,13 @@ class Server:
             try:
                 bms = q.normalize_bookmarks(h.bm.split(","))
             except ValueError as exc:
-                conn.fail(h, "invalid bookmark", f"{exc.args[0]!r} is not a bookmark (publisher|seq|)")
+                conn.fail(
+                    h, "invalid bookmark", f"{exc.args[0]!r} is not a bookmark (publisher|seq|)"
+                )
                 return
-            n, refused = q.ack(conn, bms, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend)
+            n, refused = q.ack(
+                conn, bms, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend
+            )
         elif h.f:
             try:
                 f = compile_filter(h.f)
@@ -337,22 +385,43 @@ class Server:
                 return
             n, refused = q.ack_filter(conn, f, expire=opts.expire), []
         else:
-            conn.fail(h, "invalid options", "sow_delete on a queue needs bm (bookmarks) or f (a filter)")
+            conn.fail(
+                h, "invalid options", "sow_delete on a queue needs bm (bookmarks) or f (a filter)"
+            )
             return
         acks = [a.strip() for a in (h.a or "").split(",") if a.strip()]
         if not acks:
             return
         if refused:
-            log.warning("%s: sow_delete on %s refused for %d: %s", conn.describe(), q.name, len(refused), refused[0])
+            log.warning(
+                "%s: sow_delete on %s refused for %d: %s",
+                conn.describe(),
+                q.name,
+                len(refused),
+                refused[0],
+            )
 
         def reply(err, conn=conn, cid=h.cid, n=n, refused=refused):
             if conn.closing:
                 return
             for kind in acks:
                 if err is not None:
-                    conn.send_ack(kind, cid, "failure", getattr(err, "reason", "journal unavailable"), detail=str(err))
+                    conn.send_ack(
+                        kind,
+                        cid,
+                        "failure",
+                        getattr(err, "reason", "journal unavailable"),
+                        detail=str(err),
+                    )
                 elif refused:
-                    conn.send_ack(kind, cid, "failure", "not entitled", detail="; ".join(refused[:5]), records_deleted=n)
+                    conn.send_ack(
+                        kind,
+                        cid,
+                        "failure",
+                        "not entitled",
+                        detail="; ".join(refused[:5]),
+                        records_deleted=n,
+                    )
                 else:
                     conn.send_ack(kind, cid, records_deleted=n)
             conn.flush_out()
@@ -402,7 +471,6 @@ class Server:
             sub.acked_bm = bm
             conn.send_ack("persisted", None, sub_id=sub.sub_id, bm="%d|%d|" % bm)
             conn.flush_out()
-
 
     # -- journal maintenance (archive / compaction; server/maintenance.py) ---------------------------
 

@@ -27,11 +27,15 @@ def _serve_parser(sub) -> None:
     p.add_argument("--verify-config", metavar="FILE", help="check a configuration file and exit")
     p.add_argument("--daemon", action="store_true", help="detach and run in the background")
     p.add_argument("--pid-file", metavar="FILE", help="pid file, locked while the server runs")
-    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--loop", choices=("uvloop", "asyncio"), default="uvloop", help=argparse.SUPPRESS
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tickertape", description="Tickertape message server and client")
+    parser = argparse.ArgumentParser(
+        prog="tickertape", description="Tickertape message server and client"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     try:
@@ -75,8 +79,10 @@ def serve(args) -> int:
         except ConfigError as exc:
             print(str(exc), file=sys.stderr)
             return 2
-        print(f"{args.verify_config}: configuration is valid (instance {cfg.name}, "
-              f"{len(cfg.transports)} transport(s), {len(cfg.queues)} queue(s))")
+        print(
+            f"{args.verify_config}: configuration is valid (instance {cfg.name}, "
+            f"{len(cfg.transports)} transport(s), {len(cfg.queues)} queue(s))"
+        )
         return 0
     try:
         cfg = _load_config(args.config)
@@ -141,7 +147,9 @@ async def _run(cfg, daemon) -> int:
         return 1
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda s=sig: loop.create_task(server.shutdown(signal.Signals(s).name)))
+        loop.add_signal_handler(
+            sig, lambda s=sig: loop.create_task(server.shutdown(signal.Signals(s).name))
+        )
     loop.add_signal_handler(signal.SIGHUP, reopen)
     where = ", ".join(f"{h}:{p}" for _, h, p in server.addresses)
     line = f"tickertape {cfg.name}: listening on {where}"

@@ -98,7 +98,11 @@ class Subscription:
         self.queue = None  # the Queue of a queue subscription
 
     def matches_topic(self, topic: str) -> bool:
-        return self.regex.fullmatch(topic) is not None if self.regex is not None else topic == self.topic
+        return (
+            self.regex.fullmatch(topic) is not None
+            if self.regex is not None
+            else topic == self.topic
+        )
 
     def matches_topic_bytes(self, topic: bytes) -> bool:
         if self.regex is None:
@@ -119,8 +123,12 @@ class Connection(asyncio.Protocol):
         self.server = server
         self.id = next(_conn_ids)
         self.transport_name = transport_name
-        self.max_frame = max_frame  # after logon; before it, <MaxLogonMessageSize> (server/intake.py)
-        self.decoder = FrameDecoder(min(max_frame, server.config.limits.max_logon_message_size), refuse_fields=True)
+        self.max_frame = (
+            max_frame  # after logon; before it, <MaxLogonMessageSize> (server/intake.py)
+        )
+        self.decoder = FrameDecoder(
+            min(max_frame, server.config.limits.max_logon_message_size), refuse_fields=True
+        )
         self.buffered = 0  # bytes of a partial frame, as the intake last counted them
         self.partial_since: float | None = None
         self.bytes_written = 0
@@ -174,8 +182,11 @@ class Connection(asyncio.Protocol):
             error = exc
             if not self.logged_on and isinstance(exc, FrameTooLarge):
                 self.server.intake.frame_too_large_before_logon(self)
-                error = FrameError(f"{exc}; before logon frames are at most <MaxLogonMessageSize> "
-                                   f"{self.decoder.max_size} bytes", exc.frames)
+                error = FrameError(
+                    f"{exc}; before logon frames are at most <MaxLogonMessageSize> "
+                    f"{self.decoder.max_size} bytes",
+                    exc.frames,
+                )
         if not self.server.intake.after_feed(self):
             return
         handlers = _HANDLERS
@@ -191,7 +202,9 @@ class Connection(asyncio.Protocol):
                 continue
             handler = handlers.get(header.c)
             if handler is None:
-                self.fail(header, "unknown command", f"unknown command {header.c!r}; see PROTOCOL.md §3")
+                self.fail(
+                    header, "unknown command", f"unknown command {header.c!r}; see PROTOCOL.md §3"
+                )
                 self.close("unknown command")
                 break
             if not self.logged_on and handler is not Connection.cmd_logon:
@@ -218,7 +231,8 @@ class Connection(asyncio.Protocol):
             self.close_reason = "connection closed"
             log.info(
                 "disconnect: %s reason=connection closed%s",
-                self.describe(), f" ({exc})" if exc else "",
+                self.describe(),
+                f" ({exc})" if exc else "",
             )
         self.closing = True
         self.writable.set()
@@ -259,7 +273,9 @@ class Connection(asyncio.Protocol):
         h = _json(header)
         self.out.append(_pack_len(len(h) + len(body)) + h + body)
 
-    def send_ack(self, kind: str, cid, status: str = "success", reason: str | None = None, **fields) -> None:
+    def send_ack(
+        self, kind: str, cid, status: str = "success", reason: str | None = None, **fields
+    ) -> None:
         h = {"c": "ack", "a": kind}
         if cid is not None:
             h["cid"] = cid
@@ -278,7 +294,9 @@ class Connection(asyncio.Protocol):
         acks = _ack_types(header.a)
         kind = "processed" if "processed" in acks or not acks else sorted(acks)[0]
         if acks or header.c in ("logon", "subscribe", "unsubscribe", "sow_delete"):
-            self.send_ack(kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id, s=header.s)
+            self.send_ack(
+                kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id, s=header.s
+            )
 
     def out_message(self, chosen, m) -> None:
         """Queue one delivery of committed message `m` for subscription(s) `chosen`."""
@@ -292,9 +310,22 @@ class Connection(asyncio.Protocol):
         body = m.body
         if ts:
             tsp = timestamp_part(m.ts)
-            self.out += (_pack_len(len(prefix) + len(m.suffix) + len(tsp) + 1 + len(body)), prefix, m.suffix, tsp, b"}", body)
+            self.out += (
+                _pack_len(len(prefix) + len(m.suffix) + len(tsp) + 1 + len(body)),
+                prefix,
+                m.suffix,
+                tsp,
+                b"}",
+                body,
+            )
         else:
-            self.out += (_pack_len(len(prefix) + len(m.suffix) + 1 + len(body)), prefix, m.suffix, b"}", body)
+            self.out += (
+                _pack_len(len(prefix) + len(m.suffix) + 1 + len(body)),
+                prefix,
+                m.suffix,
+                b"}",
+                body,
+            )
         self.sent_messages += 1
 
     def persisted(self, seq: int) -> None:
@@ -304,7 +335,9 @@ class Connection(asyncio.Protocol):
         if self.ack_conflation:
             self._persist_pending = max(self._persist_pending, seq)
             if self._ack_timer is None:
-                self._ack_timer = self.server.loop.call_later(self.ack_conflation, self._send_conflated)
+                self._ack_timer = self.server.loop.call_later(
+                    self.ack_conflation, self._send_conflated
+                )
             return
         h = b'{"c":"ack","a":"persisted","status":"success","s":%d}' % seq
         self.out.append(_pack_len(len(h)) + h)
@@ -372,11 +405,15 @@ class Connection(asyncio.Protocol):
         server = self.server
         acks = _ack_types(h.a)
         if self.logged_on:
-            self.fail(h, "auth failure", "this connection is already logged on; open a new connection")
+            self.fail(
+                h, "auth failure", "this connection is already logged on; open a new connection"
+            )
             return
         name = h.client_name
         if not name and server.journal is not None:
-            self.fail(h, "logon required", "client_name is required: this instance has a transaction log")
+            self.fail(
+                h, "logon required", "client_name is required: this instance has a transaction log"
+            )
             self.close("logon required")
             return
         try:
@@ -392,7 +429,9 @@ class Connection(asyncio.Protocol):
                     other.close("name in use")
                     server.names.pop(name, None)
                 else:
-                    self.fail(h, "name in use", f"client name {name!r} is connected with another user id")
+                    self.fail(
+                        h, "name in use", f"client name {name!r} is connected with another user id"
+                    )
                     self.close("name in use")
                     return
             server.names[name] = self
@@ -407,7 +446,10 @@ class Connection(asyncio.Protocol):
         log.info("logon: %s user=%s last_seq=%d", self.describe(), self.user_id or "-", seq)
         if "processed" in acks or not acks:
             self.send_ack(
-                "processed", h.cid, s=seq, bm=format_bookmark(self.pub, seq) if seq else "",
+                "processed",
+                h.cid,
+                s=seq,
+                bm=format_bookmark(self.pub, seq) if seq else "",
                 client_name=self.client_name,
             )
 
@@ -423,8 +465,13 @@ class Connection(asyncio.Protocol):
         self.received += 1
         try:
             seq, outcome = self.server.pipeline.publish(
-                self, self.pub if h.s is not None else self.server_pub, h.s, topic, body,
-                b',"x":' + _json(h.x) if h.x is not None else b"", h.e,
+                self,
+                self.pub if h.s is not None else self.server_pub,
+                h.s,
+                topic,
+                body,
+                b',"x":' + _json(h.x) if h.x is not None else b"",
+                h.e,
             )
         except RecordFieldError as exc:
             self.fail(h, "bad frame", str(exc))
@@ -434,19 +481,27 @@ class Connection(asyncio.Protocol):
             return
         if a is not None and ("processed" in a or "received" in a):
             for kind in _ack_types(a) & {"received", "processed"}:
-                self.send_ack(kind, h.cid, s=seq, reason="duplicate" if outcome == DUPLICATE else None)
+                self.send_ack(
+                    kind, h.cid, s=seq, reason="duplicate" if outcome == DUPLICATE else None
+                )
 
     def _room_for_subscription(self, h, sub_id: str) -> bool:
         """A new subscription fits the connection's bounds: <ClientMaxSubscriptions>, and a
         sub_id short enough that a delivery's `sids` (every matching sub_id) stays small."""
         if len(sub_id.encode()) > MAX_SUB_ID_BYTES or "," in sub_id:
-            self.fail(h, "bad frame", f"sub_id is at most {MAX_SUB_ID_BYTES} bytes and has no comma")
+            self.fail(
+                h, "bad frame", f"sub_id is at most {MAX_SUB_ID_BYTES} bytes and has no comma"
+            )
             return False
         limit = self.server.config.limits.client_max_subscriptions
         if len(self.subs) >= limit:
             self.server.intake.counts["subscriptions_refused"] += 1
-            self.fail(h, "not entitled", f"this connection has {len(self.subs)} subscriptions, the most "
-                                         f"<ClientMaxSubscriptions> allows; unsubscribe some or open another connection")
+            self.fail(
+                h,
+                "not entitled",
+                f"this connection has {len(self.subs)} subscriptions, the most "
+                f"<ClientMaxSubscriptions> allows; unsubscribe some or open another connection",
+            )
             return False
         return True
 
@@ -455,11 +510,18 @@ class Connection(asyncio.Protocol):
         and not stored, with a failure ack for each ack type asked for; logged once per gap (a
         pipelining publisher may have thousands in flight)."""
         gap = self.server.pipeline.gaps.get(self.pub)
-        detail = (f"sequence {gap} was not persisted; nothing after it is stored until it is sent "
-                  f"again: resend from {gap}")
+        detail = (
+            f"sequence {gap} was not persisted; nothing after it is stored until it is sent "
+            f"again: resend from {gap}"
+        )
         if self._gap_told != gap:
             self._gap_told = gap
-            log.warning("%s: publishes from s=%d refused until s=%d is sent again", self.describe(), seq, gap)
+            log.warning(
+                "%s: publishes from s=%d refused until s=%d is sent again",
+                self.describe(),
+                seq,
+                gap,
+            )
         if self.wants_persisted:
             self.send_ack("persisted", None, "failure", "journal unavailable", detail=detail, s=seq)
         for kind in _ack_types(h.a) & {"received", "processed"}:
@@ -474,7 +536,9 @@ class Connection(asyncio.Protocol):
         except InvalidOptions as exc:
             self.fail(h, "invalid options", str(exc))
             return
-        if opts.resume or opts.pause and h.sub_id and all(i.strip() in self.subs for i in h.sub_id.split(",")):
+        if opts.resume or (
+            opts.pause and h.sub_id and all(i.strip() in self.subs for i in h.sub_id.split(","))
+        ):
             self._pause_or_resume(h, opts, acks)
             return
         topic = h.t
@@ -489,14 +553,22 @@ class Connection(asyncio.Protocol):
         if existing is None and not self._room_for_subscription(h, sub_id):
             return
         if existing is not None and not opts.replace:
-            self.fail(h, "subscription already exists", f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option")
+            self.fail(
+                h,
+                "subscription already exists",
+                f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option",
+            )
             return
         queue = server.queues.queues.get(topic) if not h.bm else None
         if queue is not None:
             self._subscribe_queue(h, queue, sub_id, opts, acks, existing)
             return
         if opts.max_backlog is not None:
-            self.fail(h, "invalid options", f"max_backlog applies to queue subscriptions; {topic!r} is not a queue")
+            self.fail(
+                h,
+                "invalid options",
+                f"max_backlog applies to queue subscriptions; {topic!r} is not a queue",
+            )
             return
         match_topic = server.replay_topic(topic) if h.bm else topic
         regex = None
@@ -521,12 +593,22 @@ class Connection(asyncio.Protocol):
                 self.fail(h, "invalid bookmark", str(exc))
                 return
         elif opts.bookmark_only():
-            self.fail(h, "invalid options", f"options {', '.join(opts.bookmark_only())} need a bookmark subscription (bm)")
+            self.fail(
+                h,
+                "invalid options",
+                f"options {', '.join(opts.bookmark_only())} need a bookmark subscription (bm)",
+            )
             return
-        needs_journal = (spec is not None and not isinstance(spec, Now)) or opts.conflation is not None
+        needs_journal = (
+            spec is not None and not isinstance(spec, Now)
+        ) or opts.conflation is not None
         if needs_journal and not server.replayable(match_topic, regex):
             what = "replayed" if spec is not None else "conflated"
-            self.fail(h, "invalid topic", f"topic {topic!r} is not recorded in the transaction log, so it cannot be {what}")
+            self.fail(
+                h,
+                "invalid topic",
+                f"topic {topic!r} is not recorded in the transaction log, so it cannot be {what}",
+            )
             return
         plan = None
         if needs_journal and existing is None:
@@ -560,7 +642,11 @@ class Connection(asyncio.Protocol):
                 self.fail(h, "bad filter", str(exc))
                 return
         if opts.bookmark_only() or opts.conflation is not None:
-            self.fail(h, "invalid options", "a queue subscription takes max_backlog (and timestamp); replay options need a bookmark")
+            self.fail(
+                h,
+                "invalid options",
+                "a queue subscription takes max_backlog (and timestamp); replay options need a bookmark",
+            )
             return
         if existing is not None:
             self.server.remove_subscription(existing)
@@ -576,11 +662,19 @@ class Connection(asyncio.Protocol):
         subs = [self.subs[i] for i in ids if i in self.subs]
         missing = [i for i in ids if i not in self.subs]
         if missing or not subs:
-            self.fail(h, "invalid options", f"{'resume' if opts.resume else 'pause'} names unknown sub_id(s) {', '.join(missing) or '(none)'}")
+            self.fail(
+                h,
+                "invalid options",
+                f"{'resume' if opts.resume else 'pause'} names unknown sub_id(s) {', '.join(missing) or '(none)'}",
+            )
             return
         plain = [s.sub_id for s in subs if s.bookmark is None]
         if plain:
-            self.fail(h, "invalid options", f"pause and resume apply to bookmark subscriptions; {', '.join(plain)} has no bookmark")
+            self.fail(
+                h,
+                "invalid options",
+                f"pause and resume apply to bookmark subscriptions; {', '.join(plain)} has no bookmark",
+            )
             return
         if opts.resume:
             self.server.resume_subscriptions(subs)
@@ -592,7 +686,9 @@ class Connection(asyncio.Protocol):
     def cmd_unsubscribe(self, h, body) -> None:
         ids = (h.sub_id or "").strip()
         if not ids:
-            self.fail(h, "invalid options", "unsubscribe needs sub_id (an id, a comma list, or all)")
+            self.fail(
+                h, "invalid options", "unsubscribe needs sub_id (an id, a comma list, or all)"
+            )
             return
         if ids == "all":
             targets = list(self.subs.values())

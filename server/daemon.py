@@ -55,7 +55,10 @@ class Daemon:
             if msg.startswith(b"ok"):
                 print(msg[2:].decode().strip(), flush=True)
                 os._exit(0)
-            sys.stderr.write((msg.decode(errors="replace").strip() or "the daemon exited before it was ready") + "\n")
+            sys.stderr.write(
+                (msg.decode(errors="replace").strip() or "the daemon exited before it was ready")
+                + "\n"
+            )
             os._exit(1)
         os.close(r)
         os.setsid()

@@ -29,9 +29,15 @@ class Intake:
     def __init__(self, limits) -> None:
         self.limits = limits
         self.buffered = 0  # bytes of partial frames over all connections
-        self.counts = {"logon_timeout": 0, "logon_frame_too_large": 0, "input_memory_limit": 0,
-                       "partial_message_timeout": 0, "idle": 0, "slow_client_age": 0,
-                       "subscriptions_refused": 0}
+        self.counts = {
+            "logon_timeout": 0,
+            "logon_frame_too_large": 0,
+            "input_memory_limit": 0,
+            "partial_message_timeout": 0,
+            "idle": 0,
+            "slow_client_age": 0,
+            "subscriptions_refused": 0,
+        }
 
     def after_feed(self, conn) -> bool:
         """Account for conn's partial frame after it was fed input; False if conn was closed."""
@@ -45,9 +51,13 @@ class Intake:
             conn.partial_since = time.monotonic()
         if self.buffered > self.limits.input_memory_limit:
             self.counts["input_memory_limit"] += 1
-            log.warning("%s: closed: partial input over all connections passed <InputMemoryLimit> %d bytes "
-                        "(this one holds %d); raise the limit if such frames are expected",
-                        conn.describe(), self.limits.input_memory_limit, now_buffered)
+            log.warning(
+                "%s: closed: partial input over all connections passed <InputMemoryLimit> %d bytes "
+                "(this one holds %d); raise the limit if such frames are expected",
+                conn.describe(),
+                self.limits.input_memory_limit,
+                now_buffered,
+            )
             conn.close("input memory limit", abort=True)
             return False
         return True
@@ -66,16 +76,33 @@ class Intake:
             if conn.closing:
                 continue
             if not conn.logged_on and now - conn.connected_at > lim.logon_timeout:
-                self._close(conn, "logon_timeout", "logon timeout",
-                            f"no logon within <LogonTimeout> {lim.logon_timeout:g}s")
-            elif conn.partial_since is not None and now - conn.partial_since > lim.partial_message_timeout:
-                self._close(conn, "partial_message_timeout", "partial message timeout",
-                            f"a frame did not arrive whole within <PartialMessageTimeout> {lim.partial_message_timeout:g}s")
+                self._close(
+                    conn,
+                    "logon_timeout",
+                    "logon timeout",
+                    f"no logon within <LogonTimeout> {lim.logon_timeout:g}s",
+                )
+            elif (
+                conn.partial_since is not None
+                and now - conn.partial_since > lim.partial_message_timeout
+            ):
+                self._close(
+                    conn,
+                    "partial_message_timeout",
+                    "partial message timeout",
+                    f"a frame did not arrive whole within <PartialMessageTimeout> {lim.partial_message_timeout:g}s",
+                )
             elif lim.idle_timeout and now - conn.last_recv > lim.idle_timeout:
-                self._close(conn, "idle", "idle", f"no input for <IdleTimeout> {lim.idle_timeout:g}s")
+                self._close(
+                    conn, "idle", "idle", f"no input for <IdleTimeout> {lim.idle_timeout:g}s"
+                )
             elif self._output_stuck(conn, now):
-                self._close(conn, "slow_client_age", "slow client",
-                            f"its queued output did not drain for <ClientMessageAgeLimit> {lim.client_message_age_limit:g}s")
+                self._close(
+                    conn,
+                    "slow_client_age",
+                    "slow client",
+                    f"its queued output did not drain for <ClientMessageAgeLimit> {lim.client_message_age_limit:g}s",
+                )
 
     def _output_stuck(self, conn, now: float) -> bool:
         t = conn.transport

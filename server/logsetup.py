@@ -12,14 +12,22 @@ import os
 import sys
 import time
 
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 class _Formatter(logging.Formatter):
     converter = time.gmtime
 
     def formatTime(self, record, datefmt=None):
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + ".%03dZ" % record.msecs
+        return (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + ".%03dZ" % record.msecs
+        )
 
 
 _handlers: list[logging.Handler] = []

@@ -55,7 +55,9 @@ def next_run(trigger, after: float) -> float | None:
     hour, minute = trigger.at
     cand = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
     for _ in range(8):
-        ok = cand.timestamp() > after and (trigger.weekday is None or cand.weekday() == trigger.weekday)
+        ok = cand.timestamp() > after and (
+            trigger.weekday is None or cand.weekday() == trigger.weekday
+        )
         if ok:
             return cand.timestamp()
         cand = cand + dt.timedelta(days=1)
@@ -68,7 +70,9 @@ class Maintenance:
         self.config = server.config
         tl = self.config.transaction_log
         self.archive_root = tl.archive_directory if tl is not None else None
-        self.queues = [(q.name, q.underlying_topic, is_pattern(q.underlying_topic)) for q in self.config.queues]
+        self.queues = [
+            (q.name, q.underlying_topic, is_pattern(q.underlying_topic)) for q in self.config.queues
+        ]
         self.actions = list(self.config.actions)
         self._next: list[float | None] = [None] * len(self.actions)
         self._running: dict[int, asyncio.Task] = {}
@@ -170,7 +174,9 @@ class Maintenance:
             except Exception as exc:
                 log.exception("action %s: %s failed", label, step.name)
                 ok, what = False, str(exc)
-            log.log(logging.INFO if ok else logging.WARNING, "action %s: %s: %s", label, step.name, what)
+            log.log(
+                logging.INFO if ok else logging.WARNING, "action %s: %s: %s", label, step.name, what
+            )
             if not ok:
                 log.warning("action %s: later steps skipped", label)
                 break
@@ -181,18 +187,35 @@ class Maintenance:
         j = self.journal
         if step.name == "remove-journal":
             floor = min((r.position for r in self.server.replays), default=None)
-            res = await loop.run_in_executor(None, lambda: jm.remove_journal(
-                j, older_than_s=step.age, archive_root=self.archive_root, queues=self.queues, replay_floor=floor))
+            res = await loop.run_in_executor(
+                None,
+                lambda: jm.remove_journal(
+                    j,
+                    older_than_s=step.age,
+                    archive_root=self.archive_root,
+                    queues=self.queues,
+                    replay_floor=floor,
+                ),
+            )
             if res["removed"]:
-                return True, f"removed {res['removed']} segments ({res['bytes']:,} bytes); journal starts at {res['start']}"
+                return (
+                    True,
+                    f"removed {res['removed']} segments ({res['bytes']:,} bytes); journal starts at {res['start']}",
+                )
             return True, f"nothing removed ({res['reason'] or 'no sealed segment'})"
         kind = "archive" if step.name == "archive-journal" else "compact"
         older = step.age if step.name in ("archive-journal", "compress-journal") else None
         retention = step.retention if step.name == "compact-journal" else None
 
         def make():
-            req = jm.make_request(j, kind, older_than_s=older, retention_s=retention,
-                                  archive_root=self.archive_root, queues=self.queues)
+            req = jm.make_request(
+                j,
+                kind,
+                older_than_s=older,
+                retention_s=retention,
+                archive_root=self.archive_root,
+                queues=self.queues,
+            )
             if req is not None:
                 jm.write_request(j.directory, req)
             return req
@@ -202,10 +225,15 @@ class Maintenance:
             return True, "nothing to do"
         rc, summary = await self._run_child(request_path(j.directory, req["id"]))
         if not os.path.exists(result_path(j.directory, req["id"])):
-            return False, f"the job exited with status {rc} and no result ({summary or 'see the log'})"
+            return (
+                False,
+                f"the job exited with status {rc} and no result ({summary or 'see the log'})",
+            )
         ans = await loop.run_in_executor(None, self.apply, req["id"])
         ok = ans.get("status") in ("applied", "noop")
-        return ok, f"{ans.get('status')}: {ans.get('reason')}" + (f" [{summary}]" if summary else "")
+        return ok, f"{ans.get('status')}: {ans.get('reason')}" + (
+            f" [{summary}]" if summary else ""
+        )
 
     async def _run_child(self, req_path: str) -> tuple[int, str]:
         """`python -m journal.batch --request ...` in its own process group; its output is logged."""
@@ -213,9 +241,19 @@ class Maintenance:
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "journal.batch", "--request", req_path, "--driver-memory", "1g",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            cwd=root, env=env, start_new_session=True,
+            sys.executable,
+            "-m",
+            "journal.batch",
+            "--request",
+            req_path,
+            "--driver-memory",
+            "1g",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=root,
+            env=env,
+            start_new_session=True,
         )
         self.children[proc.pid] = proc
         last = ""
@@ -223,7 +261,7 @@ class Maintenance:
             assert proc.stdout is not None
             async for raw in proc.stdout:
                 line = raw.decode("utf-8", "replace").rstrip()
-                if not line or "WARN" in line and "NativeCodeLoader" in line:
+                if not line or ("WARN" in line and "NativeCodeLoader" in line):
                     continue
                 log.info("journal job %d: %s", proc.pid, line)
                 last = line

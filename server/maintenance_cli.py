@@ -35,26 +35,62 @@ APPLY_WAIT_S = 120.0
 
 
 def add_maintenance_commands(sub) -> None:
-    for kind, helptext in (("archive", "archive sealed journal segments to Parquet (Spark job)"),
-                           ("compact", "rewrite sealed journal segments compressed, dropping what retention allows (Spark job)")):
+    for kind, helptext in (
+        ("archive", "archive sealed journal segments to Parquet (Spark job)"),
+        (
+            "compact",
+            "rewrite sealed journal segments compressed, dropping what retention allows (Spark job)",
+        ),
+    ):
         p = sub.add_parser(kind, help=helptext)
-        p.add_argument("--config", metavar="FILE", help="the server's XML configuration (default: the embedded one)")
-        p.add_argument("--older-than", metavar="INTERVAL", help="only segments whose newest record is older than this (e.g. 1d)")
+        p.add_argument(
+            "--config",
+            metavar="FILE",
+            help="the server's XML configuration (default: the embedded one)",
+        )
+        p.add_argument(
+            "--older-than",
+            metavar="INTERVAL",
+            help="only segments whose newest record is older than this (e.g. 1d)",
+        )
         if kind == "archive":
-            p.add_argument("--archive-dir", metavar="DIR", help="override <JournalArchiveDirectory>")
-            p.add_argument("--verify", choices=("files", "spark"), default="files",
-                           help="check the tasks' read-back of every Parquet file against the segments "
-                                "(files, default), or also read the archive with Spark SQL (spark)")
+            p.add_argument(
+                "--archive-dir", metavar="DIR", help="override <JournalArchiveDirectory>"
+            )
+            p.add_argument(
+                "--verify",
+                choices=("files", "spark"),
+                default="files",
+                help="check the tasks' read-back of every Parquet file against the segments "
+                "(files, default), or also read the archive with Spark SQL (spark)",
+            )
         else:
-            p.add_argument("--retention", metavar="INTERVAL", help="keep everything newer than this (e.g. 7d); records older may be dropped")
-            p.add_argument("--recompact", action="store_true", help="also rewrite segments compacted before")
-        p.add_argument("--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)")
-        p.add_argument("--driver-memory", default="2g", help="Spark driver heap in local mode (default 2g)")
-        p.add_argument("--dry-run", action="store_true", help="show the segments the job would take, and stop")
+            p.add_argument(
+                "--retention",
+                metavar="INTERVAL",
+                help="keep everything newer than this (e.g. 7d); records older may be dropped",
+            )
+            p.add_argument(
+                "--recompact", action="store_true", help="also rewrite segments compacted before"
+            )
+        p.add_argument(
+            "--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)"
+        )
+        p.add_argument(
+            "--driver-memory", default="2g", help="Spark driver heap in local mode (default 2g)"
+        )
+        p.add_argument(
+            "--dry-run", action="store_true", help="show the segments the job would take, and stop"
+        )
         p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
-        p.add_argument("--wait", type=float, default=APPLY_WAIT_S, metavar="SECONDS",
-                       help="how long to wait for a running server to apply the result")
+        p.add_argument(
+            "--wait",
+            type=float,
+            default=APPLY_WAIT_S,
+            metavar="SECONDS",
+            help="how long to wait for a running server to apply the result",
+        )
         p.set_defaults(run=lambda args, kind=kind: run(args, kind))
 
 
@@ -107,8 +143,12 @@ def run(args, kind: str, spark=None) -> int:
         return 2
     jdir = tl.journal_directory
     queues = [(q.name, q.underlying_topic, is_pattern(q.underlying_topic)) for q in cfg.queues]
-    opts = {"older_than_s": age, "retention_s": retention, "archive_root": archive_root,
-            "recompact": bool(getattr(args, "recompact", False))}
+    opts = {
+        "older_than_s": age,
+        "retention_s": retention,
+        "archive_root": archive_root,
+        "recompact": bool(getattr(args, "recompact", False)),
+    }
 
     # 1. the request: ours if we can own the journal, else the server's
     req = None
@@ -130,8 +170,10 @@ def run(args, kind: str, spark=None) -> int:
         else:
             ans = _order(jdir, kind, opts, args.dry_run)
             if ans is None:
-                _err(f"a server holds {jdir} but did not answer within {ORDER_WAIT_S:.0f}s; "
-                     "is it a Tickertape version with journal maintenance?")
+                _err(
+                    f"a server holds {jdir} but did not answer within {ORDER_WAIT_S:.0f}s; "
+                    "is it a Tickertape version with journal maintenance?"
+                )
                 return 1
             if ans.get("request"):
                 from journal.manifest import read_json
@@ -152,24 +194,38 @@ def run(args, kind: str, spark=None) -> int:
         total = sum(s["file_bytes"] for s in req["segments"])
         print(f"{kind}: would take {len(req['segments'])} segments ({total / 1e6:,.1f} MB):")
         for s in req["segments"]:
-            print(f"  {s['path']}  [{s['base']}, {s['end']})  {s['kind']}  {s['file_bytes']:,} bytes")
+            print(
+                f"  {s['path']}  [{s['base']}, {s['end']})  {s['kind']}  {s['file_bytes']:,} bytes"
+            )
         if req.get("policy", {}).get("cutoff_us"):
-            print(f"  drop cutoff: records received before {_iso(req['policy']['cutoff_us'])}, "
-                  f"queues {[(q['name'], q['floor']) for q in req['policy']['queues']]}")
+            print(
+                f"  drop cutoff: records received before {_iso(req['policy']['cutoff_us'])}, "
+                f"queues {[(q['name'], q['floor']) for q in req['policy']['queues']]}"
+            )
         return 0
 
     # 2. the job, here
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        _err("the Spark job needs Java 17 or newer: apt-get install -y openjdk-17-jre-headless "
-             "(./run installs it in CI), or set JAVA_HOME")
+        _err(
+            "the Spark job needs Java 17 or newer: apt-get install -y openjdk-17-jre-headless "
+            "(./run installs it in CI), or set JAVA_HOME"
+        )
         return 4
     try:
         from journal import batch
     except ImportError as exc:
-        _err(f"the Spark job needs the 'spark' extra ({exc}): pip install 'tickertape[spark]' (./run test installs it)")
+        _err(
+            f"the Spark job needs the 'spark' extra ({exc}): pip install 'tickertape[spark]' (./run test installs it)"
+        )
         return 4
-    summary = batch.run_job(req, spark, master=args.master, driver_memory=args.driver_memory, progress=not args.quiet,
-                            verify=getattr(args, "verify", "files") or "files")
+    summary = batch.run_job(
+        req,
+        spark,
+        master=args.master,
+        driver_memory=args.driver_memory,
+        progress=not args.quiet,
+        verify=getattr(args, "verify", "files") or "files",
+    )
     if summary.get("status") != "ok":
         _report(args, summary, None, batch)
         # the owner still answers the failed result so the request is closed
@@ -203,8 +259,10 @@ def _apply_or_wait(jdir, tl, req_id, wait_s, Journal, JournalLocked, apply_resul
             return read_json(path)
         except (FileNotFoundError, json.JSONDecodeError):
             time.sleep(0.1)
-    _err(f"the server did not apply the result within {wait_s:.0f}s; it will when it next can "
-         f"(see {path})")
+    _err(
+        f"the server did not apply the result within {wait_s:.0f}s; it will when it next can "
+        f"(see {path})"
+    )
     return None
 
 
@@ -212,7 +270,9 @@ def _order(jdir: str, kind: str, opts: dict, dry_run: bool):
     from journal.manifest import maint_dir, new_request_id, read_json, write_json_atomic
 
     oid = new_request_id(kind)
-    write_json_atomic(maint_dir(jdir, "orders", oid + ".json"), {"kind": kind, "dry_run": dry_run, **opts})
+    write_json_atomic(
+        maint_dir(jdir, "orders", oid + ".json"), {"kind": kind, "dry_run": dry_run, **opts}
+    )
     answer = maint_dir(jdir, "orders", oid + ".answer")
     deadline = time.monotonic() + ORDER_WAIT_S
     while time.monotonic() < deadline:

@@ -59,7 +59,18 @@ class Message:
 
 
 class Batch:
-    __slots__ = ("acks", "after", "data", "doomed", "entries", "first_seq", "flushes", "last", "meta", "msgs")
+    __slots__ = (
+        "acks",
+        "after",
+        "data",
+        "doomed",
+        "entries",
+        "first_seq",
+        "flushes",
+        "last",
+        "meta",
+        "msgs",
+    )
 
     def __init__(self) -> None:
         self.data = bytearray()
@@ -133,7 +144,9 @@ class Pipeline:
             tj = self._topic_json[topic] = b',"t":' + _json(topic.decode("utf-8", "replace"))
         return tj
 
-    def publish(self, conn, pub: int, seq: int | None, topic: str, body: bytes, hdr: bytes = b"", exp=None) -> tuple[int, int]:
+    def publish(
+        self, conn, pub: int, seq: int | None, topic: str, body: bytes, hdr: bytes = b"", exp=None
+    ) -> tuple[int, int]:
         """Accept one publish. Returns (seq, outcome): STORED, DUPLICATE, or ABOVE_GAP (refused:
         an earlier sequence of this publisher failed to commit and was not sent again yet).
 
@@ -218,7 +231,7 @@ class Pipeline:
         if batch.empty():
             return
         self.batch = Batch()
-        if self.journal is None or not batch.data and self.inflight_batches == 0:
+        if self.journal is None or (not batch.data and self.inflight_batches == 0):
             self._committed(batch, self.delivered_end, None, -1)
             return
         size = len(batch.data)
@@ -332,8 +345,12 @@ class Pipeline:
             for b in doomed:
                 b.doomed = True
                 self._roll_back(b)
-            log.error("journal commit failed: %s (%d messages not persisted; %d later batches fail with it)",
-                      err, sum(len(b.msgs) for b in doomed), len(doomed) - 1)
+            log.error(
+                "journal commit failed: %s (%d messages not persisted; %d later batches fail with it)",
+                err,
+                sum(len(b.msgs) for b in doomed),
+                len(doomed) - 1,
+            )
             self._fence()
             if open_batch is not None:  # never submitted: fails here, not in the journal
                 self._notify_failed(open_batch, err)

@@ -73,9 +73,23 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("tickertape.queues")
 
 _EV = struct.Struct("<BBHQ")
-OP_LEASED, OP_ACKED, OP_EXPIRED, OP_CANCELLED, OP_AMO, OP_ACKED_RUN, OP_LEASED_RUN = 1, 2, 3, 4, 5, 6, 7
+OP_LEASED, OP_ACKED, OP_EXPIRED, OP_CANCELLED, OP_AMO, OP_ACKED_RUN, OP_LEASED_RUN = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+)
 MAX_RUN = 0xFFFF
-REASONS = {1: "expiration", 2: "max deliveries", 3: "max cancels", 4: "expired by consumer", 5: "filter"}
+REASONS = {
+    1: "expiration",
+    2: "max deliveries",
+    3: "max cancels",
+    4: "expired by consumer",
+    5: "filter",
+}
 REASON_CODE = {v: k for k, v in REASONS.items()}
 DEFAULT_LEASE = 30.0
 EVENT_FLUSH_DELAY = 0.005
@@ -144,9 +158,17 @@ class Queue:
         self.gen = 0
         self.events = bytearray()
         self.failed_events = bytearray()  # events of commits that failed, to be written again
-        self.parked: collections.deque[int] = collections.deque()  # no subscription's filter matches
+        self.parked: collections.deque[int] = (
+            collections.deque()
+        )  # no subscription's filter matches
         self.barrier_wait = False
-        self.stats = {"acked": 0, "expired": 0, "redelivered": 0, "delivered": 0, "dead_lettered": 0}
+        self.stats = {
+            "acked": 0,
+            "expired": 0,
+            "redelivered": 0,
+            "delivered": 0,
+            "dead_lettered": 0,
+        }
         self.dlt_pub = publisher_id(f"{manager.server.name}\x00queue:{self.name}\x00dead-letter")
         self.checkpoint_dirty = True
 
@@ -167,7 +189,9 @@ class Queue:
 
     @property
     def depth(self) -> int:
-        return len(self.avail_pos) - self.head - len(self.gone) + len(self.returned) + len(self.parked)
+        return (
+            len(self.avail_pos) - self.head - len(self.gone) + len(self.returned) + len(self.parked)
+        )
 
     def deadline_for(self, ts: int, exp) -> int:
         d = 0
@@ -297,7 +321,9 @@ class Queue:
         if self.fairness == "proportional":
             ratio = 2.0
             for qs in subs:
-                if qs.outstanding < qs.backlog and (qs.sub.filter is None or body_doc_fn(qs.sub.filter)):
+                if qs.outstanding < qs.backlog and (
+                    qs.sub.filter is None or body_doc_fn(qs.sub.filter)
+                ):
                     r = qs.outstanding / qs.backlog
                     if r == 0.0:
                         return qs  # nothing outstanding: no one can beat it
@@ -307,7 +333,9 @@ class Queue:
         start = self.rr if self.fairness == "round-robin" else 0
         for k in range(n):
             qs = subs[(start + k) % n]
-            if qs.outstanding < qs.backlog and (qs.sub.filter is None or body_doc_fn(qs.sub.filter)):
+            if qs.outstanding < qs.backlog and (
+                qs.sub.filter is None or body_doc_fn(qs.sub.filter)
+            ):
                 if self.fairness == "round-robin":
                     self.rr = (start + k + 1) % n
                 return qs
@@ -318,7 +346,12 @@ class Queue:
 
     def offer_fresh(self, m) -> None:
         """A committed message on the underlying topic: deliver at once or keep it waiting."""
-        if self.head >= len(self.avail_pos) and not self.returned and not self.barrier_wait and self.subs:
+        if (
+            self.head >= len(self.avail_pos)
+            and not self.returned
+            and not self.barrier_wait
+            and self.subs
+        ):
             rec = (m.position, m.pub, m.seq, m.ts, m.topic.encode(), m.body, m.hdr)
             if self._try_deliver(rec):
                 return
@@ -551,7 +584,9 @@ class Queue:
         cached_at, part = self._lp
         if now - cached_at < 0.001:
             return part
-        part = b',"lp":"' + format_timestamp(_now_us() + int(self.lease_period * 1e6)).encode() + b'"'
+        part = (
+            b',"lp":"' + format_timestamp(_now_us() + int(self.lease_period * 1e6)).encode() + b'"'
+        )
         self._lp = (now, part)
         return part
 
@@ -637,7 +672,12 @@ class Queue:
                 self._return(pos, "lease")
             if ended:
                 changed = True
-                log.info("queue %s: %d lease(s) expired, first on %s (holder %s)", self.name, ended, *first)
+                log.info(
+                    "queue %s: %d lease(s) expired, first on %s (holder %s)",
+                    self.name,
+                    ended,
+                    *first,
+                )
         if changed:
             self.pump()
         if heap:
@@ -663,7 +703,9 @@ class Queue:
                 raise ValueError(item.strip()) from None
         return out
 
-    def ack(self, conn, bms: list[str], cancel=False, expire=False, extend=None) -> tuple[int, list]:
+    def ack(
+        self, conn, bms: list[str], cancel=False, expire=False, extend=None
+    ) -> tuple[int, list]:
         """Apply a sow_delete by bookmarks ("pub|seq|", normalize_bookmarks). Returns (records
         affected, refusal details)."""
         if not (cancel or expire or extend is not None or self.at_most_once):
@@ -759,9 +801,11 @@ class Queue:
             if rec is not None and _matches(f, rec[5]):
                 n += self.ack(conn, [lease[L_BM]], expire=expire)[0]
         self._advance_head()
-        waiting = list(self.returned) + list(self.parked) + [
-            p for p in self.avail_pos[self.head :] if p not in self.gone
-        ]
+        waiting = (
+            list(self.returned)
+            + list(self.parked)
+            + [p for p in self.avail_pos[self.head :] if p not in self.gone]
+        )
         for pos in waiting:
             rec = self.m.read(pos)
             if rec is None or not _matches(f, rec[5]):
@@ -843,7 +887,9 @@ class QueueManager:
         self._timer: asyncio.TimerHandle | None = None
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
-        self._block: tuple[bytes, int] | None = None  # stored journal bytes of the last read (_block_at)
+        self._block: tuple[bytes, int] | None = (
+            None  # stored journal bytes of the last read (_block_at)
+        )
         self._compacted: dict[int, tuple] = {}  # records of the last compacted block read
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
@@ -875,7 +921,9 @@ class QueueManager:
         if taken:
             batch.after.append(partial(_events_committed, taken))
         now = time.monotonic()
-        if now - self._last_checkpoint >= 1.0 and any(q.checkpoint_dirty for q in self.queues.values()):
+        if now - self._last_checkpoint >= 1.0 and any(
+            q.checkpoint_dirty for q in self.queues.values()
+        ):
             self._last_checkpoint = now
             # a checkpoint committed with this batch covers only what this batch makes durable
             end = self.server.pipeline.delivered_end
@@ -932,7 +980,9 @@ class QueueManager:
         if blk is not None:
             buf, base = blk
             off = position - base
-            if 0 <= off <= len(buf) - RECORD_HEADER_SIZE and off + record_length_at(buf, off) <= len(buf):
+            if 0 <= off <= len(buf) - RECORD_HEADER_SIZE and off + record_length_at(
+                buf, off
+            ) <= len(buf):
                 return blk
         journal = self.server.journal
         if position < journal.start_position:
@@ -969,11 +1019,17 @@ class QueueManager:
             if r[1] != KIND_MESSAGE:
                 return None
             return (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"")
-        rec = self._compacted.get(position)  # a compacted segment: its retained records, by position
+        rec = self._compacted.get(
+            position
+        )  # a compacted segment: its retained records, by position
         if rec is not None:
             return rec
         recs, _ = self.server.journal.read_raw(position, CACHE_BLOCK)
-        self._compacted = {r[0]: (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"") for r in recs if r[1] == 1}
+        self._compacted = {
+            r[0]: (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"")
+            for r in recs
+            if r[1] == 1
+        }
         return self._compacted.get(position)
 
     # -- recovery --------------------------------------------------------------------------------
@@ -1003,11 +1059,15 @@ class QueueManager:
                     break
                 pos = nxt2
                 continue
-            for position, kind, pub, seq, ts, tb, body, extra in recs:
+            for position, kind, _pub, _seq, ts, tb, body, extra in recs:
                 scanned += 1
                 if kind == 1:
                     for q in qlist:
-                        if position >= qstart[q.name_b] and q.wants_topic(tb) and q.passes_filter(body):
+                        if (
+                            position >= qstart[q.name_b]
+                            and q.wants_topic(tb)
+                            and q.passes_filter(body)
+                        ):
                             q.add_waiting(position, ts, extra[0] if extra else None)
                 elif kind == KIND_QUEUE_EVENT:
                     q = by_name.get(tb)
@@ -1029,8 +1089,13 @@ class QueueManager:
         self.loading = False
         self.recovery_seconds = time.monotonic() - started
         for q in qlist:
-            log.info("queue %s: recovered %d waiting messages (%d delivered before) in %.3fs",
-                     q.name, q.depth, len(q.counts), self.recovery_seconds)
+            log.info(
+                "queue %s: recovered %d waiting messages (%d delivered before) in %.3fs",
+                q.name,
+                q.depth,
+                len(q.counts),
+                self.recovery_seconds,
+            )
         log.info("queues: recovery scanned %d records in %.3fs", scanned, self.recovery_seconds)
 
     # -- dead letters --------------------------------------------------------------------------------
@@ -1041,10 +1106,16 @@ class QueueManager:
             return
         _, pub, seq, ts, topic_b, body, extra = rec
         hdr = b',"reason":%s,"deliveries":%d,"queue":%s,"source_bm":"%d|%d|"' % (
-            _json(reason), deliveries, _json(q.name), pub, seq)
-        self.server.pipeline.publish(None, q.dlt_pub, None, q.spec.dead_letter_topic, body, hdr, None)
+            _json(reason),
+            deliveries,
+            _json(q.name),
+            pub,
+            seq,
+        )
+        self.server.pipeline.publish(
+            None, q.dlt_pub, None, q.spec.dead_letter_topic, body, hdr, None
+        )
         q.stats["dead_lettered"] += 1
 
     def snapshot(self) -> dict:
         return {name: q.snapshot() for name, q in self.queues.items()}
-

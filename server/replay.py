@@ -135,7 +135,7 @@ class End:
                 return self.inclusive, True
             return False, True
         if self.ts is not None:
-            if ts < self.ts or ts == self.ts and self.inclusive:
+            if ts < self.ts or (ts == self.ts and self.inclusive):
                 return True, False
             return False, True
         if pub == self.pub and seq == self.seq:
@@ -203,7 +203,9 @@ class Conflater:
 
     def __init__(self, interval_s: float, keys):
         self.interval = int(interval_s * 1_000_000)
-        self.paths = tuple(tuple(int(p) if p.isdigit() else p for p in k.strip("/").split("/")) for k in keys or ())
+        self.paths = tuple(
+            tuple(int(p) if p.isdigit() else p for p in k.strip("/").split("/")) for k in keys or ()
+        )
         self.held: dict = {}  # key -> [first_ts, first_pub, first_seq, latest record]
 
     def key(self, topic: bytes, body: bytes):
@@ -254,7 +256,9 @@ class Conflater:
 # -- cursors and the replay pass --------------------------------------------------------------------
 
 
-def _read_spliced(journal, position: int, size: int, start: int, end: int, topic: bytes, head: bytes):
+def _read_spliced(
+    journal, position: int, size: int, start: int, end: int, topic: bytes, head: bytes
+):
     """In a reader thread: (position, splice_frames result) of the next block, None in a
     compacted segment (whose records are read as tuples instead)."""
     blk = journal.read_block(position, size)
@@ -280,7 +284,17 @@ class Cursor:
 
 
 class Replay:
-    def __init__(self, server, cursors: list[Cursor], position: int, *, paused=False, wait_until=None, rate=None, rate_max_gap=None):
+    def __init__(
+        self,
+        server,
+        cursors: list[Cursor],
+        position: int,
+        *,
+        paused=False,
+        wait_until=None,
+        rate=None,
+        rate_max_gap=None,
+    ):
         self.server = server
         self.cursors = cursors
         self.position = position
@@ -311,7 +325,9 @@ class Replay:
 
     def _done(self, task) -> None:
         self.server.replays.discard(self)
-        if not task.cancelled() and task.exception() is not None:  # pragma: no cover - logged in run
+        if (
+            not task.cancelled() and task.exception() is not None
+        ):  # pragma: no cover - logged in run
             log.error("replay ended with %r", task.exception())
 
     def cancel(self) -> None:
@@ -375,13 +391,23 @@ class Replay:
                 if plain is not None:
                     c, head = plain
                     got = await loop.run_in_executor(
-                        server.readers, _read_spliced, journal, self.position, size, c.start, end, c.sub.topic_b, head
+                        server.readers,
+                        _read_spliced,
+                        journal,
+                        self.position,
+                        size,
+                        c.start,
+                        end,
+                        c.sub.topic_b,
+                        head,
                     )
                     if got is not None:
                         if self._deliver_spliced(c, got, journal):
                             continue
                         return
-                recs, nxt = await loop.run_in_executor(server.readers, journal.read_raw, self.position, size)
+                recs, nxt = await loop.run_in_executor(
+                    server.readers, journal.read_raw, self.position, size
+                )
                 if not recs:
                     nxt2 = journal.next_position(nxt)
                     if nxt2 == self.position:
@@ -389,8 +415,15 @@ class Replay:
                         return
                     self.position = nxt2
                     continue
-                if self.rate is None and len(self.cursors) == 1 and not self.cursors[0].tail_only and not self.paused:
-                    self.position = journal.next_position(self._send_fast(self.cursors[0], recs, end, nxt))
+                if (
+                    self.rate is None
+                    and len(self.cursors) == 1
+                    and not self.cursors[0].tail_only
+                    and not self.paused
+                ):
+                    self.position = journal.next_position(
+                        self._send_fast(self.cursors[0], recs, end, nxt)
+                    )
                 else:
                     self.position = journal.next_position(await self._send(recs, end, nxt))
         except asyncio.CancelledError:
@@ -565,7 +598,9 @@ class Replay:
             if kind != KIND_MESSAGE:
                 continue
             if self.rate is not None:
-                wanted = [c for c in self.cursors if pos >= c.start and c.sub.matches_topic_bytes(tb)]
+                wanted = [
+                    c for c in self.cursors if pos >= c.start and c.sub.matches_topic_bytes(tb)
+                ]
                 if wanted:
                     await self._pace(ts, len(body))
                     if self.paused or not self.cursors:
@@ -594,7 +629,14 @@ class Replay:
                             self._emit_conflated(c, c.conflater.due(ts))
                             c.conflater.add(rec)
                         else:
-                            self._emit(sub, pub, seq, ts, topic_json(tb) + (extra[1] if extra else b""), body)
+                            self._emit(
+                                sub,
+                                pub,
+                                seq,
+                                ts,
+                                topic_json(tb) + (extra[1] if extra else b""),
+                                body,
+                            )
                 elif c.conflater is not None:
                     self._emit_conflated(c, c.conflater.due(ts))
                 if stop:
@@ -618,8 +660,15 @@ class Replay:
 
     def _emit_conflated(self, c: Cursor, entries) -> None:
         tj = self.server.pipeline.topic_json
-        for first_ts, first_pub, first_seq, rec in entries:
-            self._emit(c.sub, first_pub, first_seq, rec[4], tj(rec[5]) + (rec[7][1] if rec[7] else b""), rec[6])
+        for _first_ts, first_pub, first_seq, rec in entries:
+            self._emit(
+                c.sub,
+                first_pub,
+                first_seq,
+                rec[4],
+                tj(rec[5]) + (rec[7][1] if rec[7] else b""),
+                rec[6],
+            )
         if entries:
             c.sub.conn.flush_out()
 

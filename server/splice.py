@@ -33,7 +33,7 @@ import struct
 
 from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
 
-__all__ = ["splice_at", "splice_at_py", "splice_frames", "splice_frames_py", "ACCELERATED"]
+__all__ = ["ACCELERATED", "splice_at", "splice_at_py", "splice_frames", "splice_frames_py"]
 
 _pack_len = struct.Struct(">I").pack
 

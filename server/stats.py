@@ -92,38 +92,87 @@ class Stats:
             lines.append(f"tickertape_{name}{labels} {value}")
 
         metric("connections", "gauge", "Open client connections.", snap["connections"])
-        metric("connections_total", "counter", "Connections accepted since start.", snap["connections_total"])
+        metric(
+            "connections_total",
+            "counter",
+            "Connections accepted since start.",
+            snap["connections_total"],
+        )
         metric("subscriptions", "gauge", "Active subscriptions.", snap["subscriptions"])
         metric("replays", "gauge", "Bookmark replays in progress.", snap["replays"])
         lim = snap["limits"]
-        metric("input_buffered_bytes", "gauge", "Partial input frames buffered over all connections.", lim["input_buffered_bytes"])
-        for key, what in (("logon_timeout", "closed for no logon within LogonTimeout"),
-                          ("logon_frame_too_large", "closed for a frame over MaxLogonMessageSize before logon"),
-                          ("input_memory_limit", "closed at InputMemoryLimit"),
-                          ("partial_message_timeout", "closed for a frame not whole within PartialMessageTimeout"),
-                          ("idle", "closed after IdleTimeout without input"),
-                          ("slow_client_age", "closed for output not draining within ClientMessageAgeLimit"),
-                          ("subscriptions_refused", "subscriptions refused at ClientMaxSubscriptions")):
-            metric(f"limit_{key}_total", "counter", f"Connections {what}." if key != "subscriptions_refused" else "Subscriptions refused at ClientMaxSubscriptions.", lim[key])
-        metric("publishes_refused_above_gap_total", "counter", "Publishes refused past a sequence that failed to commit (the gap rule).", snap["refused_above_gap"])
+        metric(
+            "input_buffered_bytes",
+            "gauge",
+            "Partial input frames buffered over all connections.",
+            lim["input_buffered_bytes"],
+        )
+        for key, what in (
+            ("logon_timeout", "closed for no logon within LogonTimeout"),
+            ("logon_frame_too_large", "closed for a frame over MaxLogonMessageSize before logon"),
+            ("input_memory_limit", "closed at InputMemoryLimit"),
+            (
+                "partial_message_timeout",
+                "closed for a frame not whole within PartialMessageTimeout",
+            ),
+            ("idle", "closed after IdleTimeout without input"),
+            ("slow_client_age", "closed for output not draining within ClientMessageAgeLimit"),
+            ("subscriptions_refused", "subscriptions refused at ClientMaxSubscriptions"),
+        ):
+            metric(
+                f"limit_{key}_total",
+                "counter",
+                f"Connections {what}."
+                if key != "subscriptions_refused"
+                else "Subscriptions refused at ClientMaxSubscriptions.",
+                lim[key],
+            )
+        metric(
+            "publishes_refused_above_gap_total",
+            "counter",
+            "Publishes refused past a sequence that failed to commit (the gap rule).",
+            snap["refused_above_gap"],
+        )
         metric("topics", "gauge", "Distinct topics seen.", snap["topics"])
         metric("published_total", "counter", "Messages accepted for publish.", snap["published"])
         metric("delivered_total", "counter", "Live deliveries to subscriptions.", snap["delivered"])
         metric("duplicates_total", "counter", "Duplicate publishes dropped.", snap["duplicates"])
-        metric("publish_rate", "gauge", "Messages published per second (last second).", snap["publish_rate"])
-        metric("delivery_rate", "gauge", "Deliveries per second (last second).", snap["delivery_rate"])
-        metric("refused_commands_total", "counter", "Commands refused with a failure ack.", snap["refused_commands"])
-        metric("idle_poll_rounds_total", "counter", "Event-loop rounds spent polling after input instead of sleeping (<IdlePoll>).", snap["idle_poll_rounds"])
+        metric(
+            "publish_rate",
+            "gauge",
+            "Messages published per second (last second).",
+            snap["publish_rate"],
+        )
+        metric(
+            "delivery_rate", "gauge", "Deliveries per second (last second).", snap["delivery_rate"]
+        )
+        metric(
+            "refused_commands_total",
+            "counter",
+            "Commands refused with a failure ack.",
+            snap["refused_commands"],
+        )
+        metric(
+            "idle_poll_rounds_total",
+            "counter",
+            "Event-loop rounds spent polling after input instead of sleeping (<IdlePoll>).",
+            snap["idle_poll_rounds"],
+        )
         metric("rss_bytes", "gauge", "Resident memory of the server process.", snap["rss_bytes"])
         lines.append("# HELP tickertape_disconnects_total Connections closed, by reason.")
         lines.append("# TYPE tickertape_disconnects_total counter")
         for reason, n in sorted(snap["disconnects"].items()):
             lines.append(f'tickertape_disconnects_total{{reason="{reason}"}} {n}')
         if snap["queues"]:
-            for key, help_ in (("depth", "Messages waiting in the queue."), ("leased", "Messages leased to consumers."),
-                               ("acked", "Messages acknowledged since start."), ("expired", "Messages expired since start."),
-                               ("redelivered", "Redeliveries since start."), ("delivered", "Deliveries since start."),
-                               ("dead_lettered", "Messages sent to the dead-letter topic since start.")):
+            for key, help_ in (
+                ("depth", "Messages waiting in the queue."),
+                ("leased", "Messages leased to consumers."),
+                ("acked", "Messages acknowledged since start."),
+                ("expired", "Messages expired since start."),
+                ("redelivered", "Redeliveries since start."),
+                ("delivered", "Deliveries since start."),
+                ("dead_lettered", "Messages sent to the dead-letter topic since start."),
+            ):
                 kind = "gauge" if key in ("depth", "leased") else "counter"
                 name = f"queue_{key}" + ("" if kind == "gauge" else "_total")
                 lines.append(f"# HELP tickertape_{name} {help_}")
@@ -135,16 +184,58 @@ class Stats:
             metric("journal_bytes", "gauge", "Bytes of journal segments on disk.", j["bytes"])
             metric("journal_segments", "gauge", "Journal segment files.", j["segments"])
             metric("journal_commits_total", "counter", "Group commits.", j["commits"])
-            metric("journal_records_total", "counter", "Records committed since start.", j["records"])
-            metric("journal_write_failures_total", "counter", "Failed journal writes.", j["write_failures"])
+            metric(
+                "journal_records_total", "counter", "Records committed since start.", j["records"]
+            )
+            metric(
+                "journal_write_failures_total",
+                "counter",
+                "Failed journal writes.",
+                j["write_failures"],
+            )
             ig = j["integrity"]
-            metric("journal_damaged_regions_total", "counter", "Damaged regions of the journal found at rest and skipped (never served).", ig["damaged_regions"])
-            metric("journal_damaged_bytes_total", "counter", "Bytes of the journal skipped as damaged.", ig["damaged_bytes"])
-            metric("journal_truncated_bytes_total", "counter", "Bytes of a torn tail truncated at open.", ig["truncated_bytes"])
-            metric("journal_index_rebuilds_total", "counter", "Times the derived index was found unreadable or inconsistent and rebuilt.", ig["index_rebuilds"])
-            metric("journal_available", "gauge", "1 while the journal takes writes, 0 from a failed write until a probe succeeds.", int(j["available"]))
-            metric("journal_recoveries_total", "counter", "Times the journal became available again by itself.", j["recoveries"])
-            metric("journal_last_commit_latency_seconds", "gauge", "Duration of the last group commit.", j["last_commit_latency_s"])
+            metric(
+                "journal_damaged_regions_total",
+                "counter",
+                "Damaged regions of the journal found at rest and skipped (never served).",
+                ig["damaged_regions"],
+            )
+            metric(
+                "journal_damaged_bytes_total",
+                "counter",
+                "Bytes of the journal skipped as damaged.",
+                ig["damaged_bytes"],
+            )
+            metric(
+                "journal_truncated_bytes_total",
+                "counter",
+                "Bytes of a torn tail truncated at open.",
+                ig["truncated_bytes"],
+            )
+            metric(
+                "journal_index_rebuilds_total",
+                "counter",
+                "Times the derived index was found unreadable or inconsistent and rebuilt.",
+                ig["index_rebuilds"],
+            )
+            metric(
+                "journal_available",
+                "gauge",
+                "1 while the journal takes writes, 0 from a failed write until a probe succeeds.",
+                int(j["available"]),
+            )
+            metric(
+                "journal_recoveries_total",
+                "counter",
+                "Times the journal became available again by itself.",
+                j["recoveries"],
+            )
+            metric(
+                "journal_last_commit_latency_seconds",
+                "gauge",
+                "Duration of the last group commit.",
+                j["last_commit_latency_s"],
+            )
         return "\n".join(lines) + "\n"
 
 

@@ -213,7 +213,7 @@ def test_corrupted_record_is_dropped_and_reported(tmp_path):
 def test_damaged_header_and_ack_slots(tmp_path):
     path = tmp_path / "p.store"
     s = FilePublishStore(path)
-    for i in range(4):
+    for _i in range(4):
         s.store("t", b"{}")
     s.discard_up_to(2)
     s.close()

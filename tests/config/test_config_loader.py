@@ -475,12 +475,24 @@ def test_config_error_pickles():
             "/TickertapeConfig/ClientMaxCapacity",
             "<ClientMaxBufferSize> at the root",
         ),
-        ("<Name>x</Name><LogonTimeout>0s</LogonTimeout>", 2, "/TickertapeConfig/LogonTimeout",
-         "LogonTimeout '0s' must be a positive interval"),
-        ("<Name>x</Name><InputMemoryLimit>10KB</InputMemoryLimit>", 2, "/TickertapeConfig/InputMemoryLimit",
-         "is below the minimum"),
-        ("<Name>x</Name><ClientMaxSubscriptions>0</ClientMaxSubscriptions>", 2,
-         "/TickertapeConfig/ClientMaxSubscriptions", "must be at least 1"),
+        (
+            "<Name>x</Name><LogonTimeout>0s</LogonTimeout>",
+            2,
+            "/TickertapeConfig/LogonTimeout",
+            "LogonTimeout '0s' must be a positive interval",
+        ),
+        (
+            "<Name>x</Name><InputMemoryLimit>10KB</InputMemoryLimit>",
+            2,
+            "/TickertapeConfig/InputMemoryLimit",
+            "is below the minimum",
+        ),
+        (
+            "<Name>x</Name><ClientMaxSubscriptions>0</ClientMaxSubscriptions>",
+            2,
+            "/TickertapeConfig/ClientMaxSubscriptions",
+            "must be at least 1",
+        ),
     ],
 )
 def test_element_rules(body, line, path, fragment):

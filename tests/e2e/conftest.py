@@ -7,8 +7,11 @@ from tests.support.proc import ServerProcess
 @pytest.fixture(scope="module", params=["uvloop", "asyncio"])
 def shared_server(request, tmp_path_factory):
     """One server per event loop kind, for tests that do not care about each other's data."""
-    s = ServerProcess(tmp_path_factory.mktemp("shared"), topics=("orders", "md\\..*", "work", "t\\..*"),
-                      args=("--loop", request.param))
+    s = ServerProcess(
+        tmp_path_factory.mktemp("shared"),
+        topics=("orders", "md\\..*", "work", "t\\..*"),
+        args=("--loop", request.param),
+    )
     s.start()
     yield s
     s.stop()

@@ -103,7 +103,13 @@ def test_content_filter(shared_server):
     s.subscribe("orders", f="/px > 100 AND /sym IN ('A', 'B')")
     p = Raw(shared_server.port)
     p.logon("f-pub")
-    for body in ('{"px":50,"sym":"A"}', '{"px":150,"sym":"C"}', '{"px":150,"sym":"B"}', "not json", '{"px":101,"sym":"A"}'):
+    for body in (
+        '{"px":50,"sym":"A"}',
+        '{"px":150,"sym":"C"}',
+        '{"px":150,"sym":"B"}',
+        "not json",
+        '{"px":101,"sym":"A"}',
+    ):
         pub(p, "orders", body)
     got = [json.loads(b) for _, b in s.messages(2)]
     assert got == [{"px": 150, "sym": "B"}, {"px": 101, "sym": "A"}]
@@ -120,7 +126,7 @@ def test_unsubscribe(shared_server):
     p.logon("u-pub")
     pub(p, "t.unsub", "{}")
     pub(p, "t.unsub2", '{"y":1}')
-    (h, b), = s.messages(1)
+    ((h, b),) = s.messages(1)
     assert h["sub_id"] == "y"
     s.send({"c": "unsubscribe", "sub_id": "all", "cid": "v", "a": "processed"})
     s.ack("processed", "v")
@@ -147,7 +153,9 @@ def test_name_in_use(shared_server):
     a = Raw(shared_server.port)
     a.logon("twin", user_id="alice")
     b = Raw(shared_server.port)
-    b.send({"c": "logon", "cid": "1", "client_name": "twin", "user_id": "mallory", "a": "processed"})
+    b.send(
+        {"c": "logon", "cid": "1", "client_name": "twin", "user_id": "mallory", "a": "processed"}
+    )
     ack = b.ack("processed")
     assert ack["status"] == "failure" and ack["reason"] == "name in use"
     assert b.closed()
@@ -199,7 +207,12 @@ def test_unknown_command(shared_server):
     [
         ({"t": "orders", "f": "/a = "}, "bad filter"),
         ({"t": "orders", "f": "(/a = 1"}, "bad filter"),
-        ({"t": "md\\.(", }, "bad regex topic"),
+        (
+            {
+                "t": "md\\.(",
+            },
+            "bad regex topic",
+        ),
         ({"t": "orders", "o": "nonsense"}, "invalid options"),
         ({"t": "orders", "o": "rate=2X"}, "invalid options"),  # rate without a bookmark
         ({"t": "orders", "bm": "12|x|"}, "invalid bookmark"),
@@ -223,7 +236,15 @@ def test_subscribe_failures(shared_server, header, reason):
 def test_bad_filter_names_position(shared_server):
     c = Raw(shared_server.port)
     c.logon("badpos")
-    c.send({"c": "subscribe", "cid": "s", "a": "processed", "t": "orders", "f": "/a = 1 AND AND /b = 2"})
+    c.send(
+        {
+            "c": "subscribe",
+            "cid": "s",
+            "a": "processed",
+            "t": "orders",
+            "f": "/a = 1 AND AND /b = 2",
+        }
+    )
     ack = c.ack("processed", "s")
     assert "position" in ack["detail"]
 
@@ -234,7 +255,17 @@ def test_subscription_already_exists_and_replace(shared_server):
     c.subscribe("orders", sub_id="r", f="/k = 1")
     c.send({"c": "subscribe", "cid": "d", "a": "processed", "t": "orders", "sub_id": "r"})
     assert c.ack("processed", "d")["reason"] == "subscription already exists"
-    c.send({"c": "subscribe", "cid": "e", "a": "processed", "t": "orders", "sub_id": "r", "f": "/k = 2", "o": "replace"})
+    c.send(
+        {
+            "c": "subscribe",
+            "cid": "e",
+            "a": "processed",
+            "t": "orders",
+            "sub_id": "r",
+            "f": "/k = 2",
+            "o": "replace",
+        }
+    )
     assert c.ack("processed", "e")["status"] == "success"
     p = Raw(shared_server.port)
     p.logon("replace-pub")
@@ -283,8 +314,11 @@ def test_heartbeat_beats_keep_connection(shared_server):
 def test_slow_client_is_disconnected(tmp_path):
     from tests.support.proc import ServerProcess
 
-    srv = ServerProcess(tmp_path / "slow", extra="<ClientMaxBufferSize>256KB</ClientMaxBufferSize>",
-                        transport_extra="<MaxMessageSize>64KB</MaxMessageSize>").start()
+    srv = ServerProcess(
+        tmp_path / "slow",
+        extra="<ClientMaxBufferSize>256KB</ClientMaxBufferSize>",
+        transport_extra="<MaxMessageSize>64KB</MaxMessageSize>",
+    ).start()
     try:
         import socket
 
@@ -342,6 +376,14 @@ def test_ack_conflation_interval(shared_server):
 
 def test_bad_logon_options(shared_server):
     c = Raw(shared_server.port)
-    c.send({"c": "logon", "cid": "1", "client_name": "badopts", "o": "ack_conflation=soon", "a": "processed"})
+    c.send(
+        {
+            "c": "logon",
+            "cid": "1",
+            "client_name": "badopts",
+            "o": "ack_conflation=soon",
+            "a": "processed",
+        }
+    )
     assert c.ack("processed", "1")["reason"] == "invalid options"
     assert c.closed()

@@ -20,15 +20,23 @@ def _alive(pid: int) -> bool:
 def test_daemon_lifecycle(tmp_path):
     log_file = tmp_path / "logs" / "tt.log"
     cfg = tmp_path / "tt.xml"
-    cfg.write_text(make_config(
-        str(tmp_path), logging_xml=(
-            "<Logging><Target><Protocol>file</Protocol>"
-            f"<FileName>{log_file}</FileName><Level>info</Level></Target></Logging>"
-        ),
-    ))
+    cfg.write_text(
+        make_config(
+            str(tmp_path),
+            logging_xml=(
+                "<Logging><Target><Protocol>file</Protocol>"
+                f"<FileName>{log_file}</FileName><Level>info</Level></Target></Logging>"
+            ),
+        )
+    )
     pid_file = tmp_path / "tt.pid"
-    r = subprocess.run([TICKERTAPE, "serve", "--config", str(cfg), "--daemon", "--pid-file", str(pid_file)],
-                       capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    r = subprocess.run(
+        [TICKERTAPE, "serve", "--config", str(cfg), "--daemon", "--pid-file", str(pid_file)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "listening on 127.0.0.1:" in r.stdout
     port = int(r.stdout.split("listening on 127.0.0.1:")[1].split(";")[0].split()[0])
@@ -39,8 +47,13 @@ def test_daemon_lifecycle(tmp_path):
         assert c.logon("daemon-client")["status"] == "success"
         c.close()
         # a second daemon on the same pid file refuses to start and names the holder
-        r2 = subprocess.run([TICKERTAPE, "serve", "--config", str(cfg), "--daemon", "--pid-file", str(pid_file)],
-                            capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        r2 = subprocess.run(
+            [TICKERTAPE, "serve", "--config", str(cfg), "--daemon", "--pid-file", str(pid_file)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=tmp_path,
+        )
         assert r2.returncode == 1 and f"pid {pid}" in r2.stderr
         # logs go to the configured file; SIGHUP reopens it after rotation
         deadline = time.monotonic() + 5
@@ -69,8 +82,21 @@ def test_daemon_reports_startup_failure(tmp_path):
     # a damaged journal segment: the daemon cannot start, and the starting shell is told why
     os.makedirs(tmp_path / "journal")
     (tmp_path / "journal" / "00000000000000000000.seg").write_bytes(b"JUNK" * 20)
-    r = subprocess.run([TICKERTAPE, "serve", "--config", str(cfg), "--daemon", "--pid-file", str(tmp_path / "p.pid")],
-                       capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            TICKERTAPE,
+            "serve",
+            "--config",
+            str(cfg),
+            "--daemon",
+            "--pid-file",
+            str(tmp_path / "p.pid"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
     assert r.returncode == 1
     assert "not a journal segment" in r.stderr
 
@@ -86,7 +112,13 @@ def test_embedded_default_starts_with_no_config(tmp_path):
 
         pytest.skip("port 9007 is taken on this machine")
     probe.close()
-    proc = subprocess.Popen([TICKERTAPE, "serve"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [TICKERTAPE, "serve"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for line in proc.stdout:
             if line.startswith("tickertape ") and "listening on" in line:

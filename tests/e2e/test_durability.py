@@ -57,12 +57,17 @@ def test_sigterm_drains_in_flight_publishes(tmp_path):
     body = b'{"pad":"' + b"d" * 500 + b'"}'
     frames = [
         struct.pack(">I", len(h) + len(body)) + h + body
-        for h in (json.dumps({"c": "publish", "t": "orders", "s": i, "a": "persisted"}).encode() for i in range(1, N_DRAIN + 1))
+        for h in (
+            json.dumps({"c": "publish", "t": "orders", "s": i, "a": "persisted"}).encode()
+            for i in range(1, N_DRAIN + 1)
+        )
     ]
     writer = threading.Thread(target=lambda: _send_quietly(p, frames), daemon=True)
     writer.start()
     highest = 0
-    while highest == 0:  # the first commit is acked: batches are being committed as the signal comes
+    while (
+        highest == 0
+    ):  # the first commit is acked: batches are being committed as the signal comes
         f = p.recv()
         if f is not None and f[0].get("a") == "persisted":
             highest = f[0]["s"]
@@ -123,7 +128,9 @@ def test_kill9_mid_stream_loses_no_acknowledged_message(tmp_path):
                 batch = []
                 for _ in range(200):
                     sent += 1
-                    h = json.dumps({"c": "publish", "t": "orders", "s": sent, "a": "persisted"}).encode()
+                    h = json.dumps(
+                        {"c": "publish", "t": "orders", "s": sent, "a": "persisted"}
+                    ).encode()
                     b = json.dumps({"i": sent}).encode()
                     batch.append(struct.pack(">I", len(h) + len(b)) + h + b)
                 p.send_raw(b"".join(batch))
@@ -166,7 +173,7 @@ def test_full_disk_fails_publishes_and_keeps_serving(tmp_path):
         p.send({"c": "publish", "t": "orders", "s": i, "a": "persisted"}, body)
         if i % 20 == 0:
             p.send({"c": "flush", "cid": str(i), "a": "persisted"})
-            frames = p.recv_until(lambda h, b: h.get("cid") == str(i))
+            frames = p.recv_until(lambda h, b, i=i: h.get("cid") == str(i))
             for h, _ in frames:
                 if h.get("a") == "persisted" and h["status"] == "success" and "cid" not in h:
                     acked = max(acked, h["s"])
@@ -189,7 +196,9 @@ def test_full_disk_fails_publishes_and_keeps_serving(tmp_path):
     srv.start()
     q = Raw(srv.port)
     assert q.logon("full-pub")["s"] == acked
-    assert [int(h["bm"].split("|")[1]) for h, _ in replay_all(srv.port)] == list(range(1, acked + 1))
+    assert [int(h["bm"].split("|")[1]) for h, _ in replay_all(srv.port)] == list(
+        range(1, acked + 1)
+    )
     srv.stop()
 
 
@@ -226,18 +235,34 @@ def test_corrupted_tail_is_truncated_at_start(tmp_path):
 
 def test_bad_config_is_reported_and_server_does_not_start(tmp_path):
     bad = tmp_path / "bad.xml"
-    bad.write_text("<TickertapeConfig>\n  <Transports><Transport><InetAddr>nope</InetAddr></Transport></Transports>\n  <Bogus/>\n</TickertapeConfig>\n")
-    r = subprocess.run([TICKERTAPE, "serve", "--config", str(bad)], capture_output=True, text=True, timeout=30)
+    bad.write_text(
+        "<TickertapeConfig>\n  <Transports><Transport><InetAddr>nope</InetAddr></Transport></Transports>\n  <Bogus/>\n</TickertapeConfig>\n"
+    )
+    r = subprocess.run(
+        [TICKERTAPE, "serve", "--config", str(bad)], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 2
     assert "Name" in r.stderr and "Bogus" in r.stderr and "InetAddr" in r.stderr
-    r = subprocess.run([TICKERTAPE, "serve", "--verify-config", str(bad)], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [TICKERTAPE, "serve", "--verify-config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "Bogus" in r.stderr
     broken = tmp_path / "broken.xml"
     broken.write_text("<TickertapeConfig><Name>x</Name>\n<Transports>\n</TickertapeConfig>")
-    r = subprocess.run([TICKERTAPE, "serve", "--verify-config", str(broken)], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [TICKERTAPE, "serve", "--verify-config", str(broken)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and ":3" in r.stderr
     good = os.path.join(os.path.dirname(__file__), "..", "..", "config", "examples", "minimal.xml")
-    r = subprocess.run([TICKERTAPE, "serve", "--verify-config", good], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [TICKERTAPE, "serve", "--verify-config", good], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -245,7 +270,9 @@ def test_address_in_use_is_a_clear_error(tmp_path):
     a = ServerProcess(tmp_path / "a").start()
     try:
         cfg = open(a.config_path).read().replace("127.0.0.1:0", f"127.0.0.1:{a.port}", 1)
-        b = ServerProcess(tmp_path / "b", config_xml=cfg.replace(str(tmp_path / "a"), str(tmp_path / "b")))
+        b = ServerProcess(
+            tmp_path / "b", config_xml=cfg.replace(str(tmp_path / "a"), str(tmp_path / "b"))
+        )
         with pytest.raises(RuntimeError) as info:
             b.start(timeout=15)
         assert "cannot start" in str(info.value) and "another process listens" in str(info.value)

@@ -17,13 +17,27 @@ def test_fifty_rounds_keep_the_promise(tmp_path):
     seed = os.environ.get("TT_FAULT_SEED", "1")
     out = tmp_path / "totals.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "fault_campaign.py"), "--rounds", "50", "--seed", seed,
-         "--json", str(out), "--time-limit", "420"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "fault_campaign.py"),
+            "--rounds",
+            "50",
+            "--seed",
+            seed,
+            "--json",
+            str(out),
+            "--time-limit",
+            "420",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     totals = json.loads(out.read_text())
     assert totals["violations"] == [], json.dumps(totals["violations"], indent=1)[:5000]
     assert totals["rounds"] == 50 and totals["acked"] > 10_000
-    assert totals["lost"] == totals["duplicated"] == totals["leaked"] == totals["damaged_served"] == 0
+    assert (
+        totals["lost"] == totals["duplicated"] == totals["leaked"] == totals["damaged_served"] == 0
+    )
     assert all(n > 0 for n in totals["by_fault"].values()), totals["by_fault"]

@@ -8,10 +8,43 @@ import struct
 
 from tests.support.raw import Raw
 
-COMMANDS = ["logon", "publish", "subscribe", "unsubscribe", "sow_delete", "heartbeat", "flush", "p", "ack", "x"]
+COMMANDS = [
+    "logon",
+    "publish",
+    "subscribe",
+    "unsubscribe",
+    "sow_delete",
+    "heartbeat",
+    "flush",
+    "p",
+    "ack",
+    "x",
+]
 KEYS = ["c", "t", "s", "bm", "o", "f", "a", "cid", "sub_id", "e", "x", "client_name", "max_backlog"]
-VALUES = ["", "0", "-1", "1|1|", "[0:", "/a = ", "((", "orders", "work", ".*(", "rate=2X", "live,pause",
-          "max_backlog=0", "99999999999999999999999", "start,0", "\x00", "é", 1.5, -3, 2**70, None, True]
+VALUES = [
+    "",
+    "0",
+    "-1",
+    "1|1|",
+    "[0:",
+    "/a = ",
+    "((",
+    "orders",
+    "work",
+    ".*(",
+    "rate=2X",
+    "live,pause",
+    "max_backlog=0",
+    "99999999999999999999999",
+    "start,0",
+    "\x00",
+    "é",
+    1.5,
+    -3,
+    2**70,
+    None,
+    True,
+]
 
 
 def random_header(rng: random.Random) -> dict:
@@ -52,6 +85,6 @@ def test_random_frames_never_crash_the_server(shared_server):
     p.logon("fuzz-after")
     p.send({"c": "publish", "t": "orders", "s": 1, "a": "persisted"}, '{"fuzz":"ok"}')
     assert p.ack("persisted")["status"] == "success"
-    (h, b), = watcher.messages(1)
+    ((h, b),) = watcher.messages(1)
     assert json.loads(b) == {"fuzz": "ok"}
     assert "Traceback" not in shared_server.output()

@@ -10,7 +10,9 @@ from tests.support.raw import Raw
 
 
 def _rounds(srv) -> int:
-    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats").read())["idle_poll_rounds"]
+    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats").read())[
+        "idle_poll_rounds"
+    ]
 
 
 def _talk(srv) -> None:

@@ -31,7 +31,12 @@ def stored(tmp_path):
     each record is: {seq: (path, file offset, record size)}."""
     srv = ServerProcess(tmp_path / "srv", journal_size="64KB", extra=QUEUE)
     srv.start()
-    publish_many(srv.port, "orders", [json.dumps({"n": i, "pad": "p" * 500}) for i in range(1, N + 1)], name="ipub")
+    publish_many(
+        srv.port,
+        "orders",
+        [json.dumps({"n": i, "pad": "p" * 500}) for i in range(1, N + 1)],
+        name="ipub",
+    )
     assert srv.stop() == 0
     j = Journal(str(tmp_path / "srv" / "journal"))
     where = {}
@@ -144,7 +149,9 @@ def test_an_unreadable_index_file_is_rebuilt(stored, tmp_path, damage):
         r.subscribe("orders", bm=f"{c_pub_id(srv)}|250|")
         assert [json.loads(b)["n"] for _, b in r.messages(N - 250)] == list(range(251, N + 1))
         assert stats(srv)["journal"]["integrity"]["index_rebuilds"] == 1
-        assert any(n.startswith("index.unreadable-") for n in os.listdir(tmp_path / "srv" / "journal"))
+        assert any(
+            n.startswith("index.unreadable-") for n in os.listdir(tmp_path / "srv" / "journal")
+        )
     finally:
         srv.kill()
 
@@ -181,6 +188,8 @@ def test_a_truncated_sealed_segment_is_reported_as_truncated(stored):
         got = [b["n"] for _, b in replay_all(srv)]
         assert got[:9] == list(range(1, 10)) and got[-1] == N
         assert stats(srv)["journal"]["integrity"]["damaged_regions"] >= 1
-        srv.wait_for_log(rf"damaged data in {first_seg} .*bytes are missing \(the file was truncated")
+        srv.wait_for_log(
+            rf"damaged data in {first_seg} .*bytes are missing \(the file was truncated"
+        )
     finally:
         srv.kill()

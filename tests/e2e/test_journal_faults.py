@@ -36,9 +36,9 @@ def well_formed_frames(data: bytes) -> list[dict]:
     out = []
     off = 0
     while off < len(data):
-        assert len(data) - off >= 4, f"trailing bytes at {off}: {data[off:off + 40]!r}"
+        assert len(data) - off >= 4, f"trailing bytes at {off}: {data[off : off + 40]!r}"
         (n,) = struct.unpack_from(">I", data, off)
-        assert 2 <= n <= 1 << 20, f"no frame length at {off}: {data[off:off + 40]!r}"
+        assert 2 <= n <= 1 << 20, f"no frame length at {off}: {data[off : off + 40]!r}"
         frame = data[off + 4 : off + 4 + n]
         assert len(frame) == n, f"truncated frame at {off}"
         head = frame[: frame.index(b"}") + 1] if b"}" in frame else frame
@@ -70,8 +70,11 @@ def test_disk_full_at_a_segment_roll_leaks_nothing_and_recovers(small_disk):
         pub = Raw(srv.port)
         pub.logon("roll-pub")
         seg_bytes = 64 * 1024
-        body = next(b for b in (b'{"v":"' + b"r" * k + b'"}' for k in range(900, 1000))
-                    if seg_bytes % record_len(b) >= 300)  # room left for small records, not a big one
+        body = next(
+            b
+            for b in (b'{"v":"' + b"r" * k + b'"}' for k in range(900, 1000))
+            if seg_bytes % record_len(b) >= 300
+        )  # room left for small records, not a big one
         acked = []
         for s in range(1, seg_bytes // record_len(body) + 1):  # the first segment, nearly full
             assert publish(pub, s, body)["status"] == "success"
@@ -114,8 +117,10 @@ def test_disk_full_at_a_segment_roll_leaks_nothing_and_recovers(small_disk):
 
 
 def test_injected_io_errors_fail_publishes_then_the_server_recovers(tmp_path):
-    srv = ServerProcess(tmp_path / "srv", env={
-        "TICKERTAPE_FAULTS": "seed=3;p=1;ops=write+fsync;errno=EIO;after=20;count=6"})
+    srv = ServerProcess(
+        tmp_path / "srv",
+        env={"TICKERTAPE_FAULTS": "seed=3;p=1;ops=write+fsync;errno=EIO;after=20;count=6"},
+    )
     srv.start()
     try:
         assert any("fault injection enabled" in line for line in srv.lines)
@@ -147,8 +152,12 @@ def test_injected_io_errors_fail_publishes_then_the_server_recovers(tmp_path):
 
 
 def test_sigterm_exits_while_the_journal_is_broken(tmp_path):
-    srv = ServerProcess(tmp_path / "srv", env={
-        "TICKERTAPE_FAULTS": "p=1;ops=write+fsync+open+close+truncate;errno=EIO;after=10;count=0"})
+    srv = ServerProcess(
+        tmp_path / "srv",
+        env={
+            "TICKERTAPE_FAULTS": "p=1;ops=write+fsync+open+close+truncate;errno=EIO;after=10;count=0"
+        },
+    )
     srv.start()
     try:
         pub = Raw(srv.port)
@@ -169,8 +178,13 @@ def test_a_second_server_on_the_same_journal_refuses_naming_the_first(tmp_path):
         second_dir = tmp_path / "b"
         second_dir.mkdir()
         (second_dir / "tickertape.xml").write_text(cfg)
-        proc = subprocess.run([TICKERTAPE, "serve", "--config", str(second_dir / "tickertape.xml")],
-                              capture_output=True, text=True, timeout=30, cwd=second_dir)
+        proc = subprocess.run(
+            [TICKERTAPE, "serve", "--config", str(second_dir / "tickertape.xml")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=second_dir,
+        )
         proc.stdout += proc.stderr
         assert proc.returncode != 0
         assert f"locked by process {first.proc.pid}" in proc.stdout, proc.stdout[-2000:]

@@ -43,8 +43,12 @@ async def publisher(port: int, name: str, rng: random.Random, log: dict) -> None
     while acked < MESSAGES:
         while sent < MESSAGES and sent - acked < window:
             sent += 1
-            writer.write(frame({"c": "publish", "t": "gaps", "s": sent, "a": "persisted"},
-                               b'{"p":"%s","s":%d}' % (name.encode(), sent)))
+            writer.write(
+                frame(
+                    {"c": "publish", "t": "gaps", "s": sent, "a": "persisted"},
+                    b'{"p":"%s","s":%d}' % (name.encode(), sent),
+                )
+            )
         await writer.drain()
         h = await asyncio.wait_for(read_frame(), 30)
         if h.get("c") != "ack" or h.get("a") != "persisted":
@@ -64,15 +68,21 @@ async def publisher(port: int, name: str, rng: random.Random, log: dict) -> None
 async def run_publishers(port: int, seed: int) -> dict:
     rng = random.Random(seed)
     logs = {f"gap-pub-{k}": {} for k in range(PUBLISHERS)}
-    await asyncio.wait_for(asyncio.gather(*(publisher(port, n, random.Random(rng.random()), logs[n])
-                                            for n in logs)), 120)
+    await asyncio.wait_for(
+        asyncio.gather(*(publisher(port, n, random.Random(rng.random()), logs[n]) for n in logs)),
+        120,
+    )
     return logs
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_every_persisted_ack_covers_only_stored_sequences(tmp_path, seed):
-    srv = ServerProcess(tmp_path / "srv", env={
-        "TICKERTAPE_FAULTS": f"seed={seed};p=0.1;ops=write+fsync;errno=ENOSPC+EIO;after=5;count=6"})
+    srv = ServerProcess(
+        tmp_path / "srv",
+        env={
+            "TICKERTAPE_FAULTS": f"seed={seed};p=0.1;ops=write+fsync;errno=ENOSPC+EIO;after=5;count=6"
+        },
+    )
     srv.start()
     try:
         logs = asyncio.run(run_publishers(srv.port, seed))
@@ -85,9 +95,13 @@ def test_every_persisted_ack_covers_only_stored_sequences(tmp_path, seed):
         if r.kind == 1:
             stored.setdefault(r.publisher_id, []).append(r.seq)
     j.close()
-    assert sum(log["failures"] for log in logs.values()) > 0, "no failure was injected: the test proves nothing"
+    assert sum(log["failures"] for log in logs.values()) > 0, (
+        "no failure was injected: the test proves nothing"
+    )
     for name, log in logs.items():
         seqs = stored.get(publisher_id(name), [])
-        assert seqs == list(range(1, len(seqs) + 1)), f"{name}: a hole or a repeat in {seqs[:20]}..."
+        assert seqs == list(range(1, len(seqs) + 1)), (
+            f"{name}: a hole or a repeat in {seqs[:20]}..."
+        )
         assert max(log["successes"]) <= len(seqs), f"{name}: persisted ack past what is stored"
         assert len(seqs) == MESSAGES

@@ -27,7 +27,9 @@ def raw_frame(h: dict, body: bytes) -> bytes:
     return struct.pack(">I", len(hb) + len(body)) + hb + body
 
 
-@pytest.mark.parametrize("bad,reason", BAD, ids=[next(iter(b)) + "=" + str(next(iter(b.values())))[:10] for b, _ in BAD])
+@pytest.mark.parametrize(
+    "bad,reason", BAD, ids=[next(iter(b)) + "=" + str(next(iter(b.values())))[:10] for b, _ in BAD]
+)
 def test_a_malformed_publish_is_refused_alone(tmp_path, bad, reason):
     srv = ServerProcess(tmp_path / "srv")
     srv.start()
@@ -37,12 +39,35 @@ def test_a_malformed_publish_is_refused_alone(tmp_path, bad, reason):
         b = Raw(srv.port)
         b.logon("pub-b")
         # a's good 1..3, a's bad one, a's good 4..6, pipelined; b publishes into the same commits
-        frames = [raw_frame({"c": "publish", "t": "orders", "s": s, "a": "persisted"}, b'{"a":%d}' % s) for s in (1, 2, 3)]
-        frames.append(raw_frame({"c": "publish", "t": "orders", "s": 4, "a": "processed,persisted", "cid": "bad",
-                                 **bad}, b'{"bad":1}'))
-        frames += [raw_frame({"c": "publish", "t": "orders", "s": s, "a": "persisted"}, b'{"a":%d}' % s) for s in (4, 5, 6)]
-        b.send_raw(b"".join(raw_frame({"c": "publish", "t": "orders", "s": s, "a": "persisted"}, b'{"b":%d}' % s)
-                            for s in range(1, 21)))
+        frames = [
+            raw_frame({"c": "publish", "t": "orders", "s": s, "a": "persisted"}, b'{"a":%d}' % s)
+            for s in (1, 2, 3)
+        ]
+        frames.append(
+            raw_frame(
+                {
+                    "c": "publish",
+                    "t": "orders",
+                    "s": 4,
+                    "a": "processed,persisted",
+                    "cid": "bad",
+                    **bad,
+                },
+                b'{"bad":1}',
+            )
+        )
+        frames += [
+            raw_frame({"c": "publish", "t": "orders", "s": s, "a": "persisted"}, b'{"a":%d}' % s)
+            for s in (4, 5, 6)
+        ]
+        b.send_raw(
+            b"".join(
+                raw_frame(
+                    {"c": "publish", "t": "orders", "s": s, "a": "persisted"}, b'{"b":%d}' % s
+                )
+                for s in range(1, 21)
+            )
+        )
         a.send_raw(b"".join(frames))
         refusal = a.ack("processed", "bad")
         assert refusal["status"] == "failure" and refusal["reason"] == reason, refusal
@@ -56,7 +81,12 @@ def test_a_malformed_publish_is_refused_alone(tmp_path, bad, reason):
         a2 = Raw(srv.port)
         assert a2.logon("pub-a")["s"] == 6
         # a resend of everything stores nothing twice
-        a2.send_raw(b"".join(raw_frame({"c": "publish", "t": "orders", "s": s}, b'{"a":%d}' % s) for s in range(1, 7)))
+        a2.send_raw(
+            b"".join(
+                raw_frame({"c": "publish", "t": "orders", "s": s}, b'{"a":%d}' % s)
+                for s in range(1, 7)
+            )
+        )
         a2.send({"c": "flush", "cid": "f2", "a": "persisted"})
         a2.ack("persisted", "f2")
         b2 = Raw(srv.port)
@@ -89,17 +119,24 @@ def test_a_field_of_the_wrong_type_keeps_the_connection(tmp_path):
         c.logon("typed")
         c.send({"c": "publish", "t": "orders", "s": "twelve", "a": "processed", "cid": "t1"}, b"{}")
         a = c.ack("processed", "t1")
-        assert a["status"] == "failure" and a["reason"] == "bad frame" and "decimal integer" in a["detail"]
+        assert (
+            a["status"] == "failure"
+            and a["reason"] == "bad frame"
+            and "decimal integer" in a["detail"]
+        )
         c.send({"c": "publish", "t": "orders", "s": 1, "a": "persisted"}, b"{}")
         assert c.ack("persisted")["status"] == "success"
     finally:
         srv.kill()
 
 
-@pytest.mark.parametrize("header", [
-    b'{"c":"publish","t":"a\xff\xfe","s":1}',
-    b'{"c":"publish","s":1,"x":' + b"[" * 50000 + b"]" * 50000 + b"}",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"c":"publish","t":"a\xff\xfe","s":1}',
+        b'{"c":"publish","s":1,"x":' + b"[" * 50000 + b"]" * 50000 + b"}",
+    ],
+)
 def test_undecodable_headers_get_a_bad_frame_ack_and_a_warning(tmp_path, header):
     srv = ServerProcess(tmp_path / "srv")
     srv.start()

@@ -18,17 +18,38 @@ def _session(tmp_path, env):
         publish_many(srv.port, "pt", bodies, name="same-publisher")
         r = Raw(srv.port)
         r.logon("replayer")
-        r.send({"c": "subscribe", "t": "pt", "bm": "0", "sub_id": "r", "cid": "s", "a": "completed"})
-        replay = [(h, b) for h, b in r.recv_until(lambda h, b: h.get("a") == "completed") if h["c"] == "p"]
+        r.send(
+            {"c": "subscribe", "t": "pt", "bm": "0", "sub_id": "r", "cid": "s", "a": "completed"}
+        )
+        replay = [
+            (h, b) for h, b in r.recv_until(lambda h, b: h.get("a") == "completed") if h["c"] == "p"
+        ]
         q = Raw(srv.port)
         q.logon("worker")
-        q.send({"c": "subscribe", "t": "pq", "sub_id": "w", "cid": "q", "o": "max_backlog=10", "a": "processed"})
+        q.send(
+            {
+                "c": "subscribe",
+                "t": "pq",
+                "sub_id": "w",
+                "cid": "q",
+                "o": "max_backlog=10",
+                "a": "processed",
+            }
+        )
         assert q.ack("processed", "q")["status"] == "success"
         work = []
         while len(work) < 40:
             batch = q.messages(10)
             work += batch
-            q.send({"c": "sow_delete", "t": "pq", "bm": ",".join(h["bm"] for h, _ in batch), "cid": "k", "a": "processed"})
+            q.send(
+                {
+                    "c": "sow_delete",
+                    "t": "pq",
+                    "bm": ",".join(h["bm"] for h, _ in batch),
+                    "cid": "k",
+                    "a": "processed",
+                }
+            )
             assert q.ack("processed", "k")["records_deleted"] == 10
         log = srv.output()
     finally:

@@ -21,7 +21,9 @@ QUEUE = """<SOW><Queue><Name>ackfail-q</Name><UnderlyingTopic>ackfail</Underlyin
 def consume(port, name, n):
     c = Raw(port)
     c.logon(name)
-    c.send({"c": "subscribe", "t": "ackfail-q", "cid": "q", "a": "processed", "o": "max_backlog=1000"})
+    c.send(
+        {"c": "subscribe", "t": "ackfail-q", "cid": "q", "a": "processed", "o": "max_backlog=1000"}
+    )
     assert c.ack("processed", "q")["status"] == "success"
     return c, (c.messages(n) if n else [])
 
@@ -31,12 +33,22 @@ def test_an_ack_whose_commit_failed_is_committed_later_not_stranded(small_disk):
     srv.start()
     try:
         n = 800  # one ack event of n positions is several pages: it cannot fit in the last page's slack
-        publish_many(srv.port, "ackfail", [json.dumps({"i": i}) for i in range(1, n + 1)], name="af-pub")
+        publish_many(
+            srv.port, "ackfail", [json.dumps({"i": i}) for i in range(1, n + 1)], name="af-pub"
+        )
         c, got = consume(srv.port, "af-cons", n)
         assert [json.loads(b)["i"] for _, b in got] == list(range(1, n + 1))
         filler = small_disk / "filler"
         fill(filler)
-        c.send({"c": "sow_delete", "t": "ackfail-q", "bm": ",".join(h["bm"] for h, _ in got[:-1]), "cid": "k1", "a": "processed"})
+        c.send(
+            {
+                "c": "sow_delete",
+                "t": "ackfail-q",
+                "bm": ",".join(h["bm"] for h, _ in got[:-1]),
+                "cid": "k1",
+                "a": "processed",
+            }
+        )
         a = c.ack("processed", "k1")
         assert a["status"] == "failure" and a["reason"] == "journal unavailable", a
         os.unlink(filler)
@@ -45,25 +57,43 @@ def test_an_ack_whose_commit_failed_is_committed_later_not_stranded(small_disk):
         pub.logon("af-pub2")
         deadline = time.monotonic() + 30
         while True:  # the journal comes back by itself (a probe every second): resend until then
-            pub.send({"c": "publish", "t": "ackfail", "s": 1, "a": "persisted", "cid": "p6"}, json.dumps({"i": 6}))
+            pub.send(
+                {"c": "publish", "t": "ackfail", "s": 1, "a": "persisted", "cid": "p6"},
+                json.dumps({"i": 6}),
+            )
             if pub.ack("persisted")["status"] == "success":
                 break
             assert time.monotonic() < deadline, "the journal did not recover after space came back"
             time.sleep(0.3)
-        (h6, b6), = c.messages(1)
+        ((h6, b6),) = c.messages(1)
         assert json.loads(b6)["i"] == 6
-        c.send({"c": "sow_delete", "t": "ackfail-q", "bm": ",".join(h["bm"] for h, _ in [got[-1], (h6, b6)]),
-                "cid": "k2", "a": "processed"})
+        c.send(
+            {
+                "c": "sow_delete",
+                "t": "ackfail-q",
+                "bm": ",".join(h["bm"] for h, _ in [got[-1], (h6, b6)]),
+                "cid": "k2",
+                "a": "processed",
+            }
+        )
         assert c.ack("processed", "k2")["status"] == "success"
         c.close()
         assert srv.stop() == 0
         srv.start()
         c2, _ = consume(srv.port, "af-cons2", 0)
         c2.send({"c": "flush", "cid": "f", "a": "completed"})
-        left = [json.loads(b)["i"] for h, b in c2.recv_until(lambda h, b: h.get("cid") == "f") if h["c"] == "p"]
+        left = [
+            json.loads(b)["i"]
+            for h, b in c2.recv_until(lambda h, b: h.get("cid") == "f")
+            if h["c"] == "p"
+        ]
         time.sleep(0.5)
         c2.send({"c": "flush", "cid": "f2", "a": "completed"})
-        left += [json.loads(b)["i"] for h, b in c2.recv_until(lambda h, b: h.get("cid") == "f2") if h["c"] == "p"]
+        left += [
+            json.loads(b)["i"]
+            for h, b in c2.recv_until(lambda h, b: h.get("cid") == "f2")
+            if h["c"] == "p"
+        ]
         # nothing comes back after the restart: the ack that failed went out with the next commit
         assert left == []
     finally:

@@ -105,7 +105,7 @@ def test_several_queues_over_one_topic_each_see_every_message(qs):
         c = consumer(qs.port, queue, f"{queue}-cons", backlog=1)
         got = []
         for _ in range(3):
-            (h, b), = c.messages(1)
+            ((h, b),) = c.messages(1)
             got.append(json.loads(b)["i"])
             ack(c, queue, [h["bm"]])
         assert got == [100, 101, 102]
@@ -125,11 +125,11 @@ def test_queue_with_its_topics_name_takes_subscriptions(qs):
 def test_redelivery_when_the_holder_disconnects(qs):
     c1 = consumer(qs.port, "jobs", "j1", backlog=1)
     publish_many(qs.port, "jobs", [body(1)], name="j-pub")
-    (h, _), = c1.messages(1)
+    ((h, _),) = c1.messages(1)
     c2 = consumer(qs.port, "jobs", "j2", backlog=1)
     assert nothing_more(c2)
     c1.close()
-    (h2, b2), = c2.messages(1)
+    ((h2, b2),) = c2.messages(1)
     assert h2["bm"] == h["bm"] and json.loads(b2)["i"] == 1
     ack(c2, "jobs", [h2["bm"]])
 
@@ -140,12 +140,12 @@ def test_lease_expiry_then_max_deliveries_to_dead_letter(qs):
     dead.subscribe("dead")
     c = consumer(qs.port, "lease-q", "lease-cons", backlog=1)
     publish_many(qs.port, "lease", [body(7)], name="l-pub")
-    (h1, _), = c.messages(1)
+    ((h1, _),) = c.messages(1)
     t1 = time.monotonic()  # measured from the delivery: its 400 ms lease started before it arrived
-    (h2, _), = c.messages(1)  # the lease ran out: offered again
+    ((h2, _),) = c.messages(1)  # the lease ran out: offered again
     # not before the lease can have ended; the upper margin is for a busy 2-core machine
     assert h2["bm"] == h1["bm"] and 0.3 < time.monotonic() - t1 < 5.0
-    (dh, db), = dead.messages(1, timeout=5)  # second lease ran out: past MaxDeliveries
+    ((dh, db),) = dead.messages(1, timeout=5)  # second lease ran out: past MaxDeliveries
     assert json.loads(db)["i"] == 7
     assert dh["reason"] == "max deliveries" and dh["deliveries"] == 2 and dh["queue"] == "lease-q"
     assert dh["source_bm"] == h1["bm"]
@@ -158,11 +158,11 @@ def test_cancel_past_max_cancels(qs):
     dead.subscribe("dead", f="/i = 8")
     c = consumer(qs.port, "cancel-q", "cancel-cons", backlog=1)
     publish_many(qs.port, "cancel", [body(8)], name="c-pub")
-    (h, _), = c.messages(1)
+    ((h, _),) = c.messages(1)
     ack(c, "cancel-q", [h["bm"]], "cancel")
-    (h, _), = c.messages(1)  # returned at once
+    ((h, _),) = c.messages(1)  # returned at once
     ack(c, "cancel-q", [h["bm"]], "cancel")  # second cancel > MaxCancels 1
-    (dh, _), = dead.messages(1)
+    ((dh, _),) = dead.messages(1)
     assert dh["reason"] == "max cancels"
     assert nothing_more(c)
 
@@ -194,7 +194,11 @@ def test_barrier_waits_for_earlier_acks_then_goes_to_everyone(qs):
     got = {}
     for c in (c1, c2):
         c.send({"c": "flush", "cid": "f", "a": "completed"})
-        got[c] = [(h["bm"], json.loads(b)["i"]) for h, b in c.recv_until(lambda h, b: h.get("cid") == "f") if h["c"] == "p"]
+        got[c] = [
+            (h["bm"], json.loads(b)["i"])
+            for h, b in c.recv_until(lambda h, b: h.get("cid") == "f")
+            if h["c"] == "p"
+        ]
     assert sorted(i for c in got for _, i in got[c]) == [1, 2]
     for c, msgs in got.items():
         if msgs:
@@ -204,14 +208,18 @@ def test_barrier_waits_for_earlier_acks_then_goes_to_everyone(qs):
     after = []
     for c in (c1, c2):
         c.send({"c": "flush", "cid": "g", "a": "completed"})
-        after += [json.loads(b)["i"] for h, b in c.recv_until(lambda h, b: h.get("cid") == "g") if h["c"] == "p"]
+        after += [
+            json.loads(b)["i"]
+            for h, b in c.recv_until(lambda h, b: h.get("cid") == "g")
+            if h["c"] == "p"
+        ]
     assert after == [4]
 
 
 def test_strict_leasing_refuses_a_foreign_ack(qs):
     holder = consumer(qs.port, "strict-q", "holder")
     publish_many(qs.port, "strict", [body(1)], name="s-pub")
-    (h, _), = holder.messages(1)
+    ((h, _),) = holder.messages(1)
     thief = Raw(qs.port)
     thief.logon("thief")
     a = ack(thief, "strict-q", [h["bm"]])
@@ -250,7 +258,12 @@ def test_at_most_once_is_not_redelivered(qs):
 
 
 def test_queue_filter_sow_delete_by_filter_and_lease_extend(qs):
-    publish_many(qs.port, "filt", [body(1, keep=1), body(2, keep=0), body(3, keep=1), body(4, keep=1)], name="f-pub")
+    publish_many(
+        qs.port,
+        "filt",
+        [body(1, keep=1), body(2, keep=0), body(3, keep=1), body(4, keep=1)],
+        name="f-pub",
+    )
     c = Raw(qs.port)
     c.logon("filt-admin")
     c.send({"c": "sow_delete", "t": "filt-q", "f": "/i = 3", "cid": "d", "a": "processed"})
@@ -270,7 +283,9 @@ def test_bad_sow_delete_input(qs):
     assert c.ack("processed", "1")["reason"] == "invalid bookmark"
     c.send({"c": "sow_delete", "t": "jobs", "f": "/a = ", "cid": "2", "a": "processed"})
     assert c.ack("processed", "2")["reason"] == "bad filter"
-    c.send({"c": "sow_delete", "t": "jobs", "bm": "1|1|", "o": "explode", "cid": "3", "a": "processed"})
+    c.send(
+        {"c": "sow_delete", "t": "jobs", "bm": "1|1|", "o": "explode", "cid": "3", "a": "processed"}
+    )
     assert c.ack("processed", "3")["reason"] == "invalid options"
     c.send({"c": "subscribe", "t": "work", "o": "max_backlog=5", "cid": "4", "a": "processed"})
     assert c.ack("processed", "4")["reason"] == "invalid options"
@@ -312,10 +327,12 @@ def test_state_survives_graceful_restart_with_delivery_counts(tmp_path):
         assert got == list(range(7, 21))  # acked 1..6 never come back; 7..20 do
         assert nothing_more(c)
         lc = consumer(srv.port, "lease-q", "g-lcons2")
-        (h, _), = lc.messages(1)  # delivery 2 (the count survived the restart)
-        (dh, _), = dead.messages(1, timeout=5)  # its lease runs out: past MaxDeliveries
+        ((h, _),) = lc.messages(1)  # delivery 2 (the count survived the restart)
+        ((dh, _),) = dead.messages(1, timeout=5)  # its lease runs out: past MaxDeliveries
         assert dh["deliveries"] == 2
-        stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats").read())
+        stats = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats").read()
+        )
         assert stats["queue_recovery_s"] >= 0
         srv.wait_for_log("queue jobs: recovered")
     finally:
@@ -347,7 +364,13 @@ def test_runs_cross_segment_boundaries_exactly_once(tmp_path):
         pub = Raw(srv.port)
         pub.logon("seg-pub")
         for k in range(1, n + 1, 200):  # small batches: segments roll at batch boundaries
-            publish_many(srv.port, "work", [body(i, pad="p" * 150) for i in range(k, k + 200)], conn=pub, start_seq=k)
+            publish_many(
+                srv.port,
+                "work",
+                [body(i, pad="p" * 150) for i in range(k, k + 200)],
+                conn=pub,
+                start_seq=k,
+            )
         segments = [f for f in os.listdir(tmp_path / "seg" / "journal") if f.endswith(".seg")]
         assert len(segments) > 3
         c = consumer(srv.port, "work-q", "seg-cons", backlog=100)
@@ -424,7 +447,15 @@ def test_kill9_while_consumers_ack(tmp_path):
                 pending[h["bm"]] = json.loads(b)["i"]
                 if len(pending) >= 50:
                     cid = f"a{len(inflight)}"
-                    c.send({"c": "sow_delete", "t": "crash-q", "bm": ",".join(pending), "cid": cid, "a": "processed"})
+                    c.send(
+                        {
+                            "c": "sow_delete",
+                            "t": "crash-q",
+                            "bm": ",".join(pending),
+                            "cid": cid,
+                            "a": "processed",
+                        }
+                    )
                     inflight[cid] = list(pending.values())
                     pending = {}
             elif h["c"] == "ack" and h.get("cid", "").startswith("a") and h["status"] == "success":
@@ -454,7 +485,15 @@ def test_kill9_while_consumers_ack(tmp_path):
             after.append(json.loads(b)["i"])
             bms.append(h["bm"])
             if len(bms) == 50:
-                c.send({"c": "sow_delete", "t": "crash-q", "bm": ",".join(bms), "cid": f"z{len(after)}", "a": "processed"})
+                c.send(
+                    {
+                        "c": "sow_delete",
+                        "t": "crash-q",
+                        "bm": ",".join(bms),
+                        "cid": f"z{len(after)}",
+                        "a": "processed",
+                    }
+                )
                 bms = []
     except TimeoutError:
         pass  # the queue is drained

@@ -19,17 +19,29 @@ def bodies(n, start=1, **extra):
 def sub_until_completed(port, topic, bm, name="r", **extra):
     c = Raw(port)
     c.logon(name)
-    c.send({"c": "subscribe", "t": topic, "bm": bm, "cid": "s", "a": "processed,completed", **extra})
-    frames = c.recv_until(lambda h, b: h.get("a") == "completed" or h.get("status") == "failure", timeout=30)
+    c.send(
+        {"c": "subscribe", "t": topic, "bm": bm, "cid": "s", "a": "processed,completed", **extra}
+    )
+    frames = c.recv_until(
+        lambda h, b: h.get("a") == "completed" or h.get("status") == "failure", timeout=30
+    )
     failures = [h for h, _ in frames if h.get("status") == "failure"]
-    return c, [json.loads(b)["i"] for h, b in frames if h["c"] == "p"], [h for h, _ in frames if h["c"] == "p"], failures
+    return (
+        c,
+        [json.loads(b)["i"] for h, b in frames if h["c"] == "p"],
+        [h for h, _ in frames if h["c"] == "p"],
+        failures,
+    )
 
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     """A server holding orders 1..100 (with known bookmarks and times) and md.* topics."""
-    srv = ServerProcess(tmp_path_factory.mktemp("replay"), topics=("orders", "md\\..*", "ranged", "work"),
-                        extra="<SOW><Queue><Name>orders-q</Name><UnderlyingTopic>orders</UnderlyingTopic></Queue></SOW>")
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("replay"),
+        topics=("orders", "md\\..*", "ranged", "work"),
+        extra="<SOW><Queue><Name>orders-q</Name><UnderlyingTopic>orders</UnderlyingTopic></Queue></SOW>",
+    )
     srv.start()
     before = int(time.time() * 1e6)
     publish_many(srv.port, "orders", bodies(50), name="loader")
@@ -54,7 +66,7 @@ def test_epoch_replays_everything_then_live(loaded):
     publish_many(loaded.port, "ranged", bodies(1, 5000), name="unrelated")
     p = publish_many(loaded.port, "orders", [], name="late-pub")
     p.send({"c": "publish", "t": "orders", "s": 1}, json.dumps({"i": 999}))
-    (h, b), = c.messages(1)
+    ((h, b),) = c.messages(1)
     assert json.loads(b)["i"] == 999
 
 
@@ -86,9 +98,19 @@ def test_future_timestamp_waits_for_it(loaded):
     start = int(time.time() * 1e6) + 1_500_000
     c = Raw(loaded.port)
     c.logon("future")
-    c.send({"c": "subscribe", "t": "md.eq", "bm": format_timestamp(start), "cid": "s", "a": "processed"})
+    c.send(
+        {
+            "c": "subscribe",
+            "t": "md.eq",
+            "bm": format_timestamp(start),
+            "cid": "s",
+            "a": "processed",
+        }
+    )
     c.ack("processed", "s")
-    publish_many(loaded.port, "md.eq", bodies(3, 3000), name="before-start")  # before the start time
+    publish_many(
+        loaded.port, "md.eq", bodies(3, 3000), name="before-start"
+    )  # before the start time
     time.sleep(max(0, (start / 1e6) - time.time()) + 0.3)
     publish_many(loaded.port, "md.eq", bodies(3, 4000), name="after-start")
     assert [json.loads(b)["i"] for _, b in c.messages(3)] == [4000, 4001, 4002]
@@ -97,13 +119,20 @@ def test_future_timestamp_waits_for_it(loaded):
 @pytest.mark.parametrize("mode,expect", [(None, []), ("now", []), ("epoch", list(range(1, 101)))])
 def test_unknown_bookmark(loaded, mode, expect):
     extra = {"o": f"bookmark_not_found={mode}"} if mode else {}
-    _, ids, _, fails = sub_until_completed(loaded.port, "orders", "12345|678|", name=f"unk-{mode}", **extra)
+    _, ids, _, fails = sub_until_completed(
+        loaded.port, "orders", "12345|678|", name=f"unk-{mode}", **extra
+    )
     assert not fails and ids[: len(expect)] == expect and (expect or ids == [])
 
 
 def test_unknown_bookmark_fail(loaded):
-    _, ids, _, fails = sub_until_completed(loaded.port, "orders", "12345|678|", name="unk-fail", o="bookmark_not_found=fail")
-    assert fails[0]["reason"] == "invalid bookmark" and "not in the transaction log" in fails[0]["detail"]
+    _, ids, _, fails = sub_until_completed(
+        loaded.port, "orders", "12345|678|", name="unk-fail", o="bookmark_not_found=fail"
+    )
+    assert (
+        fails[0]["reason"] == "invalid bookmark"
+        and "not in the transaction log" in fails[0]["detail"]
+    )
 
 
 def test_regex_topic_replays_only_matching_logged_topics(loaded):
@@ -122,13 +151,20 @@ def test_filter_applies_during_replay(loaded):
 
 
 def test_timestamp_option(loaded):
-    _, _, headers, _ = sub_until_completed(loaded.port, "orders", loaded.bms[97], name="tsopt", o="timestamp")
+    _, _, headers, _ = sub_until_completed(
+        loaded.port, "orders", loaded.bms[97], name="tsopt", o="timestamp"
+    )
     assert headers[0]["ts"].endswith("Z") and len(headers[0]["ts"]) == 23
 
 
 @pytest.mark.parametrize(
     "left,right,expect",
-    [("[", "]", list(range(10, 21))), ("(", "]", list(range(11, 21))), ("[", ")", list(range(10, 20))), ("(", ")", list(range(11, 20)))],
+    [
+        ("[", "]", list(range(10, 21))),
+        ("(", "]", list(range(11, 21))),
+        ("[", ")", list(range(10, 20))),
+        ("(", ")", list(range(11, 20))),
+    ],
 )
 def test_range_brackets(loaded, left, right, expect):
     bm = f"{left}{loaded.bms[9]}:{loaded.bms[19]}{right}"
@@ -154,7 +190,15 @@ def test_range_end_in_the_future(loaded):
     end = int(time.time() * 1e6) + 1_200_000
     c = Raw(loaded.port)
     c.logon("future-end")
-    c.send({"c": "subscribe", "t": "ranged", "bm": f"[{loaded.bms[99]}:{format_timestamp(end)}]", "cid": "s", "a": "processed,completed"})
+    c.send(
+        {
+            "c": "subscribe",
+            "t": "ranged",
+            "bm": f"[{loaded.bms[99]}:{format_timestamp(end)}]",
+            "cid": "s",
+            "a": "processed,completed",
+        }
+    )
     c.ack("processed", "s")
     p = publish_many(loaded.port, "ranged", bodies(3, 100), name="ranged-pub")
     frames = c.recv_until(lambda h, b: h.get("a") == "completed", timeout=10)
@@ -213,7 +257,9 @@ def test_rate_multiple_of_original_pace(tmp_path):
         assert ids == [1, 2, 3, 4]
         assert 0.35 < elapsed < 1.2, elapsed  # 0.9 s of original gaps at 2X ~ 0.45 s
         t0 = time.monotonic()
-        _, ids, _, _ = sub_until_completed(srv.port, "orders", "0", name="gap", o="rate=.5X,rate_max_gap=100ms")
+        _, ids, _, _ = sub_until_completed(
+            srv.port, "orders", "0", name="gap", o="rate=.5X,rate_max_gap=100ms"
+        )
         assert time.monotonic() - t0 < 0.8  # gaps of 0.6 s at .5X are cut to 0.1 s
     finally:
         srv.stop()
@@ -222,9 +268,30 @@ def test_rate_multiple_of_original_pace(tmp_path):
 def test_pause_and_resume_in_step(loaded):
     c = Raw(loaded.port)
     c.logon("pauser")
-    c.send({"c": "subscribe", "t": "orders", "bm": "0", "sub_id": "a", "o": "pause", "cid": "1", "a": "processed"})
+    c.send(
+        {
+            "c": "subscribe",
+            "t": "orders",
+            "bm": "0",
+            "sub_id": "a",
+            "o": "pause",
+            "cid": "1",
+            "a": "processed",
+        }
+    )
     c.ack("processed", "1")
-    c.send({"c": "subscribe", "t": "orders", "bm": "0", "sub_id": "b", "o": "pause", "f": "/i > 50", "cid": "2", "a": "processed"})
+    c.send(
+        {
+            "c": "subscribe",
+            "t": "orders",
+            "bm": "0",
+            "sub_id": "b",
+            "o": "pause",
+            "f": "/i > 50",
+            "cid": "2",
+            "a": "processed",
+        }
+    )
     c.ack("processed", "2")
     c.send({"c": "flush", "cid": "f", "a": "completed"})
     time.sleep(0.3)
@@ -243,7 +310,9 @@ def test_pause_and_resume_in_step(loaded):
 def test_pause_a_live_bookmark_subscription(loaded):
     c = Raw(loaded.port)
     c.logon("pause-live")
-    c.send({"c": "subscribe", "t": "work", "bm": "0|1|", "sub_id": "w", "cid": "1", "a": "processed"})
+    c.send(
+        {"c": "subscribe", "t": "work", "bm": "0|1|", "sub_id": "w", "cid": "1", "a": "processed"}
+    )
     c.ack("processed", "1")
     c.send({"c": "subscribe", "sub_id": "w", "o": "pause", "cid": "2", "a": "processed"})
     c.ack("processed", "2")
@@ -257,10 +326,31 @@ def test_pause_a_live_bookmark_subscription(loaded):
 def test_replace_keeps_the_place(loaded):
     c = Raw(loaded.port)
     c.logon("replace-bm")
-    c.send({"c": "subscribe", "t": "orders", "bm": "0", "sub_id": "r", "o": "rate=100", "cid": "1", "a": "processed"})
+    c.send(
+        {
+            "c": "subscribe",
+            "t": "orders",
+            "bm": "0",
+            "sub_id": "r",
+            "o": "rate=100",
+            "cid": "1",
+            "a": "processed",
+        }
+    )
     first = c.messages(10)
     assert [json.loads(b)["i"] for _, b in first] == list(range(1, 11))
-    c.send({"c": "subscribe", "t": "orders", "bm": "0", "sub_id": "r", "o": "replace", "f": "/i % 2 = 0", "cid": "2", "a": "processed"})
+    c.send(
+        {
+            "c": "subscribe",
+            "t": "orders",
+            "bm": "0",
+            "sub_id": "r",
+            "o": "replace",
+            "f": "/i % 2 = 0",
+            "cid": "2",
+            "a": "processed",
+        }
+    )
     frames = c.recv_until(lambda h, b: h["c"] == "p" and json.loads(b)["i"] == 100, timeout=20)
     got = [json.loads(b)["i"] for h, b in frames if h["c"] == "p"]
     # no message is repeated, none before the place is replayed again, and after the replace only evens
@@ -276,12 +366,16 @@ def test_conflation_on_the_replayed_timeline(tmp_path):
         p.logon("conf-pub")
         seq = 1
         for burst in range(3):
-            msgs = [json.dumps({"i": seq + k, "sym": "AB"[k % 2], "px": burst * 10 + k}) for k in range(6)]
+            msgs = [
+                json.dumps({"i": seq + k, "sym": "AB"[k % 2], "px": burst * 10 + k})
+                for k in range(6)
+            ]
             publish_many(srv.port, "orders", msgs, conn=p, start_seq=seq)
             seq += 6
             time.sleep(0.35)
-        c, ids, headers, _ = sub_until_completed(srv.port, "orders", "0", name="conf",
-                                                o="conflation=200ms,conflation_key=[/sym]")
+        c, ids, headers, _ = sub_until_completed(
+            srv.port, "orders", "0", name="conf", o="conflation=200ms,conflation_key=[/sym]"
+        )
         # per burst and symbol: the latest message, carrying the first conflated message's bookmark
         assert ids == [5, 6, 11, 12, 17, 18]
         assert [int(h["bm"].split("|")[1]) for h in headers] == [1, 2, 7, 8, 13, 14]
@@ -293,7 +387,16 @@ def test_conflation_on_the_replayed_timeline(tmp_path):
 def test_periodic_persisted_acks_advance_on_filtered_topics(loaded):
     c = Raw(loaded.port)
     c.logon("pacer-acks")
-    c.send({"c": "subscribe", "t": "orders", "bm": "0", "f": "/i > 100000", "cid": "1", "a": "processed,persisted"})
+    c.send(
+        {
+            "c": "subscribe",
+            "t": "orders",
+            "bm": "0",
+            "f": "/i > 100000",
+            "cid": "1",
+            "a": "processed,persisted",
+        }
+    )
     ack = c.recv_until(lambda h, b: h.get("a") == "persisted", timeout=5)[-1][0]
     assert ack["sub_id"] and ack["bm"].count("|") == 2
 
@@ -304,9 +407,19 @@ def test_replay_across_segments_and_restart(tmp_path):
         p = Raw(srv.port)
         p.logon("seg-pub")
         for k in range(10):  # separate commits, so segments roll between them
-            publish_many(srv.port, "orders", bodies(300, 1 + 300 * k, pad="x" * 60), conn=p, start_seq=1 + 300 * k)
+            publish_many(
+                srv.port,
+                "orders",
+                bodies(300, 1 + 300 * k, pad="x" * 60),
+                conn=p,
+                start_seq=1 + 300 * k,
+            )
         srv.restart()
-        stats = json.loads(__import__("urllib.request").request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats").read())
+        stats = json.loads(
+            __import__("urllib.request")
+            .request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats")
+            .read()
+        )
         assert stats["journal"]["segments"] > 3
         _, ids, headers, _ = sub_until_completed(srv.port, "orders", "0", name="seg-replay")
         assert ids == list(range(1, 3001))
@@ -329,7 +442,16 @@ def test_live_option_delivers_before_the_commit(tmp_path):
         publish_many(srv.port, "orders", bodies(3), name="live-pre")
         early = Raw(srv.port)
         early.logon("early")
-        early.send({"c": "subscribe", "t": "orders", "bm": "0", "o": "live", "cid": "s", "a": "processed,completed"})
+        early.send(
+            {
+                "c": "subscribe",
+                "t": "orders",
+                "bm": "0",
+                "o": "live",
+                "cid": "s",
+                "a": "processed,completed",
+            }
+        )
         frames = early.recv_until(lambda h, b: h.get("a") == "completed")
         assert [json.loads(b)["i"] for h, b in frames if h["c"] == "p"] == [1, 2, 3]
         normal = Raw(srv.port)
@@ -337,12 +459,17 @@ def test_live_option_delivers_before_the_commit(tmp_path):
         normal.subscribe("orders")
         p = Raw(srv.port)
         p.logon("live-pub")
-        p.send({"c": "publish", "t": "orders", "s": 1, "a": "persisted"}, json.dumps({"i": 4, "pad": "z" * 200_000}))
+        p.send(
+            {"c": "publish", "t": "orders", "s": 1, "a": "persisted"},
+            json.dumps({"i": 4, "pad": "z" * 200_000}),
+        )
         assert p.ack("persisted")["reason"] == "journal unavailable"
-        (h, b), = early.messages(1)
+        ((h, b),) = early.messages(1)
         assert json.loads(b)["i"] == 4 and h["bm"].endswith("|1|")
         normal.send({"c": "flush", "cid": "f", "a": "completed"})
-        assert [h for h, _ in normal.recv_until(lambda h, b: h.get("cid") == "f") if h["c"] == "p"] == []
+        assert [
+            h for h, _ in normal.recv_until(lambda h, b: h.get("cid") == "f") if h["c"] == "p"
+        ] == []
     finally:
         srv.kill()
 

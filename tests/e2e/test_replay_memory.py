@@ -20,7 +20,9 @@ RSS_BOUND_MB = 50
 def build_journal(directory: str, n: int) -> None:
     j = Journal(directory)
     pub = publisher_id("generator")
-    body = json.dumps({"sym": "ACME", "px": 101.25, "qty": 300, "side": "buy", "pad": "x" * 40}).encode()
+    body = json.dumps(
+        {"sym": "ACME", "px": 101.25, "qty": 300, "side": "buy", "pad": "x" * 40}
+    ).encode()
     ts = int(time.time() * 1e6) - n
     done = threading.Semaphore(0)
     batches = 0
@@ -71,7 +73,13 @@ def test_slow_reader_replay_of_1m_messages_is_bounded(tmp_path):
         live_times = []
         for k in range(10):
             t = time.monotonic()
-            publish_many(srv.port, "live", [json.dumps({"k": k, "i": i}) for i in range(500)], conn=p, start_seq=1 + 500 * k)
+            publish_many(
+                srv.port,
+                "live",
+                [json.dumps({"k": k, "i": i}) for i in range(500)],
+                conn=p,
+                start_seq=1 + 500 * k,
+            )
             fast.messages(500)
             live_times.append(time.monotonic() - t)
             # the slow reader takes a little, then sleeps

@@ -37,7 +37,9 @@ def spark():
     from journal.batch import build_session
 
     # short-lived JVMs (this session, the server's and the tests' job processes): C1 only starts faster
-    os.environ.setdefault("TICKERTAPE_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    os.environ.setdefault(
+        "TICKERTAPE_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    )
 
     s = build_session("local[2]", "1g")
     s.conf.set("spark.sql.shuffle.partitions", "2")
@@ -78,8 +80,14 @@ def test_archive_holds_every_record_and_a_rerun_writes_the_same_files(spark, tmp
     rows = spark.read.schema(jobs.SPARK_SCHEMA).parquet(root).orderBy("position").collect()
     assert len(rows) == len(want)
     for r, w in zip(rows, want):
-        assert (r["position"], r["kind"], int(r["publisher_id"]), int(r["seq"]), r["topic"], bytes(r["body"])) == (
-            w.position, w.kind, w.publisher_id, w.seq, w.topic, w.body)
+        assert (
+            r["position"],
+            r["kind"],
+            int(r["publisher_id"]),
+            int(r["seq"]),
+            r["topic"],
+            bytes(r["body"]),
+        ) == (w.position, w.kind, w.publisher_id, w.seq, w.topic, w.body)
         assert r["bookmark"] == f"{w.publisher_id}|{w.seq}|"
         assert (bytes(r["header"]) if r["header"] is not None else b"") == w.header
         assert r["expiration"] == w.expiration
@@ -94,7 +102,8 @@ def test_archive_holds_every_record_and_a_rerun_writes_the_same_files(spark, tmp
         FROM journal_archive WHERE kind = 1 AND topic LIKE 'orders/%' AND date >= '2023-11-14'
         GROUP BY topic ORDER BY topic""").collect()
     assert [(x["topic"], x["messages"]) for x in q] == [
-        (t, sum(1 for w in want if w.topic == t)) for t in ("orders/eu", "orders/us")]
+        (t, sum(1 for w in want if w.topic == t)) for t in ("orders/eu", "orders/us")
+    ]
 
     # idempotent: the same request again publishes nothing new (its catalog is the commit point) ...
     first = _sha_tree(root)
@@ -113,8 +122,19 @@ def _records(n, k):
 
 
 def _cli_args(config, **kw):
-    base = dict(config=config, older_than=None, retention=None, recompact=False, master=None, driver_memory="1g",
-                dry_run=False, json=False, quiet=True, wait=30.0, archive_dir=None)
+    base = dict(
+        config=config,
+        older_than=None,
+        retention=None,
+        recompact=False,
+        master=None,
+        driver_memory="1g",
+        dry_run=False,
+        json=False,
+        quiet=True,
+        wait=30.0,
+        archive_dir=None,
+    )
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -123,7 +143,9 @@ def _replay(port, topic, name):
     c = Raw(port)
     c.logon(name)
     c.send({"c": "subscribe", "t": topic, "bm": "0", "cid": "s", "a": "processed,completed"})
-    frames = c.recv_until(lambda h, b: h.get("a") == "completed" or h.get("status") == "failure", timeout=30)
+    frames = c.recv_until(
+        lambda h, b: h.get("a") == "completed" or h.get("status") == "failure", timeout=30
+    )
     c.close()
     assert not [h for h, _ in frames if h.get("status") == "failure"], frames
     return [json.loads(b)["i"] for h, b in frames if h["c"] == "p"]
@@ -135,9 +157,13 @@ def test_compaction_under_a_live_server(spark, tmp_path):
     restart, and replays from EPOCH exactly what was kept, in order, before and after a restart."""
     from server import maintenance_cli
 
-    queue = "<SOW><Queue><Name>work-q</Name><UnderlyingTopic>work</UnderlyingTopic>" \
-            "<MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue></SOW>"
-    srv = ServerProcess(tmp_path / "srv", topics=("hist", "work", "live"), journal_size="64KB", extra=queue)
+    queue = (
+        "<SOW><Queue><Name>work-q</Name><UnderlyingTopic>work</UnderlyingTopic>"
+        "<MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue></SOW>"
+    )
+    srv = ServerProcess(
+        tmp_path / "srv", topics=("hist", "work", "live"), journal_size="64KB", extra=queue
+    )
     srv.start()
     try:
         body = lambda i: json.dumps({"i": i, "sym": "ACME", "px": 12.5, "note": "x" * 80})
@@ -145,16 +171,32 @@ def test_compaction_under_a_live_server(spark, tmp_path):
         publish_many(srv.port, "work", [body(i) for i in range(1, 51)], name="pub-w").close()
         c = Raw(srv.port)
         c.logon("worker")
-        c.send({"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed", "o": "max_backlog=100"})
+        c.send(
+            {"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed", "o": "max_backlog=100"}
+        )
         got = c.messages(50)
-        c.send({"c": "sow_delete", "t": "work-q", "bm": ",".join(h["bm"] for h, _ in got), "cid": "k", "a": "processed"})
+        c.send(
+            {
+                "c": "sow_delete",
+                "t": "work-q",
+                "bm": ",".join(h["bm"] for h, _ in got),
+                "cid": "k",
+                "a": "processed",
+            }
+        )
         assert c.ack("processed", "k")["records_deleted"] == 50
         c.close()
-        publish_many(srv.port, "work", [body(i) for i in range(51, 71)], name="pub-w", start_seq=51).close()
+        publish_many(
+            srv.port, "work", [body(i) for i in range(51, 71)], name="pub-w", start_seq=51
+        ).close()
         publish_many(srv.port, "hist", [body(1000)], name="pub-z").close()  # pub-z's only message
         time.sleep(3.5)
-        publish_many(srv.port, "hist", [body(i) for i in range(2001, 2101)], name="pub-a", start_seq=301).close()
-        assert _replay(srv.port, "hist", "r0") == list(range(1, 301)) + [1000] + list(range(2001, 2101))
+        publish_many(
+            srv.port, "hist", [body(i) for i in range(2001, 2101)], name="pub-a", start_seq=301
+        ).close()
+        assert _replay(srv.port, "hist", "r0") == list(range(1, 301)) + [1000] + list(
+            range(2001, 2101)
+        )
 
         # publishes and replays go on while the job runs
         stop = threading.Event()
@@ -165,7 +207,13 @@ def test_compaction_under_a_live_server(spark, tmp_path):
             conn.logon("pub-live")
             seq = 1
             while not stop.is_set():
-                publish_many(srv.port, "live", [body(i) for i in range(seq, seq + 20)], conn=conn, start_seq=seq)
+                publish_many(
+                    srv.port,
+                    "live",
+                    [body(i) for i in range(seq, seq + 20)],
+                    conn=conn,
+                    start_seq=seq,
+                )
                 seq += 20
                 live["n"] = seq - 1
             conn.close()
@@ -181,7 +229,9 @@ def test_compaction_under_a_live_server(spark, tmp_path):
         for t in threads:
             t.start()
         try:
-            rc = maintenance_cli.run(_cli_args(srv.config_path, retention="3s"), "compact", spark=spark)
+            rc = maintenance_cli.run(
+                _cli_args(srv.config_path, retention="3s"), "compact", spark=spark
+            )
         finally:
             time.sleep(0.3)
             stop.set()
@@ -194,10 +244,20 @@ def test_compaction_under_a_live_server(spark, tmp_path):
         def check():
             assert _replay(srv.port, "hist", "after") == [1000] + list(range(2001, 2101))
             assert _replay(srv.port, "work", "after-w") == list(range(51, 71))
-            assert _replay(srv.port, "live", "after-l")[: live["n"]] == list(range(1, live["n"] + 1))
+            assert _replay(srv.port, "live", "after-l")[: live["n"]] == list(
+                range(1, live["n"] + 1)
+            )
             q = Raw(srv.port)
             q.logon("worker2")
-            q.send({"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed", "o": "max_backlog=100"})
+            q.send(
+                {
+                    "c": "subscribe",
+                    "t": "work-q",
+                    "cid": "q",
+                    "a": "processed",
+                    "o": "max_backlog=100",
+                }
+            )
             assert [json.loads(b)["i"] for _, b in q.messages(20)] == list(range(51, 71))
             q.close()
 
@@ -225,14 +285,18 @@ def test_a_scheduled_action_archives_and_removes_in_a_child_process(spark, tmp_p
       <Do><Module>amps-action-do-remove-journal</Module><Options><Age>0s</Age></Options></Do>
     </Action></Actions>"""
     xml = make_config(str(directory), topics=("hist",), journal_size="64KB", extra=actions).replace(
-        "</JournalDirectory>", f"</JournalDirectory><JournalArchiveDirectory>{archive}</JournalArchiveDirectory>")
+        "</JournalDirectory>",
+        f"</JournalDirectory><JournalArchiveDirectory>{archive}</JournalArchiveDirectory>",
+    )
     srv = ServerProcess(directory, config_xml=xml)
     srv.start()
     try:
         body = lambda i: json.dumps({"i": i, "pad": "y" * 100})
         publish_many(srv.port, "hist", [body(i) for i in range(1, 1501)], name="pub-h").close()
         srv.wait_for_log(r"action archiver: archive-journal: applied", timeout=90)
-        line = srv.wait_for_log(r"action archiver: remove-journal: removed \d+ segments", timeout=30)
+        line = srv.wait_for_log(
+            r"action archiver: remove-journal: removed \d+ segments", timeout=30
+        )
         assert "journal job" in srv.output()  # the job ran in a child process and was logged
         archived = ds.dataset(archive, format="parquet", partitioning="hive")
         n = archived.count_rows()
@@ -254,9 +318,23 @@ def test_a_job_killed_mid_run_leaves_the_journal_consistent_and_can_run_again(sp
     jm.write_request(d, req)
     j.close()
     root = os.path.dirname(os.path.dirname(os.path.abspath(jm.__file__)))
-    proc = subprocess.Popen([sys.executable, "-m", "journal.batch", "--request", os.path.join(d, "_maint", "requests", req["id"] + ".json"),
-                             "--master", "local[1]", "--driver-memory", "512m"],
-                            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "journal.batch",
+            "--request",
+            os.path.join(d, "_maint", "requests", req["id"] + ".json"),
+            "--master",
+            "local[1]",
+            "--driver-memory",
+            "512m",
+        ],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     stage = staging_dir(d, req["id"])
     deadline = time.monotonic() + 60
     try:

@@ -106,7 +106,9 @@ def test_compaction_keeps_retention_window_and_newest_per_publisher(tmp_path):
         assert j.locate(r[2], r[3]) == r[0]
     for r in dropped[:50] + dropped[-50:]:
         assert j.locate(r[2], r[3]) is None
-        assert j.read_raw(r[0])[0][0][0] > r[0]  # reading at a dropped position: the next retained one
+        assert (
+            j.read_raw(r[0])[0][0][0] > r[0]
+        )  # reading at a dropped position: the next retained one
     # after(): the record after a kept one is the next retained record
     for a, b in zip(expected[:200], expected[1:201]):
         assert j.after(a[0]) == b[0]
@@ -158,18 +160,24 @@ def test_queue_needs_and_events_survive(tmp_path):
     submit(j, [queue_event("work-q", [(2, 0, floor - 1)])])
     submit(j, work[150:] + other[200:], meta={b"queue-checkpoint:work-q": struct.pack("<Q", floor)})
     submit(j, mixed_records(50, start_seq=1000, pubs=(41,), topics=("pad",)))
-    submit(j, mixed_records(3000, start_seq=2000, pubs=(41,), topics=("pad",)))  # seal what came before
+    submit(
+        j, mixed_records(3000, start_seq=2000, pubs=(41,), topics=("pad",))
+    )  # seal what came before
     before = all_raw(j)
     sealed_end = j.sealed_segments()[-1].end
     req, ans = compact(j, retention_s=1.0, queues=[("work-q", "work", False)], now=TS0 + 10**12)
     assert ans["status"] == "applied"
-    assert req["policy"]["queues"] == [{"name": "work-q", "topic": "work", "pattern": False, "floor": floor}]
+    assert req["policy"]["queues"] == [
+        {"name": "work-q", "topic": "work", "pattern": False, "floor": floor}
+    ]
     after = {r[0] for r in all_raw(j)}
     for r in before:
         if r[0] >= sealed_end:
             assert r[0] in after
         elif r[5] == b"work":
-            assert (r[0] in after) == (r[0] >= floor or r[0] in req["policy"]["keep_positions"]), r[:4]
+            assert (r[0] in after) == (r[0] >= floor or r[0] in req["policy"]["keep_positions"]), r[
+                :4
+            ]
         elif r[1] == 2:
             assert (r[0] in after) == (r[0] >= floor)
         elif r[5] == b"noise":
@@ -230,8 +238,13 @@ def test_a_stale_result_is_rejected_and_changes_nothing(tmp_path):
 def _fake_archive(j, root, cat_id="archive-test"):
     """Record the sealed segments as archived with a catalog holding their crc32 (what batch.py writes)."""
     segs = j.sealed_segments()
-    cat = {"id": cat_id, "segments": [
-        {"base": s.base, "end": s.end, "file_crc32": zlib.crc32(open(s.path, "rb").read())} for s in segs]}
+    cat = {
+        "id": cat_id,
+        "segments": [
+            {"base": s.base, "end": s.end, "file_crc32": zlib.crc32(open(s.path, "rb").read())}
+            for s in segs
+        ],
+    }
     write_json_atomic(os.path.join(root, "_catalog", cat_id + ".json"), cat)
     man = j.manifest.copy()
     for s in segs:
@@ -249,12 +262,20 @@ def test_remove_only_archived_prefix_not_needed_by_queues_or_replays(tmp_path):
         submit(j, mixed_records(60, start_seq=6000 + 60 * k, pubs=(11, 12)))
     before = all_raw(j)
     pos99 = next(r[0] for r in before if r[2] == 99)
-    assert jm.remove_journal(j, older_than_s=None, archive_root=root)["reason"].endswith("is not archived")
+    assert jm.remove_journal(j, older_than_s=None, archive_root=root)["reason"].endswith(
+        "is not archived"
+    )
     segs = _fake_archive(j, root)
     cut = segs[-1].end
     # a queue that has not finished its messages there, or a replay reading there, keeps them
-    submit(j, mixed_records(1, start_seq=9000, pubs=(12,)), meta={b"queue-checkpoint:q": struct.pack("<Q", segs[1].base)})
-    res = jm.remove_journal(j, older_than_s=None, archive_root=root, queues=[("q", "orders/us", False)])
+    submit(
+        j,
+        mixed_records(1, start_seq=9000, pubs=(12,)),
+        meta={b"queue-checkpoint:q": struct.pack("<Q", segs[1].base)},
+    )
+    res = jm.remove_journal(
+        j, older_than_s=None, archive_root=root, queues=[("q", "orders/us", False)]
+    )
     assert res["removed"] == 1 and "a queue has not finished" in res["reason"]
     res = jm.remove_journal(j, older_than_s=None, archive_root=root, replay_floor=segs[2].base + 1)
     assert res["removed"] == 1 and "a replay is reading" in res["reason"]
@@ -304,7 +325,9 @@ def test_manifest_naming_a_missing_file_refuses_to_open(tmp_path):
     name = j.manifest.compacted[0]["file"]
     j.close()
     os.remove(os.path.join(d, name))
-    with pytest.raises(CorruptSegment, match="manifest names this compacted segment but it is missing"):
+    with pytest.raises(
+        CorruptSegment, match="manifest names this compacted segment but it is missing"
+    ):
         Journal(d)
 
 
@@ -320,6 +343,8 @@ def test_plan_groups_and_schedules():
     assert next_run(ActionTrigger(kind="schedule", every=3600.0), 1000.0) == 4600.0
     daily = next_run(ActionTrigger(kind="schedule", at=(0, 30), utc=True), 86400 * 3 + 3600)
     assert daily == 86400 * 4 + 1800
-    weekly = next_run(ActionTrigger(kind="schedule", at=(0, 30), weekday=5, utc=True), 0)  # 1970-01-01 was a Thursday
+    weekly = next_run(
+        ActionTrigger(kind="schedule", at=(0, 30), weekday=5, utc=True), 0
+    )  # 1970-01-01 was a Thursday
     assert weekly == 86400 * 2 + 1800
     assert next_run(ActionTrigger(kind="startup"), 0) is None

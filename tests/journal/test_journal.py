@@ -156,7 +156,9 @@ def test_write_failure_fails_batch_and_recovers(tmp_path, monkeypatch):
     monkeypatch.setattr(jm.os, "write", full_disk)
     with pytest.raises(JournalUnavailable) as info:
         write_batch(j, [(2, "t", b"lost")])
-    assert "No space left" in str(info.value) and "nothing in this batch was persisted" in str(info.value)
+    assert "No space left" in str(info.value) and "nothing in this batch was persisted" in str(
+        info.value
+    )
     monkeypatch.setattr(jm.os, "write", real_write)
     # until the submitter has rolled back and fenced, later batches fail too (no gap is stored)
     with pytest.raises(JournalUnavailable):
@@ -206,12 +208,19 @@ def test_bad_segment_header(tmp_path):
 def test_optional_fields_round_trip(tmp_path):
     from journal.record import decode_records, scan_records
 
-    rec = encode_record(KIND_MESSAGE, 9, 3, 77, b"topic", b"{}", expiration=30, header=b',"x":"c-1"')
+    rec = encode_record(
+        KIND_MESSAGE, 9, 3, 77, b"topic", b"{}", expiration=30, header=b',"x":"c-1"'
+    )
     plain = encode_record(KIND_MESSAGE, 9, 4, 78, b"topic", b"[]")
     buf = rec + plain
     recs, stop = decode_records(buf, 0, len(buf), 100)
     assert stop == len(buf)
-    assert (recs[0].expiration, recs[0].header, recs[0].topic, recs[0].body) == (30, b',"x":"c-1"', "topic", b"{}")
+    assert (recs[0].expiration, recs[0].header, recs[0].topic, recs[0].body) == (
+        30,
+        b',"x":"c-1"',
+        "topic",
+        b"{}",
+    )
     assert (recs[1].expiration, recs[1].header, recs[1].body) == (None, b"", b"[]")
     raw, _ = scan_records(buf, 100)
     assert raw[0][5:] == (b"topic", b"{}", (30, b',"x":"c-1"')) and raw[1][7] is None

@@ -11,16 +11,31 @@ GOLDEN = encode_record(KIND_MESSAGE, 7, 1, 1_700_000_000_000_000, b"t", b'{"a":1
 
 def test_golden_record():
     assert GOLDEN.hex() == (
-        "28000000" "1d03c97c" "01" "00" "0100" "0700000000000000" "0100000000000000"
-        "00401e18240a0600" + "74" + "7b2261223a317d")  # length, crc, kind, flags, T, pub, seq, time, topic, body
+        "28000000"
+        "1d03c97c"
+        "01"
+        "00"
+        "0100"
+        "0700000000000000"
+        "0100000000000000"
+        "00401e18240a0600" + "74" + "7b2261223a317d"
+    )  # length, crc, kind, flags, T, pub, seq, time, topic, body
     assert verified_prefix_py(GOLDEN) == (len(GOLDEN), -1)
 
 
 def records():
     out = b""
     for i in range(1, 8):
-        out += encode_record(KIND_MESSAGE, 7, i, 5 + i, b"topic", b"body-%d" % i,
-                             30 if i % 2 else None, b',"x":"c%d"' % i if i % 3 == 0 else b"")
+        out += encode_record(
+            KIND_MESSAGE,
+            7,
+            i,
+            5 + i,
+            b"topic",
+            b"body-%d" % i,
+            30 if i % 2 else None,
+            b',"x":"c%d"' % i if i % 3 == 0 else b"",
+        )
     return out
 
 
@@ -31,7 +46,9 @@ if record.VERIFY_ACCELERATED:
     IMPLS.append((_verify.verified_prefix, _verify.resync))
 
 
-@pytest.mark.parametrize("prefix,resync", IMPLS, ids=[f"{i}" for i in ("python", "c")[: len(IMPLS)]])
+@pytest.mark.parametrize(
+    "prefix,resync", IMPLS, ids=[f"{i}" for i in ("python", "c")[: len(IMPLS)]]
+)
 def test_every_flip_is_caught_and_resync_finds_the_next_record(prefix, resync):
     buf = records()
     starts = [0]

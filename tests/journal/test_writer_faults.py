@@ -26,7 +26,9 @@ BODY = b"x" * 300
 
 
 def record(seq: int) -> tuple[bytes, list]:
-    return encode_record(KIND_MESSAGE, 1, seq, 1_700_000_000_000_000 + seq, b"t", BODY), [(1, seq, 0, 0)]
+    return encode_record(KIND_MESSAGE, 1, seq, 1_700_000_000_000_000 + seq, b"t", BODY), [
+        (1, seq, 0, 0)
+    ]
 
 
 def put(j: Journal, seq: int) -> BaseException | None:
@@ -264,7 +266,9 @@ def test_every_record_is_synced_before_its_callback(tmp_path):
         assert done.acquire(timeout=30)
     assert len(j.segments) > 2
     j.close()
-    assert problems == [], f"acknowledged before synced (position, synced bytes, needed): {problems[:3]}"
+    assert problems == [], (
+        f"acknowledged before synced (position, synced bytes, needed): {problems[:3]}"
+    )
 
 
 def test_power_loss_keeps_every_acknowledged_record(tmp_path):
@@ -293,22 +297,27 @@ def test_power_loss_keeps_every_acknowledged_record(tmp_path):
 
 
 def test_fault_spec_parses():
-    io = io_from_env({"TICKERTAPE_FAULTS": "seed=7;p=0.5;ops=write+fsync;errno=ENOSPC+EIO;after=3;count=2"})
+    io = io_from_env(
+        {"TICKERTAPE_FAULTS": "seed=7;p=0.5;ops=write+fsync;errno=ENOSPC+EIO;after=3;count=2"}
+    )
     assert isinstance(io, FaultyIO)
     assert io.ops == {"write", "fsync"} and io.errnos == (errno.ENOSPC, errno.EIO)
     assert (io.p, io.after, io.count) == (0.5, 3, 2)
     assert io_from_env({}) is None
 
 
-@pytest.mark.parametrize("spec,why", [
-    ("p=2", "probability"),
-    ("ops=write+chmod", "unknown operation 'chmod'"),
-    ("errno=ENOTANERRNO", "unknown errno"),
-    ("after=-1", "0 or more"),
-    ("colour=red", "unknown key"),
-    ("seed", "not key=value"),
-    ("p=x", "not a number"),
-])
+@pytest.mark.parametrize(
+    "spec,why",
+    [
+        ("p=2", "probability"),
+        ("ops=write+chmod", "unknown operation 'chmod'"),
+        ("errno=ENOTANERRNO", "unknown errno"),
+        ("after=-1", "0 or more"),
+        ("colour=red", "unknown key"),
+        ("seed", "not key=value"),
+        ("p=x", "not a number"),
+    ],
+)
 def test_fault_spec_errors_say_what_is_wrong(spec, why):
     with pytest.raises(FaultSpecError, match=why):
         FaultyIO.from_spec(spec)

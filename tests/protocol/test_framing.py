@@ -13,19 +13,34 @@ def raw(header: bytes, body: bytes = b"") -> bytes:
 
 
 GOLDEN = [
-    (raw(b'{"c":"publish","t":"orders","s":7}', b'{"px":1}'),
-     Header(c="publish", t="orders", s=7), b'{"px":1}'),
-    (raw(b'{"c":"logon","client_name":"pub-1","cid":"1","a":"processed"}'),
-     Header(c="logon", client_name="pub-1", cid="1", a="processed"), b""),
+    (
+        raw(b'{"c":"publish","t":"orders","s":7}', b'{"px":1}'),
+        Header(c="publish", t="orders", s=7),
+        b'{"px":1}',
+    ),
+    (
+        raw(b'{"c":"logon","client_name":"pub-1","cid":"1","a":"processed"}'),
+        Header(c="logon", client_name="pub-1", cid="1", a="processed"),
+        b"",
+    ),
     # long names and numbers as strings are normalized to short keys and ints
-    (raw(b'{"cmd":"publish","topic":"t","seq":"12","cmd_id":5}', b"x"),
-     Header(c="publish", t="t", s=12, cid="5"), b"x"),
+    (
+        raw(b'{"cmd":"publish","topic":"t","seq":"12","cmd_id":5}', b"x"),
+        Header(c="publish", t="t", s=12, cid="5"),
+        b"x",
+    ),
     # a `}` inside a quoted value does not end the header
-    (raw(b'{"c":"subscribe","t":"a","f":"/x = \'}\'"}', b"b}"),
-     Header(c="subscribe", t="a", f="/x = '}'"), b"b}"),
+    (
+        raw(b'{"c":"subscribe","t":"a","f":"/x = \'}\'"}', b"b}"),
+        Header(c="subscribe", t="a", f="/x = '}'"),
+        b"b}",
+    ),
     # escaped quote inside a value
-    (raw(b'{"c":"subscribe","t":"a","f":"/x = \\"}\\""}'),
-     Header(c="subscribe", t="a", f='/x = "}"'), b""),
+    (
+        raw(b'{"c":"subscribe","t":"a","f":"/x = \\"}\\""}'),
+        Header(c="subscribe", t="a", f='/x = "}"'),
+        b"",
+    ),
     # unknown fields are ignored
     (raw(b'{"c":"heartbeat","zz":1}'), Header(c="heartbeat"), b""),
 ]

@@ -13,19 +13,26 @@ def frame(header: bytes, body: bytes = b"") -> bytes:
     return struct.pack(">I", len(header) + len(body)) + header + body
 
 
-@pytest.mark.parametrize("raw,reason,words", [
-    (b'{"c":"publish","t":"a","s":18446744073709551616}', "bad frame", "out of range"),
-    (b'{"c":"publish","t":"a","s":0}', "bad frame", "out of range"),
-    (b'{"c":"publish","t":"a","s":-1}', "bad frame", "out of range"),
-    (b'{"c":"publish","t":"a","s":9223372036854775808}', "bad frame", "out of range"),
-    (b'{"c":"publish","t":"a","e":"nan"}', "bad frame", "positive, finite"),
-    (b'{"c":"publish","t":"a","e":"inf"}', "bad frame", "positive, finite"),
-    (b'{"c":"publish","t":"a","e":-3}', "bad frame", "positive, finite"),
-    (b'{"c":"publish","t":"' + b"t" * 65536 + b'"}', "invalid topic", "longer than 65535"),
-    (b'{"c":"publish","t":"a","x":"' + b"x" * 40000 + b'"}', "bad frame", "correlation id"),
-    (b'{"c":"subscribe","t":"a","f":"' + b"f" * 70000 + b'"}', "bad filter", "filter is longer"),
-    (b'{"c":"subscribe","t":"a","cid":"' + b"c" * 2000 + b'"}', "bad frame", "command id"),
-])
+@pytest.mark.parametrize(
+    "raw,reason,words",
+    [
+        (b'{"c":"publish","t":"a","s":18446744073709551616}', "bad frame", "out of range"),
+        (b'{"c":"publish","t":"a","s":0}', "bad frame", "out of range"),
+        (b'{"c":"publish","t":"a","s":-1}', "bad frame", "out of range"),
+        (b'{"c":"publish","t":"a","s":9223372036854775808}', "bad frame", "out of range"),
+        (b'{"c":"publish","t":"a","e":"nan"}', "bad frame", "positive, finite"),
+        (b'{"c":"publish","t":"a","e":"inf"}', "bad frame", "positive, finite"),
+        (b'{"c":"publish","t":"a","e":-3}', "bad frame", "positive, finite"),
+        (b'{"c":"publish","t":"' + b"t" * 65536 + b'"}', "invalid topic", "longer than 65535"),
+        (b'{"c":"publish","t":"a","x":"' + b"x" * 40000 + b'"}', "bad frame", "correlation id"),
+        (
+            b'{"c":"subscribe","t":"a","f":"' + b"f" * 70000 + b'"}',
+            "bad filter",
+            "filter is longer",
+        ),
+        (b'{"c":"subscribe","t":"a","cid":"' + b"c" * 2000 + b'"}', "bad frame", "command id"),
+    ],
+)
 def test_out_of_range_fields_are_refused(raw, reason, words):
     problem = check_fields(decode_header(raw))
     assert isinstance(problem, FieldError)
@@ -33,16 +40,20 @@ def test_out_of_range_fields_are_refused(raw, reason, words):
 
 
 def test_in_range_fields_pass():
-    for raw in (b'{"c":"publish","t":"a","s":1,"e":0.5,"x":"c"}',
-                b'{"c":"publish","t":"a","s":%d}' % MAX_SEQ,
-                b'{"c":"publish","t":"' + b"t" * 65535 + b'"}'):
+    for raw in (
+        b'{"c":"publish","t":"a","s":1,"e":0.5,"x":"c"}',
+        b'{"c":"publish","t":"a","s":%d}' % MAX_SEQ,
+        b'{"c":"publish","t":"' + b"t" * 65535 + b'"}',
+    ):
         assert check_fields(decode_header(raw)) is None
 
 
 def test_a_field_of_the_wrong_type_refuses_that_command_only():
     d = FrameDecoder(refuse_fields=True)
-    frames = d.feed(frame(b'{"c":"publish","cid":"7","t":"a","s":"abc"}', b"body")
-                    + frame(b'{"c":"publish","t":"a","s":2}', b"next"))
+    frames = d.feed(
+        frame(b'{"c":"publish","cid":"7","t":"a","s":"abc"}', b"body")
+        + frame(b'{"c":"publish","t":"a","s":2}', b"next")
+    )
     (h1, bad), (h2, body2) = frames
     assert isinstance(bad, FieldError) and h1.c == "publish" and h1.cid == "7"
     assert "must be a decimal integer" in bad.detail
@@ -54,11 +65,14 @@ def test_the_client_side_decoder_still_treats_a_bad_field_as_a_bad_frame():
         FrameDecoder().feed(frame(b'{"c":"publish","s":"abc"}'))
 
 
-@pytest.mark.parametrize("raw,words", [
-    (b'{"c":"publish","t":"a\xff\xfe"}', "not valid JSON"),
-    (b'{"c":"publish","x":' + b"[" * 100000 + b"]" * 100000 + b"}", "nested"),
-    (b'{"c":"publish","x":{"a":1}}', "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "raw,words",
+    [
+        (b'{"c":"publish","t":"a\xff\xfe"}', "not valid JSON"),
+        (b'{"c":"publish","x":' + b"[" * 100000 + b"]" * 100000 + b"}", "nested"),
+        (b'{"c":"publish","x":{"a":1}}', "not valid JSON"),
+    ],
+)
 def test_invalid_utf8_and_deep_nesting_are_bad_frames(raw, words):
     with pytest.raises(FrameError, match=words):
         FrameDecoder(refuse_fields=True).feed(frame(raw))

@@ -647,11 +647,23 @@ MALFORMED = [
     ("/a LIKE", 7, "LIKE needs a quoted regular expression, found end of filter"),
     ("/a LIKE '('", 8, "bad regular expression in LIKE"),
     ("/a LIKE 'ab['", 8, "bad regular expression in LIKE"),
-    ("/a LIKE 'x''y('", 8, "bad regular expression in LIKE"),  # the position of the pattern (RE2 gives none inside it)
+    (
+        "/a LIKE 'x''y('",
+        8,
+        "bad regular expression in LIKE",
+    ),  # the position of the pattern (RE2 gives none inside it)
     ("/a LIKE 'a**'", 8, "bad regular expression in LIKE: bad repetition operator"),
     ("/a LIKE '\\'", 8, "bad regular expression in LIKE"),
-    ("/a LIKE '(a)\\1'", 8, "bad regular expression in LIKE: invalid escape sequence"),  # no backreferences
-    ("/a LIKE '(?=a)'", 8, "bad regular expression in LIKE: invalid perl operator"),  # no lookaround
+    (
+        "/a LIKE '(a)\\1'",
+        8,
+        "bad regular expression in LIKE: invalid escape sequence",
+    ),  # no backreferences
+    (
+        "/a LIKE '(?=a)'",
+        8,
+        "bad regular expression in LIKE: invalid perl operator",
+    ),  # no lookaround
     ("/a = 1 OR /b LIKE '*'", 18, "bad regular expression in LIKE"),
 ]
 

@@ -10,10 +10,12 @@ EV = struct.Struct("<BBHQ")
 
 def test_single_entries_and_runs():
     body = (
-        EV.pack(7, 0, 3, 100) + array.array("Q", [200, 300]).tobytes()  # LEASED_RUN 100,200,300
+        EV.pack(7, 0, 3, 100)
+        + array.array("Q", [200, 300]).tobytes()  # LEASED_RUN 100,200,300
         + EV.pack(1, 0, 4, 400)  # LEASED, 4th delivery
         + EV.pack(4, 0, 1, 400)  # CANCELLED once
-        + EV.pack(6, 0, 2, 100) + array.array("Q", [300]).tobytes()  # ACKED_RUN 100,300
+        + EV.pack(6, 0, 2, 100)
+        + array.array("Q", [300]).tobytes()  # ACKED_RUN 100,300
         + EV.pack(3, 0, 2, 500)  # EXPIRED (max deliveries)
         + EV.pack(6, 0, 1, 600)  # a run of one
     )

@@ -28,7 +28,9 @@ def block():
         encode_record(KIND_MESSAGE, 2**64 - 1, 10**15, 103, b"orders", b"", expiration=30),
         encode_record(KIND_MESSAGE, 9, 3, 104, b"orders", b"body}", header=b',"x":"c-1"'),
         encode_record(KIND_MESSAGE, 9, 4, 105, b"orderz", b"no"),
-        encode_record(KIND_MESSAGE, 9, 5, 106, b"orders", b"b" * 300, expiration=1, header=b',"k":1'),
+        encode_record(
+            KIND_MESSAGE, 9, 5, 106, b"orders", b"b" * 300, expiration=1, header=b',"k":1'
+        ),
     ]
     offs = []
     o = 0
@@ -50,7 +52,12 @@ def test_python_golden_frames():
     )
     assert b'"t":"orders","bm":"18446744073709551615|1000000000000000|"}\x00' in frames
     assert b'"t":"orders","x":"c-1","bm":"9|3|"}body}' in frames
-    assert [h.bm for h, _ in got] == ["7|1|", "18446744073709551615|1000000000000000|", "9|3|", "9|5|"]
+    assert [h.bm for h, _ in got] == [
+        "7|1|",
+        "18446744073709551615|1000000000000000|",
+        "9|3|",
+        "9|5|",
+    ]
     assert got[2][0].sub_id == "s1"
 
 
@@ -58,10 +65,14 @@ def test_python_golden_frames():
 def test_start_end_and_partial_records(impl):
     buf, offs = block()
     # start after the first record, end at the sixth: records 2..5 are gone through
-    frames, sent, stop, pub, seq, at_end = impl(buf, BASE, BASE + offs[1], BASE + offs[5], b"orders", HEAD)
+    frames, sent, stop, pub, seq, at_end = impl(
+        buf, BASE, BASE + offs[1], BASE + offs[5], b"orders", HEAD
+    )
     assert (sent, stop, pub, seq, at_end) == (2, offs[5], 9, 3, True)
     # a cut inside a record stops before it
-    frames, sent, stop, pub, seq, at_end = impl(buf[: offs[2] + 10], BASE, 0, 1 << 60, b"orders", HEAD)
+    frames, sent, stop, pub, seq, at_end = impl(
+        buf[: offs[2] + 10], BASE, 0, 1 << 60, b"orders", HEAD
+    )
     assert (sent, stop, pub, seq, at_end) == (1, offs[2], 7, 2, False)
     # nothing whole: nothing gone through
     assert impl(buf[:20], BASE, 0, 1 << 60, b"orders", HEAD) == (b"", 0, 0, None, None, False)
@@ -113,11 +124,16 @@ def test_splice_at_golden_frames_and_bookmarks(impl):
     assert bms == ["7|1|", "18446744073709551615|1000000000000000|", "9|3|", "9|5|"]
     got = FrameDecoder().feed(frames)
     assert [b for _, b in got] == [b'{"px":1}', b"", b"body}", b"b" * 300]
-    assert frames.startswith(b'\x00\x00\x00\x40{"c":"p","sub_id":"q","t":"orders","bm":"7|1|","lp":"L"}{"px":1}')
+    assert frames.startswith(
+        b'\x00\x00\x00\x40{"c":"p","sub_id":"q","t":"orders","bm":"7|1|","lp":"L"}{"px":1}'
+    )
     assert b'"t":"orders","x":"c-1","bm":"9|3|","lp":"L"}body}' in frames
     # a position past the block stops the run; the ones before it are done
     short = buf[: offs[6] + 5]
-    assert impl(short, BASE, want, b"{", b"")[1:] == (["7|1|", "18446744073709551615|1000000000000000|", "9|3|"], 3)
+    assert impl(short, BASE, want, b"{", b"")[1:] == (
+        ["7|1|", "18446744073709551615|1000000000000000|", "9|3|"],
+        3,
+    )
     assert impl(buf, BASE + offs[1], want, b"{", b"") == (b"", [], 0)  # below the block
     with pytest.raises(ValueError, match="no message record at position"):
         impl(buf, BASE, array.array("Q", [BASE + offs[2]]), b"{", b"")

@@ -12,8 +12,11 @@ def mount_tmpfs(path, size: str = "24m") -> None:
     """Mount a tmpfs of `size` at path (root only). Without root the test fails under CI and is
     skipped elsewhere, saying why."""
     os.makedirs(path, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         why = f"cannot mount a tmpfs (needs root): {r.stderr.strip()}"
         if os.environ.get("CI"):

@@ -22,8 +22,16 @@ def submit(j: Journal, records, meta: dict | None = None) -> int:
     for r in records:
         if r.get("kind", KIND_MESSAGE) == KIND_MESSAGE:
             entries.append((r["pub"], r["seq"], r["ts"], len(data)))
-        data += encode_record(r.get("kind", KIND_MESSAGE), r["pub"], r["seq"], r["ts"], r["topic"].encode(),
-                              r["body"], r.get("exp"), r.get("hdr", b""))
+        data += encode_record(
+            r.get("kind", KIND_MESSAGE),
+            r["pub"],
+            r["seq"],
+            r["ts"],
+            r["topic"].encode(),
+            r["body"],
+            r.get("exp"),
+            r.get("hdr", b""),
+        )
     done = threading.Event()
     out = {}
 
@@ -38,18 +46,32 @@ def submit(j: Journal, records, meta: dict | None = None) -> int:
     return out["pos"]
 
 
-def mixed_records(n: int, start_seq: int = 1, ts0: int = TS0, pubs=(11, 12, 13), topics=("orders/us", "orders/eu", "md.x"),
-                  ts_step: int = 1000) -> list[dict]:
+def mixed_records(
+    n: int,
+    start_seq: int = 1,
+    ts0: int = TS0,
+    pubs=(11, 12, 13),
+    topics=("orders/us", "orders/eu", "md.x"),
+    ts_step: int = 1000,
+) -> list[dict]:
     """Messages across publishers and topics, JSON bodies, some with expiration / header fragments."""
     out = []
     for k in range(n):
         s = start_seq + k
         pub = pubs[k % len(pubs)]
-        out.append({
-            "pub": pub, "seq": s, "ts": ts0 + s * ts_step, "topic": topics[k % len(topics)],
-            "body": json.dumps({"order": s, "sym": "ACME", "px": 100 + (s % 50) / 4, "qty": 10 * (s % 7)}).encode(),
-            "exp": 30 if s % 17 == 0 else None, "hdr": b',"x":"corr-%d"' % s if s % 23 == 0 else b"",
-        })
+        out.append(
+            {
+                "pub": pub,
+                "seq": s,
+                "ts": ts0 + s * ts_step,
+                "topic": topics[k % len(topics)],
+                "body": json.dumps(
+                    {"order": s, "sym": "ACME", "px": 100 + (s % 50) / 4, "qty": 10 * (s % 7)}
+                ).encode(),
+                "exp": 30 if s % 17 == 0 else None,
+                "hdr": b',"x":"corr-%d"' % s if s % 23 == 0 else b"",
+            }
+        )
     return out
 
 
@@ -97,8 +119,17 @@ def run_without_spark(req: dict, parallelism: int = 2) -> dict:
     os.makedirs(stage, exist_ok=True)
     metas = []
     for g in plan_groups(segs, int(req["group_bytes"]), parallelism):
-        metas.append(jobs.compact_group({"kind": "compact", "segments": [segs[i] for i in g], "staging": stage,
-                                         "tag": req["id"], "policy": req.get("policy") or {}}))
+        metas.append(
+            jobs.compact_group(
+                {
+                    "kind": "compact",
+                    "segments": [segs[i] for i in g],
+                    "staging": stage,
+                    "tag": req["id"],
+                    "policy": req.get("policy") or {},
+                }
+            )
+        )
     res = {"id": req["id"], "status": "ok", "kind": "compact", "outputs": metas}
     write_json_atomic(result_path(req["journal"], req["id"]), res)
     return res

@@ -18,15 +18,30 @@ import time
 # the console script, not `python -m`: -m puts the working directory (which holds a data
 # folder named journal/) first on sys.path
 TICKERTAPE = os.path.join(os.path.dirname(sys.executable), "tickertape")
-READY = re.compile(r"^tickertape \S+: listening on ([\d.]+):(\d+)(?:; admin http://([\d.]+):(\d+))?")
+READY = re.compile(
+    r"^tickertape \S+: listening on ([\d.]+):(\d+)(?:; admin http://([\d.]+):(\d+))?"
+)
 
 
-def make_config(data_dir: str, name: str = "tt-test", extra: str = "", topics=(".*",), admin=True,
-                journal_size: str | None = None, logging_xml: str = "", transport_extra: str = "") -> str:
-    topic_xml = "".join(f"<Topic><Name>{t}</Name><MessageType>json</MessageType></Topic>" for t in topics)
+def make_config(
+    data_dir: str,
+    name: str = "tt-test",
+    extra: str = "",
+    topics=(".*",),
+    admin=True,
+    journal_size: str | None = None,
+    logging_xml: str = "",
+    transport_extra: str = "",
+) -> str:
+    topic_xml = "".join(
+        f"<Topic><Name>{t}</Name><MessageType>json</MessageType></Topic>" for t in topics
+    )
     size = f"<JournalSize>{journal_size}</JournalSize>" if journal_size else ""
     admin_xml = "<Admin><InetAddr>127.0.0.1:0</InetAddr></Admin>" if admin else ""
-    log_xml = logging_xml or "<Logging><Target><Protocol>stdout</Protocol><Level>info</Level></Target></Logging>"
+    log_xml = (
+        logging_xml
+        or "<Logging><Target><Protocol>stdout</Protocol><Level>info</Level></Target></Logging>"
+    )
     return f"""<TickertapeConfig>
   <Name>{name}</Name>
   <Transports><Transport><Name>json-tcp</Name><Type>tcp</Type><InetAddr>127.0.0.1:0</InetAddr>
@@ -49,7 +64,9 @@ def kill_leftovers() -> None:
 
 
 class ServerProcess:
-    def __init__(self, directory, config_xml: str | None = None, args=(), env=None, preexec_fn=None, **cfg):
+    def __init__(
+        self, directory, config_xml: str | None = None, args=(), env=None, preexec_fn=None, **cfg
+    ):
         self.directory = str(directory)
         os.makedirs(self.directory, exist_ok=True)
         self.config_path = os.path.join(self.directory, "tickertape.xml")
@@ -62,12 +79,16 @@ class ServerProcess:
         self.lines: list[str] = []
         self.port = self.admin_port = None
 
-    def start(self, timeout: float = 30.0) -> "ServerProcess":
+    def start(self, timeout: float = 30.0) -> ServerProcess:
         self.lines = []
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         self.proc = subprocess.Popen(
             [TICKERTAPE, "serve", "--config", self.config_path, *self.args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.directory, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=self.directory,
+            env=env,
             preexec_fn=self.preexec_fn,
         )
         _LIVE.add(self)
@@ -115,7 +136,7 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
 
-    def restart(self) -> "ServerProcess":
+    def restart(self) -> ServerProcess:
         self.stop()
         return self.start()
 

@@ -56,7 +56,9 @@ class Raw:
         self.buf = self.buf[4 + n :]
         dec = json.JSONDecoder()
         header, end = dec.raw_decode(frame.decode("utf-8", "surrogateescape"))
-        hdr_len = len(frame.decode("utf-8", "surrogateescape")[:end].encode("utf-8", "surrogateescape"))
+        hdr_len = len(
+            frame.decode("utf-8", "surrogateescape")[:end].encode("utf-8", "surrogateescape")
+        )
         return header, frame[hdr_len:]
 
     def recv_until(self, pred, timeout: float = 10.0) -> list[tuple[dict, bytes]]:
@@ -75,8 +77,11 @@ class Raw:
     def ack(self, kind: str | None = None, cid=None, timeout: float = 10.0) -> dict:
         """The next matching ack; deliveries that arrive before it are kept for messages()."""
         frames = self.recv_until(
-            lambda h, b: h.get("c") == "ack" and (kind is None or h.get("a") == kind)
-            and (cid is None or h.get("cid") == cid),
+            lambda h, b: (
+                h.get("c") == "ack"
+                and (kind is None or h.get("a") == kind)
+                and (cid is None or h.get("cid") == cid)
+            ),
             timeout,
         )
         self.pushback(f for f in frames[:-1] if f[0].get("c") == "p")
@@ -89,14 +94,16 @@ class Raw:
             while True:
                 if not self.sock.recv(65536):
                     return True
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return False
         except ConnectionResetError:
             return True
 
     def logon(self, name: str, **extra) -> dict:
         self.cid += 1
-        self.send({"c": "logon", "cid": str(self.cid), "client_name": name, "a": "processed", **extra})
+        self.send(
+            {"c": "logon", "cid": str(self.cid), "client_name": name, "a": "processed", **extra}
+        )
         return self.ack("processed", str(self.cid))
 
     def next_cid(self) -> str:
@@ -122,7 +129,14 @@ class Raw:
         return out
 
 
-def publish_many(port: int, topic: str, bodies, name: str = "bulk-pub", start_seq: int = 1, conn: "Raw | None" = None) -> "Raw":
+def publish_many(
+    port: int,
+    topic: str,
+    bodies,
+    name: str = "bulk-pub",
+    start_seq: int = 1,
+    conn: Raw | None = None,
+) -> Raw:
     """Publish every body (pipelined), then wait until all are persisted. Returns the connection."""
     c = conn or Raw(port)
     if conn is None:
