@@ -66,15 +66,18 @@ class JournalReader:
         return buf
 
     def _intact(self, seg, position: int, max_bytes: int) -> tuple[bytes, int]:
-        """(bytes of whole, checked records from position, position): damage is reported and
-        skipped, so the position returned may be past the one asked for; (b"", end) when
-        nothing good is left in the segment (end: its end, or the durable end)."""
+        """(bytes of checked records from position, position): whole good records, then at most
+        the start of one record that the read cut short (every reader stops at a record that
+        runs past its buffer; cutting it off here would copy the block, a tenth of a replay's
+        cost). Damage is reported and skipped, so the position returned may be past the one
+        asked for; (b"", end) when nothing good is left in the segment (end: its end, or the
+        durable end)."""
         limit = min(seg.end, self._end)
         while position < limit:
             buf = self._pread(seg, position, max_bytes)
             stop, bad = verified_prefix(buf)
             if stop:
-                return (buf if stop == len(buf) else buf[:stop]), position
+                return (buf if bad < 0 else buf[:stop]), position
             reason = (
                 "bad length, kind or checksum"
                 if bad == 0
@@ -145,7 +148,8 @@ class JournalReader:
 
     def read_block(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[bytes, int] | None:
         """Checked stored bytes from `position`: whole good records, to at most max_bytes on
-        (more when the record there is larger), within its segment and the durable end, as
+        (more when the record there is larger), and perhaps the start of the next record cut
+        short by max_bytes (never a damaged one), within its segment and the durable end, as
         (bytes, position); the position is normalized like read_raw's and moves past damage
         (reported, never returned). None in a compacted segment, whose bytes are not stored as
         they were written (use read_raw). Replay and queues splice frames from these bytes.
