@@ -192,6 +192,50 @@ def _too_long(text: str | None, limit: int) -> bool:
     )
 
 
+# (field, byte limit, failure reason, what the client is told): the sized text fields
+_SIZED = (
+    ("t", MAX_TOPIC_BYTES, "invalid topic", f"topic is longer than {MAX_TOPIC_BYTES} bytes"),
+    (
+        "x",
+        MAX_CORRELATION_ID_BYTES,
+        "bad frame",
+        f"correlation id x is longer than {MAX_CORRELATION_ID_BYTES} bytes",
+    ),
+    ("f", MAX_FILTER_BYTES, "bad filter", f"filter is longer than {MAX_FILTER_BYTES} bytes"),
+    ("cid", MAX_CID_BYTES, "bad frame", f"command id cid is longer than {MAX_CID_BYTES} bytes"),
+    # a comma list on unsubscribe
+    (
+        "sub_id",
+        MAX_SUB_ID_BYTES * 64,
+        "bad frame",
+        f"sub_id is longer than {MAX_SUB_ID_BYTES * 64} bytes",
+    ),
+    ("bm", MAX_BOOKMARK_BYTES, "invalid bookmark", f"bm is longer than {MAX_BOOKMARK_BYTES} bytes"),
+    (
+        "o",
+        MAX_OPTIONS_BYTES,
+        "invalid options",
+        f"options o are longer than {MAX_OPTIONS_BYTES} bytes",
+    ),
+    (
+        "client_name",
+        MAX_NAME_BYTES,
+        "bad frame",
+        f"client_name and user_id are at most {MAX_NAME_BYTES} bytes",
+    ),
+    (
+        "user_id",
+        MAX_NAME_BYTES,
+        "bad frame",
+        f"client_name and user_id are at most {MAX_NAME_BYTES} bytes",
+    ),
+)
+# A str of n characters is at most 4n bytes in UTF-8: fields this short are never too long. This
+# runs for every command (every publish), so the common case is one comparison per field.
+_SHORT = min(limit for _, limit, _, _ in _SIZED) // 4
+_INF = float("inf")
+
+
 def check_fields(h: Header) -> FieldError | None:
     """Range and size checks on a command a client sent (the decoder checked the types).
     None when every field is usable, else the FieldError to refuse the command with."""
@@ -199,32 +243,21 @@ def check_fields(h: Header) -> FieldError | None:
     if s is not None and not 0 < s <= MAX_SEQ:
         return FieldError(h, "bad frame", f"sequence s={s} is out of range: use 1..{MAX_SEQ}")
     e = h.e
-    if e is not None and not (0.0 < e < float("inf")):
+    if e is not None and not (0.0 < e < _INF):
         return FieldError(
             h, "bad frame", f"expiration e={e!r} must be a positive, finite number of seconds"
         )
-    if _too_long(h.t, MAX_TOPIC_BYTES):
-        return FieldError(h, "invalid topic", f"topic is longer than {MAX_TOPIC_BYTES} bytes")
-    if _too_long(h.x, MAX_CORRELATION_ID_BYTES):
-        return FieldError(
-            h, "bad frame", f"correlation id x is longer than {MAX_CORRELATION_ID_BYTES} bytes"
-        )
-    if _too_long(h.f, MAX_FILTER_BYTES):
-        return FieldError(h, "bad filter", f"filter is longer than {MAX_FILTER_BYTES} bytes")
-    if _too_long(h.cid, MAX_CID_BYTES):
-        return FieldError(h, "bad frame", f"command id cid is longer than {MAX_CID_BYTES} bytes")
-    if _too_long(h.sub_id, MAX_SUB_ID_BYTES * 64):  # a comma list on unsubscribe
-        return FieldError(h, "bad frame", f"sub_id is longer than {MAX_SUB_ID_BYTES * 64} bytes")
-    if _too_long(h.bm, MAX_BOOKMARK_BYTES):
-        return FieldError(h, "invalid bookmark", f"bm is longer than {MAX_BOOKMARK_BYTES} bytes")
-    if _too_long(h.o, MAX_OPTIONS_BYTES):
-        return FieldError(
-            h, "invalid options", f"options o are longer than {MAX_OPTIONS_BYTES} bytes"
-        )
-    if _too_long(h.client_name, MAX_NAME_BYTES) or _too_long(h.user_id, MAX_NAME_BYTES):
-        return FieldError(
-            h, "bad frame", f"client_name and user_id are at most {MAX_NAME_BYTES} bytes"
-        )
+    t, x, cid = h.t, h.x, h.cid
+    if (
+        (t is None or len(t) <= _SHORT)
+        and (x is None or len(x) <= _SHORT)
+        and (cid is None or len(cid) <= _SHORT)
+        and h.f is h.sub_id is h.bm is h.o is h.client_name is h.user_id is None
+    ):
+        return None  # the common publish
+    for name, limit, reason, detail in _SIZED:
+        if _too_long(getattr(h, name), limit):
+            return FieldError(h, reason, detail)
     return None
 
 
