@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -158,7 +158,10 @@ class TransactionLog(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
     @functools.cached_property
     def _lookup(self) -> Callable[[str], TopicSpec | None]:
-        compiled = tuple((compile_pattern(t.name), t) for t in self.topics)
+        # Any: protocol.patterns.Pattern is a runtime alias of RE2's class, not a type to mypy
+        compiled: tuple[tuple[Any, TopicSpec], ...] = tuple(
+            (compile_pattern(t.name), t) for t in self.topics
+        )
 
         @functools.lru_cache(maxsize=4096)
         def lookup(topic: str) -> TopicSpec | None:
