@@ -1,4 +1,4 @@
-"""Root elements that bound what one client can make the server hold or do (docs/configuration-limits.md,
+"""Root elements that bound what one client can make the server hold or do (docs/configuration.md,
 "Limits"). Each is optional; the defaults keep a single trusted client unhindered and a hostile
 or broken one from taking the server's memory or event loop.
 
