@@ -118,8 +118,12 @@ def test_examples_it_points_at_exist():
     assert [link for link in links if not (DOC.parent / link).exists()] == []
 
 
-def test_no_machine_paths():
-    assert "../shared" not in TEXT and "/work/" not in TEXT
+def test_links_stay_inside_the_repository():
+    root = DOC.parent.parent.resolve()
+    targets = [t for t in re.findall(r"\]\(([^)#][^)]*)\)", TEXT) if not t.startswith("http")]
+    assert targets
+    outside = [t for t in targets if not (DOC.parent / t).resolve().is_relative_to(root)]
+    assert outside == [] and not [t for t in targets if t.startswith("/")]
 
 
 def test_links_within_the_page_resolve():
