@@ -48,5 +48,6 @@ class ConfigError(Exception):
     def __str__(self) -> str:
         return "\n".join(p.format(self.source) for p in self.problems)
 
-    def __reduce__(self):  # keep pickling (multiprocessing, pytest-xdist) working
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, list[Problem]]]:
+        # keep pickling (multiprocessing, pytest-xdist) working
         return (type(self), (self.source, self.problems))

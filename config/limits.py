@@ -1,4 +1,4 @@
-"""Root elements that bound what one client can make the server hold or do (docs/configuration-limits.md,
+"""Root elements that bound what one client can make the server hold or do (docs/configuration.md,
 "Limits"). Each is optional; the defaults keep a single trusted client unhindered and a hostile
 or broken one from taking the server's memory or event loop.
 
@@ -15,10 +15,12 @@ or broken one from taking the server's memory or event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .values import parse_count, parse_interval, parse_size
 
 
-def _interval(name: str, zero_ok: bool):
+def _interval(name: str, zero_ok: bool) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = parse_interval(text)
         if value < 0 or (value == 0 and not zero_ok):
@@ -30,7 +32,7 @@ def _interval(name: str, zero_ok: bool):
     return parse
 
 
-def _size(name: str, low: int):
+def _size(name: str, low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = parse_size(text)
         if value < low:
@@ -40,7 +42,7 @@ def _size(name: str, low: int):
     return parse
 
 
-def _count(name: str):
+def _count(name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = parse_count(text)
         if value < 1:
@@ -51,7 +53,7 @@ def _count(name: str):
 
 
 # element -> (Limits field, parser, default)
-LIMIT_ELEMENTS = {
+LIMIT_ELEMENTS: dict[str, tuple[str, Callable[[str], float], float]] = {
     "LogonTimeout": ("logon_timeout", _interval("LogonTimeout", False), 10.0),
     "MaxLogonMessageSize": (
         "max_logon_message_size",

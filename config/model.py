@@ -1,7 +1,7 @@
 """The configuration as the server sees it: a frozen tree of typed msgspec Structs.
 
 This module owns the *typed* form of the configuration; `config.loader` owns the XML form and
-builds this tree (its docstring maps every XML element to a field here). Everything in the tree
+builds this tree (docs/configuration.md describes every XML element). Everything in the tree
 has been checked once, when it was loaded; nothing here re-checks, and nothing here parses.
 
 Units are resolved: every size is an `int` number of bytes, every interval a `float` number of
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -122,7 +122,8 @@ class Admin(msgspec.Struct, frozen=True, kw_only=True):
     host: str = DEFAULT_HOST
     port: int = DEFAULT_ADMIN_PORT
     interval: float = 10.0
-    """How often statistics are sampled (rates are computed over this interval), seconds."""
+    """Meant as how often statistics are sampled, seconds; not used by the server yet (it computes
+    rates every second)."""
 
 
 class LogTarget(msgspec.Struct, frozen=True, kw_only=True):
@@ -158,7 +159,10 @@ class TransactionLog(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
     @functools.cached_property
     def _lookup(self) -> Callable[[str], TopicSpec | None]:
-        compiled = tuple((compile_pattern(t.name), t) for t in self.topics)
+        # Any: protocol.patterns.Pattern is a runtime alias of RE2's class, not a type to mypy
+        compiled: tuple[tuple[Any, TopicSpec], ...] = tuple(
+            (compile_pattern(t.name), t) for t in self.topics
+        )
 
         @functools.lru_cache(maxsize=4096)
         def lookup(topic: str) -> TopicSpec | None:
@@ -189,7 +193,8 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
     semantics: Semantics = "at-least-once"
     lease_period: float | None = None
     """Seconds a delivered at-least-once message stays leased before it returns to the queue.
-    None (the AMPS default) = no expiry: it returns only on cancel or disconnect."""
+    None = not given. (AMPS reads that as no expiry; the server today leases for 30s then, see
+    docs/configuration.md.)"""
     max_per_subscription_backlog: int = 1
     """Most unacked messages one subscription holds: min(this, the subscriber's max_backlog)."""
     max_backlog: int | None = None
@@ -272,7 +277,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     wake-up of a sleeping CPU, which on virtual machines costs tens of microseconds per round
     trip; the price is at most this much CPU after each burst of input. Not while a journal
     commit is in flight (the writer thread then needs the GIL)."""
-    # Input and connection bounds (config/limits.py documents each; docs/configuration-limits.md)
+    # Input and connection bounds (config/limits.py; docs/configuration.md, "Limits")
     logon_timeout: float = 10.0
     max_logon_message_size: int = 64 * 1024
     input_memory_limit: int = 256 * 1024 * 1024

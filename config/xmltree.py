@@ -24,6 +24,8 @@ path is the element open where the error was found ("" before the root element).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NoReturn
 from xml.parsers import expat
 
 __all__ = ["MAX_DEPTH", "Node", "XmlError", "parse_xml"]
@@ -93,8 +95,8 @@ def parse_xml(data: bytes | str) -> Node:
     stack: list[Node] = []
     root: list[Node] = []
 
-    def refuse(what: str):
-        def handler(*_args):
+    def refuse(what: str) -> Callable[..., NoReturn]:
+        def handler(*_args: object) -> NoReturn:
             raise _Refused(what)
 
         return handler

@@ -1,0 +1,132 @@
+"""The `<SOW>` section: queues over topics recorded in the transaction log.
+
+docs/configuration.md ("`<Queue>`") describes every element. A queue's checks that span elements
+live here: at-most-once queues refuse the settings that would do nothing there, a dead-letter
+topic may not be the queue's own, and the underlying topic must be recorded by the journal.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from .model import FairnessModel, Leasing, MessageType, QueueSpec, Semantics, TransactionLog
+from .rules import Checker, Section, at_least, enum, literal_topic, message_type, positive_interval
+from .schema import QUEUE, SOW
+from .values import parse_count
+from .xmltree import Node
+
+__all__ = ["read_queue", "read_sow"]
+
+
+def read_sow(
+    checker: Checker, node: Node | None, tlog: TransactionLog | None, tlog_node: Node | None
+) -> list[QueueSpec]:
+    """The queues of `<SOW>` (none without it); queue names are unique.
+
+    `tlog` and `tlog_node` are the transaction log and its element, or None without one.
+    """
+    if node is None:
+        return []
+    sec = Section(checker, node, SOW)
+    queues = []
+    names: dict[str, Node] = {}
+    for qnode in sec.many("Queue"):
+        queue = read_queue(checker, qnode, tlog, tlog_node)
+        if queue is None:
+            continue
+        if queue.name in names:
+            checker.report(
+                qnode,
+                f"queue name {queue.name!r} is already used at line "
+                f"{names[queue.name].line}; give each queue its own <Name>",
+            )
+        names.setdefault(queue.name, qnode)
+        queues.append(queue)
+    return queues
+
+
+def read_queue(
+    checker: Checker, qnode: Node, tlog: TransactionLog | None, tlog_node: Node | None
+) -> QueueSpec | None:
+    """One `<Queue>`; None when its name or underlying topic is unusable (already reported)."""
+    q = Section(checker, qnode, QUEUE)
+    name = q.value("Name", literal_topic, None, required=True, hint=" (the queue's topic)")
+    underlying = q.value("UnderlyingTopic", literal_topic, None)
+    if not q.has("UnderlyingTopic"):
+        underlying = name  # the AMPS default; an invalid one stays None (reported)
+    mtype = q.value("MessageType", message_type, "json")
+    semantics = q.value("Semantics", enum("at-least-once", "at-most-once"), "at-least-once")
+    at_most_once = semantics == "at-most-once"
+    lease_period = q.value("LeasePeriod", positive_interval, None)
+    per_sub = q.value("MaxPerSubscriptionBacklog", at_least(parse_count, 1, "of 1"), 1)
+    max_backlog = q.value("MaxBacklog", at_least(parse_count, 1, "of 1"), None)
+    fairness = q.value(
+        "FairnessModel",
+        enum("fast", "round-robin", "proportional"),
+        "round-robin" if at_most_once else "proportional",
+    )
+    max_deliveries = q.value("MaxDeliveries", parse_count, 0)
+    max_cancels = q.value("MaxCancels", parse_count, 0)
+    expiration = q.value("Expiration", positive_interval, None)
+    leasing = q.value("Leasing", enum("strict", "sublet"), "sublet")
+    filter_ = q.text("Filter")
+    barrier = q.text("BarrierExpression")
+    dead_letter = q.value("DeadLetterTopic", literal_topic, None)
+
+    if at_most_once:
+        if fairness != "round-robin":
+            checker.report(
+                q.at("FairnessModel"),
+                f"at-most-once queues only allow round-robin fairness, not {fairness}; "
+                "remove <FairnessModel> or make the queue at-least-once",
+            )
+            fairness = "round-robin"
+        for element in ("LeasePeriod", "MaxDeliveries", "MaxCancels", "Leasing"):
+            if q.has(element):
+                checker.report(
+                    q.at(element),
+                    f"<{element}> has no effect on an at-most-once queue (a message leaves "
+                    "the queue when it is delivered); remove it or use at-least-once",
+                )
+    if dead_letter is not None and dead_letter in (name, underlying):
+        checker.report(
+            q.at("DeadLetterTopic"),
+            f"the dead-letter topic {dead_letter!r} is this queue's own topic; expired "
+            "messages would come straight back; choose another topic",
+        )
+    if underlying is not None:
+        where = q.one("UnderlyingTopic") or q.one("Name") or qnode
+        if tlog is None:
+            checker.report(
+                where,
+                f"queue {name!r} needs its underlying topic {underlying!r} recorded in a "
+                f"transaction log; add <TransactionLog> with <Topic><Name>{underlying}"
+                "</Name></Topic>",
+            )
+        elif not tlog.records_topic(underlying):
+            assert tlog_node is not None
+            checker.report(
+                where,
+                f"the underlying topic {underlying!r} of queue {name!r} is not recorded in "
+                f"the transaction log (line {tlog_node.line}); add <Topic><Name>{underlying}"
+                "</Name></Topic> to <TransactionLog>",
+            )
+    if name is None or underlying is None:
+        return None
+    return QueueSpec(
+        name=name,
+        underlying_topic=underlying,
+        message_type=cast(MessageType, mtype),
+        semantics=cast(Semantics, semantics),
+        lease_period=lease_period,
+        max_per_subscription_backlog=per_sub,
+        max_backlog=max_backlog,
+        fairness_model=cast(FairnessModel, fairness),
+        max_deliveries=max_deliveries,
+        max_cancels=max_cancels,
+        expiration=expiration,
+        leasing=cast(Leasing, leasing),
+        filter=filter_,
+        barrier_expression=barrier,
+        dead_letter_topic=dead_letter,
+    )

@@ -1,0 +1,293 @@
+"""The schema of the configuration file: which children each section allows.
+
+One `Spec` per section element, in document order. The loader checks every section against its
+Spec (`config.rules.Section`), so an element not listed here is a problem, never ignored; the
+tests check that docs/configuration.md describes every name listed here.
+
+Each Spec names, for its section:
+- `children`: the elements it allows, each with whether it may repeat;
+- `synonyms`: AMPS spellings accepted for one of our elements (`MinJournalSize` = `JournalSize`);
+- `unsupported`: AMPS elements we refuse as "not supported", with why (rather than "unknown");
+- `misnamed`: names people are known to get wrong, with the right one (too far apart for difflib).
+
+Action modules are tables too: `TRIGGERS` (`<On>`) and `STEPS` (`<Do>`), each module's short
+name -> (options allowed, options required), with one `<Options>` Spec per module.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+
+from .limits import LIMIT_ELEMENTS
+
+__all__ = [
+    "ACTION",
+    "ACTIONS",
+    "ADMIN",
+    "DO",
+    "LOGGING",
+    "MODULE_PREFIXES",
+    "ON",
+    "OPTION_SPECS",
+    "QUEUE",
+    "ROOT",
+    "SECTIONS",
+    "SOW",
+    "STEPS",
+    "TARGET",
+    "TOPIC",
+    "TRANSACTION_LOG",
+    "TRANSPORT",
+    "TRANSPORTS",
+    "TRIGGERS",
+    "Spec",
+    "unknown_element",
+]
+
+
+class Spec:
+    """The children section `tag` allows: `one` at most once, `many` any number of times.
+    Creating a Spec records where each name belongs, for the "it goes in <...>" hint."""
+
+    def __init__(
+        self,
+        tag: str,
+        one: tuple[str, ...] = (),
+        many: tuple[str, ...] = (),
+        synonyms: Mapping[str, str] | None = None,
+        unsupported: Mapping[str, str] | None = None,
+        misnamed: Mapping[str, str] | None = None,
+    ) -> None:
+        self.tag = tag
+        self.children = {name: False for name in one} | {name: True for name in many}
+        self.synonyms = dict(synonyms or {})
+        self.unsupported = dict(unsupported or {})
+        self.misnamed = dict(misnamed or {})
+        _WHERE.setdefault(tag, [])
+        for name in (*self.children, *self.synonyms):
+            _WHERE.setdefault(name, []).append(tag)
+
+
+_WHERE: dict[str, list[str]] = {}  # element name -> sections it may appear in (for hints)
+
+_NO_REPLICATION = "replication is not supported yet"
+_SLOW_CLIENT = "Tickertape bounds each connection with <ClientMaxBufferSize> at the root"
+
+ROOT = Spec(
+    "TickertapeConfig",
+    one=(
+        "Name",
+        "ClientMaxBufferSize",
+        "IdlePoll",
+        *LIMIT_ELEMENTS,
+        "Transports",
+        "Admin",
+        "Logging",
+        "TransactionLog",
+        "SOW",
+        "Actions",
+        "Authentication",
+    ),
+    unsupported={
+        "Group": _NO_REPLICATION,
+        "Replication": _NO_REPLICATION,
+        "Include": "the configuration is one file",
+        "MessageTypes": "json is built in and the only message type",
+        "Modules": "plug-in modules are not supported",
+        "Entitlement": "entitlements are not supported yet",
+        "MessageMemoryLimit": _SLOW_CLIENT,
+        "MessageDiskLimit": _SLOW_CLIENT,
+        "MessageDiskPath": _SLOW_CLIENT,
+        "ClientMaxCapacity": _SLOW_CLIENT,
+        "ProcessorAffinity": "not applicable to a Python server",
+    },
+    misnamed={
+        "ClientBufferThreshold": "ClientMaxBufferSize",
+        "SlowClientDisconnect": "ClientMaxBufferSize",
+        "Queues": "SOW",
+    },
+)
+TRANSPORTS = Spec("Transports", many=("Transport",))
+TRANSPORT = Spec(
+    "Transport",
+    one=(
+        "Name",
+        "Type",
+        "InetAddr",
+        "MessageType",
+        "Protocol",
+        "MaxMessageSize",
+        "Certificate",
+        "PrivateKey",
+    ),
+    unsupported={
+        "InitialState": "transports always start enabled",
+        "Authentication": "per-transport authentication is not supported; use the root's",
+        "Entitlement": "entitlements are not supported yet",
+        "MessageMemoryLimit": _SLOW_CLIENT,
+        "MessageDiskLimit": _SLOW_CLIENT,
+        "MessageDiskPath": _SLOW_CLIENT,
+        "ClientMaxCapacity": _SLOW_CLIENT,
+        "ClientMessageAgeLimit": _SLOW_CLIENT,
+        "TransportFilter": "transport filters are not supported",
+        "Ciphers": "TLS settings other than Certificate and PrivateKey are not supported yet",
+        "SecureSocketProtocols": "TLS settings other than Certificate/PrivateKey are not supported",
+        "VerifyClient": "client certificates are not supported yet",
+        "CAFile": "client certificates are not supported yet",
+        "CAPath": "client certificates are not supported yet",
+    },
+)
+ADMIN = Spec(
+    "Admin",
+    one=("InetAddr", "Interval"),
+    unsupported={
+        "FileName": "statistics are kept in memory only",
+        "SQLTransport": "statistics are served as JSON and Prometheus text",
+    },
+)
+LOGGING = Spec("Logging", many=("Target",))
+TARGET = Spec(
+    "Target",
+    one=("Protocol", "Level", "FileName"),
+    unsupported={
+        "Levels": "give one lower bound in <Level>",
+        "IncludeErrors": "log filtering by error id is not supported",
+        "ExcludeErrors": "log filtering by error id is not supported",
+        "RotationThreshold": "rotate with logrotate: SIGHUP reopens log files",
+        "Ident": "syslog is not supported; log to stdout under systemd",
+        "Options": "syslog is not supported; log to stdout under systemd",
+        "Facility": "syslog is not supported; log to stdout under systemd",
+    },
+)
+TRANSACTION_LOG = Spec(
+    "TransactionLog",
+    one=("JournalDirectory", "JournalArchiveDirectory", "JournalSize", "Durability"),
+    many=("Topic",),
+    synonyms={"MinJournalSize": "JournalSize"},
+    misnamed={"ArchiveDirectory": "JournalArchiveDirectory", "SyncMode": "Durability"},
+    unsupported={
+        "PreallocatedJournalFiles": "segments are created as needed",
+        "FlushInterval": "the journal uses group commit; there is no flush interval to tune",
+        "O_DIRECT": "the journal does not use O_DIRECT",
+        "InactiveClientAckExpiration": "publisher sequence records are kept for good",
+        "CompressedJournalCacheMemoryLimit": "not applicable",
+    },
+)
+TOPIC = Spec(
+    "Topic", one=("Name", "MessageType"), unsupported={"ExcludeValidation": _NO_REPLICATION}
+)
+SOW = Spec(
+    "SOW",
+    many=("Queue",),
+    synonyms={"QueueDefinition": "Queue"},
+    unsupported={
+        "Topic": "SOW topics (last value per key) are not supported yet; only <Queue>",
+        "View": "views are not supported",
+        "ConflatedTopic": "conflated topics are not supported; use the conflation option",
+        "LocalQueue": "write <Queue> (there is no replication, so every queue is local)",
+        "GroupLocalQueue": "write <Queue> (there is no replication, so every queue is local)",
+    },
+)
+QUEUE = Spec(
+    "Queue",
+    one=(
+        "Name",
+        "UnderlyingTopic",
+        "MessageType",
+        "Semantics",
+        "LeasePeriod",
+        "MaxPerSubscriptionBacklog",
+        "MaxBacklog",
+        "FairnessModel",
+        "MaxDeliveries",
+        "MaxCancels",
+        "Expiration",
+        "Leasing",
+        "Filter",
+        "BarrierExpression",
+        "DeadLetterTopic",
+    ),
+    synonyms={"Topic": "Name"},
+    misnamed={
+        "LeaseDuration": "LeasePeriod",
+        "LeaseTime": "LeasePeriod",
+        "DeliveryFairness": "FairnessModel",
+        "Fairness": "FairnessModel",
+        "DeadLetterQueue": "DeadLetterTopic",
+        "MaxRedeliveries": "MaxDeliveries",
+    },
+    unsupported={
+        "DefaultPublishTarget": "the underlying topic is a literal name; publish to it",
+        "ExpirationModel": "a message's own expiration (e) and the queue's <Expiration> apply",
+        "RecoveryPoint": "queue state is always rebuilt from the whole journal",
+        "Priority": "priority queues are not supported",
+        "FileBackedMetadata": "queue metadata is an in-memory index over the journal",
+        "TargetQueueDepth": "not applicable",
+        "DeferredAckExpiration": "not applicable",
+        "InitialOwner": _NO_REPLICATION,
+        "GroupLocalQueueDomain": _NO_REPLICATION,
+    },
+)
+ACTIONS = Spec("Actions", many=("Action",))
+ACTION = Spec(
+    "Action", one=("On",), many=("Do",), unsupported={"If": "conditions are not supported"}
+)
+ON = Spec("On", one=("Module", "Options"))
+DO = Spec("Do", one=("Module", "Options"))
+
+# Action modules: short name -> (options allowed, options required)
+TRIGGERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "schedule": (("Every", "Name"), ("Every",)),
+    "startup": ((), ()),
+}
+STEPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "archive-journal": (("Age",), ("Age",)),
+    "compress-journal": (("Age",), ("Age",)),
+    "remove-journal": (("Age",), ("Age",)),
+    "compact-journal": (("Retention",), ("Retention",)),
+}
+OPTION_SPECS: dict[tuple[str, str], Spec] = {
+    (kind, module): Spec("Options", one=allowed)
+    for kind, table in (("on", TRIGGERS), ("do", STEPS))
+    for module, (allowed, _required) in table.items()
+}
+MODULE_PREFIXES = ("amps-action-", "tickertape-action-")
+
+# Every section Spec but the per-module <Options> (OPTION_SPECS), in document order.
+SECTIONS: tuple[Spec, ...] = (
+    ROOT,
+    TRANSPORTS,
+    TRANSPORT,
+    ADMIN,
+    LOGGING,
+    TARGET,
+    TRANSACTION_LOG,
+    TOPIC,
+    SOW,
+    QUEUE,
+    ACTIONS,
+    ACTION,
+    ON,
+    DO,
+)
+
+
+def unknown_element(tag: str, parent: str, spec: Spec) -> str:
+    """The problem message for child `tag` of `parent` that `spec` does not allow."""
+    if tag in spec.unsupported:
+        return f"<{tag}> is not supported by Tickertape ({spec.unsupported[tag]}); remove it"
+    if tag in spec.misnamed:
+        return f"unknown element <{tag}> in <{parent}>; did you mean <{spec.misnamed[tag]}>?"
+    known = [*spec.children, *spec.synonyms]
+    for name in known:
+        if name.lower() == tag.lower():
+            return f"unknown element <{tag}>; element names are case-sensitive: write <{name}>"
+    close = difflib.get_close_matches(tag, known, n=1, cutoff=0.75)
+    if close:
+        return f"unknown element <{tag}> in <{parent}>; did you mean <{close[0]}>?"
+    elsewhere = [p for p in _WHERE.get(tag, []) if p != parent]
+    if elsewhere:
+        return f"<{tag}> does not belong in <{parent}>; it goes in <{elsewhere[0]}>"
+    allowed = ", ".join(f"<{n}>" for n in spec.children)
+    return f"unknown element <{tag}> in <{parent}>; allowed here: {allowed or 'nothing'}"

@@ -1,0 +1,200 @@
+"""The network and logging sections: `<Transports>`, `<Admin>`, `<Logging>`.
+
+Each function reads one section (None when the file leaves it out) and returns its part of the
+`Config`, reporting problems to the `Checker`; docs/configuration.md describes every element.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+from .model import (
+    DEFAULT_ADMIN_PORT,
+    DEFAULT_HOST,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_PORT,
+    Admin,
+    LogLevel,
+    LogProtocol,
+    LogTarget,
+    MessageType,
+    Transport,
+    TransportType,
+)
+from .rules import Checker, Section, enum, message_type, positive_interval, size_between
+from .schema import ADMIN, LOGGING, TARGET, TRANSPORT, TRANSPORTS
+from .values import parse_inet_addr
+from .xmltree import Node
+
+__all__ = [
+    "LOG_LEVELS",
+    "MAX_MAX_MESSAGE_SIZE",
+    "MIN_MAX_MESSAGE_SIZE",
+    "log_level",
+    "read_admin",
+    "read_logging",
+    "read_transports",
+]
+
+MIN_MAX_MESSAGE_SIZE = 1 << 10
+MAX_MAX_MESSAGE_SIZE = (1 << 32) - 1  # the frame length is a u32
+
+# <Level> (lowercased) -> our level; AMPS's finer levels fold into the nearest of ours.
+LOG_LEVELS = {
+    "debug": "debug",
+    "info": "info",
+    "warning": "warning",
+    "error": "error",
+    "developer": "debug",
+    "trace": "debug",
+    "stats": "debug",
+    "critical": "error",
+    "emergency": "error",
+}
+
+
+def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport], dict[int, Node]]:
+    """The transports, and the nodes that claimed each port (to check Admin against).
+
+    Without `<Transports>`: one json-tcp transport on the default address, and no ports claimed.
+    """
+    if node is None:
+        default = Transport(name="json-tcp", host=DEFAULT_HOST, port=DEFAULT_PORT)
+        return [default], {}
+    sec = Section(checker, node, TRANSPORTS)
+    if not sec.many("Transport"):
+        checker.report(
+            node,
+            "<Transports> has no <Transport>; add one, or remove <Transports> to get the "
+            f"default transport on {DEFAULT_HOST}:{DEFAULT_PORT}",
+        )
+    found: list[Transport] = []
+    names: dict[str, Node] = {}
+    ports: dict[int, Node] = {}
+    for tnode in sec.many("Transport"):
+        t = Section(checker, tnode, TRANSPORT)
+        name = t.text("Name", required=True, hint=" (for example json-tcp)")
+        addr = t.value(
+            "InetAddr", parse_inet_addr, None, required=True, hint=" (port or host:port)"
+        )
+        ttype = t.value("Type", enum("tcp", "tcps"), "tcp")
+        mtype = t.value("MessageType", message_type, "json")
+        protocol = t.value("Protocol", enum("amps", aliases={"json": "amps"}), "amps")
+        max_size = t.value(
+            "MaxMessageSize",
+            size_between(MIN_MAX_MESSAGE_SIZE, MAX_MAX_MESSAGE_SIZE, "MaxMessageSize"),
+            DEFAULT_MAX_MESSAGE_SIZE,
+        )
+        certificate = t.text("Certificate")
+        private_key = t.text("PrivateKey")
+        if ttype == "tcps":
+            for element, value in (("Certificate", certificate), ("PrivateKey", private_key)):
+                if value is None and not t.has(element):
+                    t.missing(element, " (a PEM file; tcps needs a certificate and key)")
+        else:
+            for element in ("Certificate", "PrivateKey"):
+                if t.has(element):
+                    checker.report(
+                        t.at(element),
+                        f"<{element}> is only used by tcps transports; set <Type>tcps</Type> "
+                        "or remove it",
+                    )
+        if name is not None:
+            if name in names:
+                checker.report(
+                    tnode,
+                    f"transport name {name!r} is already used at line {names[name].line}; "
+                    "give each transport its own <Name>",
+                )
+            names.setdefault(name, tnode)
+        if addr is not None:
+            host, port = addr
+            addr_node = t.at("InetAddr")
+            if port != 0 and port in ports:
+                checker.report(
+                    addr_node,
+                    f"port {port} is already used by the transport at line "
+                    f"{ports[port].line}; give each transport its own port",
+                )
+            ports.setdefault(port, addr_node)
+        else:
+            host, port = DEFAULT_HOST, DEFAULT_PORT
+        found.append(
+            Transport(
+                name=name or "",
+                host=host,
+                port=port,
+                type=cast(TransportType, ttype),
+                message_type=cast(MessageType, mtype),
+                protocol=cast(Literal["amps"], protocol),
+                max_message_size=max_size,
+                certificate=certificate,
+                private_key=private_key,
+            )
+        )
+    return found, ports
+
+
+def read_admin(checker: Checker, node: Node | None, ports: dict[int, Node]) -> Admin | None:
+    """The admin endpoint, None without `<Admin>`; its port may not be a transport's."""
+    if node is None:
+        return None
+    sec = Section(checker, node, ADMIN)
+    host, port = sec.value("InetAddr", parse_inet_addr, (DEFAULT_HOST, DEFAULT_ADMIN_PORT))
+    if port != 0 and port in ports:
+        checker.report(
+            sec.at("InetAddr"),
+            f"admin port {port} is already used by the transport at line "
+            f"{ports[port].line}; give the admin endpoint its own port",
+        )
+    interval = sec.value("Interval", positive_interval, 10.0)
+    return Admin(host=host, port=port, interval=interval)
+
+
+def read_logging(checker: Checker, node: Node | None) -> tuple[LogTarget, ...]:
+    """The log targets: stdout at info without `<Logging>`, none for an empty `<Logging/>`."""
+    if node is None:
+        return (LogTarget(protocol="stdout", level="info"),)
+    sec = Section(checker, node, LOGGING)
+    targets = []
+    for tnode in sec.many("Target"):
+        t = Section(checker, tnode, TARGET)
+        protocol = t.value(
+            "Protocol",
+            enum("stdout", "stderr", "file"),
+            "stdout",
+            required=True,
+            hint=" (stdout, stderr or file)",
+        )
+        level = t.value("Level", log_level, "info")
+        file_name = t.text("FileName")
+        if protocol == "file" and file_name is None and not t.has("FileName"):
+            t.missing("FileName", " (the log file's path)")
+        elif protocol != "file" and t.has("FileName"):
+            checker.report(
+                t.at("FileName"),
+                f"<FileName> is only used with <Protocol>file</Protocol>, not {protocol}; "
+                "remove it",
+            )
+            file_name = None
+        targets.append(
+            LogTarget(
+                protocol=cast(LogProtocol, protocol),
+                level=cast(LogLevel, level),
+                file_name=file_name,
+            )
+        )
+    return tuple(targets)
+
+
+def log_level(text: str) -> str:
+    """A `<Level>`, ours or AMPS's, as one of ours."""
+    level = LOG_LEVELS.get(text.lower())
+    if level is None:
+        if text.lower() == "none":
+            raise ValueError("level 'none' is not supported; remove the <Target> to log nothing")
+        raise ValueError(
+            f"invalid level {text!r}; use debug, info, warning or error (AMPS names developer, "
+            "trace, stats, critical and emergency are accepted too)"
+        )
+    return level
