@@ -7,6 +7,7 @@ pipeline, one module per stage, each pure (no I/O, no asyncio):
 ===============  ============================================================================
 ``errors``       :class:`FilterError` and the limits on filter text
 ``lexer``        text -> tokens
+``tree``         the syntax tree's node types
 ``parser``       tokens -> syntax tree; the grammar is written out at its top
 ``kernels``      the three-valued evaluation rules (NULL semantics written out at its top)
 ``compiler``     syntax tree -> closures, with fast paths for the common shapes

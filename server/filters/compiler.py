@@ -1,4 +1,4 @@
-"""The compiler of the filter language: a syntax tree to nested Python closures.
+"""The compiler of the filter language: a syntax tree (:mod:`.tree`) to nested Python closures.
 
 Each node gives up to three closures, memoised on the node: its value (``None`` = NULL), a
 "definitely TRUE" condition and a "definitely FALSE" condition. ``NOT`` swaps the last two,
@@ -20,7 +20,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .kernels import ARITH, FLIP, KIND, OPFN, arith, between, cmp, in_, like, to_num
-from .parser import Node
+from .tree import (
+    Arith,
+    Between,
+    Compare,
+    Const,
+    Field,
+    In,
+    IsNull,
+    Junction,
+    Like,
+    Node,
+    Not,
+    Unary,
+)
 
 __all__ = ["Condition", "ValueFn", "always_false", "always_true", "condition"]
 
@@ -89,13 +102,12 @@ def _value(node: Node) -> ValueFn:
     fn = node.memo.get("value")
     if fn is not None:
         return fn
-    kind = node.kind
-    if kind == "const":
+    if isinstance(node, Const):
         fn = _constant(node.value)
-    elif kind == "path":
-        fn = _getter(node.value)
-    elif kind == "unary":
-        f = _value(node.a)
+    elif isinstance(node, Field):
+        fn = _getter(node.steps)
+    elif isinstance(node, Unary):
+        f = _value(node.operand)
         if node.op == "-":
 
             def neg(body: Any) -> Any:
@@ -109,10 +121,10 @@ def _value(node: Node) -> ValueFn:
                 return to_num(f(body))
 
             fn = pos
-    elif kind == "arith":
-        first = _value(node.a)
+    elif isinstance(node, Arith):
+        first = _value(node.first)
         steps = []
-        for op, operand in node.items:
+        for op, operand in node.rest:
             steps.append((ARITH[op], _value(operand)))
         rest = tuple(steps)
 
@@ -132,7 +144,7 @@ def _value(node: Node) -> ValueFn:
         fn = arithmetic
     else:  # a condition used as a value: TRUE, FALSE or NULL
         fn = _tri(node)
-    if not node.dyn and kind != "const":
+    if not node.dyn and not isinstance(node, Const):
         fn = _constant(fn(None))
     node.memo["value"] = fn
     return fn
@@ -144,21 +156,20 @@ def _tri(node: Node) -> ValueFn:
     Used only where a condition is a value (``(/a = 1) = TRUE``, ``/b IN (/a > 1)``). It
     evaluates each subtree once: deriving it from the TRUE and FALSE closures would evaluate
     both, and nested conditions-as-values would then cost 2**depth per message."""
-    kind = node.kind
-    if kind == "not":
-        f = _value(node.a)
+    if isinstance(node, Not):
+        f = _value(node.operand)
 
         def not3(body: Any) -> Any:
             x = f(body)
             return not x if x.__class__ is bool else None
 
         return not3
-    if kind == "and" or kind == "or":
+    if isinstance(node, Junction):
         built: list[ValueFn] = []
         for item in node.items:
             built.append(_value(item))
         fns = tuple(built)
-        stop = kind == "or"  # OR stops at the first TRUE, AND at the first FALSE
+        stop = node.kind == "or"  # OR stops at the first TRUE, AND at the first FALSE
 
         def junction3(body: Any) -> Any:
             result: bool | None = not stop
@@ -171,11 +182,11 @@ def _tri(node: Node) -> ValueFn:
             return result
 
         return junction3
-    if kind == "cmp":
+    if isinstance(node, Compare):
         op = node.op
         op_fn = OPFN[op]
-        lf = _value(node.a)
-        rf = _value(node.b)
+        lf = _value(node.left)
+        rf = _value(node.right)
 
         def cmp3(body: Any) -> Any:
             a = lf(body)
@@ -187,15 +198,17 @@ def _tri(node: Node) -> ValueFn:
             return cmp(op, op_fn, a, b)
 
         return cmp3
+    if not isinstance(node, (IsNull, In, Between, Like)):
+        raise AssertionError(type(node).__name__)  # _value compiles every other node
     negated = node.negated
-    get = _value(node.a)
-    if kind == "isnull":
+    get = _value(node.operand)
+    if isinstance(node, IsNull):
 
         def isnull3(body: Any) -> Any:
             return (get(body) is None) is not negated
 
         return isnull3
-    if kind == "in":
+    if isinstance(node, In):
         built = []
         for item in node.items:
             built.append(_value(item))
@@ -206,9 +219,9 @@ def _tri(node: Node) -> ValueFn:
             return x if x is None or not negated else not x
 
         return in3
-    if kind == "between":
-        lo_fn = _value(node.b)
-        hi_fn = _value(node.c)
+    if isinstance(node, Between):
+        lo_fn = _value(node.low)
+        hi_fn = _value(node.high)
 
         def between3(body: Any) -> Any:
             v = get(body)
@@ -218,15 +231,13 @@ def _tri(node: Node) -> ValueFn:
             return x if x is None or not negated else not x
 
         return between3
-    if kind == "like":
-        search = node.value.search
+    search = node.search
 
-        def like3(body: Any) -> Any:
-            x = like(get(body), search)
-            return x if x is None or not negated else not x
+    def like3(body: Any) -> Any:
+        x = like(get(body), search)
+        return x if x is None or not negated else not x
 
-        return like3
-    raise AssertionError(kind)
+    return like3
 
 
 def _const_value(node: Node) -> tuple[bool, Any]:
@@ -242,19 +253,18 @@ def condition(node: Node, want: bool) -> Condition:
     fn = node.memo.get(want)
     if fn is not None:
         return fn
-    kind = node.kind
-    if kind == "not":
-        fn = condition(node.a, not want)
-    elif kind == "and" or kind == "or":
+    if isinstance(node, Not):
+        fn = condition(node.operand, not want)
+    elif isinstance(node, Junction):
         fns = []
         for item in node.items:
             fns.append(condition(item, want))
         # TRUE of AND and FALSE of OR need every item; the other two need any item.
-        fn = _junction(fns, every=(kind == "and") == want)
-    elif kind == "cmp":
+        fn = _junction(fns, every=(node.kind == "and") == want)
+    elif isinstance(node, Compare):
         fn = _comparison(node, want)
-    elif kind == "isnull":
-        get = _value(node.a)
+    elif isinstance(node, IsNull):
+        get = _value(node.operand)
         if node.negated == want:  # IS NOT NULL is TRUE / IS NULL is FALSE
 
             def not_null(body: Any) -> bool:
@@ -267,11 +277,11 @@ def condition(node: Node, want: bool) -> Condition:
                 return get(body) is None
 
             fn = null
-    elif kind == "in":
+    elif isinstance(node, In):
         fn = _in_condition(node, want ^ node.negated)
-    elif kind == "between":
+    elif isinstance(node, Between):
         fn = _between_condition(node, want ^ node.negated)
-    elif kind == "like":
+    elif isinstance(node, Like):
         fn = _like_condition(node, want ^ node.negated)
     else:  # a plain value used as a condition: only a boolean is TRUE or FALSE
         get = _value(node)
@@ -321,12 +331,12 @@ def _junction(fns: Sequence[Condition], every: bool) -> Condition:
     return any_of
 
 
-def _comparison(node: Node, want: bool) -> Condition:
-    op, left, right = node.op, node.a, node.b
-    if left.kind != "path" and right.kind == "path" and not left.dyn:
+def _comparison(node: Compare, want: bool) -> Condition:
+    op, left, right = node.op, node.left, node.right
+    if not isinstance(left, Field) and isinstance(right, Field) and not left.dyn:
         op, left, right = FLIP[op], right, left
-    if left.kind == "path" and not right.dyn:
-        return _compare_field_const(left.value, op, _value(right)(None), want)
+    if isinstance(left, Field) and not right.dyn:
+        return _compare_field_const(left.steps, op, _value(right)(None), want)
     fn = OPFN[op]
     lf = _value(left)
     rf = _value(right)
@@ -420,9 +430,9 @@ def _compare_field_const(steps: tuple[str | int, ...], op: str, lit: Any, want: 
     return path_cmp
 
 
-def _in_condition(node: Node, want: bool) -> Condition:
+def _in_condition(node: In, want: bool) -> Condition:
     """TRUE (``want``) or FALSE of ``a IN (items)``; NOT IN is handled by flipping ``want``."""
-    get = _value(node.a)
+    get = _value(node.operand)
     built: list[ValueFn] = []
     for item in node.items:
         built.append(_value(item))
@@ -463,10 +473,10 @@ def _in_condition(node: Node, want: bool) -> Condition:
     return in_values
 
 
-def _between_condition(node: Node, want: bool) -> Condition:
-    get = _value(node.a)
-    lo_const, lo = _const_value(node.b)
-    hi_const, hi = _const_value(node.c)
+def _between_condition(node: Between, want: bool) -> Condition:
+    get = _value(node.operand)
+    lo_const, lo = _const_value(node.low)
+    hi_const, hi = _const_value(node.high)
     if lo_const and hi_const:
         kinds = {KIND.get(lo.__class__), KIND.get(hi.__class__)}
         c1: type
@@ -488,8 +498,8 @@ def _between_condition(node: Node, want: bool) -> Condition:
             return between(v, lo, hi) is want
 
         return between_constants
-    lo_fn = _value(node.b)
-    hi_fn = _value(node.c)
+    lo_fn = _value(node.low)
+    hi_fn = _value(node.high)
 
     def between_values(body: Any) -> bool:
         v = get(body)
@@ -500,9 +510,9 @@ def _between_condition(node: Node, want: bool) -> Condition:
     return between_values
 
 
-def _like_condition(node: Node, want: bool) -> Condition:
-    get = _value(node.a)
-    search = node.value.search
+def _like_condition(node: Like, want: bool) -> Condition:
+    get = _value(node.operand)
+    search = node.search
 
     def like_match(body: Any) -> bool:
         v = get(body)

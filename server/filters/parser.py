@@ -1,4 +1,4 @@
-"""The parser of the filter language: tokens to a syntax tree of :class:`Node`.
+"""The parser of the filter language: tokens to a syntax tree (:mod:`.tree`).
 
 Grammar (EBNF). Keywords are case-insensitive; whitespace separates tokens::
 
@@ -43,64 +43,22 @@ from protocol.patterns import PatternError, compile_pattern
 
 from .errors import MAX_FILTER_DEPTH, FilterError
 from .lexer import Token, describe, lex
+from .tree import (
+    Arith,
+    Between,
+    Compare,
+    Const,
+    Field,
+    In,
+    IsNull,
+    Junction,
+    Like,
+    Node,
+    Not,
+    Unary,
+)
 
-__all__ = ["Node", "parse"]
-
-
-class Node:
-    """One node of the syntax tree. ``kind`` and the fields it uses:
-
-    ====================  ===================================================================
-    'const'               value
-    'path'                value (the steps: str keys and int indexes)
-    'unary'               op ('-' or '+'), a
-    'arith'               a, items [(op, node), ...] applied left to right, value (its level)
-    'cmp'                 op, a, b
-    'in'                  a, items [node, ...], negated
-    'between'             a, b (low), c (high), negated
-    'like'                a, value (the compiled regex), negated
-    'isnull'              a, negated (IS NOT NULL)
-    'and', 'or'           items [node, ...]
-    'not'                 a
-    ====================  ===================================================================
-
-    ``dyn`` says whether the node depends on the body (if not, it is folded at compile time);
-    ``memo`` holds its compiled closures by mode ("value", True, False).
-    """
-
-    __slots__ = ("a", "b", "c", "dyn", "items", "kind", "memo", "negated", "op", "value")
-
-    # The fields' types depend on ``kind`` (the table above), so they are typed loosely here.
-    def __init__(
-        self,
-        kind: str,
-        *,
-        a: Any = None,
-        b: Any = None,
-        c: Any = None,
-        items: Any = None,
-        op: Any = None,
-        value: Any = None,
-        negated: bool = False,
-        dyn: bool | None = None,
-    ) -> None:
-        self.kind = kind
-        self.a = a
-        self.b = b
-        self.c = c
-        self.items = items
-        self.op = op
-        self.value = value
-        self.negated = negated
-        if dyn is None:
-            parts = [x for x in (a, b, c) if x is not None]
-            for item in items or ():
-                parts.append(item[1] if isinstance(item, tuple) else item)
-            dyn = any(p.dyn for p in parts)
-        self.dyn = dyn
-        self.memo: dict[
-            object, Any
-        ] = {}  # a condition used as a value compiles in up to three modes
+__all__ = ["parse"]
 
 
 # Binding powers (higher binds tighter).
@@ -176,7 +134,7 @@ class _Parser:
 
     def expr(self, min_bp: int) -> Node:
         left = self.prefix()
-        chain: Node | None = None  # the n-ary node this loop built last, to extend
+        chain: Junction | Arith | None = None  # the n-ary node this loop built last, to extend
         predicate_done = False
         while True:
             tok = self.peek()
@@ -187,18 +145,19 @@ class _Parser:
             if bp == _BP_OR or bp == _BP_AND:
                 kind = "or" if bp == _BP_OR else "and"
                 right = self.expr(bp)
-                if left is chain and chain.kind == kind:
+                if left is chain and isinstance(chain, Junction) and chain.kind == kind:
                     chain.items.append(right)
                     chain.dyn = chain.dyn or right.dyn
                 else:
-                    left = chain = Node(kind, items=[left, right])
+                    left = chain = Junction(kind, [left, right])
             elif bp == _BP_SUM or bp == _BP_PRODUCT:
                 right = self.expr(bp)
-                if left is chain and chain.kind == "arith" and chain.value == bp:
-                    chain.items.append((tok.value, right))
+                op = cast(str, tok.value)
+                if left is chain and isinstance(chain, Arith) and chain.level == bp:
+                    chain.rest.append((op, right))
                     chain.dyn = chain.dyn or right.dyn
                 else:
-                    left = chain = Node("arith", a=left, items=[(tok.value, right)], value=bp)
+                    left = chain = Arith(left, [(op, right)], bp)
             else:
                 if predicate_done:
                     raise self.error(
@@ -209,7 +168,7 @@ class _Parser:
 
     def predicate(self, left: Node, tok: Token) -> Node:
         if tok.kind == "op":  # comparison
-            return Node("cmp", op=tok.value, a=left, b=self.expr(_BP_PRED))
+            return Compare(cast(str, tok.value), left, self.expr(_BP_PRED))
         word = tok.value
         negated = False
         if word == "NOT":
@@ -233,7 +192,7 @@ class _Parser:
                 raise self.error(
                     nxt.pos, f"expected {expected} after IS, found {describe(nxt, self.text)}"
                 )
-            return Node("isnull", a=left, negated=negated)
+            return IsNull(left, negated)
         if word == "IN":
             return self.in_list(left, negated)
         if word == "BETWEEN":
@@ -245,7 +204,7 @@ class _Parser:
                     f"expected AND in BETWEEN, found {describe(and_tok, self.text)}",
                 )
             hi = self.expr(_BP_PRED)
-            return Node("between", a=left, b=lo, c=hi, negated=negated)
+            return Between(left, lo, hi, negated)
         if word == "LIKE":
             pat = self.take()
             if pat.kind != "str":
@@ -254,13 +213,14 @@ class _Parser:
                     f"LIKE needs a quoted regular expression, found {describe(pat, self.text)}",
                 )
             try:
-                regex = compile_pattern(cast(str, pat.value))
+                # Any: protocol.patterns spells its Pattern type so that mypy cannot read it
+                regex: Any = compile_pattern(cast(str, pat.value))
             except PatternError as e:
                 raise self.error(
                     pat.pos,
                     f"bad regular expression in LIKE: {e.why} (RE2 syntax: no backreferences or lookaround)",
                 ) from None
-            return Node("like", a=left, value=regex, negated=negated)
+            return Like(left, regex.search, negated)
         raise AssertionError(word)  # infix_bp admits no other keyword
 
     def in_list(self, left: Node, negated: bool) -> Node:
@@ -285,25 +245,23 @@ class _Parser:
                     f"found {describe(sep, self.text)}",
                 )
         self.depth -= 1
-        return Node("in", a=left, items=items, negated=negated)
+        return In(left, items, negated)
 
     def prefix(self) -> Node:
         index = self.i
         tok = self.take()
         kind = tok.kind
         if kind == "num" or kind == "str":
-            return Node("const", value=tok.value, dyn=False)
+            return Const(tok.value)
         if kind == "path":
-            return Node("path", value=tok.value, dyn=True)
+            return Field(cast("tuple[str | int, ...]", tok.value))
         if kind == "kw":
             v = tok.value
             if v == "TRUE" or v == "FALSE" or v == "NULL":
-                return Node(
-                    "const", value={"TRUE": True, "FALSE": False, "NULL": None}[v], dyn=False
-                )
+                return Const({"TRUE": True, "FALSE": False, "NULL": None}[v])
             if v == "NOT":
                 self.enter(tok)
-                node = Node("not", a=self.expr(_BP_NOT))
+                node: Node = Not(self.expr(_BP_NOT))
                 self.depth -= 1
                 return node
         elif kind == "op":
@@ -324,7 +282,7 @@ class _Parser:
                 return node
             if v == "-" or v == "+":
                 self.enter(tok)
-                node = Node("unary", op=v, a=self.expr(_BP_UNARY))
+                node = Unary(v, self.expr(_BP_UNARY))
                 self.depth -= 1
                 return node
         # Not a value. Name what came before, so "/a = " says "after '='".
