@@ -37,7 +37,7 @@ def _opts_text(options: str | Iterable[str] | None) -> str | None:
 class _Waiter:
     __slots__ = ("ack", "command", "fut")
 
-    def __init__(self, fut: asyncio.Future, ack: str, command: str):
+    def __init__(self, fut: asyncio.Future, ack: str, command: str) -> None:
         self.fut = fut
         self.ack = ack
         self.command = command

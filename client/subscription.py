@@ -219,7 +219,7 @@ class Subscription:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._end is None:
             try:
                 await self.unsubscribe()
