@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Self
 from .errors import Disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .client import Client
+    from .client_subscribe import ClientSubscriptions
     from .message import Message, PersistedBookmark
 
 __all__ = ["Subscription"]
@@ -64,7 +64,7 @@ class Subscription:
 
     def __init__(
         self,
-        client: Client,
+        client: ClientSubscriptions,
         sub_id: str,
         topic: str,
         bookmark: str | None,
@@ -219,7 +219,7 @@ class Subscription:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._end is None:
             try:
                 await self.unsubscribe()

@@ -1,0 +1,142 @@
+"""The commands part of `Client`: commands that wait for an ack, matched by `cid`.
+
+`ClientCommands` (a base of `Client`, built on `ClientConnection`) owns the waiting commands:
+every command sent with `_request` carries a `cid` (a decimal counter, also the source of
+generated `sub_id`s) and waits for the ack of the awaited type; `Client._on_ack` settles the
+waiter, a failure ack of any type for that `cid` fails it, and a closing connection fails every
+waiter with `Disconnected` (`_fail_waiters`). Also here: `execute`, `flush` and `sow_delete`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import msgspec
+
+from protocol.framing import encode_frame
+from protocol.headers import Header
+
+from .client_conn import ClientConnection
+from .errors import CommandTimeout, Disconnected
+
+__all__ = ["DEFAULT_TIMEOUT", "ClientCommands"]
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds a command waits for its ack unless told otherwise (flushes wait forever by default)."""
+
+_replace = msgspec.structs.replace
+
+
+def _opts_text(options: str | Iterable[str] | None) -> str | None:
+    if options is None or isinstance(options, str):
+        return options or None
+    return ",".join(options) or None
+
+
+class _Waiter:
+    __slots__ = ("ack", "command", "fut")
+
+    def __init__(self, fut: asyncio.Future, ack: str, command: str) -> None:
+        self.fut = fut
+        self.ack = ack
+        self.command = command
+
+
+class ClientCommands(ClientConnection):
+    """Commands that wait for their ack (see the module docstring). Part of `Client`."""
+
+    def _init_commands(self) -> None:
+        self._waiters: dict[str, _Waiter] = {}
+        self._next_id = 0
+
+    # ================================================================ other commands
+
+    async def execute(
+        self,
+        header: Header,
+        body: bytes = b"",
+        *,
+        ack: str = "processed",
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> Header:
+        """Send any command and return its `ack`-type ack header.
+
+        A `cid` is assigned if the header has none, and `ack` is added to its `a`. Raises
+        CommandError on a failure ack, CommandTimeout, Disconnected.
+        """
+        if self._state == "connected" and header.c != "logon":
+            raise self._not_ready(header.c or "execute")
+        return await self._request(header, ack, timeout, body)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until the server has processed every earlier command of this connection."""
+        await self.execute(Header(c="flush"), ack="completed", timeout=timeout)
+
+    async def sow_delete(
+        self,
+        topic: str,
+        bookmarks: str | Iterable[object] | None = None,
+        *,
+        filter: str | None = None,
+        options: str | Iterable[str] | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> int:
+        """Acknowledge (delete) queue messages by bookmarks or by filter; returns the stats
+        ack's `records_deleted`. `options`: `cancel` or `expire` (PROTOCOL.md §8)."""
+        if (bookmarks is None) == (filter is None):
+            raise ValueError("sow_delete needs exactly one of bookmarks or filter")
+        bm = None
+        if bookmarks is not None:
+            bm = bookmarks if isinstance(bookmarks, str) else ",".join(map(str, bookmarks))
+        header = Header(c="sow_delete", t=topic, bm=bm, f=filter, o=_opts_text(options),
+                        a="processed,stats")  # fmt: skip
+        ack = await self.execute(header, ack="stats", timeout=timeout)
+        return ack.records_deleted or 0
+
+    # ================================================================ internals: requests
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return str(self._next_id)
+
+    async def _request(
+        self, header: Header, ack: str, timeout: float | None, body: bytes = b""
+    ) -> Header:
+        """Send `header` and wait for its `ack`-type ack (a cid is assigned if it has none,
+        and `ack` is added to its `a`)."""
+        if self._transport is None:
+            raise self._not_ready(header.c or "command")
+        changes: dict[str, str] = {}
+        if header.cid is None:
+            changes["cid"] = self._new_id()
+        acks = header.a.split(",") if header.a else []
+        if ack not in acks:
+            changes["a"] = ",".join([*acks, ack])
+        if changes:
+            header = _replace(header, **changes)
+        cid = header.cid
+        fut = self._loop.create_future()
+        waiter = self._waiters[cid] = _Waiter(fut, ack, header.c or "command")
+        self._write(encode_frame(header, body))
+        try:
+            if timeout is None:
+                return await fut
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            raise CommandTimeout(f"{header.c} (cid {cid})", timeout, f"{ack} ack") from None
+        finally:
+            if self._waiters.get(cid) is waiter:
+                del self._waiters[cid]
+
+    def _send_quietly(self, header: Header) -> None:
+        """Fire-and-forget (cleanup after a cancelled or timed-out command)."""
+        if self._transport is not None:
+            self._write(encode_frame(header))
+
+    def _fail_waiters(self, err: Disconnected) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for w in waiters.values():
+            if not w.fut.done():
+                w.fut.set_exception(err)

@@ -1,0 +1,325 @@
+"""The connection part of `Client`: the TCP transport, its bytes in and out, heartbeats, close.
+
+`ClientConnection` is the base class of `Client` (client/client.py); the other parts
+(client_commands.py, client_subscribe.py, client_publish.py) build on it. It owns:
+
+- the transport and its state: `new | connected | logged_on | closed` (the diagram is in
+  client/client.py), why it closed (`closed_reason`) and the future `wait_closed()` awaits;
+- the outgoing bytes: every frame goes through `_write`, which coalesces what one event-loop
+  iteration writes into one `transport.write` (at once past 256 KiB); `_write_paused` follows
+  the transport's high-water mark (4 MiB) and `_wait_writable()` waits for it to drain;
+- the incoming bytes: a `FrameDecoder`; decoded frames go to `_dispatch`, and a bad frame
+  aborts the connection with reason `bad frame`; `_reading_paused` is set by the subscription
+  part while a subscription's buffer is full;
+- client-side heartbeats (`start_heartbeat`).
+
+A subclass provides two hooks: `_dispatch(frames)` routes the frames decoded from one read, and
+`_fail_pending(err)` fails whatever waits on the connection when it closes (called once, after
+the outgoing bytes are dropped and before blocked writers wake up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from typing import Self, cast
+
+from protocol.framing import FrameDecoder, FrameError, encode_frame
+from protocol.headers import Header
+
+from .address import parse_address
+from .errors import ClientError, ConnectFailed, Disconnected
+
+__all__ = ["ClientConnection"]
+
+log = logging.getLogger("tickertape.client")
+
+_OUT_LIMIT = 256 * 1024  # coalesced bytes written at once instead of at the end of the iteration
+_WRITE_HIGH = 4 * 1024 * 1024  # transport buffer high-water mark: above it publish() waits
+BEAT = encode_frame(Header(c="heartbeat", o="beat"))
+"""The `beat` frame: sent on a timer and in answer to each server heartbeat."""
+
+
+class _ClientProtocol(asyncio.Protocol):
+    """Forwards transport events to its Client; holds no state of its own."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: ClientConnection):
+        self._client = client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._client._connection_made(cast(asyncio.Transport, transport))  # a TCP transport
+
+    def data_received(self, data: bytes) -> None:
+        self._client._data_received(data)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._client._connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._client._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._client._resume_writing()
+
+
+class ClientConnection:
+    """The transport, the bytes in and out, heartbeats and close of one `Client` connection.
+
+    Not used alone: `Client` is the class to make. See the module docstring for what it owns.
+    """
+
+    server: str | None
+
+    def _init_connection(self, server: str | None, max_message_size: int) -> None:
+        self.server = server
+        self._decoder = FrameDecoder(max_message_size)
+        self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = "new"  # new | connected | logged_on | closed
+        self._closed_exc: Disconnected | None = None
+        self._closing_reason: tuple[str, str] | None = None  # set when we close or abort
+        self._server_failure: tuple[str, str] | None = None  # a failure the server closes after
+        self._user_closed = False
+        self._lost: asyncio.Future | None = None
+        self._reading_paused = False
+        self._write_paused = False
+        self._drain_fut: asyncio.Future | None = None
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+        self._hb_task: asyncio.Task | None = None
+        self._last_rx = 0.0
+
+    def _dispatch(self, frames: list[tuple[Header, bytes]]) -> None:
+        """Hook: route the frames decoded from one read."""
+        raise NotImplementedError
+
+    def _fail_pending(self, err: Disconnected) -> None:
+        """Hook: fail every pending command, publish and subscription with `err`."""
+        raise NotImplementedError
+
+    # ================================================================ connection
+
+    async def connect(self, address: str | None = None, *, timeout: float = 10.0) -> Self:
+        """Open the TCP connection (`host:port` or `tcp://host:port/`; default the `server`
+        given to the constructor). Raises `ConnectFailed`. Returns self."""
+        if self._state != "new":
+            raise ClientError(f"connect() on a {self._state} client; a Client is one connection")
+        address = address or self.server
+        if not address:
+            raise ValueError("no server address: pass connect('host:port') or Client(server=...)")
+        host, port = parse_address(address)
+        self.server = address
+        loop = self._loop = asyncio.get_running_loop()
+        self._lost = loop.create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(lambda: _ClientProtocol(self), host, port)
+        except TimeoutError:
+            raise ConnectFailed(address, f"no answer within {timeout:g}s") from None
+        except OSError as exc:
+            # several addresses (localhost: ::1 and 127.0.0.1) fail as one plain OSError
+            refused = isinstance(exc, ConnectionRefusedError)
+            refused = refused or f"[Errno {errno.ECONNREFUSED}]" in str(exc)
+            reason = "connection refused" if refused else (exc.strerror or str(exc))
+            raise ConnectFailed(address, reason) from None
+        return self
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Send what is buffered, close the connection and wait until it is closed.
+
+        Does not wait for persisted acks: call publish_flush() first for that. Subscriptions
+        stop cleanly after their buffered messages; pending commands fail with Disconnected.
+        """
+        transport = self._transport
+        if transport is None:
+            if self._state != "closed":
+                self._mark_closed(Disconnected("closed by client"))
+            return
+        self._user_closed = True
+        if self._closing_reason is None:
+            self._closing_reason = ("closed by client", "")
+        self._flush_out()
+        transport.close()
+        lost = self._lost
+        try:
+            await asyncio.wait_for(asyncio.shield(lost), timeout)
+        except TimeoutError:
+            # the peer does not read what is buffered: drop it instead of waiting forever
+            transport.abort()
+            await lost
+
+    def abort(self, reason: str, detail: str = "") -> None:
+        """Drop the connection at once (nothing buffered is sent): pending commands and
+        subscriptions fail with Disconnected(`reason`), as when the connection is lost."""
+        self._abort(reason, detail)
+
+    async def wait_closed(self) -> Disconnected | None:
+        """Wait until the connection ends; returns why (None if it never opened)."""
+        if self._lost is not None:
+            await asyncio.shield(self._lost)
+        return self._closed_exc
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    @property
+    def closed_reason(self) -> Disconnected | None:
+        return self._closed_exc
+
+    # ================================================================ heartbeats
+
+    async def send_heartbeat(self) -> None:
+        """Send one `beat` now."""
+        if self._state != "logged_on":
+            raise self._not_ready("heartbeat")
+        self._write(BEAT)
+        if self._write_paused:
+            await self._wait_writable()
+
+    def start_heartbeat(self, interval: float, timeout: float | None = None) -> None:
+        """Ask the server for heartbeats every `interval` seconds, beat at that pace, and close
+        with reason `heartbeat` when the server is silent for `timeout` seconds (default two
+        intervals; the server closes a client silent for two intervals whatever this is)."""
+        if self._state != "logged_on":
+            raise self._not_ready("heartbeat")
+        if not interval >= 0.01:
+            raise ValueError(f"heartbeat interval must be >= 0.01 seconds, got {interval!r}")
+        if timeout is None:
+            timeout = 2 * interval
+        elif not timeout > 0:
+            raise ValueError(f"heartbeat timeout must be > 0 seconds, got {timeout!r}")
+        text = f"{interval:.3f}".rstrip("0").rstrip(".")
+        self._write(encode_frame(Header(c="heartbeat", o=f"start,{text}")))
+        self._last_rx = self._loop.time()
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+        self._hb_task = self._loop.create_task(self._heartbeat_loop(interval, timeout))
+
+    async def _heartbeat_loop(self, interval: float, timeout: float) -> None:
+        loop = self._loop
+        next_beat = loop.time() + interval
+        tick = min(interval, timeout) / 2
+        while self._transport is not None:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            if self._reading_paused:
+                self._last_rx = now  # we stopped reading; the server is not the silent one
+            elif now - self._last_rx > timeout:
+                self._abort(
+                    "heartbeat",
+                    f"no bytes from the server for {now - self._last_rx:.1f}s "
+                    f"(heartbeat interval {interval:g}s, timeout {timeout:g}s); check the "
+                    "server and the network",
+                )
+                return
+            if now >= next_beat and self._transport is not None:
+                self._write(BEAT)
+                next_beat = now + interval
+
+    # ================================================================ internals: writing
+
+    def _not_ready(self, what: str) -> ClientError:
+        if self._state == "closed":
+            return self._closed_exc or Disconnected("closed by client")
+        if self._state == "new":
+            return ClientError(f"{what}: not connected; call await client.connect(address) first")
+        return ClientError(f"{what}: not logged on; call await client.logon() first")
+
+    def _write(self, data: bytes) -> None:
+        if self._transport is None:
+            raise self._not_ready("write")
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= _OUT_LIMIT:
+            self._flush_out()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self._out_bytes = 0
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    async def _wait_writable(self) -> None:
+        while self._write_paused:
+            if self._transport is None:
+                raise self._not_ready("write")
+            fut = self._drain_fut
+            if fut is None or fut.done():
+                fut = self._drain_fut = self._loop.create_future()
+            await asyncio.shield(fut)
+
+    def _resume_writing(self) -> None:
+        self._write_paused = False
+        fut, self._drain_fut = self._drain_fut, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    # ================================================================ internals: transport events
+
+    def _connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._state = "connected"
+        transport.set_write_buffer_limits(high=_WRITE_HIGH)
+        self._last_rx = self._loop.time()
+
+    def _data_received(self, data: bytes) -> None:
+        self._last_rx = self._loop.time()
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as exc:
+            self._dispatch(exc.frames)
+            self._abort("bad frame", f"from the server: {exc}")
+            return
+        self._dispatch(frames)
+
+    def _abort(self, reason: str, detail: str) -> None:
+        """Close at once with `reason` (bad frame from the server, silent server)."""
+        if self._closing_reason is None:
+            self._closing_reason = (reason, detail)
+        log.warning("closing connection to %s: %s (%s)", self.server, reason, detail)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _connection_lost(self, exc: BaseException | None) -> None:
+        if self._closing_reason is not None:
+            reason, detail = self._closing_reason
+        elif self._server_failure is not None:
+            # the server closes after a failure it could not attribute (`bad frame`,
+            # `logon required`): that reason is the disconnect reason (PROTOCOL.md §9)
+            reason, detail = self._server_failure
+        elif exc is None:
+            reason, detail = "closed by server", ""
+        else:
+            reason, detail = "connection lost", str(exc) or type(exc).__name__
+        self._mark_closed(Disconnected(reason, detail))
+
+    def _mark_closed(self, err: Disconnected) -> None:
+        self._transport = None
+        self._state = "closed"
+        self._closed_exc = err
+        self._out.clear()
+        self._out_bytes = 0
+        self._fail_pending(err)
+        self._resume_writing()  # blocked publishers wake up and see the closed state
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+            self._hb_task = None
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)

@@ -1,0 +1,37 @@
+"""Content filters (PROTOCOL.md §7): filter text compiled into a predicate over a JSON body.
+
+:func:`compile_filter` parses the text once and builds nested Python closures; evaluating a
+message is a few closure calls, with no tree walking and no ``eval``. The package is a small
+pipeline, one module per stage, each pure (no I/O, no asyncio):
+
+===============  ============================================================================
+``errors``       :class:`FilterError` and the limits on filter text
+``lexer``        text -> tokens
+``tree``         the syntax tree's node types
+``parser``       tokens -> syntax tree; the grammar is written out at its top
+``kernels``      the three-valued evaluation rules (NULL semantics written out at its top)
+``compiler``     syntax tree -> closures, with fast paths for the common shapes
+``api``          :func:`compile_filter` and :func:`compile_body_filter`: limits, caching,
+                 and the guarantee that a predicate never raises
+===============  ============================================================================
+
+Evaluation never raises: the body is whatever ``msgspec.json.decode`` returns (exact ``dict``,
+``list``, ``str``, ``int``, ``float``, ``bool``, ``None``; values of other types are NULL).
+
+Limits: text over :data:`MAX_FILTER_TEXT` characters or nesting (parentheses, ``NOT``, unary
+signs, ``IN`` lists) deeper than :data:`MAX_FILTER_DEPTH` fails. Every failure raises
+:class:`FilterError` (``reason = "bad filter"``, the stable failure reason of PROTOCOL.md §3)
+with the 0-based character position of the problem. ``LIKE`` patterns are compiled at compile
+time, with RE2 (``protocol.patterns``): matching takes time linear in the subject.
+"""
+
+from .api import compile_body_filter, compile_filter
+from .errors import MAX_FILTER_DEPTH, MAX_FILTER_TEXT, FilterError
+
+__all__ = [
+    "MAX_FILTER_DEPTH",
+    "MAX_FILTER_TEXT",
+    "FilterError",
+    "compile_body_filter",
+    "compile_filter",
+]
