@@ -36,6 +36,12 @@ _KEYWORDS = frozenset(
 )
 _TWO_CHAR_OPS = frozenset({"<=", ">=", "<>", "!=", "=="})
 _ONE_CHAR_OPS = frozenset("=<>+-*%(),")
+
+
+def _digit(ch: str) -> bool:
+    return ch.isascii() and ch.isdigit()
+
+
 _NUMBER_TOKEN = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _WORD = re.compile(r"[A-Za-z_]\w*")
 
@@ -93,9 +99,8 @@ def lex(text: str) -> list[Token]:
             toks.append(Token("op", "/", i, i + 1))
             i += 1
             operand = True
-        elif c.isdigit() or (c == "." and nxt.isdigit()):
-            # Not always a match: "²".isdigit() is True but \d refuses it, and then m.end()
-            # raises AttributeError (not a FilterError); kept as it was by the package split.
+        elif _digit(c) or (c == "." and _digit(nxt)):
+            # ASCII digits only: "²".isdigit() is True, but no number starts with it
             m = cast("re.Match[str]", _NUMBER_TOKEN.match(text, i))
             i = m.end()
             raw = m.group()
@@ -167,7 +172,7 @@ def _lex_path(text: str, i: int) -> tuple[tuple[str | int, ...], int]:
         i = j
         while i < n and text[i] == "[":
             j = i + 1
-            while j < n and text[j].isdigit():
+            while j < n and _digit(text[j]):
                 j += 1
             if j == i + 1:
                 raise FilterError(text, j, "expected an array index (digits) after '['")

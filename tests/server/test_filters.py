@@ -665,6 +665,11 @@ MALFORMED = [
         "bad regular expression in LIKE: invalid perl operator",
     ),  # no lookaround
     ("/a = 1 OR /b LIKE '*'", 18, "bad regular expression in LIKE"),
+    # non-ASCII digits: str.isdigit() says yes, no number or index is made of them
+    ("/a = \u00b2", 5, "unexpected character"),
+    ("/a = 1\u00b2", 5, "malformed number"),
+    ("/a[\u00b2] = 1", 3, "expected an array index"),
+    ("/a[1\u0663] = 1", 4, "expected ']'"),
 ]
 
 
