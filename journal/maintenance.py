@@ -33,6 +33,7 @@ import shutil
 import struct
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 from .compacted import CompactedReader
 from .manifest import (
@@ -48,10 +49,15 @@ from .manifest import (
 )
 from .record import KIND_MESSAGE
 
+if TYPE_CHECKING:
+    from .journal import Journal
+    from .segments import Segment
+
 log = logging.getLogger("tickertape.journal.maintenance")
 
 DEFAULT_GROUP_BYTES = 512 * 1024 * 1024
 STALE_REQUEST_S = 24 * 3600.0
+NEWEST_TIME_SPAN = 512 * 1024
 
 
 class MaintenanceError(RuntimeError):
@@ -77,25 +83,15 @@ def segment_entry(seg) -> dict:
     }
 
 
-def newest_time_us(journal, seg) -> int | None:
+def newest_time_us(journal: Journal, seg: Segment) -> int | None:
     """An upper bound of the receive times in `seg`: the first message time at or after its end
-    (times never decrease along the journal); None if nothing follows it yet."""
-    pos = seg.end
-    budget = 8
-    while budget > 0 and pos < journal.end_position:
-        recs, nxt = journal.read_raw(pos, 64 * 1024)
-        if not recs:
-            nxt2 = journal.next_position(nxt)
-            if nxt2 == pos:
-                break
-            pos = nxt2
-            budget -= 1
-            continue
-        for r in recs:
-            if r[1] == KIND_MESSAGE:
-                return r[4]
-        pos = nxt
-        budget -= 1
+    (times never decrease along the journal); None if nothing follows it yet, or no message in
+    the NEWEST_TIME_SPAN bytes after it (only queue events: taken as not old enough)."""
+    for r in journal.records(seg.end, max_bytes=64 * 1024):
+        if r.kind == KIND_MESSAGE:
+            return r.timestamp_us
+        if r.position - seg.end >= NEWEST_TIME_SPAN:
+            break
     return None
 
 
