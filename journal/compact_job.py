@@ -18,19 +18,22 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .compacted import CompactedReader, CompactedWriter, compacted_name
-from .job_input import binary_column, read_segment
+from .job_input import Columns, binary_column, read_segment
 from .manifest import file_sha256
-from .record import KIND_MESSAGE, KIND_QUEUE_EVENT
+from .record import KIND_MESSAGE, KIND_QUEUE_EVENT, BytesLike
 
 if TYPE_CHECKING:
-    pass
+    import numpy as np
+
+QueueMatcher = tuple[str, str, re.Pattern[str] | None, int]
+"""(queue name, underlying topic, its compiled pattern if it is one, floor position)."""
 
 
-def _queue_matchers(policy: dict):
-    out = []
+def _queue_matchers(policy: dict[str, Any]) -> list[QueueMatcher]:
+    out: list[QueueMatcher] = []
     for q in policy.get("queues", ()):
         rx = re.compile(q["topic"]) if q.get("pattern") else None
         out.append((q["name"], q["topic"], rx, int(q["floor"])))
@@ -38,8 +41,13 @@ def _queue_matchers(policy: dict):
 
 
 def keep_mask(
-    positions, cols, topics: list[str], topic_codes, policy: dict, cutoff_position: int | None
-):
+    positions: np.ndarray,
+    cols: Columns,
+    topics: list[str],
+    topic_codes: np.ndarray,
+    policy: dict[str, Any],
+    cutoff_position: int | None,
+) -> np.ndarray:
     """Which records of one chunk compaction keeps (a numpy bool array), per the module's rules."""
     import numpy as np
 
@@ -68,7 +76,7 @@ def keep_mask(
     return keep
 
 
-def compact_group(group: dict) -> dict:
+def compact_group(group: dict[str, Any]) -> dict[str, Any]:
     """Rewrite one group of segments into one compacted segment under group["staging"].
 
     group: {"segments": [entries], "staging": dir, "tag": request id, "policy": {...}}.
@@ -153,7 +161,13 @@ def compact_group(group: dict) -> dict:
     )
 
 
-def _write_kept(w: CompactedWriter, buf, positions, cols, keep) -> int:
+def _write_kept(
+    w: CompactedWriter,
+    buf: BytesLike,
+    positions: np.ndarray,
+    cols: Columns,
+    keep: np.ndarray | None,
+) -> int:
     """Add the kept records of one chunk (all when keep is None) as runs; return their crc sum."""
     import numpy as np
 
@@ -188,8 +202,16 @@ def _write_kept(w: CompactedWriter, buf, positions, cols, keep) -> int:
 
 
 def _verify_compacted(
-    final, name, info, seg_stats, records_in, raw_in, crc_out, segs, raw_crcs
-) -> dict:
+    final: str,
+    name: str,
+    info: dict[str, Any],
+    seg_stats: list[dict[str, Any]],
+    records_in: int,
+    raw_in: int,
+    crc_out: int,
+    segs: list[dict[str, Any]],
+    raw_crcs: list[int],
+) -> dict[str, Any]:
     """Read the output back: every block decompressed, and equal (crc32) to the bytes written,
     which were read from the segments with every record's crc checked; record counts too."""
     reader = CompactedReader(final)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .compacted import CompactedReader
 from .record import (
     SEGMENT_HEADER_SIZE,
+    BytesLike,
     CorruptRecord,
     decode_segment_header,
     record_columns,
@@ -28,6 +29,7 @@ from .walk import BufferRecords, good_runs
 
 if TYPE_CHECKING:
     import numpy as np
+    import pyarrow as pa
 
 log = logging.getLogger("tickertape.journal")
 
@@ -152,12 +154,14 @@ def _compacted_chunks(entry: dict[str, Any]) -> Iterator[Chunk]:
         reader.close()
 
 
-def _slices(buf, starts, ends) -> list:
-    b = bytes(buf) if isinstance(buf, memoryview) else buf
+def _slices(buf: BytesLike, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+    b = buf if isinstance(buf, bytes) else bytes(buf)
     return [b[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
 
 
-def binary_column(buf, starts, ends, valid=None):
+def binary_column(
+    buf: BytesLike, starts: np.ndarray, ends: np.ndarray, valid: np.ndarray | None = None
+) -> pa.Array:
     """A pyarrow binary array of buf[starts[i]:ends[i]] (None where valid is False).
 
     Built as an Arrow binary *view* array over buf (16-byte views computed with numpy: no
@@ -169,7 +173,7 @@ def binary_column(buf, starts, ends, valid=None):
 
     n = len(starts)
     if len(buf) >= 1 << 31 or n == 0:
-        vals = _slices(buf, starts, ends)
+        vals: list[bytes | None] = list(_slices(buf, starts, ends))
         if valid is not None:
             vals = [v if ok else None for v, ok in zip(vals, valid.tolist())]
         return pa.array(vals, pa.binary())

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .compact_job import compact_group, keep_mask
 from .job_input import SegmentChanged, binary_column, read_segment
@@ -31,7 +32,7 @@ from .manifest import file_sha256
 from .record import KIND_MESSAGE
 
 if TYPE_CHECKING:
-    pass
+    import pyarrow as pa
 
 __all__ = [
     "ARCHIVE_COLUMNS",
@@ -105,7 +106,7 @@ def unescape_partition(text: str) -> str:
     return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), text)
 
 
-def _arrow_schema():
+def _arrow_schema() -> pa.Schema:
     import pyarrow as pa
 
     return pa.schema(
@@ -135,7 +136,7 @@ def archive_file_name(first: int, end: int) -> str:
     return f"{first:020d}-{end:020d}.parquet"
 
 
-def archive_group(group: dict) -> dict:
+def archive_group(group: dict[str, Any]) -> dict[str, Any]:
     """Archive one group of segments to Parquet under group["staging"] (hive layout).
 
     group: {"segments": [entries], "staging": dir, "level": zstd level}. Returns metadata:
@@ -345,7 +346,7 @@ def archive_group(group: dict) -> dict:
 # -- the Spark task ------------------------------------------------------------------------------
 
 
-def spark_task(batches):
+def spark_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The mapInArrow function (batch.py): rows (gid, group spec as JSON) in, (gid, metadata as
     JSON) out. Lives here, not in batch.py, so executors import it without the driver's module."""
     import json

@@ -185,10 +185,12 @@ class JournalRecovery(JournalReader):
             pass
 
     def _index_compacted(self, seg: Segment, pos: int) -> int:
+        reader = seg.reader
+        assert reader is not None  # a compacted segment
         indexed = 0
         while True:
             try:
-                recs, nxt = seg.reader.read(pos, 4 * READ_BLOCK, verify=True)
+                recs, nxt = reader.read(pos, 4 * READ_BLOCK, verify=True)
             except CorruptCompacted as exc:
                 raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
             if not recs:
