@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .compact_job import compact_group, keep_mask
 from .job_input import SegmentChanged, binary_column, read_segment
 from .manifest import file_sha256
-from .record import KIND_MESSAGE
+from .record import FLAG_EXPIRATION, KIND_MESSAGE
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -206,7 +206,7 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
                     headers = binary_column(buf, cols["header_start"], cols["header_end"], has_hdr)
                 else:
                     headers = pa.nulls(n, pa.binary())
-                has_exp = (cols["flags"] & 1) != 0
+                has_exp = (cols["flags"] & FLAG_EXPIRATION) != 0
                 pub = pa.array(cols["publisher_id"], pa.uint64())
                 seq = pa.array(cols["seq"], pa.uint64())
                 bookmark = pc.binary_join_element_wise(

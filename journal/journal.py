@@ -10,6 +10,7 @@ Layout on disk (`directory`):
   (compacted.py) replace which position ranges, and the position below which segments were
   removed. Plain and compacted segments are read through the same calls (`read`, `read_raw`,
   `next_position`, `after`); a compacted range may have gaps where records were dropped.
+  `raw_batches` / `records` / `scan` walk every record across segments and gaps (reading.py).
   Layout changes run on the writer thread between two commits (`run_in_writer`), commit by
   renaming the manifest, and swap the segment list in one assignment; files that left the layout
   are unlinked (and their cached fds closed) only after a grace period, so a read in flight

@@ -33,7 +33,7 @@ from .record import (
 )
 from .segments import READ_BLOCK, Segment, _seg_base
 from .state import JournalState
-from .walk import FileRecords, good_runs
+from .walk import FileRecords, next_run
 
 T = TypeVar("T", bound=tuple[Any, ...])  # Record or RawTuple: position first
 
@@ -88,13 +88,12 @@ class JournalReader(JournalState):
 
     def _intact(self, seg: Segment, position: int, max_bytes: int) -> tuple[bytes, int]:
         """(bytes of whole, checked records from position, position): damage is reported and
-        skipped (walk.good_runs), so the position returned may be past the one asked for;
+        skipped (walk.next_run), so the position returned may be past the one asked for;
         (b"", end) when nothing good is left in the segment (end: its end, or the durable end)."""
         limit = min(seg.end, self._end)
         report = functools.partial(self.integrity.damaged, seg.path)
-        for pos, buf in good_runs(self._source(seg), position, limit, report, max_bytes):
-            return buf, pos
-        return b"", limit
+        run = next_run(self._source(seg), position, limit, report, max_bytes)
+        return (b"", limit) if run is None else (run[1], run[0])
 
     def _resync(self, seg: Segment, position: int, limit: int) -> int:
         """The position of the first good record at or after position in seg, else limit."""

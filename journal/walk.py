@@ -1,6 +1,6 @@
 """The one walk over stored records: checked runs, damage skipped and reported.
 
-Every reader of plain segment bytes goes through `good_runs`: Journal.read_raw / read / read_block
+Every reader of plain segment bytes goes through `next_run` / `good_runs`: Journal.read_raw / read / read_block
 and the records iterators (reading.py), recovery's scan of the tail (recovery.py), and the
 archive / compaction tasks, which read whole segment files without a Journal (job_input.py).
 
@@ -125,6 +125,26 @@ class BufferRecords:
         return limit if found < 0 else self.base + found
 
 
+def next_run(
+    src: RecordSource[B], start: int, limit: int, report: Report, max_bytes: int | None = None
+) -> tuple[int, B] | None:
+    """The walk's step: (position, bytes) of the first run of whole, checked records at or
+    after `start` (a record boundary) and before `limit`, at most max_bytes (None: as long as
+    the good records go on) unless one record is larger; None if no good record is left. Each
+    damaged region passed on the way is reported, one that reaches `limit` (nothing good after
+    it: a torn tail, or a file shorter than its segment) too."""
+    pos = start
+    while pos < limit:
+        buf = src.window(pos, limit, max_bytes)
+        stop, bad = verified_prefix(buf)
+        if stop:
+            return pos, (buf if stop == len(buf) else buf[:stop])
+        nxt = src.find_good(pos + 1, limit)
+        report(src.file_offset(pos), nxt - pos, DAMAGED if bad == 0 else RUNS_PAST)
+        pos = nxt
+    return None
+
+
 def good_runs(
     src: RecordSource[B],
     start: int,
@@ -132,19 +152,8 @@ def good_runs(
     report: Report,
     max_bytes: int | None = None,
 ) -> Iterator[tuple[int, B]]:
-    """Yield (position, bytes) of each run of whole, checked records in [start, limit), in order,
-    each at most max_bytes (None: as long as the good records go on) unless one record is
-    larger. `start` must be a record boundary (or the walk reports damage there). Each damaged
-    region is reported once, when the walk passes it; one that reaches `limit` (nothing good
-    after it: a torn tail, or a file shorter than its segment) too."""
-    pos = start
-    while pos < limit:
-        buf = src.window(pos, limit, max_bytes)
-        stop, bad = verified_prefix(buf)
-        if stop:
-            yield pos, (buf if stop == len(buf) else buf[:stop])
-            pos += stop
-            continue
-        nxt = src.find_good(pos + 1, limit)
-        report(src.file_offset(pos), nxt - pos, DAMAGED if bad == 0 else RUNS_PAST)
-        pos = nxt
+    """Every run of next_run() in [start, limit), in order: all the good records, each damaged
+    region between them reported once, when the walk passes it."""
+    while (run := next_run(src, start, limit, report, max_bytes)) is not None:
+        yield run
+        start = run[0] + len(run[1])
