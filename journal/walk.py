@@ -1,8 +1,9 @@
 """The one walk over stored records: checked runs, damage skipped and reported.
 
-Every reader of plain segment bytes goes through `next_run` / `good_runs`: Journal.read_raw / read / read_block
-and the records iterators (reading.py), recovery's scan of the tail (recovery.py), and the
-archive / compaction tasks, which read whole segment files without a Journal (job_input.py).
+Every reader of plain segment bytes goes through `next_run` / `good_runs`: Journal.read_raw,
+read and read_block and with them the records iterators (reading.py), recovery's scan of the
+tail (recovery.py), and the archive / compaction tasks, which read whole segment files without
+a Journal (job_input.py).
 
 The walk takes a window of bytes at a position, hands out its prefix of whole, good records
 (record.verified_prefix: a length that holds the record's own fields, a known kind and flags,
@@ -35,9 +36,8 @@ Report = Callable[[int, int, str], None]
 DAMAGED = "bad length, kind or checksum"
 RUNS_PAST = "record runs past the end of the segment"
 RESYNC_WINDOW = 1024 * 1024
-RESYNC_OVERLAP = (
-    64 * 1024
-)  # a good record that began near a window's end is found whole in the next
+# consecutive resync windows overlap: a good record that began near one's end is whole in the next
+RESYNC_OVERLAP = 64 * 1024
 
 B = TypeVar("B", bytes, memoryview)
 B_co = TypeVar("B_co", bytes, memoryview, covariant=True)
