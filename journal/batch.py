@@ -48,14 +48,19 @@ if __name__ == "__main__" and not __package__:  # run as a file (spark-submit jo
 import argparse
 import json
 import shutil
-import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from journal import jobs
+from journal.job_progress import Progress
 from journal.maintenance import plan_groups
 from journal.manifest import read_json, result_path, staging_dir, write_json_atomic
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 EXIT_OK, EXIT_ERROR, EXIT_VERIFY, EXIT_STALE = 0, 1, 2, 3
+Json = dict[str, Any]  # a request, a group's spec or metadata, a catalog, a summary
 META_SCHEMA = "gid INT, meta STRING"
 
 
@@ -71,7 +76,7 @@ def build_session(
     master: str | None = None,
     driver_memory: str | None = None,
     app_name: str = "tickertape-journal",
-):
+) -> SparkSession:
     """A SparkSession for the job. Locally: `master` (default local[*]) with the settings above;
     under spark-submit: whatever spark-submit configured."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -110,76 +115,10 @@ def build_session(
     return spark
 
 
-# -- progress ------------------------------------------------------------------------------------
-
-
-class Progress:
-    """A progress bar on stderr from the status tracker: groups done / all, input bytes, time."""
-
-    def __init__(self, sc, total_groups: int, total_bytes: int, label: str, stream=None):
-        self.sc = sc
-        self.total = total_groups
-        self.bytes = total_bytes
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="job-progress", daemon=True)
-        self.started = time.monotonic()
-        self._last_line = 0.0
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(2)
-        self.draw(self.total if exc[0] is None else None, final=True)
-
-    def _done_tasks(self) -> int:
-        st = self.sc.statusTracker()
-        done = 0
-        for sid in st.getActiveStageIds():
-            info = st.getStageInfo(sid)
-            if info is not None:
-                done += info.numCompletedTasks
-        return done
-
-    def _run(self) -> None:
-        seen = 0
-        while not self._stop.wait(0.25):
-            try:
-                seen = max(seen, self._done_tasks())
-            except Exception:  # the tracker can race the job's end
-                pass
-            self.draw(seen)
-
-    def draw(self, done: int | None, final: bool = False) -> None:
-        el = time.monotonic() - self.started
-        if done is None:
-            line = f"{self.label}: failed after {el:.1f}s"
-        else:
-            width = 30
-            fill = int(width * done / self.total) if self.total else width
-            mb = self.bytes / 1e6 * (done / self.total if self.total else 1)
-            line = (
-                f"{self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} groups "
-                f"{mb:,.1f}/{self.bytes / 1e6:,.1f} MB {el:5.1f}s"
-            )
-        if self.tty:
-            self.stream.write("\r" + line + ("\n" if final else ""))
-            self.stream.flush()
-        elif final or el - self._last_line >= 5.0:
-            self._last_line = el
-            self.stream.write(line + "\n")
-            self.stream.flush()
-
-
 # -- the job -------------------------------------------------------------------------------------
 
 
-def _group_specs(req: dict, parallelism: int) -> list[dict]:
+def _group_specs(req: Json, parallelism: int) -> list[Json]:
     segs = req["segments"]
     groups = plan_groups(segs, int(req.get("group_bytes") or 512 << 20), parallelism)
     specs = []
@@ -200,7 +139,7 @@ def _group_specs(req: dict, parallelism: int) -> list[dict]:
     return specs
 
 
-def _run_tasks(spark, specs: list[dict], label: str, progress: bool) -> list[dict]:
+def _run_tasks(spark: SparkSession, specs: list[Json], label: str, progress: bool) -> list[Json]:
     sc = spark.sparkContext
     rows = [(i, json.dumps(s)) for i, s in enumerate(specs)]
     rdd = sc.parallelize(rows, len(rows))
@@ -212,23 +151,24 @@ def _run_tasks(spark, specs: list[dict], label: str, progress: bool) -> list[dic
             got = out.collect()
     else:
         got = out.collect()
-    metas = [None] * len(specs)
+    metas: list[Json | None] = [None] * len(specs)
     for r in got:
         metas[r["gid"]] = json.loads(r["meta"])
-    if any(m is None for m in metas):
+    done = [m for m in metas if m is not None]
+    if len(done) != len(metas):
         raise VerificationFailed("a task reported nothing")
-    return metas
+    return done
 
 
 def run_job(
-    request,
-    spark=None,
+    request: Json | str,
+    spark: SparkSession | None = None,
     *,
     master: str | None = None,
     driver_memory: str | None = None,
     progress: bool = False,
     verify: str = "files",
-) -> dict:
+) -> Json:
     """Run one request (a dict or the path of its file); write its result file; return a summary.
 
     spark: an existing session (tests, notebooks) that is used and never stopped; otherwise one
@@ -238,20 +178,19 @@ def run_job(
     """
     req = read_json(request) if isinstance(request, str) else request
     started = time.monotonic()
-    own = spark is None
-    jvm_s = 0.0
-    if own:
-        t = time.monotonic()
-        spark = build_session(master, driver_memory)
-        jvm_s = time.monotonic() - t
+    if spark is not None:
+        return _run(spark, req, started, 0.0, progress, verify)
+    t = time.monotonic()
+    own = build_session(master, driver_memory)
     try:
-        return _run(spark, req, started, jvm_s, progress, verify)
+        return _run(own, req, started, time.monotonic() - t, progress, verify)
     finally:
-        if own:
-            spark.stop()
+        own.stop()
 
 
-def _run(spark, req: dict, started: float, jvm_s: float, progress: bool, verify: str) -> dict:
+def _run(
+    spark: SparkSession, req: Json, started: float, jvm_s: float, progress: bool, verify: str
+) -> Json:
     kind = req["kind"]
     rid = req["id"]
     jdir = req["journal"]
@@ -334,14 +273,14 @@ def _task_error(exc: BaseException) -> str:
     return (tail[-1] if tail else (lines[-1] if lines else repr(exc))).strip()[:2000]
 
 
-def _write_result(jdir: str, rid: str, obj: dict) -> None:
+def _write_result(jdir: str, rid: str, obj: Json) -> None:
     write_json_atomic(result_path(jdir, rid), {"id": rid, **obj})
 
 
 # -- archive: verify with Spark SQL, then publish ------------------------------------------------
 
 
-def _existing_catalog(req: dict):
+def _existing_catalog(req: Json) -> Json | None:
     path = os.path.join(req["archive_root"], "_catalog", req["id"] + ".json")
     try:
         return {"path": path, "cat": read_json(path)}
@@ -350,8 +289,8 @@ def _existing_catalog(req: dict):
 
 
 def _verify_and_publish_archive(
-    spark, req: dict, metas: list[dict], stage: str, verify: str
-) -> dict:
+    spark: SparkSession, req: Json, metas: list[Json], stage: str, verify: str
+) -> Json:
     expected = {}
     readback: dict = {}
     for m in metas:
@@ -377,7 +316,9 @@ def _verify_and_publish_archive(
     return _publish_archive(req, metas, stage, files, expected)
 
 
-def _verify_with_spark_sql(spark, stage: str, files: list[dict], expected: dict) -> None:
+def _verify_with_spark_sql(
+    spark: SparkSession, stage: str, files: list[Json], expected: dict[int, Json]
+) -> None:
     """The same check through Spark's own Parquet reader (--verify spark; slower)."""
     from pyspark.sql import functions as F
 
@@ -407,7 +348,7 @@ def _verify_with_spark_sql(spark, stage: str, files: list[dict], expected: dict)
             raise VerificationFailed(
                 f"segment {s['path']}: archive holds {n} records (crc sum {crc}), the segment {s['records']} ({s['crc_sum']})"
             )
-        if n and (r["lo"], r["hi"]) != (s["first"], s["last"]):
+        if r is not None and n and (r["lo"], r["hi"]) != (s["first"], s["last"]):
             raise VerificationFailed(
                 f"segment {s['path']}: archive positions [{r['lo']}, {r['hi']}] "
                 f"differ from the segment's [{s['first']}, {s['last']}]"
@@ -415,7 +356,7 @@ def _verify_with_spark_sql(spark, stage: str, files: list[dict], expected: dict)
 
 
 def _publish_archive(
-    req: dict, metas: list[dict], stage: str, files: list[dict], expected: dict
+    req: Json, metas: list[Json], stage: str, files: list[Json], expected: dict[int, Json]
 ) -> dict:
     root = req["archive_root"]
     # publish: rename each file into place (deterministic names: a re-run rewrites the same ones)
@@ -455,7 +396,7 @@ def _publish_archive(
     }
 
 
-def _drop_stale_files(root: str, ranges, keep: set, rid: str) -> None:
+def _drop_stale_files(root: str, ranges: list[tuple[int, int]], keep: set[str], rid: str) -> None:
     """Delete archive files over the same positions that this run did not write (left by an
     interrupted run grouped differently), and take them out of older catalogs."""
     stale = []
@@ -498,7 +439,7 @@ def _drop_stale_files(root: str, ranges, keep: set, rid: str) -> None:
 # -- compaction ---------------------------------------------------------------------------------
 
 
-def _verify_compaction(req: dict, metas: list[dict]) -> dict:
+def _verify_compaction(req: Json, metas: list[Json]) -> Json:
     seen = {}
     for m in metas:
         for s in m["segments"]:
@@ -523,7 +464,7 @@ def _verify_compaction(req: dict, metas: list[dict]) -> dict:
 # -- command line ------------------------------------------------------------------------------
 
 
-def format_summary(s: dict) -> str:
+def format_summary(s: Json) -> str:
     if s.get("status") != "ok":
         return f"{s['kind']} {s['id']}: {s.get('status')}: {s.get('error', '')}"
     secs = s.get("work_s") or s.get("seconds") or 0.0
@@ -540,7 +481,7 @@ def format_summary(s: dict) -> str:
     )
 
 
-def exit_code(summary: dict) -> int:
+def exit_code(summary: Json) -> int:
     st = summary.get("status")
     if st == "ok":
         return EXIT_OK
@@ -553,7 +494,7 @@ def exit_code(summary: dict) -> int:
     return EXIT_ERROR
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m journal.batch", description="Run one journal archive / compaction request"
     )

@@ -65,10 +65,12 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import zstandard
 
-from .record import CorruptRecord, decode_records, scan_records
+from .record import BytesLike, CorruptRecord, RawTuple, Record, decode_records, scan_records
 
 MAGIC = b"TTC\x01"
 HEADER = struct.Struct("<4sIQQQQQIIq")
@@ -81,6 +83,10 @@ DEFAULT_BLOCK_SIZE = 1 << 20
 DEFAULT_LEVEL = 3
 
 assert HEADER_SIZE == 64
+
+BlockRuns = tuple[tuple[int, int, int], ...]
+"""A block's runs: (position of the run's first record, offset in the block's bytes, bytes)."""
+T = TypeVar("T", bound=tuple[Any, ...])  # Record or RawTuple: position first
 
 
 class CorruptCompacted(ValueError):
@@ -129,7 +135,7 @@ class CompactedWriter:
         self._f = open(path, "wb")
         self._f.write(b"\0" * HEADER_SIZE)
         self._offset = HEADER_SIZE
-        self._parts: list = []  # memoryviews / bytes of the pending block, in order
+        self._parts: list[BytesLike] = []  # the pending block's bytes, in order
         self._runs: list[list[int]] = []  # [position, bytes] of the pending block
         self._pending = 0
         self._block_records = 0
@@ -137,11 +143,10 @@ class CompactedWriter:
         self.records = 0
         self.raw_bytes = 0
         self._last_end = base
-        self.raw_crcs: list[
-            int
-        ] = []  # crc32 of each block's uncompressed bytes (for read-back checks)
+        # crc32 of each block's uncompressed bytes (for read-back checks)
+        self.raw_crcs: list[int] = []
 
-    def add(self, position: int, record) -> None:
+    def add(self, position: int, record: BytesLike) -> None:
         """One whole record (its original bytes) at its original position."""
         n = len(record)
         if position < self._last_end:
@@ -164,7 +169,7 @@ class CompactedWriter:
         if self._pending >= self.block_size:
             self._flush_block()
 
-    def add_run(self, position: int, data, record_sizes) -> None:
+    def add_run(self, position: int, data: BytesLike, record_sizes: list[int]) -> None:
         """Several contiguous records at once: `data` holds them back to back, `record_sizes`
         their sizes; blocks are cut between records, never inside one."""
         view = memoryview(data)
@@ -182,7 +187,7 @@ class CompactedWriter:
         if acc:
             self._add_contiguous(position + start, view[start : start + acc], count)
 
-    def _add_contiguous(self, position: int, data, nrecords: int) -> None:
+    def _add_contiguous(self, position: int, data: BytesLike, nrecords: int) -> None:
         n = len(data)
         if position < self._last_end or position + n > self.end:
             raise ValueError(f"run at {position} (+{n}) is outside [{self._last_end}, {self.end})")
@@ -221,7 +226,8 @@ class CompactedWriter:
         self._pending = 0
         self._block_records = 0
 
-    def finish(self, fsync: bool = True) -> dict:
+    def finish(self, fsync: bool = True) -> dict[str, Any]:
+        """Write the block index and the header (and fsync); the file's summary."""
         self._flush_block()
         index = b"".join(self._index)
         index_offset = self._offset
@@ -283,7 +289,7 @@ class CompactedReader:
         except BaseException:
             os.close(self.fd)
             raise
-        self._cache = (-1, b"", ())
+        self._cache: tuple[int, bytes, BlockRuns] = (-1, b"", ())
         self._lock = threading.Lock()
         self._dctx = threading.local()
 
@@ -346,13 +352,13 @@ class CompactedReader:
     def first_position(self) -> int | None:
         return self.first_positions[0] if self.first_positions else None
 
-    def _decompressor(self):
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._dctx, "d", None)
         if d is None:
             d = self._dctx.d = zstandard.ZstdDecompressor()
         return d
 
-    def block(self, i: int) -> tuple[bytes, tuple]:
+    def block(self, i: int) -> tuple[bytes, BlockRuns]:
         """(uncompressed bytes, runs as ((position, offset in the bytes, length), ...))."""
         cached = self._cache
         if cached[0] == i:
@@ -375,15 +381,15 @@ class CompactedReader:
             raise CorruptCompacted(self.path, off, f"zstd: {exc}") from None
         if len(buf) != ulen:
             raise CorruptCompacted(self.path, off, f"block holds {len(buf)} bytes, not {ulen}")
-        runs = []
+        found = []
         boff = 0
         for k in range(nruns):
             p, n = RUN.unpack_from(data, k * RUN.size)
-            runs.append((p, boff, n))
+            found.append((p, boff, n))
             boff += n
         if boff != ulen:
             raise CorruptCompacted(self.path, off, "runs do not add up to the block size")
-        runs = tuple(runs)
+        runs = tuple(found)
         self._cache = (i, buf, runs)
         return buf, runs
 
@@ -396,12 +402,14 @@ class CompactedReader:
             return i + 1
         return i
 
-    def _collect(self, position: int, max_bytes: int, decode):
+    def _collect(
+        self, position: int, max_bytes: int, decode: Callable[[bytes, int], tuple[list[T], int]]
+    ) -> tuple[list[T], int]:
         """Whole records at or after position, about max_bytes of positions' worth (at least one
         record unless none is left), and the position just after the last one returned."""
         nb = len(self.first_positions)
         i = self._block_for(position)
-        out: list = []
+        out: list[T] = []
         nxt = position
         first = None
         while i < nb:
@@ -448,11 +456,11 @@ class CompactedReader:
             return [], self.end
         return out, nxt
 
-    def read_raw(self, position: int, max_bytes: int) -> tuple[list[tuple], int]:
+    def read_raw(self, position: int, max_bytes: int) -> tuple[list[RawTuple], int]:
         return self._collect(position, max_bytes, scan_records)
 
-    def read(self, position: int, max_bytes: int, verify: bool = False) -> tuple[list, int]:
-        def dec(part, rpos):
+    def read(self, position: int, max_bytes: int, verify: bool = False) -> tuple[list[Record], int]:
+        def dec(part: bytes, rpos: int) -> tuple[list[Record], int]:
             try:
                 return decode_records(part, 0, len(part), rpos, verify)
             except CorruptRecord as exc:
@@ -474,7 +482,7 @@ class CompactedReader:
             return None
         return recs[1][0] if len(recs) > 1 else nxt
 
-    def iter_blocks(self):
+    def iter_blocks(self) -> Iterator[tuple[bytes, BlockRuns]]:
         """(uncompressed bytes, runs) for every block, in order (the batch job's reader)."""
         for i in range(len(self.first_positions)):
             yield self.block(i)
@@ -483,7 +491,7 @@ class CompactedReader:
 _u32x2 = struct.Struct("<II")
 
 
-def _is_record_at(buf, off: int, end: int) -> bool:
+def _is_record_at(buf: bytes, off: int, end: int) -> bool:
     """Whether a whole record with a matching crc32 starts at buf[off] (and ends by `end`)."""
     if end - off < 8:
         return False
@@ -494,7 +502,7 @@ def _is_record_at(buf, off: int, end: int) -> bool:
     return zlib.crc32(memoryview(buf)[off + 8 : off + total]) == crc
 
 
-def read_header(path: str) -> dict:
+def read_header(path: str) -> dict[str, Any]:
     r = CompactedReader(path)
     try:
         return {

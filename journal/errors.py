@@ -8,7 +8,7 @@ class JournalError(Exception):
 
 
 class JournalClosed(JournalError):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("the journal is closed; open it again before writing")
 
 

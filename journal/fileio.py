@@ -19,6 +19,8 @@ import errno as errno_mod
 import os
 import random
 import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .errors import JournalError
 
@@ -39,7 +41,7 @@ class FileIO:
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         return os.open(path, flags, mode)
 
-    def write(self, fd: int, data) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         return os.write(fd, data)
 
     def fdatasync(self, fd: int) -> None:
@@ -71,8 +73,8 @@ class FaultyIO(FileIO):
 
     def __init__(
         self,
-        ops=OPS,
-        errnos=(errno_mod.ENOSPC,),
+        ops: Iterable[str] = OPS,
+        errnos: Iterable[int] = (errno_mod.ENOSPC,),
         p: float = 1.0,
         after: int = 0,
         count: int = 1,
@@ -91,7 +93,7 @@ class FaultyIO(FileIO):
 
     @classmethod
     def from_spec(cls, spec: str) -> FaultyIO:
-        kw: dict = {}
+        kw: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in spec.split(";"))):
             key, sep, val = part.partition("=")
             if not sep:
@@ -150,7 +152,7 @@ class FaultyIO(FileIO):
         self._maybe_fail("open")
         return super().open(path, flags, mode)
 
-    def write(self, fd: int, data) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         self._maybe_fail("write")
         return super().write(fd, data)
 
@@ -178,7 +180,7 @@ class FaultyIO(FileIO):
         super().ftruncate(fd, size)
 
 
-def io_from_env(environ=os.environ) -> FileIO | None:
+def io_from_env(environ: Mapping[str, str] = os.environ) -> FileIO | None:
     """FaultyIO per TICKERTAPE_FAULTS, or None when it is unset (FaultSpecError when malformed)."""
     spec = environ.get("TICKERTAPE_FAULTS", "").strip()
     return FaultyIO.from_spec(spec) if spec else None

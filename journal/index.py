@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Iterable
 
 import lmdb
 
@@ -37,6 +38,9 @@ TIME_STRIDE = 256
 BM_STRIDE = 64
 BM_SPAN = 64 * 1024
 DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
+
+IndexEntry = tuple[int, int, int, int]
+"""(publisher_id, seq, timestamp_us, position) of one message record."""
 
 
 class IndexFull(RuntimeError):
@@ -78,6 +82,7 @@ def data_file_problem(path: str) -> str | None:
         last_pg, txnid = struct.unpack_from("<QQ", head, off + 120)
         if best is None or txnid > best[1]:
             best = (last_pg, txnid)
+    assert best is not None  # both meta pages were read
     need = (best[0] + 1) * psize
     if size < need:
         return f"data.mdb is {size} bytes but its meta page says {need}: the file was truncated"
@@ -200,7 +205,9 @@ class JournalIndex:
         with self.env.begin(db=self._meta) as txn:
             return txn.get(b"user:" + key)
 
-    def add(self, entries, upto: int, meta: dict | None = None) -> None:
+    def add(
+        self, entries: Iterable[IndexEntry], upto: int, meta: dict[bytes, bytes] | None = None
+    ) -> None:
         """Index one committed batch.
 
         entries: iterable of (publisher_id, seq, timestamp_us, position), in journal order.

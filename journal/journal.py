@@ -10,6 +10,7 @@ Layout on disk (`directory`):
   (compacted.py) replace which position ranges, and the position below which segments were
   removed. Plain and compacted segments are read through the same calls (`read`, `read_raw`,
   `next_position`, `after`); a compacted range may have gaps where records were dropped.
+  `raw_batches` / `records` / `scan` walk every record across segments and gaps (reading.py).
   Layout changes run on the writer thread between two commits (`run_in_writer`), commit by
   renaming the manifest, and swap the segment list in one assignment; files that left the layout
   are unlinked (and their cached fds closed) only after a grace period, so a read in flight
@@ -65,7 +66,9 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         exclusive: bool = True,
         io: FileIO | None = None,
     ):
-        """The directory is locked exclusively before anything in it is read, for as long as the
+        """Open (or create) the journal in `directory`; state.py lists what it holds.
+
+        The directory is locked exclusively before anything in it is read, for as long as the
         Journal is open: a second server (or a maintenance tool while a server runs) gets
         JournalLocked naming the holder's pid. `exclusive` is kept for callers; every open is
         exclusive. io: the writer's file operations (fileio.py; tests pass a FaultyIO)."""
@@ -79,15 +82,15 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         self._lock_fd = _lock(directory)
         kw = {"map_size": index_map_size} if index_map_size else {}
         self.index = JournalIndex(os.path.join(directory, "index"), **kw)
-        self.segments: list[Segment] = []
-        self._bases: list[int] = []
-        self._read_fds: dict[str, int] = {}  # by path: a compacted file may reuse a base
+        self.segments = []
+        self._bases = []
+        self._read_fds = {}
         self._read_lock = threading.Lock()
-        self._retired: list[tuple[float, Segment, int | None]] = []  # (when, segment, cached fd)
+        self._retired = []
         self.manifest = Manifest()
         self.stats = CommitStats()
         self.integrity = Integrity()
-        self.recovery: dict = {}
+        self.recovery = {}
         try:
             self._open_segments()
         except BaseException:
@@ -101,15 +104,15 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
             self.index.close()
             os.close(self._lock_fd)
             raise
-        self._pending: list[tuple[bytes, list, DoneCallback]] = []
+        self._pending = []
         self._pending_bytes = 0
         self._cond = threading.Condition()
         self._closing = False
         self._closed = False
-        self._failure: JournalUnavailable | None = None  # fails batches until the next fence
-        self._unavailable: JournalUnavailable | None = None  # fails batches until a probe succeeds
+        self._failure = None
+        self._unavailable = None
         self._next_probe = 0.0
-        self._dirty_tail = False  # a failed write could not be cut off; the probe must first
+        self._dirty_tail = False
         self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
         self._thread.start()
 

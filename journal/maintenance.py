@@ -33,6 +33,8 @@ import shutil
 import struct
 import time
 import zlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from .compacted import CompactedReader
 from .manifest import (
@@ -48,10 +50,18 @@ from .manifest import (
 )
 from .record import KIND_MESSAGE
 
+if TYPE_CHECKING:
+    from .journal import Journal
+    from .segments import Segment
+
 log = logging.getLogger("tickertape.journal.maintenance")
 
 DEFAULT_GROUP_BYTES = 512 * 1024 * 1024
 STALE_REQUEST_S = 24 * 3600.0
+NEWEST_TIME_SPAN = 512 * 1024
+
+Json = dict[str, Any]  # a request, result, answer or catalog, as its JSON file holds it
+Queues = Iterable[tuple[str, str, bool]]  # (name, underlying topic, is a pattern) per queue
 
 
 class MaintenanceError(RuntimeError):
@@ -65,7 +75,7 @@ def now_us() -> int:
 # -- choosing segments -------------------------------------------------------------------------
 
 
-def segment_entry(seg) -> dict:
+def segment_entry(seg: Segment) -> Json:
     st = os.stat(seg.path)
     return {
         "path": os.path.abspath(seg.path),
@@ -77,29 +87,19 @@ def segment_entry(seg) -> dict:
     }
 
 
-def newest_time_us(journal, seg) -> int | None:
+def newest_time_us(journal: Journal, seg: Segment) -> int | None:
     """An upper bound of the receive times in `seg`: the first message time at or after its end
-    (times never decrease along the journal); None if nothing follows it yet."""
-    pos = seg.end
-    budget = 8
-    while budget > 0 and pos < journal.end_position:
-        recs, nxt = journal.read_raw(pos, 64 * 1024)
-        if not recs:
-            nxt2 = journal.next_position(nxt)
-            if nxt2 == pos:
-                break
-            pos = nxt2
-            budget -= 1
-            continue
-        for r in recs:
-            if r[1] == KIND_MESSAGE:
-                return r[4]
-        pos = nxt
-        budget -= 1
+    (times never decrease along the journal); None if nothing follows it yet, or no message in
+    the NEWEST_TIME_SPAN bytes after it (only queue events: taken as not old enough)."""
+    for r in journal.records(seg.end, max_bytes=64 * 1024):
+        if r.kind == KIND_MESSAGE:
+            return r.timestamp_us
+        if r.position - seg.end >= NEWEST_TIME_SPAN:
+            break
     return None
 
 
-def queue_floors(journal, queues) -> list[dict]:
+def queue_floors(journal: Journal, queues: Queues) -> list[Json]:
     """[{name, topic, pattern, floor}]: floor is the queue's persisted recovery checkpoint (every
     message of the queue below it is done); 0 (keep everything) where none was written yet."""
     out = []
@@ -111,19 +111,19 @@ def queue_floors(journal, queues) -> list[dict]:
 
 
 def make_request(
-    journal,
+    journal: Journal,
     kind: str,
     *,
     older_than_s: float | None = None,
     retention_s: float | None = None,
     archive_root: str | None = None,
-    queues=(),
+    queues: Queues = (),
     now: int | None = None,
     recompact: bool = False,
     level: int = 3,
     group_bytes: int | None = None,
     req_id: str | None = None,
-) -> dict | None:
+) -> Json | None:
     """A request for the sealed segments the job should process, or None if there are none.
 
     archive: sealed segments older than older_than_s whose range is not archived yet.
@@ -182,13 +182,13 @@ def make_request(
     return req
 
 
-def write_request(journal_dir: str, req: dict) -> str:
+def write_request(journal_dir: str, req: Json) -> str:
     path = request_path(journal_dir, req["id"])
     write_json_atomic(path, req)
     return path
 
 
-def plan_groups(segments: list[dict], group_bytes: int, parallelism: int = 1) -> list[list[int]]:
+def plan_groups(segments: list[Json], group_bytes: int, parallelism: int = 1) -> list[list[int]]:
     """Consecutive, adjacent segments in groups of about group_bytes, and at least `parallelism`
     groups when there are that many segments (so every core has work)."""
     n = len(segments)
@@ -214,7 +214,7 @@ def plan_groups(segments: list[dict], group_bytes: int, parallelism: int = 1) ->
 # -- applying results --------------------------------------------------------------------------
 
 
-def _same_file(seg, entry: dict) -> bool:
+def _same_file(seg: Segment, entry: Json) -> bool:
     try:
         st = os.stat(seg.path)
     except FileNotFoundError:
@@ -228,7 +228,7 @@ def _same_file(seg, entry: dict) -> bool:
     )
 
 
-def _answer(journal_dir: str, req_id: str, status: str, reason: str = "", **extra) -> dict:
+def _answer(journal_dir: str, req_id: str, status: str, reason: str = "", **extra: Any) -> Json:
     ans = {"id": req_id, "status": status, "reason": reason, "at_us": now_us(), **extra}
     write_json_atomic(applied_path(journal_dir, req_id), ans)
     if status == "applied":
@@ -238,7 +238,7 @@ def _answer(journal_dir: str, req_id: str, status: str, reason: str = "", **extr
     return ans
 
 
-def apply_result(journal, req_id: str) -> dict:
+def apply_result(journal: Journal, req_id: str) -> Json:
     """Apply (or reject) the result of request req_id. Idempotent: an answered request is not
     applied twice. Runs on the journal's owner; the layout change itself runs on the writer thread."""
     d = journal.directory
@@ -272,7 +272,7 @@ def _clean_staging(journal_dir: str, req_id: str) -> None:
     shutil.rmtree(staging_dir(journal_dir, req_id), ignore_errors=True)
 
 
-def _check_sources(journal, entries) -> dict:
+def _check_sources(journal: Journal, entries: list[Json]) -> dict[int, Segment]:
     by_base = {s.base: s for s in journal.sealed_segments()}
     for e in entries:
         seg = by_base.get(e["base"])
@@ -283,7 +283,7 @@ def _check_sources(journal, entries) -> dict:
     return by_base
 
 
-def _apply_archive(journal, req: dict, res: dict) -> dict:
+def _apply_archive(journal: Journal, req: Json, res: Json) -> Json:
     cat_path = res["catalog"]
     try:
         cat = read_json(cat_path)
@@ -310,8 +310,8 @@ def _apply_archive(journal, req: dict, res: dict) -> dict:
     )
 
 
-def _apply_compaction(journal, req: dict, res: dict) -> dict:
-    from .journal import Segment  # the owner of Segment (journal imports this module lazily too)
+def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
+    from .segments import Segment
 
     d = journal.directory
     _check_sources(journal, req["segments"])
@@ -347,7 +347,7 @@ def _apply_compaction(journal, req: dict, res: dict) -> dict:
             r.close()
         raise
 
-    def commit():
+    def commit() -> list[Segment]:
         sealed = journal.sealed_segments()
         by_base = {s.base: s for s in sealed}
         replaced = set()
@@ -414,14 +414,14 @@ def _file_crc32(path: str) -> int:
 
 
 def remove_journal(
-    journal,
+    journal: Journal,
     *,
     older_than_s: float | None,
     archive_root: str | None,
-    queues=(),
+    queues: Queues = (),
     replay_floor: int | None = None,
     now: int | None = None,
-) -> dict:
+) -> Json:
     """Remove the oldest sealed segments that are old enough, archived (and the archive's crc32
     of the file matches it now), past every queue's checkpoint and every replay's position."""
     now = now if now is not None else now_us()
@@ -430,7 +430,7 @@ def remove_journal(
     qfloor = min((q["floor"] for q in floors), default=None)
     removed = []
     why = ""
-    catalogs: dict = {}
+    catalogs: dict[str, Json] = {}
     for seg in journal.sealed_segments():
         if older_than_s:
             newest = newest_time_us(journal, seg)
@@ -467,7 +467,7 @@ def remove_journal(
         return {"removed": 0, "reason": why}
     cut = removed[-1].end
 
-    def commit():
+    def commit() -> list[Segment]:
         sealed = journal.sealed_segments()
         if [s.path for s in sealed[: len(removed)]] != [s.path for s in removed]:
             raise MaintenanceError("the journal's layout changed during removal; run again")
@@ -504,7 +504,7 @@ def pending_results(journal_dir: str) -> list[str]:
     return [i for i in _ids(maint_dir(journal_dir, "results")) if i not in answered]
 
 
-def take_orders(journal, *, archive_root: str | None, queues) -> list[dict]:
+def take_orders(journal: Journal, *, archive_root: str | None, queues: Queues) -> list[Json]:
     """Turn each order (written by the CLI while the server runs) into a request. Returns the
     answers: {"id", "request": path or None, "reason"} also written next to the order."""
     d = journal.directory
@@ -515,7 +515,7 @@ def take_orders(journal, *, archive_root: str | None, queues) -> list[dict]:
             order = read_json(opath)
         except (FileNotFoundError, json.JSONDecodeError):
             continue
-        ans = {"id": oid, "request": None, "reason": ""}
+        ans: Json = {"id": oid, "request": None, "reason": ""}
         try:
             req = make_request(
                 journal,

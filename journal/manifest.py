@@ -45,6 +45,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 MANIFEST = "MANIFEST"
 MAINT = "_maint"
@@ -56,12 +57,12 @@ KEEP_APPLIED = 64
 class Manifest:
     generation: int = 0
     start: int = 0
-    compacted: list = field(default_factory=list)
-    archived: list = field(default_factory=list)
-    publishers: dict = field(default_factory=dict)
-    applied: list = field(default_factory=list)
+    compacted: list[dict[str, Any]] = field(default_factory=list)  # entries, as drawn above
+    archived: list[list[Any]] = field(default_factory=list)  # [base, end, catalog id]
+    publishers: dict[str, list[int]] = field(default_factory=dict)  # id -> [seq, position]
+    applied: list[str] = field(default_factory=list)  # request ids
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "version": VERSION,
             "generation": self.generation,
@@ -76,7 +77,7 @@ class Manifest:
         return Manifest.from_json(json.loads(json.dumps(self.to_json())))
 
     @classmethod
-    def from_json(cls, d: dict) -> Manifest:
+    def from_json(cls, d: dict[str, Any]) -> Manifest:
         if d.get("version") != VERSION:
             raise ValueError(f"unsupported journal manifest version {d.get('version')!r}")
         return cls(
@@ -88,7 +89,7 @@ class Manifest:
             applied=list(d.get("applied", [])),
         )
 
-    def covered_by_compacted(self, base: int):
+    def covered_by_compacted(self, base: int) -> dict[str, Any] | None:
         """The compacted entry whose range holds position `base`, or None."""
         for e in self.compacted:
             if e["base"] <= base < e["end"]:
@@ -104,7 +105,7 @@ class Manifest:
 
     def add_archived(self, base: int, end: int, catalog: str) -> None:
         ranges = sorted(self.archived + [[base, end, catalog]], key=lambda r: r[0])
-        merged: list = []
+        merged: list[list[Any]] = []
         for r in ranges:
             if merged and r[0] <= merged[-1][1]:
                 if r[1] > merged[-1][1]:
@@ -129,7 +130,7 @@ def save_manifest(directory: str, manifest: Manifest) -> None:
     write_json_atomic(os.path.join(directory, MANIFEST), manifest.to_json())
 
 
-def write_json_atomic(path: str, obj) -> None:
+def write_json_atomic(path: str, obj: Any) -> None:
     """temp + fsync + rename + fsync of the directory: readers see the old file or the new one."""
     d = os.path.dirname(path) or "."
     os.makedirs(d, exist_ok=True)
@@ -153,7 +154,7 @@ def fsync_dir(d: str) -> None:
         os.close(fd)
 
 
-def read_json(path: str):
+def read_json(path: str) -> Any:
     with open(path, "rb") as f:
         return json.loads(f.read())
 

@@ -1,27 +1,44 @@
-"""Reads from the journal: records, raw record tuples and stored bytes by position, and
-lookups by (publisher, sequence) and by time. Part of Journal (journal.py)."""
+"""Reads from the journal: records, raw records and stored bytes by position, the records
+iterators, and lookups by (publisher, sequence) and by time. Part of Journal (journal.py).
+
+Every read of a plain segment goes through walk.good_runs: only whole records whose checks pass
+are returned; damage is skipped and reported to `integrity` (file, offset, bytes, reason).
+"""
 
 from __future__ import annotations
 
 import bisect
+import functools
 import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from .compacted import CorruptCompacted
 from .errors import CorruptSegment
 from .index import BM_SPAN
 from .record import (
+    KIND_MESSAGE,
+    R_KIND,
+    R_POSITION,
+    R_PUBLISHER,
+    R_SEQ,
+    R_TIMESTAMP,
     SEGMENT_HEADER_SIZE,
+    RawRecord,
+    RawTuple,
     Record,
     decode_records,
     record_length_at,
-    resync,
     scan_records,
-    verified_prefix,
 )
 from .segments import READ_BLOCK, Segment, _seg_base
+from .state import JournalState
+from .walk import FileRecords, next_run
+
+T = TypeVar("T", bound=tuple[Any, ...])  # Record or RawTuple: position first
 
 
-class JournalReader:
+class JournalReader(JournalState):
     def _reader_fd(self, seg: Segment) -> int:
         fd = self._read_fds.get(seg.path)
         if fd is None:
@@ -37,7 +54,16 @@ class JournalReader:
         segs = self.segments
         return segs, max(0, bisect.bisect_right(segs, position, key=_seg_base) - 1)
 
-    def _at(self, position: int):
+    @property
+    def end_position(self) -> int:
+        """Position just after the last durable record."""
+        return self._end
+
+    @property
+    def start_position(self) -> int:
+        return self.segments[0].base
+
+    def _at(self, position: int) -> tuple[Segment | None, int]:
         """(segment, position) for a read at `position`: a position below the start moves to the
         start; the segment is None where there is nothing to read (the durable end, or exactly
         at a segment's end)."""
@@ -51,62 +77,29 @@ class JournalReader:
             return None, position
         return seg, position
 
-    def _pread(self, seg, position: int, max_bytes: int) -> bytes:
+    def _source(self, seg: Segment) -> FileRecords:
+        return FileRecords(self._reader_fd(seg), seg.base)
+
+    def _pread(self, seg: Segment, position: int, max_bytes: int) -> bytes:
         """Stored bytes of a plain segment from position, at most max_bytes within the segment
         and the durable end, or the whole record there when it is larger (as far as the
         segment goes: a damaged length is found by the checks, not here)."""
-        limit = min(seg.end, self._end) - position
-        fd = self._reader_fd(seg)
-        off = SEGMENT_HEADER_SIZE + position - seg.base
-        buf = os.pread(fd, min(max_bytes, limit), off)
-        if len(buf) >= 4:
-            size = record_length_at(buf, 0)
-            if len(buf) < size <= limit:
-                buf = os.pread(fd, size, off)
-        return buf
+        return self._source(seg).window(position, min(seg.end, self._end), max_bytes)
 
-    def _intact(self, seg, position: int, max_bytes: int) -> tuple[bytes, int]:
-        """(bytes of checked records from position, position): whole good records, then at most
-        the start of one record that the read cut short (every reader stops at a record that
-        runs past its buffer; cutting it off here would copy the block, a tenth of a replay's
-        cost). Damage is reported and skipped, so the position returned may be past the one
-        asked for; (b"", end) when nothing good is left in the segment (end: its end, or the
-        durable end)."""
+    def _intact(self, seg: Segment, position: int, max_bytes: int) -> tuple[bytes, int]:
+        """(bytes of whole, checked records from position, position), perhaps ending with the
+        start of a record max_bytes cut short (every reader here stops at a record that runs
+        past its buffer; walk.next_run's keep_cut). Damage is reported and skipped, so the
+        position returned may be past the one asked for; (b"", end) when nothing good is left
+        in the segment (end: its end, or the durable end)."""
         limit = min(seg.end, self._end)
-        while position < limit:
-            buf = self._pread(seg, position, max_bytes)
-            stop, bad = verified_prefix(buf)
-            if stop:
-                return (buf if bad < 0 else buf[:stop]), position
-            reason = (
-                "bad length, kind or checksum"
-                if bad == 0
-                else "record runs past the end of the segment"
-            )
-            nxt = self._resync(seg, position + 1, limit)
-            self.integrity.damaged(
-                seg.path, SEGMENT_HEADER_SIZE + position - seg.base, nxt - position, reason
-            )
-            position = nxt
-        return b"", limit
+        report = functools.partial(self.integrity.damaged, seg.path)
+        run = next_run(self._source(seg), position, limit, report, max_bytes, keep_cut=True)
+        return (b"", limit) if run is None else (run[1], run[0])
 
-    def _resync(self, seg, position: int, limit: int) -> int:
+    def _resync(self, seg: Segment, position: int, limit: int) -> int:
         """The position of the first good record at or after position in seg, else limit."""
-        window = 4 * READ_BLOCK
-        fd = self._reader_fd(seg)
-        while position < limit:
-            buf = os.pread(
-                fd, min(window, limit - position), SEGMENT_HEADER_SIZE + position - seg.base
-            )
-            found = resync(buf, 0)
-            if found >= 0:
-                return position + found
-            if position + len(buf) >= limit:
-                break
-            # the next window overlaps this one by a record header and a little: a good record
-            # that began near its end is found whole in the next
-            position += max(1, len(buf) - 64 * 1024)
-        return limit
+        return self._source(seg).find_good(position, limit)
 
     def read(
         self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False
@@ -128,8 +121,9 @@ class JournalReader:
         recs, stop = decode_records(buf, 0, len(buf), position, False)
         return recs, position + stop
 
-    def read_raw(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[list[tuple], int]:
-        """Like read(), as scan_records tuples (the replay fast path). Stops at a segment end.
+    def read_raw(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[list[RawTuple], int]:
+        """Like read(), as RawTuples (record.RawRecord's shape; the replay fast path). Stops at a
+        segment end.
 
         In a compacted segment the records returned are the retained ones at or after position;
         past the last one it returns ([], the segment's end), which next_position carries on.
@@ -161,23 +155,56 @@ class JournalReader:
             return None
         return self._intact(seg, position, max_bytes)
 
-    def scan(self, position: int | None = None, max_bytes: int = READ_BLOCK):
-        """Iterate every durable record from `position` (default: the start) to the current end."""
-        pos = self.start_position if position is None else position
-        while True:
-            recs, nxt = self.read(pos, max_bytes)
+    def _walk(
+        self,
+        read: Callable[[int, int], tuple[list[T], int]],
+        start: int | None,
+        end: int | None,
+        max_bytes: int,
+    ) -> Iterator[list[T]]:
+        """Batches of read(position, max_bytes) from start to end, across segment ends and the
+        gaps of compacted segments, to the durable end as it is when the walk gets there."""
+        pos = self.start_position if start is None else start
+        while end is None or pos < end:
+            recs, nxt = read(pos, max_bytes)
             if not recs:
-                if nxt >= self._end:
-                    return
-                nxt2 = self.next_position(
-                    nxt
-                )  # a segment boundary, or the end of a compacted range
-                if nxt2 == pos:
+                nxt2 = self.next_position(nxt)  # a segment's end, or a compacted range's
+                if nxt2 == pos or nxt2 >= self._end:
                     return
                 pos = nxt2
                 continue
-            yield from recs
+            if end is not None and recs[-1][0] >= end:
+                yield [r for r in recs if r[0] < end]
+                return
+            yield recs
             pos = nxt
+
+    def raw_batches(
+        self, start: int | None = None, end: int | None = None, max_bytes: int = READ_BLOCK
+    ) -> Iterator[list[RawTuple]]:
+        """Every durable record from `start` (a record boundary; default: the start of the
+        journal) to `end` (default: the durable end), in batches of about max_bytes, as
+        RawTuples: the form for hot loops (unpack them, or index with record.R_*).
+
+        This is the journal's walk of its records: every record is checked before it is
+        returned (walk.good_runs); damage is skipped and reported to `integrity`; segment ends
+        and the gaps compaction left are passed. Records appended while it runs are included
+        up to the end as it is when the walk reaches it."""
+        return self._walk(self.read_raw, start, end, max_bytes)
+
+    def records(
+        self, start: int | None = None, end: int | None = None, max_bytes: int = READ_BLOCK
+    ) -> Iterator[RawRecord]:
+        """raw_batches(), one RawRecord at a time (named fields; for loops that are not hot)."""
+        make = RawRecord._make
+        for batch in self._walk(self.read_raw, start, end, max_bytes):
+            yield from map(make, batch)
+
+    def scan(self, position: int | None = None, max_bytes: int = READ_BLOCK) -> Iterator[Record]:
+        """Every durable record from `position` (default: the start) to the current end,
+        decoded (topic as str): the same walk as raw_batches()."""
+        for batch in self._walk(self.read, position, None, max_bytes):
+            yield from batch
 
     def next_position(self, position: int) -> int:
         """Normalize a position that sits at the end of a sealed segment to the next segment's start
@@ -203,23 +230,16 @@ class JournalReader:
             return None
         if found_seq == seq:
             return pos if self.holds(pos) else None  # compaction may have dropped it
-        budget = 4 * BM_SPAN + READ_BLOCK
-        while budget > 0:
-            recs, nxt = self.read_raw(pos, 64 * 1024)
-            if not recs:
-                nxt2 = self.next_position(nxt)
-                if nxt2 == pos:
-                    return None
-                pos = nxt2
-                continue
-            for r in recs:
-                if r[2] == publisher_id and r[1] == 1:
-                    if r[3] == seq:
-                        return r[0]
-                    if r[3] > seq:
+        horizon = pos + 4 * BM_SPAN + READ_BLOCK
+        for batch in self.raw_batches(pos, max_bytes=64 * 1024):
+            for r in batch:
+                if r[R_PUBLISHER] == publisher_id and r[R_KIND] == KIND_MESSAGE:
+                    if r[R_SEQ] == seq:
+                        return r[R_POSITION]
+                    if r[R_SEQ] > seq:
                         return None
-            budget -= nxt - pos
-            pos = nxt
+            if batch[-1][R_POSITION] >= horizon:
+                break
         return None
 
     def after(self, position: int) -> int:
@@ -244,18 +264,11 @@ class JournalReader:
         if pos is None or pos < self.start_position:
             pos = self.start_position
         # the time index has an entry at least every TIME_STRIDE records: read small blocks
-        while True:
-            recs, nxt = self.read_raw(pos, 48 * 1024)
-            if not recs:
-                nxt2 = self.next_position(nxt)
-                if nxt2 == pos:
-                    return self._end
-                pos = nxt2
-                continue
-            for r in recs:
-                if r[4] > ts_us:
-                    return r[0]
-            pos = nxt
+        for batch in self.raw_batches(pos, max_bytes=48 * 1024):
+            for r in batch:
+                if r[R_TIMESTAMP] > ts_us:
+                    return r[R_POSITION]
+        return self._end
 
     def publishers(self) -> dict[int, tuple[int, int]]:
         return self.index.publishers()

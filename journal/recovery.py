@@ -15,11 +15,13 @@ import time
 from .compacted import CompactedReader, CorruptCompacted, is_compacted_name
 from .errors import CorruptSegment
 from .manifest import load_manifest
+from .reading import JournalReader
 from .record import (
     KIND_MESSAGE,
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     CorruptRecord,
+    RawRecord,
     Record,
     decode_segment_header,
     encode_segment_header,
@@ -27,13 +29,14 @@ from .record import (
     verified_prefix,
 )
 from .segments import READ_BLOCK, Segment, _base_of, segment_name
+from .walk import good_runs
 
 PROBE_NAME = "probe.tmp"  # writer.py's probe file
 
 log = logging.getLogger("tickertape.journal")
 
 
-class JournalRecovery:
+class JournalRecovery(JournalReader):
     def _open_segments(self) -> None:
         started = time.monotonic()
         names = self._listing()
@@ -182,10 +185,12 @@ class JournalRecovery:
             pass
 
     def _index_compacted(self, seg: Segment, pos: int) -> int:
+        reader = seg.reader
+        assert reader is not None  # a compacted segment
         indexed = 0
         while True:
             try:
-                recs, nxt = seg.reader.read(pos, 4 * READ_BLOCK, verify=True)
+                recs, nxt = reader.read(pos, 4 * READ_BLOCK, verify=True)
             except CorruptCompacted as exc:
                 raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
             if not recs:
@@ -225,7 +230,8 @@ class JournalRecovery:
         for pub, (seq, pos) in list(self.index.publishers().items())[:1000]:
             if first <= pos < min(upto, end):
                 recs, _ = self.read_raw(pos, RECORD_HEADER_SIZE + 64 * 1024)
-                if recs and recs[0][0] == pos and (recs[0][2], recs[0][3]) != (pub, seq):
+                r = RawRecord._make(recs[0]) if recs else None
+                if r is not None and r.position == pos and (r.publisher_id, r.seq) != (pub, seq):
                     return f"the index says publisher {pub} seq {seq} is at {pos}, but the record there is not"
         return None
 
@@ -238,49 +244,54 @@ class JournalRecovery:
         return verified_prefix(buf)[0] > 0
 
     def _scan_and_index(self, start: int) -> tuple[int, int]:
-        """Verify and index every record from `start` to the end. Damage is reported and
-        skipped; a partial or damaged tail of the newest segment with no good record after it
-        (a torn write) is truncated."""
+        """Verify and index every record from `start` to the end: (records indexed, bytes of a
+        torn tail dropped). Damage is reported and skipped."""
         indexed = 0
         i = self._segment_index(start)
         while i < len(self.segments):
             seg = self.segments[i]
-            pos = max(start, seg.base)
             if seg.reader is not None:
-                indexed += self._index_compacted(seg, pos)
-                i += 1
-                continue
-            last = i == len(self.segments) - 1
-            while pos < seg.end:
-                buf = self._pread(seg, pos, 4 * READ_BLOCK)
-                stop, bad = verified_prefix(buf)
-                if stop:
-                    recs, _ = scan_records(buf[:stop], pos)
-                    self.index.add(
-                        ((r[2], r[3], r[4], r[0]) for r in recs if r[1] == KIND_MESSAGE), pos + stop
-                    )
-                    indexed += len(recs)
-                    pos += stop
-                    continue
-                nxt = self._resync(seg, pos + 1, seg.end)
-                reason = (
-                    "bad length, kind or checksum"
-                    if bad == 0
-                    else "record runs past the end of the file"
-                )
-                if last and nxt >= seg.end:
-                    return indexed, self._truncate_tail(i, pos, reason)
-                self.integrity.damaged(
-                    seg.path, SEGMENT_HEADER_SIZE + pos - seg.base, nxt - pos, reason
-                )
-                pos = nxt
+                indexed += self._index_compacted(seg, max(start, seg.base))
+            else:
+                n, dropped = self._index_plain(i, max(start, seg.base))
+                indexed += n
+                if dropped:
+                    return indexed, dropped
             i += 1
         return indexed, 0
+
+    def _index_plain(self, seg_i: int, start: int) -> tuple[int, int]:
+        """Index the plain segment's records from start; a partial or damaged tail of the newest
+        segment with no good record after it (a torn write) is truncated."""
+        seg = self.segments[seg_i]
+        last = seg_i == len(self.segments) - 1
+        torn: list[tuple[int, str]] = []
+
+        def report(offset: int, size: int, reason: str) -> None:
+            at = seg.base + offset - SEGMENT_HEADER_SIZE
+            if last and at + size >= seg.end:
+                torn.append((at, reason))  # nothing good after it: cut off below
+            else:
+                self.integrity.damaged(seg.path, offset, size, reason)
+
+        indexed = 0
+        for pos, buf in good_runs(self._source(seg), start, seg.end, report, 4 * READ_BLOCK):
+            recs, stop = scan_records(buf, pos)
+            self.index.add(
+                ((p, s, t, at) for at, k, p, s, t, _, _, _ in recs if k == KIND_MESSAGE),
+                pos + stop,
+            )
+            indexed += len(recs)
+        return indexed, (self._truncate_tail(seg_i, *torn[0]) if torn else 0)
 
     def _index_records(self, recs: list[Record], upto: int) -> None:
         if recs:
             self.index.add(
-                ((r.publisher_id, r.seq, r.timestamp_us, r.position) for r in recs if r.kind == 1),
+                (
+                    (r.publisher_id, r.seq, r.timestamp_us, r.position)
+                    for r in recs
+                    if r.kind == KIND_MESSAGE
+                ),
                 upto,
             )
 

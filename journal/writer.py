@@ -25,10 +25,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from .errors import JournalClosed, JournalUnavailable
+from .index import IndexEntry
 from .record import SEGMENT_HEADER_SIZE, encode_segment_header
 from .segments import Segment, segment_name
+from .state import JournalState
 
 log = logging.getLogger("tickertape.journal")
 
@@ -36,13 +39,15 @@ PROBE_INTERVAL = 1.0
 PROBE_BYTES = 64 * 1024
 PROBE_NAME = "probe.tmp"  # recovery.py removes one a crash left
 
+T = TypeVar("T")
+
 
 class _Control:
     """A maintenance call queued on the writer thread (run_in_writer)."""
 
     __slots__ = ("fn", "future")
 
-    def __init__(self, fn, future):
+    def __init__(self, fn: Callable[[], Any], future: concurrent.futures.Future[Any]):
         self.fn = fn
         self.future = future
 
@@ -67,11 +72,22 @@ class CommitStats:
 
 
 DoneCallback = Callable[[int | None, BaseException | None], None]
+IndexMeta = dict[bytes, bytes]
+
+# what waits for the writer thread: a batch of records, a fence, or a maintenance call
+Batch = tuple[bytes, list[IndexEntry], DoneCallback, IndexMeta | None]
+Fence = tuple[None, list[IndexEntry], None, None]
+Control = tuple[_Control, list[IndexEntry], None, None]
+Pending = Batch | Fence | Control
 
 
-class JournalWriter:
+class JournalWriter(JournalState):
     def submit(
-        self, data: bytes, entries: list, on_done: DoneCallback, meta: dict | None = None
+        self,
+        data: bytes,
+        entries: list[IndexEntry],
+        on_done: DoneCallback,
+        meta: IndexMeta | None = None,
     ) -> None:
         """Queue encoded records for the next group commit (any thread).
 
@@ -89,15 +105,6 @@ class JournalWriter:
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
-
-    @property
-    def end_position(self) -> int:
-        """Position just after the last durable record."""
-        return self._end
-
-    @property
-    def start_position(self) -> int:
-        return self.segments[0].base
 
     def _writer(self) -> None:
         while True:
@@ -117,20 +124,21 @@ class JournalWriter:
                 self._pending_bytes = 0
             if self._unavailable is not None and time.monotonic() >= self._next_probe:
                 self._probe()
-            run = []
+            run: list[Batch] = []
             for item in batch:
-                if item[0] is None:  # a fence: the submitter has dealt with the failure
+                head = item[0]
+                if head is None:  # a fence: the submitter has dealt with the failure
                     if run:
                         self._commit_fitting(run)
                         run = []
                     self._failure = None
-                elif type(item[0]) is _Control:  # maintenance: between two commits
+                elif type(head) is _Control:  # maintenance: between two commits
                     if run:
                         self._commit_fitting(run)
                         run = []
-                    item[0].run()
+                    head.run()
                 else:
-                    run.append(item)
+                    run.append(cast(Batch, item))
             if run:
                 self._commit_fitting(run)
 
@@ -182,10 +190,11 @@ class JournalWriter:
         self.stats.recoveries += 1
         log.warning("journal: writes succeed again after %.1fs; the journal is available", down)
 
-    def _commit_fitting(self, run) -> None:
+    def _commit_fitting(self, run: list[Batch]) -> None:
         """Commit a run of batches, rolling segments between batches where one would overflow."""
         room = self.segment_size - self.segments[-1].size
-        part, size = [], 0
+        part: list[Batch] = []
+        size = 0
         for item in run:
             n = len(item[0])
             if part and size + n > room:
@@ -210,7 +219,7 @@ class JournalWriter:
             self._pending.append((None, [], None, None))
             self._cond.notify()
 
-    def _commit(self, batch) -> None:
+    def _commit(self, batch: list[Batch]) -> None:
         failed = self._failure or self._unavailable
         if failed is not None:
             for item in batch:
@@ -237,14 +246,14 @@ class JournalWriter:
                 item[2](None, err)
             return
         base = self._end
-        entries = []
+        entries: list[IndexEntry] = []
         off = base
         for chunk, ents, _, _ in batch:
             entries.extend((p, s, t, off + o) for p, s, t, o in ents)
             off += len(chunk)
         seg.size += len(data)
         new_end = base + len(data)
-        meta = {}
+        meta: IndexMeta = {}
         for item in batch:
             if item[3]:
                 meta.update(item[3])  # only the batches in this commit: metadata never runs ahead
@@ -314,9 +323,9 @@ class JournalWriter:
             log.warning("journal: closing sealed segment %s: %s", old.path, exc)
         log.info("journal: sealed %s at %d bytes; writing %s", old.path, old.size, path)
 
-    def run_in_writer(self, fn) -> concurrent.futures.Future:
+    def run_in_writer(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run fn() on the writer thread between two group commits; its result in a Future."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         with self._cond:
             if self._closing:
                 raise JournalClosed()

@@ -25,6 +25,7 @@ from .headers import FieldError, Header, HeaderError, decode_header, encode_head
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
+    "Frame",
     "FrameDecoder",
     "FrameError",
     "FrameTooLarge",
@@ -33,6 +34,9 @@ __all__ = [
 ]
 
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+Frame = tuple[Header, bytes | FieldError]
+"""(header, body); with refuse_fields, (header, the FieldError) for a header refused alone."""
 
 _LEN = struct.Struct(">I")
 _unpack_len = _LEN.unpack_from
@@ -50,13 +54,13 @@ class FrameError(ValueError):
 
     reason = "bad frame"
 
-    def __init__(self, message: str, frames: list[tuple[Header, bytes]] | None = None):
+    def __init__(self, message: str, frames: list[Frame] | None = None):
         super().__init__(message)
         self.frames = frames or []
 
 
 class FrameTooLarge(FrameError):
-    def __init__(self, size: int, limit: int, frames=None):
+    def __init__(self, size: int, limit: int, frames: list[Frame] | None = None):
         super().__init__(
             f"frame of {size} bytes exceeds MaxMessageSize {limit}; raise <MaxMessageSize> "
             "on the transport or split the payload",
@@ -83,14 +87,18 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list[tuple[Header, bytes]]:
+    def feed(self, data: bytes) -> list[Frame]:
+        """Every complete frame in what has arrived so far (the rest is kept for the next
+        feed). FrameError (its `frames`: the good ones before it) for bytes that are not frames;
+        the decoder is then empty, and the caller closes the connection."""
         buf = self._buf
+        view: bytes | bytearray
         if buf:
             buf += data
             view = buf
         else:
             view = data  # common case: no partial frame pending, parse the chunk in place
-        frames: list[tuple[Header, bytes]] = []
+        frames: list[Frame] = []
         pos = 0
         n = len(view)
         max_size = self.max_size

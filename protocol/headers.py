@@ -120,7 +120,7 @@ _ANY = msgspec.json.Decoder()
 _ENC = msgspec.json.Encoder()
 
 
-def decode_header(raw: bytes | memoryview) -> Header:
+def decode_header(raw: bytes | bytearray | memoryview) -> Header:
     """Decode one header object. Raises HeaderError for anything that is not a usable header,
     FieldError (a HeaderError) for a usable one with a field of the wrong type."""
     try:
@@ -130,7 +130,7 @@ def decode_header(raw: bytes | memoryview) -> Header:
     return _decode_lenient(raw)
 
 
-def _decode_lenient(raw: bytes | memoryview) -> Header:
+def _decode_lenient(raw: bytes | bytearray | memoryview) -> Header:
     try:
         obj = _ANY.decode(raw)
     except (msgspec.DecodeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError

@@ -13,11 +13,13 @@ named groups) means the same.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import re2
 
 __all__ = ["Pattern", "PatternError", "compile_pattern"]
 
-Pattern = re2._Regexp  # a compiled pattern: .search / .match / .fullmatch like re's
+Pattern: TypeAlias = re2._Regexp  # a compiled pattern: .search / .match / .fullmatch like re's
 
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = (
@@ -29,7 +31,7 @@ _OPTIONS.max_mem = 8 << 20  # bounds one pattern's compiled program (a huge patt
 class PatternError(ValueError):
     """A pattern we cannot run in linear time, or that is not a regular expression at all."""
 
-    def __init__(self, pattern, why: str):
+    def __init__(self, pattern: str | bytes, why: str):
         shown = pattern if isinstance(pattern, str) else pattern.decode("utf-8", "replace")
         super().__init__(
             f"pattern {shown[:200]!r} is not supported: {why}. Patterns run on RE2: no "
@@ -39,7 +41,7 @@ class PatternError(ValueError):
         self.why = why
 
 
-_CACHE: dict = {}
+_CACHE: dict[str | bytes, Pattern] = {}
 _CACHE_LIMIT = 10_000
 
 

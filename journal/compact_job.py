@@ -1,0 +1,247 @@
+"""Compaction, one task's work: a group of segments rewritten as one compacted segment.
+
+Compaction keeps a record if any of these holds (policy, see maintenance.make_request):
+- nothing is dropped for age (`cutoff_us` 0), or the record is at or after the first message of
+  the group with a receive time >= cutoff_us (inside the retention window);
+- a queue may still need it: a message on a topic a queue reads, at or after that queue's floor
+  (its recovery checkpoint: every message of the queue below it is done); a queue event of a
+  queue, at or after that queue's floor;
+- it is the newest message of its publisher (`keep_positions`, from the index's highest sequence
+  per publisher), so dedup state survives even an index rebuild.
+
+The segments are read with job_input.read_segment; the output (compacted.py's format) is read
+back, every block checked, before its metadata goes to the driver (batch.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from .compacted import CompactedReader, CompactedWriter, compacted_name
+from .job_input import Columns, binary_column, read_segment
+from .manifest import file_sha256
+from .record import KIND_MESSAGE, KIND_QUEUE_EVENT, BytesLike
+
+if TYPE_CHECKING:
+    import numpy as np
+
+QueueMatcher = tuple[str, str, re.Pattern[str] | None, int]
+"""(queue name, underlying topic, its compiled pattern if it is one, floor position)."""
+
+
+def _queue_matchers(policy: dict[str, Any]) -> list[QueueMatcher]:
+    out: list[QueueMatcher] = []
+    for q in policy.get("queues", ()):
+        rx = re.compile(q["topic"]) if q.get("pattern") else None
+        out.append((q["name"], q["topic"], rx, int(q["floor"])))
+    return out
+
+
+def keep_mask(
+    positions: np.ndarray,
+    cols: Columns,
+    topics: list[str],
+    topic_codes: np.ndarray,
+    policy: dict[str, Any],
+    cutoff_position: int | None,
+) -> np.ndarray:
+    """Which records of one chunk compaction keeps (a numpy bool array), per the module's rules."""
+    import numpy as np
+
+    n = len(positions)
+    cutoff = int(policy.get("cutoff_us") or 0)
+    if cutoff <= 0:
+        return np.ones(n, dtype=bool)
+    kind = cols["kind"]
+    msg = kind == KIND_MESSAGE
+    keep = msg & (cols["ts"] >= cutoff)
+    if cutoff_position is not None:
+        keep |= positions >= cutoff_position
+    queues = _queue_matchers(policy)
+    if queues:
+        big = np.iinfo(np.int64).max
+        topic_floor = np.full(len(topics), big, dtype=np.int64)  # messages a queue may need
+        event_floor = np.full(len(topics), big, dtype=np.int64)  # events of a queue
+        for i, t in enumerate(topics):
+            for name, topic, rx, floor in queues:
+                if (rx.fullmatch(t) is not None) if rx is not None else t == topic:
+                    topic_floor[i] = min(topic_floor[i], floor)
+                if t == name:
+                    event_floor[i] = min(event_floor[i], floor)
+        keep |= msg & (positions >= topic_floor[topic_codes])
+        keep |= (kind == KIND_QUEUE_EVENT) & (positions >= event_floor[topic_codes])
+    return keep
+
+
+def compact_group(group: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite one group of segments into one compacted segment under group["staging"].
+
+    group: {"segments": [entries], "staging": dir, "tag": request id, "policy": {...}}.
+    The output keeps every record the policy keeps, at its original position, and is read back
+    (every block decompressed, every record's crc checked) before its metadata is returned.
+    """
+    import numpy as np
+
+    segs = group["segments"]
+    policy = group.get("policy") or {}
+    base, end = segs[0]["base"], segs[-1]["end"]
+    staging = group["staging"]
+    os.makedirs(staging, exist_ok=True)
+    name = compacted_name(base, group["tag"])
+    final = os.path.join(staging, name)
+    tmp = final + ".tmp"
+    cutoff = int(policy.get("cutoff_us") or 0)
+    must_keep = np.asarray(sorted(policy.get("keep_positions") or ()), dtype=np.int64)
+    w = CompactedWriter(
+        tmp,
+        base,
+        end,
+        sources=len(segs),
+        cutoff_us=cutoff,
+        level=int(policy.get("level", 3)),
+        block_size=int(policy.get("block_size", 1 << 20)),
+    )
+    seg_stats = []
+    records_in = raw_in = crc_out = 0
+    cutoff_position = None
+    try:
+        for entry in segs:
+            st = {
+                "path": entry["path"],
+                "base": entry["base"],
+                "end": entry["end"],
+                "records": 0,
+                "crc_sum": 0,
+                "file_crc32": None,
+                "file_bytes": entry["file_bytes"],
+                "kept": 0,
+            }
+            damaged: list = st.setdefault("damaged", [])
+            for buf, positions, cols, file_crc in read_segment(entry, damaged):
+                st["file_crc32"] = file_crc
+                n = len(positions)
+                if n == 0:
+                    continue
+                crc = cols["crc"].astype(np.int64)
+                st["records"] += n
+                st["crc_sum"] += int(crc.sum())
+                records_in += n
+                raw_in += int(cols["size"].sum())
+                keep = None
+                if cutoff > 0:
+                    if cutoff_position is None:
+                        inside = np.flatnonzero(
+                            (cols["kind"] == KIND_MESSAGE) & (cols["ts"] >= cutoff)
+                        )
+                        if len(inside):
+                            cutoff_position = int(positions[inside[0]])
+                    tarr = binary_column(
+                        buf, cols["topic_start"], cols["topic_end"]
+                    ).dictionary_encode()
+                    tcodes = tarr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+                    tdict = [v.decode("utf-8", "replace") for v in tarr.dictionary.to_pylist()]
+                    keep = keep_mask(positions, cols, tdict, tcodes, policy, cutoff_position)
+                    if len(must_keep):
+                        keep |= np.isin(positions, must_keep)
+                    if keep.all():
+                        keep = None
+                crc_out += _write_kept(w, buf, positions, cols, keep)
+                st["kept"] += n if keep is None else int(keep.sum())
+            seg_stats.append(st)
+        info = w.finish()
+    except BaseException:
+        w.abort()
+        raise
+    os.replace(tmp, final)
+    return _verify_compacted(
+        final, name, info, seg_stats, records_in, raw_in, crc_out, segs, w.raw_crcs
+    )
+
+
+def _write_kept(
+    w: CompactedWriter,
+    buf: BytesLike,
+    positions: np.ndarray,
+    cols: Columns,
+    keep: np.ndarray | None,
+) -> int:
+    """Add the kept records of one chunk (all when keep is None) as runs; return their crc sum."""
+    import numpy as np
+
+    offs = cols["offset"]
+    sizes = cols["size"]
+    crc = cols["crc"].astype(np.int64)
+    mv = memoryview(buf)
+    if keep is None:
+        # nothing dropped: runs are the stretches of contiguous positions (a compacted source
+        # segment has gaps already)
+        idx = None
+        pos = positions
+        siz = sizes
+        total_crc = int(crc.sum())
+    else:
+        idx = np.flatnonzero(keep)
+        if len(idx) == 0:
+            return 0
+        pos = positions[idx]
+        siz = sizes[idx]
+        total_crc = int(crc[idx].sum())
+    brk = np.flatnonzero(pos[1:] != pos[:-1] + siz[:-1]) + 1
+    starts = np.concatenate(([0], brk)).tolist()
+    stops = np.concatenate((brk, [len(pos)])).tolist()
+    for a, z in zip(starts, stops):
+        ia = a if idx is None else int(idx[a])
+        iz = z - 1 if idx is None else int(idx[z - 1])
+        o0 = int(offs[ia])
+        o1 = int(offs[iz] + sizes[iz])
+        w.add_run(int(pos[a]), mv[o0:o1], siz[a:z].tolist())
+    return total_crc
+
+
+def _verify_compacted(
+    final: str,
+    name: str,
+    info: dict[str, Any],
+    seg_stats: list[dict[str, Any]],
+    records_in: int,
+    raw_in: int,
+    crc_out: int,
+    segs: list[dict[str, Any]],
+    raw_crcs: list[int],
+) -> dict[str, Any]:
+    """Read the output back: every block decompressed, and equal (crc32) to the bytes written,
+    which were read from the segments with every record's crc checked; record counts too."""
+    reader = CompactedReader(final)
+    try:
+        if reader.blocks != len(raw_crcs) or sum(reader.block_records) != info["records"]:
+            raise RuntimeError(
+                f"compacted segment {final} has {reader.blocks} blocks / "
+                f"{sum(reader.block_records)} records; wrote {len(raw_crcs)} / {info['records']}"
+            )
+        for i, want in enumerate(raw_crcs):
+            buf, _ = reader.block(i)
+            if zlib.crc32(buf) != want:
+                raise RuntimeError(
+                    f"compacted segment {final}: block {i} does not read back as written"
+                )
+    finally:
+        reader.close()
+    return {
+        "kind": "compact",
+        "file": name,
+        "staged": final,
+        "base": info["base"],
+        "end": info["end"],
+        "records_in": records_in,
+        "records_out": info["records"],
+        "raw_in": raw_in,
+        "raw_out": info["raw_bytes"],
+        "bytes_in": sum(s["file_bytes"] for s in segs),
+        "bytes_out": info["file_bytes"],
+        "crc_sum_out": crc_out,
+        "sha256": file_sha256(final),
+        "segments": seg_stats,
+    }
