@@ -37,6 +37,7 @@ __all__ = [
     "MINIMUM_VERSIONS",
     "ServerTls",
     "TlsError",
+    "check",
     "client_context",
     "describe_handshake_error",
     "reload_server_context",
@@ -92,6 +93,27 @@ def server_context(tls: ServerTls) -> ssl.SSLContext:
     _load_chain(ctx, tls.certificate, tls.private_key)
     _load_trust(ctx, tls)
     return ctx
+
+
+def check(tls: ServerTls) -> list[TlsError]:
+    """Every problem of `tls`, not only the first: the settings, the certificate and key, the
+    CA file (each checked on its own, as the configuration loader reports them)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    errors: list[TlsError] = []
+
+    def attempt(step: Callable[[], None]) -> None:
+        try:
+            step()
+        except TlsError as e:
+            errors.append(e)
+
+    attempt(lambda: _apply_settings(ctx, tls))
+    attempt(lambda: _readable("Certificate", tls.certificate))
+    attempt(lambda: _readable("PrivateKey", tls.private_key))
+    if not errors or all(e.element not in ("Certificate", "PrivateKey") for e in errors):
+        attempt(lambda: _load_chain(ctx, tls.certificate, tls.private_key))
+    attempt(lambda: _load_trust(ctx, tls))
+    return errors
 
 
 def reload_server_context(ctx: ssl.SSLContext, tls: ServerTls) -> None:
