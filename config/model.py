@@ -157,6 +157,8 @@ class LogTarget(msgspec.Struct, frozen=True, kw_only=True):
     level: LogLevel = "info"
     file_name: str | None = None
     """Path of the log file, for protocol "file" only. Reopened on SIGHUP (for logrotate)."""
+    logger: str | None = None
+    """Only records of this logger and the loggers below it (`tickertape.audit`); None = all."""
 
 
 class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):

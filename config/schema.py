@@ -155,7 +155,7 @@ ADMIN = Spec(
 LOGGING = Spec("Logging", many=("Target",))
 TARGET = Spec(
     "Target",
-    one=("Protocol", "Level", "FileName"),
+    one=("Protocol", "Level", "FileName", "Logger"),
     unsupported={
         "Levels": "give one lower bound in <Level>",
         "IncludeErrors": "log filtering by error id is not supported",

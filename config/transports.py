@@ -36,6 +36,7 @@ __all__ = [
     "MAX_MAX_MESSAGE_SIZE",
     "MIN_MAX_MESSAGE_SIZE",
     "log_level",
+    "logger_name",
     "read_admin",
     "read_logging",
     "read_transports",
@@ -234,9 +235,20 @@ def read_logging(checker: Checker, node: Node | None) -> tuple[LogTarget, ...]:
                 protocol=cast(LogProtocol, protocol),
                 level=cast(LogLevel, level),
                 file_name=file_name,
+                logger=t.value("Logger", logger_name, None),
             )
         )
     return tuple(targets)
+
+
+def logger_name(text: str) -> str:
+    """A `<Logger>`: `tickertape` or a logger below it, such as `tickertape.audit`."""
+    if text != "tickertape" and not text.startswith("tickertape."):
+        raise ValueError(
+            f"logger {text!r} is not one of the server's; write tickertape or a logger below "
+            "it, such as tickertape.audit (the audit trail)"
+        )
+    return text
 
 
 def log_level(text: str) -> str:
