@@ -216,8 +216,10 @@ def _parse_hash(text: str) -> tuple[ScryptParams, bytes, bytes]:
 def verify_secret(stored: str, secret: str) -> bool:
     """Whether `secret` hashes to `stored` (a HASH of the format), in constant time."""
     params, salt, digest = _parse_hash(stored)
-    data = secret.encode("utf-8", "surrogatepass")[:MAX_PASSWORD_BYTES]
-    return hmac.compare_digest(_scrypt(data, salt, params), digest)
+    data = secret.encode("utf-8", "surrogatepass")
+    fits = len(data) <= MAX_PASSWORD_BYTES  # longer than any stored secret: hash a prefix, fail
+    same = hmac.compare_digest(_scrypt(data[:MAX_PASSWORD_BYTES], salt, params), digest)
+    return same and fits
 
 
 # a hash no secret matches in practice, at the default cost

@@ -126,6 +126,15 @@ def test_bad_passwords(tmp_path):
         set_password(tmp_path / "u", "a", "x" * 4097, FAST)
 
 
+def test_a_longer_attempt_never_matches_a_password_of_the_longest_length(tmp_path):
+    path = tmp_path / "users.db"
+    longest = "p" * 4096
+    set_password(path, "a", longest, FAST)
+    users = load_password_file(path)
+    assert users.verify_password("a", longest)
+    assert not users.verify_password("a", longest + "extra")
+
+
 def test_unicode_user_and_password(tmp_path):
     path = tmp_path / "users.db"
     set_password(path, "zoë", "pässwörd ✓", FAST)
