@@ -11,8 +11,9 @@ default, the root limits, what is accepted from AMPS and what is refused.
 The work is split by section: `config.schema` (which children each section allows),
 `config.rules` (the rules every element follows, and shared value checks), `config.transports`
 (`<Transports>`, `<Admin>`, `<Logging>`), `config.txlog` (`<TransactionLog>`), `config.queues`
-(`<SOW>`), `config.actions` (`<Actions>`), `config.limits` (the root limits); this module reads
-the root and its own elements, and owns the public functions.
+(`<SOW>`), `config.actions` (`<Actions>`), `config.limits` (the root limits), `config.security`
+(`<Authentication>`, `<Entitlement>`, TLS files, safe defaults, and what this build refuses as
+not served yet); this module reads the root and its own elements, and owns the public functions.
 
 Problems
 --------
@@ -29,6 +30,8 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+import msgspec
+
 from .actions import read_actions
 from .errors import ConfigError, Problem
 from .limits import LIMIT_ELEMENTS
@@ -36,6 +39,7 @@ from .model import DEFAULT_CLIENT_MAX_BUFFER_SIZE, DEFAULT_IDLE_POLL, MAX_IDLE_P
 from .queues import read_sow
 from .rules import Checker, Section, human, instance_name
 from .schema import ROOT
+from .security import check_security, read_authentication, read_entitlement
 from .transports import read_admin, read_logging, read_transports
 from .txlog import read_transaction_log
 from .values import parse_interval, parse_size
@@ -176,9 +180,11 @@ class _Loader(Checker):
         queues = read_sow(self, sec.one("SOW"), tlog, tlog_node)
         actions = read_actions(self, sec.one("Actions"), tlog)
         limits = self._limits(sec, [t.max_message_size for t in transports])
-        auth_node = sec.one("Authentication")
-        authentication = self.raw(auth_node) if auth_node is not None else None
-        return Config(
+        authentication = read_authentication(self, sec.one("Authentication"))
+        if authentication is not None and authentication.logon_timeout is not None:
+            limits = msgspec.structs.replace(limits, logon_timeout=authentication.logon_timeout)
+        entitlement = read_entitlement(self, sec.one("Entitlement"))
+        config = Config(
             name=name,
             transports=tuple(transports),
             admin=admin,
@@ -188,8 +194,11 @@ class _Loader(Checker):
             actions=tuple(actions),
             limits=limits,
             authentication=authentication,
+            entitlement=entitlement,
             source=self.source,
         )
+        check_security(self, sec, config)
+        return config
 
     def _limits(self, sec: Section, message_sizes: list[int]) -> Limits:
         """The root's per-connection bounds; `message_sizes` are the transports' largest frames."""

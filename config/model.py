@@ -20,8 +20,16 @@ expiry). Enumerated values are lowercase strings, typed as `Literal`s.
     │   ├── on: ActionTrigger
     │   └── do: tuple[ActionStep, ...]
     ├── limits: Limits                       per-connection bounds
-    ├── authentication: RawElement | None    kept as written, for a later issue
+    ├── authentication: Authentication | None   None = no authentication (loopback only)
+    ├── entitlement: Entitlement | None      None = every logged-on user may do all but admin
+    │   └── roles: tuple[Role, ...]
+    │       ├── allow: Rights / deny: Rights  topic regexes per right, and admin
+    │       └── filters: tuple[ContentFilter, ...]
     └── source: str                          the file it came from, or "<embedded default>"
+
+Security (`config.security` reads and checks it; docs/security.md): what a build does not serve
+yet is refused by `config.security.unsupported`, so a configuration that asks for TLS,
+authentication or entitlements never starts a server that would ignore them.
 
 Structs are frozen (hashable, comparable by value) and can be encoded as they are
 (`msgspec.json.encode(config)`), for example to dump the effective configuration. Defaults in
@@ -57,8 +65,11 @@ __all__ = [
     "ActionStep",
     "ActionTrigger",
     "Admin",
+    "Authentication",
     "Config",
+    "ContentFilter",
     "Durability",
+    "Entitlement",
     "FairnessModel",
     "Leasing",
     "Limits",
@@ -66,7 +77,8 @@ __all__ = [
     "LogProtocol",
     "LogTarget",
     "QueueSpec",
-    "RawElement",
+    "Rights",
+    "Role",
     "Semantics",
     "TopicSpec",
     "TransactionLog",
@@ -86,6 +98,7 @@ DEFAULT_IDLE_POLL = 100e-6
 MAX_IDLE_POLL = 0.01
 
 TransportType = Literal["tcp", "tcps"]
+TlsVersion = Literal["TLSv1.2", "TLSv1.3"]
 MessageType = Literal["json"]
 LogProtocol = Literal["stdout", "stderr", "file"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -114,6 +127,14 @@ class Transport(msgspec.Struct, frozen=True, kw_only=True):
     """tcps only: PEM certificate chain file."""
     private_key: str | None = None
     """tcps only: PEM private key file."""
+    ca_file: str | None = None
+    """tcps only: PEM CA certificates that sign client certificates; with it a client may
+    present a certificate (and is identified by it), with `verify_client` it must."""
+    verify_client: bool = False
+    """tcps only: mutual TLS; a client without a certificate signed by `ca_file` is refused."""
+    minimum_version: TlsVersion = "TLSv1.2"
+    ciphers: str | None = None
+    """tcps only: an OpenSSL cipher string for TLS 1.2; None = OpenSSL's defaults."""
 
 
 class Admin(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,6 +145,9 @@ class Admin(msgspec.Struct, frozen=True, kw_only=True):
     interval: float = 10.0
     """Meant as how often statistics are sampled, seconds; not used by the server yet (it computes
     rates every second)."""
+    certificate: str | None = None
+    """With `private_key`: serve HTTPS with this PEM certificate chain."""
+    private_key: str | None = None
 
 
 class LogTarget(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,6 +157,8 @@ class LogTarget(msgspec.Struct, frozen=True, kw_only=True):
     level: LogLevel = "info"
     file_name: str | None = None
     """Path of the log file, for protocol "file" only. Reopened on SIGHUP (for logrotate)."""
+    logger: str | None = None
+    """Only records of this logger and the loggers below it (`tickertape.audit`); None = all."""
 
 
 class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -287,20 +313,55 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     client_max_subscriptions: int = 1000
 
 
-class RawElement(msgspec.Struct, frozen=True, kw_only=True):
-    """An element kept as written (text stripped, `${VAR}` substituted), for sections whose
-    meaning is decided later (`<Authentication>`)."""
+class Authentication(msgspec.Struct, frozen=True, kw_only=True):
+    """`<Authentication>`: how a logon proves who it is (docs/security.md)."""
 
-    tag: str
-    text: str = ""
-    children: tuple[RawElement, ...] = ()
-    line: int = 0
+    password_file: str | None = None
+    """The file `tickertape passwd` writes (server/security/passwords.py); None = no passwords."""
+    logon_timeout: float | None = None
+    """As written here; the loader folds it into `Limits.logon_timeout`, which is what applies."""
+    allow_anonymous: bool = False
+    """A logon without `user_id` is accepted as user "anonymous"."""
 
-    def child(self, tag: str) -> RawElement | None:
-        for c in self.children:
-            if c.tag == tag:
-                return c
-        return None
+
+class Rights(msgspec.Struct, frozen=True, kw_only=True):
+    """Rights by topic regex (RE2, whole-name match), one tuple per right, and admin."""
+
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+    replay: tuple[str, ...] = ()
+    consume: tuple[str, ...] = ()
+    admin: bool = False
+
+    def patterns(self, right: str) -> tuple[str, ...]:
+        """The regexes of `right` ("publish", "subscribe", "replay" or "consume")."""
+        return getattr(self, right)  # type: ignore[no-any-return]
+
+
+class ContentFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """A role's `<Filter>`: on topics matching `topic`, a read sees only what `expression`
+    (the filter language of PROTOCOL.md §7) matches."""
+
+    topic: str
+    expression: str
+
+
+class Role(msgspec.Struct, frozen=True, kw_only=True):
+    """An `<Entitlement><Role>`: rights granted (`allow`) and refused (`deny`) to `users`."""
+
+    name: str
+    users: tuple[str, ...]
+    """User names; "*" = every authenticated user (not "anonymous", which is named if meant)."""
+    allow: Rights = Rights()
+    deny: Rights = Rights()
+    """Deny wins over allow, across all the user's roles."""
+    filters: tuple[ContentFilter, ...] = ()
+
+
+class Entitlement(msgspec.Struct, frozen=True, kw_only=True):
+    """`<Entitlement>`: with it, a right no role grants is refused."""
+
+    roles: tuple[Role, ...] = ()
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
@@ -314,7 +375,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     queues: tuple[QueueSpec, ...] = ()
     actions: tuple[Action, ...] = ()
     limits: Limits = msgspec.field(default_factory=Limits)
-    authentication: RawElement | None = None
+    authentication: Authentication | None = None
+    entitlement: Entitlement | None = None
     source: str = "<constructed>"
 
     @functools.cached_property

@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .errors import Problem
-from .model import RawElement
 from .schema import Spec, unknown_element
 from .values import parse_interval, parse_size, substitute_env
 from .xmltree import Node
@@ -28,6 +27,7 @@ __all__ = [
     "Checker",
     "Section",
     "at_least",
+    "boolean",
     "enum",
     "human",
     "instance_name",
@@ -58,6 +58,14 @@ def enum(*choices: str, aliases: Mapping[str, str] | None = None) -> Callable[[s
         return value
 
     return parse
+
+
+def boolean(text: str) -> bool:
+    """`true` or `false`, case-insensitive."""
+    value = text.lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"invalid value {text!r}; write true or false")
+    return value == "true"
 
 
 def at_least(parse: Callable[[str], T], low: Any, describe: str) -> Callable[[str], T]:
@@ -195,19 +203,6 @@ class Checker:
             self.report(node, f"<{node.tag}> is empty; give a value or remove the element")
             return None
         return value
-
-    def raw(self, node: Node) -> RawElement:
-        """`node` and everything inside it kept as written (values substituted), unchecked."""
-        self.check_attrs(node)
-        text = node.text.strip()
-        if text and not node.children:
-            text = self.substitute(node, text) or ""
-        return RawElement(
-            tag=node.tag,
-            text=text,
-            children=tuple(self.raw(c) for c in node.children),
-            line=node.line,
-        )
 
 
 class Section:

@@ -25,12 +25,17 @@ __all__ = [
     "ACTION",
     "ACTIONS",
     "ADMIN",
+    "AUTHENTICATION",
+    "DENY",
     "DO",
+    "ENTITLEMENT",
+    "FILTER",
     "LOGGING",
     "MODULE_PREFIXES",
     "ON",
     "OPTION_SPECS",
     "QUEUE",
+    "ROLE",
     "ROOT",
     "SECTIONS",
     "SOW",
@@ -88,6 +93,7 @@ ROOT = Spec(
         "SOW",
         "Actions",
         "Authentication",
+        "Entitlement",
     ),
     unsupported={
         "Group": _NO_REPLICATION,
@@ -95,7 +101,6 @@ ROOT = Spec(
         "Include": "the configuration is one file",
         "MessageTypes": "json is built in and the only message type",
         "Modules": "plug-in modules are not supported",
-        "Entitlement": "entitlements are not supported yet",
         "MessageMemoryLimit": _SLOW_CLIENT,
         "MessageDiskLimit": _SLOW_CLIENT,
         "MessageDiskPath": _SLOW_CLIENT,
@@ -120,27 +125,28 @@ TRANSPORT = Spec(
         "MaxMessageSize",
         "Certificate",
         "PrivateKey",
+        "CAFile",
+        "VerifyClient",
+        "MinimumVersion",
+        "Ciphers",
     ),
     unsupported={
         "InitialState": "transports always start enabled",
         "Authentication": "per-transport authentication is not supported; use the root's",
-        "Entitlement": "entitlements are not supported yet",
+        "Entitlement": "entitlements are given once, at the root",
         "MessageMemoryLimit": _SLOW_CLIENT,
         "MessageDiskLimit": _SLOW_CLIENT,
         "MessageDiskPath": _SLOW_CLIENT,
         "ClientMaxCapacity": _SLOW_CLIENT,
         "ClientMessageAgeLimit": _SLOW_CLIENT,
         "TransportFilter": "transport filters are not supported",
-        "Ciphers": "TLS settings other than Certificate and PrivateKey are not supported yet",
-        "SecureSocketProtocols": "TLS settings other than Certificate/PrivateKey are not supported",
-        "VerifyClient": "client certificates are not supported yet",
-        "CAFile": "client certificates are not supported yet",
-        "CAPath": "client certificates are not supported yet",
+        "SecureSocketProtocols": "write the lowest version allowed in <MinimumVersion>",
+        "CAPath": "put the CA certificates in one PEM file and name it in <CAFile>",
     },
 )
 ADMIN = Spec(
     "Admin",
-    one=("InetAddr", "Interval"),
+    one=("InetAddr", "Interval", "Certificate", "PrivateKey"),
     unsupported={
         "FileName": "statistics are kept in memory only",
         "SQLTransport": "statistics are served as JSON and Prometheus text",
@@ -149,7 +155,7 @@ ADMIN = Spec(
 LOGGING = Spec("Logging", many=("Target",))
 TARGET = Spec(
     "Target",
-    one=("Protocol", "Level", "FileName"),
+    one=("Protocol", "Level", "FileName", "Logger"),
     unsupported={
         "Levels": "give one lower bound in <Level>",
         "IncludeErrors": "log filtering by error id is not supported",
@@ -254,6 +260,25 @@ OPTION_SPECS: dict[tuple[str, str], Spec] = {
 }
 MODULE_PREFIXES = ("amps-action-", "tickertape-action-")
 
+_BUILT_IN = "authentication and entitlements are built in (docs/security.md)"
+AUTHENTICATION = Spec(
+    "Authentication",
+    one=("PasswordFile", "LogonTimeout", "AllowAnonymous"),
+    unsupported={"Module": _BUILT_IN, "Options": _BUILT_IN},
+)
+ENTITLEMENT = Spec(
+    "Entitlement", many=("Role",), unsupported={"Module": _BUILT_IN, "Options": _BUILT_IN}
+)
+_RIGHTS = ("Publish", "Subscribe", "Replay", "Consume")
+ROLE = Spec(
+    "Role",
+    one=("Name", "Users", "Admin", "Deny"),
+    many=(*_RIGHTS, "Filter"),
+    misnamed={"User": "Users", "Read": "Subscribe", "Write": "Publish"},
+)
+DENY = Spec("Deny", one=("Admin",), many=_RIGHTS)
+FILTER = Spec("Filter", one=("Topic", "Expression"))
+
 # Every section Spec but the per-module <Options> (OPTION_SPECS), in document order.
 SECTIONS: tuple[Spec, ...] = (
     ROOT,
@@ -270,6 +295,11 @@ SECTIONS: tuple[Spec, ...] = (
     ACTION,
     ON,
     DO,
+    AUTHENTICATION,
+    ENTITLEMENT,
+    ROLE,
+    DENY,
+    FILTER,
 )
 
 

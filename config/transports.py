@@ -6,7 +6,7 @@ Each function reads one section (None when the file leaves it out) and returns i
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from .model import (
     DEFAULT_ADMIN_PORT,
@@ -18,19 +18,25 @@ from .model import (
     LogProtocol,
     LogTarget,
     MessageType,
+    TlsVersion,
     Transport,
     TransportType,
 )
-from .rules import Checker, Section, enum, message_type, positive_interval, size_between
+from .rules import Checker, Section, boolean, enum, message_type, positive_interval, size_between
 from .schema import ADMIN, LOGGING, TARGET, TRANSPORT, TRANSPORTS
+from .security import check_tls, minimum_version
 from .values import parse_inet_addr
 from .xmltree import Node
+
+if TYPE_CHECKING:
+    from server.security.tls import ServerTls
 
 __all__ = [
     "LOG_LEVELS",
     "MAX_MAX_MESSAGE_SIZE",
     "MIN_MAX_MESSAGE_SIZE",
     "log_level",
+    "logger_name",
     "read_admin",
     "read_logging",
     "read_transports",
@@ -87,12 +93,24 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
         )
         certificate = t.text("Certificate")
         private_key = t.text("PrivateKey")
+        ca_file = t.text("CAFile")
+        verify_client = t.value("VerifyClient", boolean, False)
+        version = t.value("MinimumVersion", minimum_version, "TLSv1.2")
+        ciphers = t.text("Ciphers")
         if ttype == "tcps":
             for element, value in (("Certificate", certificate), ("PrivateKey", private_key)):
                 if value is None and not t.has(element):
                     t.missing(element, " (a PEM file; tcps needs a certificate and key)")
+            if verify_client and ca_file is None and not t.has("CAFile"):
+                t.missing("CAFile", " (the CA that signs client certificates: VerifyClient)")
+            elif certificate is not None and private_key is not None:
+                check_tls(
+                    checker,
+                    t,
+                    _server_tls(certificate, private_key, ca_file, verify_client, version, ciphers),
+                )
         else:
-            for element in ("Certificate", "PrivateKey"):
+            for element in _TLS_ELEMENTS:
                 if t.has(element):
                     checker.report(
                         t.at(element),
@@ -130,9 +148,29 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
                 max_message_size=max_size,
                 certificate=certificate,
                 private_key=private_key,
+                ca_file=ca_file,
+                verify_client=verify_client,
+                minimum_version=cast(TlsVersion, version),
+                ciphers=ciphers,
             )
         )
     return found, ports
+
+
+_TLS_ELEMENTS = ("Certificate", "PrivateKey", "CAFile", "VerifyClient", "MinimumVersion", "Ciphers")
+
+
+def _server_tls(
+    certificate: str,
+    private_key: str,
+    ca_file: str | None = None,
+    verify_client: bool = False,
+    version: str = "TLSv1.2",
+    ciphers: str | None = None,
+) -> ServerTls:
+    from server.security.tls import ServerTls
+
+    return ServerTls(certificate, private_key, ca_file, verify_client, version, ciphers)
 
 
 def read_admin(checker: Checker, node: Node | None, ports: dict[int, Node]) -> Admin | None:
@@ -148,7 +186,22 @@ def read_admin(checker: Checker, node: Node | None, ports: dict[int, Node]) -> A
             f"{ports[port].line}; give the admin endpoint its own port",
         )
     interval = sec.value("Interval", positive_interval, 10.0)
-    return Admin(host=host, port=port, interval=interval)
+    certificate = sec.text("Certificate")
+    private_key = sec.text("PrivateKey")
+    for element, other in (("Certificate", "PrivateKey"), ("PrivateKey", "Certificate")):
+        if sec.has(element) and not sec.has(other):
+            sec.missing(other, " (HTTPS needs a certificate and its key)")
+    if certificate is not None and private_key is not None:
+        check_tls(checker, sec, _server_tls(certificate, private_key))
+    else:
+        certificate = private_key = None
+    return Admin(
+        host=host,
+        port=port,
+        interval=interval,
+        certificate=certificate,
+        private_key=private_key,
+    )
 
 
 def read_logging(checker: Checker, node: Node | None) -> tuple[LogTarget, ...]:
@@ -182,9 +235,20 @@ def read_logging(checker: Checker, node: Node | None) -> tuple[LogTarget, ...]:
                 protocol=cast(LogProtocol, protocol),
                 level=cast(LogLevel, level),
                 file_name=file_name,
+                logger=t.value("Logger", logger_name, None),
             )
         )
     return tuple(targets)
+
+
+def logger_name(text: str) -> str:
+    """A `<Logger>`: `tickertape` or a logger below it, such as `tickertape.audit`."""
+    if text != "tickertape" and not text.startswith("tickertape."):
+        raise ValueError(
+            f"logger {text!r} is not one of the server's; write tickertape or a logger below "
+            "it, such as tickertape.audit (the audit trail)"
+        )
+    return text
 
 
 def log_level(text: str) -> str:

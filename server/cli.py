@@ -4,6 +4,7 @@
     tickertape serve --verify-config FILE
     tickertape pub|sub ...            (client/cli.py)
     tickertape archive|compact ...    (maintenance_cli.py: the Spark journal job)
+    tickertape passwd FILE USER [--delete | --token]   (security/passwd_cli.py)
 
 Exit status: 0 on a clean stop (SIGTERM / SIGINT drain first), 1 when the server cannot start
 (address in use, damaged journal, already running), 2 for a bad command line or configuration.
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .maintenance_cli import add_maintenance_commands  # archive, compact (journal/batch.py)
 
     add_maintenance_commands(sub)
+    from .security.passwd_cli import add_passwd_command
+
+    add_passwd_command(sub)
     return parser
 
 
