@@ -21,11 +21,10 @@ import time
 from config.model import Config
 from journal.fileio import io_from_env
 from journal.journal import Journal
-from protocol.bookmarks import Now
-from protocol.framing import frame_bytes
+from protocol.bookmarks import Now, format_bookmark
 from protocol.options import InvalidOptions, sow_delete_options
 
-from . import splice
+from . import frames, splice
 from .connection import Connection, Subscription
 from .filters import FilterError, compile_filter
 from .intake import Intake
@@ -431,7 +430,6 @@ class Server:
     # -- periodic work ------------------------------------------------------------------------
 
     async def _tick(self) -> None:
-        hb_frame = frame_bytes(b'{"c":"heartbeat"}')
         last_stats = time.monotonic()
         while True:
             await asyncio.sleep(HEARTBEAT_TICK)
@@ -440,9 +438,9 @@ class Server:
                 iv = conn.hb_interval
                 if now - conn.last_recv > 2 * iv:
                     conn.close("heartbeat")
-                elif now - conn.last_send >= iv:
-                    conn.out.append(hb_frame)
-                    conn.flush_out()
+                elif now - conn.out.last_send >= iv:
+                    conn.out.buf.append(frames.HEARTBEAT)
+                    conn.out.flush()
             self.intake.sweep(self.connections, now)
             self.queues.tick()
             if self.maintenance is not None:
@@ -469,8 +467,8 @@ class Server:
             if bm is None or bm == sub.acked_bm:
                 continue
             sub.acked_bm = bm
-            conn.send_ack("persisted", None, sub_id=sub.sub_id, bm="%d|%d|" % bm)
-            conn.flush_out()
+            conn.out.send_ack("persisted", None, sub_id=sub.sub_id, bm=format_bookmark(*bm))
+            conn.out.flush()
 
     # -- journal maintenance (archive / compaction; server/maintenance.py) ---------------------------
 

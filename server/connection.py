@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import struct
 import time
 from typing import TYPE_CHECKING
 
@@ -30,9 +29,12 @@ from protocol.headers import MAX_SUB_ID_BYTES, FieldError, check_fields
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, subscribe_options
 from protocol.patterns import PatternError, compile_pattern
 
+from . import frames
 from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id
-from .pipeline import ABOVE_GAP, DUPLICATE, timestamp_part
+from .outbox import Outbox
+from .pipeline import ABOVE_GAP, DUPLICATE
+from .reasons import Disconnect
 from .router import is_pattern
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,7 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("tickertape.connection")
 
-_pack_len = struct.Struct(">I").pack
 _json = msgspec.json.encode
 _conn_ids = itertools.count(1)
 
@@ -59,6 +60,7 @@ class Subscription:
         "filter_text",
         "live",
         "opts",
+        "out",
         "prefix",
         "queue",
         "regex",
@@ -73,14 +75,14 @@ class Subscription:
     def __init__(self, conn, sub_id, topic, regex, filt, filter_text, opts, acks, cid):
         self.sub_id = sub_id
         self.conn = conn
+        self.out = conn.out
         self.topic = topic
         self.regex = regex
         self.filter = filt
         self.filter_text = filter_text
         self.opts = opts
         self.timestamp = opts.timestamp
-        sid = _json(sub_id)
-        self.prefix = b'{"c":"p","sub_id":' + sid + b',"sids":' + sid
+        self.prefix = frames.sub_prefix(sub_id)
         self.live = True
         self.bookmark = None
         self.replay = None
@@ -131,7 +133,7 @@ class Connection(asyncio.Protocol):
         )
         self.buffered = 0  # bytes of a partial frame, as the intake last counted them
         self.partial_since: float | None = None
-        self.bytes_written = 0
+        self.out = Outbox(server.max_client_buffer, self._closed_with)
         self.drained_mark = 0
         self.drained_at = 0.0
         self.transport = None
@@ -142,31 +144,29 @@ class Connection(asyncio.Protocol):
         self.server_pub = 0
         self.logged_on = False
         self.subs: dict[str, Subscription] = {}
-        self.out: list[bytes] = []
         self.wants_persisted = False
         self._gap_told = 0  # the gap a persisted failure was sent for (_refuse_above_gap)
         self.is_publisher = False
-        self.closing = False
-        self.close_reason: str | None = None
         self.hb_interval = 0.0
         now = time.monotonic()
         self.connected_at = now
         self.last_recv = now
-        self.last_send = now
         self.ack_conflation = 0.0
         self._persist_pending = 0
         self._ack_timer = None
-        self.writable = asyncio.Event()
-        self.writable.set()
         self._read_pauses: set[str] = set()
         self._sub_counter = 0
         self.received = 0
-        self.sent_messages = 0
+
+    @property
+    def closing(self) -> bool:
+        return self.out.closing
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.out.attach(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.server.connection_opened(self)
@@ -222,20 +222,19 @@ class Connection(asyncio.Protocol):
             self.send_ack("processed", None, "failure", "bad frame", detail=str(error))
             log.warning("connection %d (%s): bad frame: %s", self.id, self.describe(), error)
             self.close("bad frame")
-        if self.out:
-            self.flush_out()
+        if self.out.buf:
+            self.out.flush()
         self.server.input_seen(self.last_recv)
 
     def connection_lost(self, exc) -> None:
-        if self.close_reason is None:
-            self.close_reason = "connection closed"
+        if self.out.close_reason is None:
+            self.out.close_reason = Disconnect.CONNECTION_CLOSED
             log.info(
                 "disconnect: %s reason=connection closed%s",
                 self.describe(),
                 f" ({exc})" if exc else "",
             )
-        self.closing = True
-        self.writable.set()
+        self.out.lost()
         if self._ack_timer is not None:
             self._ack_timer.cancel()
         for sub in list(self.subs.values()):
@@ -244,10 +243,10 @@ class Connection(asyncio.Protocol):
         self.server.connection_closed(self)
 
     def pause_writing(self) -> None:
-        self.writable.clear()
+        self.out.pause_writing()
 
     def resume_writing(self) -> None:
-        self.writable.set()
+        self.out.resume_writing()
 
     # -- output ----------------------------------------------------------------------------
 
@@ -255,37 +254,12 @@ class Connection(asyncio.Protocol):
         return f"connection {self.id} client={self.client_name or '-'} peer={self.peer}"
 
     def flush_out(self) -> None:
-        out = self.out
-        if not out or self.transport is None:
-            out.clear()
-            return
-        data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
-        if self.transport.is_closing():
-            return
-        self.transport.write(data)
-        self.bytes_written += len(data)
-        self.last_send = time.monotonic()
-        if self.transport.get_write_buffer_size() > self.server.max_client_buffer:
-            self.close("slow client", abort=True)
-
-    def send_frame(self, header: dict, body: bytes = b"") -> None:
-        h = _json(header)
-        self.out.append(_pack_len(len(h) + len(body)) + h + body)
+        self.out.flush()
 
     def send_ack(
         self, kind: str, cid, status: str = "success", reason: str | None = None, **fields
     ) -> None:
-        h = {"c": "ack", "a": kind}
-        if cid is not None:
-            h["cid"] = cid
-        h["status"] = status
-        if reason:
-            h["reason"] = reason
-        for k, v in fields.items():
-            if v is not None:
-                h[k] = v
-        self.send_frame(h)
+        self.out.send_ack(kind, cid, status, reason, **fields)
 
     def fail(self, header, reason: str, detail: str) -> None:
         """Refuse a command: failure ack if one was asked for, and always a log line."""
@@ -298,36 +272,6 @@ class Connection(asyncio.Protocol):
                 kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id, s=header.s
             )
 
-    def out_message(self, chosen, m) -> None:
-        """Queue one delivery of committed message `m` for subscription(s) `chosen`."""
-        if type(chosen) is list:
-            ids = ",".join(s.sub_id for s in chosen)
-            prefix = b'{"c":"p","sub_id":' + _json(chosen[0].sub_id) + b',"sids":' + _json(ids)
-            ts = any(s.timestamp for s in chosen)
-        else:
-            prefix = chosen.prefix
-            ts = chosen.timestamp
-        body = m.body
-        if ts:
-            tsp = timestamp_part(m.ts)
-            self.out += (
-                _pack_len(len(prefix) + len(m.suffix) + len(tsp) + 1 + len(body)),
-                prefix,
-                m.suffix,
-                tsp,
-                b"}",
-                body,
-            )
-        else:
-            self.out += (
-                _pack_len(len(prefix) + len(m.suffix) + 1 + len(body)),
-                prefix,
-                m.suffix,
-                b"}",
-                body,
-            )
-        self.sent_messages += 1
-
     def persisted(self, seq: int) -> None:
         """A commit made everything up to `seq` durable: one conflated ack."""
         if self.closing:
@@ -339,9 +283,8 @@ class Connection(asyncio.Protocol):
                     self.ack_conflation, self._send_conflated
                 )
             return
-        h = b'{"c":"ack","a":"persisted","status":"success","s":%d}' % seq
-        self.out.append(_pack_len(len(h)) + h)
-        self.flush_out()
+        self.out.buf.append(frames.persisted_ack(seq))
+        self.out.flush()
 
     def _send_conflated(self) -> None:
         self._ack_timer = None
@@ -371,23 +314,11 @@ class Connection(asyncio.Protocol):
         self.flush_out()
 
     def close(self, reason: str, abort: bool = False) -> None:
-        if self.closing:
-            return
-        self.closing = True
-        self.close_reason = reason
+        self.out.close(reason, abort)
+
+    def _closed_with(self, reason: str) -> None:
         log.info("disconnect: %s reason=%s", self.describe(), reason)
         self.server.stats.disconnects[reason] = self.server.stats.disconnects.get(reason, 0) + 1
-        if self.transport is None:
-            return
-        if abort:
-            self.out.clear()
-            self.transport.abort()
-        else:
-            if self.out:
-                data = b"".join(self.out)
-                self.out.clear()
-                self.transport.write(data)
-            self.transport.close()
 
     def pause_reading(self, why: str) -> None:
         if not self._read_pauses and self.transport is not None and not self.closing:

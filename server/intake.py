@@ -105,11 +105,10 @@ class Intake:
                 )
 
     def _output_stuck(self, conn, now: float) -> bool:
-        t = conn.transport
-        if t is None or t.is_closing():
+        if conn.out.closing:
             return False
-        queued = t.get_write_buffer_size()
-        drained = conn.bytes_written - queued  # grows whenever the client reads anything
+        queued = conn.out.queued()
+        drained = conn.out.bytes_written - queued  # grows whenever the client reads anything
         if queued == 0 or drained != conn.drained_mark:
             conn.drained_mark = drained
             conn.drained_at = now

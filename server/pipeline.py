@@ -24,19 +24,16 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from journal.record import KIND_MESSAGE, encode_record
-from protocol.bookmarks import format_timestamp
+
+from . import frames
+from .matching import Body, body_matches
 
 if TYPE_CHECKING:  # pragma: no cover
     from .app import Server
 
 log = logging.getLogger("tickertape.pipeline")
 
-_json = msgspec.json.encode
-_decode_body = msgspec.json.Decoder().decode
-_UNSET = object()
 TOPIC_CACHE_LIMIT = 50_000
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 
@@ -115,7 +112,6 @@ class Pipeline:
         self.last_ts = 0
         self.delivered_end = journal.end_position if journal is not None else 0
         self._topics: dict[str, tuple] = {}
-        self._topic_json: dict[bytes, bytes] = {}
         self.waiters: list = []  # futures of tailing replays, resolved at every commit
         self.last_bm: tuple[int, int] | None = None  # (pub, seq) of the newest durable record
         self.published = 0
@@ -131,18 +127,9 @@ class Pipeline:
         if info is None:
             if len(self._topics) >= TOPIC_CACHE_LIMIT:
                 self._topics.clear()
-            info = (topic.encode(), b',"t":' + _json(topic), self.recorded(topic))
+            info = (topic.encode(), frames.topic_member_text(topic), self.recorded(topic))
             self._topics[topic] = info
         return info
-
-    def topic_json(self, topic: bytes) -> bytes:
-        """b',"t":"<topic>"' for a topic as stored in the journal (replay's header part)."""
-        tj = self._topic_json.get(topic)
-        if tj is None:
-            if len(self._topic_json) >= TOPIC_CACHE_LIMIT:
-                self._topic_json.clear()
-            tj = self._topic_json[topic] = b',"t":' + _json(topic.decode("utf-8", "replace"))
-        return tj
 
     def publish(
         self, conn, pub: int, seq: int | None, topic: str, body: bytes, hdr: bytes = b"", exp=None
@@ -314,7 +301,7 @@ class Pipeline:
         tj = self.topic_info(topic)[1]
         if off >= 0:
             position = base + off
-            suffix = b'%s,"bm":"%d|%d|"%s' % (tj, pub, seq, hdr)
+            suffix = frames.LIVE_SUFFIX % (tj, pub, seq, hdr)
         else:
             position = -1
             suffix = tj + hdr
@@ -326,6 +313,19 @@ class Pipeline:
         for batch in (*self.inflight, self.batch):
             out.extend(self._message(*m, 0) for m in batch.msgs)
         return out
+
+    def join_early(self, sub) -> None:
+        """`live` option: from now on `sub` gets messages when they are published, before they
+        are durable; the ones already published but not yet durable are queued now, in order."""
+        self.early_subs += 1
+        f = sub.filter
+        out = sub.out
+        for m in self.not_yet_durable():
+            if not sub.matches_topic(m.topic) or (f is not None and not body_matches(f, m.body)):
+                continue
+            tail = frames.timestamp_part(m.ts) if sub.timestamp else b""
+            frames.write_live(out.buf, sub.prefix, m.suffix, tail, m.body)
+            out.sent += 1
 
     def _failed(self, batch: Batch, err) -> None:
         """Roll back sequences so the publisher can re-send, then tell each publisher.
@@ -400,26 +400,24 @@ class Pipeline:
         """Live fan-out to every matching subscription: of committed messages, or (early=True)
         of just-published ones to subscriptions with the `live` option."""
         match = self.server.router.match
+        write = frames.write_live
         touched = set()
         delivered = 0
         for m in msgs:
             groups = match(m.topic)
             if not groups:
                 continue
-            decoded = _UNSET
-            for conn, subs in groups:
+            body = None
+            for out, subs in groups:
                 chosen = None
                 for sub in subs:
                     if not sub.live or sub.early is not early:
                         continue
                     f = sub.filter
                     if f is not None:
-                        if decoded is _UNSET:
-                            try:
-                                decoded = _decode_body(m.body)
-                            except msgspec.DecodeError:
-                                decoded = None
-                        if decoded is None or not f(decoded):
+                        if body is None:
+                            body = Body(m.body)
+                        if not body.matches(f):
                             continue
                     if chosen is None:
                         chosen = sub
@@ -429,13 +427,16 @@ class Pipeline:
                         chosen = [chosen, sub]
                 if chosen is None:
                     continue
-                conn.out_message(chosen, m)
-                touched.add(conn)
+                if type(chosen) is list:
+                    prefix = frames.group_prefix([s.sub_id for s in chosen])
+                    ts = any(s.timestamp for s in chosen)
+                else:
+                    prefix = chosen.prefix
+                    ts = chosen.timestamp
+                write(out.buf, prefix, m.suffix, frames.timestamp_part(m.ts) if ts else b"", m.body)
+                out.sent += 1
+                touched.add(out)
                 delivered += 1
         self.delivered += delivered
-        for conn in touched:
-            conn.flush_out()
-
-
-def timestamp_part(ts_us: int) -> bytes:
-    return b',"ts":"' + format_timestamp(ts_us).encode() + b'"'
+        for out in touched:
+            out.flush()

@@ -61,10 +61,11 @@ from journal.record import (
     record_length_at,
     scan_records,
 )
-from protocol.bookmarks import format_timestamp
 
+from . import frames
 from .filters import compile_filter
 from .ids import publisher_id
+from .matching import Body, body_matches
 from .splice import splice_at
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,8 +95,6 @@ REASON_CODE = {v: k for k, v in REASONS.items()}
 DEFAULT_LEASE = 30.0
 EVENT_FLUSH_DELAY = 0.005
 CACHE_BLOCK = 256 * 1024
-_decode = msgspec.json.Decoder().decode
-_pack_len = struct.Struct(">I").pack
 _json = msgspec.json.encode
 
 
@@ -180,12 +179,7 @@ class Queue:
         return topic_b == self._topic_b
 
     def passes_filter(self, body: bytes) -> bool:
-        if self.filter is None:
-            return True
-        try:
-            return bool(self.filter(_decode(body)))
-        except msgspec.DecodeError:
-            return False
+        return self.filter is None or body_matches(self.filter, body)
 
     @property
     def depth(self) -> int:
@@ -399,11 +393,11 @@ class Queue:
         sub = qs.sub
         head = qs.head
         if head[0] is not sub.prefix:
-            head = qs.head = (sub.prefix, sub.prefix + self.m.topic_json(self._topic_b))
+            head = qs.head = (sub.prefix, sub.prefix + frames.topic_member(self._topic_b))
         got = self.m.splice_run(positions, head[1], self._lease_end_part())
         if got is None:
             return 0
-        frames, bms, n = got
+        spliced, bms, n = got
         if n < len(positions):
             positions = positions[:n]
         self.head += n
@@ -422,10 +416,10 @@ class Queue:
         heapq.heappush(self.lease_heap, (deadline, gen, positions))
         self.m.arm(deadline)
         self.event_run(OP_LEASED_RUN, positions)
-        conn = sub.conn
-        conn.out.append(frames)
-        conn.sent_messages += n
-        touched.add(conn)
+        out = sub.out
+        out.buf.append(spliced)
+        out.sent += n
+        touched.add(out)
         return n
 
     def pump(self) -> None:
@@ -477,8 +471,8 @@ class Queue:
                 continue
             if not self._try_deliver(rec, from_returned, touched, pop=True):
                 break
-        for conn in touched:
-            conn.flush_out()
+        for out in touched:
+            out.flush()
 
     def _pop(self, from_returned: bool) -> None:
         if from_returned:
@@ -497,16 +491,7 @@ class Queue:
                 self._pop(from_returned)
             self._lease(qs, rec, touched)
             return True
-        doc_cache = []
-
-        def doc_fn(f):
-            if not doc_cache:
-                try:
-                    doc_cache.append(_decode(body))
-                except msgspec.DecodeError:
-                    doc_cache.append(None)
-            d = doc_cache[0]
-            return d is not None and f(d)
+        doc_fn = Body(body).matches
 
         if self.barrier is not None and doc_fn(self.barrier):
             if self.leased:
@@ -566,17 +551,17 @@ class Queue:
 
     def _send(self, sub, topic_b, pub, seq, body, extra, lp, touched) -> None:
         """One queue delivery, the frame built in place (the hot path: no intermediate objects)."""
-        conn = sub.conn
+        out = sub.out
         tj = self._tj
         if tj[0] != topic_b:
-            tj = self._tj = (topic_b, self.m.topic_json(topic_b))
-        hdr = b'%s%s%s,"bm":"%d|%d|"%s}' % (sub.prefix, tj[1], extra or b"", pub, seq, lp)
-        conn.out += (_pack_len(len(hdr) + len(body)), hdr, body)
-        conn.sent_messages += 1
+            tj = self._tj = (topic_b, frames.topic_member(topic_b))
+        hdr = frames.STORED % (sub.prefix, tj[1], extra or b"", pub, seq, lp)
+        out.buf += (frames.pack_len(len(hdr) + len(body)), hdr, body)
+        out.sent += 1
         if touched is not None:
-            touched.add(conn)
+            touched.add(out)
         else:
-            conn.flush_out()
+            out.flush()
 
     def _lease_end_part(self) -> bytes:
         """`lp` for a lease starting now; recomputed at most every millisecond."""
@@ -584,9 +569,7 @@ class Queue:
         cached_at, part = self._lp
         if now - cached_at < 0.001:
             return part
-        part = (
-            b',"lp":"' + format_timestamp(_now_us() + int(self.lease_period * 1e6)).encode() + b'"'
-        )
+        part = frames.lease_part(_now_us() + int(self.lease_period * 1e6))
         self._lp = (now, part)
         return part
 
@@ -798,7 +781,7 @@ class Queue:
         n = 0
         for pos, lease in list(self.leased.items()):
             rec = self.m.read(pos)
-            if rec is not None and _matches(f, rec[5]):
+            if rec is not None and body_matches(f, rec[5]):
                 n += self.ack(conn, [lease[L_BM]], expire=expire)[0]
         self._advance_head()
         waiting = (
@@ -808,7 +791,7 @@ class Queue:
         )
         for pos in waiting:
             rec = self.m.read(pos)
-            if rec is None or not _matches(f, rec[5]):
+            if rec is None or not body_matches(f, rec[5]):
                 continue
             self._take_waiting(pos)
             if expire:
@@ -862,13 +845,6 @@ def _apply_events(body: bytes, done: set, counts: dict) -> None:
             counts.setdefault(p, [0, 0])[0] = value
         elif op == OP_CANCELLED:
             counts.setdefault(p, [0, 0])[1] = value
-
-
-def _matches(f, body: bytes) -> bool:
-    try:
-        return bool(f(_decode(body)))
-    except msgspec.DecodeError:
-        return False
 
 
 def _now_us() -> int:
@@ -932,9 +908,6 @@ class QueueManager:
                 meta[b"queue-checkpoint:" + q.name_b] = struct.pack("<Q", q.low_water(end))
                 q.checkpoint_dirty = False
             batch.meta = meta
-
-    def topic_json(self, topic_b: bytes) -> bytes:
-        return self.server.pipeline.topic_json(topic_b)
 
     def events_added(self) -> None:
         """Queue events ride with the next commit; if none comes soon, commit them anyway.

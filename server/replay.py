@@ -14,7 +14,7 @@ States of a Replay:
 
 Memory and pacing: a replay holds one read block (READ_BLOCK) of the journal at a time, reads it
 off the event loop, and waits whenever the subscriber's transport is above its high-water mark
-(`conn.writable`), so a slow replayer slows only itself.
+(`Outbox.writable`), so a slow replayer slows only itself.
 
 The join: `pipeline.delivered_end` is the journal position up to which the loop has done live
 delivery. A replay reads only below it; when it reaches it, it sets `sub.live = True` with no
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 
 import msgspec
@@ -38,15 +37,15 @@ import msgspec
 from journal.record import KIND_MESSAGE
 from protocol.bookmarks import Bookmark, BookmarkList, Epoch, InvalidBookmark, Now, Range, Timestamp
 
-from .pipeline import timestamp_part
+from . import frames
+from .matching import Body, body_matches
+from .reasons import Disconnect
 from .splice import splice_frames
 
 log = logging.getLogger("tickertape.replay")
-_pack_len = struct.Struct(">I").pack
 _decode = msgspec.json.Decoder().decode
 READ_BLOCK = 256 * 1024
 FIRST_BLOCK = 16 * 1024  # the first read is small, so the first message goes out at once
-_MISSING = object()
 
 
 class UnknownBookmark(InvalidBookmark):
@@ -313,8 +312,8 @@ class Replay:
     # -- control ----------------------------------------------------------------------------
 
     @property
-    def conn(self):
-        return self.cursors[0].sub.conn
+    def out(self):
+        return self.cursors[0].sub.out
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -370,15 +369,15 @@ class Replay:
             if self.wait_until is not None:
                 await self._wait_begin_time(journal)
             while self.cursors:
-                conn = self.conn
-                if conn.closing:
+                out = self.out
+                if out.closing:
                     return
                 if self.paused:
                     self.wake.clear()
                     await self.wake.wait()
                     continue
-                if not conn.writable.is_set():
-                    await conn.writable.wait()
+                if not out.writable.is_set():
+                    await out.writable.wait()
                     continue
                 end = pipeline.delivered_end
                 if self.position >= end:
@@ -431,7 +430,7 @@ class Replay:
         except Exception:
             log.exception("replay failed at position %d", self.position)
             if self.cursors:
-                self.conn.close("bad frame")
+                self.out.close(Disconnect.BAD_FRAME)
 
     async def _wait_begin_time(self, journal) -> None:
         while True:
@@ -439,7 +438,7 @@ class Replay:
             if delay <= 0:
                 break
             await asyncio.sleep(min(delay, 1.0))
-            if self.conn.closing:
+            if self.out.closing:
                 return
         pos = journal.locate_time(self.wait_until - 1)
         for c in self.cursors:
@@ -461,34 +460,17 @@ class Replay:
                 continue
             if not c.completed_sent and c.end is None:
                 c.completed_sent = True
-                if "completed" in sub.acks and not sub.conn.closing:
-                    sub.conn.send_ack("completed", sub.cid, sub_id=sub.sub_id)
+                if "completed" in sub.acks and not sub.out.closing:
+                    sub.out.send_ack("completed", sub.cid, sub_id=sub.sub_id)
             if not c.tail_only:
                 if sub.opts.live:
-                    self._join_early(sub)
+                    sub.early = True
+                    self.server.pipeline.join_early(sub)
                 sub.live = True
                 sub.replay = None
                 self.cursors.remove(c)
-            sub.conn.flush_out()
+            sub.out.flush()
         return not self.cursors
-
-    def _join_early(self, sub) -> None:
-        """`live`: from now on messages reach this subscription when published, before they are
-        durable; the ones already published but not yet durable are sent now, in order."""
-        pipeline = self.server.pipeline
-        sub.early = True
-        pipeline.early_subs += 1
-        pending = [m for m in pipeline.not_yet_durable() if sub.matches_topic(m.topic)]
-        f = sub.filter
-        for m in pending:
-            if f is not None:
-                try:
-                    doc = _decode(m.body)
-                except msgspec.DecodeError:
-                    continue
-                if not f(doc):
-                    continue
-            sub.conn.out_message(sub, m)
 
     async def _tail(self, pipeline) -> None:
         """Wait for the next commit, a conflation window or a range end time."""
@@ -521,19 +503,19 @@ class Replay:
         sub = c.sub
         if c.tail_only or sub.filter is not None or sub.timestamp or sub.regex is not None:
             return None
-        return c, sub.prefix + self.server.pipeline.topic_json(sub.topic_b)
+        return c, sub.prefix + frames.topic_member(sub.topic_b)
 
     def _deliver_spliced(self, c: Cursor, got, journal) -> bool:
         """Queue one block of spliced frames; False when the replay cannot go on."""
-        pos, (frames, sent, stop, last_pub, last_seq, _at_end) = got
-        conn = c.sub.conn
-        if conn.closing or self.paused or not self.cursors or self.cursors[0] is not c:
+        pos, (spliced, sent, stop, last_pub, last_seq, _at_end) = got
+        out = c.sub.out
+        if out.closing or self.paused or not self.cursors or self.cursors[0] is not c:
             return True  # the loop looks again; the block is read again if still wanted
         if sent:
-            conn.out.append(frames)
+            out.buf.append(spliced)
             self.sent += sent
-            conn.sent_messages += sent
-            conn.flush_out()
+            out.sent += sent
+            out.flush()
         if last_pub is not None:
             c.last_bm = (last_pub, last_seq)
         nxt = journal.next_position(pos + stop)
@@ -547,9 +529,12 @@ class Replay:
         """One cursor, no rate, records as tuples: content filters, regex topics, timestamps, and
         compacted segments (a plain subscription on stored bytes goes through splice_frames)."""
         sub = cursor.sub
-        conn = sub.conn
-        out = conn.out
-        topic_json = self.server.pipeline.topic_json
+        outbox = sub.out
+        out = outbox.buf
+        topic_member = frames.topic_member
+        header = frames.STORED
+        pack_len = frames.pack_len
+        timestamp_part = frames.timestamp_part
         matches = sub.matches_topic_bytes
         f = sub.filter
         start = cursor.start
@@ -565,35 +550,32 @@ class Replay:
             last = rec
             if pos < start or kind != KIND_MESSAGE or not matches(tb):
                 continue
-            if f is not None:
-                try:
-                    doc = _decode(body)
-                except msgspec.DecodeError:
-                    continue
-                if not f(doc):
-                    continue
-            tj = topic_json(tb) if extra is None else topic_json(tb) + extra[1]
-            if ts_part:
-                hdr = b'%s%s,"bm":"%d|%d|"%s}' % (prefix, tj, pub, seq, timestamp_part(ts))
-            else:
-                hdr = b'%s%s,"bm":"%d|%d|"}' % (prefix, tj, pub, seq)
-            out += (_pack_len(len(hdr) + len(body)), hdr, body)
+            if f is not None and not body_matches(f, body):
+                continue
+            hdr = header % (
+                prefix,
+                topic_member(tb),
+                b"" if extra is None else extra[1],
+                pub,
+                seq,
+                timestamp_part(ts) if ts_part else b"",
+            )
+            out += (pack_len(len(hdr) + len(body)), hdr, body)
             sent += 1
         if last is not None:
             cursor.last_bm = (last[2], last[3])
         self.sent += sent
-        conn.sent_messages += sent
-        conn.flush_out()
+        outbox.sent += sent
+        outbox.flush()
         return nxt
 
     async def _send(self, recs, end: int, nxt: int) -> int:
         """The general loop: several cursors, rates, ranges, conflation."""
-        topic_json = self.server.pipeline.topic_json
         for rec in recs:
             pos, kind, pub, seq, ts, tb, body, extra = rec
             if pos >= end:
                 return pos
-            if self.paused or not self.cursors or self.conn.closing:
+            if self.paused or not self.cursors or self.out.closing:
                 return pos
             if kind != KIND_MESSAGE:
                 continue
@@ -605,9 +587,10 @@ class Replay:
                     await self._pace(ts, len(body))
                     if self.paused or not self.cursors:
                         return pos
-                    if not self.conn.writable.is_set():
-                        self.conn.flush_out()
-                        await self.conn.writable.wait()
+                    if not self.out.writable.is_set():
+                        self.out.flush()
+                        await self.out.writable.wait()
+            doc = None
             for c in list(self.cursors):
                 if pos < c.start:
                     continue
@@ -619,24 +602,15 @@ class Replay:
                 sub = c.sub
                 if deliver and sub.matches_topic_bytes(tb):
                     if sub.filter is not None:
-                        try:
-                            doc = _decode(body)
-                        except msgspec.DecodeError:
-                            doc = _MISSING
-                        deliver = doc is not _MISSING and sub.filter(doc)
+                        if doc is None:
+                            doc = Body(body)
+                        deliver = doc.matches(sub.filter)
                     if deliver:
                         if c.conflater is not None:
                             self._emit_conflated(c, c.conflater.due(ts))
                             c.conflater.add(rec)
                         else:
-                            self._emit(
-                                sub,
-                                pub,
-                                seq,
-                                ts,
-                                topic_json(tb) + (extra[1] if extra else b""),
-                                body,
-                            )
+                            self._emit(sub, pub, seq, ts, tb, extra, body)
                 elif c.conflater is not None:
                     self._emit_conflated(c, c.conflater.due(ts))
                 if stop:
@@ -644,44 +618,42 @@ class Replay:
                         self._emit_conflated(c, c.conflater.drain())
                     self._finish(c)
             if self.rate is not None:
-                self.conn.flush_out()
+                self.out.flush()
         if self.cursors:
-            self.conn.flush_out()
+            self.out.flush()
         return nxt
 
-    def _emit(self, sub, pub, seq, ts, tj, body) -> None:
-        if sub.timestamp:
-            hdr = b'%s%s,"bm":"%d|%d|"%s}' % (sub.prefix, tj, pub, seq, timestamp_part(ts))
-        else:
-            hdr = b'%s%s,"bm":"%d|%d|"}' % (sub.prefix, tj, pub, seq)
-        sub.conn.out += (_pack_len(len(hdr) + len(body)), hdr, body)
-        sub.conn.sent_messages += 1
+    def _emit(self, sub, pub, seq, ts, tb, extra, body) -> None:
+        hdr = frames.STORED % (
+            sub.prefix,
+            frames.topic_member(tb),
+            extra[1] if extra else b"",
+            pub,
+            seq,
+            frames.timestamp_part(ts) if sub.timestamp else b"",
+        )
+        out = sub.out
+        out.buf += (frames.pack_len(len(hdr) + len(body)), hdr, body)
+        out.sent += 1
         self.sent += 1
 
     def _emit_conflated(self, c: Cursor, entries) -> None:
-        tj = self.server.pipeline.topic_json
         for _first_ts, first_pub, first_seq, rec in entries:
-            self._emit(
-                c.sub,
-                first_pub,
-                first_seq,
-                rec[4],
-                tj(rec[5]) + (rec[7][1] if rec[7] else b""),
-                rec[6],
-            )
+            self._emit(c.sub, first_pub, first_seq, rec[4], rec[5], rec[7], rec[6])
         if entries:
-            c.sub.conn.flush_out()
+            c.sub.out.flush()
 
     def _finish(self, c: Cursor) -> None:
         """A range reached its end: completed ack, then the subscription is removed."""
         sub = c.sub
         self.cursors.remove(c)
-        conn = sub.conn
-        if not conn.closing:
+        out = sub.out
+        if not out.closing:
             if "completed" in sub.acks:
-                conn.send_ack("completed", sub.cid, sub_id=sub.sub_id)
-            conn.flush_out()
+                out.send_ack("completed", sub.cid, sub_id=sub.sub_id)
+            out.flush()
         sub.replay = None
+        conn = sub.conn
         if conn.subs.get(sub.sub_id) is sub:
             del conn.subs[sub.sub_id]
             self.server.remove_subscription(sub)
@@ -714,7 +686,7 @@ class Replay:
             await self._sleep(-self._tokens / rate.value)
 
     async def _sleep(self, seconds: float) -> None:
-        self.conn.flush_out()
+        self.out.flush()
         self.wake.clear()
         try:
             await asyncio.wait_for(self.wake.wait(), seconds)

@@ -5,8 +5,9 @@ A subscription's topic is literal unless it contains regular-expression metachar
 A lone `.` does not make a pattern: dotted names (`md.eq`, `queue.work`) are the common case and
 must mean themselves.
 
-`match(topic)` returns the matching subscriptions grouped by connection, so a message matching
-several subscriptions of one connection is delivered once (with `sids` listing them). Results are
+`match(topic)` returns the matching subscriptions grouped by connection (by the connection's
+Outbox), so a message matching several subscriptions of one connection is delivered once (with
+`sids` listing them). Results are
 cached per topic; any subscribe or unsubscribe clears the cache, and the cache is bounded.
 """
 
@@ -53,7 +54,7 @@ class Router:
         self._cache.clear()
 
     def match(self, topic: str) -> tuple:
-        """((conn, (sub, ...)), ...) for every connection with a subscription matching `topic`."""
+        """((outbox, (sub, ...)), ...) for every connection with a subscription matching `topic`."""
         hit = self._cache.get(topic)
         if hit is not None:
             return hit
@@ -63,7 +64,7 @@ class Router:
                 subs.append(sub)
         groups: dict[Any, list] = {}
         for sub in subs:
-            groups.setdefault(sub.conn, []).append(sub)
+            groups.setdefault(sub.out, []).append(sub)
         hit = tuple((conn, tuple(group)) for conn, group in groups.items())
         if len(self._cache) >= CACHE_LIMIT:
             self._cache.clear()

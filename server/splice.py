@@ -7,7 +7,8 @@ for every message on exactly `topic` at a position in [start, end),
 
     u32 BE length | head | header fragment | ,"bm":"<pub>|<seq>|"} | body
 
-where `head` is the subscription's header up to and including its topic member. It returns
+where `head` is the subscription's header up to and including its topic member (the layout is
+server/frames.py's `STORED`, which the pure-Python functions here use). It returns
 `(frames, sent, stop_offset, last_pub, last_seq, at_end)`: stop_offset is where the walk
 stopped (the first record at or past `end`, a partial record, or the end of `buf`), last_pub and
 last_seq name the last record gone through (None if none), at_end whether it stopped at `end`.
@@ -29,13 +30,13 @@ one it runs.
 from __future__ import annotations
 
 import os
-import struct
 
 from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
+from protocol.bookmarks import format_bookmark
+
+from .frames import STORED, pack_len
 
 __all__ = ["ACCELERATED", "splice_at", "splice_at_py", "splice_frames", "splice_frames_py"]
-
-_pack_len = struct.Struct(">I").pack
 
 
 def splice_frames_py(buf, base: int, start: int, end: int, topic: bytes, head: bytes):
@@ -53,8 +54,8 @@ def splice_frames_py(buf, base: int, start: int, end: int, topic: bytes, head: b
         if kind != KIND_MESSAGE or tb != topic or pos < start:
             continue
         frag = extra[1] if extra is not None else b""
-        hdr = b'%s%s,"bm":"%d|%d|"}' % (head, frag, pub, seq)
-        out += (_pack_len(len(hdr) + len(body)), hdr, body)
+        hdr = STORED % (head, b"", frag, pub, seq, b"")
+        out += (pack_len(len(hdr) + len(body)), hdr, body)
         sent += 1
     if last is None:
         return b"".join(out), sent, stop, None, None, at_end
@@ -79,11 +80,10 @@ def splice_at_py(buf, base: int, positions, head: bytes, tail: bytes):
         if not recs or recs[0][1] != KIND_MESSAGE:
             raise ValueError(f"no message record at position {p}")
         _pos, _kind, pub, seq, _ts, _tb, body, extra = recs[0]
-        bm = b"%d|%d|" % (pub, seq)
         frag = extra[1] if extra is not None else b""
-        hdr = b'%s%s,"bm":"%s"%s}' % (head, frag, bm, tail)
-        out += (_pack_len(len(hdr) + len(body)), hdr, body)
-        bms.append(bm.decode())
+        hdr = STORED % (head, b"", frag, pub, seq, tail)
+        out += (pack_len(len(hdr) + len(body)), hdr, body)
+        bms.append(format_bookmark(pub, seq))
     return b"".join(out), bms, len(bms)
 
 
