@@ -16,20 +16,13 @@ Message states:
 At-most-once: delivered is done; the consumer's ack only frees its backlog.
 
 Durability: every state change that must survive a restart is a queue *event*, written to the
-journal in the same group commit as publishes, as one record per queue per batch (kind 2, topic
-= queue name). Event record body: a run of entries (little-endian), each
-
-    u8 op | u8 reserved | u16 value | u64 position
-
-ops: 1 LEASED (value = delivery count), 2 ACKED, 3 EXPIRED (value = reason code), 4 CANCELLED
-(value = cancel count), 5 DELIVERED_AT_MOST_ONCE (done); and two runs, where value = n (1 ..
-65535) and the entry is followed by n - 1 more u64 positions: 6 ACKED_RUN (all acked), 7
-LEASED_RUN (all leased for the first time: delivery count 1). The runs are what a batch of
-deliveries and a batched ack write: 8 bytes a message instead of 12, one entry to build. Acks to clients are sent only once the
-event is durable. A recovery checkpoint (the position below which every message of the queue is
-done) is committed with the events in the journal index, so a restart scans only from there:
-messages on the underlying topic become waiting, events are applied, leases are not restored
-(a leased message is waiting again, with its delivery count).
+journal in the same group commit as publishes, as one record per queue per batch; the event
+format and the recovery checkpoint are journal/queue_events.py's. The runs (LEASED_RUN,
+ACKED_RUN) are what a batch of deliveries and a batched ack write. Acks to clients are sent only
+once the event is durable. The checkpoint (the position below which every message of the queue
+is done) is committed with the events, so a restart scans only from there: messages on the
+underlying topic become waiting, events are applied, leases are not restored (a leased message
+is waiting again, with its delivery count).
 
 Leases expire on one heap with one loop timer; not one task per message. The common case
 delivers in runs (`Queue._lease_run`): the next waiting messages go to one subscriber at once,
@@ -45,7 +38,6 @@ import asyncio
 import collections
 import heapq
 import logging
-import struct
 import time
 from functools import partial
 from itertools import repeat
@@ -53,6 +45,17 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from journal.queue_events import (
+    MAX_RUN,
+    ExpiryReason,
+    QueueOp,
+    append_event,
+    append_run,
+    apply_events,
+    checkpoint_key,
+    decode_checkpoint,
+    encode_checkpoint,
+)
 from journal.record import (
     KIND_MESSAGE,
     KIND_QUEUE_EVENT,
@@ -73,25 +76,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("tickertape.queues")
 
-_EV = struct.Struct("<BBHQ")
-OP_LEASED, OP_ACKED, OP_EXPIRED, OP_CANCELLED, OP_AMO, OP_ACKED_RUN, OP_LEASED_RUN = (
-    1,
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-)
-MAX_RUN = 0xFFFF
-REASONS = {
-    1: "expiration",
-    2: "max deliveries",
-    3: "max cancels",
-    4: "expired by consumer",
-    5: "filter",
-}
-REASON_CODE = {v: k for k, v in REASONS.items()}
 DEFAULT_LEASE = 30.0
 EVENT_FLUSH_DELAY = 0.005
 CACHE_BLOCK = 256 * 1024
@@ -207,20 +191,13 @@ class Queue:
     # -- events ----------------------------------------------------------------------------------
 
     def event(self, op: int, position: int, value: int = 0) -> None:
-        self.events += _EV.pack(op, 0, min(value, 0xFFFF), position)
+        append_event(self.events, op, position, value)
         self.checkpoint_dirty = True
         self.m.events_added()
 
     def event_run(self, op: int, positions) -> None:
-        """One run entry (ACKED_RUN, LEASED_RUN) per MAX_RUN positions (an array('Q'))."""
-        ev = self.events
-        if len(positions) == 1:
-            ev += _EV.pack(op, 0, 1, positions[0])
-        else:
-            for k in range(0, len(positions), MAX_RUN):
-                part = positions[k : k + MAX_RUN]
-                ev += _EV.pack(op, 0, len(part), part[0])
-                ev += part[1:].tobytes()
+        """Run entries (ACKED_RUN, LEASED_RUN) for positions (an array('Q'))."""
+        append_run(self.events, op, positions)
         self.checkpoint_dirty = True
         self.m.events_added()
 
@@ -415,7 +392,7 @@ class Queue:
         self.stats["delivered"] += n
         heapq.heappush(self.lease_heap, (deadline, gen, positions))
         self.m.arm(deadline)
-        self.event_run(OP_LEASED_RUN, positions)
+        self.event_run(QueueOp.LEASED_RUN, positions)
         out = sub.out
         out.buf.append(spliced)
         out.sent += n
@@ -519,7 +496,7 @@ class Queue:
         position, pub, seq, ts, topic_b, body, extra = rec
         for qs in self.subs:
             self._send(qs.sub, topic_b, pub, seq, body, extra, b"", None)
-        self.event(OP_ACKED, position)
+        self.event(QueueOp.ACKED, position)
         self.stats["delivered"] += 1
         self.stats["acked"] += 1
         self._forget(position)
@@ -536,7 +513,7 @@ class Queue:
         self.by_bm[bm] = position
         sub = qs.sub
         if self.at_most_once:
-            self.event(OP_AMO, position)
+            self.event(QueueOp.DELIVERED_AT_MOST_ONCE, position)
             self.leased[position] = (qs, 0, bm, counts)
             lp = b""
         else:
@@ -545,7 +522,7 @@ class Queue:
             self.leased[position] = (qs, self.gen, bm, counts)
             heapq.heappush(self.lease_heap, (deadline, self.gen, (position,)))
             self.m.arm(deadline)
-            self.event(OP_LEASED, position, counts[0])
+            self.event(QueueOp.LEASED, position, counts[0])
             lp = self._lease_end_part()
         self._send(sub, topic_b, pub, seq, body, extra, lp, touched)
 
@@ -602,7 +579,7 @@ class Queue:
 
     def _expire(self, position: int, reason: str, rec) -> None:
         counts = self.counts.get(position, [0, 0])
-        self.event(OP_EXPIRED, position, REASON_CODE.get(reason, 0))
+        self.event(QueueOp.EXPIRED, position, ExpiryReason.code(reason))
         self.stats["expired"] += 1
         if self.spec.dead_letter_topic:
             self.m.dead_letter(self, position, reason, counts[0], rec)
@@ -726,7 +703,7 @@ class Queue:
             if cancel:
                 counts = self.counts[pos]
                 counts[1] += 1
-                self.event(OP_CANCELLED, pos, counts[1])
+                self.event(QueueOp.CANCELLED, pos, counts[1])
                 if self.spec.max_cancels and counts[1] > self.spec.max_cancels:
                     self._expire(pos, "max cancels", None)
                 else:
@@ -734,7 +711,7 @@ class Queue:
             elif expire:
                 self._expire(pos, "expired by consumer", None)
             else:
-                self.event(OP_ACKED, pos)
+                self.event(QueueOp.ACKED, pos)
                 self.stats["acked"] += 1
                 self._forget(pos)
         self.pump()
@@ -762,7 +739,7 @@ class Queue:
             acked.append(pos)
         n = len(acked)
         if n:
-            self.event_run(OP_ACKED_RUN, acked)
+            self.event_run(QueueOp.ACKED_RUN, acked)
             self.stats["acked"] += n
             if self.counts:
                 for pos in acked:
@@ -797,7 +774,7 @@ class Queue:
             if expire:
                 self._expire(pos, "expired by consumer", rec)
             else:
-                self.event(OP_ACKED, pos)
+                self.event(QueueOp.ACKED, pos)
                 self.stats["acked"] += 1
                 self._forget(pos)
             n += 1
@@ -817,34 +794,6 @@ def _events_committed(taken: list, err) -> None:
     if err is not None:
         for q, body in taken:
             q.events_failed(body)
-
-
-def _apply_events(body: bytes, done: set, counts: dict) -> None:
-    """Replay one queue event record onto (positions done, position -> [deliveries, cancels])."""
-    off = 0
-    end = len(body) - 11
-    while off < end:
-        op, _, value, p = _EV.unpack_from(body, off)
-        off += 12
-        if op == OP_ACKED_RUN or op == OP_LEASED_RUN:
-            run = array.array("Q", [p])
-            run.frombytes(body[off : off + 8 * (value - 1)])
-            off += 8 * (value - 1)
-            if op == OP_ACKED_RUN:
-                done.update(run)
-                if counts:
-                    for x in run:
-                        counts.pop(x, None)
-            else:
-                for x in run:
-                    counts[x] = [1, 0]
-        elif op in (OP_ACKED, OP_EXPIRED, OP_AMO):
-            done.add(p)
-            counts.pop(p, None)
-        elif op == OP_LEASED:
-            counts.setdefault(p, [0, 0])[0] = value
-        elif op == OP_CANCELLED:
-            counts.setdefault(p, [0, 0])[1] = value
 
 
 def _now_us() -> int:
@@ -905,7 +854,7 @@ class QueueManager:
             end = self.server.pipeline.delivered_end
             meta = batch.meta or {}
             for q in self.queues.values():
-                meta[b"queue-checkpoint:" + q.name_b] = struct.pack("<Q", q.low_water(end))
+                meta[checkpoint_key(q.name_b)] = encode_checkpoint(q.low_water(end))
                 q.checkpoint_dirty = False
             batch.meta = meta
 
@@ -1015,8 +964,8 @@ class QueueManager:
         self.loading = True
         starts = []
         for q in self.queues.values():
-            raw = journal.index.get_meta(b"queue-checkpoint:" + q.name_b)
-            starts.append(struct.unpack("<Q", raw)[0] if raw else journal.start_position)
+            raw = journal.index.get_meta(checkpoint_key(q.name_b))
+            starts.append(decode_checkpoint(raw, journal.start_position))
         pos = max(journal.start_position, min(starts))
         qlist = list(self.queues.values())
         by_name = {q.name_b: q for q in qlist}
@@ -1048,7 +997,7 @@ class QueueManager:
                         continue
                     d = done[q.name_b]
                     c = counts[q.name_b]
-                    _apply_events(body, d, c)
+                    apply_events(body, d, c)
             pos = journal.next_position(nxt)
         for q in qlist:
             d = done[q.name_b]
