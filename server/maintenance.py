@@ -30,8 +30,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
+from config.model import Config
 from journal import maintenance as jm
+from journal.journal import Journal
 from journal.manifest import request_path, result_path
 
 from .router import is_pattern
@@ -65,9 +68,20 @@ def next_run(trigger, after: float) -> float | None:
 
 
 class Maintenance:
-    def __init__(self, server):
-        self.server = server
-        self.config = server.config
+    """Narrow doors: the configuration (actions, archive directory, queues), the journal, the
+    loop, and `replay_floor` (the lowest position a running replay reads, never removed)."""
+
+    def __init__(
+        self,
+        config: Config,
+        journal: Journal,
+        loop: asyncio.AbstractEventLoop,
+        replay_floor: Callable[[], int | None],
+    ) -> None:
+        self.config = config
+        self.journal = journal
+        self.loop = loop
+        self.replay_floor = replay_floor
         tl = self.config.transaction_log
         self.archive_root = tl.archive_directory if tl is not None else None
         self.queues = [
@@ -82,10 +96,6 @@ class Maintenance:
         self.children: dict[int, asyncio.subprocess.Process] = {}
         self.history: list[dict] = []
         self.stopping = False
-
-    @property
-    def journal(self):
-        return self.server.journal
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -131,7 +141,7 @@ class Maintenance:
                     self._launch(i)
         if (self._poll is None or self._poll.done()) and now_mono - self._last_poll >= POLL_S:
             self._last_poll = now_mono
-            self._poll = self.server.loop.run_in_executor(None, self._poll_sync)
+            self._poll = self.loop.run_in_executor(None, self._poll_sync)
 
     # -- the folder: orders, results, stale requests, retired files ---------------------------
 
@@ -158,7 +168,7 @@ class Maintenance:
     # -- actions ---------------------------------------------------------------------------------
 
     def _launch(self, i: int) -> None:
-        task = self.server.loop.create_task(self._run_action(i))
+        task = self.loop.create_task(self._run_action(i))
         self._running[i] = task
         task.add_done_callback(lambda t, i=i: self._running.pop(i, None))
 
@@ -183,10 +193,10 @@ class Maintenance:
         log.info("action %s: done in %.1fs", label, time.monotonic() - started)
 
     async def _step(self, step) -> tuple[bool, str]:
-        loop = self.server.loop
+        loop = self.loop
         j = self.journal
         if step.name == "remove-journal":
-            floor = min((r.position for r in self.server.replays), default=None)
+            floor = self.replay_floor()
             res = await loop.run_in_executor(
                 None,
                 lambda: jm.remove_journal(
