@@ -31,8 +31,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-from config.model import Config
+from config.model import Action, ActionStep, ActionTrigger, Config
 from journal import maintenance as jm
 from journal.journal import Journal
 from journal.manifest import request_path, result_path
@@ -45,7 +46,7 @@ POLL_S = 1.0
 CHILD_STOP_S = 5.0
 
 
-def next_run(trigger, after: float) -> float | None:
+def next_run(trigger: ActionTrigger, after: float) -> float | None:
     """Wall-clock time of the next run of a schedule trigger strictly after `after`."""
     if trigger.kind != "schedule":
         return None
@@ -170,7 +171,7 @@ class Maintenance:
     def _launch(self, i: int) -> None:
         task = self.loop.create_task(self._run_action(i))
         self._running[i] = task
-        task.add_done_callback(lambda t, i=i: self._running.pop(i, None))
+        task.add_done_callback(lambda _t: self._running.pop(i, None))
 
     async def _run_action(self, i: int) -> None:
         action = self.actions[i]
@@ -192,7 +193,7 @@ class Maintenance:
                 break
         log.info("action %s: done in %.1fs", label, time.monotonic() - started)
 
-    async def _step(self, step) -> tuple[bool, str]:
+    async def _step(self, step: ActionStep) -> tuple[bool, str]:
         loop = self.loop
         j = self.journal
         if step.name == "remove-journal":
@@ -217,7 +218,7 @@ class Maintenance:
         older = step.age if step.name in ("archive-journal", "compress-journal") else None
         retention = step.retention if step.name == "compact-journal" else None
 
-        def make():
+        def make() -> dict[str, Any] | None:
             req = jm.make_request(
                 j,
                 kind,
@@ -281,11 +282,11 @@ class Maintenance:
         return rc, last
 
 
-def _label(action) -> str:
+def _label(action: Action) -> str:
     return action.on.name or ",".join(s.name for s in action.do)
 
 
-def _signal_group(proc, sig) -> None:
+def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):

@@ -75,7 +75,7 @@ class Batch:
         self.data = bytearray()
         self.entries: list[tuple[int, int, int, int]] = []  # (pub, seq, ts, offset in data)
         # (topic, pub, seq, ts, body, offset or -1, header fragment, expiration)
-        self.msgs: list[tuple[Any, ...]] = []
+        self.msgs: list[tuple[str, int, int, int, bytes, int, bytes, Any]] = []
         self.acks: dict[Publisher, int] = {}  # highest seq to ack as persisted
         # (publisher, cid, ack types) waiting for everything before them
         self.flushes: list[tuple[Publisher, Any, list[str]]] = []
@@ -349,7 +349,7 @@ class Pipeline:
 
     def not_yet_durable(self) -> list[Message]:
         """Messages accepted but not yet committed, in journal order (for a `live` join)."""
-        out = []
+        out: list[Message] = []
         for batch in (*self.inflight, self.batch):
             out.extend(self._message(*m, 0) for m in batch.msgs)
         return out

@@ -221,7 +221,7 @@ class Queue(QueueState):
         """Deliver waiting messages while some subscription has room."""
         if not self.subs or self.host.loading:
             return
-        touched = set()
+        touched: set[Outbox] = set()
         avail_pos = self.avail_pos
         exp_us = int(self.spec.expiration * 1e6) if self.spec.expiration else 0
         expiry = self.expiry

@@ -17,7 +17,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from config.model import QueueSpec
 from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
@@ -81,7 +81,10 @@ class QueueSub:
 # makes them without a Python call each. The generation names the lease-heap entry that ends it
 # (an extension makes a new one); counts is [deliveries, cancels], or None for a first delivery
 # never cancelled ([1, 0]); it goes back to Queue.counts if the message returns.
-L_HOLDER, L_GEN, L_BM, L_COUNTS = 0, 1, 2, 3
+L_HOLDER: Final = 0
+L_GEN: Final = 1
+L_BM: Final = 2
+L_COUNTS: Final = 3
 Lease = tuple[QueueSub, int, str, list[int] | None]
 
 

@@ -290,12 +290,8 @@ class QueueManager:
                         ):
                             q.add_waiting(position, ts, extra[0] if extra else None)
                 elif kind == KIND_QUEUE_EVENT:
-                    q = by_name.get(tb)
-                    if q is None:
-                        continue
-                    d = done[q.name_b]
-                    c = counts[q.name_b]
-                    apply_events(body, d, c)
+                    if tb in by_name:
+                        apply_events(body, done[tb], counts[tb])
             pos = journal.next_position(nxt)
         for q in qlist:
             d = done[q.name_b]

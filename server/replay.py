@@ -294,8 +294,9 @@ class Replay:
         feed.waiters.append(fut)
         self.wake.clear()
         wake = asyncio.ensure_future(self.wake.wait())
+        either: list[asyncio.Future[Any]] = [fut, wake]
         try:
-            await asyncio.wait([fut, wake], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(either, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             wake.cancel()
             if not fut.done():

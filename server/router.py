@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .subscriptions import Subscription
+
 _META = re.compile(r"[\^$*+?{}\[\]\\|()]")
 CACHE_LIMIT = 100_000
 
@@ -31,7 +33,7 @@ class Router:
         self._cache: dict[str, tuple] = {}
         self.count = 0
 
-    def add(self, sub) -> None:
+    def add(self, sub: Subscription) -> None:
         if sub.regex is not None:
             self._patterns.append(sub)
         else:
@@ -39,7 +41,7 @@ class Router:
         self.count += 1
         self._cache.clear()
 
-    def remove(self, sub) -> None:
+    def remove(self, sub: Subscription) -> None:
         try:
             if sub.regex is not None:
                 self._patterns.remove(sub)

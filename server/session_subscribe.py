@@ -91,8 +91,8 @@ class SubscribeCommands:
             except PatternError as exc:
                 self.fail(h, Failure.BAD_REGEX_TOPIC, str(exc))
                 return
-        filt = self._filter(h)
-        if filt is False:
+        ok, filt = self._filter(h)
+        if not ok:
             return
         spec: BookmarkSpec | None = None
         if h.bm:
@@ -142,15 +142,16 @@ class SubscribeCommands:
         elif existing is None and spec is not None and "completed" in acks:
             self.out.send_ack("completed", h.cid, sub_id=sub_id)  # NOW: nothing to replay
 
-    def _filter(self, h: Header) -> Predicate | bool | None:
-        """The compiled `f`, None without one, False (refused) when it does not compile."""
+    def _filter(self, h: Header) -> tuple[bool, Predicate | None]:
+        """(True, the compiled `f` or None without one), or (False, None) when it does not
+        compile (refused)."""
         if not h.f:
-            return None
+            return True, None
         try:
-            return compile_filter(h.f)
+            return True, compile_filter(h.f)
         except FilterError as exc:
             self.fail(h, Failure.BAD_FILTER, str(exc))
-            return False
+            return False, None
 
     def _room_for_subscription(self, h: Header, sub_id: str) -> bool:
         """A new subscription fits the connection's bounds: <ClientMaxSubscriptions>, and a
@@ -183,8 +184,8 @@ class SubscribeCommands:
         acks: frozenset[str],
         existing: Subscription | None,
     ) -> None:
-        filt = self._filter(h)
-        if filt is False:
+        ok, filt = self._filter(h)
+        if not ok:
             return
         if opts.bookmark_only() or opts.conflation is not None:
             self.fail(

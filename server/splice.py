@@ -30,6 +30,7 @@ one it runs.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
 from protocol.bookmarks import format_bookmark
@@ -39,8 +40,10 @@ from .frames import STORED, pack_len
 __all__ = ["ACCELERATED", "splice_at", "splice_at_py", "splice_frames", "splice_frames_py"]
 
 
-def splice_frames_py(buf, base: int, start: int, end: int, topic: bytes, head: bytes):
-    out = []
+def splice_frames_py(
+    buf: bytes, base: int, start: int, end: int, topic: bytes, head: bytes
+) -> tuple[bytes, int, int, int | None, int | None, bool]:
+    out: list[bytes] = []
     sent = 0
     last = None
     recs, stop = scan_records(buf, base)
@@ -62,8 +65,10 @@ def splice_frames_py(buf, base: int, start: int, end: int, topic: bytes, head: b
     return b"".join(out), sent, stop, last[0], last[1], at_end
 
 
-def splice_at_py(buf, base: int, positions, head: bytes, tail: bytes):
-    out = []
+def splice_at_py(
+    buf: bytes, base: int, positions: Sequence[int], head: bytes, tail: bytes
+) -> tuple[bytes, list[str], int]:
+    out: list[bytes] = []
     bms = []
     n = len(buf)
     min_off = None
