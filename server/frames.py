@@ -24,9 +24,12 @@ Two orders exist, kept as they have always been on the wire:
   fragment (`LIVE_SUFFIX`; topic and fragment only on a topic that is not recorded), then
   tail and `}` (`write_live`).
 
-The body follows the header as published. Acks are
-`{"c":"ack","a":<kind>[,"cid":..],"status":..[,"reason":..][,<fields>..]}` (`ack`), with a
-preformatted form for the conflated `persisted` ack of publishers (`persisted_ack`).
+The body follows the header as published. A dead letter (a queue message that expired or ran
+out of deliveries) is published again with a stored fragment that says why
+(`dead_letter_fragment`).
+
+Acks are `{"c":"ack","a":<kind>[,"cid":..],"status":..[,"reason":..][,<fields>..]}` (`ack`),
+with a preformatted form for the conflated `persisted` ack of publishers (`persisted_ack`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ __all__ = [
     "LIVE_SUFFIX",
     "STORED",
     "ack",
+    "dead_letter_fragment",
     "group_prefix",
     "lease_part",
     "pack_len",
@@ -70,6 +74,9 @@ LIVE_SUFFIX: Final = b'%s,"bm":"' + BOOKMARK_FORMAT + b'"%s'
 fragment)."""
 
 _PERSISTED: Final = b'{"c":"ack","a":"persisted","status":"success","s":%d}'
+_DEAD_LETTER: Final = (
+    b',"reason":%s,"deliveries":%d,"queue":%s,"source_bm":"' + BOOKMARK_FORMAT + b'"'
+)
 
 
 def sub_prefix(sub_id: str) -> bytes:
@@ -110,6 +117,14 @@ def timestamp_part(ts_us: int) -> bytes:
 def lease_part(end_us: int) -> bytes:
     """The `lp` member of an at-least-once queue delivery: when its lease ends."""
     return b',"lp":"' + format_timestamp(end_us).encode() + b'"'
+
+
+def dead_letter_fragment(
+    reason: str, deliveries: int, queue: str, publisher_id: int, seq: int
+) -> bytes:
+    """The header fragment stored with a dead letter (delivered with it like `x`): why it left
+    its queue, after how many deliveries, which queue, and the bookmark it had there."""
+    return _DEAD_LETTER % (_json(reason), deliveries, _json(queue), publisher_id, seq)
 
 
 def write_live(buf: list[bytes], prefix: bytes, suffix: bytes, tail: bytes, body: bytes) -> None:

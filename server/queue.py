@@ -40,6 +40,7 @@ from itertools import repeat
 from typing import Any
 
 from journal.queue_events import MAX_RUN, QueueOp
+from protocol.bookmarks import format_bookmark
 
 from . import frames
 from .fanout import Message
@@ -333,7 +334,7 @@ class Queue(QueueState):
             self.stats["redelivered"] += 1
         self.stats["delivered"] += 1
         qs.outstanding += 1
-        bm = f"{pub}|{seq}|"
+        bm = format_bookmark(pub, seq)
         self.by_bm[bm] = position
         sub = qs.sub
         if self.at_most_once:
@@ -399,7 +400,7 @@ class Queue(QueueState):
                 continue
             parts = item.strip().split("|")
             try:
-                out.append(f"{int(parts[0])}|{int(parts[1])}|")
+                out.append(format_bookmark(int(parts[0]), int(parts[1])))
             except (ValueError, IndexError):
                 raise ValueError(item.strip()) from None
         return out

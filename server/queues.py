@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, Protocol
 
-import msgspec
-
 from config.model import QueueSpec
 from journal.journal import Journal
 from journal.queue_events import apply_events, checkpoint_key, decode_checkpoint, encode_checkpoint
@@ -37,6 +35,7 @@ from journal.record import (
     scan_records,
 )
 
+from . import frames
 from .fanout import Message
 from .pipeline import Batch, Publisher
 from .queue import Queue
@@ -49,7 +48,6 @@ log = logging.getLogger("tickertape.queues")
 
 EVENT_FLUSH_DELAY = 0.005
 CACHE_BLOCK = 256 * 1024
-_json = msgspec.json.encode
 
 
 class Commits(Protocol):
@@ -328,13 +326,7 @@ class QueueManager:
         if rec is None:
             return
         _, pub, seq, ts, topic_b, body, extra = rec
-        hdr = b',"reason":%s,"deliveries":%d,"queue":%s,"source_bm":"%d|%d|"' % (
-            _json(reason),
-            deliveries,
-            _json(q.name),
-            pub,
-            seq,
-        )
+        hdr = frames.dead_letter_fragment(reason, deliveries, q.name, pub, seq)
         assert q.spec.dead_letter_topic is not None
         self.commits.publish(None, q.dlt_pub, None, q.spec.dead_letter_topic, body, hdr, None)
         q.stats["dead_lettered"] += 1
