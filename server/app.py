@@ -221,6 +221,7 @@ class Server:
         pipeline: Pipeline | None = getattr(self, "pipeline", None)  # None: start() failed early
         if pipeline is not None:
             self.replays.cancel_all()
+            self.queues.stop()
             pipeline.flush()
             deadline = time.monotonic() + SHUTDOWN_TIMEOUT
             while pipeline.inflight_batches and time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import frames
+from .frames import timestamp_part
 from .matching import Body, body_matches
 from .outbox import Outbox
 from .router import Router
@@ -98,7 +99,7 @@ class Fanout:
                 else:
                     prefix = chosen.prefix
                     ts = chosen.timestamp
-                write(out.buf, prefix, m.suffix, frames.timestamp_part(m.ts) if ts else b"", m.body)
+                write(out.buf, prefix, m.suffix, timestamp_part(m.ts) if ts else b"", m.body)
                 out.sent += 1
                 touched.add(out)
                 delivered += 1
@@ -115,7 +116,7 @@ class Fanout:
         for m in pending:
             if not sub.matches_topic(m.topic) or (f is not None and not body_matches(f, m.body)):
                 continue
-            tail = frames.timestamp_part(m.ts) if sub.timestamp else b""
+            tail = timestamp_part(m.ts) if sub.timestamp else b""
             frames.write_live(out.buf, sub.prefix, m.suffix, tail, m.body)
             out.sent += 1
 

@@ -155,7 +155,8 @@ def ack(
     for k, v in fields.items():
         if v is not None:
             h[k] = v
-    return frame_bytes(_json(h))
+    b = _json(h)
+    return pack_len(len(b)) + b
 
 
 def persisted_ack(seq: int) -> bytes:

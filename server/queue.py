@@ -44,6 +44,7 @@ from protocol.bookmarks import format_bookmark
 
 from . import frames
 from .fanout import Message
+from .frames import STORED, pack_len
 from .matching import Body, Predicate, body_matches
 from .outbox import Outbox
 from .queue_state import (
@@ -367,8 +368,8 @@ class Queue(QueueState):
         tj = self._tj
         if tj[0] != topic_b:
             tj = self._tj = (topic_b, frames.topic_member(topic_b))
-        hdr = frames.STORED % (sub.prefix, tj[1], extra or b"", pub, seq, lp)
-        out.buf += (frames.pack_len(len(hdr) + len(body)), hdr, body)
+        hdr = STORED % (sub.prefix, tj[1], extra or b"", pub, seq, lp)
+        out.buf += (pack_len(len(hdr) + len(body)), hdr, body)
         out.sent += 1
         if touched is not None:
             touched.add(out)

@@ -178,6 +178,14 @@ class QueueManager:
         for q in self.queues.values():
             q.lease_timeouts(now)
 
+    def stop(self) -> None:
+        """No more timers (shutdown): pending events go with the pipeline's last commit."""
+        for timer in (self._timer, self._event_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._event_timer = None
+        self._timer_at = float("inf")
+
     def tick(self) -> None:
         """Expire waiting messages whose time is up (the server's periodic tick)."""
         now = now_us()

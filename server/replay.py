@@ -40,7 +40,7 @@ from journal.record import KIND_MESSAGE
 from protocol.bookmarks import BookmarkSpec, Now
 from protocol.options import Rate, SubscribeOptions
 
-from . import frames
+from .frames import STORED, pack_len, timestamp_part, topic_member
 from .matching import Body, body_matches
 from .outbox import Outbox
 from .reasons import Disconnect
@@ -312,7 +312,7 @@ class Replay:
         sub = c.sub
         if c.tail_only or sub.filter is not None or sub.timestamp or sub.regex is not None:
             return None
-        return c, sub.prefix + frames.topic_member(sub.topic_b)
+        return c, sub.prefix + topic_member(sub.topic_b)
 
     def _deliver_spliced(
         self, c: Cursor, got: tuple[int, tuple[Any, ...]], journal: Journal
@@ -342,10 +342,6 @@ class Replay:
         sub = cursor.sub
         outbox = sub.out
         out = outbox.buf
-        topic_member = frames.topic_member
-        header = frames.STORED
-        pack_len = frames.pack_len
-        timestamp_part = frames.timestamp_part
         matches = sub.matches_topic_bytes
         f = sub.filter
         start = cursor.start
@@ -363,7 +359,7 @@ class Replay:
                 continue
             if f is not None and not body_matches(f, body):
                 continue
-            hdr = header % (
+            hdr = STORED % (
                 prefix,
                 topic_member(tb),
                 b"" if extra is None else extra[1],
@@ -444,16 +440,16 @@ class Replay:
         extra: tuple[Any, bytes] | None,
         body: bytes,
     ) -> None:
-        hdr = frames.STORED % (
+        hdr = STORED % (
             sub.prefix,
-            frames.topic_member(tb),
+            topic_member(tb),
             extra[1] if extra else b"",
             pub,
             seq,
-            frames.timestamp_part(ts) if sub.timestamp else b"",
+            timestamp_part(ts) if sub.timestamp else b"",
         )
         out = sub.out
-        out.buf += (frames.pack_len(len(hdr) + len(body)), hdr, body)
+        out.buf += (pack_len(len(hdr) + len(body)), hdr, body)
         out.sent += 1
         self.sent += 1
 

@@ -341,7 +341,7 @@ class Session(SubscribeCommands):
 
     def cmd_sow_delete(self, h: Header, body: bytes) -> None:
         """Queue acknowledgements: bookmarks (the normal, batched case) or a filter."""
-        q = self.svc.queues.get(h.t)
+        q = self.svc.queues.queues.get(h.t or "")  # one dict lookup: a consumer's ack each read
         if q is None:
             self.fail(
                 h,

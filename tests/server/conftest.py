@@ -22,12 +22,11 @@ def journal(tmp_path):
 async def core(tmp_path):
     c = Core(tmp_path, asyncio.get_running_loop())
     yield c
-    c.close()
-    await asyncio.sleep(0)
+    await c.aclose()
 
 
 @pytest.fixture
-def make_core(tmp_path):
+async def make_core(tmp_path):
     """Core with extra configuration (queues); closed at the end of the test."""
     made: list[Core] = []
 
@@ -38,4 +37,4 @@ def make_core(tmp_path):
 
     yield make
     for c in made:
-        c.close()
+        await c.aclose()

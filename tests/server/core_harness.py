@@ -138,6 +138,7 @@ class Core:
         tl = self.config.transaction_log
         assert tl is not None
         self.loop = loop
+        self.closed = False
         self.journal = Journal(tl.journal_directory, durability="write")
         self.counters = Counters()
         self.fanout = Fanout(Router())
@@ -192,7 +193,22 @@ class Core:
                 raise AssertionError("condition not reached in time")
             await asyncio.sleep(0.002)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """As the server shuts down: no more replays or timers, the last commit, then close."""
+        if self.closed:
+            return
         self.replays.cancel_all()
+        self.queues.stop()
+        self.pipeline.flush()
+        await self.settle()
+        self.close()
+
+    def close(self) -> None:
+        """Close at once (a test that reopens the journal has settled first)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.replays.cancel_all()
+        self.queues.stop()
         self.journal.close()
         self.readers.shutdown(wait=True, cancel_futures=True)
