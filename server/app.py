@@ -29,6 +29,7 @@ from journal.journal import Journal
 from . import frames, splice
 from .admin import AdminEndpoint
 from .connection import Connection, ConnectionEnv, Connections
+from .counters import Counters
 from .fanout import Fanout
 from .intake import Intake
 from .maintenance import Maintenance
@@ -38,7 +39,7 @@ from .reasons import Disconnect
 from .replay import ReplayEngine
 from .router import Router
 from .services import SessionServices
-from .stats import Counters, Stats
+from .stats import Stats
 from .subscription_table import LiveIndex
 from .topics import TopicPolicy, never
 

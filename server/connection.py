@@ -28,12 +28,12 @@ from typing import Any
 
 from protocol.framing import FrameDecoder, FrameError, FrameTooLarge
 
+from .counters import Counters
 from .intake import Intake
 from .outbox import Outbox
 from .reasons import Disconnect
 from .services import SessionServices
 from .session import Session
-from .stats import Counters
 
 __all__ = ["Connection", "ConnectionEnv", "Connections"]
 

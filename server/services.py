@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from .counters import Counters
 from .outbox import Outbox
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay import ReplayEngine
-from .stats import Counters
 from .subscription_table import LiveIndex
 from .topics import TopicPolicy
 

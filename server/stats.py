@@ -1,7 +1,7 @@
 """Server statistics, as served by the admin endpoint in JSON and Prometheus text format.
 
-Counters are plain integers bumped on the hot path (`Counters`, or read from the pipeline and
-journal); rates are computed once a second by the server's ticker from counter deltas, so
+Counters are plain integers bumped on the hot path (server/counters.py, or read from the
+pipeline and journal); rates are computed once a second by the server's ticker from counter deltas, so
 reading the stats costs nothing per message. `Stats` reads each part it reports through the
 part itself, handed over by the server when it starts (no back-pointer to the server).
 """
@@ -16,25 +16,12 @@ from typing import Any
 
 from journal.journal import Journal
 
+from .counters import Counters
 from .fanout import Fanout
 from .intake import Intake
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay import ReplayEngine
-
-
-class Counters:
-    """Counts bumped by sessions and connections."""
-
-    __slots__ = ("connections_total", "disconnects", "refused")
-
-    def __init__(self) -> None:
-        self.connections_total = 0
-        self.refused = 0  # commands refused with a failure ack
-        self.disconnects: dict[str, int] = {}  # reason -> connections closed
-
-    def disconnected(self, reason: str) -> None:
-        self.disconnects[reason] = self.disconnects.get(reason, 0) + 1
 
 
 class Stats:

@@ -17,6 +17,7 @@ from typing import Any
 from config.loader import load_config_text
 from journal.journal import Journal
 from protocol.headers import Header
+from server.counters import Counters
 from server.fanout import Fanout
 from server.outbox import Outbox
 from server.pipeline import Pipeline
@@ -25,7 +26,6 @@ from server.replay import ReplayEngine
 from server.router import Router
 from server.services import SessionServices
 from server.session import Session
-from server.stats import Counters
 from server.subscription_table import LiveIndex
 from server.topics import TopicPolicy
 from tests.support.proc import make_config

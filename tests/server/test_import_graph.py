@@ -96,3 +96,52 @@ def test_the_graph_sees_relative_and_type_checking_imports(tmp_path):
     assert _imports("server.a", pkg / "a.py", known) == {"server.b"}
     assert _imports("server.b", pkg / "b.py", known) == {"server.a", "server.c"}
     assert _imports("server.c", pkg / "c.py", known) == {"server.a"}
+
+
+DOC = SERVER.parent / "docs" / "architecture.md"
+
+
+def _doc_rooms() -> tuple[dict[str, tuple[int, str]], set[tuple[str, str]]]:
+    """The layer table (module -> (layer, room)) and the room graph drawn in the doc."""
+    text = DOC.read_text()
+    table = text.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    rooms: dict[str, tuple[int, str]] = {}
+    for line in table[1:]:
+        layer, room, *modules = line.split()
+        for m in modules:
+            assert m not in rooms, f"{m} is listed twice in docs/architecture.md"
+            rooms["server." + m] = (int(layer), room)
+    drawing = text.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    edges = {
+        tuple(part.strip() for part in line.split("-->"))
+        for line in drawing.splitlines()
+        if "-->" in line
+    }
+    return rooms, edges  # type: ignore[return-value]
+
+
+def _top_level(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph with a subpackage (server/filters/...) folded into its top-level name."""
+    top: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        key = ".".join(m.split(".")[:2])
+        top.setdefault(key, set()).update(".".join(d.split(".")[:2]) for d in deps)
+    for key, deps in top.items():
+        deps.discard(key)
+    return top
+
+
+def test_the_architecture_page_matches_the_imports():
+    """Every server module is in one room of docs/architecture.md; it imports only its own room
+    or rooms below; and the drawing has exactly the arrows between rooms the code has."""
+    graph = _top_level(_graph())
+    graph.pop("server", None)
+    rooms, drawn = _doc_rooms()
+    assert set(rooms) == set(graph), set(rooms) ^ set(graph)
+    actual = set()
+    for m, deps in graph.items():
+        for d in deps:
+            assert rooms[d][0] <= rooms[m][0], f"{m} (layer {rooms[m][0]}) imports {d} above it"
+            if rooms[d][1] != rooms[m][1]:
+                actual.add((rooms[m][1], rooms[d][1]))
+    assert drawn == actual, (sorted(drawn - actual), sorted(actual - drawn))
