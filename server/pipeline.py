@@ -151,7 +151,7 @@ class Pipeline:
 
     def publish(
         self,
-        conn: Publisher | None,
+        client: Publisher | None,
         pub: int,
         seq: int | None,
         topic: str,
@@ -164,7 +164,7 @@ class Pipeline:
 
         Nothing changes before the record is encoded: RecordFieldError leaves no trace.
         hdr: wire-ready header members stored with the message (`,"x":...`); exp: the `e` header.
-        conn may be None for messages the server publishes itself (dead letters).
+        client may be None for messages the server publishes itself (dead letters).
         """
         highest = self.highest.get(pub, 0)
         batch = self.batch
@@ -172,11 +172,11 @@ class Pipeline:
             seq = highest + 1
         elif seq <= highest:
             self.duplicates += 1
-            if conn is not None and conn.wants_persisted:
+            if client is not None and client.wants_persisted:
                 # already stored (or in a commit ahead of this batch): ack it with this batch
                 acks = batch.acks
-                if acks.get(conn, 0) < seq:
-                    acks[conn] = seq
+                if acks.get(client, 0) < seq:
+                    acks[client] = seq
                 self._schedule()
             return seq, DUPLICATE
         if self.gaps and pub in self.gaps:
@@ -206,15 +206,15 @@ class Pipeline:
             self.fanout.deliver(
                 [self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
             )
-        if conn is not None and conn.wants_persisted:
-            batch.acks[conn] = seq
+        if client is not None and client.wants_persisted:
+            batch.acks[client] = seq
         self.published += 1
         if not self.scheduled:
             self._schedule()
         return seq, STORED
 
-    def add_flush(self, conn: Publisher, cid: Any, acks: list[str]) -> None:
-        self.batch.flushes.append((conn, cid, acks))
+    def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
+        self.batch.flushes.append((client, cid, acks))
         self._schedule()
 
     def after_commit(self, fn: Callable[[BaseException | None], None]) -> None:
@@ -281,8 +281,8 @@ class Pipeline:
             return
         fanout = self.fanout
         # 1. conflated persisted acks
-        for conn, seq in batch.acks.items():
-            conn.persisted(seq)
+        for client, seq in batch.acks.items():
+            client.persisted(seq)
         # 2. sequences now durable (for logon acks): one update per publisher, not per message
         base = pos if pos is not None else self.delivered_end
         durable = self.durable
@@ -312,8 +312,8 @@ class Pipeline:
                 if not fut.done():
                     fut.set_result(None)
         # 4. flush markers: everything before them is processed and durable
-        for conn, cid, acks in batch.flushes:
-            conn.flush_done(cid, acks)
+        for client, cid, acks in batch.flushes:
+            client.flush_done(cid, acks)
         for fn in batch.after:
             fn(None)
 
@@ -399,10 +399,10 @@ class Pipeline:
 
     def _notify_failed(self, batch: Batch, err: BaseException) -> None:
         reason = getattr(err, "reason", "journal unavailable")
-        for conn in batch.acks:
-            conn.persist_failed(reason, str(err))
-        for conn, cid, acks in batch.flushes:
-            conn.flush_failed(cid, acks, reason)
+        for client in batch.acks:
+            client.persist_failed(reason, str(err))
+        for client, cid, acks in batch.flushes:
+            client.flush_failed(cid, acks, reason)
         for fn in batch.after:
             fn(err)
 

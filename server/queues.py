@@ -60,7 +60,7 @@ class Commits(Protocol):
     def schedule(self) -> None: ...
     def publish(
         self,
-        conn: Publisher | None,
+        client: Publisher | None,
         pub: int,
         seq: int | None,
         topic: str,
