@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import shutil
-import struct
 import time
 import zlib
 from collections.abc import Iterable
@@ -48,6 +47,7 @@ from .manifest import (
     staging_dir,
     write_json_atomic,
 )
+from .queue_events import checkpoint_key, decode_checkpoint
 from .record import KIND_MESSAGE
 
 if TYPE_CHECKING:
@@ -104,8 +104,7 @@ def queue_floors(journal: Journal, queues: Queues) -> list[Json]:
     message of the queue below it is done); 0 (keep everything) where none was written yet."""
     out = []
     for name, topic, pattern in queues:
-        raw = journal.index.get_meta(b"queue-checkpoint:" + name.encode())
-        floor = struct.unpack("<Q", raw)[0] if raw else 0
+        floor = decode_checkpoint(journal.index.get_meta(checkpoint_key(name)))
         out.append({"name": name, "topic": topic, "pattern": bool(pattern), "floor": floor})
     return out
 

@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 import msgspec
 
 __all__ = [
+    "BOOKMARK_FORMAT",
     "EPOCH",
     "MAX_BOOKMARK_TEXT",
     "MAX_LIST_ITEMS",
@@ -177,6 +178,11 @@ BookmarkSpec = Epoch | Now | Bookmark | Timestamp | BookmarkList | Range
 def format_bookmark(publisher_id: int, seq: int) -> str:
     """``"<publisher_id>|<seq>|"``. Hot path: no range checks (the journal's ids are valid)."""
     return f"{publisher_id}|{seq}|"
+
+
+BOOKMARK_FORMAT = b"%d|%d|"
+""":func:`format_bookmark` as a bytes ``%`` template of (publisher_id, seq), for byte formats
+that are assembled once at import and filled per message (server/frames.py)."""
 
 
 _KEY = struct.Struct(">QQ")

@@ -15,13 +15,16 @@ import logging
 
 import msgspec
 
+from .stats import Stats
+
 log = logging.getLogger("tickertape.admin")
 MAX_HEAD = 8192
 
 
 class AdminEndpoint:
-    def __init__(self, server, host: str, port: int):
-        self.server = server
+    def __init__(self, stats: Stats, instance: str, host: str, port: int) -> None:
+        self.stats = stats
+        self.instance = instance
         self.host = host
         self.port = port
         self._srv: asyncio.base_events.Server | None = None
@@ -55,16 +58,15 @@ class AdminEndpoint:
             status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET is served\n"
         elif path == "/stats":
             status, ctype = "200 OK", "application/json"
-            body = (
-                msgspec.json.format(msgspec.json.encode(self.server.stats.snapshot()), indent=2)
-                + b"\n"
-            )
+            body = msgspec.json.format(msgspec.json.encode(self.stats.snapshot()), indent=2) + b"\n"
         elif path == "/metrics":
             status, ctype = "200 OK", "text/plain; version=0.0.4"
-            body = self.server.stats.prometheus().encode()
+            body = self.stats.prometheus().encode()
         elif path == "/":
             status, ctype = "200 OK", "text/plain"
-            body = f"tickertape {self.server.name}: GET /stats (JSON) or /metrics (Prometheus)\n".encode()
+            body = (
+                f"tickertape {self.instance}: GET /stats (JSON) or /metrics (Prometheus)\n".encode()
+            )
         else:
             status, ctype, body = (
                 "404 Not Found",

@@ -18,11 +18,19 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - imported where used, so the client CLI starts fast
+    from config.model import Config
+
+    from .app import Server
+    from .daemon import Daemon
 
 log = logging.getLogger("tickertape.server")
 
 
-def _serve_parser(sub) -> None:
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the server (embedded default config without --config)")
     p.add_argument("--config", metavar="FILE", help="XML configuration file (see config/examples/)")
     p.add_argument("--verify-config", metavar="FILE", help="check a configuration file and exit")
@@ -68,13 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
-def _load_config(path: str | None):
+def _load_config(path: str | None) -> Config:
     from config.loader import default_config, load_config
 
     return load_config(path) if path else default_config()
 
 
-def serve(args) -> int:
+def serve(args: argparse.Namespace) -> int:
     from config.errors import ConfigError
 
     if args.verify_config:
@@ -117,6 +125,7 @@ def serve(args) -> int:
     setup_logging(cfg.logging, foreground=not args.daemon)
     # a file-size limit must surface as a write error (journal unavailable), not kill the server
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    runner: Callable[[Coroutine[Any, Any, int]], int]
     if args.loop == "uvloop":
         import uvloop
 
@@ -130,7 +139,11 @@ def serve(args) -> int:
             daemon.release()
 
 
-async def _run(cfg, daemon) -> int:
+def _on_signal(loop: asyncio.AbstractEventLoop, server: Server, name: str) -> None:
+    loop.create_task(server.shutdown(name))
+
+
+async def _run(cfg: Config, daemon: Daemon | None) -> int:
     from journal.journal import JournalError
 
     from .app import Server
@@ -151,9 +164,7 @@ async def _run(cfg, daemon) -> int:
         return 1
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(
-            sig, lambda s=sig: loop.create_task(server.shutdown(signal.Signals(s).name))
-        )
+        loop.add_signal_handler(sig, _on_signal, loop, server, signal.Signals(sig).name)
     loop.add_signal_handler(signal.SIGHUP, reopen)
     where = ", ".join(f"{h}:{p}" for _, h, p in server.addresses)
     line = f"tickertape {cfg.name}: listening on {where}"

@@ -21,12 +21,42 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
+from typing import Protocol
+
+from config.model import Limits
+from protocol.framing import FrameDecoder
+
+from .outbox import Outbox
+from .reasons import Disconnect
+
+__all__ = ["Intake", "IntakeConn"]
 
 log = logging.getLogger("tickertape.server")
 
 
+class IntakeConn(Protocol):
+    """What the intake reads and sets on a connection (server/connection.py)."""
+
+    decoder: FrameDecoder
+    buffered: int
+    partial_since: float | None
+    connected_at: float
+    last_recv: float
+    drained_mark: int
+    drained_at: float
+    out: Outbox
+
+    @property
+    def closing(self) -> bool: ...
+    @property
+    def logged_on(self) -> bool: ...
+    def describe(self) -> str: ...
+    def close(self, reason: str, abort: bool = False) -> None: ...
+
+
 class Intake:
-    def __init__(self, limits) -> None:
+    def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.buffered = 0  # bytes of partial frames over all connections
         self.counts = {
@@ -39,7 +69,7 @@ class Intake:
             "subscriptions_refused": 0,
         }
 
-    def after_feed(self, conn) -> bool:
+    def after_feed(self, conn: IntakeConn) -> bool:
         """Account for conn's partial frame after it was fed input; False if conn was closed."""
         now_buffered = conn.decoder.buffered
         self.buffered += now_buffered - conn.buffered
@@ -58,18 +88,18 @@ class Intake:
                 self.limits.input_memory_limit,
                 now_buffered,
             )
-            conn.close("input memory limit", abort=True)
+            conn.close(Disconnect.INPUT_MEMORY_LIMIT, abort=True)
             return False
         return True
 
-    def forget(self, conn) -> None:
+    def forget(self, conn: IntakeConn) -> None:
         self.buffered -= conn.buffered
         conn.buffered = 0
 
-    def frame_too_large_before_logon(self, conn) -> None:
+    def frame_too_large_before_logon(self, conn: IntakeConn) -> None:
         self.counts["logon_frame_too_large"] += 1
 
-    def sweep(self, connections, now: float) -> None:
+    def sweep(self, connections: Iterable[IntakeConn], now: float) -> None:
         """Close connections past a timeout (called about every heartbeat tick)."""
         lim = self.limits
         for conn in list(connections):
@@ -79,7 +109,7 @@ class Intake:
                 self._close(
                     conn,
                     "logon_timeout",
-                    "logon timeout",
+                    Disconnect.LOGON_TIMEOUT,
                     f"no logon within <LogonTimeout> {lim.logon_timeout:g}s",
                 )
             elif (
@@ -89,34 +119,36 @@ class Intake:
                 self._close(
                     conn,
                     "partial_message_timeout",
-                    "partial message timeout",
+                    Disconnect.PARTIAL_MESSAGE_TIMEOUT,
                     f"a frame did not arrive whole within <PartialMessageTimeout> {lim.partial_message_timeout:g}s",
                 )
             elif lim.idle_timeout and now - conn.last_recv > lim.idle_timeout:
                 self._close(
-                    conn, "idle", "idle", f"no input for <IdleTimeout> {lim.idle_timeout:g}s"
+                    conn,
+                    "idle",
+                    Disconnect.IDLE,
+                    f"no input for <IdleTimeout> {lim.idle_timeout:g}s",
                 )
             elif self._output_stuck(conn, now):
                 self._close(
                     conn,
                     "slow_client_age",
-                    "slow client",
+                    Disconnect.SLOW_CLIENT,
                     f"its queued output did not drain for <ClientMessageAgeLimit> {lim.client_message_age_limit:g}s",
                 )
 
-    def _output_stuck(self, conn, now: float) -> bool:
-        t = conn.transport
-        if t is None or t.is_closing():
+    def _output_stuck(self, conn: IntakeConn, now: float) -> bool:
+        if conn.out.closing:
             return False
-        queued = t.get_write_buffer_size()
-        drained = conn.bytes_written - queued  # grows whenever the client reads anything
+        queued = conn.out.queued()
+        drained = conn.out.bytes_written - queued  # grows whenever the client reads anything
         if queued == 0 or drained != conn.drained_mark:
             conn.drained_mark = drained
             conn.drained_at = now
             return False
         return now - conn.drained_at > self.limits.client_message_age_limit
 
-    def _close(self, conn, counter: str, reason: str, why: str) -> None:
+    def _close(self, conn: IntakeConn, counter: str, reason: str, why: str) -> None:
         self.counts[counter] += 1
         log.warning("%s: closed (%s): %s", conn.describe(), reason, why)
         conn.close(reason, abort=True)

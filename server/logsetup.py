@@ -11,6 +11,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterable
+
+from config.model import LogTarget
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -21,9 +24,9 @@ LEVELS = {
 
 
 class _Formatter(logging.Formatter):
-    converter = time.gmtime
+    converter = time.gmtime  # type: ignore[assignment]
 
-    def formatTime(self, record, datefmt=None):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return (
             time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + ".%03dZ" % record.msecs
@@ -33,15 +36,16 @@ class _Formatter(logging.Formatter):
 _handlers: list[logging.Handler] = []
 
 
-def setup_logging(targets, foreground: bool = True) -> None:
+def setup_logging(targets: Iterable[LogTarget], foreground: bool = True) -> None:
     """Install one handler per target on the `tickertape` logger, replacing earlier ones."""
     root = logging.getLogger("tickertape")
-    for h in _handlers:
-        root.removeHandler(h)
-        h.close()
+    for old in _handlers:
+        root.removeHandler(old)
+        old.close()
     _handlers.clear()
     fmt = _Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     lowest = logging.ERROR
+    h: logging.Handler
     for t in targets:
         if t.protocol in ("stdout", "stderr"):
             if not foreground:
@@ -49,6 +53,7 @@ def setup_logging(targets, foreground: bool = True) -> None:
             h = logging.StreamHandler(sys.stdout if t.protocol == "stdout" else sys.stderr)
         else:
             path = t.file_name
+            assert path is not None  # the loader requires FileName for a file target
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             h = logging.FileHandler(path, mode="a", encoding="utf-8", delay=False)
         level = LEVELS.get(t.level, logging.INFO)

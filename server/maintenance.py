@@ -30,8 +30,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+from config.model import Action, ActionStep, ActionTrigger, Config
 from journal import maintenance as jm
+from journal.journal import Journal
 from journal.manifest import request_path, result_path
 
 from .router import is_pattern
@@ -42,7 +46,7 @@ POLL_S = 1.0
 CHILD_STOP_S = 5.0
 
 
-def next_run(trigger, after: float) -> float | None:
+def next_run(trigger: ActionTrigger, after: float) -> float | None:
     """Wall-clock time of the next run of a schedule trigger strictly after `after`."""
     if trigger.kind != "schedule":
         return None
@@ -65,9 +69,20 @@ def next_run(trigger, after: float) -> float | None:
 
 
 class Maintenance:
-    def __init__(self, server):
-        self.server = server
-        self.config = server.config
+    """Narrow doors: the configuration (actions, archive directory, queues), the journal, the
+    loop, and `replay_floor` (the lowest position a running replay reads, never removed)."""
+
+    def __init__(
+        self,
+        config: Config,
+        journal: Journal,
+        loop: asyncio.AbstractEventLoop,
+        replay_floor: Callable[[], int | None],
+    ) -> None:
+        self.config = config
+        self.journal = journal
+        self.loop = loop
+        self.replay_floor = replay_floor
         tl = self.config.transaction_log
         self.archive_root = tl.archive_directory if tl is not None else None
         self.queues = [
@@ -82,10 +97,6 @@ class Maintenance:
         self.children: dict[int, asyncio.subprocess.Process] = {}
         self.history: list[dict] = []
         self.stopping = False
-
-    @property
-    def journal(self):
-        return self.server.journal
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -131,7 +142,7 @@ class Maintenance:
                     self._launch(i)
         if (self._poll is None or self._poll.done()) and now_mono - self._last_poll >= POLL_S:
             self._last_poll = now_mono
-            self._poll = self.server.loop.run_in_executor(None, self._poll_sync)
+            self._poll = self.loop.run_in_executor(None, self._poll_sync)
 
     # -- the folder: orders, results, stale requests, retired files ---------------------------
 
@@ -158,9 +169,9 @@ class Maintenance:
     # -- actions ---------------------------------------------------------------------------------
 
     def _launch(self, i: int) -> None:
-        task = self.server.loop.create_task(self._run_action(i))
+        task = self.loop.create_task(self._run_action(i))
         self._running[i] = task
-        task.add_done_callback(lambda t, i=i: self._running.pop(i, None))
+        task.add_done_callback(lambda _t: self._running.pop(i, None))
 
     async def _run_action(self, i: int) -> None:
         action = self.actions[i]
@@ -182,11 +193,11 @@ class Maintenance:
                 break
         log.info("action %s: done in %.1fs", label, time.monotonic() - started)
 
-    async def _step(self, step) -> tuple[bool, str]:
-        loop = self.server.loop
+    async def _step(self, step: ActionStep) -> tuple[bool, str]:
+        loop = self.loop
         j = self.journal
         if step.name == "remove-journal":
-            floor = min((r.position for r in self.server.replays), default=None)
+            floor = self.replay_floor()
             res = await loop.run_in_executor(
                 None,
                 lambda: jm.remove_journal(
@@ -207,7 +218,7 @@ class Maintenance:
         older = step.age if step.name in ("archive-journal", "compress-journal") else None
         retention = step.retention if step.name == "compact-journal" else None
 
-        def make():
+        def make() -> dict[str, Any] | None:
             req = jm.make_request(
                 j,
                 kind,
@@ -271,11 +282,11 @@ class Maintenance:
         return rc, last
 
 
-def _label(action) -> str:
+def _label(action: Action) -> str:
     return action.on.name or ",".join(s.name for s in action.do)
 
 
-def _signal_group(proc, sig) -> None:
+def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):

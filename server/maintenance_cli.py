@@ -24,17 +24,23 @@ Exit status: 0 done or nothing to do; 1 error; 2 verification failed or the resu
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - imported where used
+    from config.model import Config, TransactionLog
 
 ORDER_WAIT_S = 30.0
 APPLY_WAIT_S = 120.0
 
 
-def add_maintenance_commands(sub) -> None:
+def add_maintenance_commands(sub: argparse._SubParsersAction) -> None:
     for kind, helptext in (
         ("archive", "archive sealed journal segments to Parquet (Spark job)"),
         (
@@ -94,7 +100,7 @@ def add_maintenance_commands(sub) -> None:
         p.set_defaults(run=lambda args, kind=kind: run(args, kind))
 
 
-def _defaults(cfg, kind: str) -> tuple[float | None, float | None]:
+def _defaults(cfg: Config, kind: str) -> tuple[float | None, float | None]:
     age = retention = None
     for action in cfg.actions:
         for step in action.do:
@@ -109,7 +115,7 @@ def _err(msg: str) -> None:
     print(f"tickertape: {msg}", file=sys.stderr)
 
 
-def run(args, kind: str, spark=None) -> int:
+def run(args: argparse.Namespace, kind: str, spark: Any = None) -> int:
     """The command; `spark`: an existing SparkSession to run the job in (tests), else one is built."""
     from config.errors import ConfigError
     from config.loader import default_config, load_config
@@ -143,7 +149,7 @@ def run(args, kind: str, spark=None) -> int:
         return 2
     jdir = tl.journal_directory
     queues = [(q.name, q.underlying_topic, is_pattern(q.underlying_topic)) for q in cfg.queues]
-    opts = {
+    opts: dict[str, Any] = {
         "older_than_s": age,
         "retention_s": retention,
         "archive_root": archive_root,
@@ -240,7 +246,15 @@ def run(args, kind: str, spark=None) -> int:
     return 0 if answer.get("status") in ("applied", "noop") else 2
 
 
-def _apply_or_wait(jdir, tl, req_id, wait_s, Journal, JournalLocked, apply_result):
+def _apply_or_wait(
+    jdir: str,
+    tl: TransactionLog,
+    req_id: str,
+    wait_s: float,
+    Journal: Any,
+    JournalLocked: type[Exception],
+    apply_result: Callable[..., dict[str, Any]],
+) -> dict[str, Any] | None:
     from journal.manifest import applied_path, read_json
 
     try:
@@ -266,7 +280,7 @@ def _apply_or_wait(jdir, tl, req_id, wait_s, Journal, JournalLocked, apply_resul
     return None
 
 
-def _order(jdir: str, kind: str, opts: dict, dry_run: bool):
+def _order(jdir: str, kind: str, opts: dict[str, Any], dry_run: bool) -> dict[str, Any] | None:
     from journal.manifest import maint_dir, new_request_id, read_json, write_json_atomic
 
     oid = new_request_id(kind)
@@ -290,7 +304,9 @@ def _order(jdir: str, kind: str, opts: dict, dry_run: bool):
     return None
 
 
-def _report(args, summary: dict, answer, batch) -> None:
+def _report(
+    args: argparse.Namespace, summary: dict[str, Any], answer: dict[str, Any] | None, batch: Any
+) -> None:
     if args.json:
         print(json.dumps({**summary, "applied": answer}), flush=True)
         return

@@ -8,54 +8,53 @@
 2. `flush()` hands the open batch to the journal (one submit per loop iteration; the writer
    merges whatever is queued into one write + one fdatasync).
 3. `_committed()` runs on the loop when the batch is durable: one conflated `persisted` ack per
-   publishing connection, then delivery to subscriptions, then flush markers.
+   publishing connection, then live delivery (server/fanout.py) and the other consumers of
+   committed messages (queues), then flush markers.
 
 A failed commit (disk full) fails every batch up to the point where the loop has rolled back the
 publishers' sequences, so no later batch can be stored past a gap: see `_failed()`.
 
-Back-pressure: bytes submitted but not yet durable are bounded (`max_inflight`); past it every
-publishing connection stops reading until the journal catches up.
+Back-pressure: bytes submitted but not yet durable are bounded (`max_inflight`); past it
+`on_backlog(True)` stops every publishing connection from reading until the journal has caught
+up to half of it (`on_backlog(False)`).
+
+Narrow doors: the journal it submits to, the loop it schedules on, the fan-out it delivers
+through, `on_backlog`; a publishing client is anything with the `Publisher` methods (a session).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
-import msgspec
-
+from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
-from protocol.bookmarks import format_timestamp
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .app import Server
+from . import frames
+from .fanout import Fanout, Message
+from .subscriptions import Subscription
 
 log = logging.getLogger("tickertape.pipeline")
 
-_json = msgspec.json.encode
-_decode_body = msgspec.json.Decoder().decode
-_UNSET = object()
 TOPIC_CACHE_LIMIT = 50_000
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 
+__all__ = ["ABOVE_GAP", "DUPLICATE", "STORED", "Batch", "Pipeline", "Publisher"]
 
-class Message:
-    """A message of a committed batch, ready for delivery. `bm` is b"" on unrecorded topics."""
 
-    __slots__ = ("body", "exp", "hdr", "position", "pub", "seq", "suffix", "topic", "ts")
+class Publisher(Protocol):
+    """A publishing client, as the pipeline acknowledges it."""
 
-    def __init__(self, topic, pub, seq, ts, body, suffix, position, exp, hdr=b""):
-        self.topic = topic
-        self.pub = pub
-        self.seq = seq
-        self.ts = ts
-        self.body = body
-        self.suffix = suffix  # b',"t":"...","bm":"..."' + the record's header fragment
-        self.position = position
-        self.exp = exp  # the publish's expiration (`e`, seconds) or None
-        self.hdr = hdr  # the record's header fragment
+    wants_persisted: bool
+
+    def persisted(self, seq: int) -> None: ...
+    def persist_failed(self, reason: str, detail: str) -> None: ...
+    def flush_done(self, cid: Any, acks: list[str]) -> None: ...
+    def flush_failed(self, cid: Any, acks: list[str], reason: str) -> None: ...
 
 
 class Batch:
@@ -74,14 +73,17 @@ class Batch:
 
     def __init__(self) -> None:
         self.data = bytearray()
-        self.entries: list = []  # (pub, seq, ts, offset in data) for the journal index
-        self.msgs: list = []  # (topic, pub, seq, ts, body, offset or -1, header fragment, expiration)
-        self.acks: dict = {}  # conn -> highest seq to ack as persisted
-        self.flushes: list = []  # (conn, cid, ack types) waiting for everything before them
-        self.first_seq: dict = {}  # pub -> lowest seq in this batch (for rollback)
-        self.last: dict = {}  # pub -> (highest seq, offset in data or -1)
-        self.after: list = []  # callables(err) once this batch is durable (err None) or failed
-        self.meta: dict | None = None  # index metadata committed with this batch
+        self.entries: list[tuple[int, int, int, int]] = []  # (pub, seq, ts, offset in data)
+        # (topic, pub, seq, ts, body, offset or -1, header fragment, expiration)
+        self.msgs: list[tuple[str, int, int, int, bytes, int, bytes, Any]] = []
+        self.acks: dict[Publisher, int] = {}  # highest seq to ack as persisted
+        # (publisher, cid, ack types) waiting for everything before them
+        self.flushes: list[tuple[Publisher, Any, list[str]]] = []
+        self.first_seq: dict[int, int] = {}  # pub -> lowest seq in this batch (for rollback)
+        self.last: dict[int, tuple[int, int]] = {}  # pub -> (highest seq, offset in data or -1)
+        # callables(err) once this batch is durable (err None) or failed
+        self.after: list[Callable[[BaseException | None], None]] = []
+        self.meta: dict[bytes, bytes] | None = None  # index metadata committed with this batch
         self.doomed = False  # failed with an earlier batch (Pipeline._failed): rolled back already
 
     def empty(self) -> bool:
@@ -89,8 +91,18 @@ class Batch:
 
 
 class Pipeline:
-    def __init__(self, server: Server, journal, recorded, max_inflight: int = 64 * 1024 * 1024):
-        self.server = server
+    def __init__(
+        self,
+        journal: Journal | None,
+        recorded: Callable[[str], bool],
+        loop: asyncio.AbstractEventLoop,
+        fanout: Fanout,
+        on_backlog: Callable[[bool], None],
+        max_inflight: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.loop = loop
+        self.fanout = fanout
+        self.on_backlog = on_backlog
         self.journal = journal
         self.recorded = recorded  # topic -> bool (is it in the transaction log)
         self.max_inflight = max_inflight
@@ -107,52 +119,52 @@ class Pipeline:
         self.inflight_bytes = 0
         self.inflight_batches = 0
         self.inflight: collections.deque[Batch] = collections.deque()  # submitted, in commit order
-        self.early_subs = 0  # subscriptions with the `live` option that joined the live stream
-        self.paused_conns: set = set()
-        self.failing = False  # between a failed commit and the loop's rollback
+        self.backlogged = False  # on_backlog(True) was called last
         self.gaps: dict[int, int] = {}  # pub -> the sequence it must send next (after a failure)
         self.refused_above_gap = 0
         self.last_ts = 0
         self.delivered_end = journal.end_position if journal is not None else 0
-        self._topics: dict[str, tuple] = {}
-        self._topic_json: dict[bytes, bytes] = {}
-        self.waiters: list = []  # futures of tailing replays, resolved at every commit
+        self._topics: dict[str, tuple[bytes, bytes, bool]] = {}
+        self.waiters: list[asyncio.Future[None]] = []  # tailing replays, resolved at every commit
         self.last_bm: tuple[int, int] | None = None  # (pub, seq) of the newest durable record
         self.published = 0
-        self.delivered = 0
         self.duplicates = 0
-        self.on_deliver = []  # extra consumers of committed messages: f(msgs, delivered_end)
-        self.before_flush = []  # f(batch): last chance to add records (queue events) to a batch
+        # extra consumers of committed messages (queues): f(msgs, delivered_end)
+        self.on_deliver: list[Callable[[list[Message], int], None]] = []
+        # f(batch): last chance to add records (queue events) to a batch
+        self.before_flush: list[Callable[[Batch], None]] = []
+
+    @property
+    def topics_seen(self) -> int:
+        return len(self._topics)
 
     # -- intake --------------------------------------------------------------------------
 
-    def topic_info(self, topic: str) -> tuple:
+    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool]:
         info = self._topics.get(topic)
         if info is None:
             if len(self._topics) >= TOPIC_CACHE_LIMIT:
                 self._topics.clear()
-            info = (topic.encode(), b',"t":' + _json(topic), self.recorded(topic))
+            info = (topic.encode(), frames.topic_member_text(topic), self.recorded(topic))
             self._topics[topic] = info
         return info
 
-    def topic_json(self, topic: bytes) -> bytes:
-        """b',"t":"<topic>"' for a topic as stored in the journal (replay's header part)."""
-        tj = self._topic_json.get(topic)
-        if tj is None:
-            if len(self._topic_json) >= TOPIC_CACHE_LIMIT:
-                self._topic_json.clear()
-            tj = self._topic_json[topic] = b',"t":' + _json(topic.decode("utf-8", "replace"))
-        return tj
-
     def publish(
-        self, conn, pub: int, seq: int | None, topic: str, body: bytes, hdr: bytes = b"", exp=None
+        self,
+        client: Publisher | None,
+        pub: int,
+        seq: int | None,
+        topic: str,
+        body: bytes,
+        hdr: bytes = b"",
+        exp: Any = None,
     ) -> tuple[int, int]:
         """Accept one publish. Returns (seq, outcome): STORED, DUPLICATE, or ABOVE_GAP (refused:
         an earlier sequence of this publisher failed to commit and was not sent again yet).
 
         Nothing changes before the record is encoded: RecordFieldError leaves no trace.
         hdr: wire-ready header members stored with the message (`,"x":...`); exp: the `e` header.
-        conn may be None for messages the server publishes itself (dead letters).
+        client may be None for messages the server publishes itself (dead letters).
         """
         highest = self.highest.get(pub, 0)
         batch = self.batch
@@ -160,11 +172,11 @@ class Pipeline:
             seq = highest + 1
         elif seq <= highest:
             self.duplicates += 1
-            if conn is not None and conn.wants_persisted:
+            if client is not None and client.wants_persisted:
                 # already stored (or in a commit ahead of this batch): ack it with this batch
                 acks = batch.acks
-                if acks.get(conn, 0) < seq:
-                    acks[conn] = seq
+                if acks.get(client, 0) < seq:
+                    acks[client] = seq
                 self._schedule()
             return seq, DUPLICATE
         if self.gaps and pub in self.gaps:
@@ -190,36 +202,34 @@ class Pipeline:
             batch.first_seq[pub] = seq
         batch.msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
         batch.last[pub] = (seq, off)
-        if self.early_subs:
-            self.deliver([self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True)
-        if conn is not None and conn.wants_persisted:
-            batch.acks[conn] = seq
+        if self.fanout.early:
+            self.fanout.deliver(
+                [self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
+            )
+        if client is not None and client.wants_persisted:
+            batch.acks[client] = seq
         self.published += 1
         if not self.scheduled:
             self._schedule()
         return seq, STORED
 
-    def add_flush(self, conn, cid, acks) -> None:
-        self.batch.flushes.append((conn, cid, acks))
+    def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
+        self.batch.flushes.append((client, cid, acks))
         self._schedule()
 
-    def after_commit(self, fn) -> None:
+    def after_commit(self, fn: Callable[[BaseException | None], None]) -> None:
         """Call fn(err) once everything accepted so far is durable (err None) or failed."""
         self.batch.after.append(fn)
         self._schedule()
 
-    def add_record(self, record: bytes) -> None:
-        """Append an encoded non-message record (a queue event) to the open batch."""
-        self.batch.data += record
-        self._schedule()
-
     def schedule(self) -> None:
+        """Commit the open batch soon, even if nothing else is added to it."""
         self._schedule()
 
     def _schedule(self) -> None:
         if not self.scheduled:
             self.scheduled = True
-            self.server.loop.call_soon(self.flush)
+            self.loop.call_soon(self.flush)
 
     # -- commit --------------------------------------------------------------------------
 
@@ -238,10 +248,12 @@ class Pipeline:
         self.inflight_bytes += size
         self.inflight_batches += 1
         self.inflight.append(batch)
-        loop = self.server.loop
+        loop = self.loop
         cb = self._committed
 
-        def done(pos, err, batch=batch, size=size):
+        def done(
+            pos: int | None, err: BaseException | None, batch: Batch = batch, size: int = size
+        ) -> None:
             loop.call_soon_threadsafe(cb, batch, pos, err, size)
 
         try:
@@ -250,23 +262,27 @@ class Pipeline:
             self._committed(batch, None, exc, size)
             return
         if self.inflight_bytes > self.max_inflight:
-            self._pause_publishers()
+            self.backlogged = True
+            self.on_backlog(True)
 
-    def _committed(self, batch: Batch, pos, err, size: int) -> None:
+    def _committed(
+        self, batch: Batch, pos: int | None, err: BaseException | None, size: int
+    ) -> None:
         """size = -1 for a batch that never went to the journal (nothing to wait for)."""
         if size >= 0:
             self.inflight_bytes -= size
             self.inflight_batches -= 1
             self.inflight.popleft()
-        if self.paused_conns and self.inflight_bytes < self.max_inflight // 2:
-            self._resume_publishers()
+        if self.backlogged and self.inflight_bytes < self.max_inflight // 2:
+            self.backlogged = False
+            self.on_backlog(False)
         if err is not None:
             self._failed(batch, err)
             return
-        server = self.server
+        fanout = self.fanout
         # 1. conflated persisted acks
-        for conn, seq in batch.acks.items():
-            conn.persisted(seq)
+        for client, seq in batch.acks.items():
+            client.persisted(seq)
         # 2. sequences now durable (for logon acks): one update per publisher, not per message
         base = pos if pos is not None else self.delivered_end
         durable = self.durable
@@ -281,10 +297,10 @@ class Pipeline:
                 pub, seq = batch.entries[-1][:2]
                 self.last_bm = (pub, seq)
         # 3. fan-out: messages are only materialized for topics someone wants
-        if server.router.count or self.on_deliver:
+        if fanout.active or self.on_deliver:
             msgs = self._messages(batch, base)
-            if msgs and server.router.count:
-                self.deliver(msgs)
+            if msgs and fanout.active:
+                fanout.deliver(msgs)
             for consumer in self.on_deliver:
                 try:
                     consumer(msgs, self.delivered_end)
@@ -296,13 +312,13 @@ class Pipeline:
                 if not fut.done():
                     fut.set_result(None)
         # 4. flush markers: everything before them is processed and durable
-        for conn, cid, acks in batch.flushes:
-            conn.flush_done(cid, acks)
+        for client, cid, acks in batch.flushes:
+            client.flush_done(cid, acks)
         for fn in batch.after:
             fn(None)
 
     def _messages(self, batch: Batch, base: int) -> list[Message]:
-        wanted = self.server.router.match if not self.on_deliver else None
+        wanted = self.fanout.router.match if not self.on_deliver else None
         make = self._message
         return [
             make(topic, pub, seq, ts, body, off, hdr, exp, base)
@@ -310,11 +326,22 @@ class Pipeline:
             if wanted is None or wanted(topic)
         ]
 
-    def _message(self, topic, pub, seq, ts, body, off, hdr, exp, base) -> Message:
+    def _message(
+        self,
+        topic: str,
+        pub: int,
+        seq: int,
+        ts: int,
+        body: bytes,
+        off: int,
+        hdr: bytes,
+        exp: Any,
+        base: int,
+    ) -> Message:
         tj = self.topic_info(topic)[1]
         if off >= 0:
             position = base + off
-            suffix = b'%s,"bm":"%d|%d|"%s' % (tj, pub, seq, hdr)
+            suffix = frames.LIVE_SUFFIX % (tj, pub, seq, hdr)
         else:
             position = -1
             suffix = tj + hdr
@@ -322,12 +349,17 @@ class Pipeline:
 
     def not_yet_durable(self) -> list[Message]:
         """Messages accepted but not yet committed, in journal order (for a `live` join)."""
-        out = []
+        out: list[Message] = []
         for batch in (*self.inflight, self.batch):
             out.extend(self._message(*m, 0) for m in batch.msgs)
         return out
 
-    def _failed(self, batch: Batch, err) -> None:
+    def join_early(self, sub: Subscription) -> None:
+        """`live` option: from now on `sub` gets messages when they are published, before they
+        are durable; the ones already published but not yet durable are queued now, in order."""
+        self.fanout.join_early(sub, self.not_yet_durable())
+
+    def _failed(self, batch: Batch, err: BaseException) -> None:
         """Roll back sequences so the publisher can re-send, then tell each publisher.
 
         The gap rule (docs/publishing.md): the lowest failed sequence R of a publisher becomes
@@ -365,12 +397,12 @@ class Pipeline:
             if gap is None or first < gap:
                 self.gaps[pub] = first
 
-    def _notify_failed(self, batch: Batch, err) -> None:
+    def _notify_failed(self, batch: Batch, err: BaseException) -> None:
         reason = getattr(err, "reason", "journal unavailable")
-        for conn in batch.acks:
-            conn.persist_failed(reason, str(err))
-        for conn, cid, acks in batch.flushes:
-            conn.flush_failed(cid, acks, reason)
+        for client in batch.acks:
+            client.persist_failed(reason, str(err))
+        for client, cid, acks in batch.flushes:
+            client.flush_failed(cid, acks, reason)
         for fn in batch.after:
             fn(err)
 
@@ -382,60 +414,3 @@ class Pipeline:
         """
         if self.journal is not None:
             self.journal.fence()
-
-    def _pause_publishers(self) -> None:
-        for conn in list(self.server.connections):
-            if conn.is_publisher and conn not in self.paused_conns:
-                conn.pause_reading("journal behind")
-                self.paused_conns.add(conn)
-
-    def _resume_publishers(self) -> None:
-        for conn in self.paused_conns:
-            conn.resume_reading("journal behind")
-        self.paused_conns.clear()
-
-    # -- delivery ------------------------------------------------------------------------
-
-    def deliver(self, msgs, early: bool = False) -> None:
-        """Live fan-out to every matching subscription: of committed messages, or (early=True)
-        of just-published ones to subscriptions with the `live` option."""
-        match = self.server.router.match
-        touched = set()
-        delivered = 0
-        for m in msgs:
-            groups = match(m.topic)
-            if not groups:
-                continue
-            decoded = _UNSET
-            for conn, subs in groups:
-                chosen = None
-                for sub in subs:
-                    if not sub.live or sub.early is not early:
-                        continue
-                    f = sub.filter
-                    if f is not None:
-                        if decoded is _UNSET:
-                            try:
-                                decoded = _decode_body(m.body)
-                            except msgspec.DecodeError:
-                                decoded = None
-                        if decoded is None or not f(decoded):
-                            continue
-                    if chosen is None:
-                        chosen = sub
-                    elif type(chosen) is list:
-                        chosen.append(sub)
-                    else:
-                        chosen = [chosen, sub]
-                if chosen is None:
-                    continue
-                conn.out_message(chosen, m)
-                touched.add(conn)
-                delivered += 1
-        self.delivered += delivered
-        for conn in touched:
-            conn.flush_out()
-
-
-def timestamp_part(ts_us: int) -> bytes:
-    return b',"ts":"' + format_timestamp(ts_us).encode() + b'"'

@@ -1,58 +1,31 @@
-"""Message queues (PROTOCOL.md §8): views over recorded topics with leases, backlogs and fairness.
+"""Message queues (PROTOCOL.md §8): every queue of the instance, its recovery, its timers, and
+where it meets the pipeline. One queue's state machine is server/queue.py's `Queue`.
 
-A queue never copies a message body. Per waiting message it keeps the journal position and the
-receive time (16 bytes in two `array('Q')`s); messages that were delivered at least once also
-have a small entry in `counts`. Bodies are read back from the journal when a message is
-delivered from the backlog (through a one-block cache, so a run of deliveries costs one read),
-or taken from memory when a fresh message can go straight to a consumer.
+`QueueManager` is each queue's `QueueHost`: it reads messages back from the journal (through a
+one-block cache, so a run of deliveries costs one read; the frames of a run are spliced from
+that block), keeps one loop timer for every lease heap, adds the queues' events to the batch
+being committed (and their checkpoints, at most once a second), and publishes dead letters.
 
-Message states:
-
-    waiting --deliver--> leased --ack / expire--> done
-       ^                   |
-       +---- lease ends, cancel, holder disconnects (back at the front, redelivered first)
-    waiting --expiration, max deliveries, max cancels--> done (to the dead-letter topic)
-
-At-most-once: delivered is done; the consumer's ack only frees its backlog.
-
-Durability: every state change that must survive a restart is a queue *event*, written to the
-journal in the same group commit as publishes, as one record per queue per batch (kind 2, topic
-= queue name). Event record body: a run of entries (little-endian), each
-
-    u8 op | u8 reserved | u16 value | u64 position
-
-ops: 1 LEASED (value = delivery count), 2 ACKED, 3 EXPIRED (value = reason code), 4 CANCELLED
-(value = cancel count), 5 DELIVERED_AT_MOST_ONCE (done); and two runs, where value = n (1 ..
-65535) and the entry is followed by n - 1 more u64 positions: 6 ACKED_RUN (all acked), 7
-LEASED_RUN (all leased for the first time: delivery count 1). The runs are what a batch of
-deliveries and a batched ack write: 8 bytes a message instead of 12, one entry to build. Acks to clients are sent only once the
-event is durable. A recovery checkpoint (the position below which every message of the queue is
-done) is committed with the events in the journal index, so a restart scans only from there:
-messages on the underlying topic become waiting, events are applied, leases are not restored
-(a leased message is waiting again, with its delivery count).
-
-Leases expire on one heap with one loop timer; not one task per message. The common case
-delivers in runs (`Queue._lease_run`): the next waiting messages go to one subscriber at once,
-their frames spliced from the journal block (server/splice.py), with one heap entry and one
-LEASED_RUN event for the whole run; a batched ack is one dict lookup per bookmark string and one
-ACKED_RUN event.
+Narrow doors: the journal it reads, the loop it sets timers on, and `Commits` (the pipeline:
+committed messages in, events and dead letters out). Recovery (`recover`) runs before the
+server accepts connections, off the loop: from each queue's checkpoint, messages on the
+underlying topic become waiting and the events after it are applied
+(journal/queue_events.py).
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
-import collections
-import heapq
 import logging
-import struct
 import time
+from collections.abc import Callable, Iterable
 from functools import partial
-from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-import msgspec
-
+from config.model import QueueSpec
+from journal.journal import Journal
+from journal.queue_events import apply_events, checkpoint_key, decode_checkpoint, encode_checkpoint
 from journal.record import (
     KIND_MESSAGE,
     KIND_QUEUE_EVENT,
@@ -61,825 +34,63 @@ from journal.record import (
     record_length_at,
     scan_records,
 )
-from protocol.bookmarks import format_timestamp
 
-from .filters import compile_filter
-from .ids import publisher_id
+from . import frames
+from .fanout import Message
+from .pipeline import Batch, Publisher
+from .queue import Queue
+from .queue_state import QueueState, StoredMessage, now_us
 from .splice import splice_at
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .app import Server
+__all__ = ["Commits", "QueueManager"]
 
 log = logging.getLogger("tickertape.queues")
 
-_EV = struct.Struct("<BBHQ")
-OP_LEASED, OP_ACKED, OP_EXPIRED, OP_CANCELLED, OP_AMO, OP_ACKED_RUN, OP_LEASED_RUN = (
-    1,
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-)
-MAX_RUN = 0xFFFF
-REASONS = {
-    1: "expiration",
-    2: "max deliveries",
-    3: "max cancels",
-    4: "expired by consumer",
-    5: "filter",
-}
-REASON_CODE = {v: k for k, v in REASONS.items()}
-DEFAULT_LEASE = 30.0
 EVENT_FLUSH_DELAY = 0.005
 CACHE_BLOCK = 256 * 1024
-_decode = msgspec.json.Decoder().decode
-_pack_len = struct.Struct(">I").pack
-_json = msgspec.json.encode
 
 
-class QueueSub:
-    __slots__ = ("backlog", "head", "outstanding", "sub")
+class Commits(Protocol):
+    """What the queues use of the pipeline."""
 
-    def __init__(self, sub, backlog: int):
-        self.sub = sub
-        self.backlog = backlog
-        self.outstanding = 0
-        self.head = (None, b"")  # (sub.prefix it was made from, prefix + topic member)
+    delivered_end: int
+    on_deliver: list[Callable[[list[Message], int], None]]
+    before_flush: list[Callable[[Batch], None]]
 
-
-# A lease is a tuple (holder QueueSub, generation, bookmark str, counts): a batch of deliveries
-# makes them without a Python call each. The generation names the lease-heap entry that ends it
-# (an extension makes a new one); counts is [deliveries, cancels], or None for a first delivery
-# never cancelled ([1, 0]); it goes back to Queue.counts if the message returns.
-L_HOLDER, L_GEN, L_BM, L_COUNTS = 0, 1, 2, 3
-
-
-def _counts(lease) -> list:
-    c = lease[L_COUNTS]
-    return [1, 0] if c is None else c
+    def schedule(self) -> None: ...
+    def publish(
+        self,
+        client: Publisher | None,
+        pub: int,
+        seq: int | None,
+        topic: str,
+        body: bytes,
+        hdr: bytes = b"",
+        exp: Any = None,
+    ) -> tuple[int, int]: ...
 
 
-class Queue:
-    def __init__(self, manager: QueueManager, spec):
-        self.m = manager
-        self.spec = spec
-        self.name = spec.name
-        self.name_b = spec.name.encode()
-        self.at_most_once = spec.semantics == "at-most-once"
-        self.fairness = "round-robin" if self.at_most_once else spec.fairness_model
-        self.lease_period = spec.lease_period or DEFAULT_LEASE
-        from protocol.patterns import compile_pattern
-
-        from .router import is_pattern
-
-        t = spec.underlying_topic
-        self._topic_b = t.encode()
-        self._topic_rx = compile_pattern(t.encode()) if is_pattern(t) else None
-        self.filter = compile_filter(spec.filter) if spec.filter else None
-        self.barrier = compile_filter(spec.barrier_expression) if spec.barrier_expression else None
-        self.avail_pos = array.array("Q")
-        self.avail_ts = array.array("Q")
-        self.head = 0
-        self.returned: list[int] = []  # heap of positions: returned messages go first, oldest first
-        self.gone: set[int] = set()  # removed from the middle of the arrays (acked by filter, `e`)
-        self.counts: dict[int, list] = {}  # position -> [deliveries, cancels]
-        self.expiry: dict[int, int] = {}  # position -> deadline (us) from the message's own `e`
-        self.exp_heap: list = []  # (deadline, position) for messages with their own `e`
-        self.leased: dict[int, tuple] = {}  # position -> lease tuple (L_HOLDER, L_GEN, ...)
-        self.by_bm: dict[str, int] = {}  # "pub|seq|" -> position, for leased / outstanding
-        self.subs: list[QueueSub] = []
-        self._filtered = 0  # subscriptions with a content filter
-        self._lp = (0.0, b"")  # (monotonic second, `lp` header part) cache
-        self._tj = (b"", b"")  # (topic, its header part): most queues see one topic
-        self.rr = 0
-        self.lease_heap: list = []
-        self.gen = 0
-        self.events = bytearray()
-        self.failed_events = bytearray()  # events of commits that failed, to be written again
-        self.parked: collections.deque[int] = (
-            collections.deque()
-        )  # no subscription's filter matches
-        self.barrier_wait = False
-        self.stats = {
-            "acked": 0,
-            "expired": 0,
-            "redelivered": 0,
-            "delivered": 0,
-            "dead_lettered": 0,
-        }
-        self.dlt_pub = publisher_id(f"{manager.server.name}\x00queue:{self.name}\x00dead-letter")
-        self.checkpoint_dirty = True
-
-    # -- membership ----------------------------------------------------------------------------
-
-    def wants_topic(self, topic_b: bytes) -> bool:
-        if self._topic_rx is not None:
-            return self._topic_rx.fullmatch(topic_b) is not None
-        return topic_b == self._topic_b
-
-    def passes_filter(self, body: bytes) -> bool:
-        if self.filter is None:
-            return True
-        try:
-            return bool(self.filter(_decode(body)))
-        except msgspec.DecodeError:
-            return False
-
-    @property
-    def depth(self) -> int:
-        return (
-            len(self.avail_pos) - self.head - len(self.gone) + len(self.returned) + len(self.parked)
-        )
-
-    def deadline_for(self, ts: int, exp) -> int:
-        d = 0
-        if self.spec.expiration:
-            d = ts + int(self.spec.expiration * 1e6)
-        if exp is not None:
-            e = ts + int(exp * 1e6)
-            d = e if not d else min(d, e)
-        return d
-
-    def add_waiting(self, position: int, ts: int, exp) -> None:
-        self.avail_pos.append(position)
-        self.avail_ts.append(ts)
-        if exp is not None:
-            dl = self.deadline_for(ts, exp)
-            self.expiry[position] = dl
-            heapq.heappush(self.exp_heap, (dl, position))
-
-    # -- events ----------------------------------------------------------------------------------
-
-    def event(self, op: int, position: int, value: int = 0) -> None:
-        self.events += _EV.pack(op, 0, min(value, 0xFFFF), position)
-        self.checkpoint_dirty = True
-        self.m.events_added()
-
-    def event_run(self, op: int, positions) -> None:
-        """One run entry (ACKED_RUN, LEASED_RUN) per MAX_RUN positions (an array('Q'))."""
-        ev = self.events
-        if len(positions) == 1:
-            ev += _EV.pack(op, 0, 1, positions[0])
-        else:
-            for k in range(0, len(positions), MAX_RUN):
-                part = positions[k : k + MAX_RUN]
-                ev += _EV.pack(op, 0, len(part), part[0])
-                ev += part[1:].tobytes()
-        self.checkpoint_dirty = True
-        self.m.events_added()
-
-    def take_events(self) -> bytes | None:
-        """The events since the last call (the failed ones first), as one body, or None."""
-        if not self.events and not self.failed_events:
-            return None
-        body = bytes(self.failed_events + self.events)
-        self.failed_events.clear()
-        self.events.clear()
-        return body
-
-    def events_failed(self, body: bytes) -> None:
-        """A commit carrying `body` failed. The state in memory has moved on already (an acked
-        message left its lease), so the events go out again with the next commit rather than
-        being lost: else an ack whose commit failed strands its message until a restart.
-        Batches fail in the order they were built, so appending keeps the events in order."""
-        self.failed_events += body
-        self.checkpoint_dirty = True
-        self.m.events_added()
-
-    def low_water(self, end: int) -> int:
-        """Every message of this queue below this position is done."""
-        lo = end
-        self._advance_head()
-        if self.head < len(self.avail_pos):
-            lo = min(lo, self.avail_pos[self.head])
-        if self.returned:
-            lo = min(lo, self.returned[0])
-        if self.parked:
-            lo = min(lo, min(self.parked))
-        if self.leased:
-            lo = min(lo, min(self.leased))
-        return lo
-
-    # -- subscribers ----------------------------------------------------------------------------
-
-    @property
-    def filtered_subs(self) -> bool:
-        return self._filtered > 0
-
-    def add_sub(self, sub, max_backlog: int | None) -> None:
-        cap = self.spec.max_per_subscription_backlog or 1
-        self.subs.append(QueueSub(sub, max(1, min(max_backlog or 1, cap))))
-        if sub.filter is not None:
-            self._filtered += 1
-        sub.queue = self
-        if self.parked:
-            for p in self.parked:
-                heapq.heappush(self.returned, p)
-            self.parked.clear()
-        self.pump()
-
-    def remove_sub(self, sub) -> None:
-        qs = next((q for q in self.subs if q.sub is sub), None)
-        if qs is None:
-            return
-        self.subs.remove(qs)
-        if sub.filter is not None:
-            self._filtered -= 1
-        returned = sorted(p for p, lease in self.leased.items() if lease[L_HOLDER] is qs)
-        for p in returned:
-            lease = self.leased.pop(p)
-            self.by_bm.pop(lease[L_BM], None)
-            if not self.at_most_once:
-                self.counts[p] = _counts(lease)
-                self._return(p, "disconnect")
-        self.pump()
-
-    # -- delivery --------------------------------------------------------------------------------
-
-    def _advance_head(self) -> None:
-        pos = self.avail_pos
-        while self.head < len(pos) and pos[self.head] in self.gone:
-            self.gone.discard(pos[self.head])
-            self.head += 1
-        if self.head > 65536 and self.head * 2 > len(pos):
-            del self.avail_pos[: self.head]
-            del self.avail_ts[: self.head]
-            self.head = 0
-
-    def _pick(self, body_doc_fn):
-        """The subscription that gets the next message, by the fairness model (None if full)."""
-        subs = self.subs
-        if not subs:
-            return None
-        limit = self.spec.max_backlog
-        if limit and len(self.leased) >= limit:
-            return None
-        best = None
-        n = len(subs)
-        if self.fairness == "proportional":
-            ratio = 2.0
-            for qs in subs:
-                if qs.outstanding < qs.backlog and (
-                    qs.sub.filter is None or body_doc_fn(qs.sub.filter)
-                ):
-                    r = qs.outstanding / qs.backlog
-                    if r == 0.0:
-                        return qs  # nothing outstanding: no one can beat it
-                    if r < ratio:
-                        ratio, best = r, qs
-            return best
-        start = self.rr if self.fairness == "round-robin" else 0
-        for k in range(n):
-            qs = subs[(start + k) % n]
-            if qs.outstanding < qs.backlog and (
-                qs.sub.filter is None or body_doc_fn(qs.sub.filter)
-            ):
-                if self.fairness == "round-robin":
-                    self.rr = (start + k + 1) % n
-                return qs
-        return None
-
-    def any_matching_sub(self, doc_fn) -> bool:
-        return any(qs.sub.filter is None or doc_fn(qs.sub.filter) for qs in self.subs)
-
-    def offer_fresh(self, m) -> None:
-        """A committed message on the underlying topic: deliver at once or keep it waiting."""
-        if (
-            self.head >= len(self.avail_pos)
-            and not self.returned
-            and not self.barrier_wait
-            and self.subs
-        ):
-            rec = (m.position, m.pub, m.seq, m.ts, m.topic.encode(), m.body, m.hdr)
-            if self._try_deliver(rec):
-                return
-        self.add_waiting(m.position, m.ts, m.exp)
-        self.pump()
-
-    def _runs_possible(self) -> bool:
-        """Whether waiting messages can go out in runs (_lease_run): at-least-once, one literal
-        topic, no barrier, no expirations, no content filters, and one subscriber or the fast
-        fairness model (which fills the first subscriber with room: a run is what it would do
-        one message at a time)."""
-        return (
-            not self.at_most_once
-            and self._topic_rx is None
-            and self.barrier is None
-            and not self._filtered
-            and not self.spec.expiration
-            and not self.expiry
-            and (len(self.subs) == 1 or self.fairness == "fast")
-        )
-
-    def _lease_run(self, touched) -> int:
-        """Lease the next waiting messages (from the head, none removed in between) to the first
-        subscription with room, in one go: frames spliced from the journal's bytes, one
-        LEASED_RUN event. Returns how many; 0 when it cannot (the caller goes one by one), -1
-        when no subscription has room (nothing to do: no record is read)."""
-        qs = self._pick(None)
-        if qs is None:
-            return -1
-        room = qs.backlog - qs.outstanding
-        limit = self.spec.max_backlog
-        if limit:
-            room = min(room, limit - len(self.leased))
-        if room <= 0:
-            return -1
-        positions = self.avail_pos[self.head : self.head + min(room, MAX_RUN)]
-        if not positions:
-            return 0
-        counts = self.counts
-        if counts:  # delivered before (a restart): those go one by one, with their counts
-            k = next((i for i, p in enumerate(positions) if p in counts), len(positions))
-            if k == 0:
-                return 0
-            positions = positions[:k]
-        sub = qs.sub
-        head = qs.head
-        if head[0] is not sub.prefix:
-            head = qs.head = (sub.prefix, sub.prefix + self.m.topic_json(self._topic_b))
-        got = self.m.splice_run(positions, head[1], self._lease_end_part())
-        if got is None:
-            return 0
-        frames, bms, n = got
-        if n < len(positions):
-            positions = positions[:n]
-        self.head += n
-        self.gen += 1
-        gen = self.gen
-        deadline = time.monotonic() + self.lease_period
-        if n == 1:  # backlog 1: one round trip a message, so no iterator machinery
-            bm = bms[0]
-            self.leased[positions[0]] = (qs, gen, bm, None)
-            self.by_bm[bm] = positions[0]
-        else:
-            self.leased.update(zip(positions, zip(repeat(qs), repeat(gen), bms, repeat(None))))
-            self.by_bm.update(zip(bms, positions))
-        qs.outstanding += n
-        self.stats["delivered"] += n
-        heapq.heappush(self.lease_heap, (deadline, gen, positions))
-        self.m.arm(deadline)
-        self.event_run(OP_LEASED_RUN, positions)
-        conn = sub.conn
-        conn.out.append(frames)
-        conn.sent_messages += n
-        touched.add(conn)
-        return n
-
-    def pump(self) -> None:
-        """Deliver waiting messages while some subscription has room."""
-        if not self.subs or self.m.loading:
-            return
-        touched = set()
-        avail_pos = self.avail_pos
-        exp_us = int(self.spec.expiration * 1e6) if self.spec.expiration else 0
-        expiry = self.expiry
-        now = _now_us() if exp_us or expiry else 0
-        runs = self._runs_possible()
-        while True:
-            if runs and not self.returned and not self.barrier_wait:
-                if self.gone:
-                    self._advance_head()
-                    avail_pos = self.avail_pos
-                if not self.gone:
-                    k = self._lease_run(touched)
-                    if k > 0:
-                        if len(self.subs) == 1 and self.subs[0].outstanding >= self.subs[0].backlog:
-                            break  # full: no need to ask again
-                        continue
-                    if k < 0:
-                        break
-            if self.returned:
-                pos = self.returned[0]
-                from_returned = True
-            else:
-                if self.gone or self.head > 65536:
-                    self._advance_head()
-                    avail_pos = self.avail_pos
-                if self.head >= len(avail_pos):
-                    break
-                pos = avail_pos[self.head]
-                from_returned = False
-                dl = expiry.get(pos, 0) if expiry else 0
-                if not dl and exp_us:
-                    dl = self.avail_ts[self.head] + exp_us
-                if dl and now >= dl:
-                    self.head += 1
-                    self._expire(pos, "expiration", None)
-                    continue
-            if self.barrier_wait:
-                break
-            rec = self.m.read(pos)
-            if rec is None:  # archived away: nothing to deliver
-                self._pop(from_returned)
-                continue
-            if not self._try_deliver(rec, from_returned, touched, pop=True):
-                break
-        for conn in touched:
-            conn.flush_out()
-
-    def _pop(self, from_returned: bool) -> None:
-        if from_returned:
-            heapq.heappop(self.returned)
-        else:
-            self.head += 1
-
-    def _try_deliver(self, rec, from_returned=False, touched=None, pop=False) -> bool:
-        position, pub, seq, ts, topic_b, body, extra = rec
-        if self.barrier is None and not self.filtered_subs:
-            # the common case: no content to look at, so no decode and no closure
-            qs = self._pick(None)
-            if qs is None:
-                return False
-            if pop:
-                self._pop(from_returned)
-            self._lease(qs, rec, touched)
-            return True
-        doc_cache = []
-
-        def doc_fn(f):
-            if not doc_cache:
-                try:
-                    doc_cache.append(_decode(body))
-                except msgspec.DecodeError:
-                    doc_cache.append(None)
-            d = doc_cache[0]
-            return d is not None and f(d)
-
-        if self.barrier is not None and doc_fn(self.barrier):
-            if self.leased:
-                self.barrier_wait = True  # held until every earlier message is acked
-                return False
-            if pop:
-                self._pop(from_returned)
-            self._deliver_barrier(rec)
-            return True
-        if not self.any_matching_sub(doc_fn):
-            if pop:
-                self._pop(from_returned)
-                self.parked.append(position)
-                return True
-            return False
-        qs = self._pick(doc_fn)
-        if qs is None:
-            return False
-        if pop:
-            self._pop(from_returned)
-        self._lease(qs, rec, touched)
-        return True
-
-    def _deliver_barrier(self, rec) -> None:
-        position, pub, seq, ts, topic_b, body, extra = rec
-        for qs in self.subs:
-            self._send(qs.sub, topic_b, pub, seq, body, extra, b"", None)
-        self.event(OP_ACKED, position)
-        self.stats["delivered"] += 1
-        self.stats["acked"] += 1
-        self._forget(position)
-
-    def _lease(self, qs: QueueSub, rec, touched) -> None:
-        position, pub, seq, ts, topic_b, body, extra = rec
-        counts = self.counts.pop(position, None) or [0, 0]  # kept on the lease while it lasts
-        counts[0] += 1
-        if counts[0] > 1:
-            self.stats["redelivered"] += 1
-        self.stats["delivered"] += 1
-        qs.outstanding += 1
-        bm = f"{pub}|{seq}|"
-        self.by_bm[bm] = position
-        sub = qs.sub
-        if self.at_most_once:
-            self.event(OP_AMO, position)
-            self.leased[position] = (qs, 0, bm, counts)
-            lp = b""
-        else:
-            self.gen += 1
-            deadline = time.monotonic() + self.lease_period
-            self.leased[position] = (qs, self.gen, bm, counts)
-            heapq.heappush(self.lease_heap, (deadline, self.gen, (position,)))
-            self.m.arm(deadline)
-            self.event(OP_LEASED, position, counts[0])
-            lp = self._lease_end_part()
-        self._send(sub, topic_b, pub, seq, body, extra, lp, touched)
-
-    def _send(self, sub, topic_b, pub, seq, body, extra, lp, touched) -> None:
-        """One queue delivery, the frame built in place (the hot path: no intermediate objects)."""
-        conn = sub.conn
-        tj = self._tj
-        if tj[0] != topic_b:
-            tj = self._tj = (topic_b, self.m.topic_json(topic_b))
-        hdr = b'%s%s%s,"bm":"%d|%d|"%s}' % (sub.prefix, tj[1], extra or b"", pub, seq, lp)
-        conn.out += (_pack_len(len(hdr) + len(body)), hdr, body)
-        conn.sent_messages += 1
-        if touched is not None:
-            touched.add(conn)
-        else:
-            conn.flush_out()
-
-    def _lease_end_part(self) -> bytes:
-        """`lp` for a lease starting now; recomputed at most every millisecond."""
-        now = time.monotonic()
-        cached_at, part = self._lp
-        if now - cached_at < 0.001:
-            return part
-        part = (
-            b',"lp":"' + format_timestamp(_now_us() + int(self.lease_period * 1e6)).encode() + b'"'
-        )
-        self._lp = (now, part)
-        return part
-
-    # -- leaving the lease -------------------------------------------------------------------------
-
-    def _return(self, position: int, why: str) -> None:
-        counts = self.counts.get(position, [0, 0])
-        maxd = self.spec.max_deliveries
-        if maxd and counts[0] >= maxd:
-            self._expire(position, "max deliveries", None)
-            return
-        heapq.heappush(self.returned, position)
-
-    def _take_waiting(self, pos: int) -> None:
-        """Remove a waiting message from wherever it waits."""
-        if pos in self.returned:
-            self.returned.remove(pos)
-            heapq.heapify(self.returned)
-        elif pos in self.parked:
-            self.parked.remove(pos)
-        else:
-            self.gone.add(pos)
-
-    def _forget(self, position: int) -> None:
-        self.counts.pop(position, None)
-        self.expiry.pop(position, None)
-        if self.barrier_wait and not self.leased:
-            self.barrier_wait = False
-            self.m.server.loop.call_soon(self.pump)
-
-    def _expire(self, position: int, reason: str, rec) -> None:
-        counts = self.counts.get(position, [0, 0])
-        self.event(OP_EXPIRED, position, REASON_CODE.get(reason, 0))
-        self.stats["expired"] += 1
-        if self.spec.dead_letter_topic:
-            self.m.dead_letter(self, position, reason, counts[0], rec)
-        self._forget(position)
-
-    def expire_due(self, now_us: int) -> None:
-        """Expire waiting messages whose time is up, even with no subscriber (a tick)."""
-        changed = False
-        if self.spec.expiration:
-            while True:
-                self._advance_head()
-                if self.head >= len(self.avail_pos):
-                    break
-                if now_us < self.avail_ts[self.head] + int(self.spec.expiration * 1e6):
-                    break
-                pos = self.avail_pos[self.head]
-                self.head += 1
-                self._expire(pos, "expiration", None)
-                changed = True
-        heap = self.exp_heap
-        while heap and heap[0][0] <= now_us:
-            dl, pos = heapq.heappop(heap)
-            if self.expiry.get(pos) != dl or pos in self.leased or pos in self.gone:
-                continue
-            self._take_waiting(pos)
-            self._expire(pos, "expiration", None)
-            changed = True
-        if changed:
-            self.pump()
-
-    def lease_timeouts(self, now: float) -> None:
-        heap = self.lease_heap
-        changed = False
-        leased = self.leased
-        while heap and heap[0][0] <= now:
-            _, gen, positions = heapq.heappop(heap)
-            ended = 0
-            for pos in positions:
-                lease = leased.get(pos)
-                if lease is None or lease[L_GEN] != gen:
-                    continue
-                del leased[pos]
-                self.by_bm.pop(lease[L_BM], None)
-                holder = lease[L_HOLDER]
-                holder.outstanding -= 1
-                if not ended:
-                    first = (lease[L_BM], holder.sub.conn.describe())
-                ended += 1
-                self.counts[pos] = _counts(lease)
-                self._return(pos, "lease")
-            if ended:
-                changed = True
-                log.info(
-                    "queue %s: %d lease(s) expired, first on %s (holder %s)",
-                    self.name,
-                    ended,
-                    *first,
-                )
-        if changed:
-            self.pump()
-        if heap:
-            self.m.arm(heap[0][0])
-
-    # -- acknowledgements -------------------------------------------------------------------------
-
-    def normalize_bookmarks(self, items: list[str]) -> list[str]:
-        """The bookmarks of a sow_delete as the keys of by_bm; ValueError names one that is not a
-        bookmark. Clients send back what they were given, so this is nearly always a lookup."""
-        by_bm = self.by_bm
-        if not [b for b in items if b not in by_bm]:
-            return items
-        out = []
-        for item in items:
-            if item in by_bm:
-                out.append(item)
-                continue
-            parts = item.strip().split("|")
-            try:
-                out.append(f"{int(parts[0])}|{int(parts[1])}|")
-            except (ValueError, IndexError):
-                raise ValueError(item.strip()) from None
-        return out
-
-    def ack(
-        self, conn, bms: list[str], cancel=False, expire=False, extend=None
-    ) -> tuple[int, list]:
-        """Apply a sow_delete by bookmarks ("pub|seq|", normalize_bookmarks). Returns (records
-        affected, refusal details)."""
-        if not (cancel or expire or extend is not None or self.at_most_once):
-            return self._ack_plain(conn, bms)
-        done = 0
-        refused = []
-        strict = self.spec.leasing == "strict"
-        for bm in bms:
-            pos = self.by_bm.get(bm)
-            if pos is None:
-                continue
-            lease = self.leased.get(pos)
-            if lease is None:
-                continue
-            if strict and lease[L_HOLDER].sub.conn is not conn:
-                refused.append(f"{bm} is leased to another client (Leasing strict)")
-                continue
-            if extend is not None and not self.at_most_once:
-                self.gen += 1
-                deadline = time.monotonic() + extend
-                self.leased[pos] = (lease[L_HOLDER], self.gen, bm, lease[L_COUNTS])
-                heapq.heappush(self.lease_heap, (deadline, self.gen, (pos,)))
-                self.m.arm(deadline)
-                done += 1
-                continue
-            del self.leased[pos]
-            del self.by_bm[bm]
-            lease[L_HOLDER].outstanding -= 1
-            done += 1
-            if self.at_most_once:
-                self._forget(pos)
-                continue
-            if cancel or expire:
-                self.counts[pos] = _counts(lease)
-            if cancel:
-                counts = self.counts[pos]
-                counts[1] += 1
-                self.event(OP_CANCELLED, pos, counts[1])
-                if self.spec.max_cancels and counts[1] > self.spec.max_cancels:
-                    self._expire(pos, "max cancels", None)
-                else:
-                    self._return(pos, "cancel")
-            elif expire:
-                self._expire(pos, "expired by consumer", None)
-            else:
-                self.event(OP_ACKED, pos)
-                self.stats["acked"] += 1
-                self._forget(pos)
-        self.pump()
-        return done, refused
-
-    def _ack_plain(self, conn, bms: list[str]) -> tuple[int, list]:
-        """The common ack: at-least-once, no cancel / expire / extend; one event run for all."""
-        by_bm = self.by_bm
-        leased = self.leased
-        strict = self.spec.leasing == "strict"
-        refused = []
-        acked = array.array("Q")
-        for bm in bms:
-            pos = by_bm.get(bm)
-            if pos is None:
-                continue
-            lease = leased[pos]
-            holder = lease[L_HOLDER]
-            if strict and holder.sub.conn is not conn:
-                refused.append(f"{bm} is leased to another client (Leasing strict)")
-                continue
-            del by_bm[bm]
-            del leased[pos]
-            holder.outstanding -= 1
-            acked.append(pos)
-        n = len(acked)
-        if n:
-            self.event_run(OP_ACKED_RUN, acked)
-            self.stats["acked"] += n
-            if self.counts:
-                for pos in acked:
-                    self.counts.pop(pos, None)
-            if self.expiry:
-                for pos in acked:
-                    self.expiry.pop(pos, None)
-            if self.barrier_wait and not leased:
-                self.barrier_wait = False
-                self.m.server.loop.call_soon(self.pump)
-        self.pump()
-        return n, refused
-
-    def ack_filter(self, conn, f, expire=False) -> int:
-        """sow_delete with a filter: every message in the queue that matches, leased or not."""
-        n = 0
-        for pos, lease in list(self.leased.items()):
-            rec = self.m.read(pos)
-            if rec is not None and _matches(f, rec[5]):
-                n += self.ack(conn, [lease[L_BM]], expire=expire)[0]
-        self._advance_head()
-        waiting = (
-            list(self.returned)
-            + list(self.parked)
-            + [p for p in self.avail_pos[self.head :] if p not in self.gone]
-        )
-        for pos in waiting:
-            rec = self.m.read(pos)
-            if rec is None or not _matches(f, rec[5]):
-                continue
-            self._take_waiting(pos)
-            if expire:
-                self._expire(pos, "expired by consumer", rec)
-            else:
-                self.event(OP_ACKED, pos)
-                self.stats["acked"] += 1
-                self._forget(pos)
-            n += 1
-        self.pump()
-        return n
-
-    def snapshot(self) -> dict:
-        return {
-            "depth": self.depth,
-            "leased": len(self.leased),
-            "subscribers": len(self.subs),
-            **self.stats,
-        }
-
-
-def _events_committed(taken: list, err) -> None:
+def _events_committed(taken: list[tuple[Queue, bytes]], err: BaseException | None) -> None:
     if err is not None:
         for q, body in taken:
             q.events_failed(body)
 
 
-def _apply_events(body: bytes, done: set, counts: dict) -> None:
-    """Replay one queue event record onto (positions done, position -> [deliveries, cancels])."""
-    off = 0
-    end = len(body) - 11
-    while off < end:
-        op, _, value, p = _EV.unpack_from(body, off)
-        off += 12
-        if op == OP_ACKED_RUN or op == OP_LEASED_RUN:
-            run = array.array("Q", [p])
-            run.frombytes(body[off : off + 8 * (value - 1)])
-            off += 8 * (value - 1)
-            if op == OP_ACKED_RUN:
-                done.update(run)
-                if counts:
-                    for x in run:
-                        counts.pop(x, None)
-            else:
-                for x in run:
-                    counts[x] = [1, 0]
-        elif op in (OP_ACKED, OP_EXPIRED, OP_AMO):
-            done.add(p)
-            counts.pop(p, None)
-        elif op == OP_LEASED:
-            counts.setdefault(p, [0, 0])[0] = value
-        elif op == OP_CANCELLED:
-            counts.setdefault(p, [0, 0])[1] = value
-
-
-def _matches(f, body: bytes) -> bool:
-    try:
-        return bool(f(_decode(body)))
-    except msgspec.DecodeError:
-        return False
-
-
-def _now_us() -> int:
-    return int(time.time() * 1_000_000)
-
-
 class QueueManager:
     """All queues of the instance: recovery, routing of committed messages, timers, commands."""
 
-    def __init__(self, server: Server, specs):
-        self.server = server
+    def __init__(
+        self,
+        specs: Iterable[QueueSpec],
+        instance: str,
+        journal: Journal | None,
+        loop: asyncio.AbstractEventLoop,
+        commits: Commits,
+    ) -> None:
+        self.instance = instance
+        self.journal = journal
+        self.loop = loop
+        self.commits = commits
         self.queues: dict[str, Queue] = {}
         self.loading = False
         for spec in specs:
@@ -887,20 +98,25 @@ class QueueManager:
         self._timer: asyncio.TimerHandle | None = None
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
-        self._block: tuple[bytes, int] | None = (
-            None  # stored journal bytes of the last read (_block_at)
-        )
-        self._compacted: dict[int, tuple] = {}  # records of the last compacted block read
+        self._block: tuple[bytes, int] | None = None  # journal bytes of the last read (_block_at)
+        self._compacted: dict[int, StoredMessage] = {}  # the last compacted block read
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
 
     # -- wiring ----------------------------------------------------------------------------------
 
-    def attach(self, pipeline) -> None:
+    def get(self, name: str | None) -> Queue | None:
+        """The queue of that name, if there is one."""
+        return self.queues.get(name or "")
+
+    def attach(self, pipeline: Commits) -> None:
         pipeline.on_deliver.append(self.on_committed)
         pipeline.before_flush.append(self.before_flush)
 
-    def on_committed(self, msgs, end: int) -> None:
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        self.loop.call_soon(fn)
+
+    def on_committed(self, msgs: list[Message], end: int) -> None:
         for m in msgs:
             if m.position < 0:
                 continue
@@ -911,7 +127,7 @@ class QueueManager:
                 if q.wants_topic(tb) and q.passes_filter(m.body):
                     q.offer_fresh(m)
 
-    def before_flush(self, batch) -> None:
+    def before_flush(self, batch: Batch) -> None:
         taken = []
         for q in self.queues.values():
             body = q.take_events()
@@ -926,15 +142,12 @@ class QueueManager:
         ):
             self._last_checkpoint = now
             # a checkpoint committed with this batch covers only what this batch makes durable
-            end = self.server.pipeline.delivered_end
+            end = self.commits.delivered_end
             meta = batch.meta or {}
             for q in self.queues.values():
-                meta[b"queue-checkpoint:" + q.name_b] = struct.pack("<Q", q.low_water(end))
+                meta[checkpoint_key(q.name_b)] = encode_checkpoint(q.low_water(end))
                 q.checkpoint_dirty = False
             batch.meta = meta
-
-    def topic_json(self, topic_b: bytes) -> bytes:
-        return self.server.pipeline.topic_json(topic_b)
 
     def events_added(self) -> None:
         """Queue events ride with the next commit; if none comes soon, commit them anyway.
@@ -943,18 +156,18 @@ class QueueManager:
         made durable within EVENT_FLUSH_DELAY, so a quiet server does not hold them in memory.
         """
         if self._event_timer is None and not self.loading:
-            self._event_timer = self.server.loop.call_later(EVENT_FLUSH_DELAY, self._flush_events)
+            self._event_timer = self.loop.call_later(EVENT_FLUSH_DELAY, self._flush_events)
 
     def _flush_events(self) -> None:
         self._event_timer = None
-        self.server.pipeline.schedule()
+        self.commits.schedule()
 
     def arm(self, deadline: float) -> None:
         if deadline >= self._timer_at and self._timer is not None:
             return
         if self._timer is not None:
             self._timer.cancel()
-        loop = self.server.loop
+        loop = self.loop
         self._timer_at = deadline
         self._timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()), self._fire)
 
@@ -965,14 +178,23 @@ class QueueManager:
         for q in self.queues.values():
             q.lease_timeouts(now)
 
+    def stop(self) -> None:
+        """No more timers (shutdown): pending events go with the pipeline's last commit."""
+        for timer in (self._timer, self._event_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._event_timer = None
+        self._timer_at = float("inf")
+
     def tick(self) -> None:
-        now = _now_us()
+        """Expire waiting messages whose time is up (the server's periodic tick)."""
+        now = now_us()
         for q in self.queues.values():
             q.expire_due(now)
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _block_at(self, position: int):
+    def _block_at(self, position: int) -> tuple[bytes, int] | None:
         """The journal block (bytes, base) holding the whole record at position: the cached one,
         else the block read from there (and kept). None where the bytes are not stored as
         written (a compacted segment) or no longer stored."""
@@ -984,8 +206,8 @@ class QueueManager:
                 buf, off
             ) <= len(buf):
                 return blk
-        journal = self.server.journal
-        if position < journal.start_position:
+        journal = self.journal
+        if journal is None or position < journal.start_position:
             return None
         got = journal.read_block(position, CACHE_BLOCK)
         if got is None or got[1] != position or not got[0]:
@@ -993,7 +215,9 @@ class QueueManager:
         self._block = got
         return got
 
-    def splice_run(self, positions, head: bytes, tail: bytes):
+    def splice_run(
+        self, positions: array.array, head: bytes, tail: bytes
+    ) -> tuple[bytes, list[str], int] | None:
         """splice_at over the journal block holding positions[0], or None where the bytes are
         not stored as written (compacted, removed): the caller then reads record by record."""
         blk = self._block_at(positions[0])
@@ -1006,10 +230,11 @@ class QueueManager:
             self._block = None
             return None
 
-    def read(self, position: int):
+    def read(self, position: int) -> StoredMessage | None:
         """(position, pub, seq, ts, topic_b, body, header fragment) of the message at position,
         or None if the journal no longer holds one there."""
-        if position < self.server.journal.start_position:
+        journal = self.journal
+        if journal is None or position < journal.start_position:
             return None
         blk = self._block_at(position)
         if blk is not None:
@@ -1024,26 +249,27 @@ class QueueManager:
         )  # a compacted segment: its retained records, by position
         if rec is not None:
             return rec
-        recs, _ = self.server.journal.read_raw(position, CACHE_BLOCK)
+        recs, _ = journal.read_raw(position, CACHE_BLOCK)
         self._compacted = {
             r[0]: (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"")
             for r in recs
-            if r[1] == 1
+            if r[1] == KIND_MESSAGE
         }
         return self._compacted.get(position)
 
     # -- recovery --------------------------------------------------------------------------------
 
     def recover(self) -> None:
-        journal = self.server.journal
+        """Rebuild every queue from its checkpoint and the journal after it (off the loop)."""
+        journal = self.journal
         if journal is None or not self.queues:
             return
         started = time.monotonic()
         self.loading = True
         starts = []
         for q in self.queues.values():
-            raw = journal.index.get_meta(b"queue-checkpoint:" + q.name_b)
-            starts.append(struct.unpack("<Q", raw)[0] if raw else journal.start_position)
+            raw = journal.index.get_meta(checkpoint_key(q.name_b))
+            starts.append(decode_checkpoint(raw, journal.start_position))
         pos = max(journal.start_position, min(starts))
         qlist = list(self.queues.values())
         by_name = {q.name_b: q for q in qlist}
@@ -1061,7 +287,7 @@ class QueueManager:
                 continue
             for position, kind, _pub, _seq, ts, tb, body, extra in recs:
                 scanned += 1
-                if kind == 1:
+                if kind == KIND_MESSAGE:
                     for q in qlist:
                         if (
                             position >= qstart[q.name_b]
@@ -1070,12 +296,8 @@ class QueueManager:
                         ):
                             q.add_waiting(position, ts, extra[0] if extra else None)
                 elif kind == KIND_QUEUE_EVENT:
-                    q = by_name.get(tb)
-                    if q is None:
-                        continue
-                    d = done[q.name_b]
-                    c = counts[q.name_b]
-                    _apply_events(body, d, c)
+                    if tb in by_name:
+                        apply_events(body, done[tb], counts[tb])
             pos = journal.next_position(nxt)
         for q in qlist:
             d = done[q.name_b]
@@ -1100,22 +322,22 @@ class QueueManager:
 
     # -- dead letters --------------------------------------------------------------------------------
 
-    def dead_letter(self, q: Queue, position: int, reason: str, deliveries: int, rec) -> None:
+    def dead_letter(
+        self,
+        q: QueueState,
+        position: int,
+        reason: str,
+        deliveries: int,
+        rec: StoredMessage | None,
+    ) -> None:
         rec = rec or self.read(position)
         if rec is None:
             return
         _, pub, seq, ts, topic_b, body, extra = rec
-        hdr = b',"reason":%s,"deliveries":%d,"queue":%s,"source_bm":"%d|%d|"' % (
-            _json(reason),
-            deliveries,
-            _json(q.name),
-            pub,
-            seq,
-        )
-        self.server.pipeline.publish(
-            None, q.dlt_pub, None, q.spec.dead_letter_topic, body, hdr, None
-        )
+        hdr = frames.dead_letter_fragment(reason, deliveries, q.name, pub, seq)
+        assert q.spec.dead_letter_topic is not None
+        self.commits.publish(None, q.dlt_pub, None, q.spec.dead_letter_topic, body, hdr, None)
         q.stats["dead_lettered"] += 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, dict[str, int]]:
         return {name: q.snapshot() for name, q in self.queues.items()}

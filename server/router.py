@@ -5,8 +5,9 @@ A subscription's topic is literal unless it contains regular-expression metachar
 A lone `.` does not make a pattern: dotted names (`md.eq`, `queue.work`) are the common case and
 must mean themselves.
 
-`match(topic)` returns the matching subscriptions grouped by connection, so a message matching
-several subscriptions of one connection is delivered once (with `sids` listing them). Results are
+`match(topic)` returns the matching subscriptions grouped by connection (by the connection's
+Outbox), so a message matching several subscriptions of one connection is delivered once (with
+`sids` listing them). Results are
 cached per topic; any subscribe or unsubscribe clears the cache, and the cache is bounded.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+from .subscriptions import Subscription
 
 _META = re.compile(r"[\^$*+?{}\[\]\\|()]")
 CACHE_LIMIT = 100_000
@@ -30,7 +33,7 @@ class Router:
         self._cache: dict[str, tuple] = {}
         self.count = 0
 
-    def add(self, sub) -> None:
+    def add(self, sub: Subscription) -> None:
         if sub.regex is not None:
             self._patterns.append(sub)
         else:
@@ -38,7 +41,7 @@ class Router:
         self.count += 1
         self._cache.clear()
 
-    def remove(self, sub) -> None:
+    def remove(self, sub: Subscription) -> None:
         try:
             if sub.regex is not None:
                 self._patterns.remove(sub)
@@ -53,7 +56,7 @@ class Router:
         self._cache.clear()
 
     def match(self, topic: str) -> tuple:
-        """((conn, (sub, ...)), ...) for every connection with a subscription matching `topic`."""
+        """((outbox, (sub, ...)), ...) for every connection with a subscription matching `topic`."""
         hit = self._cache.get(topic)
         if hit is not None:
             return hit
@@ -63,7 +66,7 @@ class Router:
                 subs.append(sub)
         groups: dict[Any, list] = {}
         for sub in subs:
-            groups.setdefault(sub.conn, []).append(sub)
+            groups.setdefault(sub.out, []).append(sub)
         hit = tuple((conn, tuple(group)) for conn, group in groups.items())
         if len(self._cache) >= CACHE_LIMIT:
             self._cache.clear()

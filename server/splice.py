@@ -7,7 +7,8 @@ for every message on exactly `topic` at a position in [start, end),
 
     u32 BE length | head | header fragment | ,"bm":"<pub>|<seq>|"} | body
 
-where `head` is the subscription's header up to and including its topic member. It returns
+where `head` is the subscription's header up to and including its topic member (the layout is
+server/frames.py's `STORED`, which the pure-Python functions here use). It returns
 `(frames, sent, stop_offset, last_pub, last_seq, at_end)`: stop_offset is where the walk
 stopped (the first record at or past `end`, a partial record, or the end of `buf`), last_pub and
 last_seq name the last record gone through (None if none), at_end whether it stopped at `end`.
@@ -29,17 +30,20 @@ one it runs.
 from __future__ import annotations
 
 import os
-import struct
+from collections.abc import Sequence
 
 from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
+from protocol.bookmarks import format_bookmark
+
+from .frames import STORED, pack_len
 
 __all__ = ["ACCELERATED", "splice_at", "splice_at_py", "splice_frames", "splice_frames_py"]
 
-_pack_len = struct.Struct(">I").pack
 
-
-def splice_frames_py(buf, base: int, start: int, end: int, topic: bytes, head: bytes):
-    out = []
+def splice_frames_py(
+    buf: bytes, base: int, start: int, end: int, topic: bytes, head: bytes
+) -> tuple[bytes, int, int, int | None, int | None, bool]:
+    out: list[bytes] = []
     sent = 0
     last = None
     recs, stop = scan_records(buf, base)
@@ -53,16 +57,18 @@ def splice_frames_py(buf, base: int, start: int, end: int, topic: bytes, head: b
         if kind != KIND_MESSAGE or tb != topic or pos < start:
             continue
         frag = extra[1] if extra is not None else b""
-        hdr = b'%s%s,"bm":"%d|%d|"}' % (head, frag, pub, seq)
-        out += (_pack_len(len(hdr) + len(body)), hdr, body)
+        hdr = STORED % (head, b"", frag, pub, seq, b"")
+        out += (pack_len(len(hdr) + len(body)), hdr, body)
         sent += 1
     if last is None:
         return b"".join(out), sent, stop, None, None, at_end
     return b"".join(out), sent, stop, last[0], last[1], at_end
 
 
-def splice_at_py(buf, base: int, positions, head: bytes, tail: bytes):
-    out = []
+def splice_at_py(
+    buf: bytes, base: int, positions: Sequence[int], head: bytes, tail: bytes
+) -> tuple[bytes, list[str], int]:
+    out: list[bytes] = []
     bms = []
     n = len(buf)
     min_off = None
@@ -79,11 +85,10 @@ def splice_at_py(buf, base: int, positions, head: bytes, tail: bytes):
         if not recs or recs[0][1] != KIND_MESSAGE:
             raise ValueError(f"no message record at position {p}")
         _pos, _kind, pub, seq, _ts, _tb, body, extra = recs[0]
-        bm = b"%d|%d|" % (pub, seq)
         frag = extra[1] if extra is not None else b""
-        hdr = b'%s%s,"bm":"%s"%s}' % (head, frag, bm, tail)
-        out += (_pack_len(len(hdr) + len(body)), hdr, body)
-        bms.append(bm.decode())
+        hdr = STORED % (head, b"", frag, pub, seq, tail)
+        out += (pack_len(len(hdr) + len(body)), hdr, body)
+        bms.append(format_bookmark(pub, seq))
     return b"".join(out), bms, len(bms)
 
 

@@ -1,8 +1,9 @@
 """Server statistics, as served by the admin endpoint in JSON and Prometheus text format.
 
-Counters are plain integers bumped on the hot path (or read from the pipeline and journal);
-rates are computed once a second by the server's ticker from counter deltas, so reading the
-stats costs nothing per message.
+Counters are plain integers bumped on the hot path (server/counters.py, or read from the
+pipeline and journal); rates are computed once a second by the server's ticker from counter deltas, so
+reading the stats costs nothing per message. `Stats` reads each part it reports through the
+part itself, handed over by the server when it starts (no back-pointer to the server).
 """
 
 from __future__ import annotations
@@ -10,56 +11,85 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Callable, Sized
+from typing import Any
+
+from journal.journal import Journal
+
+from .counters import Counters
+from .fanout import Fanout
+from .intake import Intake
+from .pipeline import Pipeline
+from .queues import QueueManager
+from .replay import ReplayEngine
 
 
 class Stats:
-    def __init__(self, server):
-        self.server = server
-        self.connections_total = 0
-        self.refused = 0
-        self.disconnects: dict[str, int] = {}
+    def __init__(
+        self,
+        instance: str,
+        started_at: float,
+        counters: Counters,
+        intake: Intake,
+        connections: Sized,
+        pipeline: Pipeline,
+        fanout: Fanout,
+        journal: Journal | None,
+        queues: QueueManager,
+        replays: ReplayEngine,
+        poll_rounds: Callable[[], int],
+    ) -> None:
+        self.instance = instance
+        self.started_at = started_at
+        self.counters = counters
+        self.intake = intake
+        self.connections = connections
+        self.pipeline = pipeline
+        self.fanout = fanout
+        self.journal = journal
+        self.queues = queues
+        self.replays = replays
+        self.poll_rounds = poll_rounds
         self.publish_rate = 0.0
         self.delivery_rate = 0.0
         self._last = (0, 0)
 
     def sample(self, elapsed: float) -> None:
-        p = self.server.pipeline
-        if p is None or elapsed <= 0:
+        if elapsed <= 0:
             return
-        pub, dlv = p.published, p.delivered
+        pub, dlv = self.pipeline.published, self.fanout.delivered
         self.publish_rate = (pub - self._last[0]) / elapsed
         self.delivery_rate = (dlv - self._last[1]) / elapsed
         self._last = (pub, dlv)
 
-    def snapshot(self) -> dict:
-        s = self.server
-        p = s.pipeline
-        j = s.journal
-        topics = len(p._topics) if p is not None else 0
-        out = {
-            "instance": s.name,
-            "uptime_s": round(time.time() - s.started_at, 3),
+    def snapshot(self) -> dict[str, Any]:
+        p = self.pipeline
+        j = self.journal
+        c = self.counters
+        out: dict[str, Any] = {
+            "instance": self.instance,
+            "uptime_s": round(time.time() - self.started_at, 3),
             "pid": os.getpid(),
             "rss_bytes": _rss(),
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "connections": len(s.connections),
-            "connections_total": self.connections_total,
-            "subscriptions": s.router.count,
-            "replays": len(s.replays),
-            "topics": topics,
-            "published": p.published if p else 0,
-            "delivered": p.delivered if p else 0,
-            "duplicates": p.duplicates if p else 0,
+            "connections": len(self.connections),
+            "connections_total": c.connections_total,
+            "subscriptions": self.fanout.router.count,
+            "replays": len(self.replays.replays),
+            "topics": p.topics_seen,
+            "published": p.published,
+            "delivered": self.fanout.delivered,
+            "duplicates": p.duplicates,
             "publish_rate": round(self.publish_rate, 1),
             "delivery_rate": round(self.delivery_rate, 1),
-            "refused_commands": self.refused,
-            "idle_poll_rounds": s.poll_rounds,
-            "disconnects": dict(self.disconnects),
+            "refused_commands": c.refused,
+            "idle_poll_rounds": self.poll_rounds(),
+            "disconnects": dict(c.disconnects),
             "journal": None,
-            "queues": s.queues.snapshot() if s.queues is not None else {},
-            "queue_recovery_s": round(s.queues.recovery_seconds, 3) if s.queues is not None else 0,
-            "limits": {"input_buffered_bytes": s.intake.buffered, **s.intake.counts},
-            "refused_above_gap": p.refused_above_gap if p else 0,
+            "queues": self.queues.snapshot(),
+            "queue_recovery_s": round(self.queues.recovery_seconds, 3),
+            "limits": {"input_buffered_bytes": self.intake.buffered, **self.intake.counts},
+            "refused_above_gap": p.refused_above_gap,
         }
         if j is not None:
             st = j.stats
@@ -76,7 +106,7 @@ class Stats:
                 "unavailable_since": st.unavailable_since or None,
                 "recoveries": st.recoveries,
                 "last_commit_latency_s": st.last_latency_s,
-                "inflight_bytes": p.inflight_bytes if p else 0,
+                "inflight_bytes": p.inflight_bytes,
                 "recovery": j.recovery,
                 "integrity": j.integrity.snapshot(),
             }
@@ -84,9 +114,9 @@ class Stats:
 
     def prometheus(self) -> str:
         snap = self.snapshot()
-        lines = []
+        lines: list[str] = []
 
-        def metric(name, kind, help_, value, labels=""):
+        def metric(name: str, kind: str, help_: str, value: Any, labels: str = "") -> None:
             lines.append(f"# HELP tickertape_{name} {help_}")
             lines.append(f"# TYPE tickertape_{name} {kind}")
             lines.append(f"tickertape_{name}{labels} {value}")

@@ -1,9 +1,9 @@
-"""Queue event records (server/queues.py): golden bytes through the recovery parser."""
+"""Queue event records (journal/queue_events.py): golden bytes through the recovery parser."""
 
 import array
 import struct
 
-from server.queues import _apply_events
+from journal.queue_events import apply_events as _apply_events
 
 EV = struct.Struct("<BBHQ")
 

@@ -1,0 +1,125 @@
+"""Live delivery: messages to every subscription on the live stream that wants them.
+
+The pipeline (server/pipeline.py) hands over each committed batch (`deliver`), and, while a
+subscription with the `live` option is joined, each message as it is published
+(`deliver(..., early=True)`). A message matching several subscriptions of one connection goes
+out once, with `sids` naming them (the router groups by connection's Outbox). Subscriptions
+take part by state (server/subscriptions.py): LIVE gets committed messages, LIVE_EARLY gets
+them at publish time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import frames
+from .frames import timestamp_part
+from .matching import Body, body_matches
+from .outbox import Outbox
+from .router import Router
+from .subscriptions import Subscription, SubState
+
+__all__ = ["Fanout", "Message"]
+
+
+class Message:
+    """A message ready for live delivery. `position` is -1 on a topic that is not recorded."""
+
+    __slots__ = ("body", "exp", "hdr", "position", "pub", "seq", "suffix", "topic", "ts")
+
+    def __init__(
+        self,
+        topic: str,
+        pub: int,
+        seq: int,
+        ts: int,
+        body: bytes,
+        suffix: bytes,
+        position: int,
+        exp: Any,
+        hdr: bytes = b"",
+    ) -> None:
+        self.topic = topic
+        self.pub = pub
+        self.seq = seq
+        self.ts = ts
+        self.body = body
+        self.suffix = suffix  # frames.LIVE_SUFFIX: topic, bookmark, header fragment
+        self.position = position
+        self.exp = exp  # the publish's expiration (`e`, seconds) or None
+        self.hdr = hdr  # the record's header fragment
+
+
+class Fanout:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.early = 0  # subscriptions in state LIVE_EARLY
+        self.delivered = 0  # deliveries since start (stats)
+
+    @property
+    def active(self) -> bool:
+        """Whether any subscription is on the live stream (messages are built only then)."""
+        return self.router.count > 0
+
+    def deliver(self, msgs: list[Message], early: bool = False) -> None:
+        """Live fan-out to every matching subscription: of committed messages, or (early=True)
+        of just-published ones to subscriptions with the `live` option."""
+        match = self.router.match
+        write = frames.write_live
+        want = SubState.LIVE_EARLY if early else SubState.LIVE
+        touched: set[Outbox] = set()
+        delivered = 0
+        for m in msgs:
+            groups = match(m.topic)
+            if not groups:
+                continue
+            body = None
+            for out, subs in groups:
+                chosen: Any = None
+                for sub in subs:
+                    if sub.state is not want:
+                        continue
+                    f = sub.filter
+                    if f is not None:
+                        if body is None:
+                            body = Body(m.body)
+                        if not body.matches(f):
+                            continue
+                    if chosen is None:
+                        chosen = sub
+                    elif type(chosen) is list:
+                        chosen.append(sub)
+                    else:
+                        chosen = [chosen, sub]
+                if chosen is None:
+                    continue
+                if type(chosen) is list:
+                    prefix = frames.group_prefix([s.sub_id for s in chosen])
+                    ts = any(s.timestamp for s in chosen)
+                else:
+                    prefix = chosen.prefix
+                    ts = chosen.timestamp
+                write(out.buf, prefix, m.suffix, timestamp_part(m.ts) if ts else b"", m.body)
+                out.sent += 1
+                touched.add(out)
+                delivered += 1
+        self.delivered += delivered
+        for out in touched:
+            out.flush()
+
+    def join_early(self, sub: Subscription, pending: list[Message]) -> None:
+        """`sub` (now LIVE_EARLY) gets messages at publish time from now on; `pending` are the
+        ones published but not yet durable, queued for it now, in order."""
+        self.early += 1
+        f = sub.filter
+        out = sub.out
+        for m in pending:
+            if not sub.matches_topic(m.topic) or (f is not None and not body_matches(f, m.body)):
+                continue
+            tail = timestamp_part(m.ts) if sub.timestamp else b""
+            frames.write_live(out.buf, sub.prefix, m.suffix, tail, m.body)
+            out.sent += 1
+
+    def leave_early(self) -> None:
+        """A subscription left LIVE_EARLY (paused, replaced away, removed)."""
+        self.early -= 1

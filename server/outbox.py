@@ -1,0 +1,140 @@
+"""The outgoing bytes of one client: the only way anything is sent to it.
+
+Writers (the session's acks, live fan-out, replay, queues, the heartbeat tick) append whole
+frames to `buf` (server/frames.py builds them) and add the deliveries they queued to `sent`;
+on a hot path that is `buf.append(frame)` or `buf += parts`, nothing more. `flush()` writes
+everything queued with one `transport.write`, once per batch of input or committed batch.
+
+Bounds (CONVENTIONS 8): the transport's buffer may hold at most `<ClientMaxBufferSize>`
+bytes; a flush past it closes the connection with reason `slow client` (a live subscriber that
+cannot keep up must not grow the server's memory). Replay and queue runs are paced instead:
+they wait on `writable`, which follows the transport's high-water mark.
+
+States:
+
+    detached --attach(transport)--> open --close(reason)--> closing
+    open: writable <--pause/resume_writing--> not writable
+
+`close` runs once: it reports the reason (`on_close`: the log line and the count), writes what
+is queued (or drops it with `abort=True`) and closes the transport. After it, appends are
+dropped at the next flush and `closing` is True, which every writer checks before work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from . import frames
+from .reasons import Disconnect
+
+__all__ = ["Outbox", "Transport"]
+
+
+class Transport(Protocol):
+    """What an Outbox uses of an asyncio transport."""
+
+    def write(self, data: bytes) -> None: ...
+    def is_closing(self) -> bool: ...
+    def get_write_buffer_size(self) -> int: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+class Outbox:
+    __slots__ = (
+        "_max_buffer",
+        "_on_close",
+        "_transport",
+        "buf",
+        "bytes_written",
+        "close_reason",
+        "closing",
+        "last_send",
+        "sent",
+        "writable",
+    )
+
+    def __init__(self, max_buffer: int, on_close: Callable[[str], None]) -> None:
+        self.buf: list[bytes] = []
+        self.sent = 0  # deliveries queued (messages, not acks)
+        self.bytes_written = 0
+        self.last_send = time.monotonic()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.closing = False
+        self.close_reason: str | None = None
+        self._transport: Transport | None = None
+        self._max_buffer = max_buffer
+        self._on_close = on_close
+
+    def attach(self, transport: Transport) -> None:
+        self._transport = transport
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write everything queued; close with `slow client` past <ClientMaxBufferSize>."""
+        buf = self.buf
+        t = self._transport
+        if not buf or t is None:
+            buf.clear()
+            return
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        buf.clear()
+        if t.is_closing():
+            return
+        t.write(data)
+        self.bytes_written += len(data)
+        self.last_send = time.monotonic()
+        if t.get_write_buffer_size() > self._max_buffer:
+            self.close(Disconnect.SLOW_CLIENT, abort=True)
+
+    def send_ack(
+        self, kind: str, cid: Any, status: str = "success", reason: str | None = None, **fields: Any
+    ) -> None:
+        """Queue one ack (frames.ack); the caller flushes."""
+        self.buf.append(frames.ack(kind, cid, status, reason, **fields))
+
+    def queued(self) -> int:
+        """Bytes written but still in the transport's buffer (0 once closed)."""
+        t = self._transport
+        if t is None or t.is_closing():
+            return 0
+        return t.get_write_buffer_size()
+
+    # -- flow control (from the transport) -------------------------------------------------
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def lost(self) -> None:
+        """The transport is gone: nothing more is sent; waiting writers wake and see `closing`."""
+        self.closing = True
+        self.writable.set()
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def close(self, reason: str, abort: bool = False) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self.close_reason = reason
+        self._on_close(reason)
+        t = self._transport
+        if t is None:
+            return
+        if abort:
+            self.buf.clear()
+            t.abort()
+        else:
+            if self.buf:
+                data = b"".join(self.buf)
+                self.buf.clear()
+                t.write(data)
+            t.close()

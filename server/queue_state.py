@@ -1,0 +1,327 @@
+"""The state of one message queue: what waits, what is leased, the events that make it durable.
+
+server/queue.py's `Queue` adds delivery and acknowledgements on top; the state diagram is
+there. This part holds the bookkeeping both share: the waiting arrays, leases and their heap,
+delivery counts, expirations, the queue's pending events (journal/queue_events.py), and the
+ways a message leaves a lease (returned, expired, forgotten).
+
+A queue talks to the rest of the server only through its `QueueHost` (the QueueManager of
+server/queues.py): the journal reads, the timers, the commit of its events, dead letters.
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import heapq
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from config.model import QueueSpec
+from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
+from protocol.patterns import compile_pattern
+
+from .filters import compile_filter
+from .ids import publisher_id
+from .matching import body_matches
+from .router import is_pattern
+from .subscriptions import Subscription
+
+__all__ = [
+    "DEFAULT_LEASE",
+    "L_BM",
+    "L_COUNTS",
+    "L_GEN",
+    "L_HOLDER",
+    "QueueHost",
+    "QueueState",
+    "QueueSub",
+]
+
+log = logging.getLogger("tickertape.queues")
+
+DEFAULT_LEASE = 30.0
+
+StoredMessage = tuple[int, int, int, int, bytes, bytes, bytes]
+"""(position, publisher id, seq, receive time, topic, body, header fragment) of a message read
+back from the journal."""
+
+
+class QueueHost(Protocol):
+    """What a queue uses of the server around it (server/queues.py's QueueManager)."""
+
+    instance: str
+    loading: bool  # recovery in progress: no deliveries, no event timers
+
+    def events_added(self) -> None: ...
+    def arm(self, deadline: float) -> None: ...
+    def call_soon(self, fn: Callable[[], object]) -> None: ...
+    def read(self, position: int) -> StoredMessage | None: ...
+    def splice_run(
+        self, positions: array.array, head: bytes, tail: bytes
+    ) -> tuple[bytes, list[str], int] | None: ...
+    def dead_letter(
+        self, q: QueueState, position: int, reason: str, deliveries: int, rec: StoredMessage | None
+    ) -> None: ...
+
+
+class QueueSub:
+    __slots__ = ("backlog", "head", "outstanding", "sub")
+
+    def __init__(self, sub: Subscription, backlog: int) -> None:
+        self.sub = sub
+        self.backlog = backlog
+        self.outstanding = 0
+        self.head: tuple[bytes | None, bytes] = (None, b"")  # (sub.prefix, prefix + topic member)
+
+
+# A lease is a tuple (holder QueueSub, generation, bookmark str, counts): a batch of deliveries
+# makes them without a Python call each. The generation names the lease-heap entry that ends it
+# (an extension makes a new one); counts is [deliveries, cancels], or None for a first delivery
+# never cancelled ([1, 0]); it goes back to Queue.counts if the message returns.
+L_HOLDER: Final = 0
+L_GEN: Final = 1
+L_BM: Final = 2
+L_COUNTS: Final = 3
+Lease = tuple[QueueSub, int, str, list[int] | None]
+
+
+def lease_counts(lease: Lease) -> list[int]:
+    c = lease[L_COUNTS]
+    return [1, 0] if c is None else c
+
+
+def now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+class QueueState:
+    def __init__(self, host: QueueHost, spec: QueueSpec) -> None:
+        self.host = host
+        self.spec = spec
+        self.name = spec.name
+        self.name_b = spec.name.encode()
+        self.at_most_once = spec.semantics == "at-most-once"
+        self.fairness = "round-robin" if self.at_most_once else spec.fairness_model
+        self.lease_period = spec.lease_period or DEFAULT_LEASE
+        t = spec.underlying_topic
+        self._topic_b = t.encode()
+        self._topic_rx = compile_pattern(t.encode()) if is_pattern(t) else None
+        self.filter = compile_filter(spec.filter) if spec.filter else None
+        self.barrier = compile_filter(spec.barrier_expression) if spec.barrier_expression else None
+        self.avail_pos = array.array("Q")
+        self.avail_ts = array.array("Q")
+        self.head = 0
+        self.returned: list[int] = []  # heap of positions: returned messages go first, oldest first
+        self.gone: set[int] = set()  # removed from the middle of the arrays (acked by filter, `e`)
+        self.counts: dict[int, list[int]] = {}  # position -> [deliveries, cancels]
+        self.expiry: dict[int, int] = {}  # position -> deadline (us) from the message's own `e`
+        self.exp_heap: list[tuple[int, int]] = []  # (deadline, position): messages with an `e`
+        self.leased: dict[int, Lease] = {}  # position -> lease tuple (L_HOLDER, L_GEN, ...)
+        self.by_bm: dict[str, int] = {}  # "pub|seq|" -> position, for leased / outstanding
+        self.subs: list[QueueSub] = []
+        self._filtered = 0  # subscriptions with a content filter
+        self._lp = (0.0, b"")  # (monotonic second, `lp` header part) cache
+        self._tj = (b"", b"")  # (topic, its header part): most queues see one topic
+        self.rr = 0
+        self.lease_heap: list[tuple[float, int, Any]] = []  # (deadline, generation, positions)
+        self.gen = 0
+        self.events = bytearray()
+        self.failed_events = bytearray()  # events of commits that failed, to be written again
+        self.parked: collections.deque[int] = collections.deque()  # no subscription's filter
+        self.barrier_wait = False
+        self.stats = {
+            "acked": 0,
+            "expired": 0,
+            "redelivered": 0,
+            "delivered": 0,
+            "dead_lettered": 0,
+        }
+        self.dlt_pub = publisher_id(f"{host.instance}\x00queue:{self.name}\x00dead-letter")
+        self.checkpoint_dirty = True
+
+    def wants_topic(self, topic_b: bytes) -> bool:
+        if self._topic_rx is not None:
+            return self._topic_rx.fullmatch(topic_b) is not None
+        return topic_b == self._topic_b
+
+    def passes_filter(self, body: bytes) -> bool:
+        return self.filter is None or body_matches(self.filter, body)
+
+    @property
+    def depth(self) -> int:
+        return (
+            len(self.avail_pos) - self.head - len(self.gone) + len(self.returned) + len(self.parked)
+        )
+
+    def deadline_for(self, ts: int, exp: float | None) -> int:
+        d = 0
+        if self.spec.expiration:
+            d = ts + int(self.spec.expiration * 1e6)
+        if exp is not None:
+            e = ts + int(exp * 1e6)
+            d = e if not d else min(d, e)
+        return d
+
+    def add_waiting(self, position: int, ts: int, exp: float | None) -> None:
+        self.avail_pos.append(position)
+        self.avail_ts.append(ts)
+        if exp is not None:
+            dl = self.deadline_for(ts, exp)
+            self.expiry[position] = dl
+            heapq.heappush(self.exp_heap, (dl, position))
+
+    # -- events ----------------------------------------------------------------------------
+
+    def event(self, op: int, position: int, value: int = 0) -> None:
+        append_event(self.events, op, position, value)
+        self.checkpoint_dirty = True
+        self.host.events_added()
+
+    def event_run(self, op: int, positions: array.array) -> None:
+        """Run entries (ACKED_RUN, LEASED_RUN) for positions (an array('Q'))."""
+        append_run(self.events, op, positions)
+        self.checkpoint_dirty = True
+        self.host.events_added()
+
+    def take_events(self) -> bytes | None:
+        """The events since the last call (the failed ones first), as one body, or None."""
+        if not self.events and not self.failed_events:
+            return None
+        body = bytes(self.failed_events + self.events)
+        self.failed_events.clear()
+        self.events.clear()
+        return body
+
+    def events_failed(self, body: bytes) -> None:
+        """A commit carrying `body` failed. The state in memory has moved on already (an acked
+        message left its lease), so the events go out again with the next commit rather than
+        being lost: else an ack whose commit failed strands its message until a restart.
+        Batches fail in the order they were built, so appending keeps the events in order."""
+        self.failed_events += body
+        self.checkpoint_dirty = True
+        self.host.events_added()
+
+    def low_water(self, end: int) -> int:
+        """Every message of this queue below this position is done."""
+        lo = end
+        self._advance_head()
+        if self.head < len(self.avail_pos):
+            lo = min(lo, self.avail_pos[self.head])
+        if self.returned:
+            lo = min(lo, self.returned[0])
+        if self.parked:
+            lo = min(lo, min(self.parked))
+        if self.leased:
+            lo = min(lo, min(self.leased))
+        return lo
+
+    # -- leaving a lease, expiring ---------------------------------------------------------
+
+    def _advance_head(self) -> None:
+        pos = self.avail_pos
+        while self.head < len(pos) and pos[self.head] in self.gone:
+            self.gone.discard(pos[self.head])
+            self.head += 1
+        if self.head > 65536 and self.head * 2 > len(pos):
+            del self.avail_pos[: self.head]
+            del self.avail_ts[: self.head]
+            self.head = 0
+
+    def _return(self, position: int, why: str) -> None:
+        counts = self.counts.get(position, [0, 0])
+        maxd = self.spec.max_deliveries
+        if maxd and counts[0] >= maxd:
+            self._expire(position, "max deliveries", None)
+            return
+        heapq.heappush(self.returned, position)
+
+    def _take_waiting(self, pos: int) -> None:
+        """Remove a waiting message from wherever it waits."""
+        if pos in self.returned:
+            self.returned.remove(pos)
+            heapq.heapify(self.returned)
+        elif pos in self.parked:
+            self.parked.remove(pos)
+        else:
+            self.gone.add(pos)
+
+    def _forget(self, position: int) -> None:
+        self.counts.pop(position, None)
+        self.expiry.pop(position, None)
+        if self.barrier_wait and not self.leased:
+            self.barrier_wait = False
+            self.host.call_soon(self.pump)
+
+    def _expire(self, position: int, reason: str, rec: StoredMessage | None) -> None:
+        counts = self.counts.get(position, [0, 0])
+        self.event(QueueOp.EXPIRED, position, ExpiryReason.code(reason))
+        self.stats["expired"] += 1
+        if self.spec.dead_letter_topic:
+            self.host.dead_letter(self, position, reason, counts[0], rec)
+        self._forget(position)
+
+    def expire_due(self, now_us: int) -> None:
+        """Expire waiting messages whose time is up, even with no subscriber (a tick)."""
+        changed = False
+        if self.spec.expiration:
+            while True:
+                self._advance_head()
+                if self.head >= len(self.avail_pos):
+                    break
+                if now_us < self.avail_ts[self.head] + int(self.spec.expiration * 1e6):
+                    break
+                pos = self.avail_pos[self.head]
+                self.head += 1
+                self._expire(pos, "expiration", None)
+                changed = True
+        heap = self.exp_heap
+        while heap and heap[0][0] <= now_us:
+            dl, pos = heapq.heappop(heap)
+            if self.expiry.get(pos) != dl or pos in self.leased or pos in self.gone:
+                continue
+            self._take_waiting(pos)
+            self._expire(pos, "expiration", None)
+            changed = True
+        if changed:
+            self.pump()
+
+    def lease_timeouts(self, now: float) -> None:
+        """Return the messages whose lease ended at `now` (monotonic), and re-arm the timer."""
+        heap = self.lease_heap
+        changed = False
+        leased = self.leased
+        while heap and heap[0][0] <= now:
+            _, gen, positions = heapq.heappop(heap)
+            ended = 0
+            for pos in positions:
+                lease = leased.get(pos)
+                if lease is None or lease[L_GEN] != gen:
+                    continue
+                del leased[pos]
+                self.by_bm.pop(lease[L_BM], None)
+                holder = lease[L_HOLDER]
+                holder.outstanding -= 1
+                if not ended:
+                    first = (lease[L_BM], holder.sub.owner.describe())
+                ended += 1
+                self.counts[pos] = lease_counts(lease)
+                self._return(pos, "lease")
+            if ended:
+                changed = True
+                log.info(
+                    "queue %s: %d lease(s) expired, first on %s (holder %s)",
+                    self.name,
+                    ended,
+                    *first,
+                )
+        if changed:
+            self.pump()
+        if heap:
+            self.host.arm(heap[0][0])
+
+    def pump(self) -> None:
+        """Deliver waiting messages while some subscription has room (server/queue.py)."""
+        raise NotImplementedError

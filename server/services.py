@@ -1,0 +1,42 @@
+"""What every session of a server shares (`SessionServices`): the narrow doors to the server's
+parts, built once by the server (server/app.py) and handed to each Session."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .counters import Counters
+from .outbox import Outbox
+from .pipeline import Pipeline
+from .queues import QueueManager
+from .replay import ReplayEngine
+from .subscription_table import LiveIndex
+from .topics import TopicPolicy
+
+__all__ = ["NamedClient", "SessionServices"]
+
+
+class NamedClient(Protocol):
+    """A logged-on session, as another logon with the same client name sees it."""
+
+    user_id: str | None
+    out: Outbox
+
+
+@dataclass(frozen=True, slots=True)
+class SessionServices:
+    instance: str
+    has_journal: bool
+    max_subscriptions: int  # <ClientMaxSubscriptions>
+    names: dict[str, NamedClient]  # logged-on client names
+    pipeline: Pipeline
+    queues: QueueManager
+    replays: ReplayEngine
+    index: LiveIndex
+    topics: TopicPolicy
+    counters: Counters
+    limit_counts: dict[str, int]  # the intake's refusal counts (server/intake.py)
+    call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle]

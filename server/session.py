@@ -1,0 +1,433 @@
+"""One client's session: logon, every command, its subscriptions, its acks. No sockets.
+
+A `Session` gets decoded frames from its connection (server/connection.py) and answers through
+its `Outbox`; everything else it uses is injected (`SessionServices`): the pipeline it publishes
+to, the queues, the replay engine, the live index, the topic rules, the counters, a timer.
+Subscribe, pause, resume and replace are in server/session_subscribe.py; the state of each
+subscription is owned by the session's `SubscriptionTable` (server/subscription_table.py).
+
+States: connected -> logged on -> closed. The first command must be `logon`
+(PROTOCOL.md §3); anything else fails with `logon required` and closes the connection. A
+command a session refuses gets a failure ack (when one was asked for; always for logon,
+subscribe, unsubscribe and sow_delete) and a log line. Every close has a reason
+(server/reasons.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from journal.record import RecordFieldError
+from protocol.bookmarks import format_bookmark
+from protocol.framing import FrameError
+from protocol.headers import FieldError, Header, check_fields
+from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
+
+from . import frames
+from .filters import FilterError, compile_filter
+from .ids import publisher_id, server_publisher_id
+from .outbox import Outbox
+from .pipeline import ABOVE_GAP, DUPLICATE
+from .reasons import Disconnect, Failure
+from .services import SessionServices
+from .session_subscribe import SubscribeCommands
+from .subscription_table import SubscriptionTable
+from .subscriptions import ack_types
+
+__all__ = ["Session"]
+
+log = logging.getLogger("tickertape.connection")
+
+_json = msgspec.json.encode
+_ids = itertools.count(1)
+
+
+class Session(SubscribeCommands):
+    def __init__(
+        self,
+        out: Outbox,
+        services: SessionServices,
+        on_logon: Callable[[], None] = lambda: None,
+        conn_id: int | None = None,
+    ) -> None:
+        self.id = next(_ids) if conn_id is None else conn_id
+        self.out = out
+        self.svc = services
+        self.on_logon = on_logon  # the connection raises its frame limit
+        self.peer = "?"
+        self.client_name: str | None = None
+        self.user_id: str | None = None
+        self.pub = 0
+        self.server_pub = 0
+        self.logged_on = False
+        self.table = SubscriptionTable(self.describe, services.index, services.replays)
+        self.wants_persisted = False
+        self._gap_told = 0  # the gap a persisted failure was sent for (_refuse_above_gap)
+        self.is_publisher = False
+        self.hb_interval = 0.0
+        self.ack_conflation = 0.0
+        self._persist_pending = 0
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._sub_counter = 0
+        self.received = 0
+
+    def describe(self) -> str:
+        return f"connection {self.id} client={self.client_name or '-'} peer={self.peer}"
+
+    # -- input -------------------------------------------------------------------------------
+
+    def receive(self, frames_in: list[tuple[Header, Any]]) -> None:
+        """Handle the frames decoded from one read, in order; stop at a close."""
+        handlers = _HANDLERS
+        out = self.out
+        for header, body in frames_in:
+            if out.closing:
+                break
+            problem = body if type(body) is FieldError else check_fields(header)
+            if problem is not None:
+                self.fail(header, problem.reason, problem.detail)
+                if not self.logged_on:  # a logon is refused with its connection
+                    out.close(problem.reason)
+                    break
+                continue
+            handler = handlers.get(header.c or "")
+            if handler is None:
+                self.fail(
+                    header,
+                    Failure.UNKNOWN_COMMAND,
+                    f"unknown command {header.c!r}; see PROTOCOL.md §3",
+                )
+                out.close(Disconnect.UNKNOWN_COMMAND)
+                break
+            if not self.logged_on and handler is not Session.cmd_logon:
+                self.fail(header, Failure.LOGON_REQUIRED, "the first command must be logon")
+                out.close(Disconnect.LOGON_REQUIRED)
+                break
+            try:
+                handler(self, header, body)
+            except Exception:  # a bug must cost one connection, never the server
+                log.exception("connection %d: error handling %s", self.id, header.c)
+                self.fail(header, Failure.BAD_FRAME, "internal error handling this command")
+                out.close(Disconnect.BAD_FRAME)
+                break
+
+    def bad_input(self, error: FrameError) -> None:
+        """Input that does not frame: a failure ack, then the connection closes."""
+        if self.out.closing:
+            return
+        self.out.send_ack("processed", None, "failure", Failure.BAD_FRAME, detail=str(error))
+        log.warning("connection %d (%s): bad frame: %s", self.id, self.describe(), error)
+        self.out.close(Disconnect.BAD_FRAME)
+
+    def closed(self) -> None:
+        """The connection is gone: drop every subscription and the client name."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        self.table.remove_all()
+        names = self.svc.names
+        if self.client_name and names.get(self.client_name) is self:
+            del names[self.client_name]
+
+    # -- refusals and acks ---------------------------------------------------------------------
+
+    def fail(self, header: Header, reason: str, detail: str) -> None:
+        """Refuse a command: failure ack if one was asked for, and always a log line."""
+        log.warning("%s: %s refused: %s: %s", self.describe(), header.c, reason, detail)
+        self.svc.counters.refused += 1
+        acks = ack_types(header.a)
+        kind = "processed" if "processed" in acks or not acks else sorted(acks)[0]
+        if acks or header.c in ("logon", "subscribe", "unsubscribe", "sow_delete"):
+            self.out.send_ack(
+                kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id, s=header.s
+            )
+
+    # Publisher (server/pipeline.py): what the pipeline tells a publishing client
+
+    def persisted(self, seq: int) -> None:
+        """A commit made everything up to `seq` durable: one conflated ack."""
+        out = self.out
+        if out.closing:
+            return
+        if self.ack_conflation:
+            self._persist_pending = max(self._persist_pending, seq)
+            if self._ack_timer is None:
+                self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
+            return
+        out.buf.append(frames.persisted_ack(seq))
+        out.flush()
+
+    def _send_conflated(self) -> None:
+        self._ack_timer = None
+        if self._persist_pending and not self.out.closing:
+            seq, self._persist_pending = self._persist_pending, 0
+            self.out.send_ack("persisted", None, s=seq)
+            self.out.flush()
+
+    def persist_failed(self, reason: str, detail: str) -> None:
+        if self.out.closing:
+            return
+        self.out.send_ack("persisted", None, "failure", reason, detail=detail)
+        self.out.flush()
+
+    def flush_done(self, cid: Any, acks: list[str]) -> None:
+        if self.out.closing:
+            return
+        for kind in acks or ("completed",):
+            self.out.send_ack(kind, cid)
+        self.out.flush()
+
+    def flush_failed(self, cid: Any, acks: list[str], reason: str) -> None:
+        if self.out.closing:
+            return
+        for kind in acks or ("completed",):
+            self.out.send_ack(kind, cid, "failure", reason)
+        self.out.flush()
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def cmd_logon(self, h: Header, body: bytes) -> None:
+        svc = self.svc
+        acks = ack_types(h.a)
+        if self.logged_on:
+            self.fail(
+                h,
+                Failure.AUTH_FAILURE,
+                "this connection is already logged on; open a new connection",
+            )
+            return
+        name = h.client_name
+        if not name and svc.has_journal:
+            self.fail(
+                h,
+                Failure.LOGON_REQUIRED,
+                "client_name is required: this instance has a transaction log",
+            )
+            self.out.close(Disconnect.LOGON_REQUIRED)
+            return
+        try:
+            opts = logon_options(h.o)
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            self.out.close(Disconnect.AUTH_FAILURE)
+            return
+        if name:
+            other = svc.names.get(name)
+            if other is not None and other is not self:
+                if other.user_id == h.user_id:
+                    other.out.close(Disconnect.NAME_IN_USE)
+                    svc.names.pop(name, None)
+                else:
+                    self.fail(
+                        h,
+                        Failure.NAME_IN_USE,
+                        f"client name {name!r} is connected with another user id",
+                    )
+                    self.out.close(Disconnect.NAME_IN_USE)
+                    return
+            svc.names[name] = self
+        self.client_name = name or f"anonymous-{self.id}"
+        self.user_id = h.user_id
+        self.pub = publisher_id(self.client_name)
+        self.server_pub = server_publisher_id(self.client_name, svc.instance)
+        self.ack_conflation = opts.ack_conflation or 0.0
+        self.logged_on = True
+        self.on_logon()
+        seq = svc.pipeline.durable.get(self.pub, 0)
+        log.info("logon: %s user=%s last_seq=%d", self.describe(), self.user_id or "-", seq)
+        if "processed" in acks or not acks:
+            self.out.send_ack(
+                "processed",
+                h.cid,
+                s=seq,
+                bm=format_bookmark(self.pub, seq) if seq else "",
+                client_name=self.client_name,
+            )
+
+    def cmd_publish(self, h: Header, body: bytes) -> None:
+        topic = h.t
+        svc = self.svc
+        if not topic or not svc.topics.literal_topic(topic):
+            self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {topic!r}")
+            return
+        a = h.a
+        if a is not None and "persisted" in a:
+            self.wants_persisted = True
+        self.is_publisher = True
+        self.received += 1
+        try:
+            seq, outcome = svc.pipeline.publish(
+                self,
+                self.pub if h.s is not None else self.server_pub,
+                h.s,
+                topic,
+                body,
+                b',"x":' + _json(h.x) if h.x is not None else b"",
+                h.e,
+            )
+        except RecordFieldError as exc:
+            self.fail(h, Failure.BAD_FRAME, str(exc))
+            return
+        if outcome == ABOVE_GAP:
+            self._refuse_above_gap(h, seq)
+            return
+        if a is not None and ("processed" in a or "received" in a):
+            for kind in ack_types(a) & {"received", "processed"}:
+                self.out.send_ack(
+                    kind, h.cid, s=seq, reason="duplicate" if outcome == DUPLICATE else None
+                )
+
+    def _refuse_above_gap(self, h: Header, seq: int) -> None:
+        """A publish past this publisher's gap (an earlier sequence failed to commit): refused
+        and not stored, with a failure ack for each ack type asked for; logged once per gap (a
+        pipelining publisher may have thousands in flight)."""
+        gap = self.svc.pipeline.gaps.get(self.pub, 0)
+        detail = (
+            f"sequence {gap} was not persisted; nothing after it is stored until it is sent "
+            f"again: resend from {gap}"
+        )
+        if self._gap_told != gap:
+            self._gap_told = gap
+            log.warning(
+                "%s: publishes from s=%d refused until s=%d is sent again",
+                self.describe(),
+                seq,
+                gap,
+            )
+        out = self.out
+        if self.wants_persisted:
+            out.send_ack(
+                "persisted", None, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq
+            )
+        for kind in ack_types(h.a) & {"received", "processed"}:
+            out.send_ack(kind, h.cid, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq)
+        out.flush()
+
+    def cmd_unsubscribe(self, h: Header, body: bytes) -> None:
+        ids = (h.sub_id or "").strip()
+        if not ids:
+            self.fail(
+                h, Failure.INVALID_OPTIONS, "unsubscribe needs sub_id (an id, a comma list, or all)"
+            )
+            return
+        table = self.table
+        if ids == "all":
+            targets = list(table)
+        else:
+            targets = [s for s in (table.get(x.strip()) for x in ids.split(",")) if s is not None]
+        for sub in targets:
+            table.remove(sub)
+        if "processed" in ack_types(h.a):
+            self.out.send_ack("processed", h.cid, sub_id=h.sub_id)
+
+    def cmd_heartbeat(self, h: Header, body: bytes) -> None:
+        try:
+            opts = heartbeat_options(h.o) if h.o else None
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return
+        if opts is not None and opts.start:
+            self.hb_interval = opts.start
+        if "processed" in ack_types(h.a):
+            self.out.send_ack("processed", h.cid)
+
+    def cmd_flush(self, h: Header, body: bytes) -> None:
+        self.svc.pipeline.add_flush(self, h.cid, sorted(ack_types(h.a)))
+
+    def cmd_sow_delete(self, h: Header, body: bytes) -> None:
+        """Queue acknowledgements: bookmarks (the normal, batched case) or a filter."""
+        q = self.svc.queues.queues.get(h.t or "")  # one dict lookup: a consumer's ack each read
+        if q is None:
+            self.fail(
+                h,
+                Failure.NOT_A_QUEUE,
+                f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages",
+            )
+            return
+        try:
+            opts = sow_delete_options(h.o)
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return
+        if h.bm:
+            try:
+                bms = q.normalize_bookmarks(h.bm.split(","))
+            except ValueError as exc:
+                self.fail(
+                    h,
+                    Failure.INVALID_BOOKMARK,
+                    f"{exc.args[0]!r} is not a bookmark (publisher|seq|)",
+                )
+                return
+            n, refused = q.ack(
+                self.table, bms, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend
+            )
+        elif h.f:
+            try:
+                f = compile_filter(h.f)
+            except FilterError as exc:
+                self.fail(h, Failure.BAD_FILTER, str(exc))
+                return
+            n, refused = q.ack_filter(self.table, f, expire=opts.expire), []
+        else:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                "sow_delete on a queue needs bm (bookmarks) or f (a filter)",
+            )
+            return
+        acks = [a.strip() for a in (h.a or "").split(",") if a.strip()]
+        if not acks:
+            return
+        if refused:
+            log.warning(
+                "%s: sow_delete on %s refused for %d: %s",
+                self.describe(),
+                q.name,
+                len(refused),
+                refused[0],
+            )
+        out = self.out
+
+        def reply(err: BaseException | None) -> None:
+            if out.closing:
+                return
+            for kind in acks:
+                if err is not None:
+                    out.send_ack(
+                        kind,
+                        h.cid,
+                        "failure",
+                        getattr(err, "reason", Failure.JOURNAL_UNAVAILABLE),
+                        detail=str(err),
+                    )
+                elif refused:
+                    out.send_ack(
+                        kind,
+                        h.cid,
+                        "failure",
+                        Failure.NOT_ENTITLED,
+                        detail="; ".join(refused[:5]),
+                        records_deleted=n,
+                    )
+                else:
+                    out.send_ack(kind, h.cid, records_deleted=n)
+            out.flush()
+
+        self.svc.pipeline.after_commit(reply)  # acked only once the acknowledgement is durable
+
+
+_HANDLERS: dict[str, Callable[[Session, Header, Any], None]] = {
+    "logon": Session.cmd_logon,
+    "publish": Session.cmd_publish,
+    "subscribe": Session.cmd_subscribe,
+    "unsubscribe": Session.cmd_unsubscribe,
+    "heartbeat": Session.cmd_heartbeat,
+    "flush": Session.cmd_flush,
+    "sow_delete": Session.cmd_sow_delete,
+}

@@ -1,0 +1,231 @@
+"""The `subscribe` command of a session (PROTOCOL.md §3, §5, §6, §8): plain, bookmark and queue
+subscriptions, `replace`, and `pause` / `resume`.
+
+Each form is checked completely (options, topic pattern, filter, bookmark, recorded topic,
+replay plan) before anything changes, so a refused subscribe leaves no trace; then the
+session's `SubscriptionTable` makes the change (server/subscription_table.py has the states).
+`SubscribeCommands` is mixed into `Session` (server/session.py), which provides the attributes
+declared here.
+"""
+
+from __future__ import annotations
+
+from protocol.bookmarks import BookmarkSpec, InvalidBookmark, Now, parse_bookmark
+from protocol.headers import MAX_SUB_ID_BYTES, Header
+from protocol.options import InvalidOptions, SubscribeOptions, subscribe_options
+from protocol.patterns import PatternError, compile_pattern
+
+from .filters import FilterError, compile_filter
+from .matching import Predicate
+from .outbox import Outbox
+from .queue import Queue
+from .reasons import Failure
+from .replay_plan import Plan
+from .router import is_pattern
+from .services import SessionServices
+from .subscription_table import SubscriptionTable
+from .subscriptions import Subscription, ack_types
+
+__all__ = ["SubscribeCommands"]
+
+
+class SubscribeCommands:
+    # provided by Session
+    id: int
+    out: Outbox
+    svc: SessionServices
+    table: SubscriptionTable
+    _sub_counter: int
+
+    def fail(self, header: Header, reason: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def cmd_subscribe(self, h: Header, body: bytes) -> None:
+        svc = self.svc
+        table = self.table
+        acks = ack_types(h.a)
+        try:
+            opts = subscribe_options(h.o)
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return
+        if opts.resume or (
+            opts.pause and h.sub_id and all(i.strip() in table for i in h.sub_id.split(","))
+        ):
+            self._pause_or_resume(h, opts, acks)
+            return
+        topic = h.t
+        if not topic:
+            self.fail(h, Failure.INVALID_TOPIC, "subscribe needs a topic (t)")
+            return
+        sub_id = h.sub_id
+        if sub_id is None:
+            self._sub_counter += 1
+            sub_id = f"{self.id}.{self._sub_counter}"
+        existing = table.get(sub_id)
+        if existing is None and not self._room_for_subscription(h, sub_id):
+            return
+        if existing is not None and not opts.replace:
+            self.fail(
+                h,
+                Failure.SUBSCRIPTION_EXISTS,
+                f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option",
+            )
+            return
+        queue = svc.queues.get(topic) if not h.bm else None
+        if queue is not None:
+            self._subscribe_queue(h, queue, sub_id, opts, acks, existing)
+            return
+        if opts.max_backlog is not None:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                f"max_backlog applies to queue subscriptions; {topic!r} is not a queue",
+            )
+            return
+        match_topic = svc.topics.replay_topic(topic) if h.bm else topic
+        regex = None
+        if is_pattern(match_topic):
+            try:
+                regex = compile_pattern(match_topic)
+            except PatternError as exc:
+                self.fail(h, Failure.BAD_REGEX_TOPIC, str(exc))
+                return
+        ok, filt = self._filter(h)
+        if not ok:
+            return
+        spec: BookmarkSpec | None = None
+        if h.bm:
+            try:
+                spec = parse_bookmark(h.bm)
+            except InvalidBookmark as exc:
+                self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                return
+        elif opts.bookmark_only():
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                f"options {', '.join(opts.bookmark_only())} need a bookmark subscription (bm)",
+            )
+            return
+        needs_journal = (
+            spec is not None and not isinstance(spec, Now)
+        ) or opts.conflation is not None
+        if needs_journal and not svc.topics.replayable(match_topic, regex):
+            what = "replayed" if spec is not None else "conflated"
+            self.fail(
+                h,
+                Failure.INVALID_TOPIC,
+                f"topic {topic!r} is not recorded in the transaction log, so it cannot be {what}",
+            )
+            return
+        plan: Plan | None = None
+        if needs_journal and existing is None:
+            try:
+                plan = svc.replays.plan(spec, opts)
+            except InvalidBookmark as exc:
+                self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                return
+        sub = Subscription(
+            table, self.out, sub_id, match_topic, regex, filt, h.f, opts, acks, h.cid, h.bm
+        )
+        if existing is not None:  # replace: same place in the stream, new filter / options
+            table.replace(existing, sub)
+        elif plan is not None:
+            table.add_replay(sub)
+        else:
+            table.add_live(sub)
+        if "processed" in acks:
+            self.out.send_ack("processed", h.cid, sub_id=sub_id)
+        if plan is not None:
+            table.start_replay(sub, plan)
+        elif existing is None and spec is not None and "completed" in acks:
+            self.out.send_ack("completed", h.cid, sub_id=sub_id)  # NOW: nothing to replay
+
+    def _filter(self, h: Header) -> tuple[bool, Predicate | None]:
+        """(True, the compiled `f` or None without one), or (False, None) when it does not
+        compile (refused)."""
+        if not h.f:
+            return True, None
+        try:
+            return True, compile_filter(h.f)
+        except FilterError as exc:
+            self.fail(h, Failure.BAD_FILTER, str(exc))
+            return False, None
+
+    def _room_for_subscription(self, h: Header, sub_id: str) -> bool:
+        """A new subscription fits the connection's bounds: <ClientMaxSubscriptions>, and a
+        sub_id short enough that a delivery's `sids` (every matching sub_id) stays small."""
+        if len(sub_id.encode()) > MAX_SUB_ID_BYTES or "," in sub_id:
+            self.fail(
+                h,
+                Failure.BAD_FRAME,
+                f"sub_id is at most {MAX_SUB_ID_BYTES} bytes and has no comma",
+            )
+            return False
+        limit = self.svc.max_subscriptions
+        if len(self.table) >= limit:
+            self.svc.limit_counts["subscriptions_refused"] += 1
+            self.fail(
+                h,
+                Failure.NOT_ENTITLED,
+                f"this connection has {len(self.table)} subscriptions, the most "
+                f"<ClientMaxSubscriptions> allows; unsubscribe some or open another connection",
+            )
+            return False
+        return True
+
+    def _subscribe_queue(
+        self,
+        h: Header,
+        queue: Queue,
+        sub_id: str,
+        opts: SubscribeOptions,
+        acks: frozenset[str],
+        existing: Subscription | None,
+    ) -> None:
+        ok, filt = self._filter(h)
+        if not ok:
+            return
+        if opts.bookmark_only() or opts.conflation is not None:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                "a queue subscription takes max_backlog (and timestamp); replay options need a bookmark",
+            )
+            return
+        table = self.table
+        if existing is not None:
+            table.remove(existing)
+        assert h.t is not None
+        sub = Subscription(table, self.out, sub_id, h.t, None, filt, h.f, opts, acks, h.cid)
+        if "processed" in acks:
+            self.out.send_ack("processed", h.cid, sub_id=sub_id)
+        table.add_queued(sub, queue, opts.max_backlog)
+
+    def _pause_or_resume(self, h: Header, opts: SubscribeOptions, acks: frozenset[str]) -> None:
+        table = self.table
+        ids = [i.strip() for i in (h.sub_id or "").split(",") if i.strip()]
+        subs = [s for s in (table.get(i) for i in ids) if s is not None]
+        missing = [i for i in ids if i not in table]
+        if missing or not subs:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                f"{'resume' if opts.resume else 'pause'} names unknown sub_id(s) {', '.join(missing) or '(none)'}",
+            )
+            return
+        plain = [s.sub_id for s in subs if s.bookmark is None]
+        if plain:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                f"pause and resume apply to bookmark subscriptions; {', '.join(plain)} has no bookmark",
+            )
+            return
+        if opts.resume:
+            table.resume(subs)
+        else:
+            table.pause(subs)
+        if "processed" in acks:
+            self.out.send_ack("processed", h.cid, sub_id=h.sub_id)

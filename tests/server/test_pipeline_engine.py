@@ -1,0 +1,177 @@
+"""The publish pipeline on its own doors: a real Journal, the running loop, a fan-out, and
+publishers that are plain objects (the `Publisher` protocol)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol.options import subscribe_options
+from server import frames
+from server.fanout import Fanout
+from server.outbox import Outbox
+from server.pipeline import DUPLICATE, STORED, Pipeline
+from server.router import Router
+from server.subscriptions import Subscription, SubState
+from tests.server.core_harness import FakeTransport, split_frames
+
+
+class Publisher:
+    def __init__(self, wants_persisted: bool = True) -> None:
+        self.wants_persisted = wants_persisted
+        self.persisted_seqs: list[int] = []
+        self.failures: list[tuple[str, str]] = []
+        self.flushes: list = []
+
+    def persisted(self, seq: int) -> None:
+        self.persisted_seqs.append(seq)
+
+    def persist_failed(self, reason: str, detail: str) -> None:
+        self.failures.append((reason, detail))
+
+    def flush_done(self, cid, acks) -> None:
+        self.flushes.append((cid, acks, None))
+
+    def flush_failed(self, cid, acks, reason: str) -> None:
+        self.flushes.append((cid, acks, reason))
+
+
+class Owner:
+    def describe(self) -> str:
+        return "test"
+
+    def went_live(self, sub) -> None:  # pragma: no cover - no replays here
+        raise AssertionError
+
+    def range_done(self, sub) -> None:  # pragma: no cover
+        raise AssertionError
+
+
+def subscriber(fanout: Fanout, topic: str, sub_id: str = "s1", state=SubState.LIVE):
+    transport = FakeTransport()
+    out = Outbox(1 << 30, lambda reason: None)
+    out.attach(transport)
+    opts = subscribe_options(None)
+    sub = Subscription(Owner(), out, sub_id, topic, None, None, None, opts, frozenset(), None)
+    sub.state = state
+    fanout.router.add(sub)
+    return sub, transport
+
+
+async def _settle(p: Pipeline) -> None:
+    for _ in range(2000):
+        await asyncio.sleep(0.001)
+        if not p.scheduled and not p.inflight_batches:
+            return
+    raise AssertionError("no commit")
+
+
+def make_pipeline(journal, backlog=None, **kw) -> Pipeline:
+    return Pipeline(
+        journal,
+        lambda topic: topic != "scratch",
+        asyncio.get_running_loop(),
+        Fanout(Router()),
+        (backlog if backlog is not None else []).append,
+        **kw,
+    )
+
+
+async def test_publish_commit_ack_and_delivery(journal):
+    p = make_pipeline(journal)
+    sub, transport = subscriber(p.fanout, "orders")
+    pub = Publisher()
+    assert p.publish(pub, 77, 1, "orders", b'{"n":1}') == (1, STORED)
+    assert p.publish(pub, 77, 2, "orders", b'{"n":2}', b',"x":"c"') == (2, STORED)
+    assert pub.persisted_seqs == [] and not transport.data  # not durable yet
+    start = p.delivered_end
+    await _settle(p)
+    assert pub.persisted_seqs == [2]
+    assert p.durable[77] == 2 and p.last_bm == (77, 2) and p.delivered_end > start
+    first, second = split_frames(bytes(transport.data))
+    assert first.raw_header == b'{"c":"p","sub_id":"s1","sids":"s1","t":"orders","bm":"77|1|"}'
+    assert second.raw_header == (
+        b'{"c":"p","sub_id":"s1","sids":"s1","t":"orders","bm":"77|2|","x":"c"}'
+    )
+    assert second.body == b'{"n":2}'
+    # the stored record is where the journal says, with the bookmark's sequence
+    recs, _ = journal.read_raw(journal.locate(77, 2), 1 << 16)
+    assert recs[0][3] == 2 and recs[0][6] == b'{"n":2}'
+
+
+async def test_a_duplicate_is_acked_with_the_next_commit_and_not_stored(journal):
+    p = make_pipeline(journal)
+    pub = Publisher()
+    p.publish(pub, 5, 1, "orders", b"{}")
+    await _settle(p)
+    end = p.delivered_end
+    assert p.publish(pub, 5, 1, "orders", b"{}") == (1, DUPLICATE)
+    await _settle(p)
+    assert pub.persisted_seqs == [1, 1] and p.delivered_end == end and p.duplicates == 1
+
+
+async def test_server_assigned_sequences_and_unrecorded_topics(journal):
+    p = make_pipeline(journal)
+    sub, transport = subscriber(p.fanout, "scratch")
+    assert p.publish(None, 9, None, "scratch", b"a") == (1, STORED)
+    assert p.publish(None, 9, None, "scratch", b"b") == (2, STORED)
+    end = p.delivered_end
+    await _settle(p)
+    assert p.delivered_end == end  # nothing went to the journal
+    frames_ = split_frames(bytes(transport.data))
+    assert [f.raw_header for f in frames_] == [
+        b'{"c":"p","sub_id":"s1","sids":"s1","t":"scratch"}'
+    ] * 2
+
+
+async def test_only_live_subscriptions_get_committed_messages(journal):
+    p = make_pipeline(journal)
+    live, live_t = subscriber(p.fanout, "orders", "live")
+    _, replaying_t = subscriber(p.fanout, "orders", "r", SubState.REPLAYING)
+    _, early_t = subscriber(p.fanout, "orders", "e", SubState.LIVE_EARLY)
+    p.fanout.early = 1
+    p.publish(None, 3, 1, "orders", b"{}")
+    assert len(split_frames(bytes(early_t.data))) == 1  # at publish time, before the commit
+    assert not live_t.data
+    await _settle(p)
+    assert len(split_frames(bytes(live_t.data))) == 1
+    assert not replaying_t.data
+    assert len(split_frames(bytes(early_t.data))) == 1  # not again at the commit
+
+
+async def test_flush_markers_and_after_commit_run_in_order(journal):
+    p = make_pipeline(journal)
+    pub = Publisher()
+    seen = []
+    p.publish(pub, 4, 1, "orders", b"{}")
+    p.add_flush(pub, "f1", ["completed"])
+    p.after_commit(lambda err: seen.append((err, list(pub.flushes))))
+    await _settle(p)
+    assert pub.flushes == [("f1", ["completed"], None)]
+    assert seen == [(None, [("f1", ["completed"], None)])]
+
+
+async def test_backlog_pauses_and_resumes_publishers(journal):
+    backlog: list[bool] = []
+    p = make_pipeline(journal, backlog, max_inflight=100)
+    p.publish(None, 1, None, "orders", b"x" * 200)
+    p.flush()
+    assert backlog == [True] and p.backlogged
+    await _settle(p)
+    assert backlog == [True, False] and not p.backlogged
+
+
+def test_live_frames_are_frames_builds():
+    """The live path's bytes come from frames.py: prefix, suffix, tail, `}` and body."""
+    buf: list[bytes] = []
+    suffix = frames.LIVE_SUFFIX % (frames.topic_member_text("t"), 1, 2, b"")
+    frames.write_live(buf, frames.sub_prefix("s"), suffix, frames.timestamp_part(0), b"B")
+    (f,) = split_frames(b"".join(buf))
+    assert f.header == {
+        "c": "p",
+        "sub_id": "s",
+        "sids": "s",
+        "t": "t",
+        "bm": "1|2|",
+        "ts": "19700101T000000.000000Z",
+    }
+    assert f.body == b"B"
