@@ -65,7 +65,7 @@ ARCHIVE_COLUMNS = (
         "kind",
         "int8",
         "TINYINT",
-        "1 = message, 2 = queue event (body = event entries, see server/queues.py)",
+        "1 = message, 2 = queue event (body = event entries, see journal/queue_events.py)",
     ),
     ("expiration", "int64", "BIGINT", "the publish's expiration in seconds, NULL if none"),
     (

@@ -59,7 +59,7 @@ def setup_logging(targets: Iterable[LogTarget], foreground: bool = True) -> None
         level = LEVELS.get(t.level, logging.INFO)
         h.setLevel(level)
         h.setFormatter(fmt)
-        if getattr(t, "logger", None):  # <Logger>: e.g. the audit trail in a file of its own
+        if t.logger:  # <Logger>: e.g. the audit trail in a file of its own
             h.addFilter(logging.Filter(t.logger))
         root.addHandler(h)
         _handlers.append(h)
