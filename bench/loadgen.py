@@ -10,7 +10,7 @@ Design (the same for Tickertape, NATS JetStream and Redis Streams):
     no per-message task, future, dict or object beyond what the wire format forces.
 
 Wire protocols:
-  tickertape  4-byte big-endian length, flat JSON header, body (shared/PROTOCOL.md).
+  tickertape  4-byte big-endian length, flat JSON header, body (docs/protocol.md).
               logon(client_name, a=processed), then publish {"c":"publish","t":T,"s":N,
               "a":"persisted"}; the server sends conflated persisted acks {"c":"ack",
               "a":"persisted","s":N} covering every sequence <= N: window = sent - highest s.

@@ -2,7 +2,7 @@
 
     ./run bench selfcheck_tickertape
 
-Not a benchmark and not the server: a few dozen lines that speak the parts of shared/PROTOCOL.md
+Not a benchmark and not the server: a few dozen lines that speak the parts of docs/protocol.md
 the driver uses (length-prefixed frames, logon with a `processed` ack carrying `s`, publish with
 conflated `persisted` acks covering every sequence <= s, subscribe with a `processed` ack, `p`
 deliveries with `sub_id`/`sids`/`bm`), each chunk of publishes acked once, as a group commit would.

@@ -1,4 +1,4 @@
-"""The Tickertape Python client (imports `protocol/` only; see shared/DESIGN.md §1).
+"""The Tickertape Python client (imports `protocol/` only; see docs/architecture.md).
 
 `Client` (client/client.py) is one asyncio connection; `Subscription` an async iterator of
 `Message`; errors are in client/errors.py; the `pub` / `sub` / `queue` commands are in

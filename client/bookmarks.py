@@ -3,7 +3,7 @@
 Special bookmarks: `EPOCH` ("0", replay everything), `NOW` ("0|1|", no replay), and
 `MOST_RECENT` ("recent", resolved here: where this subscription left off, or EPOCH for a
 subscription id the store has never seen). A bookmark is `<publisher_id>|<seq>|`
-(PROTOCOL.md §5); within one publisher, sequence numbers grow in journal order.
+(docs/protocol.md §5); within one publisher, sequence numbers grow in journal order.
 
 What a store tracks per subscription id (`_SubState`, shared by the memory and logged stores):
 

@@ -36,7 +36,7 @@ run with that FILE and ID stopped: each message is discarded in the store right 
 printed (a kill between the two prints that one message again on the next run).
 --timeout is an idle limit: stop when no message arrived for that many seconds.
 
-queue: consume a queue (PROTOCOL.md §8): one line per message (the body), each acknowledged
+queue: consume a queue (docs/protocol.md §8): one line per message (the body), each acknowledged
 (`sow_delete`, in batches of up to half the backlog) after it is printed.
 """
 

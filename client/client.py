@@ -15,11 +15,11 @@ States of a Client (a Client is single-use: after it closes, make a new one):
 new --connect()--> connected --logon()--> logged on --close() / server closes / error--> closed
 ```
 
-Only `logon` may be sent before logon (PROTOCOL.md §3). On close every pending command fails
+Only `logon` may be sent before logon (docs/protocol.md §3). On close every pending command fails
 with `Disconnected`, every subscription ends (`Disconnected` after its buffered messages, or a
 clean stop when the application closed the client), and later calls raise `Disconnected`.
 
-Wire decisions taken here (PROTOCOL.md leaves them to the client):
+Wire decisions taken here (docs/protocol.md leaves them to the client):
 
 - Every command that waits for an ack carries a `cid` (a decimal counter); acks are matched
   by `cid` and by the awaited type. A failure ack of any type for that `cid` fails the command.
@@ -71,7 +71,7 @@ __all__ = ["DEFAULT_TIMEOUT", "VERSION", "Client"]
 log = logging.getLogger("tickertape.client")
 
 VERSION = "tickertape-py/0.1.0"
-# failure reasons after which the server closes the connection (PROTOCOL.md §9)
+# failure reasons after which the server closes the connection (docs/protocol.md §9)
 _DISCONNECT_REASONS = frozenset(
     {"bad frame", "unknown command", "logon required", "auth failure", "name in use"}
 )

@@ -83,7 +83,7 @@ class ClientCommands(ClientConnection):
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> int:
         """Acknowledge (delete) queue messages by bookmarks or by filter; returns the stats
-        ack's `records_deleted`. `options`: `cancel` or `expire` (PROTOCOL.md §8)."""
+        ack's `records_deleted`. `options`: `cancel` or `expire` (docs/protocol.md §8)."""
         if (bookmarks is None) == (filter is None):
             raise ValueError("sow_delete needs exactly one of bookmarks or filter")
         bm = None

@@ -302,7 +302,7 @@ class ClientConnection:
             reason, detail = self._closing_reason
         elif self._server_failure is not None:
             # the server closes after a failure it could not attribute (`bad frame`,
-            # `logon required`): that reason is the disconnect reason (PROTOCOL.md §9)
+            # `logon required`): that reason is the disconnect reason (docs/protocol.md §9)
             reason, detail = self._server_failure
         elif exc is None:
             reason, detail = "closed by server", ""

@@ -18,7 +18,7 @@ ClientError                         base of everything below
                                        cut off and reported, never raised: see RecoveryReport)
 ```
 
-`CommandError.reason` is one of PROTOCOL.md §3's stable failure reasons (`bad filter`,
+`CommandError.reason` is one of docs/protocol.md §3's stable failure reasons (`bad filter`,
 `invalid bookmark`, `journal unavailable`, ...): compare against it, never against the message.
 `Disconnected.reason` names why the connection ended (`closed by client`, `closed by server`,
 `heartbeat`, `bad frame`, or an OS error text).
@@ -48,11 +48,11 @@ _HINTS = {
     "auth failure": "check user_id and password",
     "name in use": "another connection with a different user_id holds this client name; "
     "choose another name",
-    "bad filter": "fix the filter expression (PROTOCOL.md §7)",
+    "bad filter": "fix the filter expression (docs/protocol.md §7)",
     "bad regex topic": "fix the topic regular expression (Python re syntax)",
     "invalid bookmark": "use 0, 0|1|, <publisher_id>|<seq>|, a timestamp, a list or a range "
-    "(PROTOCOL.md §5)",
-    "invalid options": "remove or fix the option (PROTOCOL.md §6)",
+    "(docs/protocol.md §5)",
+    "invalid options": "remove or fix the option (docs/protocol.md §6)",
     "invalid topic": "bookmark subscriptions need a topic recorded in the transaction log",
     "journal unavailable": "the server cannot write its journal (disk full or I/O error); "
     "republish once it recovers",
@@ -98,7 +98,7 @@ class Disconnected(ClientError, builtins.ConnectionError):
 class CommandError(ClientError):
     """The server answered a command with a failure ack.
 
-    `reason` is the stable reason string of PROTOCOL.md §3; `message` adds context (the
+    `reason` is the stable reason string of docs/protocol.md §3; `message` adds context (the
     command, and what the server said beyond the reason, if anything).
     """
 

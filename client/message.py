@@ -14,7 +14,7 @@ __all__ = ["LogonResult", "Message", "PersistedBookmark"]
 # gc=False: a Message only holds strings, bytes and a Header (no cycles), and skipping GC
 # tracking makes the per-delivery allocation cheaper.
 class Message(msgspec.Struct, frozen=True, gc=False):
-    """One delivered message (`{"c":"p",...}` + body, PROTOCOL.md §4).
+    """One delivered message (`{"c":"p",...}` + body, docs/protocol.md §4).
 
     `body` is the raw body bytes (decode it yourself: `msgspec.json.decode(m.body)`).
     `bookmark` is `<publisher_id>|<seq>|` on topics recorded in the transaction log, else None.

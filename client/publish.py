@@ -15,7 +15,7 @@ State:
 Events and what they do:
 
 - `sent(seq)`: appends to in flight.
-- `persisted(s)` (PROTOCOL.md §3: conflated, covers every sequence <= s): settles entries from
+- `persisted(s)` (docs/protocol.md §3: conflated, covers every sequence <= s): settles entries from
   the front of in flight while they are <= s. Sequences normally increase, so that is exactly
   "everything <= s". A sequence published out of order (an explicit lower `seq`) waits behind
   the earlier, higher one; the server's acks only grow, so it is settled when that one is.

@@ -340,7 +340,7 @@ class Rights(msgspec.Struct, frozen=True, kw_only=True):
 
 class ContentFilter(msgspec.Struct, frozen=True, kw_only=True):
     """A role's `<Filter>`: on topics matching `topic`, a read sees only what `expression`
-    (the filter language of PROTOCOL.md §7) matches."""
+    (the filter language of docs/protocol.md §7) matches."""
 
     topic: str
     expression: str

@@ -5,7 +5,7 @@ message says what was expected (the loader adds the element path and line).
 Sizes (`parse_size`, returns bytes as int)
     `<number><unit>`, unit case-insensitive, optional space between: `B`; `K`/`KB`/`KiB`;
     `M`/`MB`/`MiB`; `G`/`GB`/`GiB`; `T`/`TB`/`TiB`. Units are binary: `1KB` = 1024 bytes, so
-    `16MB` is the 16 MiB of PROTOCOL.md. A plain number is bytes. Fractions are allowed when they
+    `16MB` is the 16 MiB of docs/protocol.md. A plain number is bytes. Fractions are allowed when they
     come to whole bytes (`1.5KB` = 1536; `0.3KB` is refused).
 
 Intervals (`parse_interval`, returns seconds as float)

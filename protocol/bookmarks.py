@@ -1,4 +1,4 @@
-"""Bookmarks: the ``bm`` header of PROTOCOL.md §5, as typed values, and the index key format.
+"""Bookmarks: the ``bm`` header of docs/protocol.md §5, as typed values, and the index key format.
 
 This module owns the bookmark text forms, the timestamp text form and the 16-byte index key.
 
@@ -37,7 +37,7 @@ Timestamps written by the server (``ts``, ``lp`` headers): :func:`format_timesta
 ``YYYYmmddTHHMMSS.ffffffZ``, always six fraction digits, e.g. ``20261121T204005.123456Z``.
 
 Every failure raises :class:`InvalidBookmark` (``reason = "invalid bookmark"``, the stable failure
-reason of PROTOCOL.md §3) whose message says which part was wrong. Pure: no I/O, no asyncio.
+reason of docs/protocol.md §3) whose message says which part was wrong. Pure: no I/O, no asyncio.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Frames on the wire (PROTOCOL.md §1). This module owns the frame layout; nobody else slices it.
+"""Frames on the wire (docs/protocol.md §1). This module owns the frame layout; nobody else slices it.
 
 ```
 frame  := length:u32 big-endian | header | body

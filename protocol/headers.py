@@ -1,4 +1,4 @@
-"""Header fields of a frame (PROTOCOL.md §2): one flat JSON object.
+"""Header fields of a frame (docs/protocol.md §2): one flat JSON object.
 
 Every header is decoded into one `Header` struct whose attributes are the *short* keys
 (`c`, `cid`, `t`, `s`, ...). Input may use the long names (`cmd`, `cmd_id`, `topic`, `seq`, ...)

@@ -1,6 +1,6 @@
 """The ``o`` (``opts``) header: option strings, and their typed values per command.
 
-This module owns the option string format of PROTOCOL.md §6 (and the heartbeat form of §3).
+This module owns the option string format of docs/protocol.md §6 (and the heartbeat form of §3).
 
 Syntax, applied by :func:`parse_options`::
 
@@ -41,7 +41,7 @@ Rates (:func:`parse_rate`): ``1000`` or ``1000/s`` messages per second (decimals
 ``500KB`` or ``500KB/s`` bytes per second (any size of :mod:`protocol.units`), ``2X``, ``.5X``,
 ``1.5x`` multiples of the original publish pace. Every rate must be > 0.
 
-Combinations that are refused (PROTOCOL.md §6 and the AMPS rules it follows): ``live`` with
+Combinations that are refused (docs/protocol.md §6 and the AMPS rules it follows): ``live`` with
 ``rate``, ``pause``, ``resume`` or ``fully_durable``; ``pause`` with ``resume``; ``rate_max_gap``
 without ``rate``; ``conflation_key`` without ``conflation``; more than one of ``cancel``,
 ``expire``, ``lease_extend``; heartbeat with both or neither of ``start`` and ``beat``.
@@ -49,7 +49,7 @@ Which options need a bookmark (``rate``, ``live``, ...) is not known here: the s
 with :meth:`SubscribeOptions.bookmark_only`.
 
 Every failure raises :class:`InvalidOptions` (``reason = "invalid options"``, the stable failure
-reason of PROTOCOL.md §3), naming the option and what is accepted. Pure: no I/O, no asyncio.
+reason of docs/protocol.md §3), naming the option and what is accepted. Pure: no I/O, no asyncio.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class SubscribeOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_backlog: int | None = None
 
     def bookmark_only(self) -> tuple[str, ...]:
-        """Names of the options set here that PROTOCOL.md §6 allows only on a bookmark subscribe."""
+        """Names of the options set here that docs/protocol.md §6 allows only on a bookmark subscribe."""
         names = []
         for name in ("live", "fully_durable", "pause", "resume", "rate", "bookmark_not_found"):
             if getattr(self, name):

@@ -1,6 +1,6 @@
 """Intervals and sizes as they are written in option strings and in the configuration.
 
-This module owns two small text formats (PROTOCOL.md §6 "Intervals ... sizes"):
+This module owns two small text formats (docs/protocol.md §6 "Intervals ... sizes"):
 
 Interval -> seconds (``float``)::
 
@@ -23,7 +23,7 @@ Decisions:
 - Negative values, signs, exponents (``1e3``), ``nan``/``inf`` and empty text are rejected.
 - Sizes are whole numbers: ``1.5GB`` is rejected (write ``1536MB``), so a size never rounds.
 - A JSON number (``int``/``float``, not ``bool``) is accepted where text is, and means seconds
-  or bytes; numeric header values may arrive that way (PROTOCOL.md §1).
+  or bytes; numeric header values may arrive that way (docs/protocol.md §1).
 - Input longer than 64 characters is rejected before any parsing (bounded input), and an
   interval over 100 years is rejected (event-loop timers overflow on absurd values).
 - Zero is a valid value here; whether zero makes sense is the caller's decision.

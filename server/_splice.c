@@ -1,6 +1,6 @@
 /* Delivery frames spliced straight from journal bytes: the C twin of server/splice.py.
  *
- * Both functions write, per message, the delivery frame of PROTOCOL.md §1 (protocol/framing.py's
+ * Both functions write, per message, the delivery frame of docs/protocol.md §1 (protocol/framing.py's
  * layout)
  *
  *     u32 BE length | head | fragment | ,"bm":"<pub>|<seq>|" | tail | } | body

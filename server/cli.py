@@ -8,7 +8,7 @@
 
 Exit status: 0 on a clean stop (SIGTERM / SIGINT drain first), 1 when the server cannot start
 (address in use, damaged journal, already running), 2 for a bad command line or configuration.
-This module may import both `server` and `client`: it is the entry point (DESIGN.md §1).
+This module may import both `server` and `client`: it is the entry point (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Every frame the server sends: deliveries, acks, heartbeats. This module owns those bytes.
 
-A frame (PROTOCOL.md §1, protocol/framing.py) is `u32 BE length | JSON header | body`.
+A frame (docs/protocol.md §1, protocol/framing.py) is `u32 BE length | JSON header | body`.
 
-A delivery header (PROTOCOL.md §4) is assembled from parts that are made once and reused, so
+A delivery header (docs/protocol.md §4) is assembled from parts that are made once and reused, so
 the hot paths only concatenate and `%`-format bytes:
 
 ```

@@ -1,4 +1,4 @@
-"""Publisher identities: the `publisher_id` half of a bookmark (PROTOCOL.md §5).
+"""Publisher identities: the `publisher_id` half of a bookmark (docs/protocol.md §5).
 
 A publisher id is a 64-bit hash of the publisher's identity: its client name for publishes that
 carry their own sequence numbers, and client name plus instance name for publishes the server

@@ -8,7 +8,7 @@ scheduled action, or the CLI. Nothing here runs on the event loop but bookkeepin
 runs in the default executor, the job in a child process, and the layout swap on the journal's
 writer thread between two group commits.
 
-Action steps (CONFIG.md <Actions>), run in order; a step that fails skips the rest:
+Action steps (docs/configuration.md <Actions>), run in order; a step that fails skips the rest:
 - archive-journal (Age): archive sealed segments older than Age (needs JournalArchiveDirectory)
 - compress-journal (Age): compact segments older than Age, dropping nothing
 - compact-journal (Retention): compact sealed segments, dropping what is older than Retention

@@ -1,6 +1,6 @@
 """The path of a published message: dedup, stamp, batch, group commit, acks, fan-out.
 
-(DESIGN.md §2.) Everything here runs on the event loop except the journal's writer thread.
+(docs/architecture.md) Everything here runs on the event loop except the journal's writer thread.
 
 1. `publish()` checks the sequence against the publisher's highest (duplicates are acked, not
    stored), stamps a bookmark and a non-decreasing receive time, encodes the journal record into

@@ -1,4 +1,4 @@
-"""A message queue (PROTOCOL.md §8): a view over recorded topics with leases, backlogs and fairness.
+"""A message queue (docs/protocol.md §8): a view over recorded topics with leases, backlogs and fairness.
 
 A queue never copies a message body. Per waiting message it keeps the journal position and the
 receive time (16 bytes in two `array('Q')`s); messages that were delivered at least once also

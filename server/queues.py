@@ -1,4 +1,4 @@
-"""Message queues (PROTOCOL.md §8): every queue of the instance, its recovery, its timers, and
+"""Message queues (docs/protocol.md §8): every queue of the instance, its recovery, its timers, and
 where it meets the pipeline. One queue's state machine is server/queue.py's `Queue`.
 
 `QueueManager` is each queue's `QueueHost`: it reads messages back from the journal (through a

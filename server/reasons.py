@@ -1,6 +1,6 @@
 """The stable reasons the server gives: why it closed a connection, why it refused a command.
 
-Both are part of the protocol (PROTOCOL.md §3 Acks, §9): clients and operators match on the
+Both are part of the protocol (docs/protocol.md §3 Acks, §9): clients and operators match on the
 text, so a reason is never reworded. They are `StrEnum`s: each member *is* its text, so it
 goes into logs, JSON acks and the `/stats` disconnect counts unchanged.
 """

@@ -1,4 +1,4 @@
-"""Bookmark replay (PROTOCOL.md §5, §6): the pass over the journal that feeds bookmark
+"""Bookmark replay (docs/protocol.md §5, §6): the pass over the journal that feeds bookmark
 subscriptions, with ranges, rate, pause/resume, conflation, and a seamless join to the live
 stream. Where a replay starts and ends is planned in server/replay_plan.py.
 

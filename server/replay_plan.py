@@ -1,6 +1,6 @@
 """Where a bookmark replay starts and ends, and how conflation holds messages back.
 
-Pure planning over the journal's index (PROTOCOL.md §5, §6): `plan_replay` turns a parsed
+Pure planning over the journal's index (docs/protocol.md §5, §6): `plan_replay` turns a parsed
 bookmark (protocol/bookmarks.py) into a `Plan`: a start position (or a begin time still in the
 future, or NOW) and, for a range, an `End`. `Conflater` keeps the latest message per key per
 interval on the records' own timeline. server/replay.py runs the pass.

@@ -1,7 +1,7 @@
 """Topic routing: which subscriptions want a message on a given topic.
 
 A subscription's topic is literal unless it contains regular-expression metacharacters other than
-`.`, in which case it is a pattern over topic names (Python `re`, full match; PROTOCOL.md §6).
+`.`, in which case it is a pattern over topic names (Python `re`, full match; docs/protocol.md §6).
 A lone `.` does not make a pattern: dotted names (`md.eq`, `queue.work`) are the common case and
 must mean themselves.
 

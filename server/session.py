@@ -7,7 +7,7 @@ Subscribe, pause, resume and replace are in server/session_subscribe.py; the sta
 subscription is owned by the session's `SubscriptionTable` (server/subscription_table.py).
 
 States: connected -> logged on -> closed. The first command must be `logon`
-(PROTOCOL.md §3); anything else fails with `logon required` and closes the connection. A
+(docs/protocol.md §3); anything else fails with `logon required` and closes the connection. A
 command a session refuses gets a failure ack (when one was asked for; always for logon,
 subscribe, unsubscribe and sow_delete) and a log line. Every close has a reason
 (server/reasons.py).
@@ -101,7 +101,7 @@ class Session(SubscribeCommands):
                 self.fail(
                     header,
                     Failure.UNKNOWN_COMMAND,
-                    f"unknown command {header.c!r}; see PROTOCOL.md §3",
+                    f"unknown command {header.c!r}; see docs/protocol.md §3",
                 )
                 out.close(Disconnect.UNKNOWN_COMMAND)
                 break

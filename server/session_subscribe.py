@@ -1,4 +1,4 @@
-"""The `subscribe` command of a session (PROTOCOL.md §3, §5, §6, §8): plain, bookmark and queue
+"""The `subscribe` command of a session (docs/protocol.md §3, §5, §6, §8): plain, bookmark and queue
 subscriptions, `replace`, and `pause` / `resume`.
 
 Each form is checked completely (options, topic pattern, filter, bookmark, recorded topic,

@@ -2,7 +2,7 @@
 
 `splice_frames(buf, base, start, end, topic, head)` turns the whole journal records at the start
 of `buf` (the bytes of a segment from position `base`, journal/record.py's layout) into the
-delivery frames one plain bookmark subscription gets (PROTOCOL.md §1, protocol/framing.py):
+delivery frames one plain bookmark subscription gets (docs/protocol.md §1, protocol/framing.py):
 for every message on exactly `topic` at a position in [start, end),
 
     u32 BE length | head | header fragment | ,"bm":"<pub>|<seq>|"} | body

@@ -1,4 +1,4 @@
-"""Content filters (PROTOCOL.md §7): filter text compiled into a predicate over a JSON body.
+"""Content filters (docs/protocol.md §7): filter text compiled into a predicate over a JSON body.
 
 :func:`compile_filter` parses the text once and builds nested Python closures; evaluating a
 message is a few closure calls, with no tree walking and no ``eval``. The package is a small
@@ -20,7 +20,7 @@ Evaluation never raises: the body is whatever ``msgspec.json.decode`` returns (e
 
 Limits: text over :data:`MAX_FILTER_TEXT` characters or nesting (parentheses, ``NOT``, unary
 signs, ``IN`` lists) deeper than :data:`MAX_FILTER_DEPTH` fails. Every failure raises
-:class:`FilterError` (``reason = "bad filter"``, the stable failure reason of PROTOCOL.md §3)
+:class:`FilterError` (``reason = "bad filter"``, the stable failure reason of docs/protocol.md §3)
 with the 0-based character position of the problem. ``LIKE`` patterns are compiled at compile
 time, with RE2 (``protocol.patterns``): matching takes time linear in the subject.
 """

@@ -26,7 +26,7 @@ claims ("anonymous" without one), as the server always has; the safe-defaults ru
 A password check costs one scrypt (~50 ms, see passwords.py), so it must not run on the event
 loop: `LogonChecker` runs it on a small thread pool (hashlib.scrypt releases the GIL), which also
 bounds the memory concurrent checks take (32 MiB each). `AuthFailure.reason` is the stable reason
-of PROTOCOL.md (`auth failure`); `detail` is for the server's log only and never holds a password.
+of docs/protocol.md (`auth failure`); `detail` is for the server's log only and never holds a password.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 ANONYMOUS = "anonymous"
-MAX_USER_BYTES = 1024  # the protocol's limit on user_id (PROTOCOL.md, protocol/headers.py)
+MAX_USER_BYTES = 1024  # the protocol's limit on user_id (docs/protocol.md, protocol/headers.py)
 MAX_PASSWORD_BYTES = 4096
 MAX_FILE_BYTES = 64 << 20
 TOKEN_PREFIX = "tt1"

@@ -83,7 +83,7 @@ async def test_replay_catching_up_sends_completed(address):
             await asyncio.wait_for(replay.completed.wait(), 5)
         except TimeoutError:
             pytest.fail(
-                "no `completed` ack within 5s after the replay caught up (PROTOCOL.md §3); "
+                "no `completed` ack within 5s after the replay caught up (docs/protocol.md §3); "
                 "the server may queue it without flushing the connection's output"
             )
 

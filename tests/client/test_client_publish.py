@@ -68,7 +68,7 @@ async def test_conflated_ack_covers_every_earlier_sequence(session):
     assert client.persisted_seq == 3
     assert client.unpersisted_count() == 2
     assert not flush.done()
-    conn.ack("persisted", s="5")  # numbers may arrive as decimal strings (PROTOCOL.md §1)
+    conn.ack("persisted", s="5")  # numbers may arrive as decimal strings (docs/protocol.md §1)
     await flush
     assert client.persisted_seq == 5 and client.unpersisted_count() == 0
 

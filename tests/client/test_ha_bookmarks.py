@@ -1,7 +1,7 @@
 """Bookmark stores through their API: duplicate and out-of-order filtering, MOST_RECENT,
 marks, recovery across a (kill-like) reopen, prune(), damaged files; and a simulation of a
 subscriber that discards out of order across reconnects and crashes against a model of the
-server's replay (PROTOCOL.md §5: "after the bookmark", a list starts after its oldest)."""
+server's replay (docs/protocol.md §5: "after the bookmark", a list starts after its oldest)."""
 
 import os
 import random
@@ -276,7 +276,7 @@ def test_ring_store_torn_half_and_damaged_slot(tmp_path):
 
 
 class Server:
-    """The server's replay, as PROTOCOL.md §5 states it, over a journal of (pub, seq)."""
+    """The server's replay, as docs/protocol.md §5 states it, over a journal of (pub, seq)."""
 
     def __init__(self, journal):
         self.journal = journal

@@ -1,4 +1,4 @@
-"""Every command of PROTOCOL.md §3 against a real server process, over raw frames."""
+"""Every command of docs/protocol.md §3 against a real server process, over raw frames."""
 
 import json
 import struct

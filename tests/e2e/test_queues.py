@@ -1,4 +1,4 @@
-"""Queues (PROTOCOL.md §8) against a real server: leases, backlog, fairness, cancel, expiry,
+"""Queues (docs/protocol.md §8) against a real server: leases, backlog, fairness, cancel, expiry,
 barriers, dead letters, strict leasing, and state across graceful and kill -9 restarts."""
 
 import json

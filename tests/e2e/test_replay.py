@@ -1,4 +1,4 @@
-"""Bookmark replay (PROTOCOL.md §5, §6) against a real server: start points, ranges, the join to
+"""Bookmark replay (docs/protocol.md §5, §6) against a real server: start points, ranges, the join to
 live, rate, pause/resume, replace, conflation, periodic persisted acks, restarts and segments."""
 
 import json

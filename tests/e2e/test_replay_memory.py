@@ -1,5 +1,5 @@
 """A 1M-message replay to a subscriber that reads slowly: the server's memory stays bounded and
-live traffic to other subscribers keeps its pace (PROTOCOL.md §5: replay is paced by the socket)."""
+live traffic to other subscribers keeps its pace (docs/protocol.md §5: replay is paced by the socket)."""
 
 import json
 import socket

@@ -73,7 +73,7 @@ class Frame:
 
 
 def split_frames(data: bytes) -> list[Frame]:
-    """Frames of a byte stream (PROTOCOL.md §1); the header is the leading JSON object."""
+    """Frames of a byte stream (docs/protocol.md §1); the header is the leading JSON object."""
     out = []
     pos = 0
     while pos < len(data):

@@ -1,4 +1,4 @@
-"""server.filters: the filter language of PROTOCOL.md §7 (golden cases, NULL logic, malformed text).
+"""server.filters: the filter language of docs/protocol.md §7 (golden cases, NULL logic, malformed text).
 
 Golden cases are ``(filter, body, expected)``: the predicate must return exactly ``expected``
 (a real ``bool``). Malformed cases are ``(filter, position, words in the detail)``.

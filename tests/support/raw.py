@@ -1,7 +1,7 @@
 """A blocking raw-protocol client for tests: frames as dicts, nothing of the client library.
 
 End-to-end tests speak the wire protocol directly so they test the server against
-PROTOCOL.md, not against our own client's interpretation of it.
+docs/protocol.md, not against our own client's interpretation of it.
 """
 
 from __future__ import annotations
