@@ -13,12 +13,16 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Body", "Predicate", "body_matches"]
+__all__ = ["Body", "DecodeError", "Predicate", "body_matches", "decode_body"]
 
 Predicate = Callable[[Any], Any]
 """A compiled filter: decoded body -> truthy when the message matches."""
 
 _decode = msgspec.json.Decoder().decode
+# For a loop that filters every record itself (replay's tuple path): `f(decode_body(raw))`
+# inside `try ... except DecodeError: no match` is body_matches without a call per record.
+decode_body = _decode
+DecodeError = msgspec.DecodeError
 _UNSET: Any = object()
 _NOT_JSON: Any = object()
 
