@@ -66,11 +66,26 @@ static const char BM_OPEN[] = ",\"bm\":\"";  /* ,"bm":" */
 
 /* One delivery frame at o: u32 BE length | head | fragment | ,"bm":"<pub>|<seq>|" | tail | } |
    body. Returns the end of what it wrote. */
-static inline Py_ssize_t format_bm(char *dst, uint64_t pub, uint64_t seq)
+/* The publisher's digits are kept from the record before: runs of one publisher are the
+   common case, and its 20-digit id costs more to format than the rest of the frame. */
+typedef struct {
+    uint64_t pub;
+    int valid;
+    Py_ssize_t len;
+    char text[21]; /* "<pub>|" */
+} PubText;
+
+static inline Py_ssize_t format_bm(char *dst, PubText *pt, uint64_t pub, uint64_t seq)
 {
-    char *o = put_u64(dst, pub);
-    *o++ = '|';
-    o = put_u64(o, seq);
+    if (!pt->valid || pt->pub != pub) {
+        char *e = put_u64(pt->text, pub);
+        *e++ = '|';
+        pt->len = e - pt->text;
+        pt->pub = pub;
+        pt->valid = 1;
+    }
+    memcpy(dst, pt->text, (size_t)pt->len);
+    char *o = put_u64(dst + pt->len, seq);
     *o++ = '|';
     return o - dst;
 }
@@ -152,6 +167,7 @@ splice_frames(PyObject *self, PyObject *args)
     Py_ssize_t off = 0, sent = 0;
     uint64_t last_pub = 0, last_seq = 0;
     int have_last = 0, at_end = 0, bad = 0;
+    PubText pt = {0};
     Py_BEGIN_ALLOW_THREADS
     while (n - off >= RECORD_HEADER) {
         const unsigned char *r = in + off;
@@ -181,7 +197,7 @@ splice_frames(PyObject *self, PyObject *args)
         if (kind == KIND_MESSAGE && tlen == topic.len && base + off >= start &&
             memcmp(in + t, topic.buf, (size_t)tlen) == 0) {
             char bm[42];
-            Py_ssize_t bml = format_bm(bm, pub, seq);
+            Py_ssize_t bml = format_bm(bm, &pt, pub, seq);
             o = emit_frame(o, head.buf, head.len, frag, flen, bm, bml, NULL, 0, in + t + tlen,
                            nxt - (t + tlen));
             sent++;
@@ -242,6 +258,7 @@ splice_at(PyObject *self, PyObject *args)
         goto done;
     char *o0 = PyBytes_AS_STRING(out), *o = o0;
     Py_ssize_t done_n = 0;
+    PubText pt = {0};
     long long min_off = LLONG_MIN; /* the end of the record before: positions must ascend */
     for (Py_ssize_t i = 0; i < count; i++) {
         uint64_t p;
@@ -271,7 +288,7 @@ splice_at(PyObject *self, PyObject *args)
         uint64_t pb = rd64(r + 12), sq = rd64(r + 20);
         Py_ssize_t tl = rd16(r + 10);
         char bm[42];
-        Py_ssize_t bml = format_bm(bm, pb, sq);
+        Py_ssize_t bml = format_bm(bm, &pt, pb, sq);
         o = emit_frame(o, head.buf, head.len, frag, flen, bm, bml, tail.buf, tail.len,
                        in + t + tl, nxt - (t + tl));
         PyObject *s = PyUnicode_FromStringAndSize(bm, bml);
