@@ -23,6 +23,7 @@ is spark-submit's: its master, memory, conf and logs are whatever spark-submit w
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -102,6 +103,8 @@ def build_session(
         for k, v in JOB_DEFAULTS.items():
             if k.startswith("spark.sql."):
                 spark.conf.set(k, v)
+        if quiet:  # what spark-submit logged while starting is its own; the rest is quiet
+            spark.sparkContext.setLogLevel("ERROR")
         return spark
     exe = executor_python(master, python, conf)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -169,9 +172,9 @@ def check_executors(sc: SparkContext, note: dict[str, Any]) -> list[dict[str, An
         got = sc.parallelize(range(n), n).map(job_code.probe).collect()
     except Exception as exc:
         raise ExecutorMismatch(_probe_failure(str(exc), exe)) from None
-    seen: dict[tuple[str, str], dict[str, Any]] = {}
-    for p in got:
-        seen.setdefault((p["host"], p["python"]), p)
+    seen: dict[str, dict[str, Any]] = {}
+    for p in got:  # one per distinct answer (usually one per executor host)
+        seen.setdefault(json.dumps(p, sort_keys=True), p)
     problems = []
     for p in seen.values():
         where = f"executor Python {p['python']} on {p['host']}"
@@ -196,10 +199,12 @@ def check_executors(sc: SparkContext, note: dict[str, Any]) -> list[dict[str, An
             )
     if problems:
         raise ExecutorMismatch("; ".join(problems))
-    return [
-        {"host": p["host"], "python": p["python"], "accelerated": p["accelerated"]}
-        for p in seen.values()
-    ]
+    out: list[dict[str, Any]] = []
+    for p in seen.values():
+        e = {"host": p["host"], "python": p["python"], "accelerated": p["accelerated"]}
+        if e not in out:
+            out.append(e)
+    return out
 
 
 def _older(version: str, lowest: str) -> bool:
