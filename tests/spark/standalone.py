@@ -43,14 +43,15 @@ def make_executor_python(directory: str) -> str:
     venv = os.path.join(directory, "executor-venv")
     py = os.path.join(venv, "bin", "python")
     if not os.path.exists(py):
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
         needs = [f"{m}=={version(m)}" for m in ("pyarrow", "numpy", "zstandard")]
-        subprocess.run(
-            [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *needs],
-            check=True,
-            timeout=600,
-            stdout=subprocess.DEVNULL,
-        )
+        for argv, limit in (
+            ([sys.executable, "-m", "venv", venv], 120),
+            ([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *needs], 600),
+        ):
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
+            if r.returncode != 0:
+                shutil.rmtree(venv, ignore_errors=True)
+                raise RuntimeError(f"{' '.join(argv)} failed:\n{r.stdout}{r.stderr}")
     return py
 
 
