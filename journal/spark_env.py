@@ -27,6 +27,7 @@ import json
 import os
 import re
 import sys
+import threading
 from typing import IO, TYPE_CHECKING, Any
 
 from . import job_code
@@ -46,6 +47,8 @@ JOB_DEFAULTS = {
     "spark.python.worker.reuse": "true",
 }
 _LOCAL = re.compile(r"local(\[[^\]]*\])?$")
+EXECUTOR_WAIT_S = 300.0  # how long the executors may take to come up (YARN, k8s: containers)
+NOTICE_S = 10.0  # then the command says it is waiting
 
 
 class ExecutorMismatch(RuntimeError):
@@ -163,15 +166,48 @@ def ship_code(sc: SparkContext, workdir: str) -> dict[str, Any]:
     return note
 
 
-def check_executors(sc: SparkContext, note: dict[str, Any]) -> list[dict[str, Any]]:
+def check_executors(
+    sc: SparkContext,
+    note: dict[str, Any],
+    wait_s: float = EXECUTOR_WAIT_S,
+    stream: IO[str] | None = None,
+) -> list[dict[str, Any]]:
     """Run job_code.probe on every executor core; raise ExecutorMismatch, saying what to
-    install or set, if one cannot run the shipped job. Returns what each distinct Python said."""
+    install or set, if one cannot run the shipped job, or if no executor takes the probe within
+    wait_s (a cluster with no free cores, or less memory than spark.executor.memory: Spark
+    would wait for ever). Returns what each distinct Python said."""
     n = max(1, sc.defaultParallelism)
     exe = os.environ.get("PYSPARK_PYTHON") or "python3"
-    try:
-        got = sc.parallelize(range(n), n).map(job_code.probe).collect()
-    except Exception as exc:
-        raise ExecutorMismatch(_probe_failure(str(exc), exe)) from None
+    got: list[dict[str, Any]] = []
+    failure: list[BaseException] = []
+    group = f"tickertape-probe-{os.getpid()}"
+
+    def probe() -> None:
+        try:
+            sc.setJobGroup(group, "the executors' Python", interruptOnCancel=True)
+            got.extend(sc.parallelize(range(n), n).map(job_code.probe).collect())
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    t = threading.Thread(target=probe, name="executor-probe", daemon=True)
+    t.start()
+    t.join(min(NOTICE_S, wait_s))
+    if t.is_alive() and wait_s > NOTICE_S:
+        print(
+            f"waiting for executors on {sc.master} (for up to {wait_s:.0f}s) ...",
+            file=stream or sys.stderr,
+            flush=True,
+        )
+        t.join(max(0.0, wait_s - NOTICE_S))
+    if t.is_alive():
+        sc.cancelJobGroup(group)
+        t.join(10)
+        raise ExecutorMismatch(
+            f"no executor of {sc.master} started within {wait_s:.0f}s: the cluster has no free "
+            "cores, or less memory per worker than spark.executor.memory (see the master's web UI)"
+        )
+    if failure:
+        raise ExecutorMismatch(_probe_failure(str(failure[0]), exe)) from None
     seen: dict[str, dict[str, Any]] = {}
     for p in got:  # one per distinct answer (usually one per executor host)
         seen.setdefault(json.dumps(p, sort_keys=True), p)

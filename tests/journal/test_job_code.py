@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import zipfile
 
 import pytest
@@ -58,9 +59,19 @@ class FakeContext:
     """What check_executors uses of a SparkContext: parallelize(...).map(f).collect()."""
 
     defaultParallelism = 2
+    master = "spark://fake:7077"
 
-    def __init__(self, answers=None, error=None):
+    def __init__(self, answers=None, error=None, hang=False):
         self.answers, self.error = answers, error
+        self.hang = threading.Event() if hang else None
+        self.cancelled = []
+
+    def setJobGroup(self, group, description, interruptOnCancel=False):
+        self.group = group
+
+    def cancelJobGroup(self, group):
+        self.cancelled.append(group)
+        self.hang.set()
 
     def parallelize(self, data, n):
         return self
@@ -69,6 +80,9 @@ class FakeContext:
         return self
 
     def collect(self):
+        if self.hang is not None:
+            self.hang.wait(30)
+            raise RuntimeError("cancelled")
         if self.error:
             raise RuntimeError(self.error)
         return self.answers
@@ -106,6 +120,13 @@ def test_check_executors_names_what_to_fix():
         check_executors(
             FakeContext(error='Cannot run program "/nope/python": error=2, No such file'), note
         )
+
+
+def test_a_cluster_that_starts_no_executor_is_given_up_on():
+    sc = FakeContext(hang=True)
+    with pytest.raises(ExecutorMismatch, match="no executor of spark://fake:7077 started"):
+        check_executors(sc, {"fingerprint": "abc", "tickertape": "0.1.0"}, wait_s=0.3)
+    assert sc.cancelled == [sc.group]
 
 
 def test_masters_conf_and_the_executors_python(monkeypatch):
