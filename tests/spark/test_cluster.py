@@ -46,7 +46,9 @@ def cluster(tmp_path_factory):
         c.start()
         c.python = make_executor_python(d)
         # the executors' Python really has no Tickertape
-        probe = subprocess.run([c.python, "-c", "import journal"], cwd=d, capture_output=True)
+        probe = subprocess.run(
+            [c.python, "-c", "import journal"], cwd=d, capture_output=True, env=spark_env()
+        )
         assert probe.returncode != 0 and b"No module named 'journal'" in probe.stderr
         yield c
     finally:
