@@ -176,3 +176,33 @@ def test_ranges_of_different_catalogs_stay_apart_and_old_ones_are_forgotten():
     assert m.archive_catalogs(5, 25) == ["a", "b"] and m.archived_through(0, 20) == "a"
     m.forget_archived_below(25)
     assert m.archived == [[25, 30, "b"]]
+
+
+def test_a_dry_run_whose_reader_goes_away_ends_quietly(tmp_path):
+    """`tickertape archive --dry-run | head -1`: more lines than a pipe holds, the reader closes
+    after one: no BrokenPipeError traceback, status 141 (SIGPIPE's)."""
+    import subprocess
+
+    from tests.support.proc import TICKERTAPE, make_config
+
+    data = tmp_path / "data"
+    j = build(str(data / "journal"), batches=2000, per_batch=1, segment_size=200)
+    assert len(j.sealed_segments()) > 800
+    j.close()
+    cfg = tmp_path / "tt.xml"
+    cfg.write_text(
+        make_config(str(data)).replace(
+            "</JournalDirectory>",
+            f"</JournalDirectory><JournalArchiveDirectory>{data}/a</JournalArchiveDirectory>",
+        )
+    )
+    p = subprocess.Popen(
+        [TICKERTAPE, "archive", "--config", str(cfg), "--dry-run"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert p.stdout.readline().startswith(b"archive: would take")
+    p.stdout.close()
+    assert p.wait(60) == 141
+    assert p.stderr.read() == b""
+    p.stderr.close()
