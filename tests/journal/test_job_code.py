@@ -94,7 +94,7 @@ def _answer(note, **kw):
         "python": "/opt/exec/bin/python",
         "python_version": "3.11",
         "fingerprint": note["fingerprint"],
-        "code_from": "/work/app/tickertape-job.zip/journal",
+        "code_from": "/var/spark/app-1/tickertape-job.zip/journal",
         "accelerated": True,
         "needs": {"pyarrow": "26.0.1", "numpy": "2.4.6", "zstandard": "0.25.0"},
     }
