@@ -1,23 +1,33 @@
-"""Journal archive and compaction on Spark (journal/batch.py): throughput and bytes on disk.
+"""Journal archive and compaction on Spark (journal/batch.py): throughput on a standalone cluster
+against local[*] in the same run, and bytes on disk.
 
-    ./run bench bench_archive                 # 5M records (generated once into bench/.data/archive-5000000)
-    ./run bench bench_archive --records 500000 --reps 1
+    ./run bench bench_archive                          # 5M records, local[*] and a standalone cluster
+    ./run bench bench_archive --records 1000000 --reps 1
+    ./run bench bench_archive --masters local[*]       # local mode only
 
 A journal of N records is written through the journal's own writer (JSON bodies of 60-400 bytes
 like order / market-data messages with random ids, prices and free-text notes drawn from 2,000
 random words, 20 topics with '/' in the names, 50 publishers, receive times spread over 3 days,
-segments of --segment-size). Then, in one local Spark session (local[*], the
-embedded default; JVM start measured apart and excluded from the rates):
+segments of --segment-size), once, into bench/.data. Then, for each master, in a child process of
+its own (so each has its own driver JVM):
 
-- archive: every sealed record to Parquet (zstd), partitioned by topic and day, verified with
-  Spark SQL and committed (catalog) - records/s and MB/s of journal bytes read;
-- compress: compaction that drops nothing - records/s, MB/s, and compacted bytes / original bytes;
-- compact: compaction with a 1-day retention over the 3 days, a queue over 2 topics with its
-  floor at the middle of the journal, and each publisher's newest kept;
-- replay: one thread reading every record back with Journal.read_raw (what the server's replay
-  does), from the plain segments and from the compacted ones.
+- `local[*]`: the embedded default, the Python workers of this host;
+- `standalone`: a Spark master and a worker on loopback started from the pyspark installation
+  (tests/spark/standalone.py), one executor with every core of this machine, whose Python is a
+  venv with only pyarrow, numpy and zstandard (no Tickertape: the job ships its code);
 
-Each job is repeated --reps times on fresh output; the table shows the median and the range.
+each runs the same jobs --reps times on fresh output:
+
+- archive: every sealed record to Parquet (zstd), partitioned by topic and day, committed
+  (catalog) - records/s and MB/s of journal bytes read;
+- compress: compaction that drops nothing - compacted bytes / original bytes;
+- compact: compaction with a 1-day retention over the 3 days, a queue over 2 topics, and each
+  publisher's newest kept.
+
+Fixed costs are reported apart and kept out of the rates: the driver JVM and session start, and
+on the cluster the executors' start (the first job's executor launch, code shipping and the
+probe of their Python). The local run also measures replay with Journal.read_raw from plain and
+from compacted segments. The table shows medians (range over reps) and cluster / local ratios.
 Results print only (bench/RESULTS.md is merged by hand).
 """
 
@@ -29,12 +39,15 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
 
 from journal import maintenance as jm
 from journal.journal import Journal
@@ -53,6 +66,11 @@ SYMS = [
     "CYBERDYNE",
     "SOYLENT",
 ]
+JOBS = (
+    ("archive", "archive (Parquet zstd)"),
+    ("compress", "compress (nothing dropped)"),
+    ("compact", "compact (1d retention, queue, newest)"),
+)
 
 
 def generate(directory: str, n: int, segment_size: int) -> None:
@@ -115,12 +133,126 @@ def generate(directory: str, n: int, segment_size: int) -> None:
     j.close()
 
 
-def median_range(xs):
-    return (
-        f"{statistics.median(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
-        if len(xs) > 1
-        else f"{xs[0]:,.0f}"
+def median_range(xs: list[float], fmt: str = "{:,.0f}") -> str:
+    m = fmt.format(statistics.median(xs))
+    return f"{m} ({fmt.format(min(xs))}-{fmt.format(max(xs))})" if len(xs) > 1 else m
+
+
+# -- one master, in a child process -------------------------------------------------------------
+
+
+def run_master(args: argparse.Namespace) -> dict:
+    """Every job --reps times on one master; returns the measurements (JSON for the parent)."""
+    from journal.batch import _shipped, run_job
+    from journal.spark_env import build_session, check_executors, is_local
+
+    src = args.src
+    work = tempfile.mkdtemp(prefix="archive-work-", dir=args.data)
+    conf = dict(kv.split("=", 1) for kv in args.conf)
+    t = time.monotonic()
+    spark = build_session(
+        args.master,
+        args.driver_memory,
+        conf=conf,
+        python=args.executor_python,
+        quiet=True,
+        log_path=os.path.join(work, "spark.log"),
     )
+    out: dict = {"master": args.master, "jvm_s": time.monotonic() - t, "jobs": {}}
+    sc = spark.sparkContext
+    if not is_local(sc.master):
+        t = time.monotonic()
+        out["executors"] = check_executors(sc, _shipped(sc))
+        out["executors_s"] = time.monotonic() - t
+    out["parallelism"] = sc.defaultParallelism
+    j = Journal(src, segment_size=args.segment_size, exclusive=True)
+    sealed = j.sealed_segments()
+    out["segments"] = len(sealed)
+    out["bytes_in"] = sum(s.file_bytes for s in sealed)
+    try:
+        for slug, _label in JOBS:
+            runs = []
+            for rep in range(args.reps):
+                rid = f"bench-{slug}-{rep}-{os.getpid()}"
+                if slug == "archive":
+                    kw = {"archive_root": os.path.join(work, f"archive-{rep}")}
+                    req = jm.make_request(j, "archive", req_id=rid, **kw)
+                elif slug == "compress":
+                    req = jm.make_request(j, "compact", req_id=rid)
+                else:
+                    req = jm.make_request(
+                        j,
+                        "compact",
+                        req_id=rid,
+                        retention_s=86_400.0,
+                        queues=[("orders-q", "orders/(us|eu)", True)],
+                    )
+                jm.write_request(src, req)
+                s = run_job(req, spark)
+                assert s["status"] == "ok", s
+                runs.append(
+                    {
+                        "s": s["work_s"],
+                        "records": s["records_in"],
+                        "kept": s["records_out"],
+                        "bytes_out": s["bytes_out"],
+                        "files": s.get("files"),
+                    }
+                )
+                print(
+                    f"  {args.master} {slug} rep {rep + 1}: {s['work_s']:.1f}s, "
+                    f"{s['records_in'] / s['work_s']:,.0f} rec/s, {s['bytes_out'] / 1e6:,.1f} MB out",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                _clean(src, req)
+            out["jobs"][slug] = runs
+        if args.replay:
+            out["replay"] = replay_compared(j, src, work, args.segment_size, spark)
+    finally:
+        spark.stop()
+        j.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _clean(src: str, req: dict) -> None:
+    shutil.rmtree(jm.staging_dir(src, req["id"]), ignore_errors=True)
+    for p in (jm.result_path(src, req["id"]), jm.request_path(src, req["id"])):
+        if os.path.exists(p):
+            os.remove(p)
+
+
+def _replay(jr: Journal) -> tuple[int, float]:
+    t = time.monotonic()
+    n = sum(len(b) for b in jr.raw_batches(max_bytes=256 * 1024))
+    return n, time.monotonic() - t
+
+
+def replay_compared(j: Journal, src: str, work: str, segment_size: int, spark) -> dict:
+    """Replay rate from the plain segments, and from a copy of the journal compacted (nothing
+    dropped) with the same session."""
+    from journal.batch import run_job
+
+    n_plain, s_plain = _replay(j)
+    copy = os.path.join(work, "journal-compacted")
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("_maint", "LOCK"))
+    jc = Journal(copy, segment_size=segment_size, exclusive=True)
+    try:
+        req = jm.make_request(jc, "compact", req_id="bench-replay")
+        jm.write_request(copy, req)
+        assert run_job(req, spark)["status"] == "ok"
+        ans = jm.apply_result(jc, req["id"])
+        assert ans["status"] == "applied", ans
+        n_comp, s_comp = _replay(jc)
+        disk = jc.disk_bytes()
+    finally:
+        jc.close()
+    assert n_comp == n_plain
+    return {"plain": n_plain / s_plain, "compacted": n_comp / s_comp, "disk_compacted": disk}
+
+
+# -- the parent: data, the cluster, one child per master, the table ------------------------------
 
 
 def main() -> int:
@@ -130,11 +262,28 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=5_000_000)
     ap.add_argument("--segment-size", type=int, default=128 << 20)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--master", default="local[*]")
+    ap.add_argument(
+        "--masters",
+        default="local[*],standalone",
+        help="comma-separated: local[*], local[N], standalone (a cluster started here), "
+        "or a spark:// URL of a running one",
+    )
     ap.add_argument("--driver-memory", default="2g")
+    ap.add_argument("--executor-memory", default="2g")
     ap.add_argument("--data", default=os.path.join(HERE, ".data"))
+    # the child's arguments
+    ap.add_argument("--master", help=argparse.SUPPRESS)
+    ap.add_argument("--src", help=argparse.SUPPRESS)
+    ap.add_argument("--executor-python", help=argparse.SUPPRESS)
+    ap.add_argument("--conf", action="append", default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--replay", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if args.master:  # a child: one master, JSON on stdout
+        print(json.dumps(run_master(args)), flush=True)
+        return 0
+
+    os.makedirs(args.data, exist_ok=True)
     src = os.path.join(args.data, f"archive-{args.records}-{args.segment_size}")
     if not os.path.exists(os.path.join(src, "ready")):
         shutil.rmtree(src, ignore_errors=True)
@@ -142,162 +291,102 @@ def main() -> int:
         generate(src, args.records, args.segment_size)
         open(os.path.join(src, "ready"), "w").close()
         print(f"generated {args.records:,} records in {time.monotonic() - t:.1f}s into {src}")
-    work = os.path.join(args.data, "archive-work")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-
-    from journal.batch import build_session, run_job
-
-    t = time.monotonic()
-    spark = build_session(args.master, args.driver_memory)
-    jvm_s = time.monotonic() - t
-    rows = []
-    j = Journal(src, segment_size=args.segment_size, exclusive=True)
-    sealed = j.sealed_segments()
-    bytes_in = sum(s.file_bytes for s in sealed)
-    nrec = args.records
-    print(
-        f"journal: {len(sealed)} sealed segments, {bytes_in / 1e6:,.1f} MB, {nrec:,} records; "
-        f"Spark {spark.version}, {args.master}, JVM + session start {jvm_s:.1f}s (not in the rates)"
-    )
-
-    def job(kind, label, slug, **kw):
-        rates, mbs, outs, kept, secs = [], [], [], [], []
-        for rep in range(args.reps):
-            req = jm.make_request(j, kind, req_id=f"bench-{slug}-{rep}", **kw)
-            jm.write_request(src, req)
-            s = run_job(req, spark)
-            assert s["status"] == "ok", s
-            secs.append(s["work_s"])
-            rates.append(s["records_in"] / s["work_s"])
-            mbs.append(s["bytes_in"] / s["work_s"] / 1e6)
-            outs.append(s["bytes_out"])
-            kept.append(s["records_out"])
-            print(
-                f"  {label} rep {rep + 1}: {s['work_s']:.1f}s, {rates[-1]:,.0f} rec/s, {mbs[-1]:,.1f} MB/s, "
-                f"{s['bytes_out'] / 1e6:,.1f} MB out, {s['records_out']:,} records kept"
-            )
-            if kind == "compact":
-                for o in json.load(open(jm.result_path(src, req["id"])))["outputs"]:
-                    keep_path = os.path.join(work, f"{slug}-{o['file']}")
-                    os.replace(o["staged"], keep_path) if rep == args.reps - 1 else os.remove(
-                        o["staged"]
-                    )
-                shutil.rmtree(jm.staging_dir(src, req["id"]), ignore_errors=True)
-            for p in (jm.result_path(src, req["id"]), jm.request_path(src, req["id"])):
-                os.remove(p)
-        rows.append(
-            (
-                label,
-                median_range(secs),
-                median_range(rates),
-                median_range(mbs),
-                f"{statistics.median(outs) / 1e6:,.1f}",
-                f"{100 * statistics.median(outs) / bytes_in:.1f}%",
-                f"{int(statistics.median(kept)):,}",
-            )
-        )
-
-    try:
-        # archive: a fresh archive root per repetition
-        arates, amb, aout, asecs = [], [], [], []
-        for rep in range(args.reps):
-            root = os.path.join(work, f"archive-{rep}")
-            req = jm.make_request(j, "archive", archive_root=root, req_id=f"bench-archive-{rep}")
-            jm.write_request(src, req)
-            s = run_job(req, spark)
-            assert s["status"] == "ok", s
-            asecs.append(s["work_s"])
-            arates.append(s["records_in"] / s["work_s"])
-            amb.append(s["bytes_in"] / s["work_s"] / 1e6)
-            aout.append(s["bytes_out"])
-            print(
-                f"  archive rep {rep + 1}: {s['work_s']:.1f}s, {arates[-1]:,.0f} rec/s, {amb[-1]:,.1f} MB/s, "
-                f"{s['bytes_out'] / 1e6:,.1f} MB of Parquet in {s['files']} files"
-            )
-            os.remove(jm.result_path(src, req["id"]))
-            os.remove(jm.request_path(src, req["id"]))
-        rows.append(
-            (
-                "archive (Parquet zstd)",
-                median_range(asecs),
-                median_range(arates),
-                median_range(amb),
-                f"{statistics.median(aout) / 1e6:,.1f}",
-                f"{100 * statistics.median(aout) / bytes_in:.1f}%",
-                f"{nrec:,}",
-            )
-        )
-        job("compact", "compress (nothing dropped)", "compress")
-        job(
-            "compact",
-            "compact (1d retention, queue, newest)",
-            "compact",
-            retention_s=86_400.0,
-            queues=[("orders-q", "orders/(us|eu)", True)],
-        )
-    finally:
-        spark.stop()
-
-    # replay: plain vs compacted (the compress-only output, swapped into a copy of the journal)
-    def replay(jr):
-        t = time.monotonic()
-        n = 0
-        pos = jr.start_position
-        while True:
-            recs, nxt = jr.read_raw(pos, 256 * 1024)
-            if not recs:
-                nxt2 = jr.next_position(nxt)
-                if nxt2 == pos or pos >= jr.end_position:
-                    break
-                pos = nxt2
-                continue
-            n += len(recs)
-            pos = jr.next_position(nxt)
-        return n, time.monotonic() - t
-
-    n_plain, s_plain = replay(j)
-    j.close()
-    copy = os.path.join(work, "journal-compacted")
-    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("_maint", "LOCK"))
-    jc = Journal(copy, segment_size=args.segment_size, exclusive=True)
-    req = jm.make_request(jc, "compact", req_id="bench-replay")
-    jm.write_request(copy, req)
-    from journal.batch import run_job as rj
-
-    spark2 = build_session(args.master, args.driver_memory)
-    try:
-        rj(req, spark2)
-    finally:
-        spark2.stop()
-    ans = jm.apply_result(jc, req["id"])
-    assert ans["status"] == "applied", ans
-    n_comp, s_comp = replay(jc)
-    disk_c = jc.disk_bytes()
-    jc.close()
-    assert n_comp == n_plain
-
-    print()
-    print(
-        f"## Journal archive and compaction ({nrec:,} records, {bytes_in / 1e6:,.0f} MB in {len(sealed)} segments, "
-        f"{args.master}, 2 cores)"
-    )
-    print()
-    print("| job | seconds | records/s | MB/s (journal bytes) | MB out | out / in | records kept |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
-    print()
-    print(
-        f"JVM and session start: {jvm_s:.1f}s (excluded above). Bytes on disk: journal {bytes_in / 1e6:,.1f} MB "
-        f"-> compacted journal {disk_c / 1e6:,.1f} MB ({100 * disk_c / bytes_in:.1f}%, nothing dropped)."
-    )
-    print(
-        f"Replay with Journal.read_raw, one thread: plain {n_plain / s_plain:,.0f} rec/s ({s_plain:.1f}s), "
-        f"compacted {n_comp / s_comp:,.0f} rec/s ({s_comp:.1f}s)."
-    )
-    shutil.rmtree(work, ignore_errors=True)
+    results = []
+    for m in [x.strip() for x in args.masters.split(",") if x.strip()]:
+        results.append(_run_child(args, m, src, replay=not results))
+    _table(args, results)
     return 0
+
+
+def _run_child(args: argparse.Namespace, master: str, src: str, replay: bool) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--src", src, "--data", args.data]
+    cmd += ["--reps", str(args.reps), "--segment-size", str(args.segment_size)]
+    cmd += ["--driver-memory", args.driver_memory]
+    if replay:
+        cmd.append("--replay")
+    cluster = None
+    env = dict(os.environ)
+    label = master
+    if master == "standalone":
+        sys.path.insert(0, ROOT)
+        from tests.spark.standalone import Cluster, make_executor_python, spark_env
+
+        d = os.path.join(args.data, "spark-cluster")
+        cluster = Cluster(d, cores=os.cpu_count() or 2)
+        cluster.start(worker_memory=args.executor_memory)
+        master = cluster.url
+        label = f"standalone ({cluster.cores} cores)"
+        cmd += ["--executor-python", make_executor_python(d)]
+        cmd += ["--conf", f"spark.executor.memory={args.executor_memory}"]
+        env = spark_env()
+    try:
+        r = subprocess.run(cmd + ["--master", master], stdout=subprocess.PIPE, env=env, text=True)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    if r.returncode != 0:
+        raise SystemExit(f"the {master} run failed (status {r.returncode})")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["label"] = label
+    return out
+
+
+def _table(args: argparse.Namespace, results: list[dict]) -> None:
+    base = results[0]
+    bytes_in = base["bytes_in"]
+    print()
+    print(
+        f"## Journal archive and compaction ({args.records:,} records, {bytes_in / 1e6:,.0f} MB in "
+        f"{base['segments']} segments, {args.reps} rep(s), {os.cpu_count()} cores)"
+    )
+    print()
+    head = (
+        "| job | "
+        + " | ".join(f"{r['label']}: s | rec/s | MB/s" for r in results)
+        + (" | cluster / local |" if len(results) > 1 else " |")
+    )
+    print(head)
+    print("|---|" + "---:|---:|---:|" * len(results) + ("---:|" if len(results) > 1 else ""))
+    for slug, label in JOBS:
+        cells = []
+        medians = []
+        for r in results:
+            runs = r["jobs"][slug]
+            secs = [x["s"] for x in runs]
+            rates = [x["records"] / x["s"] for x in runs]
+            mbs = [bytes_in / x["s"] / 1e6 for x in runs]
+            cells.append(
+                f"{median_range(secs, '{:.1f}')} | {median_range(rates)} | {median_range(mbs)}"
+            )
+            medians.append(statistics.median(secs))
+        ratio = f" | {medians[1] / medians[0]:.2f}x time" if len(results) > 1 else ""
+        print(f"| {label} | " + " | ".join(cells) + ratio + " |")
+    print()
+    for r in results:
+        extra = ""
+        if "executors_s" in r:
+            accel = all(e["accelerated"] for e in r["executors"])
+            extra = (
+                f", executors' start and check {r['executors_s']:.1f}s "
+                f"(record checks {'accelerated' if accel else 'in pure Python'})"
+            )
+        print(f"- {r['label']}: driver JVM and session start {r['jvm_s']:.1f}s{extra}")
+    runs = base["jobs"]
+    print(
+        f"- output / input: archive {_pct(runs['archive'], bytes_in)}, compress "
+        f"{_pct(runs['compress'], bytes_in)}, compact {_pct(runs['compact'], bytes_in)} "
+        f"({int(statistics.median(x['kept'] for x in runs['compact'])):,} records kept)"
+    )
+    rp = base.get("replay")
+    if rp:
+        print(
+            f"- replay with Journal.raw_batches, one thread: plain {rp['plain']:,.0f} rec/s, "
+            f"compacted {rp['compacted']:,.0f} rec/s"
+        )
+
+
+def _pct(runs: list[dict], bytes_in: int) -> str:
+    return f"{100 * statistics.median(x['bytes_out'] for x in runs) / bytes_in:.1f}%"
 
 
 if __name__ == "__main__":

@@ -1,22 +1,25 @@
-"""The archive / compaction job on Spark: the only module that imports pyspark.
+"""The archive / compaction job on Spark: its driver. With spark_env.py, the only module that
+imports pyspark.
 
-    python -m journal.batch --request <JournalDirectory>/_maint/requests/<id>.json [--master local[*]]
-    spark-submit --master spark://HOST:7077 --py-files tickertape.zip journal/batch.py --request ...
+    tickertape archive|compact --config F [--master spark://HOST:7077]    (server/maintenance_cli.py)
+    python -m journal.batch --request <JournalDirectory>/_maint/requests/<id>.json [--master M]
+    spark-submit --master spark://HOST:7077 <this file> --request ...      (docs/batch.md)
 
 The driver reads a request (maintenance.make_request), plans groups of consecutive segments
 (about `group_bytes` each, at least one per core), and runs one Spark task per group with
-`mapInArrow`: the task (jobs.archive_group / jobs.compact_group) reads its segments through the
-journal's own readers, writes its outputs under a staging directory and reads them back. Spark
-schedules and retries; the tasks do the I/O with pyarrow and zstandard.
+`mapInArrow`: the task (jobs.archive_group / jobs.compact_group, entered through
+job_code.spark_task) reads its segments through the journal's own readers, writes its outputs
+under a staging directory and reads them back. Spark schedules and retries; the tasks do the
+I/O with pyarrow and zstandard. On a master that is not local the driver first ships the job's
+code to the executors and checks their Python (spark_env.ship_code / check_executors): the
+executors need pyarrow, numpy and zstandard, not Tickertape.
 
-Archive: the driver verifies the staged Parquet per source segment (row count, sum of record
-crc32s, first and last position as the tasks read them back from the files they wrote, equal to
-what they counted while reading the segments; with verify="spark" the staged files are also read
-with Spark SQL), then publishes: each file is renamed into `<archive root>/topic=../date=../`, stale
-files of an earlier, interrupted run over the same positions are deleted, and
-`<archive root>/_catalog/<id>.json` is written (temp + fsync + rename): **the catalog is the
-commit point** of the archive. Then the result file tells the journal's owner to record the
-segments as archived.
+Archive: the driver verifies the staged Parquet per source segment (job_commit.verify_archive;
+with verify="spark" the staged files are also read with Spark SQL), then publishes: each file is
+renamed into `<archive root>/topic=../date=../`, stale files of an earlier, interrupted run over
+the same positions are deleted, and `<archive root>/_catalog/<id>.json` is written (temp + fsync
++ rename): **the catalog is the commit point** of the archive. Then the result file tells the
+journal's owner to record the archived positions.
 
 Compaction: the tasks' read-back verification (every block, every record crc, counts and crc
 sums) is checked by the driver against the per-segment counts; the result file lists the staged
@@ -25,12 +28,7 @@ compacted segments, and the journal's owner applies them (maintenance.apply_resu
 A crash or kill at any point before the result file leaves the journal as it was; staging is
 wiped when the same request runs again, and the owner forgets requests that never report.
 Exit status: 0 done (or nothing to do), 1 error, 2 verification failed (nothing published),
-3 a segment changed since the request (make a new one).
-
-Spark settings (local mode, the embedded default): local[*], UI and console progress off,
-driver bound to 127.0.0.1, UTC session time zone, shuffle partitions 4, PYSPARK_PYTHON = this
-interpreter. Under spark-submit (PYSPARK_GATEWAY_PORT set) the master and memory come from the
-command line, never from here.
+3 a segment changed since the request (make a new one), 5 the executors cannot run the job.
 """
 
 from __future__ import annotations
@@ -46,73 +44,42 @@ if __name__ == "__main__" and not __package__:  # run as a file (spark-submit jo
         sys.path.insert(0, os.path.dirname(_here))
 
 import argparse
+import atexit
 import json
 import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from journal import jobs
+from journal import job_code, jobs
+from journal.job_commit import (
+    VerificationFailed,
+    existing_catalog,
+    publish_archive,
+    verify_archive,
+    verify_compaction,
+)
 from journal.job_progress import Progress
 from journal.maintenance import plan_groups
 from journal.manifest import read_json, result_path, staging_dir, write_json_atomic
+from journal.spark_env import (
+    ExecutorMismatch,
+    build_session,
+    check_executors,
+    is_local,
+    ship_code,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-EXIT_OK, EXIT_ERROR, EXIT_VERIFY, EXIT_STALE = 0, 1, 2, 3
+__all__ = ["VerificationFailed", "build_session", "main", "run_in_process", "run_job"]
+
+EXIT_OK, EXIT_ERROR, EXIT_VERIFY, EXIT_STALE, EXIT_EXECUTORS = 0, 1, 2, 3, 5
 Json = dict[str, Any]  # a request, a group's spec or metadata, a catalog, a summary
 META_SCHEMA = "gid INT, meta STRING"
-
-
-class VerificationFailed(RuntimeError):
-    pass
-
-
-def _under_spark_submit() -> bool:
-    return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
-
-
-def build_session(
-    master: str | None = None,
-    driver_memory: str | None = None,
-    app_name: str = "tickertape-journal",
-) -> SparkSession:
-    """A SparkSession for the job. Locally: `master` (default local[*]) with the settings above;
-    under spark-submit: whatever spark-submit configured."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(jobs.__file__)))
-    pp = os.environ.get("PYTHONPATH", "")
-    if root not in pp.split(os.pathsep):  # Python workers import journal.jobs from here
-        os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
-    from pyspark.sql import SparkSession
-
-    b = SparkSession.builder.appName(app_name)
-    if not _under_spark_submit():
-        b = b.master(master or "local[*]")
-        if driver_memory:
-            b = b.config("spark.driver.memory", driver_memory)
-        java_opts = os.environ.get(
-            "TICKERTAPE_SPARK_JAVA_OPTIONS"
-        )  # e.g. -XX:TieredStopAtLevel=1 (tests)
-        if java_opts:
-            b = b.config("spark.driver.extraJavaOptions", java_opts)
-        if (master or "local").startswith("local"):
-            b = b.config("spark.driver.bindAddress", "127.0.0.1").config(
-                "spark.driver.host", "127.0.0.1"
-            )
-    b = (
-        b.config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
-        .config("spark.python.worker.reuse", "true")
-    )
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+Runner = Callable[[list[Json], str], list[Json]]  # (group specs, label) -> one metadata per group
 
 
 # -- the job -------------------------------------------------------------------------------------
@@ -144,7 +111,7 @@ def _run_tasks(spark: SparkSession, specs: list[Json], label: str, progress: boo
     rows = [(i, json.dumps(s)) for i, s in enumerate(specs)]
     rdd = sc.parallelize(rows, len(rows))
     df = spark.createDataFrame(rdd, "gid INT, spec STRING")
-    out = df.mapInArrow(jobs.spark_task, META_SCHEMA)
+    out = df.mapInArrow(job_code.spark_task, META_SCHEMA)
     total_bytes = sum(e["file_bytes"] for s in specs for e in s["segments"])
     if progress:
         with Progress(sc, len(specs), total_bytes, label):
@@ -166,37 +133,140 @@ def run_job(
     *,
     master: str | None = None,
     driver_memory: str | None = None,
+    conf: dict[str, str] | None = None,
+    executor_python: str | None = None,
     progress: bool = False,
     verify: str = "files",
+    quiet: bool = False,
+    log_path: str | None = None,
 ) -> Json:
     """Run one request (a dict or the path of its file); write its result file; return a summary.
 
     spark: an existing session (tests, notebooks) that is used and never stopped; otherwise one
-    is built (build_session) and stopped at the end. verify (archive): "files" checks what each
-    task read back from its Parquet files (pyarrow, in the tasks) against the segments; "spark"
-    also reads the staged archive with Spark SQL.
+    is built (spark_env.build_session with master, driver_memory, conf, executor_python, quiet,
+    log_path) and stopped at the end. verify (archive): "files" checks what each task read back
+    from its Parquet files (pyarrow, in the tasks) against the segments; "spark" also reads the
+    staged archive with Spark SQL. On a master that is not local, the job's code is shipped and
+    the executors checked first; the summary then lists them ("executors").
     """
     req = read_json(request) if isinstance(request, str) else request
     started = time.monotonic()
     if spark is not None:
-        return _run(spark, req, started, 0.0, progress, verify)
+        return _run_on(spark, req, started, 0.0, progress, verify)
     t = time.monotonic()
-    own = build_session(master, driver_memory)
     try:
-        return _run(own, req, started, time.monotonic() - t, progress, verify)
+        own = build_session(
+            master,
+            driver_memory,
+            conf=conf,
+            python=executor_python,
+            quiet=quiet,
+            log_path=log_path,
+        )
+    except Exception as exc:  # a setting Spark refuses, a master it cannot reach, no Java ...
+        msg = f"Spark did not start: {_start_error(exc)}"
+        _write_result(
+            req["journal"], req["id"], {"status": "failed", "kind": req["kind"], "error": msg}
+        )
+        return _summary(
+            req, time.monotonic() - t, status="failed", error=msg, seconds=_since(started)
+        )
+    try:
+        return _run_on(own, req, started, time.monotonic() - t, progress, verify)
     finally:
         own.stop()
 
 
-def _run(
+def run_in_process(request: Json | str, parallelism: int = 1) -> Json:
+    """The same job with its tasks run one after the other in this process, without Spark
+    (tests, tiny journals): the same task functions, verification, commit and result file.
+    parallelism: the least number of groups to plan (as Spark's cores would)."""
+    req = read_json(request) if isinstance(request, str) else request
+    return _run(
+        req,
+        time.monotonic(),
+        0.0,
+        lambda specs, _label: [jobs.run_group(s) for s in specs],
+        parallelism=parallelism,
+    )
+
+
+def _run_on(
     spark: SparkSession, req: Json, started: float, jvm_s: float, progress: bool, verify: str
+) -> Json:
+    sc = spark.sparkContext
+    executors = None
+    if not is_local(sc.master):
+        t = time.monotonic()
+        try:
+            executors = check_executors(sc, _shipped(sc))
+        except ExecutorMismatch as exc:
+            msg = f"ExecutorMismatch: {exc}"
+            _write_result(
+                req["journal"], req["id"], {"status": "failed", "kind": req["kind"], "error": msg}
+            )
+            return _summary(req, jvm_s, status="failed", error=msg, seconds=_since(started))
+        probe_s = time.monotonic() - t
+        jvm_s += probe_s  # starting the executors is a fixed cost too, reported with the JVM's
+
+    def runner(specs: list[Json], label: str) -> list[Json]:
+        return _run_tasks(spark, specs, label, progress)
+
+    summary = _run(
+        req,
+        started,
+        jvm_s,
+        runner,
+        parallelism=sc.defaultParallelism,
+        spark_verify=spark if verify == "spark" else None,
+    )
+    if executors is not None:
+        summary["master"] = sc.master
+        summary["executors"] = executors
+        summary["executors_start_s"] = round(probe_s, 2)
+    return summary
+
+
+def _shipped(sc: Any) -> Json:
+    """Ship the job's code to this context's executors once; its build note."""
+    note = getattr(sc, "_tickertape_job", None)
+    if note is None:
+        workdir = tempfile.mkdtemp(prefix="tickertape-job-")
+        atexit.register(shutil.rmtree, workdir, True)
+        note = ship_code(sc, workdir)
+        sc._tickertape_job = note
+    return note
+
+
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 2)
+
+
+def _summary(req: Json, jvm_s: float, **kw: Any) -> Json:
+    s = {
+        "id": req["id"],
+        "kind": req["kind"],
+        "segments": len(req["segments"]),
+        "jvm_s": round(jvm_s, 2),
+    }
+    s.update(kw)
+    return s
+
+
+def _run(
+    req: Json,
+    started: float,
+    jvm_s: float,
+    runner: Runner,
+    parallelism: int = 2,
+    spark_verify: SparkSession | None = None,
 ) -> Json:
     kind = req["kind"]
     rid = req["id"]
     jdir = req["journal"]
-    summary = {"id": rid, "kind": kind, "segments": len(req["segments"]), "jvm_s": round(jvm_s, 2)}
+    summary = _summary(req, jvm_s)
     if kind == "archive":
-        done = _existing_catalog(req)
+        done = existing_catalog(req)
         if done is not None:  # the same request ran to its commit point already: report it again
             _write_result(
                 jdir, rid, {"status": "ok", "kind": kind, "catalog": done["path"], "noop": True}
@@ -211,18 +281,18 @@ def _run(
                 seconds=0.0,
             )
             return summary
-    specs = _group_specs(req, spark.sparkContext.defaultParallelism)
+    specs = _group_specs(req, parallelism)
     stage = specs[0]["staging"]
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage, exist_ok=True)
     t0 = time.monotonic()
     try:
-        metas = _run_tasks(spark, specs, f"{kind} {rid}", progress)
+        metas = runner(specs, f"{kind} {rid}")
     except Exception as exc:
         msg = _task_error(exc)
         _write_result(jdir, rid, {"status": "failed", "kind": kind, "error": msg})
         shutil.rmtree(stage, ignore_errors=True)
-        summary.update(status="failed", error=msg, seconds=round(time.monotonic() - started, 2))
+        summary.update(status="failed", error=msg, seconds=_since(started))
         return summary
     tasks_s = time.monotonic() - t0
     damaged = [
@@ -236,25 +306,25 @@ def _run(
         summary["damaged_bytes"] = sum(n for _, _, n in damaged)
     try:
         if kind == "archive":
-            extra = _verify_and_publish_archive(spark, req, metas, stage, verify)
+            expected = verify_archive(req, metas)
+            if spark_verify is not None:
+                files = [f for m in metas for f in m["files"]]
+                _verify_with_spark_sql(spark_verify, stage, files, expected)
+            extra = publish_archive(req, metas, stage, expected)
         else:
-            extra = _verify_compaction(req, metas)
+            extra = verify_compaction(req, metas)
     except VerificationFailed as exc:
         _write_result(
             jdir, rid, {"status": "failed", "kind": kind, "error": f"verification: {exc}"}
         )
         shutil.rmtree(stage, ignore_errors=True)
-        summary.update(
-            status="verification failed",
-            error=str(exc),
-            seconds=round(time.monotonic() - started, 2),
-        )
+        summary.update(status="verification failed", error=str(exc), seconds=_since(started))
         return summary
     work_s = time.monotonic() - t0
     summary.update(extra["summary"])
     summary.update(
         status="ok",
-        seconds=round(time.monotonic() - started, 2),
+        seconds=_since(started),
         work_s=round(work_s, 2),
         tasks_s=round(tasks_s, 2),
         groups=len(specs),
@@ -273,47 +343,22 @@ def _task_error(exc: BaseException) -> str:
     return (tail[-1] if tail else (lines[-1] if lines else repr(exc))).strip()[:2000]
 
 
+def _start_error(exc: BaseException) -> str:
+    """The line of a failed start that says why (a Java exception's message, not py4j's frame)."""
+    lines = [ln.strip().lstrip(": ") for ln in str(exc).splitlines() if ln.strip()]
+    why = [
+        ln
+        for ln in lines
+        if ("Exception" in ln or "Error" in ln) and not ln.startswith(("An error occurred", "at "))
+    ]
+    return (why[0] if why else lines[0] if lines else repr(exc))[:1000]
+
+
 def _write_result(jdir: str, rid: str, obj: Json) -> None:
     write_json_atomic(result_path(jdir, rid), {"id": rid, **obj})
 
 
-# -- archive: verify with Spark SQL, then publish ------------------------------------------------
-
-
-def _existing_catalog(req: Json) -> Json | None:
-    path = os.path.join(req["archive_root"], "_catalog", req["id"] + ".json")
-    try:
-        return {"path": path, "cat": read_json(path)}
-    except FileNotFoundError:
-        return None
-
-
-def _verify_and_publish_archive(
-    spark: SparkSession, req: Json, metas: list[Json], stage: str, verify: str
-) -> Json:
-    expected = {}
-    readback: dict = {}
-    for m in metas:
-        for s in m["segments"]:
-            expected[s["base"]] = s
-        for seg, r in m["readback"].items():
-            readback[int(seg)] = r
-    for e in req["segments"]:
-        s = expected.get(e["base"])
-        if s is None or s["end"] != e["end"]:
-            raise VerificationFailed(f"segment {e['path']} was not archived by any task")
-    # the files as read back by the tasks, per source segment, against the segments as read
-    for base, s in expected.items():
-        n, crc, lo, hi = readback.get(base, (0, 0, None, None))
-        if (n, crc) != (s["records"], s["crc_sum"]) or (n and (lo, hi) != (s["first"], s["last"])):
-            raise VerificationFailed(
-                f"segment {s['path']}: the archive reads back {n} records (crc sum {crc}, positions "
-                f"[{lo}, {hi}]), the segment holds {s['records']} ({s['crc_sum']}, [{s['first']}, {s['last']}])"
-            )
-    files = [f for m in metas for f in m["files"]]
-    if verify == "spark":
-        _verify_with_spark_sql(spark, stage, files, expected)
-    return _publish_archive(req, metas, stage, files, expected)
+# -- archive: the same check with Spark SQL -------------------------------------------------------
 
 
 def _verify_with_spark_sql(
@@ -355,112 +400,6 @@ def _verify_with_spark_sql(
             )
 
 
-def _publish_archive(
-    req: Json, metas: list[Json], stage: str, files: list[Json], expected: dict[int, Json]
-) -> dict:
-    root = req["archive_root"]
-    # publish: rename each file into place (deterministic names: a re-run rewrites the same ones)
-    new_rel = set()
-    for f in files:
-        dst = os.path.join(root, f["path"])
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        os.replace(os.path.join(stage, f["path"]), dst)
-        new_rel.add(f["path"])
-    ranges = [(e["base"], e["end"]) for e in req["segments"]]
-    _drop_stale_files(root, ranges, new_rel, req["id"])
-    records = sum(s["records"] for s in expected.values())
-    cat = {
-        "id": req["id"],
-        "created_us": int(time.time() * 1e6),
-        "root": root,
-        "records": records,
-        "bytes_in": sum(m["bytes_in"] for m in metas),
-        "bytes_out": sum(m["bytes_out"] for m in metas),
-        "schema": jobs.SPARK_SCHEMA,
-        "segments": sorted(expected.values(), key=lambda s: s["base"]),
-        "files": sorted(files, key=lambda f: f["path"]),
-    }
-    cat_path = os.path.join(root, "_catalog", req["id"] + ".json")
-    write_json_atomic(cat_path, cat)  # the commit point
-    shutil.rmtree(stage, ignore_errors=True)
-    return {
-        "result": {"catalog": cat_path},
-        "summary": {
-            "records_in": records,
-            "records_out": records,
-            "bytes_in": cat["bytes_in"],
-            "bytes_out": cat["bytes_out"],
-            "files": len(files),
-            "catalog": cat_path,
-        },
-    }
-
-
-def _drop_stale_files(root: str, ranges: list[tuple[int, int]], keep: set[str], rid: str) -> None:
-    """Delete archive files over the same positions that this run did not write (left by an
-    interrupted run grouped differently), and take them out of older catalogs."""
-    stale = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]
-        for fn in filenames:
-            if not fn.endswith(".parquet") or fn.startswith(("_", ".")):
-                continue
-            try:
-                lo, hi = (int(x) for x in fn[: -len(".parquet")].split("-"))
-            except ValueError:
-                continue
-            rel = os.path.relpath(os.path.join(dirpath, fn), root)
-            if rel in keep:
-                continue
-            if any(lo < e and b < hi for b, e in ranges):
-                stale.append(rel)
-    if not stale:
-        return
-    for rel in stale:
-        os.unlink(os.path.join(root, rel))
-    gone = set(stale)
-    cdir = os.path.join(root, "_catalog")
-    for name in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else ():
-        if not name.endswith(".json") or name == rid + ".json":
-            continue
-        path = os.path.join(cdir, name)
-        cat = read_json(path)
-        if any(f["path"] in gone for f in cat.get("files", ())):
-            cat["files"] = [f for f in cat["files"] if f["path"] not in gone]
-            cat["segments"] = [
-                s
-                for s in cat["segments"]
-                if not any(s["base"] < e and b < s["end"] for b, e in ranges)
-            ]
-            cat["superseded_by"] = rid
-            write_json_atomic(path, cat)
-
-
-# -- compaction ---------------------------------------------------------------------------------
-
-
-def _verify_compaction(req: Json, metas: list[Json]) -> Json:
-    seen = {}
-    for m in metas:
-        for s in m["segments"]:
-            seen[s["base"]] = s
-        if sum(s["kept"] for s in m["segments"]) != m["records_out"]:
-            raise VerificationFailed(
-                f"{m['file']}: {m['records_out']} records written, {sum(s['kept'] for s in m['segments'])} kept"
-            )
-    for e in req["segments"]:
-        if e["base"] not in seen:
-            raise VerificationFailed(f"segment {e['path']} was not compacted by any task")
-    summary = {
-        "records_in": sum(m["records_in"] for m in metas),
-        "records_out": sum(m["records_out"] for m in metas),
-        "bytes_in": sum(m["bytes_in"] for m in metas),
-        "bytes_out": sum(m["bytes_out"] for m in metas),
-        "files": len(metas),
-    }
-    return {"result": {"outputs": metas}, "summary": summary}
-
-
 # -- command line ------------------------------------------------------------------------------
 
 
@@ -483,18 +422,65 @@ def format_summary(s: Json) -> str:
 
 def exit_code(summary: Json) -> int:
     st = summary.get("status")
+    err = summary.get("error") or ""
     if st == "ok":
         return EXIT_OK
     if st == "verification failed":
         return EXIT_VERIFY
-    if "SegmentChanged" in (summary.get("error") or "") or "changed since the request" in (
-        summary.get("error") or ""
-    ):
+    if "SegmentChanged" in err or "changed since the request" in err:
         return EXIT_STALE
+    if err.startswith("ExecutorMismatch"):
+        return EXIT_EXECUTORS
     return EXIT_ERROR
 
 
+def add_spark_arguments(p: argparse.ArgumentParser, driver_memory: str = "2g") -> None:
+    """The Spark options `python -m journal.batch` and `tickertape archive|compact` share."""
+    p.add_argument(
+        "--master",
+        default=None,
+        help="Spark master, passed to Spark as is: local[*] (default), spark://HOST:7077, yarn, "
+        "k8s://https://HOST:PORT (ignored under spark-submit, which has its own)",
+    )
+    p.add_argument(
+        "--driver-memory",
+        default=driver_memory,
+        help=f"Spark driver heap (default {driver_memory}; in local mode the executors' too)",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, as spark-submit --conf takes it (repeat it); applied last",
+    )
+    p.add_argument(
+        "--executor-python",
+        metavar="PATH",
+        help="the executors' Python (default: PYSPARK_PYTHON; in local mode this Python). It "
+        "needs pyarrow, numpy and zstandard; the job ships its own code",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="let Spark's own log through to stderr (default: kept in a log file, shown on failure)",
+    )
+
+
+def spark_log_path(journal_dir: str, req_id: str) -> str:
+    """Where a quiet job's Spark log goes (kept on failure, removed after success)."""
+    from journal.manifest import maint_dir
+
+    return maint_dir(journal_dir, "logs", req_id + ".spark.log")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`python -m journal.batch` (also the spark-submit entry point): run one request, print its
+    summary, and apply its result when no process holds the journal (else its owner, the
+    server, applies it within a second)."""
+    from journal.maintenance import apply_if_free
+    from journal.spark_env import parse_conf
+
     p = argparse.ArgumentParser(
         prog="python -m journal.batch", description="Run one journal archive / compaction request"
     )
@@ -503,10 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         required=True,
         help="the request file (<JournalDirectory>/_maint/requests/<id>.json)",
     )
-    p.add_argument(
-        "--master", default=None, help="Spark master when not under spark-submit (default local[*])"
-    )
-    p.add_argument("--driver-memory", default="2g", help="driver heap in local mode (default 2g)")
+    add_spark_arguments(p)
     p.add_argument("--progress", action="store_true", help="progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.add_argument(
@@ -515,16 +498,52 @@ def main(argv: list[str] | None = None) -> int:
         default="files",
         help="archive: check the tasks' read-back (files, default) or also read it with Spark SQL (spark)",
     )
+    p.add_argument(
+        "--no-apply",
+        action="store_true",
+        help="only write the result file; leave applying it to the journal's owner",
+    )
     args = p.parse_args(argv)
+    try:
+        conf = parse_conf(args.conf)
+        req = read_json(args.request)
+    except (ValueError, OSError) as exc:
+        print(f"journal.batch: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    log_path = None if args.verbose else spark_log_path(req["journal"], req["id"])
     summary = run_job(
-        args.request,
+        req,
         master=args.master,
         driver_memory=args.driver_memory,
+        conf=conf,
+        executor_python=args.executor_python,
         progress=args.progress,
         verify=args.verify,
+        quiet=not args.verbose,
+        log_path=log_path,
     )
-    print(json.dumps(summary) if args.json else format_summary(summary), flush=True)
-    return exit_code(summary)
+    answer = None if args.no_apply else apply_if_free(req["journal"], req["id"])
+    if args.json:
+        print(json.dumps({**summary, "applied": answer}), flush=True)
+    else:
+        print(format_summary(summary), flush=True)
+        if answer is not None:
+            print(f"journal: {answer.get('status')}: {answer.get('reason', '')}", flush=True)
+    if summary.get("status") != "ok" and log_path and os.path.exists(log_path):
+        print(f"Spark's log: {log_path}", file=sys.stderr)
+    elif log_path:
+        _remove(log_path)
+    code = exit_code(summary)
+    if code == EXIT_OK and answer is not None and answer.get("status") not in ("applied", "noop"):
+        return EXIT_VERIFY
+    return code
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 if __name__ == "__main__":

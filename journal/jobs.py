@@ -14,6 +14,9 @@ Archive layout (hive partitions, readable by `spark.read.parquet(root)` and
     <archive root>/topic=<topic, Spark-escaped>/date=<YYYY-MM-DD, UTC>/<from:020d>-<to:020d>.parquet
 
 one file per (group, topic, day), rows in position order; see ARCHIVE_COLUMNS for the columns.
+<from>-<to> are the first and last archived positions' bounds of the group (archive_ranges), so
+a re-run over the same positions writes the same names, and positions archived before are
+never archived again.
 Queue events (kind 2: acks, leases of a queue, topic = the queue's name) are archived too, in
 the partition of the queue's name and of the day of the message record before them.
 
@@ -43,6 +46,7 @@ __all__ = [
     "compact_group",
     "keep_mask",
     "read_segment",
+    "run_group",
     "spark_task",
 ]
 
@@ -136,10 +140,17 @@ def archive_file_name(first: int, end: int) -> str:
     return f"{first:020d}-{end:020d}.parquet"
 
 
+def archive_ranges(entry: dict[str, Any]) -> list[list[int]]:
+    """The [from, to) position ranges of a request's segment entry to archive: its "ranges" (the
+    parts not archived before, maintenance.make_request), or the whole segment."""
+    return entry.get("ranges") or [[entry["base"], entry["end"]]]
+
+
 def archive_group(group: dict[str, Any]) -> dict[str, Any]:
     """Archive one group of segments to Parquet under group["staging"] (hive layout).
 
-    group: {"segments": [entries], "staging": dir, "level": zstd level}. Returns metadata:
+    group: {"segments": [entries], "staging": dir, "level": zstd level}. Only the records inside
+    each entry's archive_ranges are archived (and counted). Returns metadata:
     per output file (relative path, rows, crc sum, bytes, sha256) and per segment (records, crc
     sum, first/last position, whole-file crc32), counted from the source, and each file's rows
     and crc sum as read back from what was written.
@@ -150,7 +161,7 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     segs = group["segments"]
-    first_pos, end_pos = segs[0]["base"], segs[-1]["end"]
+    first_pos, end_pos = archive_ranges(segs[0])[0][0], archive_ranges(segs[-1])[-1][1]
     fname = archive_file_name(first_pos, end_pos)
     staging = group["staging"]
     level = group.get("level", PARQUET_LEVEL)
@@ -176,9 +187,19 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
                 "file_crc32": None,
                 "file_bytes": entry["file_bytes"],
             }
+            ranges = entry.get("ranges")
+            if ranges:
+                st["ranges"] = ranges
             damaged: list = st.setdefault("damaged", [])
             for buf, positions, cols, file_crc in read_segment(entry, damaged):
                 st["file_crc32"] = file_crc
+                if ranges:
+                    inside = np.zeros(len(positions), dtype=bool)
+                    for lo, hi in ranges:
+                        inside |= (positions >= lo) & (positions < hi)
+                    if not inside.all():
+                        positions = positions[inside]
+                        cols = {k: v[inside] for k, v in cols.items()}
                 n = len(positions)
                 if n == 0:
                     continue
@@ -346,9 +367,15 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
 # -- the Spark task ------------------------------------------------------------------------------
 
 
+def run_group(spec: dict[str, Any]) -> dict[str, Any]:
+    """One task's work: a group spec (batch._group_specs) in, its metadata out."""
+    return archive_group(spec) if spec["kind"] == "archive" else compact_group(spec)
+
+
 def spark_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The mapInArrow function (batch.py): rows (gid, group spec as JSON) in, (gid, metadata as
-    JSON) out. Lives here, not in batch.py, so executors import it without the driver's module."""
+    """The mapInArrow function (batch.py, through job_code.spark_task): rows (gid, group spec as
+    JSON) in, (gid, metadata as JSON) out. Lives here, not in batch.py, so executors import it
+    without the driver's module."""
     import json
 
     import pyarrow as pa
@@ -357,7 +384,7 @@ def spark_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for gid, spec in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
             g = json.loads(spec)
-            meta = archive_group(g) if g["kind"] == "archive" else compact_group(g)
+            meta = run_group(g)
             yield pa.RecordBatch.from_arrays(
                 [pa.array([gid], pa.int32()), pa.array([json.dumps(meta)], pa.string())],
                 schema=schema,

@@ -17,11 +17,14 @@ result replaces is still in the layout, unchanged (path, range, size, mtime), an
 output is there with the checksum the job recorded; otherwise the result is rejected (the job
 can be run again on a new request) and the journal is untouched.
 
-Segment states, as seen from here: sealed -> (archived: a verified archive covers it, recorded
-in the manifest) -> compacted (replaced by a compacted segment with the same positions) ->
-removed (below the manifest's start). Only a prefix of the journal is ever removed, and only
-when it is archived, its archive's recorded crc32 matches the file, no queue needs it (every
-queue's checkpoint is past it) and no replay is reading it.
+Segment states, as seen from here: sealed -> (archived: a verified archive covers its positions,
+recorded in the manifest by position range) -> compacted (replaced by a compacted segment with
+the same positions; still archived, since the archive state is by position) -> removed (below
+the manifest's start). These can come in any order: archive, compact, remove (the README's
+schedule), or compact, archive, remove. Only a prefix of the journal is ever removed, and only
+when every position of it is archived (a file its catalog describes still has the crc32 the
+catalog recorded), no queue needs it (every queue's checkpoint is past it) and no replay is
+reading it.
 """
 
 from __future__ import annotations
@@ -125,7 +128,9 @@ def make_request(
 ) -> Json | None:
     """A request for the sealed segments the job should process, or None if there are none.
 
-    archive: sealed segments older than older_than_s whose range is not archived yet.
+    archive: sealed segments older than older_than_s with positions not archived yet; a segment
+             archived in part (compacted over ranges archived before) gets "ranges", the
+             [from, to) parts to archive, and the task takes only those.
     compact: sealed plain segments older than older_than_s (compacted ones too with recompact);
              with retention_s, records older than now - retention_s may be dropped (policy).
     queues: (name, underlying topic, is_pattern) of every configured queue.
@@ -142,12 +147,18 @@ def make_request(
             newest = newest_time_us(journal, seg)
             if newest is None or newest > now - int(older_than_s * 1_000_000):
                 break  # times only grow: later segments are younger still
+        entry = segment_entry(seg)
         if kind == "archive":
-            if man.archived_through(seg.base, seg.end):
+            # positions archived before (by an earlier run, perhaps before this segment was
+            # compacted) are never archived again: the task takes only the gaps
+            gaps = man.archive_gaps(seg.base, seg.end)
+            if not gaps:
                 continue
+            if gaps != [(seg.base, seg.end)]:
+                entry["ranges"] = [list(g) for g in gaps]
         elif seg.reader is not None and not recompact:
             continue
-        chosen.append(segment_entry(seg))
+        chosen.append(entry)
     if not chosen:
         return None
     req = {
@@ -267,6 +278,21 @@ def apply_result(journal: Journal, req_id: str) -> Json:
     return ans
 
 
+def apply_if_free(journal_dir: str, req_id: str) -> Json | None:
+    """Apply a result if no process holds the journal (opened exclusively for this, then
+    closed); None if one does: the journal's owner (the server) applies results itself."""
+    from .journal import Journal, JournalLocked
+
+    try:
+        j = Journal(journal_dir, exclusive=True)
+    except JournalLocked:
+        return None
+    try:
+        return apply_result(j, req_id)
+    finally:
+        j.close()
+
+
 def _clean_staging(journal_dir: str, req_id: str) -> None:
     shutil.rmtree(staging_dir(journal_dir, req_id), ignore_errors=True)
 
@@ -297,7 +323,8 @@ def _apply_archive(journal: Journal, req: Json, res: Json) -> Json:
             raise MaintenanceError(f"archive catalog {cat_path} does not cover segment {e['path']}")
     man = journal.manifest.copy()
     for s in cat["segments"]:
-        man.add_archived(s["base"], s["end"], req["id"])
+        for lo, hi in s.get("ranges") or [(s["base"], s["end"])]:
+            man.add_archived(lo, hi, req["id"])
     man.applied.append(req["id"])
     journal.run_in_writer(lambda: journal.commit_layout(man, journal.sealed_segments())).result()
     return _answer(
@@ -421,23 +448,30 @@ def remove_journal(
     replay_floor: int | None = None,
     now: int | None = None,
 ) -> Json:
-    """Remove the oldest sealed segments that are old enough, archived (and the archive's crc32
-    of the file matches it now), past every queue's checkpoint and every replay's position."""
+    """Remove the oldest sealed segments that are old enough, archived, past every queue's
+    checkpoint and every replay's position.
+
+    Archived means: every position of the segment lies in a range the manifest records as
+    archived, and each catalog of those ranges is still in the archive. A segment a catalog
+    describes as a file (a plain segment by its range, a compacted one by its name) must also
+    still have the crc32 the catalog recorded; a compacted segment made after its positions were
+    archived is covered by the ranges alone (it holds a subset of the records archived there).
+    """
     now = now if now is not None else now_us()
     man = journal.manifest
     floors = queue_floors(journal, queues)
     qfloor = min((q["floor"] for q in floors), default=None)
     removed = []
     why = ""
-    catalogs: dict[str, Json] = {}
+    catalogs: dict[str, Json | None] = {}
     for seg in journal.sealed_segments():
         if older_than_s:
             newest = newest_time_us(journal, seg)
             if newest is None or newest > now - int(older_than_s * 1_000_000):
                 why = f"{seg.path} is younger than {older_than_s:g}s"
                 break
-        cat_id = man.archived_through(seg.base, seg.end)
-        if cat_id is None or not archive_root:
+        cats = man.archive_catalogs(seg.base, seg.end)
+        if cats is None or not archive_root:
             why = f"{seg.path} is not archived"
             break
         if qfloor is not None and seg.end > qfloor:
@@ -446,20 +480,13 @@ def remove_journal(
         if replay_floor is not None and seg.end > replay_floor:
             why = f"a replay is reading {seg.path}"
             break
-        cat = catalogs.get(cat_id)
-        if cat is None:
-            try:
-                cat = catalogs[cat_id] = read_json(
-                    os.path.join(archive_root, "_catalog", cat_id + ".json")
-                )
-            except FileNotFoundError:
-                why = f"archive catalog {cat_id} is missing"
-                break
-        entry = next(
-            (s for s in cat["segments"] if s["base"] == seg.base and s["end"] == seg.end), None
-        )
-        if entry is None or entry.get("file_crc32") != _file_crc32(seg.path):
-            why = f"{seg.path} does not match its archive (catalog {cat_id}); archive it again"
+        missing = [c for c in cats if _catalog(archive_root, c, catalogs) is None]
+        if missing:
+            why = f"archive catalog {missing[0]} is missing"
+            break
+        mismatch = _archived_file_mismatch(seg, cats, archive_root, catalogs)
+        if mismatch is not None:
+            why = f"{seg.path} does not match its archive (catalog {mismatch}); archive it again"
             break
         removed.append(seg)
     if not removed:
@@ -475,6 +502,9 @@ def remove_journal(
             if pos < cut:
                 m.publishers[str(pub)] = [seq, pos]
         m.start = cut
+        m.forget_archived_below(cut)
+        # removed compacted files leave the manifest too (it names only files of the journal)
+        m.compacted = [e for e in m.compacted if e["end"] > cut]
         return journal.commit_layout(m, sealed[len(removed) :])
 
     gone = journal.run_in_writer(commit).result()
@@ -485,6 +515,38 @@ def remove_journal(
         "bytes": sum(s.file_bytes for s in removed),
         "reason": why,
     }
+
+
+def _catalog(root: str, cat_id: str, cache: dict[str, Json | None]) -> Json | None:
+    if cat_id not in cache:
+        try:
+            cache[cat_id] = read_json(os.path.join(root, "_catalog", cat_id + ".json"))
+        except FileNotFoundError:
+            cache[cat_id] = None
+    return cache[cat_id]
+
+
+def _archived_file_mismatch(
+    seg: Segment, cats: list[str], root: str, cache: dict[str, Json | None]
+) -> str | None:
+    """The catalog (of those covering the segment) that describes this very file with another
+    crc32, or None. A plain segment is the same file wherever its range is the same; a compacted
+    one is known by its name (it carries the request that wrote it)."""
+    name = os.path.basename(seg.path)
+    for cat_id in cats:
+        cat = _catalog(root, cat_id, cache)
+        for entry in (cat or {}).get("segments", ()):
+            if seg.kind == "plain":
+                same = (entry["base"], entry["end"]) == (seg.base, seg.end) and not str(
+                    entry.get("path", "")
+                ).endswith(".cseg")
+            else:
+                same = os.path.basename(str(entry.get("path", ""))) == name
+            if same and entry.get("file_crc32") is not None:
+                if entry["file_crc32"] != _file_crc32(seg.path):
+                    return cat_id
+                return None
+    return None
 
 
 # -- the owner's loop over orders and results -----------------------------------------------------

@@ -14,13 +14,18 @@ rename + fsync of the directory: the rename is the commit point of every change.
    {"file": "00000000000000000000.compact-20261121T220000Z-1a2b.cseg", "base": 0,
     "end": 1048576, "records": 900, "raw_bytes": 210000, "file_bytes": 52000,
     "request": "compact-20261121T220000Z-1a2b"}],
- "archived": [[0, 2097152, "archive-20261121T210000Z-77aa"]],   // [base, end, catalog]: ranges
-                                       // whose archive was verified (merged when adjacent)
+ "archived": [[0, 2097152, "archive-20261121T210000Z-77aa"]],   // [base, end, catalog]: position
+                                       // ranges whose archive was verified (adjacent ranges of
+                                       // one catalog merged); kept through compaction
  "publishers": {"123456789": [42, 1040000]},   // dedup state of removed records:
                                        // publisher id -> [highest seq, its position]
  "applied": ["compact-20261121T220000Z-1a2b", ...]   // recent requests, for idempotent apply
 }
 ```
+
+Archive state is kept by *position range*, not by file: compaction keeps every retained record
+at its position and only drops records, so an archive verified for a range holds every record the
+journal can still hold there, whichever file (plain or compacted, before or after) holds them now.
 
 At open, a plain segment whose base lies inside a compacted range, or below `start`, is
 superseded: it is deleted (a crash after the commit left it behind). A `.cseg` file the manifest
@@ -103,17 +108,50 @@ class Manifest:
                 return cat
         return None
 
+    def archive_gaps(self, base: int, end: int) -> list[tuple[int, int]]:
+        """The parts of [base, end) that no archived range covers, in order ([] if archived)."""
+        gaps = []
+        at = base
+        for b, e, _cat in sorted(self.archived, key=lambda r: r[0]):
+            if e <= at or b >= end:
+                continue
+            if b > at:
+                gaps.append((at, b))
+            at = max(at, e)
+            if at >= end:
+                break
+        if at < end:
+            gaps.append((at, end))
+        return gaps
+
+    def archive_catalogs(self, base: int, end: int) -> list[str] | None:
+        """The catalogs whose ranges cover [base, end), oldest range first; None if a part of it
+        is not archived."""
+        if self.archive_gaps(base, end):
+            return None
+        cats: list[str] = []
+        for b, e, cat in sorted(self.archived, key=lambda r: r[0]):
+            if b < end and base < e and cat not in cats:
+                cats.append(cat)
+        return cats
+
     def add_archived(self, base: int, end: int, catalog: str) -> None:
-        ranges = sorted(self.archived + [[base, end, catalog]], key=lambda r: r[0])
+        """Record [base, end) as archived by `catalog`. Ranges of one catalog merge when they
+        touch; ranges of different catalogs stay apart, so each range names the catalog that
+        describes it (remove-journal reads it)."""
+        ranges = sorted(self.archived + [[base, end, catalog]], key=lambda r: (r[0], r[1]))
         merged: list[list[Any]] = []
         for r in ranges:
-            if merged and r[0] <= merged[-1][1]:
-                if r[1] > merged[-1][1]:
-                    merged[-1][1] = r[1]
-                    merged[-1][2] = r[2]
+            last = merged[-1] if merged else None
+            if last is not None and r[2] == last[2] and r[0] <= last[1]:
+                last[1] = max(last[1], r[1])
             else:
                 merged.append(list(r))
         self.archived = merged
+
+    def forget_archived_below(self, position: int) -> None:
+        """Drop archive state below `position` (removed from the journal: nothing reads it)."""
+        self.archived = [[max(b, position), e, cat] for b, e, cat in self.archived if e > position]
 
 
 def load_manifest(directory: str) -> Manifest:

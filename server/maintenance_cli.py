@@ -2,14 +2,21 @@
 
     tickertape archive --config FILE [--older-than 1d] [--archive-dir DIR] [--master local[*]]
     tickertape compact --config FILE [--retention 7d] [--older-than 1h] [--recompact]
+      Spark: [--master spark://HOST:7077 | yarn | k8s://...] [--conf K=V ...]
+             [--executor-python PATH] [--driver-memory 2g] [--verbose]
+      [--dry-run] [--write-request] [--json] [--quiet]
 
 Who does what (journal/maintenance.py has the protocol):
 
 1. The request. If no server has the journal open, this command opens it exclusively and
    writes the request itself. If a server runs (the journal's lock is held), it drops an
    *order* in `_maint/orders/` and the server answers with the request within a second or two.
-2. The job runs here, in this process (a local Spark session, or --master), with a progress bar
-   on stderr; it writes the result file.
+2. The job runs here, in this process (a local Spark session, or --master: the job's code is
+   shipped to the executors and their Python checked first), with a progress bar on stderr;
+   Spark's own log goes to `_maint/logs/<id>.spark.log` (shown on failure, removed after
+   success) unless --verbose. It writes the result file. With --write-request the command
+   stops after the request and prints its path (and, on stderr, the spark-submit line that
+   runs it).
 3. The apply step runs on the journal's owner: this command if it can take the journal
    exclusively, otherwise the server, which picks the result up at its next maintenance tick and
    swaps its manifest without a restart. This command waits for the answer and prints a summary.
@@ -19,7 +26,9 @@ Defaults come from the configuration's <Actions>: the first archive-journal step
 segments are only compressed, nothing is dropped).
 
 Exit status: 0 done or nothing to do; 1 error; 2 verification failed or the result was rejected
-(nothing changed); 3 a segment changed under the job (run again); 4 Spark or Java missing.
+(nothing changed); 3 a segment changed under the job (run again); 4 Spark or Java missing;
+5 the executors cannot run the job (their Python lacks a runtime need, or runs other code);
+141 stdout was closed early (`--dry-run | head`).
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ APPLY_WAIT_S = 120.0
 
 
 def add_maintenance_commands(sub: argparse._SubParsersAction) -> None:
+    from journal.batch import add_spark_arguments
+
     for kind, helptext in (
         ("archive", "archive sealed journal segments to Parquet (Spark job)"),
         (
@@ -79,14 +90,15 @@ def add_maintenance_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument(
                 "--recompact", action="store_true", help="also rewrite segments compacted before"
             )
-        p.add_argument(
-            "--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)"
-        )
-        p.add_argument(
-            "--driver-memory", default="2g", help="Spark driver heap in local mode (default 2g)"
-        )
+        add_spark_arguments(p)
         p.add_argument(
             "--dry-run", action="store_true", help="show the segments the job would take, and stop"
+        )
+        p.add_argument(
+            "--write-request",
+            action="store_true",
+            help="write the request, print its path and stop (run it with spark-submit, "
+            "docs/batch.md); nothing to do: nothing printed",
         )
         p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -116,11 +128,30 @@ def _err(msg: str) -> None:
 
 
 def run(args: argparse.Namespace, kind: str, spark: Any = None) -> int:
-    """The command; `spark`: an existing SparkSession to run the job in (tests), else one is built."""
+    """The command; `spark`: an existing SparkSession to run the job in (tests), else one is built.
+    A reader that goes away (`--dry-run | head`) ends it quietly, with status 141 (SIGPIPE's)."""
+    try:
+        return _run(args, kind, spark)
+    except BrokenPipeError:
+        # later writes (and the flush at exit) go nowhere instead of raising again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
+
+
+def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
     from config.errors import ConfigError
     from config.loader import default_config, load_config
     from journal.journal import Journal, JournalError, JournalLocked
-    from journal.maintenance import MaintenanceError, apply_result, make_request, write_request
+    from journal.maintenance import (
+        MaintenanceError,
+        apply_result,
+        make_request,
+        pending_results,
+        write_request,
+    )
+    from journal.spark_env import parse_conf
     from protocol.units import parse_interval
 
     from .router import is_pattern
@@ -140,6 +171,7 @@ def run(args: argparse.Namespace, kind: str, spark: Any = None) -> int:
             age = parse_interval(args.older_than)
         if kind == "compact" and args.retention:
             retention = parse_interval(args.retention)
+        spark_conf = parse_conf(getattr(args, "conf", None))
     except ValueError as exc:
         _err(str(exc))
         return 2
@@ -168,6 +200,9 @@ def run(args: argparse.Namespace, kind: str, spark: Any = None) -> int:
     try:
         if j is not None:
             try:
+                for rid in pending_results(jdir):  # e.g. a spark-submit run's, never applied
+                    applied = apply_result(j, rid)
+                    print(f"journal: {rid}: {applied.get('status')}: {applied.get('reason', '')}")
                 req = make_request(j, kind, queues=queues, **opts)
             finally:
                 j.close()
@@ -194,7 +229,15 @@ def run(args: argparse.Namespace, kind: str, spark: Any = None) -> int:
         _err(str(exc))
         return 2
     if req is None:
-        print(f"{kind}: nothing to do: no sealed segment qualifies")
+        if not getattr(args, "write_request", False):
+            print(f"{kind}: nothing to do: no sealed segment qualifies")
+        return 0
+    if getattr(args, "write_request", False) and not args.dry_run:
+        from journal.manifest import request_path
+
+        path = request_path(jdir, req["id"])
+        print(path, flush=True)
+        print(_submit_hint(args, path), file=sys.stderr)
         return 0
     if args.dry_run:
         total = sum(s["file_bytes"] for s in req["segments"])
@@ -218,22 +261,38 @@ def run(args: argparse.Namespace, kind: str, spark: Any = None) -> int:
         )
         return 4
     try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+
         from journal import batch
     except ImportError as exc:
         _err(
             f"the Spark job needs the 'spark' extra ({exc}): pip install 'tickertape[spark]' (./run test installs it)"
         )
         return 4
+    verbose = bool(getattr(args, "verbose", False))
+    log_path = None if verbose or spark is not None else batch.spark_log_path(jdir, req["id"])
     summary = batch.run_job(
         req,
         spark,
         master=args.master,
         driver_memory=args.driver_memory,
+        conf=spark_conf,
+        executor_python=getattr(args, "executor_python", None),
         progress=not args.quiet,
         verify=getattr(args, "verify", "files") or "files",
+        quiet=not verbose,
+        log_path=log_path,
     )
+    if log_path is not None:
+        if summary.get("status") == "ok":
+            _unlink(log_path)
+        elif os.path.exists(log_path):
+            summary["spark_log"] = log_path
     if summary.get("status") != "ok":
         _report(args, summary, None, batch)
+        if summary.get("spark_log") and not args.json:
+            _err(f"Spark's log: {summary['spark_log']}")
         # the owner still answers the failed result so the request is closed
         _apply_or_wait(jdir, tl, req["id"], args.wait, Journal, JournalLocked, apply_result)
         return batch.exit_code(summary)
@@ -313,6 +372,59 @@ def _report(
     print(batch.format_summary(summary))
     if answer is not None:
         print(f"journal: {answer.get('status')}: {answer.get('reason', '')}")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _submit_hint(args: argparse.Namespace, req_path: str) -> str:
+    """How to run a written request with spark-submit, with this installation's paths."""
+    import shlex
+
+    from journal import batch
+
+    try:
+        import pyspark
+
+        spark_home = os.path.dirname(os.path.abspath(pyspark.__file__))
+    except ImportError:
+        spark_home = "$SPARK_HOME"
+    exe = (
+        getattr(args, "executor_python", None)
+        or os.environ.get("PYSPARK_PYTHON")
+        or "/path/to/executors/python"
+    )
+    master = args.master or "spark://HOST:7077"
+    env = [
+        f"SPARK_HOME={shlex.quote(spark_home)}",
+        f"PYSPARK_DRIVER_PYTHON={shlex.quote(sys.executable)}",
+        f"PYSPARK_PYTHON={shlex.quote(exe)}",
+    ]
+    if os.environ.get("SPARK_LOCAL_IP"):
+        env.append(f"SPARK_LOCAL_IP={shlex.quote(os.environ['SPARK_LOCAL_IP'])}")
+    cmd = [
+        os.path.join(spark_home, "bin", "spark-submit"),
+        "--master",
+        master,
+        "--driver-memory",
+        args.driver_memory,
+        *[a for kv in getattr(args, "conf", None) or () for a in ("--conf", kv)],
+        os.path.abspath(batch.__file__),
+        "--request",
+        req_path,
+        "--progress",
+    ]
+    return (
+        "request written; run it with spark-submit (the result is applied by the server, or by "
+        "the job itself when no server holds the journal):\n  "
+        + " ".join(env)
+        + " \\\n  "
+        + " ".join(shlex.quote(c) for c in cmd)
+    )
 
 
 def _iso(us: int) -> str:

@@ -270,9 +270,10 @@ def test_compaction_under_a_live_server(spark, tmp_path):
         srv.stop()
 
 
-def test_a_scheduled_action_archives_and_removes_in_a_child_process(spark, tmp_path):
-    """<Actions>: every 1s, archive-journal then remove-journal; the server runs the job in a child
-    process, applies the result, removes only the archived oldest segments, and replay from
+def test_a_scheduled_action_archives_compacts_and_removes_in_a_child_process(spark, tmp_path):
+    """The README's schedule in <Actions>: every 1s, archive-journal, compact-journal, then
+    remove-journal; the server runs each job in a child process, applies the results, removes
+    only the archived oldest segments (compacted after they were archived), and replay from
     EPOCH starts at the new start without a gap."""
     import pyarrow.dataset as ds
 
@@ -282,6 +283,7 @@ def test_a_scheduled_action_archives_and_removes_in_a_child_process(spark, tmp_p
     actions = """<Actions><Action>
       <On><Module>amps-action-on-schedule</Module><Options><Every>1s</Every><Name>archiver</Name></Options></On>
       <Do><Module>amps-action-do-archive-journal</Module><Options><Age>0s</Age></Options></Do>
+      <Do><Module>tickertape-action-do-compact-journal</Module><Options><Retention>7d</Retention></Options></Do>
       <Do><Module>amps-action-do-remove-journal</Module><Options><Age>0s</Age></Options></Do>
     </Action></Actions>"""
     xml = make_config(str(directory), topics=("hist",), journal_size="64KB", extra=actions).replace(
@@ -294,9 +296,11 @@ def test_a_scheduled_action_archives_and_removes_in_a_child_process(spark, tmp_p
         body = lambda i: json.dumps({"i": i, "pad": "y" * 100})
         publish_many(srv.port, "hist", [body(i) for i in range(1, 1501)], name="pub-h").close()
         srv.wait_for_log(r"action archiver: archive-journal: applied", timeout=90)
+        srv.wait_for_log(r"action archiver: compact-journal: applied", timeout=60)
         line = srv.wait_for_log(
             r"action archiver: remove-journal: removed \d+ segments", timeout=30
         )
+        assert "does not match its archive" not in srv.output()
         assert "journal job" in srv.output()  # the job ran in a child process and was logged
         archived = ds.dataset(archive, format="parquet", partitioning="hive")
         n = archived.count_rows()
