@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import cast
 
-from .model import FairnessModel, Leasing, MessageType, QueueSpec, Semantics, TransactionLog
+from .model import (
+    DEFAULT_LEASE_PERIOD,
+    FairnessModel,
+    Leasing,
+    MessageType,
+    QueueSpec,
+    Semantics,
+    TransactionLog,
+)
 from .rules import Checker, Section, at_least, enum, literal_topic, message_type, positive_interval
 from .schema import QUEUE, SOW
 from .values import parse_count
@@ -57,7 +65,7 @@ def read_queue(
     mtype = q.value("MessageType", message_type, "json")
     semantics = q.value("Semantics", enum("at-least-once", "at-most-once"), "at-least-once")
     at_most_once = semantics == "at-most-once"
-    lease_period = q.value("LeasePeriod", positive_interval, None)
+    lease_period = q.value("LeasePeriod", positive_interval, DEFAULT_LEASE_PERIOD)
     per_sub = q.value("MaxPerSubscriptionBacklog", at_least(parse_count, 1, "of 1"), 1)
     max_backlog = q.value("MaxBacklog", at_least(parse_count, 1, "of 1"), None)
     fairness = q.value(

@@ -373,7 +373,9 @@ class Session(SubscribeCommands):
             except FilterError as exc:
                 self.fail(h, Failure.BAD_FILTER, str(exc))
                 return
-            n, refused = q.ack_filter(self.table, f, expire=opts.expire), []
+            n, refused = q.ack_filter(
+                self.table, f, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend
+            )
         else:
             self.fail(
                 h,

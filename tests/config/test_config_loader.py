@@ -809,7 +809,7 @@ def test_queue_defaults():
     q = c.queues[0]
     assert (q.semantics, q.lease_period, q.max_per_subscription_backlog, q.max_backlog) == (
         "at-least-once",
-        None,
+        30.0,
         1,
         None,
     )
