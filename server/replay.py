@@ -172,12 +172,12 @@ class Replay:
 
     async def run(self) -> None:
         engine = self.engine
-        journal = engine.journal
-        assert journal is not None  # replays are planned only with a transaction log
+        journal = engine.journal  # None: only a paused NOW, which is at the live end already
         feed = engine.feed
         loop = asyncio.get_running_loop()
         try:
             if self.wait_until is not None:
+                assert journal is not None  # a begin time is planned only with a journal
                 await self._wait_begin_time(journal)
             while self.cursors:
                 out = self.out
@@ -196,6 +196,7 @@ class Replay:
                         return
                     await self._tail(feed)
                     continue
+                assert journal is not None  # below the live end there is a journal to read
                 size = READ_BLOCK if self.sent else FIRST_BLOCK
                 plain = self._plain_cursor()
                 if plain is not None:

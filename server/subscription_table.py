@@ -4,7 +4,7 @@ States of a subscription (`Subscription.state`, server/subscriptions.py) and wha
 
     subscribe (no bm, or bm NOW) ──────────────────────────────────────────────> LIVE
     subscribe bm (a replay plan) ──> REPLAYING ──caught up──> LIVE, or LIVE_EARLY (`live` option)
-    subscribe bm, o=pause ─────────> PAUSED
+    subscribe bm (NOW too), o=pause ──> PAUSED
                                      REPLAYING ──pause──> PAUSED ──resume──> REPLAYING
     LIVE / LIVE_EARLY (a bookmark subscription) ──pause──> PAUSED (its place: the live end)
     REPLAYING ──range end (completed ack)──> REMOVED
@@ -128,6 +128,8 @@ class SubscriptionTable:
     def replace(self, old: Subscription, new: Subscription) -> None:
         """`replace`: new filter / options, same state and place in the stream."""
         self.index.remove(old)
+        if old.conflation is not None:
+            old.conflation.close(emit=True)  # what it held goes out under the old options
         new.state = old.state
         new.replay = old.replay
         new.acked_bm = old.acked_bm
@@ -161,6 +163,8 @@ class SubscriptionTable:
         self.index.remove(sub)
         if sub.state is SubState.LIVE_EARLY:
             self.index.fanout.leave_early()
+        if sub.conflation is not None:
+            sub.conflation.close()
         sub.state = SubState.REMOVED
         if sub.replay is not None:
             sub.replay.detach(sub)

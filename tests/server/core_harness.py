@@ -133,8 +133,17 @@ class Client:
 class Core:
     """The server's parts, as Server.start builds them, minus listeners and the tick."""
 
-    def __init__(self, tmp_path: Any, loop: asyncio.AbstractEventLoop, extra: str = "") -> None:
-        self.config = load_config_text(make_config(str(tmp_path), admin=False, extra=extra))
+    def __init__(
+        self,
+        tmp_path: Any,
+        loop: asyncio.AbstractEventLoop,
+        extra: str = "",
+        topics: tuple[str, ...] = (".*",),
+    ) -> None:
+        """`topics`: the <TransactionLog> topic patterns (every topic is recorded by default)."""
+        self.config = load_config_text(
+            make_config(str(tmp_path), admin=False, extra=extra, topics=topics)
+        )
         tl = self.config.transaction_log
         assert tl is not None
         self.loop = loop
