@@ -315,7 +315,21 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     partial_message_timeout: float = 60.0
     idle_timeout: float = 0.0
     client_message_age_limit: float = 60.0
+    """Seconds a connection's queued output may go without draining a byte before it is closed
+    (`slow client`): a subscriber that makes no progress, including one reading the journal."""
     client_max_subscriptions: int = 1000
+    client_offline_threshold: int | None = None
+    """Bytes queued for output to one connection (`<ClientOfflineThreshold>`) past which its live
+    subscriptions that the journal can feed stop queueing in memory and read the journal from
+    the last message they were sent, then rejoin the live stream (server/replay.py). 0 = never
+    (they are closed at `client_max_buffer_size`); None = `offline_threshold`'s default."""
+
+    @property
+    def offline_threshold(self) -> int:
+        """The threshold that applies: as configured, else min(4 MiB, half the buffer bound)."""
+        if self.client_offline_threshold is not None:
+            return self.client_offline_threshold
+        return min(4 * MiB, self.client_max_buffer_size // 2)
 
 
 class Authentication(msgspec.Struct, frozen=True, kw_only=True):

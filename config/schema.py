@@ -77,7 +77,10 @@ class Spec:
 _WHERE: dict[str, list[str]] = {}  # element name -> sections it may appear in (for hints)
 
 _NO_REPLICATION = "replication is not supported yet"
-_SLOW_CLIENT = "Tickertape bounds each connection with <ClientMaxBufferSize> at the root"
+_SLOW_CLIENT = (
+    "Tickertape bounds each connection at the root: past <ClientOfflineThreshold> its "
+    "subscribers read from the journal, <ClientMaxBufferSize> and <ClientMessageAgeLimit> close it"
+)
 
 ROOT = Spec(
     "TickertapeConfig",
@@ -110,6 +113,7 @@ ROOT = Spec(
     misnamed={
         "ClientBufferThreshold": "ClientMaxBufferSize",
         "SlowClientDisconnect": "ClientMaxBufferSize",
+        "SlowClientTimeout": "ClientMessageAgeLimit",
         "Queues": "SOW",
     },
 )

@@ -75,15 +75,28 @@ def _read_spliced(
 
 
 class Cursor:
-    __slots__ = ("completed_sent", "conflater", "end", "last_bm", "start", "sub", "tail_only")
+    __slots__ = (
+        "completed_sent",
+        "conflater",
+        "end",
+        "lagging",
+        "last_bm",
+        "start",
+        "sub",
+        "tail_only",
+    )
 
-    def __init__(self, sub: Subscription, start: int, end: End | None) -> None:
+    def __init__(
+        self, sub: Subscription, start: int, end: End | None, lagging: bool = False
+    ) -> None:
         self.sub = sub
         self.start = start
         self.end = end
         o = sub.opts
         self.conflater = Conflater(o.conflation, o.conflation_key) if o.conflation else None
-        self.completed_sent = False
+        # a live subscription that lags reads the journal unasked: no `completed` when it rejoins
+        self.lagging = lagging
+        self.completed_sent = lagging
         self.last_bm: tuple[int, int] | None = None
         # ranges and conflation never hand over to the live path: they keep reading the journal
         self.tail_only = end is not None or self.conflater is not None
@@ -100,8 +113,10 @@ class Replay:
         wait_until: int | None = None,
         rate: Rate | None = None,
         rate_max_gap: float | None = None,
+        lagging: bool = False,
     ) -> None:
         self.engine = engine
+        self.lagging = lagging  # the pass of a lagging connection (ReplayEngine.fall_back)
         self.cursors = cursors
         self.position = position
         self.paused = paused
@@ -142,6 +157,12 @@ class Replay:
     def cancel(self) -> None:
         if self.task is not None:
             self.task.cancel()
+
+    def add(self, cursor: Cursor) -> None:
+        """One more subscription joins this pass (its cursor starts at or after `position`)."""
+        self.cursors.append(cursor)
+        cursor.sub.replay = self
+        self.wake.set()
 
     def detach(self, sub: Subscription) -> None:
         """Remove one subscription (unsubscribe); the pass goes on for the others."""
@@ -277,6 +298,8 @@ class Replay:
                     sub.out.send_ack("completed", sub.cid, sub_id=sub.sub_id)
             if not c.tail_only:
                 self.cursors.remove(c)
+                if c.lagging:
+                    self.engine.rejoins += 1
                 sub.owner.went_live(sub)
             sub.out.flush()
         return not self.cursors
@@ -499,6 +522,8 @@ class ReplayEngine:
         self.readers = readers
         self.feed = feed
         self.replays: set[Replay] = set()
+        self.fallbacks = 0  # live subscriptions that lagged and read the journal instead
+        self.rejoins = 0  # ... and caught up to the live stream again
 
     def plan(self, spec: BookmarkSpec | None, opts: SubscribeOptions) -> Plan:
         """Resolve a bookmark (None: conflation from now on) against the journal."""
@@ -540,6 +565,39 @@ class ReplayEngine:
             rate=sub.opts.rate,
             rate_max_gap=sub.opts.rate_max_gap,
         ).start()
+
+    def fall_back(self, subs: list[Subscription]) -> None:
+        """Live subscriptions of one connection that lag: they read the journal from the live
+        end instead, in one pass per connection (one read block), until they catch up.
+
+        Live delivery has given them every message below `delivered_end` whenever an Outbox
+        flushes (the pipeline moves it just before the fan-out, with no flush in between), so
+        starting there is starting after the last message each was sent: no gap, no duplicate.
+        """
+        pos = self.feed.delivered_end
+        out = subs[0].out
+        running = next(
+            (r for r in self.replays if r.lagging and r.cursors and r.out is out and not r.paused),
+            None,
+        )
+        self.fallbacks += len(subs)
+        if running is not None:
+            for sub in subs:
+                running.add(Cursor(sub, pos, None, lagging=True))
+            return
+        Replay(
+            self, [Cursor(sub, pos, None, lagging=True) for sub in subs], pos, lagging=True
+        ).start()
+
+    def split_paused(self, sub: Subscription) -> None:
+        """Pause one subscription of a lagging connection's shared pass: it goes on alone,
+        paused, from where the pass is; the others keep reading."""
+        shared = sub.replay
+        assert shared is not None
+        cursor = next(c for c in shared.cursors if c.sub is sub)
+        shared.detach(sub)
+        cursor.start = max(cursor.start, shared.position)
+        Replay(self, [cursor], shared.position, paused=True).start()
 
     def resume(self, subs: list[Subscription]) -> None:
         """Resume; subscriptions resumed together share one replay pass so they stay in step."""

@@ -67,6 +67,7 @@ class Session(SubscribeCommands):
         self.server_pub = 0
         self.logged_on = False
         self.table = SubscriptionTable(self.describe, services.index, services.replays)
+        out.on_lag = self.table.fall_back  # past <ClientOfflineThreshold>
         self.wants_persisted = False
         self._gap_told = 0  # the gap a persisted failure was sent for (_refuse_above_gap)
         self.is_publisher = False

@@ -133,6 +133,7 @@ class SubscribeCommands:
             sub.conflation = LiveConflation(
                 sub, opts.conflation, opts.conflation_key, svc.call_later
             )
+        sub.journal_fed = svc.topics.journal_fed(match_topic, regex, spec is not None)
         if existing is not None:  # replace: same place in the stream, new filter / options
             table.replace(existing, sub)
         elif plan is not None:

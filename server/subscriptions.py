@@ -50,6 +50,7 @@ class Subscription:
         "conflation",
         "filter",
         "filter_text",
+        "journal_fed",
         "opts",
         "out",
         "owner",
@@ -108,6 +109,7 @@ class Subscription:
         # join (the replay reads only recorded topics) and after it (seed 001)
         self.recorded_only = regex is not None and bookmark is not None
         self.conflation: Any = None  # a LiveConflation (server/conflation.py) on the live stream
+        self.journal_fed = False  # all it gets is in the journal (TopicPolicy.journal_fed)
 
     @property
     def live(self) -> bool:

@@ -35,6 +35,18 @@ class TopicPolicy:
         # a pattern replays only the logged topics it matches; accept it if anything is logged
         return bool(tl.topics)
 
+    def journal_fed(self, topic: str, regex: Any, bookmark: bool) -> bool:
+        """Whether every message a live subscription gets is in the journal, so that it can read
+        the journal instead when it lags (server/subscription_table.py `fall_back`): a recorded
+        literal topic; a pattern of a bookmark subscription (it gets only recorded topics); a
+        plain pattern only when every topic is recorded."""
+        tl = self._tl
+        if tl is None:
+            return False
+        if regex is None:
+            return tl.records_topic(topic)
+        return bookmark or any(t.name in (".*", ".+") for t in tl.topics)
+
     def replay_topic(self, topic: str) -> str:
         """A bookmark subscription to a queue name replays the queue's underlying topic."""
         q = self._config.queue(topic)

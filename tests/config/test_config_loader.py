@@ -524,7 +524,7 @@ def test_config_error_pickles():
             "<Name>x</Name><ClientMaxCapacity>1m</ClientMaxCapacity>",
             2,
             "/TickertapeConfig/ClientMaxCapacity",
-            "<ClientMaxBufferSize> at the root",
+            "past <ClientOfflineThreshold> its subscribers read from the journal",
         ),
         (
             "<Name>x</Name><LogonTimeout>0s</LogonTimeout>",
@@ -1018,6 +1018,34 @@ def test_journal_actions_need_a_journal_and_an_archive_directory():
 def test_client_max_buffer_size():
     c = load("<Name>x</Name><ClientMaxBufferSize>128MB</ClientMaxBufferSize>")
     assert c.limits.client_max_buffer_size == 128 * MB
+
+
+def test_client_offline_threshold():
+    assert load("<Name>x</Name>").limits.offline_threshold == 4 * MB
+    small = load("<Name>x</Name><ClientMaxBufferSize>16MB</ClientMaxBufferSize>")
+    assert small.limits.client_offline_threshold is None
+    assert small.limits.offline_threshold == 4 * MB
+    tiny = load(
+        "<Name>x</Name><ClientMaxBufferSize>2MB</ClientMaxBufferSize><Transports><Transport>"
+        "<Name>t</Name><InetAddr>0</InetAddr><MaxMessageSize>1MB</MaxMessageSize></Transport>"
+        "</Transports>"
+    )
+    assert tiny.limits.offline_threshold == 1 * MB  # half the buffer bound
+    c = load("<Name>x</Name><ClientOfflineThreshold>1MB</ClientOfflineThreshold>")
+    assert c.limits.offline_threshold == 1 * MB
+    off = load("<Name>x</Name><ClientOfflineThreshold>0</ClientOfflineThreshold>")
+    assert off.limits.offline_threshold == 0
+    _, path, message = one_problem(
+        "<Name>x</Name><ClientOfflineThreshold>64MB</ClientOfflineThreshold>"
+    )
+    assert path == "/TickertapeConfig/ClientOfflineThreshold"
+    assert "is not below ClientMaxBufferSize 64MB" in message and "0 to turn" in message
+    _, path, message = one_problem(
+        "<Name>x</Name><ClientOfflineThreshold>1KB</ClientOfflineThreshold>"
+    )
+    assert "must be 0 (off) or at least 65536 bytes" in message
+    _, path, message = one_problem("<Name>x</Name><SlowClientTimeout>5s</SlowClientTimeout>")
+    assert "<ClientMessageAgeLimit>" in message
 
 
 def test_idle_poll():
