@@ -211,12 +211,13 @@ class TransactionLog(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
 
 class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """A queue (`<SOW><Queue>`): a view over one topic recorded in the transaction log."""
+    """A queue (`<SOW><Queue>`): a view over topics recorded in the transaction log."""
 
     name: str
     """The topic consumers subscribe to (a literal name)."""
     underlying_topic: str
-    """The topic publishers publish to (literal; defaults to `name` in XML)."""
+    """The topic publishers publish to (defaults to `name` in XML), or a pattern over topic
+    names (RE2, whole name; config.queues.is_topic_pattern): the recorded topics it matches."""
     message_type: MessageType = "json"
     semantics: Semantics = "at-least-once"
     lease_period: float = DEFAULT_LEASE_PERIOD
@@ -247,6 +248,9 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Filter marking barrier messages (unparsed here)."""
     dead_letter_topic: str | None = None
     """Where expired messages are published, with the expiry reason; None = dropped."""
+    default_publish_target: str | None = None
+    """A publish to the queue's name goes to this topic (one of the underlying ones); None = a
+    publish to the name is a publish to that topic, as to any other."""
 
 
 class ActionTrigger(msgspec.Struct, frozen=True, kw_only=True):

@@ -217,6 +217,7 @@ QUEUE = Spec(
         "Filter",
         "BarrierExpression",
         "DeadLetterTopic",
+        "DefaultPublishTarget",
     ),
     synonyms={"Topic": "Name"},
     misnamed={
@@ -228,8 +229,8 @@ QUEUE = Spec(
         "MaxRedeliveries": "MaxDeliveries",
     },
     unsupported={
-        "DefaultPublishTarget": "the underlying topic is a literal name; publish to it",
-        "ExpirationModel": "a message's own expiration (e) and the queue's <Expiration> apply",
+        "ExpirationModel": "a message's own expiration (e) applies, else the queue's <Expiration> "
+        "(AMPS's default model)",
         "RecoveryPoint": "queue state is always rebuilt from the whole journal",
         "Priority": "priority queues are not supported",
         "FileBackedMetadata": "queue metadata is an in-memory index over the journal",

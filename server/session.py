@@ -251,10 +251,10 @@ class Session(SubscribeCommands):
             )
 
     def cmd_publish(self, h: Header, body: bytes) -> None:
-        topic = h.t
         svc = self.svc
-        if not topic or not svc.topics.literal_topic(topic):
-            self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {topic!r}")
+        topic = svc.topics.publish_topic(h.t) if h.t else None
+        if not topic:
+            self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {h.t!r}")
             return
         a = h.a
         if a is not None and "persisted" in a:

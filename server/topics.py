@@ -1,5 +1,6 @@
 """What the configuration says about topics: which are recorded (and so can be replayed),
-which name a queue, and which are literal (publish needs one)."""
+which name a queue, which are literal (publish needs one), and where a publish to a queue's
+name goes (`<DefaultPublishTarget>`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ class TopicPolicy:
     def __init__(self, config: Config, has_journal: bool) -> None:
         self._config = config
         self._tl = config.transaction_log if has_journal else None
-        self._literal: dict[str, bool] = {}
+        self._literal: dict[str, str | None] = {}
+        self._targets = {
+            q.name: q.default_publish_target for q in config.queues if q.default_publish_target
+        }
 
     def replayable(self, topic: str, regex: Any) -> bool:
         """Whether a bookmark subscription (or conflation) on `topic` can read the journal."""
@@ -52,11 +56,15 @@ class TopicPolicy:
         q = self._config.queue(topic)
         return q.underlying_topic if q is not None else topic
 
-    def literal_topic(self, topic: str) -> bool:
-        """Publish needs a literal topic (cached: this runs per publish)."""
-        ok = self._literal.get(topic)
-        if ok is None:
+    def publish_topic(self, topic: str) -> str | None:
+        """Where a publish to `topic` is stored: None when `topic` is a pattern (publish needs a
+        literal topic), a queue's `<DefaultPublishTarget>` for its name, else `topic`. Cached:
+        this runs per publish."""
+        got = self._literal.get(topic, "")
+        if got == "":
             if len(self._literal) > LITERAL_CACHE_LIMIT:
                 self._literal.clear()
-            ok = self._literal[topic] = not is_pattern(topic)
-        return ok
+            got = self._literal[topic] = (
+                None if is_pattern(topic) else self._targets.get(topic, topic)
+            )
+        return got

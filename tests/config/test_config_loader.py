@@ -803,6 +803,32 @@ def test_invalid_topic_regexes_are_all_reported():
 # Queues
 
 
+def test_queue_over_a_pattern_of_topics():
+    c = load(
+        "<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>q</Name><UnderlyingTopic>ord.*"
+        "</UnderlyingTopic><DefaultPublishTarget>orders</DefaultPublishTarget></Queue></SOW>"
+    )
+    assert (c.queues[0].underlying_topic, c.queues[0].default_publish_target) == (
+        "ord.*",
+        "orders",
+    )
+    found = problems(
+        "<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>q</Name><UnderlyingTopic>ord.*"
+        "</UnderlyingTopic><DefaultPublishTarget>other</DefaultPublishTarget></Queue></SOW>"
+    )
+    assert any("'other' is not one of the underlying topics" in m for _, _, m in found)
+    _, path, message = one_problem(
+        "<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>q</Name><UnderlyingTopic>(a)\\1"
+        "</UnderlyingTopic></Queue></SOW>"
+    )
+    assert path.endswith("/UnderlyingTopic") and "not supported" in message
+    _, path, message = one_problem(
+        "<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>q</Name><UnderlyingTopic>ord.*"
+        "</UnderlyingTopic><DeadLetterTopic>ord.dead</DeadLetterTopic></Queue></SOW>"
+    )
+    assert path.endswith("/DeadLetterTopic") and "come straight back" in message
+
+
 def test_queue_defaults():
     c = load("<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>orders</Name></Queue></SOW>")
     assert c.queues == (QueueSpec(name="orders", underlying_topic="orders"),)

@@ -261,3 +261,43 @@ def test_verify_config_states_the_lease_and_the_expiration(tmp_path):
     assert "  queue cq over c: at-least-once, leases end after 30s; " in lines[-1]
     assert "expire 0.15s after receipt unless their own `e` says otherwise" in lines[1]
     assert "at-most-once (no lease)" in lines[4]
+
+
+# -- item 7: a queue over a set of topics (a pattern <UnderlyingTopic>) -----------------------------
+
+MD_QUEUE = r"""<SOW>
+  <Queue><Name>mdq</Name><UnderlyingTopic>md\..*</UnderlyingTopic>
+         <DefaultPublishTarget>md.default</DefaultPublishTarget>
+         <MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
+</SOW>"""
+
+
+async def test_a_queue_over_a_pattern_of_recorded_topics(make_core):
+    core = make_core(MD_QUEUE, topics=(r"md\.(eq|fx|default)",))
+    pub = core.client("pub")
+    for n, topic in enumerate(("md.eq", "md.bonds", "chat", "md.fx", "mdq"), 1):
+        pub.send("publish", json.dumps({"n": n}), t=topic)
+    await core.settle()
+    c = core.client("c")
+    c.send("subscribe", t="mdq", sub_id="q", o="max_backlog=10")
+    got = _deliveries(c.take())
+    # md.bonds matches but is not recorded; a publish to the queue's name went to md.default
+    assert [(json.loads(f.body)["n"], f["t"]) for f in got] == [
+        (1, "md.eq"),
+        (4, "md.fx"),
+        (5, "md.default"),
+    ]
+    c.send("sow_delete", t="mdq", bm=got[0]["bm"], a="processed", cid="a")
+    await core.settle()
+    core.queues._last_checkpoint = 0.0
+    pub.send("publish", json.dumps({"n": 6}), t="md.eq")
+    await core.settle()
+    core.close()
+    again = make_core(MD_QUEUE, topics=(r"md\.(eq|fx|default)",))
+    c = again.client("c")
+    c.send("subscribe", t="mdq", sub_id="q", o="max_backlog=10")
+    assert _ns(c.take()) == [4, 5, 6]  # acked 1 stays acked after a restart
+    b = again.client("b")
+    b.send("subscribe", t="mdq", sub_id="r", bm="0")  # a replay of the underlying topics
+    await again.until(lambda: b.session.table.get("r").state.value == "live")
+    assert _ns(b.take()) == [1, 4, 5, 6]
