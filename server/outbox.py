@@ -75,7 +75,7 @@ class Outbox:
         self.close_reason: str | None = None
         self._transport: Transport | None = None
         self._max_buffer = max_buffer
-        self._offline_at = offline_at or max_buffer + 1
+        self._offline_at = offline_at
         self._on_close = on_close
         self.on_lag: Callable[[], None] | None = None
 
@@ -100,7 +100,7 @@ class Outbox:
         self.bytes_written += len(data)
         self.last_send = time.monotonic()
         queued = t.get_write_buffer_size()
-        if queued > self._offline_at and self.on_lag is not None:
+        if self._offline_at and queued > self._offline_at and self.on_lag is not None:
             self.on_lag()
         if queued > self._max_buffer:
             self.close(Disconnect.SLOW_CLIENT, abort=True)

@@ -23,6 +23,11 @@ to live delivery (`owner.went_live`) with no `await` between the check and the s
 delivery runs on the loop too, in commit order, so it takes over at exactly that position: no
 gap, no duplicate. A range that reaches its end is reported with `owner.range_done`.
 
+Lagging connections (`ReplayEngine.fall_back`): a live subscription whose connection's output
+passed <ClientOfflineThreshold> gets a replay too, from the live end (after the last message it
+was sent), without `completed`; one pass per connection, joined by any of its subscriptions
+that lag later. It rejoins the live stream exactly as a bookmark replay does.
+
 Rates: `N` msgs/s and `NKB` bytes/s are token budgets; `kX` replays at k times the original pace
 (the gaps between records' receive times, divided by k), never waiting longer than
 `rate_max_gap` for one record.

@@ -301,3 +301,20 @@ async def test_a_queue_over_a_pattern_of_recorded_topics(make_core):
     b.send("subscribe", t="mdq", sub_id="r", bm="0")  # a replay of the underlying topics
     await again.until(lambda: b.session.table.get("r").state.value == "live")
     assert _ns(b.take()) == [1, 4, 5, 6]
+
+
+async def test_expire_by_bookmark_dead_letters_and_never_redelivers(make_core):
+    core, _, dead = await _setup(make_core, "f", 2)
+    c = core.client("c")
+    c.send("subscribe", t="fq", sub_id="q")
+    (d,) = _deliveries(c.take())
+    c.send("sow_delete", t="fq", bm=d["bm"], o="expire", a="processed", cid="x")
+    await core.settle()
+    got = c.take()
+    assert [a["records_deleted"] for a in _acks(got)] == [1]
+    assert _ns(got) == [2]  # the next one; 1 is gone
+    assert [(f["reason"], f["source_bm"]) for f in _deliveries(dead.take())] == [
+        ("expired by consumer", d["bm"])
+    ]
+    q = core.queues.get("fq")
+    assert q.stats["expired"] == 1 and q.stats["dead_lettered"] == 1 and q.depth == 0
