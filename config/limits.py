@@ -11,6 +11,7 @@ or broken one from taking the server's memory or event loop.
 | `<IdleTimeout>` | 0 (off) | time with no input at all from a connection (heartbeats count) |
 | `<ClientMessageAgeLimit>` | 60s | time a connection's queued output may go without draining before it is closed |
 | `<ClientMaxSubscriptions>` | 1000 | subscriptions on one connection (so the `sids` of a delivery stay bounded) |
+| `<ClientOfflineThreshold>` | min(4MB, half of `<ClientMaxBufferSize>`) | output queued to one connection past which its live subscriptions to recorded topics read from the journal instead (0 = never); the loader checks it against `<ClientMaxBufferSize>` |
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ def _size(name: str, low: int) -> Callable[[str], int]:
     return parse
 
 
+def _size_or_off(name: str, low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = parse_size(text)
+        if value != 0 and value < low:
+            raise ValueError(f"{name} {text!r} must be 0 (off) or at least {low} bytes")
+        return value
+
+    return parse
+
+
 def _count(name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = parse_count(text)
@@ -52,8 +63,8 @@ def _count(name: str) -> Callable[[str], int]:
     return parse
 
 
-# element -> (Limits field, parser, default)
-LIMIT_ELEMENTS: dict[str, tuple[str, Callable[[str], float], float]] = {
+# element -> (Limits field, parser, default; None: the field's default rule, config/model.py)
+LIMIT_ELEMENTS: dict[str, tuple[str, Callable[[str], float], float | None]] = {
     "LogonTimeout": ("logon_timeout", _interval("LogonTimeout", False), 10.0),
     "MaxLogonMessageSize": (
         "max_logon_message_size",
@@ -77,4 +88,9 @@ LIMIT_ELEMENTS: dict[str, tuple[str, Callable[[str], float], float]] = {
         60.0,
     ),
     "ClientMaxSubscriptions": ("client_max_subscriptions", _count("ClientMaxSubscriptions"), 1000),
+    "ClientOfflineThreshold": (
+        "client_offline_threshold",
+        _size_or_off("ClientOfflineThreshold", 64 * 1024),
+        None,
+    ),
 }

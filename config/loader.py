@@ -230,4 +230,12 @@ class _Loader(Checker):
             field: sec.value(tag, parse, default)
             for tag, (field, parse, default) in LIMIT_ELEMENTS.items()
         }
+        offline = bounds["client_offline_threshold"]
+        if offline and offline >= size:
+            self.report(
+                sec.at("ClientOfflineThreshold"),
+                f"ClientOfflineThreshold {human(offline)} is not below ClientMaxBufferSize "
+                f"{human(size)}: a lagging subscriber would be disconnected before it falls back "
+                "to the journal; lower it, or give 0 to turn the fallback off",
+            )
         return Limits(client_max_buffer_size=size, idle_poll=poll, **bounds)

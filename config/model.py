@@ -58,6 +58,7 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_IDLE_POLL",
     "DEFAULT_JOURNAL_SIZE",
+    "DEFAULT_LEASE_PERIOD",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_PORT",
     "MAX_IDLE_POLL",
@@ -94,6 +95,7 @@ DEFAULT_ADMIN_PORT = 8085
 DEFAULT_MAX_MESSAGE_SIZE = 16 * MiB
 DEFAULT_JOURNAL_SIZE = 256 * MiB
 DEFAULT_CLIENT_MAX_BUFFER_SIZE = 64 * MiB
+DEFAULT_LEASE_PERIOD = 30.0
 DEFAULT_IDLE_POLL = 100e-6
 MAX_IDLE_POLL = 0.01
 
@@ -209,18 +211,21 @@ class TransactionLog(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
 
 class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """A queue (`<SOW><Queue>`): a view over one topic recorded in the transaction log."""
+    """A queue (`<SOW><Queue>`): a view over topics recorded in the transaction log."""
 
     name: str
     """The topic consumers subscribe to (a literal name)."""
     underlying_topic: str
-    """The topic publishers publish to (literal; defaults to `name` in XML)."""
+    """The topic publishers publish to (defaults to `name` in XML), or a pattern over topic
+    names (RE2, whole name; config.queues.is_topic_pattern): the recorded topics it matches."""
     message_type: MessageType = "json"
     semantics: Semantics = "at-least-once"
-    lease_period: float | None = None
-    """Seconds a delivered at-least-once message stays leased before it returns to the queue.
-    None = not given. (AMPS reads that as no expiry; the server today leases for 30s then, see
-    docs/configuration.md.)"""
+    lease_period: float = DEFAULT_LEASE_PERIOD
+    """Seconds a delivered at-least-once message stays leased before it returns to the queue
+    (`<LeasePeriod>`; unused on at-most-once queues). 30s when not given: seed 004 has every
+    at-least-once message processed "within a specified timeout, or lease period", and the
+    wire contract puts the lease's end (`lp`) on every at-least-once delivery, so a lease always
+    ends. (AMPS documents an unset LeasePeriod as no expiry; docs/configuration.md says so.)"""
     max_per_subscription_backlog: int = 1
     """Most unacked messages one subscription holds: min(this, the subscriber's max_backlog)."""
     max_backlog: int | None = None
@@ -233,7 +238,8 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_cancels: int = 0
     """Cancels (`sow_delete` with `cancel`) before the message expires; 0 = unlimited."""
     expiration: float | None = None
-    """Seconds a message may wait in the queue before it expires; None = never."""
+    """Seconds after its receipt a message expires; None = never. A message's own `e` replaces
+    it (AMPS's default ExpirationModel); a leased message expires when its lease ends."""
     leasing: Leasing = "sublet"
     """"strict": only the lease holder may ack. "sublet": any subscriber may ack."""
     filter: str | None = None
@@ -242,6 +248,9 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Filter marking barrier messages (unparsed here)."""
     dead_letter_topic: str | None = None
     """Where expired messages are published, with the expiry reason; None = dropped."""
+    default_publish_target: str | None = None
+    """A publish to the queue's name goes to this topic (one of the underlying ones); None = a
+    publish to the name is a publish to that topic, as to any other."""
 
 
 class ActionTrigger(msgspec.Struct, frozen=True, kw_only=True):
@@ -310,7 +319,21 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     partial_message_timeout: float = 60.0
     idle_timeout: float = 0.0
     client_message_age_limit: float = 60.0
+    """Seconds a connection's queued output may go without draining a byte before it is closed
+    (`slow client`): a subscriber that makes no progress, including one reading the journal."""
     client_max_subscriptions: int = 1000
+    client_offline_threshold: int | None = None
+    """Bytes queued for output to one connection (`<ClientOfflineThreshold>`) past which its live
+    subscriptions that the journal can feed stop queueing in memory and read the journal from
+    the last message they were sent, then rejoin the live stream (server/replay.py). 0 = never
+    (they are closed at `client_max_buffer_size`); None = `offline_threshold`'s default."""
+
+    @property
+    def offline_threshold(self) -> int:
+        """The threshold that applies: as configured, else min(4 MiB, half the buffer bound)."""
+        if self.client_offline_threshold is not None:
+            return self.client_offline_threshold
+        return min(4 * MiB, self.client_max_buffer_size // 2)
 
 
 class Authentication(msgspec.Struct, frozen=True, kw_only=True):

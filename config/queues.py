@@ -2,20 +2,56 @@
 
 docs/configuration.md ("`<Queue>`") describes every element. A queue's checks that span elements
 live here: at-most-once queues refuse the settings that would do nothing there, a dead-letter
-topic may not be the queue's own, and the underlying topic must be recorded by the journal.
+topic may not be the queue's own, the underlying topic must be recorded by the journal, and a
+`<DefaultPublishTarget>` must be one of the underlying topics.
+
+`<UnderlyingTopic>` is a literal topic or a pattern over topic names (seed 004: "a view over an
+underlying topic or set of topics"; RE2, whole name, the same rule as subscription topics: a
+pattern has one of `^ $ * + ? { } [ ] | ( )` or a backslash; a lone `.` does not make one). Of
+the topics a pattern matches, only the recorded ones can join the queue; whether the pattern
+and the transaction log's `<Topic>` patterns overlap cannot be checked here.
 """
 
 from __future__ import annotations
 
+import re
 from typing import cast
 
-from .model import FairnessModel, Leasing, MessageType, QueueSpec, Semantics, TransactionLog
+from protocol.patterns import PatternError, compile_pattern
+
+from .model import (
+    DEFAULT_LEASE_PERIOD,
+    FairnessModel,
+    Leasing,
+    MessageType,
+    QueueSpec,
+    Semantics,
+    TransactionLog,
+)
 from .rules import Checker, Section, at_least, enum, literal_topic, message_type, positive_interval
 from .schema import QUEUE, SOW
 from .values import parse_count
 from .xmltree import Node
 
-__all__ = ["read_queue", "read_sow"]
+__all__ = ["is_topic_pattern", "read_queue", "read_sow"]
+
+_PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as server/router.py: a lone `.` is literal
+
+
+def is_topic_pattern(topic: str) -> bool:
+    """Whether a topic names a pattern over topic names rather than one topic."""
+    return _PATTERN.search(topic) is not None
+
+
+def underlying_topic(text: str) -> str:
+    """A literal topic name, or a pattern RE2 can run."""
+    if not is_topic_pattern(text):
+        return literal_topic(text)
+    try:
+        compile_pattern(text)
+    except PatternError as exc:
+        raise ValueError(str(exc)) from None
+    return text
 
 
 def read_sow(
@@ -51,13 +87,13 @@ def read_queue(
     """One `<Queue>`; None when its name or underlying topic is unusable (already reported)."""
     q = Section(checker, qnode, QUEUE)
     name = q.value("Name", literal_topic, None, required=True, hint=" (the queue's topic)")
-    underlying = q.value("UnderlyingTopic", literal_topic, None)
+    underlying = q.value("UnderlyingTopic", underlying_topic, None)
     if not q.has("UnderlyingTopic"):
         underlying = name  # the AMPS default; an invalid one stays None (reported)
     mtype = q.value("MessageType", message_type, "json")
     semantics = q.value("Semantics", enum("at-least-once", "at-most-once"), "at-least-once")
     at_most_once = semantics == "at-most-once"
-    lease_period = q.value("LeasePeriod", positive_interval, None)
+    lease_period = q.value("LeasePeriod", positive_interval, DEFAULT_LEASE_PERIOD)
     per_sub = q.value("MaxPerSubscriptionBacklog", at_least(parse_count, 1, "of 1"), 1)
     max_backlog = q.value("MaxBacklog", at_least(parse_count, 1, "of 1"), None)
     fairness = q.value(
@@ -72,6 +108,8 @@ def read_queue(
     filter_ = q.text("Filter")
     barrier = q.text("BarrierExpression")
     dead_letter = q.value("DeadLetterTopic", literal_topic, None)
+    target = q.value("DefaultPublishTarget", literal_topic, None)
+    pattern = underlying is not None and is_topic_pattern(underlying)
 
     if at_most_once:
         if fairness != "round-robin":
@@ -88,14 +126,25 @@ def read_queue(
                     f"<{element}> has no effect on an at-most-once queue (a message leaves "
                     "the queue when it is delivered); remove it or use at-least-once",
                 )
-    if dead_letter is not None and dead_letter in (name, underlying):
+    if dead_letter is not None and (
+        dead_letter in (name, underlying)
+        or (pattern and compile_pattern(underlying).fullmatch(dead_letter))  # type: ignore[arg-type]
+    ):
         checker.report(
             q.at("DeadLetterTopic"),
             f"the dead-letter topic {dead_letter!r} is this queue's own topic; expired "
             "messages would come straight back; choose another topic",
         )
+    if target is not None and underlying is not None:
+        if not (compile_pattern(underlying).fullmatch(target) if pattern else target == underlying):
+            checker.report(
+                q.at("DefaultPublishTarget"),
+                f"the default publish target {target!r} is not one of the underlying topics "
+                f"{underlying!r}: what is published there would not join the queue",
+            )
     if underlying is not None:
         where = q.one("UnderlyingTopic") or q.one("Name") or qnode
+        recorded_name = target if pattern else underlying
         if tlog is None:
             checker.report(
                 where,
@@ -103,13 +152,14 @@ def read_queue(
                 f"transaction log; add <TransactionLog> with <Topic><Name>{underlying}"
                 "</Name></Topic>",
             )
-        elif not tlog.records_topic(underlying):
+        elif recorded_name is not None and not tlog.records_topic(recorded_name):
             assert tlog_node is not None
             checker.report(
                 where,
-                f"the underlying topic {underlying!r} of queue {name!r} is not recorded in "
-                f"the transaction log (line {tlog_node.line}); add <Topic><Name>{underlying}"
-                "</Name></Topic> to <TransactionLog>",
+                f"the {'default publish target' if pattern else 'underlying topic'} "
+                f"{recorded_name!r} of queue {name!r} is not recorded in the transaction log "
+                f"(line {tlog_node.line}); add <Topic><Name>{recorded_name}</Name></Topic> to "
+                "<TransactionLog>",
             )
     if name is None or underlying is None:
         return None
@@ -129,4 +179,5 @@ def read_queue(
         filter=filter_,
         barrier_expression=barrier,
         dead_letter_topic=dead_letter,
+        default_publish_target=target,
     )

@@ -77,7 +77,10 @@ class Spec:
 _WHERE: dict[str, list[str]] = {}  # element name -> sections it may appear in (for hints)
 
 _NO_REPLICATION = "replication is not supported yet"
-_SLOW_CLIENT = "Tickertape bounds each connection with <ClientMaxBufferSize> at the root"
+_SLOW_CLIENT = (
+    "Tickertape bounds each connection at the root: past <ClientOfflineThreshold> its "
+    "subscribers read from the journal, <ClientMaxBufferSize> and <ClientMessageAgeLimit> close it"
+)
 
 ROOT = Spec(
     "TickertapeConfig",
@@ -110,6 +113,7 @@ ROOT = Spec(
     misnamed={
         "ClientBufferThreshold": "ClientMaxBufferSize",
         "SlowClientDisconnect": "ClientMaxBufferSize",
+        "SlowClientTimeout": "ClientMessageAgeLimit",
         "Queues": "SOW",
     },
 )
@@ -213,6 +217,7 @@ QUEUE = Spec(
         "Filter",
         "BarrierExpression",
         "DeadLetterTopic",
+        "DefaultPublishTarget",
     ),
     synonyms={"Topic": "Name"},
     misnamed={
@@ -224,8 +229,8 @@ QUEUE = Spec(
         "MaxRedeliveries": "MaxDeliveries",
     },
     unsupported={
-        "DefaultPublishTarget": "the underlying topic is a literal name; publish to it",
-        "ExpirationModel": "a message's own expiration (e) and the queue's <Expiration> apply",
+        "ExpirationModel": "a message's own expiration (e) applies, else the queue's <Expiration> "
+        "(AMPS's default model)",
         "RecoveryPoint": "queue state is always rebuilt from the whole journal",
         "Priority": "priority queues are not supported",
         "FileBackedMetadata": "queue metadata is an in-memory index over the journal",

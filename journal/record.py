@@ -26,7 +26,7 @@ offset size  field
 12     8     u64 publisher id
 20     8     u64 publisher sequence
 28     8     u64 receive time, microseconds since the Unix epoch (UTC), non-decreasing
-36     4     u32 expiration, seconds       only if flags & 1
+36     4     u32 expiration, seconds       only if flags & 1 (the publish's `e`, rounded up)
 ..     2     u16 header fragment length H   only if flags & 2
 ..     H     header fragment               only if flags & 2: wire-ready JSON members, each
                                            starting with ',' (e.g. `,"x":"corr-1"`), appended
@@ -192,7 +192,8 @@ def encode_record(
         extra = b""
         if expiration is not None:
             flags |= FLAG_EXPIRATION
-            extra += _u32.pack(min(max(int(expiration), 0), 0xFFFFFFFF))
+            # whole seconds, rounded up: a fraction must not become 0 (expired at once) on reread
+            extra += _u32.pack(min(max(math.ceil(expiration), 0), 0xFFFFFFFF))
         if header:
             flags |= FLAG_HEADER
             extra += _u16.pack(len(header)) + header

@@ -156,6 +156,7 @@ class Server:
             services=services,
             max_logon_message_size=config.limits.max_logon_message_size,
             max_client_buffer=config.limits.client_max_buffer_size,
+            offline_threshold=config.limits.offline_threshold,
             input_seen=self.poller.input_seen,
         )
         self.stats = Stats(

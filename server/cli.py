@@ -82,6 +82,24 @@ def _load_config(path: str | None) -> Config:
     return load_config(path) if path else default_config()
 
 
+def _queue_lines(cfg: Config) -> list[str]:
+    """What --verify-config says of each queue: the settings a reader might assume otherwise
+    (a lease always ends; `e` replaces the queue's expiration), as they apply."""
+    lines = []
+    for q in cfg.queues:
+        if q.semantics == "at-most-once":
+            what = "at-most-once (no lease)"
+        else:
+            what = f"at-least-once, leases end after {q.lease_period:g}s"
+        exp = (
+            f"messages expire {q.expiration:g}s after receipt unless their own `e` says otherwise"
+            if q.expiration
+            else "messages expire only by their own `e`"
+        )
+        lines.append(f"  queue {q.name} over {q.underlying_topic}: {what}; {exp}")
+    return lines
+
+
 def serve(args: argparse.Namespace) -> int:
     from config.errors import ConfigError
 
@@ -95,6 +113,8 @@ def serve(args: argparse.Namespace) -> int:
             f"{args.verify_config}: configuration is valid (instance {cfg.name}, "
             f"{len(cfg.transports)} transport(s), {len(cfg.queues)} queue(s))"
         )
+        for line in _queue_lines(cfg):
+            print(line)
         return 0
     try:
         cfg = _load_config(args.config)

@@ -19,8 +19,11 @@ and pauses publishers while the journal is behind (`backlog`, the pipeline's `on
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import logging
+import sys
+import termios
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +43,7 @@ __all__ = ["Connection", "ConnectionEnv", "Connections"]
 log = logging.getLogger("tickertape.connection")
 
 _conn_ids = itertools.count(1)
+_OUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
 JOURNAL_BEHIND = "journal behind"
 
 
@@ -91,6 +95,7 @@ class ConnectionEnv:
     services: SessionServices
     max_logon_message_size: int  # <MaxLogonMessageSize>: the frame limit before logon
     max_client_buffer: int  # <ClientMaxBufferSize>
+    offline_threshold: int  # <ClientOfflineThreshold>: subscribers read the journal past it
     input_seen: Callable[[float], None]  # idle polling (server/app.py)
 
 
@@ -105,8 +110,9 @@ class Connection(asyncio.Protocol):
         self.partial_since: float | None = None
         self.drained_mark = 0
         self.drained_at = 0.0
+        self.unsent_mark = 0
         self.transport: asyncio.Transport | None = None
-        self.out = Outbox(env.max_client_buffer, self._closed_with)
+        self.out = Outbox(env.max_client_buffer, self._closed_with, env.offline_threshold)
         self.session = Session(self.out, env.services, self._logged_on, self.id)
         now = time.monotonic()
         self.connected_at = now
@@ -126,6 +132,17 @@ class Connection(asyncio.Protocol):
 
     def close(self, reason: str, abort: bool = False) -> None:
         self.out.close(reason, abort)
+
+    def unsent(self) -> int | None:
+        """Bytes in the kernel's send queue of this socket (Linux SIOCOUTQ); None if unknown."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or _OUTQ is None:
+            return None
+        try:
+            got = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+        except OSError:
+            return None
+        return int.from_bytes(got, sys.byteorder, signed=True)
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 

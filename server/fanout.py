@@ -5,7 +5,9 @@ subscription with the `live` option is joined, each message as it is published
 (`deliver(..., early=True)`). A message matching several subscriptions of one connection goes
 out once, with `sids` naming them (the router groups by connection's Outbox). Subscriptions
 take part by state (server/subscriptions.py): LIVE gets committed messages, LIVE_EARLY gets
-them at publish time.
+them at publish time. A bookmark subscription over a pattern gets only recorded topics
+(`recorded_only`), and a conflated one hands its messages to its `LiveConflation`
+(server/conflation.py) instead of getting a frame each.
 """
 
 from __future__ import annotations
@@ -74,10 +76,11 @@ class Fanout:
             if not groups:
                 continue
             body = None
+            unrecorded = m.position < 0
             for out, subs in groups:
                 chosen: Any = None
                 for sub in subs:
-                    if sub.state is not want:
+                    if sub.state is not want or (unrecorded and sub.recorded_only):
                         continue
                     f = sub.filter
                     if f is not None:
@@ -85,6 +88,9 @@ class Fanout:
                             body = Body(m.body)
                         if not body.matches(f):
                             continue
+                    if sub.conflation is not None:
+                        sub.conflation.add(m)  # held; it sends at the window's end
+                        continue
                     if chosen is None:
                         chosen = sub
                     elif type(chosen) is list:
@@ -115,6 +121,8 @@ class Fanout:
         out = sub.out
         for m in pending:
             if not sub.matches_topic(m.topic) or (f is not None and not body_matches(f, m.body)):
+                continue
+            if m.position < 0 and sub.recorded_only:
                 continue
             tail = timestamp_part(m.ts) if sub.timestamp else b""
             frames.write_live(out.buf, sub.prefix, m.suffix, tail, m.body)

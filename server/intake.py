@@ -10,7 +10,10 @@ One `Intake` per server, from the root limits of the configuration (config/limit
 - a frame must arrive whole within <PartialMessageTimeout> (`partial message timeout`);
 - with <IdleTimeout>, a connection that sends nothing for that long is closed (`idle`);
 - a connection whose queued output drains by not one byte for <ClientMessageAgeLimit> is
-  closed (`slow client`), however little it holds.
+  closed (`slow client`), however little it holds. Draining counts the kernel's send queue too:
+  a client that reads slowly empties it long before the kernel asks the server for more (it
+  waits for a third of the socket buffer to be free), so the server's own buffer can sit still
+  for seconds while the client makes progress.
 
 Each close is logged at WARNING with what to change, and counted (`counts`, in /stats).
 One client's work per event-loop turn is bounded already: the event loop reads at most
@@ -45,6 +48,7 @@ class IntakeConn(Protocol):
     last_recv: float
     drained_mark: int
     drained_at: float
+    unsent_mark: int
     out: Outbox
 
     @property
@@ -53,6 +57,8 @@ class IntakeConn(Protocol):
     def logged_on(self) -> bool: ...
     def describe(self) -> str: ...
     def close(self, reason: str, abort: bool = False) -> None: ...
+    def unsent(self) -> int | None:
+        """Bytes in the kernel's send queue not yet taken by the peer; None if unknown."""
 
 
 class Intake:
@@ -144,6 +150,11 @@ class Intake:
         drained = conn.out.bytes_written - queued  # grows whenever the client reads anything
         if queued == 0 or drained != conn.drained_mark:
             conn.drained_mark = drained
+            conn.drained_at = now
+            return False
+        unsent = conn.unsent()  # the server's buffer sat still: did the client read anything?
+        if unsent is not None and unsent != conn.unsent_mark:
+            conn.unsent_mark = unsent
             conn.drained_at = now
             return False
         return now - conn.drained_at > self.limits.client_message_age_limit

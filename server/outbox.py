@@ -5,10 +5,12 @@ frames to `buf` (server/frames.py builds them) and add the deliveries they queue
 on a hot path that is `buf.append(frame)` or `buf += parts`, nothing more. `flush()` writes
 everything queued with one `transport.write`, once per batch of input or committed batch.
 
-Bounds (CONVENTIONS 8): the transport's buffer may hold at most `<ClientMaxBufferSize>`
-bytes; a flush past it closes the connection with reason `slow client` (a live subscriber that
-cannot keep up must not grow the server's memory). Replay and queue runs are paced instead:
-they wait on `writable`, which follows the transport's high-water mark.
+Bounds (CONVENTIONS 8): past `<ClientOfflineThreshold>` bytes in the transport's buffer a
+flush calls `on_lag` (the session moves its live subscriptions that the journal can feed to
+journal reads, server/subscription_table.py: they stop queueing here); past
+`<ClientMaxBufferSize>` it closes the connection with reason `slow client` (what the journal
+cannot feed must not grow the server's memory). Replay and queue runs are paced instead: they
+wait on `writable`, which follows the transport's high-water mark.
 
 States:
 
@@ -46,6 +48,7 @@ class Transport(Protocol):
 class Outbox:
     __slots__ = (
         "_max_buffer",
+        "_offline_at",
         "_on_close",
         "_transport",
         "buf",
@@ -53,11 +56,15 @@ class Outbox:
         "close_reason",
         "closing",
         "last_send",
+        "on_lag",
         "sent",
         "writable",
     )
 
-    def __init__(self, max_buffer: int, on_close: Callable[[str], None]) -> None:
+    def __init__(
+        self, max_buffer: int, on_close: Callable[[str], None], offline_at: int = 0
+    ) -> None:
+        """`offline_at`: <ClientOfflineThreshold> in bytes, 0 = never call `on_lag`."""
         self.buf: list[bytes] = []
         self.sent = 0  # deliveries queued (messages, not acks)
         self.bytes_written = 0
@@ -68,7 +75,9 @@ class Outbox:
         self.close_reason: str | None = None
         self._transport: Transport | None = None
         self._max_buffer = max_buffer
+        self._offline_at = offline_at
         self._on_close = on_close
+        self.on_lag: Callable[[], None] | None = None
 
     def attach(self, transport: Transport) -> None:
         self._transport = transport
@@ -76,7 +85,8 @@ class Outbox:
     # -- writing ---------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write everything queued; close with `slow client` past <ClientMaxBufferSize>."""
+        """Write everything queued; past <ClientOfflineThreshold> call `on_lag`, past
+        <ClientMaxBufferSize> close with `slow client`."""
         buf = self.buf
         t = self._transport
         if not buf or t is None:
@@ -89,7 +99,10 @@ class Outbox:
         t.write(data)
         self.bytes_written += len(data)
         self.last_send = time.monotonic()
-        if t.get_write_buffer_size() > self._max_buffer:
+        queued = t.get_write_buffer_size()
+        if self._offline_at and queued > self._offline_at and self.on_lag is not None:
+            self.on_lag()
+        if queued > self._max_buffer:
             self.close(Disconnect.SLOW_CLIENT, abort=True)
 
     def send_ack(

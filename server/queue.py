@@ -245,6 +245,11 @@ class Queue(QueueState):
             if self.returned:
                 pos = self.returned[0]
                 from_returned = True
+                dl = expiry.get(pos, 0) if expiry else 0
+                if dl and now >= dl:  # it came back, then its time ran out while it waited
+                    heapq.heappop(self.returned)
+                    self._expire(pos, "expiration", None)
+                    continue
             else:
                 if self.gone or self.head > 65536:
                     self._advance_head()
@@ -331,6 +336,9 @@ class Queue(QueueState):
         position, pub, seq, ts, topic_b, body, extra = rec
         counts = self.counts.pop(position, None) or [0, 0]  # kept on the lease while it lasts
         counts[0] += 1
+        if self.spec.expiration and not self.at_most_once and position not in self.expiry:
+            # the lease's end looks at the expiration (_return); the receive time is here only
+            self.expiry[position] = self.deadline_for(ts, None)
         if counts[0] > 1:
             self.stats["redelivered"] += 1
         self.stats["delivered"] += 1
@@ -501,33 +509,51 @@ class Queue(QueueState):
         self.pump()
         return n, refused
 
-    def ack_filter(self, client: SubscriptionOwner, f: Predicate, expire: bool = False) -> int:
-        """sow_delete with a filter: every message in the queue that matches, leased or not."""
+    def ack_filter(
+        self,
+        client: SubscriptionOwner,
+        f: Predicate,
+        cancel: bool = False,
+        expire: bool = False,
+        extend: float | None = None,
+    ) -> tuple[int, list[str]]:
+        """sow_delete with a filter: each option does to every matching message what it does by
+        bookmark. A plain ack and `expire` take every matching message, leased or waiting (AMPS
+        acknowledges by filter whoever holds the lease, within `Leasing`); `cancel` and
+        `lease_extend` act on the matching leased messages, since a waiting message has no lease
+        to give back or extend. On an at-most-once queue the options change nothing: matching
+        messages are acknowledged. Returns (records affected, refusal details)."""
+        if self.at_most_once:
+            cancel = expire = False
+            extend = None
         n = 0
+        if not cancel and extend is None:
+            # waiting ones first: acking the leased ones pumps, which would lease a waiting match
+            self._advance_head()
+            waiting = (
+                list(self.returned)
+                + list(self.parked)
+                + [p for p in self.avail_pos[self.head :] if p not in self.gone]
+            )
+            for pos in waiting:
+                rec = self.host.read(pos)
+                if rec is None or not body_matches(f, rec[5]):
+                    continue
+                self._take_waiting(pos)
+                if expire:
+                    self._expire(pos, "expired by consumer", rec)
+                else:
+                    self.event(QueueOp.ACKED, pos)
+                    self.stats["acked"] += 1
+                    self._forget(pos)
+                n += 1
+        bms = []
         for pos, lease in list(self.leased.items()):
             rec = self.host.read(pos)
             if rec is not None and body_matches(f, rec[5]):
-                n += self.ack(client, [lease[L_BM]], expire=expire)[0]
-        self._advance_head()
-        waiting = (
-            list(self.returned)
-            + list(self.parked)
-            + [p for p in self.avail_pos[self.head :] if p not in self.gone]
-        )
-        for pos in waiting:
-            rec = self.host.read(pos)
-            if rec is None or not body_matches(f, rec[5]):
-                continue
-            self._take_waiting(pos)
-            if expire:
-                self._expire(pos, "expired by consumer", rec)
-            else:
-                self.event(QueueOp.ACKED, pos)
-                self.stats["acked"] += 1
-                self._forget(pos)
-            n += 1
-        self.pump()
-        return n
+                bms.append(lease[L_BM])
+        done, refused = self.ack(client, bms, cancel=cancel, expire=expire, extend=extend)
+        return n + done, refused
 
     def snapshot(self) -> dict[str, int]:
         return {

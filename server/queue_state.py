@@ -30,7 +30,6 @@ from .router import is_pattern
 from .subscriptions import Subscription
 
 __all__ = [
-    "DEFAULT_LEASE",
     "L_BM",
     "L_COUNTS",
     "L_GEN",
@@ -41,8 +40,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("tickertape.queues")
-
-DEFAULT_LEASE = 30.0
 
 StoredMessage = tuple[int, int, int, int, bytes, bytes, bytes]
 """(position, publisher id, seq, receive time, topic, body, header fragment) of a message read
@@ -105,7 +102,7 @@ class QueueState:
         self.name_b = spec.name.encode()
         self.at_most_once = spec.semantics == "at-most-once"
         self.fairness = "round-robin" if self.at_most_once else spec.fairness_model
-        self.lease_period = spec.lease_period or DEFAULT_LEASE
+        self.lease_period = spec.lease_period
         t = spec.underlying_topic
         self._topic_b = t.encode()
         self._topic_rx = compile_pattern(t.encode()) if is_pattern(t) else None
@@ -157,13 +154,14 @@ class QueueState:
         )
 
     def deadline_for(self, ts: int, exp: float | None) -> int:
-        d = 0
-        if self.spec.expiration:
-            d = ts + int(self.spec.expiration * 1e6)
+        """When a message received at `ts` (us) expires; 0 = never. Seed 004's ExpirationModel
+        default: the message's own `e` when it has one (longer or shorter than the queue's),
+        else the queue's <Expiration>, both counted from the receive time."""
         if exp is not None:
-            e = ts + int(exp * 1e6)
-            d = e if not d else min(d, e)
-        return d
+            return ts + int(exp * 1e6)
+        if self.spec.expiration:
+            return ts + int(self.spec.expiration * 1e6)
+        return 0
 
     def add_waiting(self, position: int, ts: int, exp: float | None) -> None:
         self.avail_pos.append(position)
@@ -231,12 +229,21 @@ class QueueState:
             self.head = 0
 
     def _return(self, position: int, why: str) -> None:
+        """A message leaves its lease (ended, cancelled, holder gone): it waits again at the
+        front, unless it is past its expiration or MaxDeliveries (seed 004, at-least-once
+        flow, step 6): then it expires instead and is never redelivered."""
+        dl = self.expiry.get(position)
+        if dl and now_us() >= dl:
+            self._expire(position, "expiration", None)
+            return
         counts = self.counts.get(position, [0, 0])
         maxd = self.spec.max_deliveries
         if maxd and counts[0] >= maxd:
             self._expire(position, "max deliveries", None)
             return
         heapq.heappush(self.returned, position)
+        if dl:  # it may expire while it waits again (expire_due)
+            heapq.heappush(self.exp_heap, (dl, position))
 
     def _take_waiting(self, pos: int) -> None:
         """Remove a waiting message from wherever it waits."""
@@ -264,17 +271,23 @@ class QueueState:
         self._forget(position)
 
     def expire_due(self, now_us: int) -> None:
-        """Expire waiting messages whose time is up, even with no subscriber (a tick)."""
+        """Expire waiting messages whose time is up, even with no subscriber (a tick). A leased
+        message is left alone here: its expiration is looked at when its lease ends."""
         changed = False
         if self.spec.expiration:
-            while True:
-                self._advance_head()
-                if self.head >= len(self.avail_pos):
-                    break
-                if now_us < self.avail_ts[self.head] + int(self.spec.expiration * 1e6):
-                    break
-                pos = self.avail_pos[self.head]
-                self.head += 1
+            exp_us = int(self.spec.expiration * 1e6)
+            self._advance_head()
+            avail_pos, avail_ts, gone, own = self.avail_pos, self.avail_ts, self.gone, self.expiry
+            i = self.head
+            while i < len(avail_pos) and avail_ts[i] + exp_us <= now_us:
+                pos = avail_pos[i]
+                i += 1
+                if pos in gone or pos in own:  # taken already, or its own `e` rules (the heap)
+                    continue
+                if i - 1 == self.head:
+                    self.head = i
+                else:
+                    gone.add(pos)
                 self._expire(pos, "expiration", None)
                 changed = True
         heap = self.exp_heap

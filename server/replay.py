@@ -23,6 +23,11 @@ to live delivery (`owner.went_live`) with no `await` between the check and the s
 delivery runs on the loop too, in commit order, so it takes over at exactly that position: no
 gap, no duplicate. A range that reaches its end is reported with `owner.range_done`.
 
+Lagging connections (`ReplayEngine.fall_back`): a live subscription whose connection's output
+passed <ClientOfflineThreshold> gets a replay too, from the live end (after the last message it
+was sent), without `completed`; one pass per connection, joined by any of its subscriptions
+that lag later. It rejoins the live stream exactly as a bookmark replay does.
+
 Rates: `N` msgs/s and `NKB` bytes/s are token budgets; `kX` replays at k times the original pace
 (the gaps between records' receive times, divided by k), never waiting longer than
 `rate_max_gap` for one record.
@@ -75,15 +80,28 @@ def _read_spliced(
 
 
 class Cursor:
-    __slots__ = ("completed_sent", "conflater", "end", "last_bm", "start", "sub", "tail_only")
+    __slots__ = (
+        "completed_sent",
+        "conflater",
+        "end",
+        "lagging",
+        "last_bm",
+        "start",
+        "sub",
+        "tail_only",
+    )
 
-    def __init__(self, sub: Subscription, start: int, end: End | None) -> None:
+    def __init__(
+        self, sub: Subscription, start: int, end: End | None, lagging: bool = False
+    ) -> None:
         self.sub = sub
         self.start = start
         self.end = end
         o = sub.opts
         self.conflater = Conflater(o.conflation, o.conflation_key) if o.conflation else None
-        self.completed_sent = False
+        # a live subscription that lags reads the journal unasked: no `completed` when it rejoins
+        self.lagging = lagging
+        self.completed_sent = lagging
         self.last_bm: tuple[int, int] | None = None
         # ranges and conflation never hand over to the live path: they keep reading the journal
         self.tail_only = end is not None or self.conflater is not None
@@ -100,8 +118,10 @@ class Replay:
         wait_until: int | None = None,
         rate: Rate | None = None,
         rate_max_gap: float | None = None,
+        lagging: bool = False,
     ) -> None:
         self.engine = engine
+        self.lagging = lagging  # the pass of a lagging connection (ReplayEngine.fall_back)
         self.cursors = cursors
         self.position = position
         self.paused = paused
@@ -143,6 +163,12 @@ class Replay:
         if self.task is not None:
             self.task.cancel()
 
+    def add(self, cursor: Cursor) -> None:
+        """One more subscription joins this pass (its cursor starts at or after `position`)."""
+        self.cursors.append(cursor)
+        cursor.sub.replay = self
+        self.wake.set()
+
     def detach(self, sub: Subscription) -> None:
         """Remove one subscription (unsubscribe); the pass goes on for the others."""
         self.cursors = [c for c in self.cursors if c.sub is not sub]
@@ -172,12 +198,12 @@ class Replay:
 
     async def run(self) -> None:
         engine = self.engine
-        journal = engine.journal
-        assert journal is not None  # replays are planned only with a transaction log
+        journal = engine.journal  # None: only a paused NOW, which is at the live end already
         feed = engine.feed
         loop = asyncio.get_running_loop()
         try:
             if self.wait_until is not None:
+                assert journal is not None  # a begin time is planned only with a journal
                 await self._wait_begin_time(journal)
             while self.cursors:
                 out = self.out
@@ -196,6 +222,7 @@ class Replay:
                         return
                     await self._tail(feed)
                     continue
+                assert journal is not None  # below the live end there is a journal to read
                 size = READ_BLOCK if self.sent else FIRST_BLOCK
                 plain = self._plain_cursor()
                 if plain is not None:
@@ -276,6 +303,8 @@ class Replay:
                     sub.out.send_ack("completed", sub.cid, sub_id=sub.sub_id)
             if not c.tail_only:
                 self.cursors.remove(c)
+                if c.lagging:
+                    self.engine.rejoins += 1
                 sub.owner.went_live(sub)
             sub.out.flush()
         return not self.cursors
@@ -502,6 +531,8 @@ class ReplayEngine:
         self.readers = readers
         self.feed = feed
         self.replays: set[Replay] = set()
+        self.fallbacks = 0  # live subscriptions that lagged and read the journal instead
+        self.rejoins = 0  # ... and caught up to the live stream again
 
     def plan(self, spec: BookmarkSpec | None, opts: SubscribeOptions) -> Plan:
         """Resolve a bookmark (None: conflation from now on) against the journal."""
@@ -543,6 +574,39 @@ class ReplayEngine:
             rate=sub.opts.rate,
             rate_max_gap=sub.opts.rate_max_gap,
         ).start()
+
+    def fall_back(self, subs: list[Subscription]) -> None:
+        """Live subscriptions of one connection that lag: they read the journal from the live
+        end instead, in one pass per connection (one read block), until they catch up.
+
+        Live delivery has given them every message below `delivered_end` whenever an Outbox
+        flushes (the pipeline moves it just before the fan-out, with no flush in between), so
+        starting there is starting after the last message each was sent: no gap, no duplicate.
+        """
+        pos = self.feed.delivered_end
+        out = subs[0].out
+        running = next(
+            (r for r in self.replays if r.lagging and r.cursors and r.out is out and not r.paused),
+            None,
+        )
+        self.fallbacks += len(subs)
+        if running is not None:
+            for sub in subs:
+                running.add(Cursor(sub, pos, None, lagging=True))
+            return
+        Replay(
+            self, [Cursor(sub, pos, None, lagging=True) for sub in subs], pos, lagging=True
+        ).start()
+
+    def split_paused(self, sub: Subscription) -> None:
+        """Pause one subscription of a lagging connection's shared pass: it goes on alone,
+        paused, from where the pass is; the others keep reading."""
+        shared = sub.replay
+        assert shared is not None
+        cursor = next(c for c in shared.cursors if c.sub is sub)
+        shared.detach(sub)
+        cursor.start = max(cursor.start, shared.position)
+        Replay(self, [cursor], shared.position, paused=True).start()
 
     def resume(self, subs: list[Subscription]) -> None:
         """Resume; subscriptions resumed together share one replay pass so they stay in step."""

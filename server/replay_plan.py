@@ -214,7 +214,7 @@ class Conflater:
         )
         self.held: dict[Any, list[Any]] = {}  # key -> [first_ts, first_pub, first_seq, record]
 
-    def key(self, topic: bytes, body: bytes) -> Any:
+    def key(self, topic: bytes | str, body: bytes) -> Any:
         if not self.paths:
             return topic
         try:

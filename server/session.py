@@ -67,6 +67,7 @@ class Session(SubscribeCommands):
         self.server_pub = 0
         self.logged_on = False
         self.table = SubscriptionTable(self.describe, services.index, services.replays)
+        out.on_lag = self.table.fall_back  # past <ClientOfflineThreshold>
         self.wants_persisted = False
         self._gap_told = 0  # the gap a persisted failure was sent for (_refuse_above_gap)
         self.is_publisher = False
@@ -250,10 +251,10 @@ class Session(SubscribeCommands):
             )
 
     def cmd_publish(self, h: Header, body: bytes) -> None:
-        topic = h.t
         svc = self.svc
-        if not topic or not svc.topics.literal_topic(topic):
-            self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {topic!r}")
+        topic = svc.topics.publish_topic(h.t) if h.t else None
+        if not topic:
+            self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {h.t!r}")
             return
         a = h.a
         if a is not None and "persisted" in a:
@@ -373,7 +374,9 @@ class Session(SubscribeCommands):
             except FilterError as exc:
                 self.fail(h, Failure.BAD_FILTER, str(exc))
                 return
-            n, refused = q.ack_filter(self.table, f, expire=opts.expire), []
+            n, refused = q.ack_filter(
+                self.table, f, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend
+            )
         else:
             self.fail(
                 h,

@@ -15,6 +15,7 @@ from protocol.headers import MAX_SUB_ID_BYTES, Header
 from protocol.options import InvalidOptions, SubscribeOptions, subscribe_options
 from protocol.patterns import PatternError, compile_pattern
 
+from .conflation import LiveConflation
 from .filters import FilterError, compile_filter
 from .matching import Predicate
 from .outbox import Outbox
@@ -108,19 +109,18 @@ class SubscribeCommands:
                 f"options {', '.join(opts.bookmark_only())} need a bookmark subscription (bm)",
             )
             return
-        needs_journal = (
-            spec is not None and not isinstance(spec, Now)
-        ) or opts.conflation is not None
+        # Only a replay reads the journal. Conflation without one runs on the live stream, any
+        # topic; NOW with `pause` is a paused replay from the live end (it keeps its place).
+        needs_journal = spec is not None and not isinstance(spec, Now)
         if needs_journal and not svc.topics.replayable(match_topic, regex):
-            what = "replayed" if spec is not None else "conflated"
             self.fail(
                 h,
                 Failure.INVALID_TOPIC,
-                f"topic {topic!r} is not recorded in the transaction log, so it cannot be {what}",
+                f"topic {topic!r} is not recorded in the transaction log, so it cannot be replayed",
             )
             return
         plan: Plan | None = None
-        if needs_journal and existing is None:
+        if (needs_journal or (spec is not None and opts.pause)) and existing is None:
             try:
                 plan = svc.replays.plan(spec, opts)
             except InvalidBookmark as exc:
@@ -129,6 +129,11 @@ class SubscribeCommands:
         sub = Subscription(
             table, self.out, sub_id, match_topic, regex, filt, h.f, opts, acks, h.cid, h.bm
         )
+        if opts.conflation is not None and not needs_journal:
+            sub.conflation = LiveConflation(
+                sub, opts.conflation, opts.conflation_key, svc.call_later
+            )
+        sub.journal_fed = svc.topics.journal_fed(match_topic, regex, spec is not None)
         if existing is not None:  # replace: same place in the stream, new filter / options
             table.replace(existing, sub)
         elif plan is not None:

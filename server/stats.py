@@ -76,6 +76,7 @@ class Stats:
             "connections_total": c.connections_total,
             "subscriptions": self.fanout.router.count,
             "replays": len(self.replays.replays),
+            "lagging": {"fallbacks": self.replays.fallbacks, "rejoins": self.replays.rejoins},
             "topics": p.topics_seen,
             "published": p.published,
             "delivered": self.fanout.delivered,
@@ -130,6 +131,18 @@ class Stats:
         )
         metric("subscriptions", "gauge", "Active subscriptions.", snap["subscriptions"])
         metric("replays", "gauge", "Bookmark replays in progress.", snap["replays"])
+        metric(
+            "subscriber_fallbacks_total",
+            "counter",
+            "Live subscriptions that lagged past ClientOfflineThreshold and read the journal.",
+            snap["lagging"]["fallbacks"],
+        )
+        metric(
+            "subscriber_rejoins_total",
+            "counter",
+            "Lagging subscriptions that caught up and rejoined the live stream.",
+            snap["lagging"]["rejoins"],
+        )
         lim = snap["limits"]
         metric(
             "input_buffered_bytes",

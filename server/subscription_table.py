@@ -4,16 +4,25 @@ States of a subscription (`Subscription.state`, server/subscriptions.py) and wha
 
     subscribe (no bm, or bm NOW) ──────────────────────────────────────────────> LIVE
     subscribe bm (a replay plan) ──> REPLAYING ──caught up──> LIVE, or LIVE_EARLY (`live` option)
-    subscribe bm, o=pause ─────────> PAUSED
+    subscribe bm (NOW too), o=pause ──> PAUSED
                                      REPLAYING ──pause──> PAUSED ──resume──> REPLAYING
     LIVE / LIVE_EARLY (a bookmark subscription) ──pause──> PAUSED (its place: the live end)
+    LIVE ──lagging (fall_back)──> REPLAYING ──caught up──> LIVE (no `completed`)
     REPLAYING ──range end (completed ack)──> REMOVED
     subscribe on a queue ──────────> QUEUED
     any ──unsubscribe / disconnect──> REMOVED
     replace: the new subscription takes the old one's state and place in the stream
 
 Replays that feed several subscriptions pause and resume together, so a pause or resume moves
-every subscription of that replay. The engines report the events that are theirs through the
+every subscription of that replay; except a lagging connection's replay (`fall_back`), from
+which a paused subscription is split off, since the others never asked for it.
+
+Lagging: when the connection's output passes <ClientOfflineThreshold> (the Outbox calls
+`fall_back`), every LIVE subscription that the journal can feed (`journal_fed`, not conflated)
+stops getting live messages in memory and reads the journal from the live end, that is from
+the last message it was sent; all of the connection's such subscriptions share one replay (one
+read block), and each rejoins LIVE when the replay catches up. Everything else keeps queueing,
+up to <ClientMaxBufferSize>. The engines report the events that are theirs through the
 owner methods: `went_live` (server/replay.py caught up) and `range_done` (a range ended).
 
 Server-wide, a subscription is found by the engines through `LiveIndex`: the router (live
@@ -128,6 +137,8 @@ class SubscriptionTable:
     def replace(self, old: Subscription, new: Subscription) -> None:
         """`replace`: new filter / options, same state and place in the stream."""
         self.index.remove(old)
+        if old.conflation is not None:
+            old.conflation.close(emit=True)  # what it held goes out under the old options
         new.state = old.state
         new.replay = old.replay
         new.acked_bm = old.acked_bm
@@ -161,6 +172,8 @@ class SubscriptionTable:
         self.index.remove(sub)
         if sub.state is SubState.LIVE_EARLY:
             self.index.fanout.leave_early()
+        if sub.conflation is not None:
+            sub.conflation.close()
         sub.state = SubState.REMOVED
         if sub.replay is not None:
             sub.replay.detach(sub)
@@ -168,9 +181,25 @@ class SubscriptionTable:
 
     # -- pause and resume (bookmark subscriptions) -----------------------------------------------
 
+    def fall_back(self) -> None:
+        """The connection lags (Outbox.on_lag): its live subscriptions that the journal can feed
+        read the journal from where live delivery is, until they catch up (ReplayEngine)."""
+        subs = [
+            s
+            for s in self.subs.values()
+            if s.state is SubState.LIVE and s.journal_fed and s.conflation is None
+        ]
+        if subs:
+            self.replays.fall_back(subs)
+            for s in subs:
+                s.state = SubState.REPLAYING
+
     def pause(self, subs: list[Subscription]) -> None:
         for sub in subs:
-            if sub.replay is not None:
+            if sub.replay is not None and sub.replay.lagging and len(sub.replay.cursors) > 1:
+                self.replays.split_paused(sub)
+                sub.state = SubState.PAUSED
+            elif sub.replay is not None:
                 sub.replay.pause()
                 for s in sub.replay.subs():
                     s.state = SubState.PAUSED

@@ -47,13 +47,16 @@ class Subscription:
         "acks",
         "bookmark",
         "cid",
+        "conflation",
         "filter",
         "filter_text",
+        "journal_fed",
         "opts",
         "out",
         "owner",
         "prefix",
         "queue",
+        "recorded_only",
         "regex",
         "regex_b",
         "replay",
@@ -102,6 +105,11 @@ class Subscription:
             except PatternError:  # pragma: no cover - the str pattern compiled already
                 self.regex_b = None
         self.acked_bm: tuple[int, int] | None = None  # the last periodic `persisted` bookmark
+        # a bookmark subscription over a pattern is a stream of the transaction log: before the
+        # join (the replay reads only recorded topics) and after it (seed 001)
+        self.recorded_only = regex is not None and bookmark is not None
+        self.conflation: Any = None  # a LiveConflation (server/conflation.py) on the live stream
+        self.journal_fed = False  # all it gets is in the journal (TopicPolicy.journal_fed)
 
     @property
     def live(self) -> bool:

@@ -524,7 +524,7 @@ def test_config_error_pickles():
             "<Name>x</Name><ClientMaxCapacity>1m</ClientMaxCapacity>",
             2,
             "/TickertapeConfig/ClientMaxCapacity",
-            "<ClientMaxBufferSize> at the root",
+            "past <ClientOfflineThreshold> its subscribers read from the journal",
         ),
         (
             "<Name>x</Name><LogonTimeout>0s</LogonTimeout>",
@@ -803,13 +803,39 @@ def test_invalid_topic_regexes_are_all_reported():
 # Queues
 
 
+def test_queue_over_a_pattern_of_topics():
+    c = load(
+        "<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>q</Name><UnderlyingTopic>ord.*"
+        "</UnderlyingTopic><DefaultPublishTarget>orders</DefaultPublishTarget></Queue></SOW>"
+    )
+    assert (c.queues[0].underlying_topic, c.queues[0].default_publish_target) == (
+        "ord.*",
+        "orders",
+    )
+    found = problems(
+        "<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>q</Name><UnderlyingTopic>ord.*"
+        "</UnderlyingTopic><DefaultPublishTarget>other</DefaultPublishTarget></Queue></SOW>"
+    )
+    assert any("'other' is not one of the underlying topics" in m for _, _, m in found)
+    _, path, message = one_problem(
+        "<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>q</Name><UnderlyingTopic>(a)\\1"
+        "</UnderlyingTopic></Queue></SOW>"
+    )
+    assert path.endswith("/UnderlyingTopic") and "not supported" in message
+    _, path, message = one_problem(
+        "<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>q</Name><UnderlyingTopic>ord.*"
+        "</UnderlyingTopic><DeadLetterTopic>ord.dead</DeadLetterTopic></Queue></SOW>"
+    )
+    assert path.endswith("/DeadLetterTopic") and "come straight back" in message
+
+
 def test_queue_defaults():
     c = load("<Name>x</Name>" + TXLOG + "<SOW><Queue><Name>orders</Name></Queue></SOW>")
     assert c.queues == (QueueSpec(name="orders", underlying_topic="orders"),)
     q = c.queues[0]
     assert (q.semantics, q.lease_period, q.max_per_subscription_backlog, q.max_backlog) == (
         "at-least-once",
-        None,
+        30.0,
         1,
         None,
     )
@@ -1018,6 +1044,34 @@ def test_journal_actions_need_a_journal_and_an_archive_directory():
 def test_client_max_buffer_size():
     c = load("<Name>x</Name><ClientMaxBufferSize>128MB</ClientMaxBufferSize>")
     assert c.limits.client_max_buffer_size == 128 * MB
+
+
+def test_client_offline_threshold():
+    assert load("<Name>x</Name>").limits.offline_threshold == 4 * MB
+    small = load("<Name>x</Name><ClientMaxBufferSize>16MB</ClientMaxBufferSize>")
+    assert small.limits.client_offline_threshold is None
+    assert small.limits.offline_threshold == 4 * MB
+    tiny = load(
+        "<Name>x</Name><ClientMaxBufferSize>2MB</ClientMaxBufferSize><Transports><Transport>"
+        "<Name>t</Name><InetAddr>0</InetAddr><MaxMessageSize>1MB</MaxMessageSize></Transport>"
+        "</Transports>"
+    )
+    assert tiny.limits.offline_threshold == 1 * MB  # half the buffer bound
+    c = load("<Name>x</Name><ClientOfflineThreshold>1MB</ClientOfflineThreshold>")
+    assert c.limits.offline_threshold == 1 * MB
+    off = load("<Name>x</Name><ClientOfflineThreshold>0</ClientOfflineThreshold>")
+    assert off.limits.offline_threshold == 0
+    _, path, message = one_problem(
+        "<Name>x</Name><ClientOfflineThreshold>64MB</ClientOfflineThreshold>"
+    )
+    assert path == "/TickertapeConfig/ClientOfflineThreshold"
+    assert "is not below ClientMaxBufferSize 64MB" in message and "0 to turn" in message
+    _, path, message = one_problem(
+        "<Name>x</Name><ClientOfflineThreshold>1KB</ClientOfflineThreshold>"
+    )
+    assert "must be 0 (off) or at least 65536 bytes" in message
+    _, path, message = one_problem("<Name>x</Name><SlowClientTimeout>5s</SlowClientTimeout>")
+    assert "<ClientMessageAgeLimit>" in message
 
 
 def test_idle_poll():

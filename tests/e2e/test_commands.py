@@ -312,12 +312,15 @@ def test_heartbeat_beats_keep_connection(shared_server):
 
 
 def test_slow_client_is_disconnected(tmp_path):
+    """Past <ClientMaxBufferSize> on a topic that is not recorded (a subscriber to a recorded
+    one reads the journal instead: tests/e2e/test_lagging.py)."""
     from tests.support.proc import ServerProcess
 
     srv = ServerProcess(
         tmp_path / "slow",
         extra="<ClientMaxBufferSize>256KB</ClientMaxBufferSize>",
         transport_extra="<MaxMessageSize>64KB</MaxMessageSize>",
+        topics=("recorded",),
     ).start()
     try:
         import socket

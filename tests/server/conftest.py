@@ -30,8 +30,8 @@ async def make_core(tmp_path):
     """Core with extra configuration (queues); closed at the end of the test."""
     made: list[Core] = []
 
-    def make(extra: str = "", sub: str = "a") -> Core:
-        c = Core(tmp_path / sub, asyncio.get_running_loop(), extra)
+    def make(extra: str = "", sub: str = "a", topics: tuple[str, ...] = (".*",)) -> Core:
+        c = Core(tmp_path / sub, asyncio.get_running_loop(), extra, topics)
         made.append(c)
         return c
 

@@ -90,11 +90,12 @@ def split_frames(data: bytes) -> list[Frame]:
 
 
 class Client:
-    def __init__(self, core: Core, max_buffer: int = 1 << 30) -> None:
+    def __init__(self, core: Core, max_buffer: int = 1 << 30, offline_at: int = 0) -> None:
+        """`offline_at`: <ClientOfflineThreshold> (0: this client never falls back)."""
         self.core = core
         self.transport = FakeTransport()
         self.closes: list[str] = []
-        self.out = Outbox(max_buffer, self.closes.append)
+        self.out = Outbox(max_buffer, self.closes.append, offline_at)
         self.out.attach(self.transport)
         self.session = Session(self.out, core.services)
         self.session.peer = "test"
@@ -133,8 +134,17 @@ class Client:
 class Core:
     """The server's parts, as Server.start builds them, minus listeners and the tick."""
 
-    def __init__(self, tmp_path: Any, loop: asyncio.AbstractEventLoop, extra: str = "") -> None:
-        self.config = load_config_text(make_config(str(tmp_path), admin=False, extra=extra))
+    def __init__(
+        self,
+        tmp_path: Any,
+        loop: asyncio.AbstractEventLoop,
+        extra: str = "",
+        topics: tuple[str, ...] = (".*",),
+    ) -> None:
+        """`topics`: the <TransactionLog> topic patterns (every topic is recorded by default)."""
+        self.config = load_config_text(
+            make_config(str(tmp_path), admin=False, extra=extra, topics=topics)
+        )
         tl = self.config.transaction_log
         assert tl is not None
         self.loop = loop
@@ -168,8 +178,8 @@ class Core:
             call_later=loop.call_later,
         )
 
-    def client(self, name: str | None = None) -> Client:
-        c = Client(self)
+    def client(self, name: str | None = None, **outbox: int) -> Client:
+        c = Client(self, **outbox)
         if name is not None:
             c.logon(name)
         return c
