@@ -11,6 +11,9 @@ or broken one from taking the server's memory or event loop.
 | `<IdleTimeout>` | 0 (off) | time with no input at all from a connection (heartbeats count) |
 | `<ClientMessageAgeLimit>` | 60s | time a connection's queued output may go without draining before it is closed |
 | `<ClientMaxSubscriptions>` | 1000 | subscriptions on one connection (so the `sids` of a delivery stay bounded) |
+| `<MaxConnections>` | 10000 | open connections over all transports |
+| `<MaxConnectionsPerAddress>` | 1000 | open connections from one peer address |
+| `<MaxUnauthenticatedConnections>` | 1000 | connections not logged on yet, TLS handshakes included |
 """
 
 from __future__ import annotations
@@ -77,4 +80,15 @@ LIMIT_ELEMENTS: dict[str, tuple[str, Callable[[str], float], float]] = {
         60.0,
     ),
     "ClientMaxSubscriptions": ("client_max_subscriptions", _count("ClientMaxSubscriptions"), 1000),
+    "MaxConnections": ("max_connections", _count("MaxConnections"), 10_000),
+    "MaxConnectionsPerAddress": (
+        "max_connections_per_address",
+        _count("MaxConnectionsPerAddress"),
+        1000,
+    ),
+    "MaxUnauthenticatedConnections": (
+        "max_unauthenticated_connections",
+        _count("MaxUnauthenticatedConnections"),
+        1000,
+    ),
 }

@@ -311,6 +311,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     idle_timeout: float = 0.0
     client_message_age_limit: float = 60.0
     client_max_subscriptions: int = 1000
+    max_connections: int = 10_000
+    max_connections_per_address: int = 1000
+    max_unauthenticated_connections: int = 1000
 
 
 class Authentication(msgspec.Struct, frozen=True, kw_only=True):

@@ -74,13 +74,6 @@ def unsupported(cfg: Config) -> list[Unserved]:
     serves it (and its line in docs/security.md, "State today").
     """
     found: list[Unserved] = []
-    for i, t in enumerate(cfg.transports):
-        if t.type == "tcps":
-            found.append(
-                Unserved("transport", i, f"TLS on transport {t.name!r} (<Type>tcps</Type>)")
-            )
-    if cfg.admin is not None and cfg.admin.certificate is not None:
-        found.append(Unserved("admin", 0, "TLS on the admin endpoint"))
     auth = cfg.authentication
     if auth is not None and (auth.password_file is not None or not auth.allow_anonymous):
         found.append(Unserved("authentication", 0, "authentication of logons"))

@@ -41,7 +41,7 @@ from protocol.bookmarks import BookmarkSpec, Now
 from protocol.options import Rate, SubscribeOptions
 
 from .frames import STORED, pack_len, timestamp_part, topic_member
-from .matching import Body, body_matches
+from .matching import Body, TopicFilter, body_matches
 from .outbox import Outbox
 from .reasons import Disconnect
 from .replay_plan import Conflater, End, Pacer, Plan, now_us, plan_replay
@@ -357,8 +357,10 @@ class Replay:
             last = rec
             if pos < start or kind != KIND_MESSAGE or not matches(tb):
                 continue
-            if f is not None and not body_matches(f, body):
-                continue
+            if f is not None:
+                g = f.at(tb) if f.__class__ is TopicFilter else f  # content entitlements by topic
+                if g is not None and not body_matches(g, body):
+                    continue
             hdr = STORED % (
                 prefix,
                 topic_member(tb),
@@ -408,10 +410,13 @@ class Replay:
                     deliver, stop = c.end.check(pos, pub, seq, ts)
                 sub = c.sub
                 if deliver and sub.matches_topic_bytes(tb):
-                    if sub.filter is not None:
+                    f = sub.filter
+                    if f.__class__ is TopicFilter:  # content entitlements by topic
+                        f = f.at(tb)
+                    if f is not None:
                         if doc is None:
                             doc = Body(body)
-                        deliver = doc.matches(sub.filter)
+                        deliver = doc.matches(f)
                     if deliver:
                         if c.conflater is not None:
                             self._emit_conflated(c, c.conflater.due(ts))
