@@ -74,9 +74,6 @@ def unsupported(cfg: Config) -> list[Unserved]:
     serves it (and its line in docs/security.md, "State today").
     """
     found: list[Unserved] = []
-    auth = cfg.authentication
-    if auth is not None and (auth.password_file is not None or not auth.allow_anonymous):
-        found.append(Unserved("authentication", 0, "authentication of logons"))
     if cfg.entitlement is not None:
         found.append(Unserved("entitlement", 0, "entitlements"))
     return found

@@ -387,7 +387,6 @@ def test_each_unserved_feature_is_a_problem_where_it_is_asked_for(env, pki):
     )
     found = problems(body, env)
     assert [(p, m.split(" is not served")[0]) for _, p, m in found] == [
-        ("/TickertapeConfig/Authentication", "authentication of logons"),
         ("/TickertapeConfig/Entitlement", "entitlements"),
     ]
     assert all("not served by this build yet; it is refused rather than ignored" in m
@@ -423,7 +422,6 @@ def test_secure_example_is_valid_and_means_what_it_says(tmp_path, pki, monkeypat
     # this build refuses exactly the features it does not serve
     found = config.verify_config(path, env={})
     assert [p.path for p in found] == [
-        "/TickertapeConfig/Authentication",
         "/TickertapeConfig/Entitlement",
     ]
 
@@ -439,5 +437,5 @@ def test_the_server_refuses_to_start_and_verify_config_says_why(tmp_path, pki):
             cwd=tmp_path,
         )
         assert done.returncode == 2, done
-        assert done.stderr.count("is not served by this build yet") == 2
+        assert done.stderr.count("is not served by this build yet") == 1
         assert "listening" not in done.stdout
