@@ -328,7 +328,9 @@ class Session(SubscribeCommands):
             self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {topic!r}")
             return
         ent = self._ent
-        if ent is not None and not ent.check(self.peer, self.user_id or "", "publish", topic):
+        if ent is not None and not ent.check(
+            self.peer, self.user_id or "", "publish", topic, "publish"
+        ):
             self.not_entitled(h, "publish", topic)
             return
         a = h.a
@@ -426,7 +428,9 @@ class Session(SubscribeCommands):
             )
             return
         ent = self._ent
-        if ent is not None and not ent.check(self.peer, self.user_id or "", "consume", q.name):
+        if ent is not None and not ent.check(
+            self.peer, self.user_id or "", "consume", q.name, "sow_delete"
+        ):
             self.not_entitled(h, "consume", q.name)
             return
         try:
