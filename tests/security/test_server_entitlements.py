@@ -361,3 +361,45 @@ def test_the_audit_trail_can_go_to_its_own_file(tmp_path, pki):
         assert any("user=bob right=publish topic=orders.f" in x for x in lines)
     finally:
         server.stop()
+
+
+def test_content_filter_during_a_regex_replay(ent_server, pki):
+    feeder = User(ent_server, pki, "feeder")
+    feeder.publish_all("orders.rxa", [{"desk": "B", "n": 1}, {"desk": "A", "n": 2}])
+    feeder.publish_all("orders.rxb", [{"desk": "A", "n": 3}, {"desk": "B", "n": 4}])
+    alice = User(ent_server, pki, "alice")
+    ack = alice.request({"c": "subscribe", "t": r"orders\.rx[ab]", "bm": "0"}, ack="completed")
+    assert ack["status"] == "success"
+    assert [d["n"] for d in alice.bodies(2)] == [2, 3]
+    assert alice.nothing_more()
+    feeder.close()
+    alice.close()
+
+
+def test_the_admin_endpoint_over_https(tmp_path, pki):
+    users_file(tmp_path / "users.db", USERS)
+    admin = (
+        f"<Admin><InetAddr>127.0.0.1:0</InetAddr><Certificate>{pki.server_cert}</Certificate>"
+        f"<PrivateKey>{pki.server_key}</PrivateKey></Admin>"
+    )
+    config = secure_config(
+        tmp_path, pki, authentication=auth(tmp_path), entitlement=entitlement(), admin=admin
+    )
+    server = start(tmp_path, config)
+    try:
+        server.wait_for_log(r"admin endpoint on https://127\.0\.0\.1:\d+/stats")
+        ctx = trusting(pki)
+        status, _, body = admin_get(server, "/stats", "root", USERS["root"], ctx=ctx)
+        assert status == 200 and json.loads(body)["security"]["auth_failures"] == 0
+        assert admin_get(server, "/stats", ctx=ctx)[0] == 401
+        bad = TlsRaw(server.port, trusting(pki))
+        bad.send({"c": "logon", "cid": "l", "client_name": "x", "user_id": "bob", "pw": "no",
+                  "a": "processed"})  # fmt: skip
+        assert bad.ack("processed", "l")["reason"] == "auth failure"
+        bad.close()
+        snap = json.loads(admin_get(server, "/stats", "root", USERS["root"], ctx=ctx)[2])
+        assert snap["security"]["auth_failures"] == 1
+        _, _, text = admin_get(server, "/metrics", "root", USERS["root"], ctx=ctx)
+        assert b"tickertape_auth_failures_total 1" in text
+    finally:
+        server.stop()
