@@ -36,7 +36,7 @@ from .ids import publisher_id, server_publisher_id
 from .outbox import Outbox
 from .pipeline import ABOVE_GAP, DUPLICATE
 from .reasons import Disconnect, Failure
-from .security.authenticator import AuthFailure, Identity
+from .security.authenticator import AuthFailure, Identity, certificate_identity
 from .security.entitlements import Entitlements
 from .services import SessionServices
 from .session_subscribe import SubscribeCommands
@@ -243,8 +243,11 @@ class Session(SubscribeCommands):
             self.out.close(Disconnect.AUTH_FAILURE)
             return
         guard = svc.guard
-        if guard.checker is None:  # no <Authentication>: the user is who the client says
-            self._accept_logon(h, opts.ack_conflation, h.user_id)
+        if guard.checker is None:
+            # no <Authentication>: the user is who the client says, unless a verified client
+            # certificate (mutual TLS) names it
+            user = certificate_identity(self.peer_cert) if self.peer_cert else None
+            self._accept_logon(h, opts.ack_conflation, user or h.user_id)
             return
         self._held = []
         self.hold(True)

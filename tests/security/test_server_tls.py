@@ -147,7 +147,9 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(tmp_path, pki, loop):
             in (refused_lines(server)[before])
         )
         c = TlsRaw(server.port, trusting(pki, alice))
-        assert c.logon("with-cert")["status"] == "success"
+        assert c.logon("with-cert", user_id="bob")["status"] == "success"
+        # no <Authentication>, but the verified certificate names the user, not the claim
+        server.wait_for_log(r"logon: connection \d+ client=with-cert .* user=alice ")
         c.close()
         # the plain transport on loopback is unaffected
         p = Raw(ports(server)["plain"])
