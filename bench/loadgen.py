@@ -661,9 +661,13 @@ def loop_name() -> str:
     return f"uvloop {uvloop.__version__}" if uvloop is not None else "asyncio"
 
 
-async def _connect(factory, host: str, port: int, timeout: float):
+async def _connect(factory, host: str, port: int, timeout: float, ssl=None):
+    """ssl: an ssl.SSLContext for a TLS server (bench_security), None for plain TCP."""
     loop = asyncio.get_running_loop()
-    _t, proto = await asyncio.wait_for(loop.create_connection(factory, host, port), timeout)
+    conn = loop.create_connection(
+        factory, host, port, ssl=ssl, server_hostname="localhost" if ssl else None
+    )
+    _t, proto = await asyncio.wait_for(conn, timeout)
     try:
         await asyncio.wait_for(asyncio.shield(proto.ready), timeout)
     except BaseException:
@@ -731,8 +735,10 @@ async def run(
     tag: str = "0",
     redis_count: int = 1000,
     on_start=None,
+    ssl=None,
 ) -> dict:
     """One publisher of n messages and len(sub_dests) subscribers (each expects all n).
+    `ssl`: connect over TLS with this context (Tickertape tcps transports).
 
     Returns counts, elapsed seconds (first send to last ack / last delivery), client CPU
     seconds, errors, and latencies (ns, array) when rate > 0 and there is a subscriber.
@@ -745,11 +751,11 @@ async def run(
     try:
         for i, d in enumerate(sub_dests):
             s = await _connect(
-                _sub_factory(proto, d, i, tag, body_size, redis_count), host, port, 30
+                _sub_factory(proto, d, i, tag, body_size, redis_count), host, port, 30, ssl
             )
             conns.append(s)
             subs.append(s)
-        pub = await _connect(_pub_factory(proto, pub_dest, tag, body_size), host, port, 30)
+        pub = await _connect(_pub_factory(proto, pub_dest, tag, body_size), host, port, 30, ssl)
         conns.append(pub)
         if proto == "tickertape" and pub.logon_s:
             raise ProtocolError(f"publisher name already has sequence {pub.logon_s} stored")

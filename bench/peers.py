@@ -362,6 +362,8 @@ class Peer:
 class TickertapePeer(Peer):
     """extra (all optional, set before start()):
     config_xml         XML inserted in <TickertapeConfig> (e.g. a <SOW><Queue> section)
+    transport_xml      the transport's <Type> and what goes with it (default plain tcp; a
+                       tcps transport with its certificate for bench_security)
     journal_copy_from  a journal directory copied into the data dir before the server starts
                        (a journal built with the journal API: bench/journaldata.py)
     journal_dir        use this journal directory in place (not copied, not removed by cleanup)
@@ -378,7 +380,12 @@ class TickertapePeer(Peer):
         cfg = os.path.join(self.workdir, "bench.xml")
         with open(cfg, "w") as f:
             f.write(
-                tickertape_config(self.port, self.journal_dir(), self.extra.get("config_xml", ""))
+                tickertape_config(
+                    self.port,
+                    self.journal_dir(),
+                    self.extra.get("config_xml", ""),
+                    self.extra.get("transport_xml", "<Type>tcp</Type>"),
+                )
             )
         return [tickertape_bin(self.name), "serve", "--config", cfg]
 
@@ -460,13 +467,15 @@ class TickertapePeer(Peer):
         raise RuntimeError(f"verify replay did not complete in {timeout}s ({count} so far)")
 
 
-def tickertape_config(port: int, journal_dir: str, extra_xml: str = "") -> str:
+def tickertape_config(
+    port: int, journal_dir: str, extra_xml: str = "", transport_xml: str = "<Type>tcp</Type>"
+) -> str:
     return f"""<TickertapeConfig>
   <Name>bench</Name>
   <Transports>
     <Transport>
       <Name>json-tcp</Name>
-      <Type>tcp</Type>
+      {transport_xml}
       <InetAddr>127.0.0.1:{port}</InetAddr>
       <MessageType>json</MessageType>
       <Protocol>amps</Protocol>

@@ -41,7 +41,8 @@ class ServerChooser(ABC):
 
     @abstractmethod
     def current_uri(self) -> str | None:
-        """The server to connect to next (`host:port` or `tcp://host:port/`); None: none."""
+        """The server to connect to next (`host:port`, `tcp://host:port/`, or
+        `tcps://host:port/` for TLS); None: none."""
 
     def current_authenticator(self) -> Authenticator:
         """The authenticator for `current_uri()`."""

@@ -16,7 +16,11 @@ loop: uvloop belongs to the server's entry point) and returns the exit status:
 ```
 
 All three use the HAClient (client/ha.py): `--server` may be given several times (failover
-order; default 127.0.0.1:9007). At start every server is tried once (`--connect-timeout`
+order; default 127.0.0.1:9007); `tcps://host:port` is TLS, checked against `--ca-file` (the
+system's trust store without it), with `--cert`/`--key` for a server that asks for a client
+certificate. `--user` logs on as that user, with the password from the environment variable
+TICKERTAPE_PASSWORD or the first line of `--password-file` (never from the command line,
+which other users can read in the process list). At start every server is tried once (`--connect-timeout`
 to keep trying longer); once connected, a lost connection is retried and failed over without
 end, and a one-line note goes to stderr. Errors are one line on stderr, never a traceback.
 `python -m client.cli pub|sub|queue ...` runs the same commands without the server package.
@@ -187,6 +191,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         help=f"server address (default {DEFAULT_ADDRESS}); give it several times for failover, "
         "in order",
     )
+    p.add_argument("--user", metavar="USER", help="log on as USER (user_id)")
+    p.add_argument(
+        "--password-file",
+        metavar="FILE",
+        help="the password for --user: the first line of FILE (else $TICKERTAPE_PASSWORD)",
+    )
+    p.add_argument("--ca-file", metavar="FILE", help="CA certificates for tcps:// servers (PEM)")
+    p.add_argument("--cert", metavar="FILE", help="client certificate for tcps:// (PEM)")
+    p.add_argument("--key", metavar="FILE", help="private key of --cert (PEM)")
     p.add_argument(
         "--connect-timeout",
         type=float,
@@ -244,8 +257,35 @@ def _ha_client(command: str, args: argparse.Namespace, stderr: IO[str], **kw) ->
             first = False
 
     client = HAClient(args.client_name or _default_name(command), servers=_servers(args),
-                      on_state=on_state, **kw)  # fmt: skip
+                      on_state=on_state, **_credentials(args), **kw)  # fmt: skip
     return client
+
+
+def _credentials(args: argparse.Namespace) -> dict:
+    """user_id, password and the TLS context for tcps:// servers, from the options."""
+    found: dict = {}
+    if args.user:
+        found["user_id"] = args.user
+        if args.password_file:
+            try:
+                with open(args.password_file, encoding="utf-8") as f:
+                    found["password"] = f.readline().rstrip("\r\n")
+            except OSError as exc:
+                raise _Usage(
+                    f"--password-file: {exc.strerror or exc}: {args.password_file}"
+                ) from None
+        else:
+            found["password"] = os.environ.get("TICKERTAPE_PASSWORD")
+    elif args.password_file:
+        raise _Usage("--password-file needs --user")
+    if args.ca_file or args.cert or args.key:
+        from .tls import tls_context
+
+        try:
+            found["tls"] = tls_context(args.ca_file, args.cert, args.key)
+        except (OSError, ValueError) as exc:
+            raise _Usage(f"TLS options: {exc}") from None
+    return found
 
 
 async def _connect(client: HAClient, args: argparse.Namespace) -> None:

@@ -51,6 +51,7 @@ and the routing of each frame from the server to the part it concerns.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Self
 
@@ -84,6 +85,12 @@ class Client(ClientSubscriptions, ClientPublishing):
     transport write buffer of 4 MiB (publish() waits above it), and per subscription
     `max_buffered_messages` / `max_buffered_bytes` (reading pauses while one is full).
 
+    TLS: a `tcps://host:port` server is reached over TLS with `tls` (an ssl.SSLContext,
+    client/tls.py's `tls_context(ca_file=, certificate=, private_key=)`; without one, the
+    system's trust store). `user_id` and `password` go in the logon (`auth failure` when the
+    server refuses them). A subscription the server ends (`not entitled` after it reloaded its
+    roles) raises CommandError from its next() once its buffer is read.
+
     Callbacks (called on the event loop; an exception in one is logged, not raised):
     `on_error(exc)` for failures that belong to no awaiting call (publish failures,
     failure acks without a `cid`); `on_duplicate(seq)` for each publish acknowledged with
@@ -99,6 +106,7 @@ class Client(ClientSubscriptions, ClientPublishing):
         user_id: str | None = None,
         password: str | None = None,
         server: str | None = None,
+        tls: ssl.SSLContext | None = None,
         max_inflight: int = 10_000,
         max_buffered_messages: int = 10_000,
         max_buffered_bytes: int = 64 * 1024 * 1024,
@@ -118,7 +126,7 @@ class Client(ClientSubscriptions, ClientPublishing):
         self.on_persisted = on_persisted
         self.logon_result: LogonResult | None = None
         self._init_publishing(max_inflight, track_duplicates)
-        self._init_connection(server, max_message_size)
+        self._init_connection(server, max_message_size, tls)
         self._init_commands()
         self._init_subscriptions(max_buffered_messages, max_buffered_bytes)
 
@@ -240,6 +248,16 @@ class Client(ClientSubscriptions, ClientPublishing):
                     except Exception:
                         log.exception("on_duplicate callback failed")
             return
+        if h.status == "failure" and cid is None and h.sub_id is not None:
+            sub = self._subs.get(h.sub_id)
+            if sub is not None:  # the server ended it (`not entitled` after a reload of roles)
+                exc = CommandError(
+                    h.reason or "unknown", f"subscription {h.sub_id} ended by the server"
+                )
+                sub._finish(exc, drop=False)
+                self._drop_sub(sub)
+                self._report(exc)
+                return
         if h.status == "failure":
             # nobody waits for it: a publish refused on its processed ack, or a command the
             # server could not attribute (`bad frame`, `logon required`); the connection

@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import ssl
 from typing import Self, cast
 
 from protocol.framing import FrameDecoder, FrameError, encode_frame
 from protocol.headers import Header
 
-from .address import parse_address
+from .address import parse_server
 from .errors import ClientError, ConnectFailed, Disconnected
 
 __all__ = ["ClientConnection"]
@@ -76,8 +77,11 @@ class ClientConnection:
 
     server: str | None
 
-    def _init_connection(self, server: str | None, max_message_size: int) -> None:
+    def _init_connection(
+        self, server: str | None, max_message_size: int, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.server = server
+        self.tls = tls  # for tcps:// addresses; None: client/tls.py's default context
         self._decoder = FrameDecoder(max_message_size)
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -107,20 +111,35 @@ class ClientConnection:
     # ================================================================ connection
 
     async def connect(self, address: str | None = None, *, timeout: float = 10.0) -> Self:
-        """Open the TCP connection (`host:port` or `tcp://host:port/`; default the `server`
-        given to the constructor). Raises `ConnectFailed`. Returns self."""
+        """Open the connection (`host:port`, `tcp://host:port/`, or `tcps://host:port/` for
+        TLS with the client's `tls` context; default the `server` given to the constructor).
+        Raises `ConnectFailed` (a refused TLS handshake too, with OpenSSL's reason). Returns
+        self."""
         if self._state != "new":
             raise ClientError(f"connect() on a {self._state} client; a Client is one connection")
         address = address or self.server
         if not address:
             raise ValueError("no server address: pass connect('host:port') or Client(server=...)")
-        host, port = parse_address(address)
+        host, port, tls = parse_server(address)
         self.server = address
         loop = self._loop = asyncio.get_running_loop()
         self._lost = loop.create_future()
+        ctx = None
+        if tls:
+            ctx = self.tls
+            if ctx is None:
+                from .tls import tls_context
+
+                ctx = self.tls = tls_context()
         try:
             async with asyncio.timeout(timeout):
-                await loop.create_connection(lambda: _ClientProtocol(self), host, port)
+                await loop.create_connection(
+                    lambda: _ClientProtocol(self),
+                    host,
+                    port,
+                    ssl=ctx,
+                    server_hostname=host if ctx is not None else None,
+                )
         except TimeoutError:
             raise ConnectFailed(address, f"no answer within {timeout:g}s") from None
         except OSError as exc:
@@ -128,6 +147,10 @@ class ClientConnection:
             refused = isinstance(exc, ConnectionRefusedError)
             refused = refused or f"[Errno {errno.ECONNREFUSED}]" in str(exc)
             reason = "connection refused" if refused else (exc.strerror or str(exc))
+            if isinstance(exc, ssl.SSLError):
+                reason = f"TLS handshake failed: {exc.reason or exc}"
+                if isinstance(exc, ssl.SSLCertVerificationError):
+                    reason += f" ({exc.verify_message}; give the server's CA file)"
             raise ConnectFailed(address, reason) from None
         return self
 

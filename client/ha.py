@@ -103,7 +103,8 @@ class HAClient:
     - `max_window`: most bookmark-store entries per subscription before next() waits.
     - `on_error(exc)`: failures no call waits for (publish refusals, a failed resubscribe);
       `on_state(state)`: each state change.
-    - `client_options`: passed to every Client (max_inflight, max_buffered_messages, ...).
+    - `client_options`: passed to every Client (max_inflight, max_buffered_messages, ...,
+      `tls`: the ssl.SSLContext for `tcps://` servers, client/tls.py).
     """
 
     def __init__(

@@ -12,6 +12,9 @@ or broken one from taking the server's memory or event loop.
 | `<ClientMessageAgeLimit>` | 60s | time a connection's queued output may go without draining before it is closed |
 | `<ClientMaxSubscriptions>` | 1000 | subscriptions on one connection (so the `sids` of a delivery stay bounded) |
 | `<ClientOfflineThreshold>` | min(4MB, half of `<ClientMaxBufferSize>`) | output queued to one connection past which its live subscriptions to recorded topics read from the journal instead (0 = never); the loader checks it against `<ClientMaxBufferSize>` |
+| `<MaxConnections>` | 10000 | open connections over all transports |
+| `<MaxConnectionsPerAddress>` | 1000 | open connections from one peer address |
+| `<MaxUnauthenticatedConnections>` | 1000 | connections not logged on yet, TLS handshakes included |
 """
 
 from __future__ import annotations
@@ -92,5 +95,16 @@ LIMIT_ELEMENTS: dict[str, tuple[str, Callable[[str], float], float | None]] = {
         "client_offline_threshold",
         _size_or_off("ClientOfflineThreshold", 64 * 1024),
         None,
+    ),
+    "MaxConnections": ("max_connections", _count("MaxConnections"), 10_000),
+    "MaxConnectionsPerAddress": (
+        "max_connections_per_address",
+        _count("MaxConnectionsPerAddress"),
+        1000,
+    ),
+    "MaxUnauthenticatedConnections": (
+        "max_unauthenticated_connections",
+        _count("MaxUnauthenticatedConnections"),
+        1000,
     ),
 }

@@ -335,6 +335,10 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             return self.client_offline_threshold
         return min(4 * MiB, self.client_max_buffer_size // 2)
 
+    max_connections: int = 10_000
+    max_connections_per_address: int = 1000
+    max_unauthenticated_connections: int = 1000
+
 
 class Authentication(msgspec.Struct, frozen=True, kw_only=True):
     """`<Authentication>`: how a logon proves who it is (docs/security.md)."""

@@ -6,6 +6,14 @@
 
 A deliberately small HTTP/1.0 responder on asyncio (one request per connection, request head
 bounded to 8 KiB, 5 s to send it): the endpoint serves monitoring, not traffic.
+
+Security (docs/security.md): with `<Authentication>`, every request needs the credentials of a
+user with `admin` (`<Admin>true</Admin>` in a role): HTTP Basic, or `Authorization: Bearer
+<token>` from `tickertape passwd --token`. No or wrong credentials get 401 (with a
+`WWW-Authenticate` challenge), a user without `admin` 403; wrong credentials back off per peer
+address like logons. With `<Certificate>` and `<PrivateKey>` in `<Admin>` it serves HTTPS
+(a failed handshake is dropped: monitoring clients report their own TLS errors). Each request
+is an audit line (`admin_request`).
 """
 
 from __future__ import annotations
@@ -15,26 +23,54 @@ import logging
 
 import msgspec
 
+from .guard import Guard
+from .security import audit
+from .security.authenticator import AuthFailure
 from .stats import Stats
 
 log = logging.getLogger("tickertape.admin")
 MAX_HEAD = 8192
+HANDSHAKE_TIMEOUT = 5.0
+
+_STATUS = {
+    200: "200 OK",
+    401: "401 Unauthorized",
+    403: "403 Forbidden",
+    404: "404 Not Found",
+    405: "405 Method Not Allowed",
+}
 
 
 class AdminEndpoint:
-    def __init__(self, stats: Stats, instance: str, host: str, port: int) -> None:
+    def __init__(
+        self, stats: Stats, instance: str, host: str, port: int, guard: Guard | None = None
+    ) -> None:
         self.stats = stats
         self.instance = instance
         self.host = host
         self.port = port
+        self.guard = guard if guard is not None else Guard()
+        self.scheme = "https" if self.guard.admin_tls is not None else "http"
         self._srv: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
+        tls = self.guard.admin_tls
         self._srv = await asyncio.start_server(
-            self._handle, self.host, self.port, reuse_address=True
+            self._handle,
+            self.host,
+            self.port,
+            reuse_address=True,
+            ssl=tls,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None,
         )
         self.host, self.port = self._srv.sockets[0].getsockname()[:2]
-        log.info("admin endpoint on http://%s:%d/stats and /metrics", self.host, self.port)
+        log.info(
+            "admin endpoint on %s://%s:%d/stats and /metrics%s",
+            self.scheme,
+            self.host,
+            self.port,
+            " (authenticated: users with admin)" if self.guard.checker is not None else "",
+        )
 
     async def stop(self) -> None:
         if self._srv is not None:
@@ -51,31 +87,29 @@ class AdminEndpoint:
         ):
             writer.close()
             return
-        line = head[:MAX_HEAD].split(b"\r\n", 1)[0].decode("latin-1")
-        parts = line.split()
+        lines = head[:MAX_HEAD].split(b"\r\n")
+        parts = lines[0].decode("latin-1").split()
+        method = parts[0] if parts else ""
         path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
-        if len(parts) < 2 or parts[0] != "GET":
-            status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET is served\n"
-        elif path == "/stats":
-            status, ctype = "200 OK", "application/json"
-            body = msgspec.json.format(msgspec.json.encode(self.stats.snapshot()), indent=2) + b"\n"
-        elif path == "/metrics":
-            status, ctype = "200 OK", "text/plain; version=0.0.4"
-            body = self.stats.prometheus().encode()
-        elif path == "/":
-            status, ctype = "200 OK", "text/plain"
-            body = (
-                f"tickertape {self.instance}: GET /stats (JSON) or /metrics (Prometheus)\n".encode()
-            )
+        peer = writer.get_extra_info("peername")
+        peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        user, denied = await self._authorize(peer_text, _header(lines, b"authorization"))
+        extra = ""
+        if denied is not None:
+            code = denied
+            ctype = "text/plain"
+            if code == 401:
+                extra = 'WWW-Authenticate: Basic realm="tickertape", charset="UTF-8"\r\n'
+                body = b"credentials of a user with admin are required (Basic or Bearer)\n"
+            else:
+                body = b"this user has no admin right\n"
         else:
-            status, ctype, body = (
-                "404 Not Found",
-                "text/plain",
-                b"not found: try /stats or /metrics\n",
-            )
+            code, ctype, body = self._answer(method, path)
+        if self.guard.checker is not None:
+            audit.admin_request(peer_text, user, method, path, code)
         writer.write(
-            f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n".encode()
+            f"HTTP/1.0 {_STATUS[code]}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            f"{extra}Connection: close\r\n\r\n".encode()
             + body
         )
         try:
@@ -83,3 +117,42 @@ class AdminEndpoint:
         except ConnectionError:
             pass
         writer.close()
+
+    async def _authorize(
+        self, peer: str, authorization: str | None
+    ) -> tuple[str | None, int | None]:
+        """(user, None) when the request may be served, else (user, 401 or 403)."""
+        guard = self.guard
+        checker = guard.checker
+        if checker is None:
+            return None, None  # no <Authentication>: the loader keeps the endpoint on loopback
+        outcome = await checker.check_http(peer, authorization)
+        if outcome is None:
+            return None, 401
+        if isinstance(outcome, AuthFailure):
+            return outcome.user, 401
+        if not guard.may_admin(peer, outcome.user):
+            return outcome.user, 403
+        return outcome.user, None
+
+    def _answer(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if method != "GET":
+            return 405, "text/plain", b"only GET is served\n"
+        if path == "/stats":
+            body = msgspec.json.format(msgspec.json.encode(self.stats.snapshot()), indent=2)
+            return 200, "application/json", body + b"\n"
+        if path == "/metrics":
+            return 200, "text/plain; version=0.0.4", self.stats.prometheus().encode()
+        if path == "/":
+            text = f"tickertape {self.instance}: GET /stats (JSON) or /metrics (Prometheus)\n"
+            return 200, "text/plain", text.encode()
+        return 404, "text/plain", b"not found: try /stats or /metrics\n"
+
+
+def _header(lines: list[bytes], name: bytes) -> str | None:
+    """The value of header `name` (lowercase) in a request head's lines, or None."""
+    for line in lines[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return None

@@ -11,6 +11,10 @@ Shutdown runs in a fixed order with a timeout (CONVENTIONS 10): stop accepting; 
 from every connection; cancel replays; commit what was received; wait for the journal
 (bounded); send the last acks; close every connection with reason `shutdown`; stop the tick,
 the admin endpoint and maintenance; close the journal.
+
+Security (server/guard.py) is built first: a certificate or password file that no longer loads
+stops the start. `reload(config)` (SIGHUP, server/cli.py) re-reads the password file, the roles
+and the certificates, and re-checks every open subscription against the new roles.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 
 from config.model import Config
 from journal.fileio import io_from_env
@@ -28,9 +33,11 @@ from journal.journal import Journal
 
 from . import frames, splice
 from .admin import AdminEndpoint
+from .admission import Admission
 from .connection import Connection, ConnectionEnv, Connections
 from .counters import Counters
 from .fanout import Fanout
+from .guard import Guard, build_guard
 from .intake import Intake
 from .maintenance import Maintenance
 from .pipeline import Pipeline
@@ -39,8 +46,10 @@ from .reasons import Disconnect
 from .replay import ReplayEngine
 from .router import Router
 from .services import SessionServices
+from .session_rights import recheck
 from .stats import Stats
 from .subscription_table import LiveIndex
+from .tls_accept import TlsAcceptor
 from .topics import TopicPolicy, never
 
 log = logging.getLogger("tickertape.server")
@@ -90,6 +99,8 @@ class Server:
         self.journal: Journal | None = None
         self.connections = Connections()
         self.listeners: list[asyncio.Server] = []
+        self.acceptors: list[TlsAcceptor] = []  # the TLS handshakes of tcps transports
+        self.guard = Guard()
         self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
         self.admin: AdminEndpoint | None = None
         self.maintenance: Maintenance | None = None
@@ -107,6 +118,7 @@ class Server:
         loop = self.loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         config = self.config
+        self.guard = build_guard(config)
         tl = config.transaction_log
         recorded: Callable[[str], bool] = never
         if tl is not None:
@@ -148,6 +160,7 @@ class Server:
             counters=self.counters,
             limit_counts=self.intake.counts,
             call_later=loop.call_later,
+            guard=self.guard,
         )
         env = ConnectionEnv(
             registry=self.connections,
@@ -158,6 +171,7 @@ class Server:
             max_client_buffer=config.limits.client_max_buffer_size,
             offline_threshold=config.limits.offline_threshold,
             input_seen=self.poller.input_seen,
+            admission=Admission(config.limits, self.intake.counts),
         )
         self.stats = Stats(
             self.name,
@@ -179,26 +193,38 @@ class Server:
             else "pure Python (server/splice.py): no C accelerator was built, or TICKERTAPE_PURE_PYTHON is set",
         )
         for t in config.transports:
+            factory: Callable[[], asyncio.Protocol]
+            if t.type == "tcps":
+                acceptor = TlsAcceptor(
+                    env,
+                    t.name,
+                    t.max_message_size,
+                    self.guard.tls[t.name],
+                    config.limits.logon_timeout,
+                )
+                self.acceptors.append(acceptor)
+                factory = acceptor.protocol
+            else:
+                factory = partial(Connection, env, t.name, t.max_message_size)
             srv = await loop.create_server(
-                lambda t=t: Connection(env, t.name, t.max_message_size),  # type: ignore[misc]
-                t.host,
-                t.port,
-                reuse_address=True,
-                backlog=1024,
+                factory, t.host, t.port, reuse_address=True, backlog=1024
             )
             self.listeners.append(srv)
             host, port = srv.sockets[0].getsockname()[:2]
             self.addresses.append((t.name, host, port))
             log.info(
-                "listening on %s:%d (transport %s, %s/%s)",
+                "listening on %s:%d (transport %s, %s/%s%s)",
                 host,
                 port,
                 t.name,
                 t.protocol,
                 t.message_type,
+                ", TLS" if t.type == "tcps" else "",
             )
         if config.admin is not None:
-            self.admin = AdminEndpoint(self.stats, self.name, config.admin.host, config.admin.port)
+            self.admin = AdminEndpoint(
+                self.stats, self.name, config.admin.host, config.admin.port, self.guard
+            )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())
         if journal is not None:
@@ -218,6 +244,8 @@ class Server:
         self.connections.accepting = False
         for srv in self.listeners:
             srv.close()
+        for acceptor in self.acceptors:
+            acceptor.cancel()
         for conn in self.connections:
             conn.pause_reading("shutdown")
         pipeline: Pipeline | None = getattr(self, "pipeline", None)  # None: start() failed early
@@ -246,6 +274,7 @@ class Server:
         if self.journal is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
         self.readers.shutdown(wait=False, cancel_futures=True)
+        self.guard.close()
         for srv in self.listeners:
             try:
                 await asyncio.wait_for(srv.wait_closed(), 2.0)
@@ -253,6 +282,21 @@ class Server:
                 pass
         log.info("stopped in %.3fs", time.monotonic() - started)
         self._stopped.set()
+
+    def reload(self, config: Config) -> None:
+        """SIGHUP with a configuration that loads: re-read the password file, take its roles,
+        re-read the certificates; subscriptions that lost their right end. The rest of the
+        configuration is not applied (that takes a restart)."""
+        problems = self.guard.reload(config)
+        for problem in problems:
+            log.error("reload: %s", problem)
+        ended = sum(recheck(conn.session) for conn in self.connections if not conn.closing)
+        log.info(
+            "reload: password file, roles and certificates re-read%s; %d subscription(s) "
+            "ended as no longer entitled",
+            f" ({len(problems)} problem(s) above)" if problems else "",
+            ended,
+        )
 
     # -- periodic work ------------------------------------------------------------------------
 

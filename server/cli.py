@@ -7,7 +7,12 @@
     tickertape passwd FILE USER [--delete | --token]   (security/passwd_cli.py)
 
 Exit status: 0 on a clean stop (SIGTERM / SIGINT drain first), 1 when the server cannot start
-(address in use, damaged journal, already running), 2 for a bad command line or configuration.
+(address in use, damaged journal, already running, a certificate or password file that no
+longer loads), 2 for a bad command line or configuration.
+
+SIGHUP reopens the log files and, with `--config`, reads the file again and applies its
+security part: the password file, the roles, the certificates (docs/security.md, "Rotation").
+A file that no longer loads is reported and changes nothing.
 This module may import both `server` and `client`: it is the entry point (docs/architecture.md).
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -153,7 +159,7 @@ def serve(args: argparse.Namespace) -> int:
     else:
         runner = asyncio.run
     try:
-        return runner(_run(cfg, daemon))
+        return runner(_run(cfg, daemon, os.path.abspath(args.config) if args.config else None))
     finally:
         if daemon is not None:
             daemon.release()
@@ -163,16 +169,43 @@ def _on_signal(loop: asyncio.AbstractEventLoop, server: Server, name: str) -> No
     loop.create_task(server.shutdown(name))
 
 
-async def _run(cfg: Config, daemon: Daemon | None) -> int:
+def _on_hangup(loop: asyncio.AbstractEventLoop, server: Server, path: str | None) -> None:
+    from .logsetup import reopen
+
+    reopen()
+    if path is not None:
+        task = loop.create_task(_reload(server, path))
+        _reloads.add(task)
+        task.add_done_callback(_reloads.discard)
+
+
+_reloads: set[asyncio.Task[None]] = set()
+
+
+async def _reload(server: Server, path: str) -> None:
+    from config.errors import ConfigError
+    from config.loader import load_config
+
+    log.info("SIGHUP: reading %s again", path)
+    try:
+        cfg = await asyncio.get_running_loop().run_in_executor(None, load_config, path)
+    except ConfigError as exc:
+        log.error("reload: %s no longer loads; nothing changed:\n%s", path, exc)
+        return
+    server.reload(cfg)
+
+
+async def _run(cfg: Config, daemon: Daemon | None, path: str | None = None) -> int:
     from journal.journal import JournalError
 
     from .app import Server
-    from .logsetup import reopen
+    from .security.passwords import PasswordFileError
+    from .security.tls import TlsError
 
     server = Server(cfg)
     try:
         await server.start()
-    except (OSError, JournalError) as exc:
+    except (OSError, JournalError, TlsError, PasswordFileError) as exc:
         msg = f"tickertape: cannot start: {exc}"
         if isinstance(exc, OSError) and exc.errno == 98:
             msg += " (another process listens on that address: stop it or change <InetAddr>)"
@@ -185,11 +218,11 @@ async def _run(cfg: Config, daemon: Daemon | None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, loop, server, signal.Signals(sig).name)
-    loop.add_signal_handler(signal.SIGHUP, reopen)
+    loop.add_signal_handler(signal.SIGHUP, _on_hangup, loop, server, path)
     where = ", ".join(f"{h}:{p}" for _, h, p in server.addresses)
     line = f"tickertape {cfg.name}: listening on {where}"
     if server.admin is not None:
-        line += f"; admin http://{server.admin.host}:{server.admin.port}/stats"
+        line += f"; admin {server.admin.scheme}://{server.admin.host}:{server.admin.port}/stats"
     if daemon is not None and daemon._ready_w >= 0:
         daemon.ready(line)
     else:

@@ -10,7 +10,11 @@ left).
 
 States: connected -> (session logged on) -> closing (Outbox.close, with a reason) -> closed
 (`connection_lost`: the session drops its subscriptions, the registry forgets it). Every close
-is logged once with its reason and counted (`Counters.disconnects`).
+is logged once with its reason and counted (`Counters.disconnects`). A connection is admitted
+by the connection limits (server/admission.py) when it is accepted, or refused and closed at
+once; on a `tcps` transport that happens before its TLS handshake (server/tls_accept.py), and
+the Connection is made with the TLS transport once the handshake is done. While its logon is
+checked (authentication, off the event loop) it does not read.
 
 `Connections` is the server's set of open connections: it refuses new ones during shutdown,
 and pauses publishers while the journal is behind (`backlog`, the pipeline's `on_backlog`).
@@ -31,20 +35,29 @@ from typing import Any
 
 from protocol.framing import FrameDecoder, FrameError, FrameTooLarge
 
+from .admission import Admission
 from .counters import Counters
 from .intake import Intake
 from .outbox import Outbox
 from .reasons import Disconnect
+from .security.authenticator import peer_address
 from .services import SessionServices
 from .session import Session
 
-__all__ = ["Connection", "ConnectionEnv", "Connections"]
+__all__ = ["Connection", "ConnectionEnv", "Connections", "peer_of"]
 
 log = logging.getLogger("tickertape.connection")
 
 _conn_ids = itertools.count(1)
 _OUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
 JOURNAL_BEHIND = "journal behind"
+LOGON_CHECK = "logon check"
+
+
+def peer_of(transport: Any) -> str:
+    """`host:port` of a transport's peer."""
+    peer = transport.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
 
 class Connections:
@@ -97,11 +110,19 @@ class ConnectionEnv:
     max_client_buffer: int  # <ClientMaxBufferSize>
     offline_threshold: int  # <ClientOfflineThreshold>: subscribers read the journal past it
     input_seen: Callable[[float], None]  # idle polling (server/app.py)
+    admission: Admission  # the connection limits
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, env: ConnectionEnv, transport_name: str, max_frame: int) -> None:
+    def __init__(
+        self,
+        env: ConnectionEnv,
+        transport_name: str,
+        max_frame: int,
+        admitted: str | None = None,
+    ) -> None:
         self.env = env
+        self.admitted = admitted  # the peer address the connection limits counted it under
         self.id = next(_conn_ids)
         self.transport_name = transport_name
         self.max_frame = max_frame  # after logon; before it, <MaxLogonMessageSize>
@@ -113,7 +134,9 @@ class Connection(asyncio.Protocol):
         self.unsent_mark = 0
         self.transport: asyncio.Transport | None = None
         self.out = Outbox(env.max_client_buffer, self._closed_with, env.offline_threshold)
-        self.session = Session(self.out, env.services, self._logged_on, self.id)
+        self.session = Session(self.out, env.services, self._logged_on, self.id, self._hold)
+        self._lost = False
+        self._before_made: list[bytes] | None = None  # TLS data ahead of connection_made
         now = time.monotonic()
         self.connected_at = now
         self.last_recv = now
@@ -147,17 +170,39 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
+        if self._lost:  # pragma: no cover - a TLS peer gone as its handshake completed
+            return
         self.transport = transport
         self.out.attach(transport)
-        peer = transport.get_extra_info("peername")
-        self.session.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        session = self.session
+        session.peer = peer = peer_of(transport)
+        session.transport_name = self.transport_name
+        session.peer_cert = transport.get_extra_info("peercert") or None
+        if self.admitted is None:
+            address = peer_address(peer)
+            if not self.env.admission.admit(address, peer, self.transport_name):
+                self._lost = True  # refused (logged, counted): no disconnect line
+                transport.abort()
+                return
+            self.admitted = address
         if not self.env.registry.opened(self):
             self.out.close(Disconnect.SHUTDOWN)
             return
         self.env.counters.connections_total += 1
         log.debug("connection %d from %s on %s", self.id, self.session.peer, self.transport_name)
+        early, self._before_made = self._before_made, None
+        for data in early or ():
+            if not self.closing:
+                self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            # TLS: the handshake completed and data came with it, before the acceptor's
+            # task could make the connection (server/tls_accept.py)
+            if self._before_made is None:
+                self._before_made = []
+            self._before_made.append(data)
+            return
         self.last_recv = time.monotonic()
         error = None
         try:
@@ -181,7 +226,18 @@ class Connection(asyncio.Protocol):
             self.out.flush()
         self.env.input_seen(self.last_recv)
 
+    @property
+    def lost(self) -> bool:
+        return self._lost
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        if self.transport is None:  # a TLS handshake that failed: tls_accept.py reports it
+            return
+        if self.admitted is not None:
+            self.env.admission.release(self.admitted, self.logged_on)
         out = self.out
         if out.close_reason is None:
             out.close_reason = Disconnect.CONNECTION_CLOSED
@@ -215,6 +271,14 @@ class Connection(asyncio.Protocol):
 
     def _logged_on(self) -> None:
         self.decoder.max_size = self.max_frame
+        if self.admitted is not None:
+            self.env.admission.logged_on()
+
+    def _hold(self, on: bool) -> None:
+        if on:
+            self.pause_reading(LOGON_CHECK)
+        else:
+            self.resume_reading(LOGON_CHECK)
 
     def _closed_with(self, reason: str) -> None:
         log.info("disconnect: %s reason=%s", self.describe(), reason)

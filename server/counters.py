@@ -9,11 +9,21 @@ __all__ = ["Counters"]
 class Counters:
     """Counts bumped by sessions and connections."""
 
-    __slots__ = ("connections_total", "disconnects", "refused")
+    __slots__ = (
+        "auth_failures",
+        "connections_total",
+        "disconnects",
+        "not_entitled",
+        "refused",
+        "tls_refused",
+    )
 
     def __init__(self) -> None:
         self.connections_total = 0
         self.refused = 0  # commands refused with a failure ack
+        self.auth_failures = 0  # logons refused `auth failure` by the authenticator
+        self.not_entitled = 0  # commands refused `not entitled` by the user's roles
+        self.tls_refused = 0  # TLS handshakes that failed (server/tls_accept.py)
         self.disconnects: dict[str, int] = {}  # reason -> connections closed
 
     def disconnected(self, reason: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import frames
 from .frames import timestamp_part
-from .matching import Body, body_matches
+from .matching import Body, TopicFilter, body_matches
 from .outbox import Outbox
 from .router import Router
 from .subscriptions import Subscription, SubState
@@ -84,10 +84,13 @@ class Fanout:
                         continue
                     f = sub.filter
                     if f is not None:
-                        if body is None:
-                            body = Body(m.body)
-                        if not body.matches(f):
-                            continue
+                        if f.__class__ is TopicFilter:  # content entitlements by topic
+                            f = f.at(m.topic)
+                        if f is not None:
+                            if body is None:
+                                body = Body(m.body)
+                            if not body.matches(f):
+                                continue
                     if sub.conflation is not None:
                         sub.conflation.add(m)  # held; it sends at the window's end
                         continue
@@ -120,7 +123,8 @@ class Fanout:
         f = sub.filter
         out = sub.out
         for m in pending:
-            if not sub.matches_topic(m.topic) or (f is not None and not body_matches(f, m.body)):
+            g = f.at(m.topic) if f.__class__ is TopicFilter else f  # type: ignore[union-attr]
+            if not sub.matches_topic(m.topic) or (g is not None and not body_matches(g, m.body)):
                 continue
             if m.position < 0 and sub.recorded_only:
                 continue

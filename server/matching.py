@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Body", "DecodeError", "Predicate", "body_matches", "decode_body"]
+__all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches", "decode_body"]
 
 Predicate = Callable[[Any], Any]
 """A compiled filter: decoded body -> truthy when the message matches."""
@@ -54,3 +54,35 @@ class Body:
                 doc = _NOT_JSON
             self._doc = doc
         return doc is not _NOT_JSON and bool(f(doc))
+
+
+class TopicFilter:
+    """A filter that depends on the message's topic: a regex subscription of a user whose
+    content entitlements (docs/security.md) differ from topic to topic.
+
+    The engines that deliver to regex subscriptions (live fan-out, replay) resolve it per
+    message with `at(topic)`: the predicate for that topic, or None when nothing filters it.
+    Each topic is resolved once (bounded cache). Called as a plain predicate it matches
+    nothing, so a path that does not resolve it fails closed.
+    """
+
+    __slots__ = ("_resolve", "_seen")
+
+    LIMIT = 4096
+
+    def __init__(self, resolve: Callable[[str], Predicate | None]) -> None:
+        self._resolve = resolve
+        self._seen: dict[str | bytes, Predicate | None] = {}
+
+    def at(self, topic: str | bytes) -> Predicate | None:
+        seen = self._seen
+        if topic in seen:
+            return seen[topic]
+        name = topic if isinstance(topic, str) else topic.decode("utf-8", "replace")
+        if len(seen) >= self.LIMIT:
+            seen.clear()
+        found = seen[topic] = self._resolve(name)
+        return found
+
+    def __call__(self, doc: Any) -> bool:
+        return False

@@ -46,7 +46,7 @@ from protocol.bookmarks import BookmarkSpec, Now
 from protocol.options import Rate, SubscribeOptions
 
 from .frames import STORED, pack_len, timestamp_part, topic_member
-from .matching import Body, DecodeError, decode_body
+from .matching import Body, DecodeError, TopicFilter, decode_body
 from .outbox import Outbox
 from .reasons import Disconnect
 from .replay_plan import Conflater, End, Pacer, Plan, now_us, plan_replay
@@ -387,11 +387,13 @@ class Replay:
             if pos < start or kind != KIND_MESSAGE or not matches(tb):
                 continue
             if f is not None:
-                try:  # body_matches, inlined: this loop is the filtered replay
-                    if not f(decode_body(body)):
+                g = f.at(tb) if f.__class__ is TopicFilter else f  # content entitlements by topic
+                if g is not None:
+                    try:  # body_matches, inlined: this loop is the filtered replay
+                        if not g(decode_body(body)):
+                            continue
+                    except DecodeError:
                         continue
-                except DecodeError:
-                    continue
             hdr = STORED % (
                 prefix,
                 topic_member(tb),
@@ -441,10 +443,13 @@ class Replay:
                     deliver, stop = c.end.check(pos, pub, seq, ts)
                 sub = c.sub
                 if deliver and sub.matches_topic_bytes(tb):
-                    if sub.filter is not None:
+                    f = sub.filter
+                    if f.__class__ is TopicFilter:  # content entitlements by topic
+                        f = f.at(tb)
+                    if f is not None:
                         if doc is None:
                             doc = Body(body)
-                        deliver = doc.matches(sub.filter)
+                        deliver = doc.matches(f)
                     if deliver:
                         if c.conflater is not None:
                             self._emit_conflated(c, c.conflater.due(ts))

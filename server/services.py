@@ -1,14 +1,16 @@
 """What every session of a server shares (`SessionServices`): the narrow doors to the server's
-parts, built once by the server (server/app.py) and handed to each Session."""
+parts, built once by the server (server/app.py) and handed to each Session. The `guard` is the
+door to security: without one, logons are open and nothing is checked."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .counters import Counters
+from .guard import Guard
 from .outbox import Outbox
 from .pipeline import Pipeline
 from .queues import QueueManager
@@ -40,3 +42,4 @@ class SessionServices:
     counters: Counters
     limit_counts: dict[str, int]  # the intake's refusal counts (server/intake.py)
     call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle]
+    guard: Guard = field(default_factory=Guard)  # logons, entitlements (server/guard.py)

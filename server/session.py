@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -35,6 +36,8 @@ from .ids import publisher_id, server_publisher_id
 from .outbox import Outbox
 from .pipeline import ABOVE_GAP, DUPLICATE
 from .reasons import Disconnect, Failure
+from .security.authenticator import AuthFailure, Identity, certificate_identity
+from .security.entitlements import Entitlements
 from .services import SessionServices
 from .session_subscribe import SubscribeCommands
 from .subscription_table import SubscriptionTable
@@ -55,12 +58,18 @@ class Session(SubscribeCommands):
         services: SessionServices,
         on_logon: Callable[[], None] = lambda: None,
         conn_id: int | None = None,
+        hold: Callable[[bool], None] = lambda on: None,
     ) -> None:
         self.id = next(_ids) if conn_id is None else conn_id
         self.out = out
         self.svc = services
         self.on_logon = on_logon  # the connection raises its frame limit
+        self.hold = hold  # the connection stops reading while a logon is checked
         self.peer = "?"
+        self.peer_cert: Any = None  # the verified client certificate of a TLS connection
+        self.transport_name: str | None = None
+        self._held: list[tuple[Header, Any]] | None = None  # frames behind a logon being checked
+        self._ent: Entitlements | None = None  # what this user may do; None: everything
         self.client_name: str | None = None
         self.user_id: str | None = None
         self.pub = 0
@@ -84,10 +93,15 @@ class Session(SubscribeCommands):
     # -- input -------------------------------------------------------------------------------
 
     def receive(self, frames_in: list[tuple[Header, Any]]) -> None:
-        """Handle the frames decoded from one read, in order; stop at a close."""
+        """Handle the frames decoded from one read, in order; stop at a close. Frames behind a
+        logon that is checked off the event loop wait for its outcome."""
+        if self._held is not None:
+            self._held.extend(frames_in)
+            return
         handlers = _HANDLERS
         out = self.out
-        for header, body in frames_in:
+        rest = iter(frames_in)
+        for header, body in rest:
             if out.closing:
                 break
             problem = body if type(body) is FieldError else check_fields(header)
@@ -116,6 +130,9 @@ class Session(SubscribeCommands):
                 log.exception("connection %d: error handling %s", self.id, header.c)
                 self.fail(header, Failure.BAD_FRAME, "internal error handling this command")
                 out.close(Disconnect.BAD_FRAME)
+                break
+            if self._held is not None:  # the logon is being checked
+                self._held.extend(rest)
                 break
 
     def bad_input(self, error: FrameError) -> None:
@@ -147,6 +164,16 @@ class Session(SubscribeCommands):
             self.out.send_ack(
                 kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id, s=header.s
             )
+
+    def not_entitled(self, h: Header, right: str, topic: str) -> None:
+        """Refuse a command the user's roles do not allow (audited by the caller's check);
+        the connection stays open."""
+        self.svc.counters.not_entitled += 1
+        self.fail(
+            h,
+            Failure.NOT_ENTITLED,
+            f"user {self.user_id!r} has no {right} right on {topic!r} (<Entitlement>)",
+        )
 
     # Publisher (server/pipeline.py): what the pipeline tells a publishing client
 
@@ -194,7 +221,6 @@ class Session(SubscribeCommands):
 
     def cmd_logon(self, h: Header, body: bytes) -> None:
         svc = self.svc
-        acks = ack_types(h.a)
         if self.logged_on:
             self.fail(
                 h,
@@ -217,10 +243,58 @@ class Session(SubscribeCommands):
             self.fail(h, Failure.INVALID_OPTIONS, str(exc))
             self.out.close(Disconnect.AUTH_FAILURE)
             return
+        guard = svc.guard
+        if guard.checker is None:
+            # no <Authentication>: the user is who the client says, unless a verified client
+            # certificate (mutual TLS) names it
+            user = certificate_identity(self.peer_cert) if self.peer_cert else None
+            self._accept_logon(h, opts.ack_conflation, user or h.user_id)
+            return
+        self._held = []
+        self.hold(True)
+        guard.logon(
+            self.peer,
+            h.user_id,
+            h.pw,
+            self.peer_cert,
+            self.transport_name,
+            partial(self._logon_checked, h, opts.ack_conflation),
+        )
+
+    def _logon_checked(
+        self, h: Header, ack_conflation: float | None, outcome: Identity | AuthFailure
+    ) -> None:
+        """The outcome of an authenticated logon; then the frames that waited behind it."""
+        held, self._held = self._held, None
+        out = self.out
+        if out.closing:
+            return
+        if isinstance(outcome, AuthFailure):
+            self.svc.counters.auth_failures += 1
+            self.fail(
+                h,
+                Failure.AUTH_FAILURE,
+                f"logon as {h.user_id or '(no user_id)'!r} not accepted; the server's audit "
+                "trail says why",
+            )
+            out.close(Disconnect.AUTH_FAILURE)
+            return
+        self._accept_logon(h, ack_conflation, outcome.user)
+        self.hold(False)
+        if held:
+            self.receive(held)
+        out.flush()
+
+    def _accept_logon(self, h: Header, ack_conflation: float | None, user: str | None) -> None:
+        """Log on as `user` (authenticated, or as claimed without <Authentication>): the
+        `name in use` rule compares it with the user of the connection holding the name."""
+        svc = self.svc
+        name = h.client_name
+        acks = ack_types(h.a)
         if name:
             other = svc.names.get(name)
             if other is not None and other is not self:
-                if other.user_id == h.user_id:
+                if other.user_id == user:
                     other.out.close(Disconnect.NAME_IN_USE)
                     svc.names.pop(name, None)
                 else:
@@ -233,10 +307,11 @@ class Session(SubscribeCommands):
                     return
             svc.names[name] = self
         self.client_name = name or f"anonymous-{self.id}"
-        self.user_id = h.user_id
+        self.user_id = user
+        self._ent = svc.guard.entitlements
         self.pub = publisher_id(self.client_name)
         self.server_pub = server_publisher_id(self.client_name, svc.instance)
-        self.ack_conflation = opts.ack_conflation or 0.0
+        self.ack_conflation = ack_conflation or 0.0
         self.logged_on = True
         self.on_logon()
         seq = svc.pipeline.durable.get(self.pub, 0)
@@ -255,6 +330,12 @@ class Session(SubscribeCommands):
         topic = svc.topics.publish_topic(h.t) if h.t else None
         if not topic:
             self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {h.t!r}")
+            return
+        ent = self._ent
+        if ent is not None and not ent.check(
+            self.peer, self.user_id or "", "publish", topic, "publish"
+        ):
+            self.not_entitled(h, "publish", topic)
             return
         a = h.a
         if a is not None and "persisted" in a:
@@ -349,6 +430,12 @@ class Session(SubscribeCommands):
                 Failure.NOT_A_QUEUE,
                 f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages",
             )
+            return
+        ent = self._ent
+        if ent is not None and not ent.check(
+            self.peer, self.user_id or "", "consume", q.name, "sow_delete"
+        ):
+            self.not_entitled(h, "consume", q.name)
             return
         try:
             opts = sow_delete_options(h.o)

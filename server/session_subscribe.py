@@ -36,9 +36,14 @@ class SubscribeCommands:
     out: Outbox
     svc: SessionServices
     table: SubscriptionTable
+    peer: str
+    user_id: str | None
     _sub_counter: int
 
     def fail(self, header: Header, reason: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def not_entitled(self, h: Header, right: str, topic: str) -> None:
         raise NotImplementedError
 
     def cmd_subscribe(self, h: Header, body: bytes) -> None:
@@ -119,6 +124,13 @@ class SubscribeCommands:
                 f"topic {topic!r} is not recorded in the transaction log, so it cannot be replayed",
             )
             return
+        right = "replay" if h.bm else "subscribe"
+        grant = svc.guard.grant(
+            self.peer, self.user_id, right, match_topic, regex is not None, filt, "subscribe"
+        )
+        if grant is None:
+            self.not_entitled(h, right, match_topic)
+            return
         plan: Plan | None = None
         if (needs_journal or (spec is not None and opts.pause)) and existing is None:
             try:
@@ -134,6 +146,7 @@ class SubscribeCommands:
                 sub, opts.conflation, opts.conflation_key, svc.call_later
             )
         sub.journal_fed = svc.topics.journal_fed(match_topic, regex, spec is not None)
+        grant.apply(sub)
         if existing is not None:  # replace: same place in the stream, new filter / options
             table.replace(existing, sub)
         elif plan is not None:
@@ -199,11 +212,25 @@ class SubscribeCommands:
                 "a queue subscription takes max_backlog (and timestamp); replay options need a bookmark",
             )
             return
+        assert h.t is not None
+        grant = self.svc.guard.grant(
+            self.peer,
+            self.user_id,
+            "consume",
+            h.t,
+            False,
+            filt,
+            "subscribe",
+            also=(queue.spec.underlying_topic,),
+        )
+        if grant is None:
+            self.not_entitled(h, "consume", h.t)
+            return
         table = self.table
         if existing is not None:
             table.remove(existing)
-        assert h.t is not None
         sub = Subscription(table, self.out, sub_id, h.t, None, filt, h.f, opts, acks, h.cid)
+        grant.apply(sub)
         if "processed" in acks:
             self.out.send_ack("processed", h.cid, sub_id=sub_id)
         table.add_queued(sub, queue, opts.max_backlog)

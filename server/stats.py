@@ -84,6 +84,11 @@ class Stats:
             "publish_rate": round(self.publish_rate, 1),
             "delivery_rate": round(self.delivery_rate, 1),
             "refused_commands": c.refused,
+            "security": {
+                "tls_handshakes_refused": c.tls_refused,
+                "auth_failures": c.auth_failures,
+                "not_entitled": c.not_entitled,
+            },
             "idle_poll_rounds": self.poll_rounds(),
             "disconnects": dict(c.disconnects),
             "journal": None,
@@ -161,6 +166,9 @@ class Stats:
             ("idle", "closed after IdleTimeout without input"),
             ("slow_client_age", "closed for output not draining within ClientMessageAgeLimit"),
             ("subscriptions_refused", "subscriptions refused at ClientMaxSubscriptions"),
+            ("connections_refused", "refused at MaxConnections"),
+            ("address_connections_refused", "refused at MaxConnectionsPerAddress"),
+            ("unauthenticated_refused", "refused at MaxUnauthenticatedConnections"),
         ):
             metric(
                 f"limit_{key}_total",
@@ -168,7 +176,7 @@ class Stats:
                 f"Connections {what}."
                 if key != "subscriptions_refused"
                 else "Subscriptions refused at ClientMaxSubscriptions.",
-                lim[key],
+                lim.get(key, 0),
             )
         metric(
             "publishes_refused_above_gap_total",
@@ -194,6 +202,25 @@ class Stats:
             "counter",
             "Commands refused with a failure ack.",
             snap["refused_commands"],
+        )
+        sec = snap["security"]
+        metric(
+            "tls_handshakes_refused_total",
+            "counter",
+            "TLS handshakes that failed (plaintext client, untrusted or expired certificate...).",
+            sec["tls_handshakes_refused"],
+        )
+        metric(
+            "auth_failures_total",
+            "counter",
+            "Logons refused with auth failure.",
+            sec["auth_failures"],
+        )
+        metric(
+            "not_entitled_total",
+            "counter",
+            "Commands refused not entitled by the user's roles (and subscriptions ended so).",
+            sec["not_entitled"],
         )
         metric(
             "idle_poll_rounds_total",

@@ -5,6 +5,7 @@
     e.subscription(user, "subscribe", topic, pattern=True) -> Access   a subscription's topic
     e.allows_admin(user) -> bool
     e.read_filter(user, topic, ...) -> ReadFilter | None     content entitlement to AND in
+    e.has_filters(user) -> bool                              any content entitlement at all
     e.check(peer, user, right, topic, command) -> bool       allows() + the audit line
     e.reload(new_entitlement, in_use=...) -> ReloadResult    what changed, to end what lost it
 
@@ -206,6 +207,11 @@ class Entitlements:
         if not ok:
             audit.refused(peer, user, right, topic, command)
         return ok
+
+    def has_filters(self, user: str) -> bool:
+        """Whether any of `user`'s roles has a content filter, on any topic (a regex
+        subscription then needs its filter decided topic by topic)."""
+        return self.entitlement is not None and bool(self._user_rules(user).filters)
 
     def read_filter(self, user: str, *topics: str) -> ReadFilter | None:
         """The content entitlement for reading `topics` (one, or a queue and its underlying

@@ -377,7 +377,10 @@ def test_is_loopback():
 # Fail closed: what this build does not serve
 
 
-def test_each_unserved_feature_is_a_problem_where_it_is_asked_for(env, pki):
+def test_every_security_feature_is_served_now(env, pki):
+    """Nothing security-related is refused as not served any more (TLS, authentication,
+    entitlements are wired into the server); `unsupported` stays the one place to refuse a
+    future feature until the server serves it."""
     body = (
         tls("")
         + "<Admin><InetAddr>0</InetAddr><Certificate>${D}/server.pem</Certificate>"
@@ -385,15 +388,9 @@ def test_each_unserved_feature_is_a_problem_where_it_is_asked_for(env, pki):
         + AUTH
         + ROLES
     )
-    found = problems(body, env)
-    assert [(p, m.split(" is not served")[0]) for _, p, m in found] == [
-        ("/TickertapeConfig/Transports/Transport", "TLS on transport 't' (<Type>tcps</Type>)"),
-        ("/TickertapeConfig/Admin", "TLS on the admin endpoint"),
-        ("/TickertapeConfig/Authentication", "authentication of logons"),
-        ("/TickertapeConfig/Entitlement", "entitlements"),
-    ]
-    assert all("not served by this build yet; it is refused rather than ignored" in m
-               for _, _, m in found)  # fmt: skip
+    c = load(body, env)
+    assert security.unsupported(c) == []
+    assert c.transports[0].type == "tcps" and c.admin.certificate and c.entitlement
 
 
 def test_anonymous_only_authentication_is_served(env):
@@ -422,26 +419,17 @@ def test_secure_example_is_valid_and_means_what_it_says(tmp_path, pki, monkeypat
     assert local.type == "tcp" and c.admin.certificate == f"{tmp_path}/tls/server.pem"
     assert c.limits.logon_timeout == 5.0
     assert [r.name for r in c.entitlement.roles] == ["market-data", "desk-a", "risk", "ops"]
-    # this build refuses exactly the four features it does not serve
-    found = config.verify_config(path, env={})
-    assert [p.path for p in found] == [
-        "/TickertapeConfig/Transports/Transport[1]",
-        "/TickertapeConfig/Admin",
-        "/TickertapeConfig/Authentication",
-        "/TickertapeConfig/Entitlement",
-    ]
+    assert config.verify_config(path, env={}) == []  # every part of it is served
 
 
-def test_the_server_refuses_to_start_and_verify_config_says_why(tmp_path, pki):
+def test_verify_config_accepts_the_secure_example(tmp_path, pki):
     path = secure_copy(tmp_path, pki)
-    for flag in ("--verify-config", "--config"):
-        done = subprocess.run(
-            [TICKERTAPE, "serve", flag, str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=tmp_path,
-        )
-        assert done.returncode == 2, done
-        assert done.stderr.count("is not served by this build yet") == 4
-        assert "listening" not in done.stdout
+    done = subprocess.run(
+        [TICKERTAPE, "serve", "--verify-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done
+    assert "configuration is valid" in done.stdout

@@ -31,6 +31,7 @@ def test_anchors_resolve():
 
 
 def test_the_state_table_matches_what_is_refused():
+    """A part marked **refused** in the table is exactly a part `unsupported` refuses."""
     everything = Config(
         name="x",
         transports=(Transport(name="t", port=0, type="tcps", certificate="c", private_key="k"),),

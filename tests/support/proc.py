@@ -19,7 +19,7 @@ import time
 # folder named journal/) first on sys.path
 TICKERTAPE = os.path.join(os.path.dirname(sys.executable), "tickertape")
 READY = re.compile(
-    r"^tickertape \S+: listening on ([\d.]+):(\d+)(?:; admin http://([\d.]+):(\d+))?"
+    r"^tickertape \S+: listening on ([\d.]+):(\d+)(?:, [\d.:]+)*(?:; admin https?://([\d.]+):(\d+))?"
 )
 
 
