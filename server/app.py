@@ -43,7 +43,7 @@ from .maintenance import Maintenance
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .reasons import Disconnect
-from .replay import ReplayEngine
+from .replay_engine import ReplayEngine
 from .router import Router
 from .services import SessionServices
 from .session_rights import recheck

@@ -5,7 +5,8 @@ stream. Where a replay starts and ends is planned in server/replay_plan.py.
 A `Replay` is one pass over the journal that feeds one or more subscriptions of one connection
 (several when they were resumed together, so they stay in step). Each subscription has a
 `Cursor`: where it starts (records before are skipped), where it ends (ranges), and its
-conflation state. `ReplayEngine` starts, pauses and resumes them and knows the ones running.
+conflation state. `ReplayEngine` (server/replay_engine.py) starts, pauses and resumes them and
+knows the ones running.
 
 States of a Replay:
 
@@ -42,18 +43,17 @@ from typing import Any, Protocol
 
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE
-from protocol.bookmarks import BookmarkSpec, Now
-from protocol.options import Rate, SubscribeOptions
+from protocol.options import Rate
 
 from .frames import STORED, pack_len, timestamp_part, topic_member
 from .matching import Body, DecodeError, TopicFilter, decode_body
 from .outbox import Outbox
 from .reasons import Disconnect
-from .replay_plan import Conflater, End, Pacer, Plan, now_us, plan_replay
+from .replay_plan import Conflater, End, Pacer, now_us
 from .splice import splice_frames
 from .subscriptions import Subscription
 
-__all__ = ["Cursor", "Feed", "Replay", "ReplayEngine"]
+__all__ = ["Cursor", "Feed", "Replay", "ReplayHost"]
 
 log = logging.getLogger("tickertape.replay")
 READ_BLOCK = 256 * 1024
@@ -65,6 +65,16 @@ class Feed(Protocol):
 
     delivered_end: int  # journal position up to which live delivery is done
     waiters: list[asyncio.Future[None]]  # resolved at every commit
+
+
+class ReplayHost(Protocol):
+    """What a Replay uses of the engine that runs it (server/replay_engine.py)."""
+
+    journal: Journal | None
+    readers: Executor
+    feed: Feed
+    replays: set[Replay]
+    rejoins: int
 
 
 def _read_spliced(
@@ -110,7 +120,7 @@ class Cursor:
 class Replay:
     def __init__(
         self,
-        engine: ReplayEngine,
+        engine: ReplayHost,
         cursors: list[Cursor],
         position: int,
         *,
@@ -521,132 +531,3 @@ class Replay:
             await asyncio.wait_for(self.wake.wait(), seconds)
         except TimeoutError:
             pass
-
-
-class ReplayEngine:
-    """Starts, pauses and resumes the replays of bookmark subscriptions; knows those running.
-
-    Narrow doors: the journal it reads, the executor it reads on (reads never run on the
-    loop), and the live stream it joins (`Feed`). What a replay changes in a subscription's
-    state it reports to the subscription's owner.
-    """
-
-    def __init__(self, journal: Journal | None, readers: Executor, feed: Feed) -> None:
-        self.journal = journal
-        self.readers = readers
-        self.feed = feed
-        self.replays: set[Replay] = set()
-        self.fallbacks = 0  # live subscriptions that lagged and read the journal instead
-        self.rejoins = 0  # ... and caught up to the live stream again
-
-    def plan(self, spec: BookmarkSpec | None, opts: SubscribeOptions) -> Plan:
-        """Resolve a bookmark (None: conflation from now on) against the journal."""
-        end_now = self.feed.delivered_end
-        if spec is None or isinstance(spec, Now):
-            return Plan(("at", end_now))
-        assert self.journal is not None  # subscribe checks the topic is recorded first
-        return plan_replay(self.journal, spec, opts.bookmark_not_found, end_now)
-
-    def start(self, sub: Subscription, plan: Plan) -> None:
-        opts = sub.opts
-        end = self.feed.delivered_end
-        wait = None
-        if plan.start is None:
-            start = end
-        elif plan.start[0] == "wait":
-            start, wait = end, plan.start[1]
-        else:
-            start = plan.start[1]
-        Replay(
-            self,
-            [Cursor(sub, start, plan.end)],
-            start,
-            paused=opts.pause,
-            wait_until=wait,
-            rate=opts.rate,
-            rate_max_gap=opts.rate_max_gap,
-        ).start()
-
-    def pause_live(self, sub: Subscription) -> None:
-        """A bookmark subscription that went live keeps its place in the journal: a paused
-        replay from the live end."""
-        pos = self.feed.delivered_end
-        Replay(
-            self,
-            [Cursor(sub, pos, None)],
-            pos,
-            paused=True,
-            rate=sub.opts.rate,
-            rate_max_gap=sub.opts.rate_max_gap,
-        ).start()
-
-    def fall_back(self, subs: list[Subscription]) -> None:
-        """Live subscriptions of one connection that lag: they read the journal from the live
-        end instead, in one pass per connection (one read block), until they catch up.
-
-        Live delivery has given them every message below `delivered_end` whenever an Outbox
-        flushes (the pipeline moves it just before the fan-out, with no flush in between), so
-        starting there is starting after the last message each was sent: no gap, no duplicate.
-        """
-        pos = self.feed.delivered_end
-        out = subs[0].out
-        running = next(
-            (r for r in self.replays if r.lagging and r.cursors and r.out is out and not r.paused),
-            None,
-        )
-        self.fallbacks += len(subs)
-        if running is not None:
-            for sub in subs:
-                running.add(Cursor(sub, pos, None, lagging=True))
-            return
-        Replay(
-            self, [Cursor(sub, pos, None, lagging=True) for sub in subs], pos, lagging=True
-        ).start()
-
-    def split_paused(self, sub: Subscription) -> None:
-        """Pause one subscription of a lagging connection's shared pass: it goes on alone,
-        paused, from where the pass is; the others keep reading."""
-        shared = sub.replay
-        assert shared is not None
-        cursor = next(c for c in shared.cursors if c.sub is sub)
-        shared.detach(sub)
-        cursor.start = max(cursor.start, shared.position)
-        Replay(self, [cursor], shared.position, paused=True).start()
-
-    def resume(self, subs: list[Subscription]) -> None:
-        """Resume; subscriptions resumed together share one replay pass so they stay in step."""
-        replays: list[Replay] = []
-        for sub in subs:
-            if sub.replay is not None and sub.replay not in replays:
-                replays.append(sub.replay)
-        if not replays:
-            return
-        if len(replays) == 1 and {c.sub for c in replays[0].cursors} <= set(subs):
-            replays[0].resume()
-            return
-        wanted = set(subs)
-        cursors = []
-        for r in replays:
-            for c in list(r.cursors):
-                if c.sub in wanted:
-                    c.start = max(c.start, r.position)
-                    r.cursors.remove(c)
-                    cursors.append(c)
-            if not r.cursors:
-                r.cancel()
-        first = subs[0].opts
-        Replay(
-            self,
-            cursors,
-            min(c.start for c in cursors),
-            rate=first.rate,
-            rate_max_gap=first.rate_max_gap,
-        ).start()
-
-    def cancel_all(self) -> None:
-        for r in list(self.replays):
-            r.cancel()
-
-    def floor(self) -> int | None:
-        """The lowest position a running replay still reads (journal maintenance keeps it)."""
-        return min((r.position for r in self.replays), default=None)

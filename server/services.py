@@ -14,7 +14,7 @@ from .guard import Guard
 from .outbox import Outbox
 from .pipeline import Pipeline
 from .queues import QueueManager
-from .replay import ReplayEngine
+from .replay_engine import ReplayEngine
 from .subscription_table import LiveIndex
 from .topics import TopicPolicy
 

@@ -21,7 +21,7 @@ from .fanout import Fanout
 from .intake import Intake
 from .pipeline import Pipeline
 from .queues import QueueManager
-from .replay import ReplayEngine
+from .replay_engine import ReplayEngine
 
 
 class Stats:

@@ -39,7 +39,7 @@ from protocol.bookmarks import format_bookmark
 from .fanout import Fanout
 from .pipeline import Pipeline
 from .queue import Queue
-from .replay import ReplayEngine
+from .replay_engine import ReplayEngine
 from .replay_plan import Plan
 from .router import Router
 from .subscriptions import LIVE_STATES, Subscription, SubState

@@ -22,7 +22,7 @@ from server.fanout import Fanout
 from server.outbox import Outbox
 from server.pipeline import Pipeline
 from server.queues import QueueManager
-from server.replay import ReplayEngine
+from server.replay_engine import ReplayEngine
 from server.router import Router
 from server.services import SessionServices
 from server.session import Session
