@@ -243,7 +243,7 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
     leasing: Leasing = "sublet"
     """"strict": only the lease holder may ack. "sublet": any subscriber may ack."""
     filter: str | None = None
-    """Only underlying messages matching this filter join the queue (unparsed here)."""
+    """Only underlying messages matching this filter join the queue (checked by the loader, compiled by the queue)."""
     barrier_expression: str | None = None
     """Filter marking barrier messages (unparsed here)."""
     dead_letter_topic: str | None = None

@@ -38,6 +38,18 @@ __all__ = ["is_topic_pattern", "read_queue", "read_sow"]
 _PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as server/router.py: a lone `.` is literal
 
 
+def _filter_expression(text: str) -> str:
+    """A `<Filter>` or `<BarrierExpression>`: checked here, so a bad one is a configuration
+    problem with its line, not a failure when the server starts the queue."""
+    from server.filters import FilterError, compile_filter  # the server's own filter compiler
+
+    try:
+        compile_filter(text)
+    except FilterError as e:
+        raise ValueError(f"{e}; a queue's filter is written as a subscription's") from None
+    return text
+
+
 def is_topic_pattern(topic: str) -> bool:
     """Whether a topic names a pattern over topic names rather than one topic."""
     return _PATTERN.search(topic) is not None
@@ -105,8 +117,8 @@ def read_queue(
     max_cancels = q.value("MaxCancels", parse_count, 0)
     expiration = q.value("Expiration", positive_interval, None)
     leasing = q.value("Leasing", enum("strict", "sublet"), "sublet")
-    filter_ = q.text("Filter")
-    barrier = q.text("BarrierExpression")
+    filter_ = q.value("Filter", _filter_expression, None)
+    barrier = q.value("BarrierExpression", _filter_expression, None)
     dead_letter = q.value("DeadLetterTopic", literal_topic, None)
     target = q.value("DefaultPublishTarget", literal_topic, None)
     pattern = underlying is not None and is_topic_pattern(underlying)

@@ -920,6 +920,29 @@ def test_queue_problems():
     assert len(found) == 9
 
 
+def test_queue_filters_that_do_not_parse_are_problems():
+    # they used to pass the loader and end `serve` with a FilterError traceback
+    found = problems(
+        f"""
+        <Name>x</Name>{TXLOG}
+        <SOW><Queue><Name>q</Name><UnderlyingTopic>orders</UnderlyingTopic>
+          <Filter>/a = = 1</Filter><BarrierExpression>/b LIKE '('</BarrierExpression>
+        </Queue></SOW>
+        """
+    )
+    assert [p for _, p, _ in found] == [
+        "/TickertapeConfig/SOW/Queue/Filter",
+        "/TickertapeConfig/SOW/Queue/BarrierExpression",
+    ]
+    assert "bad filter at position 5" in found[0][2]
+    assert "bad regular expression in LIKE" in found[1][2]
+    good = load(
+        f"<Name>x</Name>{TXLOG}<SOW><Queue><Name>q</Name><UnderlyingTopic>orders</UnderlyingTopic>"
+        "<Filter>/qty &gt; 10</Filter></Queue></SOW>"
+    )
+    assert good.queues[0].filter == "/qty > 10"
+
+
 def test_queue_over_a_regex_recorded_topic():
     c = load(
         "<Name>x</Name><TransactionLog><JournalDirectory>j</JournalDirectory>"
