@@ -173,8 +173,9 @@ class _Loader(Checker):
             return None
         sec = Section(self, root, ROOT)
         name = sec.value("Name", instance_name, "", required=True, hint=" (the instance name)")
-        transports, ports = read_transports(self, sec.one("Transports"))
-        admin = read_admin(self, sec.one("Admin"), ports)
+        transports_node = sec.one("Transports")
+        transports, ports = read_transports(self, transports_node)
+        admin = read_admin(self, sec.one("Admin"), ports, default_transport=transports_node is None)
         logging = read_logging(self, sec.one("Logging"))
         tlog, tlog_node = read_transaction_log(self, sec.one("TransactionLog"))
         queues = read_sow(self, sec.one("SOW"), tlog, tlog_node)

@@ -173,8 +173,11 @@ def _server_tls(
     return ServerTls(certificate, private_key, ca_file, verify_client, version, ciphers)
 
 
-def read_admin(checker: Checker, node: Node | None, ports: dict[int, Node]) -> Admin | None:
-    """The admin endpoint, None without `<Admin>`; its port may not be a transport's."""
+def read_admin(
+    checker: Checker, node: Node | None, ports: dict[int, Node], default_transport: bool = False
+) -> Admin | None:
+    """The admin endpoint, None without `<Admin>`; its port may not be a transport's (nor the
+    default transport's, when there is no `<Transports>`)."""
     if node is None:
         return None
     sec = Section(checker, node, ADMIN)
@@ -184,6 +187,12 @@ def read_admin(checker: Checker, node: Node | None, ports: dict[int, Node]) -> A
             sec.at("InetAddr"),
             f"admin port {port} is already used by the transport at line "
             f"{ports[port].line}; give the admin endpoint its own port",
+        )
+    elif port == DEFAULT_PORT and default_transport:
+        checker.report(
+            sec.at("InetAddr"),
+            f"admin port {port} is the default transport's ({DEFAULT_HOST}:{DEFAULT_PORT}, "
+            "used when there is no <Transports>); give the admin endpoint its own port",
         )
     interval = sec.value("Interval", positive_interval, 10.0)
     certificate = sec.text("Certificate")

@@ -920,6 +920,12 @@ def test_queue_problems():
     assert len(found) == 9
 
 
+def test_admin_port_may_not_be_the_default_transports():
+    _, path, message = one_problem("<Name>x</Name><Admin><InetAddr>9007</InetAddr></Admin>")
+    assert path == "/TickertapeConfig/Admin/InetAddr"
+    assert "admin port 9007 is the default transport's" in message
+
+
 def test_queue_filters_that_do_not_parse_are_problems():
     # they used to pass the loader and end `serve` with a FilterError traceback
     found = problems(
