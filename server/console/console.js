@@ -127,10 +127,10 @@ function drawChart(c) {
   const css = getComputedStyle(document.documentElement);
   const now = samples[samples.length - 1].t;
   const t0 = Math.max(samples[0].t, now - HOUR);
-  const span = Math.max(now - t0, 60);
-  let max = 0;
-  for (const s of samples) for (const [, key] of c.series) if (s[key] > max) max = s[key];
-  max = max > 0 ? max * 1.1 : 1;
+  const span = Math.max(now - t0, 30);
+  let top_ = 0;
+  for (const s of samples) for (const [, key] of c.series) if (s[key] > top_) top_ = s[key];
+  const max = top_ > 0 ? top_ * 1.1 : 1;
   const left = 0, top = 14, bottom = h - 14;
   ctx.font = "11px system-ui, sans-serif";
   ctx.fillStyle = css.getPropertyValue("--muted");
@@ -139,7 +139,7 @@ function drawChart(c) {
   ctx.moveTo(left, bottom + 0.5);
   ctx.lineTo(w, bottom + 0.5);
   ctx.stroke();
-  ctx.fillText("max " + c.fmt(max / 1.1), 2, 10);
+  ctx.fillText("max " + c.fmt(top_), 2, 10);
   ctx.fillText("−" + secs(span), 2, h - 2);
   ctx.textAlign = "right";
   ctx.fillText("now", w - 2, h - 2);

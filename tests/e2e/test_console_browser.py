@@ -1,0 +1,175 @@
+"""The web console in a real browser: headless Chromium (Debian's `chromium`) driven by
+Playwright, against a real server under load (docs/console.md).
+
+Without chromium or Playwright the tests skip and say so, except under CI (`CI` set), where
+`.ci/run` installs both and a missing browser is a failure. With TICKERTAPE_SCREENSHOTS=1 the
+overview's screenshot is written to docs/console-overview.png (the README shows it); otherwise
+it goes to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.raw import Raw, publish_many
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _missing() -> str | None:
+    if shutil.which("chromium") is None and not os.path.exists(CHROMIUM):
+        return "no chromium (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "no Playwright (pip install playwright)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    missing = _missing()
+    if missing is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser tests need chromium and Playwright under CI: {missing}")
+        pytest.skip(f"browser tests: {missing}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=shutil.which("chromium") or CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.errors = errors
+    pg.goto(f"http://127.0.0.1:{server.admin_port}/")
+    pg.wait_for_selector("#status[data-state=live]", timeout=10_000)
+    pg.wait_for_function(  # a first sample arrived (a new server's ring may be empty)
+        "() => document.querySelector('.tile .value').textContent !== '–'", timeout=10_000
+    )
+    yield pg
+    ctx.close()
+    assert errors == [], f"errors in the page's console: {errors}"
+
+
+class Load:
+    """Publishes in a thread until stopped, so the page has something to show."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        c = Raw(self.port)
+        c.logon("console-load")
+        seq = 1
+        while not self.stop.is_set():
+            publish_many(self.port, "console.load", ["{}"] * 2000, start_seq=seq, conn=c)
+            seq += 2000
+            time.sleep(0.05)
+        c.close()
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def _tile(page, label: str) -> str:
+    return page.locator(".tile", has_text=label).locator(".value").first.inner_text()
+
+
+def test_overview_moves_under_load(page, server, tmp_path):
+    assert _tile(page, "Publish") == "0 msg/s"
+    with Load(server.port):
+        page.wait_for_function(
+            "() => document.querySelector('.tile .value').textContent !== '0 msg/s'",
+            timeout=10_000,
+        )
+        time.sleep(3)  # a few seconds of the chart under load
+        for label, unit in (
+            ("Publish", "msg/s"),
+            ("Journal", "B"),
+            ("Free disk", "B"),
+            ("CPU", "%"),
+            ("RSS", "B"),
+            ("Connections", "clients"),
+            ("Commit p99", "ms"),
+        ):
+            assert _tile(page, label).endswith(unit), (label, _tile(page, label))
+        assert _tile(page, "Connections") != "0 clients"
+        # the messages chart drew something: pixels that are not the background
+        drawn = page.evaluate(
+            """() => {
+              const c = document.getElementById('chart-0');
+              const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+              let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+              return n;
+            }"""
+        )
+        assert drawn > 200
+        target = (
+            DOCS / "console-overview.png"
+            if os.environ.get("TICKERTAPE_SCREENSHOTS")
+            else tmp_path / "console-overview.png"
+        )
+        page.screenshot(path=str(target), full_page=True)
+
+
+def test_a_client_appears_then_leaves(page, server):
+    page.click("nav a[data-view=clients]")
+    c = Raw(server.port)
+    c.logon("browser-visible")
+    c.subscribe("console.none")
+    row = page.locator("#clients-table tr", has_text="browser-visible")
+    row.wait_for(timeout=10_000)
+    assert "1 subs" in row.inner_text()
+    page.fill("#client-filter", "no-such-client")
+    row.wait_for(state="detached", timeout=5_000)
+    page.fill("#client-filter", "browser")
+    row.wait_for(timeout=5_000)
+    c.close()
+    row.wait_for(state="detached", timeout=10_000)
+
+
+def test_phone_sized_and_dark(browser, server):
+    ctx = browser.new_context(
+        viewport={"width": 390, "height": 844}, color_scheme="dark", device_scale_factor=2
+    )
+    pg = ctx.new_page()
+    pg.goto(f"http://127.0.0.1:{server.admin_port}/#journal")
+    pg.wait_for_selector("#journal-table tr >> nth=1", timeout=10_000)
+    assert pg.evaluate("document.documentElement.scrollWidth") <= 390
+    bg = pg.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert bg == "rgb(18, 20, 22)", bg
+    pg.goto(f"http://127.0.0.1:{server.admin_port}/#overview")
+    pg.wait_for_selector("#status[data-state=live]", timeout=10_000)
+    assert pg.evaluate("document.documentElement.scrollWidth") <= 390
+    ctx.close()
