@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Sized
 from typing import Any
 
+import msgspec
+
 from journal.journal import Journal
 
 from .counters import Counters
@@ -111,9 +113,13 @@ class Stats:
 
         At most `MAX_CLIENTS` clients, those with the most output waiting first."""
         clients = []
+        subs: list[dict[str, Any]] = []
+        end = self.pipeline.delivered_end
         for conn in self.connections:  # type: ignore[attr-defined]  # Connections iterates
             s, out = conn.session, conn.out
             states = [sub.state.value for sub in s.table.subs.values()]
+            for sub in s.table.subs.values():
+                subs.append(_subscription(s.client_name, sub, end))
             queued = out.queued()
             clients.append(
                 {
@@ -154,9 +160,12 @@ class Stats:
                 }
                 for i, seg in enumerate(j.segments)
             ]
+        subs.sort(key=lambda d: -(d["lag_bytes"] or 0))
         return {
             "clients_total": len(clients),
             "clients": clients[:MAX_CLIENTS],
+            "subscriptions_total": len(subs),
+            "subscriptions": subs[:MAX_SUBSCRIPTIONS],
             "queues": queues,
             "segments": segments,
         }
@@ -409,6 +418,33 @@ class Stats:
 
 
 MAX_CLIENTS = 500
+MAX_SUBSCRIPTIONS = 1000
+
+
+def _subscription(client: str | None, sub: Any, end: int) -> dict[str, Any]:
+    """One row of the console's Subscriptions view: where it reads, and how far behind the
+    journal end it is (bytes; None for a queue subscription, whose queue says)."""
+    replay = sub.replay
+    if sub.queue is not None:
+        position = lag = None
+    elif replay is not None:
+        position = replay.position
+        lag = max(0, end - position)
+    else:
+        position, lag = end, 0
+    opts = {k: v for k, v in msgspec.structs.asdict(sub.opts).items() if v}
+    return {
+        "client": client,
+        "sub_id": sub.sub_id,
+        "topic": sub.topic,
+        "regex": sub.regex is not None,
+        "filter": sub.filter_text,
+        "options": ",".join(k if v is True else f"{k}={v}" for k, v in opts.items()),
+        "bookmark": sub.bookmark if isinstance(sub.bookmark, str) else None,
+        "state": sub.state.value,
+        "position": position,
+        "lag_bytes": lag,
+    }
 
 
 def _cpu_seconds() -> float:

@@ -6,6 +6,7 @@ const HOUR = 3600;
 const samples = []; // the server's one-second samples, oldest first (at most an hour)
 let details = { clients: [], clients_total: 0, queues: {}, segments: [] };
 let clientSort = { key: "output_buffer_bytes", desc: true };
+let subSort = { key: "lag_bytes", desc: true };
 
 // -- units -------------------------------------------------------------------------------------
 
@@ -200,22 +201,51 @@ const CLIENT_COLUMNS = [
     (r.replaying ? " (" + r.replaying + " replaying)" : "") },
 ];
 
+// rows whose `fields` contain the text of the filter box `input`, sorted by `sort`
+function pick(rows, input, fields, sort) {
+  const q = document.getElementById(input).value.trim().toLowerCase();
+  const { key, desc } = sort;
+  return rows.filter((c) => !q || fields.some((f) => c[f] && String(c[f]).toLowerCase().includes(q)))
+    .sort((a, b) => {
+      const x = a[key], y = b[key];
+      const r = typeof x === "number" && typeof y === "number" ? x - y
+        : String(x ?? "").localeCompare(String(y ?? ""));
+      return desc ? -r : r;
+    });
+}
+
 function drawClients() {
-  const q = document.getElementById("client-filter").value.trim().toLowerCase();
-  let rows = details.clients.filter((c) => !q ||
-    [c.name, c.user, c.peer, c.transport].some((v) => v && String(v).toLowerCase().includes(q)));
-  const { key, desc } = clientSort;
-  rows = rows.slice().sort((a, b) => {
-    const x = a[key], y = b[key];
-    const r = typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y));
-    return desc ? -r : r;
-  });
+  const rows = pick(details.clients, "client-filter", ["name", "user", "peer", "transport"], clientSort);
   document.getElementById("clients-count").textContent = rows.length + " shown of " +
     details.clients_total + " clients" + (details.clients.length < details.clients_total
       ? " (the " + details.clients.length + " with the most output waiting are sent)" : "");
   table(document.getElementById("clients-table"), CLIENT_COLUMNS, rows, clientSort, (k) => {
     clientSort = { key: k, desc: clientSort.key === k ? !clientSort.desc : true };
     drawClients();
+  });
+}
+
+const SUB_COLUMNS = [
+  { key: "client", label: "Client" },
+  { key: "sub_id", label: "Sub id" },
+  { key: "topic", label: "Topic", fmt: (t, r) => (r.regex ? "regex " : "") + t },
+  { key: "filter", label: "Filter" },
+  { key: "options", label: "Options" },
+  { key: "state", label: "State" },
+  { key: "position", label: "Position", num: true, fmt: (n) => count(n, "B") },
+  { key: "lag_bytes", label: "Behind journal end", num: true, fmt: bytes },
+];
+
+function drawSubscriptions() {
+  const rows = pick(details.subscriptions || [], "sub-filter",
+    ["client", "topic", "filter", "state", "options"], subSort);
+  document.getElementById("subs-count").textContent = rows.length + " shown of " +
+    (details.subscriptions_total || 0) + " subscriptions" +
+    ((details.subscriptions || []).length < (details.subscriptions_total || 0)
+      ? " (the " + details.subscriptions.length + " furthest behind are sent)" : "");
+  table(document.getElementById("subs-table"), SUB_COLUMNS, rows, subSort, (k) => {
+    subSort = { key: k, desc: subSort.key === k ? !subSort.desc : true };
+    drawSubscriptions();
   });
 }
 
@@ -249,7 +279,10 @@ function drawJournal() {
 
 // -- views and the stream --------------------------------------------------------------------
 
-const DRAW = { overview: drawOverview, clients: drawClients, queues: drawQueues, journal: drawJournal };
+const DRAW = {
+  overview: drawOverview, clients: drawClients, subscriptions: drawSubscriptions,
+  queues: drawQueues, journal: drawJournal,
+};
 let view = "overview";
 
 function show() {
@@ -289,5 +322,6 @@ buildOverview();
 window.addEventListener("hashchange", show);
 window.addEventListener("resize", () => DRAW[view]());
 document.getElementById("client-filter").addEventListener("input", drawClients);
+document.getElementById("sub-filter").addEventListener("input", drawSubscriptions);
 show();
 connect();

@@ -123,6 +123,30 @@ def test_an_open_page_does_not_keep_the_server_from_stopping(server):
     ev.close()
 
 
+def test_subscriptions_show_state_filter_and_lag(server):
+    publish_many(server.port, "console.s", ['{"i":1}'] * 200, name="console-s-pub").close()
+    c = Raw(server.port)
+    c.logon("console-sub")
+    c.subscribe("console.s", sub_id="live-one", f="/i = 1")
+    c.subscribe("console.s", sub_id="paused-one", bm="0", o="pause")
+    ev = Events(server.admin_port)
+    ev.next()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        _, data = ev.next()
+        rows = {s["sub_id"]: s for s in data["subscriptions"] if s["client"] == "console-sub"}  # type: ignore[index]
+        if len(rows) == 2:
+            break
+    else:
+        raise AssertionError("the subscriptions never showed")
+    live, paused = rows["live-one"], rows["paused-one"]
+    assert live["state"] == "live" and live["filter"] == "/i = 1" and live["lag_bytes"] == 0
+    assert paused["state"] == "paused" and paused["options"] == "pause"
+    assert paused["position"] == 0 and paused["lag_bytes"] > 200 * 7
+    c.close()
+    ev.close()
+
+
 def _queue(ev: Events, name: str, pred) -> dict:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

@@ -155,6 +155,11 @@ def test_a_client_appears_then_leaves(page, server):
     row.wait_for(state="detached", timeout=5_000)
     page.fill("#client-filter", "browser")
     row.wait_for(timeout=5_000)
+    page.click("nav a[data-view=subscriptions]")
+    sub = page.locator("#subs-table tr", has_text="console.none")
+    sub.wait_for(timeout=5_000)
+    assert "live" in sub.inner_text() and "browser-visible" in sub.inner_text()
+    page.click("nav a[data-view=clients]")
     c.close()
     row.wait_for(state="detached", timeout=10_000)
 
