@@ -3,8 +3,8 @@ Playwright, against a real server under load (docs/console.md).
 
 Without chromium or Playwright the tests skip and say so, except under CI (`CI` set), where
 `.ci/run` installs both and a missing browser is a failure. With TICKERTAPE_SCREENSHOTS=1 the
-overview's screenshot is written to docs/console-overview.png (the README shows it); otherwise
-it goes to the test's temporary directory.
+screenshots of every view are written to docs/console-*.png (the README shows them); otherwise
+they go to the test's temporary directory.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.proc import ServerProcess
 from tests.support.raw import Raw, publish_many
 
 CHROMIUM = "/usr/bin/chromium"
@@ -76,12 +77,28 @@ def page(browser, server):
 
 
 class Load:
-    """Publishes in a thread until stopped, so the page has something to show."""
+    """Publishes in a thread until stopped, so the page has something to show; with
+    `subscriber`, a live subscriber reads it all in another thread."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, subscriber: bool = False) -> None:
         self.port = port
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
+        self.reader: threading.Thread | None = None
+        if subscriber:
+            self.sub = Raw(port)
+            self.sub.logon("console-watcher")
+            self.sub.subscribe("console.load")
+            self.reader = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        self.sub.sock.settimeout(0.5)
+        while not self.stop.is_set():
+            try:
+                self.sub.sock.recv(1 << 20)
+            except TimeoutError:
+                pass
+        self.sub.close()
 
     def _run(self) -> None:
         c = Raw(self.port)
@@ -95,11 +112,15 @@ class Load:
 
     def __enter__(self) -> Load:
         self.thread.start()
+        if self.reader is not None:
+            self.reader.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join(30)
+        if self.reader is not None:
+            self.reader.join(30)
 
 
 def _tile(page, label: str) -> str:
@@ -135,12 +156,57 @@ def test_overview_moves_under_load(page, server, tmp_path):
             }"""
         )
         assert drawn > 200
-        target = (
-            DOCS / "console-overview.png"
-            if os.environ.get("TICKERTAPE_SCREENSHOTS")
-            else tmp_path / "console-overview.png"
-        )
-        page.screenshot(path=str(target), full_page=True)
+        page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+
+
+QUEUE = (
+    "<SOW><Queue><Name>jobs</Name><UnderlyingTopic>work</UnderlyingTopic>"
+    "<MaxPerSubscriptionBacklog>50</MaxPerSubscriptionBacklog></Queue></SOW>"
+)
+
+
+def test_screenshots_of_every_view_under_load(browser, tmp_path):
+    """docs/console-*.png with TICKERTAPE_SCREENSHOTS=1 (else into the test's directory)."""
+    out = DOCS if os.environ.get("TICKERTAPE_SCREENSHOTS") else tmp_path
+    with ServerProcess(tmp_path / "srv", extra=QUEUE) as srv:
+        publish_many(srv.port, "work", ['{"job":1}'] * 300, name="job-feed").close()
+        worker = Raw(srv.port)
+        worker.logon("worker-1")
+        worker.subscribe("jobs", o="max_backlog=50")
+        worker.messages(50)
+        replayer = Raw(srv.port)
+        replayer.logon("audit-replay")
+        replayer.subscribe("work", sub_id="audit", bm="0", o="pause", f="/job = 1")
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        pg = ctx.new_page()
+        errors: list[str] = []
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        with Load(srv.port, subscriber=True):
+            pg.goto(f"http://127.0.0.1:{srv.admin_port}/")
+            pg.wait_for_function(
+                "() => document.querySelectorAll('.tile .value')[1].textContent !== '0 msg/s'"
+                " && document.querySelectorAll('.tile .value')[1].textContent !== '–'",
+                timeout=15_000,
+            )
+            time.sleep(8)  # some history in the charts
+            pg.screenshot(path=str(out / "console-overview.png"), full_page=True)
+            for view in ("clients", "subscriptions", "queues", "journal"):
+                pg.click(f"nav a[data-view={view}]")
+                pg.wait_for_selector(f"#{view} table tr >> nth=1", timeout=5_000)
+                pg.screenshot(path=str(out / f"console-{view}.png"), full_page=True)
+            phone = browser.new_context(
+                viewport={"width": 390, "height": 844}, color_scheme="dark", device_scale_factor=2
+            )
+            pp = phone.new_page()
+            pp.goto(f"http://127.0.0.1:{srv.admin_port}/")
+            pp.wait_for_selector("#status[data-state=live]", timeout=10_000)
+            time.sleep(1.5)
+            pp.screenshot(path=str(out / "console-phone-dark.png"))
+            phone.close()
+        ctx.close()
+        worker.close()
+        replayer.close()
+    assert errors == []
 
 
 def test_a_client_appears_then_leaves(page, server):
