@@ -5,6 +5,11 @@
                      of samples) at once, then `sample` (a sample and Stats.details) each second
     GET /stats       JSON (Stats.snapshot)
     GET /metrics     Prometheus text exposition format 0.0.4
+    POST /clients/<id>/disconnect   the console's action: close that client's connection
+                     (disconnect reason `admin`); only with `X-Requested-By: tickertape-console`,
+                     a header a page of another origin cannot send without the browser asking
+                     first (which this endpoint never grants), so no other site can make a
+                     logged-on admin's browser do it
 
 A deliberately small HTTP/1.0 responder on asyncio (one request per connection, request head
 bounded to 8 KiB, 5 s to send it): the endpoint serves monitoring, not traffic.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -57,11 +63,23 @@ _STATUS = {
 }
 
 
+ACTION_HEADER = "tickertape-console"
+
+
 class AdminEndpoint:
     def __init__(
-        self, stats: Stats, instance: str, host: str, port: int, guard: Guard | None = None
+        self,
+        stats: Stats,
+        instance: str,
+        host: str,
+        port: int,
+        guard: Guard | None = None,
+        disconnect: Callable[[int], str | None] | None = None,
     ) -> None:
+        """`disconnect(id)` closes that client's connection and returns what it was (None: no
+        such client); without it the disconnect action answers 404."""
         self.stats = stats
+        self.disconnect = disconnect
         self.instance = instance
         self.host = host
         self.port = port
@@ -124,7 +142,7 @@ class AdminEndpoint:
             else:
                 body = b"this user has no admin right\n"
         else:
-            code, ctype, body = self._answer(method, path)
+            code, ctype, body = self._answer(method, path, lines, user)
         if self.guard.checker is not None:
             audit.admin_request(peer_text, user, method, path, code)
         if code == 200 and path == "/events":
@@ -158,9 +176,13 @@ class AdminEndpoint:
             return outcome.user, 403
         return outcome.user, None
 
-    def _answer(self, method: str, path: str) -> tuple[int, str, bytes]:
+    def _answer(
+        self, method: str, path: str, lines: list[bytes], user: str | None
+    ) -> tuple[int, str, bytes]:
+        if method == "POST" and path.startswith("/clients/") and path.endswith("/disconnect"):
+            return self._disconnect(path, lines, user)
         if method != "GET":
-            return 405, "text/plain", b"only GET is served\n"
+            return 405, "text/plain", b"only GET is served (and POST /clients/<id>/disconnect)\n"
         if path == "/stats":
             body = msgspec.json.format(msgspec.json.encode(self.stats.snapshot()), indent=2)
             return 200, "application/json", body + b"\n"
@@ -172,6 +194,20 @@ class AdminEndpoint:
             name, ctype = STATIC[path]
             return 200, ctype, (CONSOLE / name).read_bytes()
         return 404, "text/plain", b"not found: try /, /stats or /metrics\n"
+
+    def _disconnect(
+        self, path: str, lines: list[bytes], user: str | None
+    ) -> tuple[int, str, bytes]:
+        if _header(lines, b"x-requested-by") != ACTION_HEADER:
+            return 403, "text/plain", f"actions need X-Requested-By: {ACTION_HEADER}\n".encode()
+        ident = path.split("/")[2]
+        what = (
+            self.disconnect(int(ident)) if ident.isdigit() and self.disconnect is not None else None
+        )
+        if what is None:
+            return 404, "text/plain", b"no such client (gone already?)\n"
+        log.warning("admin: disconnected %s at the request of %s", what, user or "the console")
+        return 200, "application/json", msgspec.json.encode({"disconnected": what}) + b"\n"
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
         """Serve /events until the page goes, its output backs up, or the endpoint stops."""

@@ -111,7 +111,9 @@ class Stats:
     def details(self) -> dict[str, Any]:
         """What the console's Clients, Queues and Journal views show (built only for open pages).
 
-        At most `MAX_CLIENTS` clients, those with the most output waiting first."""
+        At most `MAX_CLIENTS` clients (those with the most output waiting first),
+        `MAX_SUBSCRIPTIONS` subscriptions (furthest behind first) and `MAX_SEGMENTS` segments
+        (the newest): what one page is sent each second stays bounded."""
         clients = []
         subs: list[dict[str, Any]] = []
         end = self.pipeline.delivered_end
@@ -148,6 +150,7 @@ class Stats:
         segments = []
         if j is not None:
             last = len(j.segments) - 1
+            first = max(0, len(j.segments) - MAX_SEGMENTS)
             segments = [
                 {
                     "name": os.path.basename(seg.path),
@@ -158,7 +161,7 @@ class Stats:
                     "end_position": seg.end,
                     "file_bytes": seg.file_bytes,
                 }
-                for i, seg in enumerate(j.segments)
+                for i, seg in enumerate(j.segments[first:], first)
             ]
         subs.sort(key=lambda d: -(d["lag_bytes"] or 0))
         return {
@@ -167,6 +170,7 @@ class Stats:
             "subscriptions_total": len(subs),
             "subscriptions": subs[:MAX_SUBSCRIPTIONS],
             "queues": queues,
+            "segments_total": len(j.segments) if j is not None else 0,
             "segments": segments,
         }
 
@@ -419,6 +423,7 @@ class Stats:
 
 MAX_CLIENTS = 500
 MAX_SUBSCRIPTIONS = 1000
+MAX_SEGMENTS = 1000  # the newest
 
 
 def _subscription(client: str | None, sub: Any, end: int) -> dict[str, Any]:

@@ -176,7 +176,8 @@ function table(el, columns, rows, sort, onSort) {
       const td = document.createElement("td");
       if (c.num) td.className = "num";
       const v = r[c.key];
-      td.textContent = c.fmt ? c.fmt(v, r) : (v === null || v === undefined ? "–" : String(v));
+      if (c.button) td.appendChild(c.button(r));
+      else td.textContent = c.fmt ? c.fmt(v, r) : (v === null || v === undefined ? "–" : String(v));
       tr.appendChild(td);
     }
     el.appendChild(tr);
@@ -199,7 +200,25 @@ const CLIENT_COLUMNS = [
   { key: "output_buffer_bytes", label: "Output buffer", num: true, fmt: bytes },
   { key: "behind", label: "Falling behind", fmt: (b, r) => (b ? "yes" : "no") +
     (r.replaying ? " (" + r.replaying + " replaying)" : "") },
+  { key: "id", label: "", button: disconnectButton },
 ];
+
+// The one action: disconnect a client, after the user confirms. The header is what the admin
+// endpoint asks of every action (a page of another site cannot send it).
+function disconnectButton(r) {
+  const b = document.createElement("button");
+  b.className = "action";
+  b.textContent = "Disconnect";
+  b.addEventListener("click", async () => {
+    const who = (r.name || "client " + r.id) + " (" + r.peer + ")";
+    if (!confirm("Disconnect " + who + "?")) return;
+    const resp = await fetch("clients/" + r.id + "/disconnect", {
+      method: "POST", headers: { "X-Requested-By": "tickertape-console" },
+    });
+    if (!resp.ok) alert("Could not disconnect " + who + ": " + (await resp.text()));
+  });
+  return b;
+}
 
 // rows whose `fields` contain the text of the filter box `input`, sorted by `sort`
 function pick(rows, input, fields, sort) {

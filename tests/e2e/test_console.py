@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.error
 import urllib.request
 
 from tests.support.proc import ServerProcess
@@ -183,3 +184,41 @@ def test_queue_depth_falls_as_a_consumer_acknowledges(tmp_path):
         assert q["leased"] == 0
         c.close()
         ev.close()
+
+
+def _post(port: int, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method="POST", headers=headers, data=b""
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_disconnect_action(server):
+    c = Raw(server.port)
+    c.logon("console-victim")
+    ev = Events(server.admin_port)
+    ev.next()
+    deadline = time.monotonic() + 10
+    mine: list = []
+    while not mine and time.monotonic() < deadline:
+        _, data = ev.next()
+        mine = [cl for cl in data["clients"] if cl["name"] == "console-victim"]  # type: ignore[index]
+    assert mine, "the client never showed"
+    path = f"/clients/{mine[0]['id']}/disconnect"
+    action = {"X-Requested-By": "tickertape-console"}
+    # without the header a page of another site could send it: refused, nothing done
+    assert _post(server.admin_port, path, {})[0] == 403
+    assert not c.closed(timeout=0.3)
+    assert _post(server.admin_port, "/clients/999999/disconnect", action)[0] == 404
+    assert _post(server.admin_port, "/clients/x/disconnect", action)[0] == 404
+    status, body = _post(server.admin_port, path, action)
+    assert status == 200 and b"console-victim" in body
+    assert c.closed()
+    server.wait_for_log(r"disconnect: .*console-victim.* reason=admin")
+    server.wait_for_log(r"admin: disconnected .*console-victim")
+    assert _post(server.admin_port, path, action)[0] == 404  # gone already
+    ev.close()

@@ -230,6 +230,29 @@ def test_a_client_appears_then_leaves(page, server):
     row.wait_for(state="detached", timeout=10_000)
 
 
+def test_disconnect_asks_then_disconnects(page, server):
+    page.click("nav a[data-view=clients]")
+    c = Raw(server.port)
+    c.logon("browser-victim")
+    row = page.locator("#clients-table tr", has_text="browser-victim")
+    row.wait_for(timeout=10_000)
+    asked: list[str] = []
+
+    def answer(dialog, accept: bool) -> None:
+        asked.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda d: answer(d, False))
+    row.locator("button", has_text="Disconnect").click()
+    assert asked and "browser-victim" in asked[0]
+    assert not c.closed(timeout=1.5)  # dismissed: nothing happens
+    page.once("dialog", lambda d: answer(d, True))
+    row.locator("button", has_text="Disconnect").click()
+    assert c.closed()
+    row.wait_for(state="detached", timeout=10_000)
+    server.wait_for_log(r"disconnect: .*browser-victim.* reason=admin")
+
+
 def test_phone_sized_and_dark(browser, server):
     ctx = browser.new_context(
         viewport={"width": 390, "height": 844}, color_scheme="dark", device_scale_factor=2

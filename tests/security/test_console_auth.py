@@ -48,3 +48,29 @@ def test_an_admin_user_gets_the_page_and_the_stream(auth_server):
     assert resp.readline() == b"\n"
     assert resp.readline() == b"event: history\n"
     conn.close()
+
+
+def _post(server, path: str, user: str | None, password: str | None) -> int:
+    headers = {"X-Requested-By": "tickertape-console"}
+    if user is not None:
+        pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+        headers["Authorization"] = f"Basic {pair}"
+    conn = http.client.HTTPConnection("127.0.0.1", server.admin_port, timeout=10)
+    try:
+        conn.request("POST", path, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_the_disconnect_action_needs_an_admin_user(auth_server):
+    path = "/clients/1/disconnect"
+    assert _post(auth_server, path, None, None) == 401
+    assert _post(auth_server, path, "alice", USERS["alice"]) == 403
+    assert (
+        _post(auth_server, path, "root", USERS["root"]) == 404
+    )  # no client 1: checked, then looked up
+    auth_server.wait_for_log(
+        r"audit: admin_request peer=127\.0\.0\.1:\d+ user=alice method=POST "
+        r"path=/clients/1/disconnect status=403"
+    )
