@@ -1,8 +1,15 @@
 """The HTTP admin endpoint (`<Admin><InetAddr>`): server statistics as JSON and Prometheus text.
 
-    GET /            a short index
+    GET /            the web console (server/console/: index.html, console.js, console.css)
+    GET /events      Server-Sent Events for the console: `history` (the ring of the last hour
+                     of samples) at once, then `sample` (a sample and Stats.details) each second
     GET /stats       JSON (Stats.snapshot)
     GET /metrics     Prometheus text exposition format 0.0.4
+    POST /clients/<id>/disconnect   the console's action: close that client's connection
+                     (disconnect reason `admin`); only with `X-Requested-By: tickertape-console`,
+                     a header a page of another origin cannot send without the browser asking
+                     first (which this endpoint never grants), so no other site can make a
+                     logged-on admin's browser do it
 
 A deliberately small HTTP/1.0 responder on asyncio (one request per connection, request head
 bounded to 8 KiB, 5 s to send it): the endpoint serves monitoring, not traffic.
@@ -14,12 +21,19 @@ user with `admin` (`<Admin>true</Admin>` in a role): HTTP Basic, or `Authorizati
 address like logons. With `<Certificate>` and `<PrivateKey>` in `<Admin>` it serves HTTPS
 (a failed handshake is dropped: monitoring clients report their own TLS errors). Each request
 is an audit line (`admin_request`).
+
+An event stream is the one request that stays open. It costs the server nothing while no page is
+open; with pages open, the details are built once per sample for all of them. A page whose
+output stays over `MAX_STREAM_BUFFER` bytes (it reads slower than a sample a second) is closed,
+and a comment line every `KEEPALIVE` seconds without a sample finds a page that is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 
@@ -31,6 +45,14 @@ from .stats import Stats
 log = logging.getLogger("tickertape.admin")
 MAX_HEAD = 8192
 HANDSHAKE_TIMEOUT = 5.0
+MAX_STREAM_BUFFER = 1 << 20
+KEEPALIVE = 15.0
+CONSOLE = Path(__file__).with_name("console")
+STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/console.js": ("console.js", "text/javascript; charset=utf-8"),
+    "/console.css": ("console.css", "text/css; charset=utf-8"),
+}
 
 _STATUS = {
     200: "200 OK",
@@ -41,17 +63,31 @@ _STATUS = {
 }
 
 
+ACTION_HEADER = "tickertape-console"
+
+
 class AdminEndpoint:
     def __init__(
-        self, stats: Stats, instance: str, host: str, port: int, guard: Guard | None = None
+        self,
+        stats: Stats,
+        instance: str,
+        host: str,
+        port: int,
+        guard: Guard | None = None,
+        disconnect: Callable[[int], str | None] | None = None,
     ) -> None:
+        """`disconnect(id)` closes that client's connection and returns what it was (None: no
+        such client); without it the disconnect action answers 404."""
         self.stats = stats
+        self.disconnect = disconnect
         self.instance = instance
         self.host = host
         self.port = port
         self.guard = guard if guard is not None else Guard()
         self.scheme = "https" if self.guard.admin_tls is not None else "http"
         self._srv: asyncio.base_events.Server | None = None
+        self._streams: set[asyncio.Task[None]] = set()
+        self._details: tuple[int, bytes] = (0, b"")  # (sample n, the `sample` event's bytes)
 
     async def start(self) -> None:
         tls = self.guard.admin_tls
@@ -75,6 +111,8 @@ class AdminEndpoint:
     async def stop(self) -> None:
         if self._srv is not None:
             self._srv.close()
+        for task in list(self._streams):
+            task.cancel()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -104,9 +142,12 @@ class AdminEndpoint:
             else:
                 body = b"this user has no admin right\n"
         else:
-            code, ctype, body = self._answer(method, path)
+            code, ctype, body = self._answer(method, path, lines, user)
         if self.guard.checker is not None:
             audit.admin_request(peer_text, user, method, path, code)
+        if code == 200 and path == "/events":
+            await self._stream(writer)
+            return
         writer.write(
             f"HTTP/1.0 {_STATUS[code]}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"{extra}Connection: close\r\n\r\n".encode()
@@ -135,18 +176,85 @@ class AdminEndpoint:
             return outcome.user, 403
         return outcome.user, None
 
-    def _answer(self, method: str, path: str) -> tuple[int, str, bytes]:
+    def _answer(
+        self, method: str, path: str, lines: list[bytes], user: str | None
+    ) -> tuple[int, str, bytes]:
+        if method == "POST" and path.startswith("/clients/") and path.endswith("/disconnect"):
+            return self._disconnect(path, lines, user)
         if method != "GET":
-            return 405, "text/plain", b"only GET is served\n"
+            return 405, "text/plain", b"only GET is served (and POST /clients/<id>/disconnect)\n"
         if path == "/stats":
             body = msgspec.json.format(msgspec.json.encode(self.stats.snapshot()), indent=2)
             return 200, "application/json", body + b"\n"
         if path == "/metrics":
             return 200, "text/plain; version=0.0.4", self.stats.prometheus().encode()
-        if path == "/":
-            text = f"tickertape {self.instance}: GET /stats (JSON) or /metrics (Prometheus)\n"
-            return 200, "text/plain", text.encode()
-        return 404, "text/plain", b"not found: try /stats or /metrics\n"
+        if path == "/events":
+            return 200, "text/event-stream", b""
+        if path in STATIC:
+            name, ctype = STATIC[path]
+            return 200, ctype, (CONSOLE / name).read_bytes()
+        return 404, "text/plain", b"not found: try /, /stats or /metrics\n"
+
+    def _disconnect(
+        self, path: str, lines: list[bytes], user: str | None
+    ) -> tuple[int, str, bytes]:
+        if _header(lines, b"x-requested-by") != ACTION_HEADER:
+            return 403, "text/plain", f"actions need X-Requested-By: {ACTION_HEADER}\n".encode()
+        ident = path.split("/")[2]
+        what = (
+            self.disconnect(int(ident)) if ident.isdigit() and self.disconnect is not None else None
+        )
+        if what is None:
+            return 404, "text/plain", b"no such client (gone already?)\n"
+        log.warning("admin: disconnected %s at the request of %s", what, user or "the console")
+        return 200, "application/json", msgspec.json.encode({"disconnected": what}) + b"\n"
+
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+        """Serve /events until the page goes, its output backs up, or the endpoint stops."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        history = self.stats.history
+        try:
+            writer.write(
+                b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Cache-Control: no-store\r\nConnection: close\r\n\r\n"
+                b"retry: 2000\n\n" + _event(b"history", msgspec.json.encode(list(history.samples)))
+            )
+            if history.last() is not None:
+                writer.write(self._sample_event())
+            while not writer.is_closing():
+                await writer.drain()
+                try:
+                    await asyncio.wait_for(history.next(), KEEPALIVE)
+                except TimeoutError:
+                    writer.write(b": keepalive\n\n")
+                    continue
+                if writer.transport.get_write_buffer_size() > MAX_STREAM_BUFFER:
+                    log.warning("admin: closing an event stream that does not keep up")
+                    break
+                writer.write(self._sample_event())
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._streams.discard(task)
+            writer.close()
+
+    def _sample_event(self) -> bytes:
+        """The `sample` event for the latest sample, built once for every open page."""
+        last = self.stats.history.last()
+        assert last is not None
+        if self._details[0] != last["n"]:
+            body = msgspec.json.encode(
+                {"instance": self.instance, "sample": last, **self.stats.details()}
+            )
+            self._details = (last["n"], _event(b"sample", body))
+        return self._details[1]
+
+
+def _event(name: bytes, data: bytes) -> bytes:
+    """One Server-Sent Event (`data` is JSON: one line, no newline in it)."""
+    return b"event: " + name + b"\ndata: " + data + b"\n\n"
 
 
 def _header(lines: list[bytes], name: bytes) -> str | None:

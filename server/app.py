@@ -223,7 +223,12 @@ class Server:
             )
         if config.admin is not None:
             self.admin = AdminEndpoint(
-                self.stats, self.name, config.admin.host, config.admin.port, self.guard
+                self.stats,
+                self.name,
+                config.admin.host,
+                config.admin.port,
+                self.guard,
+                self._disconnect_client,
             )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())
@@ -297,6 +302,16 @@ class Server:
             f" ({len(problems)} problem(s) above)" if problems else "",
             ended,
         )
+
+    def _disconnect_client(self, conn_id: int) -> str | None:
+        """The console's action: close connection `conn_id` (reason `admin`); what it was, or
+        None when there is no such open connection."""
+        for conn in self.connections:
+            if conn.id == conn_id and not conn.closing:
+                what = conn.describe()
+                conn.close(Disconnect.ADMIN)
+                return what
+        return None
 
     # -- periodic work ------------------------------------------------------------------------
 

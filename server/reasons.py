@@ -24,6 +24,7 @@ class Disconnect(StrEnum):
     LOGON_REQUIRED = "logon required"
     AUTH_FAILURE = "auth failure"
     SHUTDOWN = "shutdown"
+    ADMIN = "admin"  # a user with admin disconnected it (the web console's action)
     # the root limits of server/intake.py
     LOGON_TIMEOUT = "logon timeout"
     INPUT_MEMORY_LIMIT = "input memory limit"

@@ -14,10 +14,13 @@ import time
 from collections.abc import Callable, Sized
 from typing import Any
 
+import msgspec
+
 from journal.journal import Journal
 
 from .counters import Counters
 from .fanout import Fanout
+from .history import History
 from .intake import Intake
 from .pipeline import Pipeline
 from .queues import QueueManager
@@ -53,14 +56,123 @@ class Stats:
         self.publish_rate = 0.0
         self.delivery_rate = 0.0
         self._last = (0, 0)
+        self.history = History()
+        self._cpu = _cpu_seconds()
+        self._replay_sent: dict[int, int] = {}  # id(Replay) -> messages sent at the last sample
+        self._queue_counts: dict[str, tuple[int, int]] = {}  # name -> (acked, delivered)
+        self.queue_ack_rates: dict[str, float] = {}
 
     def sample(self, elapsed: float) -> None:
+        """Once a second (the server's ticker): the rates, and one sample into `history`."""
         if elapsed <= 0:
             return
         pub, dlv = self.pipeline.published, self.fanout.delivered
         self.publish_rate = (pub - self._last[0]) / elapsed
         self.delivery_rate = (dlv - self._last[1]) / elapsed
         self._last = (pub, dlv)
+        self.history.record(self._row(elapsed))
+
+    def _row(self, elapsed: float) -> dict[str, Any]:
+        """The console's sample: a few numbers, each named with its unit."""
+        cpu = _cpu_seconds()
+        cpu_share, self._cpu = (cpu - self._cpu) / elapsed, cpu
+        # a replay that ended within the second takes its last messages with it: a small undercount
+        sent = {id(r): r.sent for r in self.replays.replays}
+        replayed = sum(n - self._replay_sent.get(k, 0) for k, n in sent.items())
+        self._replay_sent = sent
+        acked = delivered = 0
+        counts: dict[str, tuple[int, int]] = {}
+        rates: dict[str, float] = {}
+        for name, q in self.queues.queues.items():
+            a, d = q.stats["acked"], q.stats["delivered"]
+            pa, pd = self._queue_counts.get(name, (a, d))
+            acked += a - pa
+            delivered += d - pd
+            counts[name] = (a, d)
+            rates[name] = round((a - pa) / elapsed, 1)
+        self._queue_counts, self.queue_ack_rates = counts, rates
+        j = self.journal
+        return {
+            "t": round(time.time(), 3),
+            "publish_per_s": round(self.publish_rate, 1),
+            "delivery_per_s": round(self.delivery_rate, 1),
+            "replay_per_s": round(replayed / elapsed, 1),
+            "queue_ack_per_s": round(acked / elapsed, 1),
+            "queue_delivery_per_s": round(delivered / elapsed, 1),
+            "commit_latency_s": j.stats.last_latency_s if j is not None else None,
+            "connections": len(self.connections),
+            "subscriptions": self.fanout.router.count,
+            "journal_bytes": j.disk_bytes() if j is not None else None,
+            "disk_free_bytes": _free_bytes(j.directory) if j is not None else None,
+            "cpu_percent": round(100 * cpu_share, 1),
+            "rss_bytes": _rss(),
+        }
+
+    def details(self) -> dict[str, Any]:
+        """What the console's Clients, Queues and Journal views show (built only for open pages).
+
+        At most `MAX_CLIENTS` clients (those with the most output waiting first),
+        `MAX_SUBSCRIPTIONS` subscriptions (furthest behind first) and `MAX_SEGMENTS` segments
+        (the newest): what one page is sent each second stays bounded."""
+        clients = []
+        subs: list[dict[str, Any]] = []
+        end = self.pipeline.delivered_end
+        for conn in self.connections:  # type: ignore[attr-defined]  # Connections iterates
+            s, out = conn.session, conn.out
+            states = [sub.state.value for sub in s.table.subs.values()]
+            for sub in s.table.subs.values():
+                subs.append(_subscription(s.client_name, sub, end))
+            queued = out.queued()
+            clients.append(
+                {
+                    "id": conn.id,
+                    "name": s.client_name,
+                    "user": s.user_id,
+                    "peer": s.peer,
+                    "transport": conn.transport_name,
+                    "connected_s": round(time.monotonic() - conn.connected_at, 1),
+                    "subscriptions": len(states),
+                    "messages_in": s.received,
+                    "messages_out": out.sent,
+                    "bytes_out": out.bytes_written,
+                    "output_buffer_bytes": queued,
+                    # the transport asked to stop writing: the peer reads slower than we send
+                    "behind": not out.writable.is_set(),
+                    "replaying": states.count("replaying"),
+                }
+            )
+        clients.sort(key=lambda c: -c["output_buffer_bytes"])
+        queues = {
+            name: {**snap, "acked_per_s": self.queue_ack_rates.get(name, 0.0)}
+            for name, snap in self.queues.snapshot().items()
+        }
+        j = self.journal
+        segments = []
+        if j is not None:
+            last = len(j.segments) - 1
+            first = max(0, len(j.segments) - MAX_SEGMENTS)
+            segments = [
+                {
+                    "name": os.path.basename(seg.path),
+                    "kind": "active"
+                    if i == last
+                    else ("compacted" if seg.kind == "compacted" else "sealed"),
+                    "start_position": seg.base,
+                    "end_position": seg.end,
+                    "file_bytes": seg.file_bytes,
+                }
+                for i, seg in enumerate(j.segments[first:], first)
+            ]
+        subs.sort(key=lambda d: -(d["lag_bytes"] or 0))
+        return {
+            "clients_total": len(clients),
+            "clients": clients[:MAX_CLIENTS],
+            "subscriptions_total": len(subs),
+            "subscriptions": subs[:MAX_SUBSCRIPTIONS],
+            "queues": queues,
+            "segments_total": len(j.segments) if j is not None else 0,
+            "segments": segments,
+        }
 
     def snapshot(self) -> dict[str, Any]:
         p = self.pipeline
@@ -307,6 +419,50 @@ class Stats:
                 j["last_commit_latency_s"],
             )
         return "\n".join(lines) + "\n"
+
+
+MAX_CLIENTS = 500
+MAX_SUBSCRIPTIONS = 1000
+MAX_SEGMENTS = 1000  # the newest
+
+
+def _subscription(client: str | None, sub: Any, end: int) -> dict[str, Any]:
+    """One row of the console's Subscriptions view: where it reads, and how far behind the
+    journal end it is (bytes; None for a queue subscription, whose queue says)."""
+    replay = sub.replay
+    if sub.queue is not None:
+        position = lag = None
+    elif replay is not None:
+        position = replay.position
+        lag = max(0, end - position)
+    else:
+        position, lag = end, 0
+    opts = {k: v for k, v in msgspec.structs.asdict(sub.opts).items() if v}
+    return {
+        "client": client,
+        "sub_id": sub.sub_id,
+        "topic": sub.topic,
+        "regex": sub.regex is not None,
+        "filter": sub.filter_text,
+        "options": ",".join(k if v is True else f"{k}={v}" for k, v in opts.items()),
+        "bookmark": sub.bookmark if isinstance(sub.bookmark, str) else None,
+        "state": sub.state.value,
+        "position": position,
+        "lag_bytes": lag,
+    }
+
+
+def _cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _free_bytes(directory: str) -> int | None:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _rss() -> int:
