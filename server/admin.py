@@ -10,6 +10,8 @@
                      a header a page of another origin cannot send without the browser asking
                      first (which this endpoint never grants), so no other site can make a
                      logged-on admin's browser do it
+    POST /actions/<name>/run   the console's action: run that scheduled journal action
+                     (`<Actions>`) now; the same header guard; 409 when it is running already
 
 A deliberately small HTTP/1.0 responder on asyncio (one request per connection, request head
 bounded to 8 KiB, 5 s to send it): the endpoint serves monitoring, not traffic.
@@ -34,6 +36,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import unquote
 
 import msgspec
 
@@ -60,6 +63,7 @@ _STATUS = {
     403: "403 Forbidden",
     404: "404 Not Found",
     405: "405 Method Not Allowed",
+    409: "409 Conflict",
 }
 
 
@@ -75,11 +79,14 @@ class AdminEndpoint:
         port: int,
         guard: Guard | None = None,
         disconnect: Callable[[int], str | None] | None = None,
+        run_action: Callable[[str], str | None] | None = None,
     ) -> None:
         """`disconnect(id)` closes that client's connection and returns what it was (None: no
-        such client); without it the disconnect action answers 404."""
+        such client); without it the disconnect action answers 404. `run_action(name)` starts
+        that journal action now: "started", "running" (already), or None (no such action)."""
         self.stats = stats
         self.disconnect = disconnect
+        self.run_action = run_action
         self.instance = instance
         self.host = host
         self.port = port
@@ -181,8 +188,10 @@ class AdminEndpoint:
     ) -> tuple[int, str, bytes]:
         if method == "POST" and path.startswith("/clients/") and path.endswith("/disconnect"):
             return self._disconnect(path, lines, user)
+        if method == "POST" and path.startswith("/actions/") and path.endswith("/run"):
+            return self._run_action(path, lines, user)
         if method != "GET":
-            return 405, "text/plain", b"only GET is served (and POST /clients/<id>/disconnect)\n"
+            return 405, "text/plain", b"only GET is served (and the console's POST actions)\n"
         if path == "/stats":
             body = msgspec.json.format(msgspec.json.encode(self.stats.snapshot()), indent=2)
             return 200, "application/json", body + b"\n"
@@ -208,6 +217,20 @@ class AdminEndpoint:
             return 404, "text/plain", b"no such client (gone already?)\n"
         log.warning("admin: disconnected %s at the request of %s", what, user or "the console")
         return 200, "application/json", msgspec.json.encode({"disconnected": what}) + b"\n"
+
+    def _run_action(
+        self, path: str, lines: list[bytes], user: str | None
+    ) -> tuple[int, str, bytes]:
+        if _header(lines, b"x-requested-by") != ACTION_HEADER:
+            return 403, "text/plain", f"actions need X-Requested-By: {ACTION_HEADER}\n".encode()
+        name = unquote(path[len("/actions/") : -len("/run")])
+        what = self.run_action(name) if self.run_action is not None and name else None
+        if what is None:
+            return 404, "text/plain", b"no such journal action\n"
+        if what == "running":
+            return 409, "text/plain", b"that action is running already\n"
+        log.warning("admin: ran action %s at the request of %s", name, user or "the console")
+        return 200, "application/json", msgspec.json.encode({"started": name}) + b"\n"
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
         """Serve /events until the page goes, its output backs up, or the endpoint stops."""

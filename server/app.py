@@ -229,12 +229,14 @@ class Server:
                 config.admin.port,
                 self.guard,
                 self._disconnect_client,
+                self._run_action,
             )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())
         if journal is not None:
             self.maintenance = Maintenance(config, journal, loop, self.replays.floor)
             self.maintenance.start()
+            self.stats.actions = self.maintenance.status
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -312,6 +314,10 @@ class Server:
                 conn.close(Disconnect.ADMIN)
                 return what
         return None
+
+    def _run_action(self, name: str) -> str | None:
+        """The console's action: run journal action `name` now (Maintenance.run_now)."""
+        return self.maintenance.run_now(name) if self.maintenance is not None else None
 
     # -- periodic work ------------------------------------------------------------------------
 

@@ -90,6 +90,9 @@ class Maintenance:
         ]
         self.actions = list(self.config.actions)
         self._next: list[float | None] = [None] * len(self.actions)
+        # per action: its last run (wall-clock start and end, whether every step succeeded, and
+        # what the last step that ran said), for the console
+        self._last: list[dict[str, Any] | None] = [None] * len(self.actions)
         self._running: dict[int, asyncio.Task] = {}
         self._poll: asyncio.Future | None = None
         self._last_poll = 0.0
@@ -168,6 +171,35 @@ class Maintenance:
 
     # -- actions ---------------------------------------------------------------------------------
 
+    def run_now(self, name: str) -> str | None:
+        """Start the action named `name` (its `<Name>`, or its steps joined by commas when it has
+        none) now, outside its schedule, which stays as it was. Returns "started", "running" (it
+        is running already: not started twice), or None when no action has that name."""
+        for i, a in enumerate(self.actions):
+            if _label(a) == name:
+                if i in self._running:
+                    return "running"
+                if self.stopping or self.journal is None:
+                    return None
+                self._launch(i)
+                return "started"
+        return None
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each action as the console shows it: name, trigger, steps, running, last run, next run
+        (wall-clock seconds; None when unknown or not scheduled)."""
+        return [
+            {
+                "name": _label(a),
+                "trigger": a.on.kind,
+                "steps": [s.name for s in a.do],
+                "running": i in self._running,
+                "last": self._last[i],
+                "next_run": self._next[i],
+            }
+            for i, a in enumerate(self.actions)
+        ]
+
     def _launch(self, i: int) -> None:
         task = self.loop.create_task(self._run_action(i))
         self._running[i] = task
@@ -177,6 +209,8 @@ class Maintenance:
         action = self.actions[i]
         label = _label(action)
         started = time.monotonic()
+        last: dict[str, Any] = {"started": time.time(), "ended": None, "ok": None, "result": ""}
+        self._last[i] = last
         for step in action.do:
             try:
                 ok, what = await self._step(step)
@@ -188,6 +222,8 @@ class Maintenance:
             log.log(
                 logging.INFO if ok else logging.WARNING, "action %s: %s: %s", label, step.name, what
             )
+            last["ok"], last["result"] = ok, f"{step.name}: {what}"
+            last["ended"] = time.time()
             if not ok:
                 log.warning("action %s: later steps skipped", label)
                 break

@@ -53,6 +53,8 @@ class Stats:
         self.queues = queues
         self.replays = replays
         self.poll_rounds = poll_rounds
+        # the journal's scheduled actions (Maintenance.status), set once maintenance has started
+        self.actions: Callable[[], list[dict[str, Any]]] | None = None
         self.publish_rate = 0.0
         self.delivery_rate = 0.0
         self._last = (0, 0)
@@ -172,6 +174,7 @@ class Stats:
             "queues": queues,
             "segments_total": len(j.segments) if j is not None else 0,
             "segments": segments,
+            "actions": self.actions() if self.actions is not None else [],
         }
 
     def snapshot(self) -> dict[str, Any]:

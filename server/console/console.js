@@ -292,7 +292,37 @@ function drawQueues() {
   const rows = Object.entries(details.queues).map(([name, q]) => ({ name, ...q }));
   table(document.getElementById("queues-table"), QUEUE_COLUMNS, rows);
 }
+// a wall-clock time (seconds since the epoch) in the browser's time zone
+function when(t) { return t === null || t === undefined ? "–" : new Date(t * 1000).toLocaleString(); }
+
+const ACTION_COLUMNS = [
+  { key: "name", label: "Action" },
+  { key: "steps", label: "Steps", fmt: (s) => s.join(", ") },
+  { key: "last", label: "Last run", fmt: (l, r) => r.running ? "running" : when(l && l.started) },
+  { key: "last", label: "Result", fmt: (l) => !l ? "–" : (l.ok === false ? "failed: " : "") + l.result },
+  { key: "next_run", label: "Next run", fmt: (t, r) => r.trigger === "startup" ? "at startup" : when(t) },
+  { key: "name", label: "", button: runButton },
+];
+
+// The other action: run a scheduled journal action now, after the user confirms (the same
+// header as the disconnect action).
+function runButton(r) {
+  const b = document.createElement("button");
+  b.className = "action";
+  b.textContent = "Run now";
+  b.disabled = r.running;
+  b.addEventListener("click", async () => {
+    if (!confirm("Run the journal action " + r.name + " (" + r.steps.join(", ") + ") now?")) return;
+    const resp = await fetch("actions/" + encodeURIComponent(r.name) + "/run", {
+      method: "POST", headers: { "X-Requested-By": "tickertape-console" },
+    });
+    if (!resp.ok) alert("Could not run " + r.name + ": " + (await resp.text()));
+  });
+  return b;
+}
+
 function drawJournal() {
+  table(document.getElementById("actions-table"), ACTION_COLUMNS, details.actions || []);
   table(document.getElementById("journal-table"), SEGMENT_COLUMNS, details.segments);
 }
 

@@ -222,3 +222,36 @@ def test_disconnect_action(server):
     server.wait_for_log(r"admin: disconnected .*console-victim")
     assert _post(server.admin_port, path, action)[0] == 404  # gone already
     ev.close()
+
+
+def test_run_a_journal_action_now(tmp_path):
+    """An hourly action (not due during the test) is listed with its next run, and runs when the
+    console asks: the header guard, 404 for an unknown name, then it runs and says so."""
+    actions = """<Actions><Action>
+      <On><Module>amps-action-on-schedule</Module><Options><Every>1h</Every><Name>nightly</Name></Options></On>
+      <Do><Module>amps-action-do-remove-journal</Module><Options><Age>7d</Age></Options></Do>
+    </Action></Actions>"""
+    with ServerProcess(tmp_path / "a", extra=actions) as srv:
+        ev = Events(srv.admin_port)
+        assert ev.next()[0] == "history"
+        _, data = ev.next()
+        (nightly,) = data["actions"]  # type: ignore[index]
+        assert nightly["name"] == "nightly" and nightly["steps"] == ["remove-journal"]
+        assert nightly["last"] is None and nightly["next_run"] > time.time()
+        action = {"X-Requested-By": "tickertape-console"}
+        assert _post(srv.admin_port, "/actions/nightly/run", {})[0] == 403
+        assert _post(srv.admin_port, "/actions/nope/run", action)[0] == 404
+        status, body = _post(srv.admin_port, "/actions/nightly/run", action)
+        assert status == 200 and json.loads(body) == {"started": "nightly"}
+        srv.wait_for_log(r"admin: ran action nightly")
+        srv.wait_for_log(r"action nightly: remove-journal: nothing removed")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            _, data = ev.next()
+            (nightly,) = data["actions"]  # type: ignore[index]
+            if nightly["last"] is not None and nightly["last"]["ended"] is not None:
+                break
+        last = nightly["last"]
+        assert last["ok"] is True and last["result"].startswith("remove-journal: nothing removed")
+        assert nightly["next_run"] > time.time()  # the schedule is unchanged
+        ev.close()
