@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from journal.journal import Journal
+from journal.record import KIND_MESSAGE
 
 from .counters import Counters
 from .fanout import Fanout
@@ -55,6 +56,7 @@ class Stats:
         self.poll_rounds = poll_rounds
         # the journal's scheduled actions (Maintenance.status), set once maintenance has started
         self.actions: Callable[[], list[dict[str, Any]]] | None = None
+        self._first_times: dict[str, int | None] = {}  # segment path -> Stats._first_time
         self.publish_rate = 0.0
         self.delivery_rate = 0.0
         self._last = (0, 0)
@@ -110,6 +112,21 @@ class Stats:
             "rss_bytes": _rss(),
         }
 
+    def _first_time(self, j: Journal, seg: Any, active: bool) -> int | None:
+        """`_first_time_us` of a segment, read once: kept for good once found or once the
+        segment is sealed (its first record never changes), so a page costs one small read per
+        segment."""
+        path = seg.path
+        if path in self._first_times:
+            return self._first_times[path]
+        try:
+            got = _first_time_us(j, seg)
+        except (OSError, ValueError):
+            return None  # removed meanwhile, or not readable yet: tried again next time
+        if got is not None or not active:
+            self._first_times[path] = got
+        return got
+
     def details(self) -> dict[str, Any]:
         """What the console's Clients, Queues and Journal views show (built only for open pages).
 
@@ -153,6 +170,10 @@ class Stats:
         if j is not None:
             last = len(j.segments) - 1
             first = max(0, len(j.segments) - MAX_SEGMENTS)
+            shown = j.segments[first:]
+            firsts = [self._first_time(j, seg, i == last) for i, seg in enumerate(shown, first)]
+            paths = {seg.path for seg in shown}
+            self._first_times = {p: t for p, t in self._first_times.items() if p in paths}
             segments = [
                 {
                     "name": os.path.basename(seg.path),
@@ -162,8 +183,13 @@ class Stats:
                     "start_position": seg.base,
                     "end_position": seg.end,
                     "file_bytes": seg.file_bytes,
+                    # receive times (µs since the epoch): its first message, and the next
+                    # segment's first (times never decrease along the journal; None for the
+                    # active segment, which ends now)
+                    "first_time_us": firsts[k],
+                    "until_time_us": firsts[k + 1] if k + 1 < len(firsts) else None,
                 }
-                for i, seg in enumerate(j.segments[first:], first)
+                for k, (i, seg) in enumerate(enumerate(shown, first))
             ]
         subs.sort(key=lambda d: -(d["lag_bytes"] or 0))
         return {
@@ -427,6 +453,18 @@ class Stats:
 MAX_CLIENTS = 500
 MAX_SUBSCRIPTIONS = 1000
 MAX_SEGMENTS = 1000  # the newest
+FIRST_TIME_SPAN = 64 * 1024  # a segment's first message is looked for this far, no further
+
+
+def _first_time_us(j: Journal, seg: Any) -> int | None:
+    """The receive time of the first message in `seg` (within its first FIRST_TIME_SPAN
+    bytes), or None."""
+    for r in j.records(seg.base, seg.end, max_bytes=4096):
+        if r.kind == KIND_MESSAGE:
+            return int(r.timestamp_us)
+        if r.position - seg.base >= FIRST_TIME_SPAN:
+            break
+    return None
 
 
 def _subscription(client: str | None, sub: Any, end: int) -> dict[str, Any]:

@@ -286,6 +286,8 @@ const SEGMENT_COLUMNS = [
   { key: "start_position", label: "Start", num: true, fmt: (n) => count(n, "B") },
   { key: "end_position", label: "End", num: true, fmt: (n) => count(n, "B") },
   { key: "file_bytes", label: "Size", num: true, fmt: bytes },
+  { key: "first_time_us", label: "From", fmt: (t) => when(t && t / 1e6) },
+  { key: "until_time_us", label: "Until", fmt: (t, r) => r.kind === "active" ? "now" : when(t && t / 1e6) },
 ];
 
 function drawQueues() {
@@ -293,7 +295,7 @@ function drawQueues() {
   table(document.getElementById("queues-table"), QUEUE_COLUMNS, rows);
 }
 // a wall-clock time (seconds since the epoch) in the browser's time zone
-function when(t) { return t === null || t === undefined ? "–" : new Date(t * 1000).toLocaleString(); }
+function when(t) { return !t ? "–" : new Date(t * 1000).toLocaleString(); }
 
 const ACTION_COLUMNS = [
   { key: "name", label: "Action" },

@@ -255,3 +255,29 @@ def test_run_a_journal_action_now(tmp_path):
         assert last["ok"] is True and last["result"].startswith("remove-journal: nothing removed")
         assert nightly["next_run"] > time.time()  # the schedule is unchanged
         ev.close()
+
+
+def test_segments_show_their_time_ranges(tmp_path):
+    """Small segments: each shows the receive time of its first message, and a sealed one the
+    next one's first as its end; the active one ends now."""
+    before_us = int(time.time() * 1e6)
+    with ServerProcess(tmp_path / "j", journal_size="64KB") as srv:
+        pad = "y" * 200
+        publish_many(srv.port, "console.t", [f'{{"p":"{pad}"}}'] * 1500, name="seg-pub").close()
+        ev = Events(srv.admin_port)
+        assert ev.next()[0] == "history"
+        deadline = time.monotonic() + 15
+        segs: list = []
+        while time.monotonic() < deadline:
+            _, data = ev.next()
+            segs = data["segments"]  # type: ignore[index]
+            if len(segs) >= 3 and all(s["first_time_us"] for s in segs):
+                break
+        else:
+            raise AssertionError(f"segments without a time range: {segs}")
+        after_us = int(time.time() * 1e6)
+        for s, nxt in zip(segs, segs[1:], strict=False):
+            assert s["kind"] == "sealed" and s["until_time_us"] == nxt["first_time_us"]
+            assert before_us <= s["first_time_us"] <= s["until_time_us"] <= after_us
+        assert segs[-1]["kind"] == "active" and segs[-1]["until_time_us"] is None
+        ev.close()
