@@ -12,6 +12,7 @@ server/queues.py): the journal reads, the timers, the commit of its events, dead
 from __future__ import annotations
 
 import array
+import bisect
 import collections
 import heapq
 import logging
@@ -152,6 +153,38 @@ class QueueState:
         return (
             len(self.avail_pos) - self.head - len(self.gone) + len(self.returned) + len(self.parked)
         )
+
+    def oldest_waiting_us(self) -> int | None:
+        """Receive time (us) of the oldest message waiting for a consumer (not leased), or None.
+        For the console, once a second: positions grow with receive time, so the oldest is the
+        lowest position among the three places a message waits."""
+        pos, i = self.avail_pos, self.head
+        while i < len(pos) and pos[i] in self.gone:
+            i += 1
+        waiting = [pos[i]] if i < len(pos) else []
+        waiting += self.returned[:1]  # a heap: its lowest first
+        if self.parked:
+            waiting.append(self.parked[0])
+        oldest = min(waiting, default=None)
+        if oldest is None:
+            return None
+        k = bisect.bisect_left(pos, oldest)
+        if k < len(pos) and pos[k] == oldest:
+            return int(self.avail_ts[k])
+        rec = self.host.read(oldest)  # trimmed from the arrays: the journal has its time
+        return int(rec[3]) if rec is not None else None
+
+    def consumers(self) -> list[dict[str, Any]]:
+        """Each consumer's backlog: messages leased to it (outstanding) of its max_backlog."""
+        return [
+            {
+                "consumer": qs.sub.owner.describe(),
+                "sub_id": qs.sub.sub_id,
+                "outstanding": qs.outstanding,
+                "max_backlog": qs.backlog,
+            }
+            for qs in self.subs
+        ]
 
     def deadline_for(self, ts: int, exp: float | None) -> int:
         """When a message received at `ts` (us) expires; 0 = never. Seed 004's ExpirationModel

@@ -161,10 +161,16 @@ class Stats:
                 }
             )
         clients.sort(key=lambda c: -c["output_buffer_bytes"])
-        queues = {
-            name: {**snap, "acked_per_s": self.queue_ack_rates.get(name, 0.0)}
-            for name, snap in self.queues.snapshot().items()
-        }
+        queues = {}
+        now_us = time.time() * 1e6
+        for name, q in self.queues.queues.items():
+            oldest = q.oldest_waiting_us()
+            queues[name] = {
+                **q.snapshot(),
+                "acked_per_s": self.queue_ack_rates.get(name, 0.0),
+                "oldest_age_s": round(max(0.0, now_us - oldest) / 1e6, 1) if oldest else None,
+                "consumers": q.consumers(),
+            }
         j = self.journal
         segments = []
         if j is not None:

@@ -277,7 +277,11 @@ const QUEUE_COLUMNS = [
   { key: "redelivered", label: "Redelivered", num: true, fmt: (n) => count(n, "msg") },
   { key: "expired", label: "Expired", num: true, fmt: (n) => count(n, "msg") },
   { key: "dead_lettered", label: "Dead-lettered", num: true, fmt: (n) => count(n, "msg") },
+  { key: "oldest_age_s", label: "Oldest waiting", num: true, fmt: (s) => s === null ? "–" : secs(s) },
   { key: "subscribers", label: "Consumers", num: true, fmt: (n) => count(n, "subs") },
+  { key: "consumers", label: "Backlog per consumer", fmt: (cs) => cs.map((c) =>
+    (c.consumer.match(/client=(\S+)/) || [null, c.consumer])[1] + " " + c.outstanding + "/" +
+    c.max_backlog + " msg").join("; ") || "–" },
 ];
 
 const SEGMENT_COLUMNS = [

@@ -167,21 +167,27 @@ def test_queue_depth_falls_as_a_consumer_acknowledges(tmp_path):
         publish_many(srv.port, "work", ["{}"] * 5, name="console-q-pub").close()
         ev = Events(srv.admin_port)
         assert ev.next()[0] == "history"
+        time.sleep(1.2)
         q = _queue(ev, "jobs", lambda q: q["depth"] == 5)
         assert {"leased", "acked", "acked_per_s", "redelivered", "expired", "dead_lettered"} <= set(
             q
         )
+        assert q["oldest_age_s"] >= 1.0 and q["consumers"] == []
         c = Raw(srv.port)
         c.logon("console-consumer")
         c.send({"c": "subscribe", "t": "jobs", "cid": "q", "a": "processed", "o": "max_backlog=10"})
         assert c.ack("processed", "q")["status"] == "success"
         got = c.messages(5)
-        _queue(ev, "jobs", lambda q: q["leased"] == 5)
+        q = _queue(ev, "jobs", lambda q: q["leased"] == 5)
+        assert q["oldest_age_s"] is None  # all leased: none waits
+        (consumer,) = q["consumers"]
+        assert consumer["outstanding"] == 5 and consumer["max_backlog"] == 10
+        assert "console-consumer" in consumer["consumer"] and consumer["sub_id"]
         bms = ",".join(h["bm"] for h, _ in got)
         c.send({"c": "sow_delete", "t": "jobs", "bm": bms, "cid": "k", "a": "processed"})
         assert c.ack("processed", "k")["status"] == "success"
         q = _queue(ev, "jobs", lambda q: q["depth"] == 0 and q["acked"] == 5)
-        assert q["leased"] == 0
+        assert q["leased"] == 0 and q["consumers"][0]["outstanding"] == 0
         c.close()
         ev.close()
 
