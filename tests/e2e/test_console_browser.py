@@ -266,3 +266,119 @@ def test_phone_sized_and_dark(browser, server):
     pg.wait_for_selector("#status[data-state=live]", timeout=10_000)
     assert pg.evaluate("document.documentElement.scrollWidth") <= 390
     ctx.close()
+
+
+def _open(browser, port: int, view: str, **ctx_args):
+    """A page on `view`, live; its context and the list of its console errors."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, **ctx_args)
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(f"http://127.0.0.1:{port}/#{view}")
+    pg.wait_for_selector("#status[data-state=live]", timeout=10_000)
+    return ctx, pg, errors
+
+
+def test_a_queue_depth_falls_as_a_consumer_acknowledges(browser, tmp_path):
+    queue = (
+        "<SOW><Queue><Name>jobs</Name><UnderlyingTopic>work</UnderlyingTopic>"
+        "<MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue></SOW>"
+    )
+    with ServerProcess(tmp_path / "q", extra=queue) as srv:
+        publish_many(srv.port, "work", ["{}"] * 5, name="browser-q-pub").close()
+        ctx, pg, errors = _open(browser, srv.admin_port, "queues")
+        depth = (
+            "() => { const r = [...document.querySelectorAll('#queues-table tr')]"
+            ".find((tr) => tr.cells[0].textContent === 'jobs'); return r && r.cells[1].textContent; }"
+        )
+        pg.wait_for_function(f"({depth})() === '5 msg'", timeout=10_000)
+        c = Raw(srv.port)
+        c.logon("browser-consumer")
+        c.send({"c": "subscribe", "t": "jobs", "cid": "q", "a": "processed", "o": "max_backlog=10"})
+        assert c.ack("processed", "q")["status"] == "success"
+        got = c.messages(5)
+        row = pg.locator("#queues-table tr", has_text="jobs")
+        pg.wait_for_function(f"({depth})() === '0 msg'", timeout=10_000)  # leased, not waiting
+        pg.wait_for_function(
+            "() => document.querySelector('#queues-table').textContent"
+            ".includes('browser-consumer 5/10 msg')",
+            timeout=10_000,
+        )
+        for h, _ in got[:2]:  # acknowledged one by one: the backlog falls with them
+            c.send({"c": "sow_delete", "t": "jobs", "bm": h["bm"], "cid": "k", "a": "processed"})
+            assert c.ack("processed", "k")["status"] == "success"
+        pg.wait_for_function(
+            "() => document.querySelector('#queues-table').textContent"
+            ".includes('browser-consumer 3/10 msg')",
+            timeout=10_000,
+        )
+        assert "2 msg" in row.inner_text()  # acked (total)
+        c.close()
+        ctx.close()
+    assert errors == []
+
+
+def test_run_a_journal_action_asks_then_runs(browser, tmp_path):
+    actions = """<Actions><Action>
+      <On><Module>amps-action-on-schedule</Module><Options><Every>1h</Every><Name>nightly</Name></Options></On>
+      <Do><Module>amps-action-do-remove-journal</Module><Options><Age>7d</Age></Options></Do>
+    </Action></Actions>"""
+    with ServerProcess(tmp_path / "a", extra=actions) as srv:
+        ctx, pg, errors = _open(browser, srv.admin_port, "journal")
+        row = pg.locator("#actions-table tr", has_text="nightly")
+        row.wait_for(timeout=10_000)
+        asked: list[str] = []
+
+        def answer(dialog, accept: bool) -> None:
+            asked.append(dialog.message)
+            dialog.accept() if accept else dialog.dismiss()
+
+        pg.once("dialog", lambda d: answer(d, False))
+        row.locator("button", has_text="Run now").click()
+        assert asked and "nightly" in asked[0] and "remove-journal" in asked[0]
+        time.sleep(1.5)
+        assert "admin: ran action" not in srv.output()  # dismissed: nothing happens
+        pg.once("dialog", lambda d: answer(d, True))
+        row.locator("button", has_text="Run now").click()
+        srv.wait_for_log(r"admin: ran action nightly")
+        srv.wait_for_log(r"action nightly: remove-journal: nothing removed")
+        pg.wait_for_function(
+            "() => document.querySelector('#actions-table').textContent"
+            ".includes('remove-journal: nothing removed')",
+            timeout=10_000,
+        )
+        ctx.close()
+    assert errors == []
+
+
+def test_an_unauthenticated_request_is_refused_once_authentication_is_configured(browser, tmp_path):
+    from tests.security.servers import users_file
+
+    d = tmp_path / "auth"
+    d.mkdir()
+    users_file(d / "users.db", {"root": "root-pw-1", "alice": "alice-pw-2"})
+    auth = (
+        f"<Authentication><PasswordFile>{d}/users.db</PasswordFile></Authentication>"
+        "<Entitlement><Role><Name>ops</Name><Users>root</Users><Admin>true</Admin></Role>"
+        "<Role><Name>desk</Name><Users>alice</Users><Subscribe>.*</Subscribe></Role></Entitlement>"
+    )
+    with ServerProcess(d, extra=auth) as srv:
+        url = f"http://127.0.0.1:{srv.admin_port}/"
+        from playwright.sync_api import Error
+
+        ctx = browser.new_context()
+        # a 401 with a Basic challenge and no credentials to answer it: headless Chromium
+        # ends the navigation with this error (a desktop browser would ask for a password)
+        with pytest.raises(Error, match="ERR_INVALID_AUTH_CREDENTIALS"):
+            ctx.new_page().goto(url)
+        ctx.close()
+        srv.wait_for_log(r"admin_request peer=\S+ method=GET path=/ status=401")
+        ctx = browser.new_context(http_credentials={"username": "alice", "password": "alice-pw-2"})
+        resp = ctx.new_page().goto(url)
+        assert resp is not None and resp.status == 403
+        ctx.close()
+        creds = {"username": "root", "password": "root-pw-1"}
+        ctx, pg, errors = _open(browser, srv.admin_port, "overview", http_credentials=creds)
+        ctx.close()
+    assert errors == []

@@ -74,3 +74,10 @@ def test_the_disconnect_action_needs_an_admin_user(auth_server):
         r"audit: admin_request peer=127\.0\.0\.1:\d+ user=alice method=POST "
         r"path=/clients/1/disconnect status=403"
     )
+
+
+def test_the_run_action_needs_an_admin_user(auth_server):
+    path = "/actions/nightly/run"
+    assert _post(auth_server, path, None, None) == 401
+    assert _post(auth_server, path, "alice", USERS["alice"]) == 403
+    assert _post(auth_server, path, "root", USERS["root"]) == 404  # no such action configured
