@@ -140,6 +140,8 @@ class Connection(asyncio.Protocol):
         now = time.monotonic()
         self.connected_at = now
         self.last_recv = now
+        self.bytes_in = 0  # bytes read from the peer (the console's Clients view)
+        self.logon_at: float | None = None  # wall-clock time of the logon, None before it
         self._read_pauses: set[str] = set()
 
     @property
@@ -204,6 +206,7 @@ class Connection(asyncio.Protocol):
             self._before_made.append(data)
             return
         self.last_recv = time.monotonic()
+        self.bytes_in += len(data)
         error = None
         try:
             frames = self.decoder.feed(data)
@@ -270,6 +273,7 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _logged_on(self) -> None:
+        self.logon_at = time.time()
         self.decoder.max_size = self.max_frame
         if self.admitted is not None:
             self.env.admission.logged_on()

@@ -111,6 +111,11 @@ class Outbox:
         """Queue one ack (frames.ack); the caller flushes."""
         self.buf.append(frames.ack(kind, cid, status, reason, **fields))
 
+    @property
+    def offline_at(self) -> int:
+        """<ClientOfflineThreshold> in bytes (0: none)."""
+        return self._offline_at
+
     def queued(self) -> int:
         """Bytes written but still in the transport's buffer (0 once closed)."""
         t = self._transport

@@ -150,13 +150,18 @@ class Stats:
                     "peer": s.peer,
                     "transport": conn.transport_name,
                     "connected_s": round(time.monotonic() - conn.connected_at, 1),
+                    "logon_time": conn.logon_at,
                     "subscriptions": len(states),
                     "messages_in": s.received,
                     "messages_out": out.sent,
+                    "bytes_in": conn.bytes_in,
                     "bytes_out": out.bytes_written,
                     "output_buffer_bytes": queued,
-                    # the transport asked to stop writing: the peer reads slower than we send
-                    "behind": not out.writable.is_set(),
+                    # past <ClientOfflineThreshold> (its live subscriptions read the journal
+                    # instead), or the transport asked to stop writing: the peer reads slower
+                    # than the server sends
+                    "behind": bool(out.offline_at and queued > out.offline_at)
+                    or not out.writable.is_set(),
                     "replaying": states.count("replaying"),
                 }
             )

@@ -34,6 +34,8 @@ function secs(s) {
   if (s < 3600) return (s / 60).toFixed(1) + " min";
   return (s / 3600).toFixed(1) + " h";
 }
+// a wall-clock time (seconds since the epoch) in the browser's time zone
+function when(t) { return !t ? "–" : new Date(t * 1000).toLocaleString(); }
 
 // -- the overview ----------------------------------------------------------------------------
 
@@ -192,10 +194,12 @@ const CLIENT_COLUMNS = [
   { key: "user", label: "User" },
   { key: "peer", label: "Peer" },
   { key: "transport", label: "Transport" },
+  { key: "logon_time", label: "Logon", fmt: (t) => when(t) },
   { key: "connected_s", label: "Connected", num: true, fmt: secs },
   { key: "subscriptions", label: "Subscriptions", num: true, fmt: (n) => count(n, "subs") },
   { key: "messages_in", label: "In", num: true, fmt: (n) => count(n, "msg") },
   { key: "messages_out", label: "Out", num: true, fmt: (n) => count(n, "msg") },
+  { key: "bytes_in", label: "In (bytes)", num: true, fmt: bytes },
   { key: "bytes_out", label: "Out (bytes)", num: true, fmt: bytes },
   { key: "output_buffer_bytes", label: "Output buffer", num: true, fmt: bytes },
   { key: "behind", label: "Falling behind", fmt: (b, r) => (b ? "yes" : "no") +
@@ -298,8 +302,6 @@ function drawQueues() {
   const rows = Object.entries(details.queues).map(([name, q]) => ({ name, ...q }));
   table(document.getElementById("queues-table"), QUEUE_COLUMNS, rows);
 }
-// a wall-clock time (seconds since the epoch) in the browser's time zone
-function when(t) { return !t ? "–" : new Date(t * 1000).toLocaleString(); }
 
 const ACTION_COLUMNS = [
   { key: "name", label: "Action" },

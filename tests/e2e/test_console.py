@@ -83,6 +83,7 @@ def test_events_history_then_live_samples_with_details(server):
     assert SAMPLE_KEYS <= set(history[-1])
     assert [s["n"] for s in history] == list(range(history[0]["n"], history[-1]["n"] + 1))
 
+    opened = time.time()
     c = publish_many(server.port, "console.t", ["{}"] * 3000, name="console-pub")
     deadline = time.monotonic() + 15
     busy = None
@@ -97,6 +98,8 @@ def test_events_history_then_live_samples_with_details(server):
     assert busy is not None, "no sample showed the publishes and the publisher"
     client = next(cl for cl in busy["clients"] if cl["name"] == "console-pub")
     assert client["messages_in"] >= 3000 and client["transport"] == "json-tcp"
+    assert client["bytes_in"] > 3000 * 20 and client["behind"] is False
+    assert opened - 1 <= client["logon_time"] <= time.time()  # wall-clock seconds
     assert client["peer"].startswith("127.0.0.1:")
     assert busy["instance"] == "tt-test" and busy["sample"]["journal_bytes"] > 0
     assert busy["segments"] and busy["segments"][-1]["kind"] == "active"
@@ -286,4 +289,30 @@ def test_segments_show_their_time_ranges(tmp_path):
             assert s["kind"] == "sealed" and s["until_time_us"] == nxt["first_time_us"]
             assert before_us <= s["first_time_us"] <= s["until_time_us"] <= after_us
         assert segs[-1]["kind"] == "active" and segs[-1]["until_time_us"] is None
+        ev.close()
+
+
+def test_a_client_past_the_offline_threshold_is_falling_behind(tmp_path):
+    """A subscriber that does not read: once its output waiting passes <ClientOfflineThreshold>
+    the clients view says it is falling behind."""
+    with ServerProcess(
+        tmp_path / "slow", extra="<ClientOfflineThreshold>64KB</ClientOfflineThreshold>"
+    ) as srv:
+        sub = Raw(srv.port)
+        sub.logon("console-slow")
+        sub.subscribe("console.big")
+        body = json.dumps({"p": "z" * 1000})
+        publish_many(srv.port, "console.big", [body] * 20000, name="big-pub").close()
+        ev = Events(srv.admin_port)
+        assert ev.next()[0] == "history"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            _, data = ev.next()
+            slow = [cl for cl in data["clients"] if cl["name"] == "console-slow"]  # type: ignore[index]
+            if slow and slow[0]["behind"]:
+                break
+        else:
+            raise AssertionError("the subscriber that does not read never showed as behind")
+        assert slow[0]["output_buffer_bytes"] > 64 * 1024
+        sub.close()
         ev.close()
