@@ -330,7 +330,9 @@ function runButton(r) {
 }
 
 function drawJournal() {
-  table(document.getElementById("actions-table"), ACTION_COLUMNS, details.actions || []);
+  const actions = details.actions || [];
+  document.getElementById("actions").hidden = actions.length === 0;  // none configured
+  table(document.getElementById("actions-table"), ACTION_COLUMNS, actions);
   table(document.getElementById("journal-table"), SEGMENT_COLUMNS, details.segments);
 }
 
