@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from journal.errors import JournalError
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE
 
@@ -121,8 +122,10 @@ class Stats:
             return self._first_times[path]
         try:
             got = _first_time_us(j, seg)
-        except (OSError, ValueError):
-            return None  # removed meanwhile, or not readable yet: tried again next time
+        except (OSError, ValueError, JournalError):
+            # removed meanwhile, not readable yet, a damaged compacted block, or the journal
+            # closing: tried again next time, and never the end of a page's event stream
+            return None
         if got is not None or not active:
             self._first_times[path] = got
         return got
