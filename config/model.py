@@ -99,7 +99,7 @@ DEFAULT_LEASE_PERIOD = 30.0
 DEFAULT_IDLE_POLL = 100e-6
 MAX_IDLE_POLL = 0.01
 
-TransportType = Literal["tcp", "tcps"]
+TransportType = Literal["tcp", "tcps", "replication"]
 TlsVersion = Literal["TLSv1.2", "TLSv1.3"]
 MessageType = Literal["json"]
 LogProtocol = Literal["stdout", "stderr", "file"]
@@ -391,6 +391,51 @@ class Entitlement(msgspec.Struct, frozen=True, kw_only=True):
     roles: tuple[Role, ...] = ()
 
 
+class ReplicationAddress(msgspec.Struct, frozen=True, kw_only=True):
+    """One `<Transport>` of a `<Destination>`: where the destination's replication transport
+    listens. Several addresses are tried in order (failover)."""
+
+    host: str
+    port: int
+    tls: bool = False
+    """Connect with TLS (the destination's replication transport has a certificate)."""
+    ca_file: str | None = None
+    """Verify the destination's certificate against this CA bundle (system CAs otherwise)."""
+    certificate: str | None = None
+    """Client certificate presented to the destination (when it verifies clients)."""
+    private_key: str | None = None
+
+
+class ReplicationDestination(msgspec.Struct, frozen=True, kw_only=True):
+    """`<Replication><Destination>`: another instance this one pushes its journal to."""
+
+    name: str
+    """The destination instance's `<Name>`."""
+    group: str
+    sync: bool
+    """`<SyncType>sync`: publishers' `persisted` acks wait for this destination's ack."""
+    addresses: tuple[ReplicationAddress, ...]
+    topics: tuple[TopicSpec, ...]
+    """Topic name regexes carried to this destination (queue events: by the queue's name)."""
+    pass_through: str | None = None
+    """Regex of group names: messages that came here from those groups are forwarded too."""
+    downgrade_after: float | None = None
+    """Seconds a sync destination may be down before it acts as async; None = never."""
+    user: str | None = None
+    """Log on to the destination as this user (its `<Authentication>`), password from
+    `password_file`."""
+    password_file: str | None = None
+
+
+class Replication(msgspec.Struct, frozen=True, kw_only=True):
+    """`<Replication>`: the destinations, and how replicated queues move ownership."""
+
+    destinations: tuple[ReplicationDestination, ...] = ()
+    queue_owner_failover: float = 30.0
+    """`<QueueOwnerFailover>`: seconds after losing the owner of queue messages before a
+    surviving instance takes them over (docs/replication.md)."""
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     """The whole configuration. `dict=True` only to cache the queue index."""
 
@@ -404,6 +449,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     authentication: Authentication | None = None
     entitlement: Entitlement | None = None
+    group: str | None = None
+    """`<Group>`: this instance's replication group (None = its own name)."""
+    replication: Replication = msgspec.field(default_factory=Replication)
     source: str = "<constructed>"
 
     @functools.cached_property
