@@ -1,7 +1,7 @@
 """Only the optional C accelerator lives here; everything else is in pyproject.toml.
 
-server/_splice.c (replay frames spliced from journal bytes) and journal/_verify.c (record checks
-on read) are built when a C compiler and the Python headers are there; without them the install
+server/_splice.c (replay frames spliced from journal bytes), server/_filterscan.c (content filters
+evaluated over blocks of records) and journal/_verify.c (record checks on read) are built when a C compiler and the Python headers are there; without them the install
 still succeeds and the same work is done in pure Python. The record checks take their crc32 from
 ISA-L (Debian's libisal-dev; `./run` installs it where it can) when it links, else from zlib:
 the same values, but zlib's is about eight times slower on records of a few hundred bytes.
@@ -45,4 +45,10 @@ if os.environ.get("TICKERTAPE_NO_ISAL") != "1" and _links(
 else:
     verify = Extension("journal._verify", ["journal/_verify.c"], libraries=["z"], optional=True)
 
-setup(ext_modules=[Extension("server._splice", ["server/_splice.c"], optional=True), verify])
+setup(
+    ext_modules=[
+        Extension("server._splice", ["server/_splice.c"], optional=True),
+        Extension("server._filterscan", ["server/_filterscan.c"], optional=True),
+        verify,
+    ]
+)

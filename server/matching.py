@@ -2,8 +2,9 @@
 
 A filter is a predicate over the decoded JSON body. Every path that filters (live fan-out,
 replay, queues, sow_delete) goes through here, so they agree on what a body that is not JSON
-means: it matches no filter. A body is decoded at most once however many filters look at it
-(`Body`); `body_matches` is the one-filter case.
+means: it matches no filter. `body_matches` is the one-filter case: it uses the filter's
+`match_raw` (server/filters/api.py), which decodes only the fields the filter reads. `Body`
+serves many filters of one message: it decodes the fields of each set of fields once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
+from .filters import NOT_JSON, compiled
 
 __all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches", "decode_body"]
 
@@ -22,35 +25,54 @@ _decode = msgspec.json.Decoder().decode
 # For a loop that filters every record itself (replay's tuple path): `f(decode_body(raw))`
 # inside `try ... except DecodeError: no match` is body_matches without a call per record.
 decode_body = _decode
-DecodeError = msgspec.DecodeError
+DecodeError = (ValueError, RecursionError)
+"""What decoding a body that is not JSON raises (msgspec.DecodeError is a ValueError; bad UTF-8
+in a string raises UnicodeDecodeError, very deep nesting RecursionError)."""
 _UNSET: Any = object()
 _NOT_JSON: Any = object()
 
 
 def body_matches(f: Predicate, body: bytes) -> bool:
     """Whether one filter matches a body (False if the body is not JSON)."""
+    info = compiled(f)
+    if info is not None:
+        return info.match_raw(body)
     try:
         doc = _decode(body)
-    except msgspec.DecodeError:
+    except DecodeError:
         return False
     return bool(f(doc))
 
 
 class Body:
-    """One message body, decoded on the first filter that asks and kept for the others."""
+    """One message body, decoded for the filters that ask: a compiled filter gets the body
+    decoded into the fields it reads (once per set of fields, so filters on the same fields
+    share one decode); any other predicate the fully decoded body, decoded once."""
 
-    __slots__ = ("_doc", "raw")
+    __slots__ = ("_doc", "_docs", "raw")
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
         self._doc = _UNSET
+        self._docs: dict[frozenset[str], Any] | None = None
 
     def matches(self, f: Predicate) -> bool:
+        info = compiled(f)
+        if info is not None:
+            docs = self._docs
+            if docs is None:
+                docs = self._docs = {}
+                doc = docs[info.fields] = info.decode(self.raw)
+            else:
+                doc = docs.get(info.fields, _UNSET)
+                if doc is _UNSET:
+                    doc = docs[info.fields] = info.decode(self.raw)
+            return doc is not NOT_JSON and bool(f(doc))
         doc = self._doc
         if doc is _UNSET:
             try:
                 doc = _decode(self.raw)
-            except msgspec.DecodeError:
+            except DecodeError:
                 doc = _NOT_JSON
             self._doc = doc
         return doc is not _NOT_JSON and bool(f(doc))

@@ -11,9 +11,17 @@ pipeline, one module per stage, each pure (no I/O, no asyncio):
 ``parser``       tokens -> syntax tree; the grammar is written out at its top
 ``kernels``      the three-valued evaluation rules (NULL semantics written out at its top)
 ``compiler``     syntax tree -> closures, with fast paths for the common shapes
+``program``      the fields a filter reads, and its simple forms as the block scanner's program
 ``api``          :func:`compile_filter` and :func:`compile_body_filter`: limits, caching,
-                 and the guarantee that a predicate never raises
+                 the guarantee that a predicate never raises, and :class:`CompiledFilter`
+``scan``         a filter over a block of journal records: the C scanner
+                 (server/_filterscan.c) with the Python evaluator as reference and fallback
 ===============  ============================================================================
+
+One evaluator for every path: live delivery, replay and queues call the predicate on a decoded
+body or ``compiled(predicate).match_raw`` on the raw one (server/matching.py), and filtered
+replay runs ``scan.filter_frames`` over a block of records, whose C scanner hands every body it
+cannot decide exactly back to ``match_raw``.
 
 Evaluation never raises: the body is whatever ``msgspec.json.decode`` returns (exact ``dict``,
 ``list``, ``str``, ``int``, ``float``, ``bool``, ``None``; values of other types are NULL).
@@ -25,13 +33,16 @@ with the 0-based character position of the problem. ``LIKE`` patterns are compil
 time, with RE2 (``protocol.patterns``): matching takes time linear in the subject.
 """
 
-from .api import compile_body_filter, compile_filter
+from .api import NOT_JSON, CompiledFilter, compile_body_filter, compile_filter, compiled
 from .errors import MAX_FILTER_DEPTH, MAX_FILTER_TEXT, FilterError
 
 __all__ = [
     "MAX_FILTER_DEPTH",
     "MAX_FILTER_TEXT",
+    "NOT_JSON",
+    "CompiledFilter",
     "FilterError",
     "compile_body_filter",
     "compile_filter",
+    "compiled",
 ]

@@ -3,12 +3,18 @@
 :func:`compile_filter` checks the length of the text, parses it (:mod:`.parser`), compiles
 the tree (:mod:`.compiler`) and wraps the result so evaluation never raises;
 :func:`compile_body_filter` does the same for raw JSON bodies. Both cache by text.
+
+Every predicate :func:`compile_filter` returns carries a :class:`CompiledFilter`
+(:func:`compiled`): the text, the top-level fields it reads, ``match_raw`` (the raw-body
+evaluator every path uses: it decodes only those fields), the block scanner's program
+(server/filters/scan.py) and, for ``/field = constant``, the pair an index can look up.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -16,8 +22,91 @@ import msgspec
 from .compiler import always_false, always_true, condition
 from .errors import MAX_FILTER_TEXT, FilterError
 from .parser import parse
+from .program import build_program, equality, fields_read, subset_decoder
 
-__all__ = ["compile_body_filter", "compile_filter"]
+__all__ = ["NOT_JSON", "CompiledFilter", "compile_body_filter", "compile_filter", "compiled"]
+
+_decode_full = msgspec.json.Decoder().decode
+_ValidationError = msgspec.ValidationError
+_NotJSON = (ValueError, RecursionError)
+"""What decoding a body that is not JSON raises: msgspec.DecodeError (a ValueError), and
+UnicodeDecodeError for bad UTF-8 in a string, RecursionError for very deep nesting."""
+
+
+NOT_JSON: Any = object()
+"""What ``CompiledFilter.decode`` returns for a body that is not JSON."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CompiledFilter:
+    """What is known of a compiled filter besides its predicate (the API for the paths that
+    evaluate filters: live delivery, replay, queues, and indexes of many subscriptions).
+
+    - ``text``: the filter text; ``fields``: the top-level field names it reads.
+    - ``match_raw(body: bytes) -> bool``: whether the filter is TRUE for a raw body; a body that
+      is not JSON matches nothing. It decodes only ``fields`` (the same answer as the predicate
+      on the fully decoded body, except that a member the filter does not read is checked for
+      JSON syntax only). Never raises.
+    - ``decode(body: bytes)``: the body as ``match_raw`` decodes it (only ``fields``), or
+      :data:`NOT_JSON`; filters with the same ``fields`` can share it, and the predicate
+      evaluates it. Never raises.
+    - ``program``: the block scanner's program (server/filters/program.py), None when the
+      filter has a shape the scanner does not take.
+    - ``equals``: ``(field, value)`` when the filter is exactly ``/field = constant``.
+    """
+
+    text: str
+    fields: frozenset[str]
+    match_raw: Callable[[bytes], bool]
+    decode: Callable[[bytes], Any]
+    program: bytes | None
+    equals: tuple[str, Any] | None
+
+
+def compiled(predicate: Callable[[Any], bool] | None) -> CompiledFilter | None:
+    """The :class:`CompiledFilter` of a predicate from :func:`compile_filter`; None for any
+    other callable (a combination of filters made elsewhere, say)."""
+    return getattr(predicate, "compiled", None)
+
+
+@functools.lru_cache(maxsize=256)
+def _decoder(fields: frozenset[str]) -> Callable[[bytes], Any]:
+    decode_subset = subset_decoder(fields)
+
+    def decode(data: bytes) -> Any:
+        try:
+            ascii = data.isascii()  # the subset decoder does not check UTF-8 in what it skips
+        except AttributeError:  # a memoryview
+            ascii = False
+        try:
+            if ascii:
+                try:
+                    return decode_subset(data)
+                except _ValidationError:  # JSON, not an object: no field is there
+                    return _decode_full(data)
+            return _decode_full(data)
+        except _NotJSON:
+            return NOT_JSON
+        except TypeError:  # not bytes at all
+            return NOT_JSON
+
+    return decode
+
+
+def _raw_matcher(test: Callable[[Any], bool], fields: frozenset[str]) -> Callable[[bytes], bool]:
+    decode = _decoder(fields)
+
+    def match_raw(data: bytes) -> bool:
+        doc = decode(data)
+        if doc is NOT_JSON:
+            return False
+        try:
+            return test(doc)
+        except Exception:
+            return False
+
+    return match_raw
+
 
 _CACHED_TEXT = 4096
 """Texts up to this length are cached; longer ones are compiled each time so the cache stays
@@ -40,7 +129,8 @@ def _compile(text: str) -> Callable[[Any], bool]:
             f"filter is {len(text)} characters long; the limit is {MAX_FILTER_TEXT}",
         )
     try:
-        test = condition(parse(text), True)
+        tree = parse(text)
+        test = condition(tree, True)
     except RecursionError:  # only if the caller's stack is already nearly full
         raise FilterError(text, 0, "filter nested too deeply to compile here") from None
     if test is always_true:
@@ -54,6 +144,15 @@ def _compile(text: str) -> Callable[[Any], bool]:
         except Exception:
             return False
 
+    fields = fields_read(tree)
+    predicate.compiled = CompiledFilter(  # type: ignore[attr-defined]
+        text,
+        fields,
+        _raw_matcher(test, fields),
+        _decoder(fields),
+        build_program(tree),
+        equality(tree),
+    )
     return predicate
 
 
@@ -81,8 +180,6 @@ def compile_filter(text: str) -> Callable[[Any], bool]:
 compile_filter.cache_info = _compile_cached.cache_info  # type: ignore[attr-defined]
 compile_filter.cache_clear = _compile_cached.cache_clear  # type: ignore[attr-defined]
 
-_decode = msgspec.json.decode
-
 
 def _body_match_all(data: Any) -> bool:
     return True
@@ -100,14 +197,9 @@ def _compile_body(text: str) -> Callable[[bytes], bool]:
     if predicate is _match_none:
         return _body_match_none
 
-    def body_predicate(data: Any) -> bool:
-        try:
-            body = _decode(data)
-        except Exception:
-            return False
-        return predicate(body)
-
-    return body_predicate
+    info = compiled(predicate)
+    assert info is not None  # every predicate but the two constant ones has one
+    return info.match_raw
 
 
 def compile_body_filter(text: str) -> Callable[[bytes], bool]:
