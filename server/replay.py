@@ -45,8 +45,10 @@ from journal.journal import Journal
 from journal.record import KIND_MESSAGE
 from protocol.options import Rate
 
+from .filters import CompiledFilter, compiled
+from .filters.scan import filter_frames
 from .frames import STORED, pack_len, timestamp_part, topic_member
-from .matching import Body, DecodeError, TopicFilter, decode_body
+from .matching import Body, TopicFilter, body_matches
 from .outbox import Outbox
 from .reasons import Disconnect
 from .replay_plan import Conflater, End, Pacer, now_us
@@ -78,14 +80,24 @@ class ReplayHost(Protocol):
 
 
 def _read_spliced(
-    journal: Journal, position: int, size: int, start: int, end: int, topic: bytes, head: bytes
+    journal: Journal,
+    position: int,
+    size: int,
+    start: int,
+    end: int,
+    topic: bytes,
+    head: bytes,
+    flt: CompiledFilter | None,
 ) -> tuple[int, tuple[Any, ...]] | None:
-    """In a reader thread: (position, splice_frames result) of the next block, None in a
-    compacted segment (whose records are read as tuples instead)."""
+    """In a reader thread: (position, splice_frames result) of the next block, only the
+    messages `flt` matches when there is one (filter_frames); None in a compacted segment
+    (whose records are read as tuples instead)."""
     blk = journal.read_block(position, size)
     if blk is None:
         return None
     buf, pos = blk
+    if flt is not None:
+        return pos, filter_frames(buf, pos, start, end, topic, head, flt)
     return pos, splice_frames(buf, pos, start, end, topic, head)
 
 
@@ -236,7 +248,7 @@ class Replay:
                 size = READ_BLOCK if self.sent else FIRST_BLOCK
                 plain = self._plain_cursor()
                 if plain is not None:
-                    c, head = plain
+                    c, head, flt = plain
                     got = await loop.run_in_executor(
                         engine.readers,
                         _read_spliced,
@@ -247,6 +259,7 @@ class Replay:
                         end,
                         c.sub.topic_b,
                         head,
+                        flt,
                     )
                     if got is not None:
                         if self._deliver_spliced(c, got, journal):
@@ -341,17 +354,22 @@ class Replay:
             if not fut.done():
                 fut.cancel()
 
-    def _plain_cursor(self) -> tuple[Cursor, bytes] | None:
-        """(cursor, frame head) when the one cursor is plain: a literal topic, no filter, no
-        timestamp, no rate, no range or conflation (the frames can be spliced from the journal's
-        bytes); else None."""
+    def _plain_cursor(self) -> tuple[Cursor, bytes, CompiledFilter | None] | None:
+        """(cursor, frame head, its filter) when the one cursor is plain: a literal topic, no
+        filter or a compiled one (server/filters), no timestamp, no rate, no range or
+        conflation (the frames can be spliced from the journal's bytes); else None."""
         if self.rate is not None or len(self.cursors) != 1:
             return None
         c = self.cursors[0]
         sub = c.sub
-        if c.tail_only or sub.filter is not None or sub.timestamp or sub.regex is not None:
+        if c.tail_only or sub.timestamp or sub.regex is not None:
             return None
-        return c, sub.prefix + topic_member(sub.topic_b)
+        flt = None
+        if sub.filter is not None:
+            flt = compiled(sub.filter)
+            if flt is None:  # combined with content entitlements: the tuple path
+                return None
+        return c, sub.prefix + topic_member(sub.topic_b), flt
 
     def _deliver_spliced(
         self, c: Cursor, got: tuple[int, tuple[Any, ...]], journal: Journal
@@ -398,12 +416,8 @@ class Replay:
                 continue
             if f is not None:
                 g = f.at(tb) if f.__class__ is TopicFilter else f  # content entitlements by topic
-                if g is not None:
-                    try:  # body_matches, inlined: this loop is the filtered replay
-                        if not g(decode_body(body)):
-                            continue
-                    except DecodeError:
-                        continue
+                if g is not None and not body_matches(g, body):
+                    continue
             hdr = STORED % (
                 prefix,
                 topic_member(tb),
