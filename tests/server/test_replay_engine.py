@@ -130,3 +130,39 @@ async def test_live_option_joins_at_publish_time(core):
     sub.disconnect()
     await core.settle()
     assert core.fanout.early == 0 and not core.replays.replays
+
+
+_MIXED = [
+    {"n": 1, "s": "ab"},
+    {"n": "12", "s": "abc"},
+    {"n": [3, 40], "s": "x"},
+    {"s": "\u00e9t\u00e9", "n": 20},
+    {"s": 'a"b', "n": 30},
+    {"n": None},
+    {"n": {"deep": 1}, "s": ["ab"]},
+    {"n": 2.5e1, "s": ""},
+    {"n": True},
+]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["/n > 10", "/s = 'ab' OR /n IN (1, '12', 3)", "/s LIKE '^a' AND /n IS NOT NULL", "/n % 2 = 0"],
+)
+async def test_filtered_replay_delivers_what_live_delivery_does(core, text):
+    live = core.client("live")
+    live.send("subscribe", t="orders", sub_id="l", f=text)
+    pub = core.client("pub")
+    bodies = [json.dumps(d, ensure_ascii=i % 2 == 0) for i in range(6) for d in _MIXED]
+    bodies += ["not json", '{"n": 50, "s": "ab"} x', '{"n": 60, "pad": 1e400}']
+    for i, b in enumerate(bodies, 1):
+        pub.send("publish", b, t="orders", s=i)
+    await core.settle()
+    sub = core.client("sub")
+    sub.send("subscribe", t="orders", sub_id="r", bm="0", a="completed", f=text)
+    s = sub.session.table.get("r")
+    await core.until(lambda: s.state is SubState.LIVE)
+    replayed = [f.body for f in sub.take() if f["c"] == "p"]
+    delivered = [f.body for f in live.take() if f["c"] == "p"]
+    assert replayed == delivered
+    assert 0 < len(replayed) < len(bodies)
