@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from .filters import NOT_JSON, compiled
+from .filters import NOT_JSON
 
 __all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches", "decode_body"]
 
@@ -34,7 +34,7 @@ _NOT_JSON: Any = object()
 
 def body_matches(f: Predicate, body: bytes) -> bool:
     """Whether one filter matches a body (False if the body is not JSON)."""
-    info = compiled(f)
+    info = getattr(f, "compiled", None)  # compiled(f), inlined
     if info is not None:
         return info.match_raw(body)
     try:
@@ -49,24 +49,31 @@ class Body:
     decoded into the fields it reads (once per set of fields, so filters on the same fields
     share one decode); any other predicate the fully decoded body, decoded once."""
 
-    __slots__ = ("_doc", "_docs", "raw")
+    __slots__ = ("_doc", "_docs", "_kdoc", "_key", "raw")
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
         self._doc = _UNSET
-        self._docs: dict[frozenset[str], Any] | None = None
+        self._key: Any = None  # the decoder of the first field set asked for, and its doc
+        self._kdoc: Any = None
+        self._docs: dict[Any, Any] | None = None  # the other field sets' docs
 
     def matches(self, f: Predicate) -> bool:
-        info = compiled(f)
+        info = getattr(f, "compiled", None)  # compiled(f), inlined: once per message and filter
         if info is not None:
-            docs = self._docs
-            if docs is None:
-                docs = self._docs = {}
-                doc = docs[info.fields] = info.decode(self.raw)
+            dec = info.decode  # one decoder per field set (cached), so it names the set
+            if self._key is dec:
+                doc = self._kdoc
+            elif self._key is None:
+                self._key = dec
+                doc = self._kdoc = dec(self.raw)
             else:
-                doc = docs.get(info.fields, _UNSET)
+                docs = self._docs
+                if docs is None:
+                    docs = self._docs = {}
+                doc = docs.get(dec, _UNSET)
                 if doc is _UNSET:
-                    doc = docs[info.fields] = info.decode(self.raw)
+                    doc = docs[dec] = dec(self.raw)
             return doc is not NOT_JSON and bool(f(doc))
         doc = self._doc
         if doc is _UNSET:

@@ -94,10 +94,19 @@ def _decoder(fields: frozenset[str]) -> Callable[[bytes], Any]:
 
 
 def _raw_matcher(test: Callable[[Any], bool], fields: frozenset[str]) -> Callable[[bytes], bool]:
+    decode_subset = subset_decoder(fields)
     decode = _decoder(fields)
 
     def match_raw(data: bytes) -> bool:
-        doc = decode(data)
+        # _decoder's decode, inlined for the common case: an ASCII body that is an object
+        try:
+            doc = decode_subset(data) if data.isascii() else _decode_full(data)
+        except _ValidationError:  # JSON, not an object
+            doc = decode(data)
+        except _NotJSON:
+            return False
+        except AttributeError:  # a memoryview
+            doc = decode(data)
         if doc is NOT_JSON:
             return False
         try:
