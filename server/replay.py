@@ -52,6 +52,7 @@ from .matching import Body, TopicFilter, body_matches
 from .outbox import Outbox
 from .reasons import Disconnect
 from .replay_plan import Conflater, End, Pacer, now_us
+from .splice import ACCELERATED as SPLICE_ACCELERATED
 from .splice import splice_frames
 from .subscriptions import Subscription
 
@@ -153,6 +154,7 @@ class Replay:
         self.task: asyncio.Task | None = None
         self.wake = asyncio.Event()
         self.sent = 0
+        self.reads = 0  # journal blocks read: a filter that matches nothing still reads big ones
 
     # -- control ----------------------------------------------------------------------------
 
@@ -245,7 +247,8 @@ class Replay:
                     await self._tail(feed)
                     continue
                 assert journal is not None  # below the live end there is a journal to read
-                size = READ_BLOCK if self.sent else FIRST_BLOCK
+                size = READ_BLOCK if self.sent or self.reads else FIRST_BLOCK
+                self.reads += 1
                 plain = self._plain_cursor()
                 if plain is not None:
                     c, head, flt = plain
@@ -367,7 +370,9 @@ class Replay:
         flt = None
         if sub.filter is not None:
             flt = compiled(sub.filter)
-            if flt is None:  # combined with content entitlements: the tuple path
+            # combined with content entitlements, or no C splice_at (whose Python reference
+            # slices each record again): the tuple path
+            if flt is None or not SPLICE_ACCELERATED:
                 return None
         return c, sub.prefix + topic_member(sub.topic_b), flt
 
