@@ -219,7 +219,9 @@ class Conflater:
             return topic
         try:
             doc = _decode(body)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            # a body that is not JSON (bad UTF-8, nesting past msgspec's depth) has no key
+            # fields: it conflates with the topic's other unreadable bodies, never raises
             return (topic, None)
         out: list[Any] = [topic]
         for path in self.paths:
