@@ -121,9 +121,9 @@ def _equality(node: Node) -> tuple[Path, frozenset[Key]] | None:
     if isinstance(node, Junction) and node.kind == "and":
         best = None
         for item in node.items:
-            found = _equality(item)
-            if found is not None and (best is None or len(found[1]) < len(best[1])):
-                best = found
+            eq = _equality(item)
+            if eq is not None and (best is None or len(eq[1]) < len(best[1])):
+                best = eq
         return best
     return None
 
