@@ -185,6 +185,9 @@ class TopicIndex:
                     if lst is not None:
                         hits.extend(lst)
             if hits:
+                if not found and len(hits) == 1:  # the common case: one equality holds
+                    sub = self._subs[hits[0]]
+                    return ((sub.out, (sub,)),)
                 found = sorted(set(hits).union(found))
         if not found:
             return ()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .filter_index import TopicIndex
+from .filter_index import TopicIndex, equality_of
 from .subscriptions import Subscription
 
 _META = re.compile(r"[\^$*+?{}\[\]\\|()]")
@@ -40,6 +40,8 @@ class Router:
         self.count = 0
 
     def add(self, sub: Subscription) -> None:
+        if sub.filter_text:
+            equality_of(sub.filter_text)  # read the text now, not while a message waits
         if sub.regex is not None:
             self._patterns.append(sub)
         else:
