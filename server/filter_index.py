@@ -38,12 +38,29 @@ from .filters.tree import Compare, Const, Field, In, Junction, Node, Unary
 
 __all__ = ["INDEX_MIN", "TopicIndex", "equality_of", "value_keys"]
 
-INDEX_MIN = 16
+INDEX_MIN = 8
 """A topic gets an index once this many of its subscriptions have an indexable filter: below,
-trying each filter costs about what reading the field and looking it up does."""
+trying each filter costs about what decoding the body and looking the field up does (about
+the cost of 5 to 8 simple filters in bench_scale's 10 a topic case)."""
 
 Path = tuple[str, ...]
 Key = tuple[str, Any]
+Equality = tuple[Path, tuple[Key, ...]]
+"""(field path, the keys of its constants, each once): what `equality_of` reads from a text.
+Tuples, not sets, and one path object per distinct path: one is kept per distinct filter."""
+
+_paths: dict[Path, Path] = {}
+
+
+def _shared(path: Path) -> Path:
+    if len(_paths) >= 4096:
+        _paths.clear()
+    return _paths.setdefault(path, path)
+
+
+def _distinct(keys: list[Key]) -> tuple[Key, ...]:
+    return tuple(dict.fromkeys(keys))
+
 
 _decode = msgspec.json.Decoder().decode
 _NUMERIC_CHARS = frozenset("0123456789+-.")
@@ -97,14 +114,14 @@ def _path(node: Node) -> Path | None:
     return None
 
 
-def _equality(node: Node) -> tuple[Path, frozenset[Key]] | None:
+def _equality(node: Node) -> Equality | None:
     if isinstance(node, Compare) and node.op == "=":
         for field, const in ((node.left, node.right), (node.right, node.left)):
             path = _path(field)
             ok, value = _constant(const)
             if path is not None and ok:
                 found = value_keys(value)
-                return (path, frozenset(found)) if found else None
+                return (_shared(path), _distinct(found)) if found else None
         return None
     if isinstance(node, In) and not node.negated:
         path = _path(node.operand)
@@ -117,7 +134,7 @@ def _equality(node: Node) -> tuple[Path, frozenset[Key]] | None:
                 keys.extend(value_keys(value))
             elif not (isinstance(item, Const) and item.value is None):
                 return None  # a field or an expression in the list: any value may match
-        return (path, frozenset(keys)) if keys else None
+        return (_shared(path), _distinct(keys)) if keys else None
     if isinstance(node, Junction) and node.kind == "and":
         best = None
         for item in node.items:
@@ -129,7 +146,7 @@ def _equality(node: Node) -> tuple[Path, frozenset[Key]] | None:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def equality_of(text: str) -> tuple[Path, frozenset[Key]] | None:
+def equality_of(text: str) -> Equality | None:
     """(field path, keys) of an equality that the filter `text` is ANDed with (the one with
     the fewest keys), or None when it has none (or does not parse)."""
     try:
@@ -143,7 +160,7 @@ class TopicIndex:
 
     __slots__ = ("_paths", "_rest", "_subs")
 
-    def __init__(self, subs: list[Any], eqs: list[tuple[Path, frozenset[Key]] | None]) -> None:
+    def __init__(self, subs: list[Any], eqs: list[Equality | None]) -> None:
         """`subs` in `Router.match` order; `eqs[i]` is `equality_of(subs[i].filter_text)`."""
         self._subs = subs
         self._rest: list[int] = []  # positions of subscriptions every message must try
