@@ -66,15 +66,17 @@ class Fanout:
     def deliver(self, msgs: list[Message], early: bool = False) -> None:
         """Live fan-out to every matching subscription: of committed messages, or (early=True)
         of just-published ones to subscriptions with the `live` option."""
-        match = self.router.match
+        route = self.router.route
         write = frames.write_live
         want = SubState.LIVE_EARLY if early else SubState.LIVE
         touched: set[Outbox] = set()
         delivered = 0
         for m in msgs:
-            groups = match(m.topic)
+            groups, index = route(m.topic)
             if not groups:
                 continue
+            if index is not None:  # many filtered subscriptions: only those that can match
+                groups = index.select(m.body)
             body = None
             unrecorded = m.position < 0
             for out, subs in groups:

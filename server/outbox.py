@@ -32,7 +32,39 @@ from typing import Any, Protocol
 from . import frames
 from .reasons import Disconnect
 
-__all__ = ["Outbox", "Transport"]
+__all__ = ["Gate", "Outbox", "Transport"]
+
+
+class Gate:
+    """`asyncio.Event`'s `is_set` / `set` / `clear` / `wait` for `Outbox.writable`, with the
+    Event made only when someone waits while it is closed: an idle connection never waits,
+    and an Event (with its waiter deque) is most of what an idle connection costs."""
+
+    __slots__ = ("_event", "_open")
+
+    def __init__(self) -> None:
+        self._open = True
+        self._event: asyncio.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._open
+
+    def set(self) -> None:
+        self._open = True
+        if self._event is not None:
+            self._event.set()
+
+    def clear(self) -> None:
+        self._open = False
+        if self._event is not None:
+            self._event.clear()
+
+    async def wait(self) -> bool:
+        if self._open:
+            return True
+        if self._event is None:
+            self._event = asyncio.Event()  # made clear, as the gate is
+        return await self._event.wait()
 
 
 class Transport(Protocol):
@@ -69,8 +101,7 @@ class Outbox:
         self.sent = 0  # deliveries queued (messages, not acks)
         self.bytes_written = 0
         self.last_send = time.monotonic()
-        self.writable = asyncio.Event()
-        self.writable.set()
+        self.writable = Gate()
         self.closing = False
         self.close_reason: str | None = None
         self._transport: Transport | None = None

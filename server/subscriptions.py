@@ -8,6 +8,8 @@ change it through the subscription's `owner` (`SubscriptionOwner`).
 
 from __future__ import annotations
 
+import functools
+import sys
 from enum import Enum
 from typing import Any, Protocol
 
@@ -31,6 +33,12 @@ class SubState(Enum):
 
 
 LIVE_STATES = (SubState.LIVE, SubState.LIVE_EARLY)
+_NO_OPTIONS = SubscribeOptions()
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_bytes(topic: str) -> bytes:
+    return topic.encode()
 
 
 class SubscriptionOwner(Protocol):
@@ -84,11 +92,12 @@ class Subscription:
         self.owner = owner
         self.out = out
         self.sub_id = sub_id
-        self.topic = topic
+        # Shared, not copied per subscription: thousands subscribe to one topic with no options
+        self.topic = sys.intern(topic)
         self.regex = regex  # a compiled pattern for a regex topic, else None
         self.filter = filt
         self.filter_text = filter_text
-        self.opts = opts
+        self.opts = _NO_OPTIONS if opts == _NO_OPTIONS else opts
         self.timestamp = opts.timestamp
         self.prefix = frames.sub_prefix(sub_id)
         self.state = SubState.LIVE
@@ -97,7 +106,7 @@ class Subscription:
         self.queue: Any = None  # the Queue of a queue subscription (server/queue.py)
         self.acks = acks
         self.cid = cid
-        self.topic_b = topic.encode()
+        self.topic_b = _topic_bytes(self.topic)
         self.regex_b = None
         if regex is not None:
             try:
@@ -130,8 +139,9 @@ class Subscription:
         return self.regex.fullmatch(topic.decode("utf-8", "replace")) is not None
 
 
+@functools.lru_cache(maxsize=256)
 def ack_types(a: str | None) -> frozenset[str]:
-    """The ack types of an `a` header ("processed,completed")."""
+    """The ack types of an `a` header ("processed,completed"), shared between callers."""
     if not a:
         return frozenset()
     return frozenset(x.strip() for x in a.split(",") if x.strip())

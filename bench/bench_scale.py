@@ -1,0 +1,683 @@
+"""Scale: how the server's cost grows with subscriptions, topics and connections (issue 15).
+
+    ./run bench bench_scale [--count 20000] [--subs 1,100,1000,10000] [--topics 1,1000]
+                            [--js-max 1000] [--conns 1000] [--reps 3] [--quick] [--no-plot]
+
+Sections (each repetition on a fresh server; medians of the repetitions):
+
+  curve       publish throughput (persisted acks, window 1000) and server CPU µs per message
+              with S live subscriptions, each with its own content filter, over T topics.
+              Tickertape: subscription i is on topic scale.<i mod T> with filter `/id = i`,
+              on 10 connections (<ClientMaxSubscriptions> is 1,000 a connection); message k
+              has body {"id": k mod S, ...} on topic scale.<id mod T>: each message matches
+              exactly one subscription, so every point delivers as many messages and only the
+              cost of finding the subscriber grows. JetStream: the subject is the filter, so
+              the same thing is message subject bench.scale.<id>, and either S subject-filtered
+              push consumers (ack none) on the stored stream ("consumers", up to --js-max: each
+              is a durable consumer, slow to make) or S core SUBs ("core subs", delivered at
+              publish time beside the store). Topics mean nothing more to NATS (the subject
+              tree is the index): it runs with T = 1 only. Redis has no content filter: with
+              a stream per key and XREAD blocking readers the equivalent needs one reader
+              reissuing XREAD over S keys; not measured here.
+  publishers  1,000 connections publishing at once, 20 messages each (window 20): msgs/s
+              and server CPU µs/msg; every peer (Redis: XADD to one stream).
+  memory      server RSS (VmRSS) growth per idle connection (1,000 logged on / CONNECTed /
+              PINGed, idle) and per idle subscription (10,000 over 10 connections, each with
+              its own filter; NATS: core SUBs on distinct subjects and, up to --js-max,
+              JetStream consumers); RSS read after 1 s of quiet, minus RSS before (after the
+              connections, for subscriptions). RSS counts what the process really holds
+              (allocator slack included), where tracemalloc would count only Python objects:
+              tests/server/test_memory.py keeps the tracemalloc figures under bounds.
+
+The machine is shared and noisy: figures are medians; compare ratios within one run.
+Writes the `bench_scale` section of RESULTS.md and draws bench/scale.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import struct
+import time
+
+import benchlib
+import loadgen
+import peers
+
+_U32 = struct.Struct(">I")
+SUB_CONNS = 10
+DELIVER = "_scale.d"
+_NATS_CONNECT = (
+    b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,'
+    b'"no_responders":false,"name":"scale"}\r\n'
+)
+
+
+def body(i: int, size: int) -> bytes:
+    head = b'{"id":%d,"pad":"' % i
+    return head + b"x" * max(0, size - len(head) - 2) + b'"}'
+
+
+# ---- Tickertape ----------------------------------------------------------------------------
+
+
+class TtSubs(loadgen._Conn):
+    """Logs on, subscribes `subs` [(sub_id, topic, filter)] in one write, counts deliveries."""
+
+    def __init__(self, name: str, subs: list[tuple[str, str, str | None]]) -> None:
+        super().__init__()
+        self.name = name
+        self.subs = subs
+        self.stage = "logon"
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        transport.write(
+            loadgen.tickertape_frame(
+                {"c": "logon", "cid": "logon", "a": "processed", "client_name": self.name}
+            )
+        )
+
+    def _subscribe(self) -> None:
+        parts = []
+        for k, (sid, topic, filt) in enumerate(self.subs):
+            h: dict = {"c": "subscribe", "t": topic, "sub_id": sid}
+            if filt:
+                h["f"] = filt
+            if k == len(self.subs) - 1:
+                h.update(cid="subs", a="processed")
+            parts.append(loadgen.tickertape_frame(h))
+        self.stage = "subscribe"
+        self.transport.write(b"".join(parts))
+        if not self.subs:
+            self.stage = "run"
+            self.ready.set_result(None)
+
+    def data_received(self, data) -> None:
+        buf = self.buf
+        buf += data
+        n, pos, got = len(buf), 0, 0
+        while n - pos >= 4:
+            ln = _U32.unpack_from(buf, pos)[0]
+            end = pos + 4 + ln
+            if end > n:
+                break
+            if buf[pos + 4 : pos + 12] == b'{"c":"p"':
+                got += 1
+            elif self.stage != "run":
+                h = json.JSONDecoder().raw_decode(bytes(buf[pos + 4 : end]).decode())[0]
+                if h.get("status") == "failure":
+                    self._fail(f"{self.stage}: {h}")
+                elif h.get("cid") == "logon":
+                    self._subscribe()
+                elif h.get("cid") == "subs":
+                    self.stage = "run"
+                    self.ready.set_result(None)
+            pos = end
+        if pos:
+            del buf[:pos]
+        self.received += got
+
+
+class NatsSubs(loadgen._Conn):
+    """CONNECTs, SUBs `subjects` in one write, counts MSGs (PONG after the SUBs = ready)."""
+
+    def __init__(self, subjects: list[str]) -> None:
+        super().__init__()
+        self.subjects = subjects
+
+    def data_received(self, data) -> None:
+        buf = self.buf
+        buf += data
+        n, pos, got = len(buf), 0, 0
+        while pos < n:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            if buf[pos] == 77 or buf[pos] == 72:  # MSG subj sid [reply] len / HMSG .. hlen len
+                end = eol + 2 + int(buf[buf.rfind(b" ", pos, eol) + 1 : eol]) + 2
+                if end > n:
+                    break
+                got += 1
+                pos = end
+                continue
+            line = bytes(buf[pos:eol])
+            pos = eol + 2
+            if line.startswith(b"INFO"):
+                subs = b"".join(
+                    b"SUB %s %d\r\n" % (s.encode(), i) for i, s in enumerate(self.subjects)
+                )
+                self.transport.write(_NATS_CONNECT + subs + b"PING\r\n")
+            elif line.startswith(b"PING"):
+                self.transport.write(b"PONG\r\n")
+            elif line.startswith(b"PONG") and not self.ready.done():
+                self.ready.set_result(None)
+            elif line.startswith(b"-ERR"):
+                self._fail(line.decode(errors="replace"))
+        if pos:
+            del buf[:pos]
+        self.received += got
+
+
+async def _connect_all(factories, batch: int = 100) -> list:
+    out = []
+    for i in range(0, len(factories), batch):
+        out += await asyncio.gather(
+            *(loadgen._connect(f, *a, timeout=60) for f, *a in factories[i : i + batch])
+        )
+    return out
+
+
+def _subscriptions(s: int, t: int) -> list[list[tuple[str, str, str | None]]]:
+    per: list[list[tuple[str, str, str | None]]] = [[] for _ in range(min(SUB_CONNS, s))]
+    for i in range(s):
+        per[i % len(per)].append((f"s{i}", f"scale.{i % t}", f"/id = {i}"))
+    return per
+
+
+def _publish_frames(kind: str, n: int, s: int, t: int, size: int, tag: str) -> loadgen.Frames:
+    parts = []
+    for k in range(1, n + 1):
+        i = (k - 1) % s
+        b = body(i, size)
+        if kind == "tickertape":
+            h = b'{"c":"publish","t":"scale.%d","s":%d,"a":"persisted"}' % (i % t, k)
+            parts.append(_U32.pack(len(h) + len(b)) + h + b)
+        else:
+            parts.append(
+                b"PUB bench.scale.%d _INBOX.s.%s %d\r\n%s\r\n" % (i, tag.encode(), len(b), b)
+            )
+    return loadgen.Frames(parts)
+
+
+async def _curve_async(peer, mode: str, s: int, t: int, args, tag: str) -> dict:
+    host, port = peer.host, peer.port
+    conns = []
+    try:
+        if peer.kind == "tickertape":
+            subs = await _connect_all(
+                [
+                    (lambda j=j, lst=lst: TtSubs(f"scale-sub-{tag}-{j}", lst), host, port)
+                    for j, lst in enumerate(_subscriptions(s, t))
+                ]
+            )
+            pub_f = lambda: loadgen.TickertapeConn(f"scale-pub-{tag}")
+        else:
+            if mode == "consumers":  # interest first: a consumer notes it when it is made
+                groups = [[f"{DELIVER}.{i}" for i in range(s)]]
+            else:
+                groups = [
+                    [f"bench.scale.{i}" for i in range(j, s, SUB_CONNS)]
+                    for j in range(min(SUB_CONNS, s))
+                ]
+            subs = await _connect_all([(lambda g=g: NatsSubs(g), host, port) for g in groups])
+            if mode == "consumers":
+                for i in range(s):
+                    peer.create_push_consumer(f"c{i}", f"{DELIVER}.{i}", f"bench.scale.{i}")
+            pub_f = lambda: loadgen.NatsConn(inbox=f"_INBOX.s.{tag}")
+        conns += subs
+        pub = (await _connect_all([(pub_f, host, port)]))[0]
+        conns.append(pub)
+        pub.setup_publisher(
+            _publish_frames(peer.kind, args.count, s, t, args.size, tag), args.window
+        )
+        for c in subs:
+            c.running = True
+        await asyncio.sleep(0.2)
+        cpu0 = peer.cpu_seconds()
+        t0 = time.perf_counter()
+        pub.start_publishing()
+        deadline = t0 + args.timeout
+        while time.perf_counter() < deadline:
+            if pub.done.done() and sum(c.received for c in subs) >= args.count:
+                break
+            if any(c.error for c in conns):
+                break
+            await asyncio.sleep(0.002)
+        secs = (pub.t_end - pub.t_start) / 1e9 if pub.t_end else None
+        got = sum(c.received for c in subs)
+        cpu = peer.cpu_seconds() - cpu0
+        out = {
+            "msgs_s": args.count / secs if secs else None,
+            "cpu_us": cpu / args.count * 1e6,
+            "delivered": got,
+        }
+        errors = [c.error for c in conns if c.error]
+        if errors or got != args.count or not secs:
+            out["problem"] = f"delivered {got}/{args.count}, acked {pub.acked}; {errors[:2]}"
+            out["valid"] = False
+        return out
+    finally:
+        for c in conns:
+            c.close()
+        await asyncio.sleep(0)
+
+
+def run_async(coro_fn, *a):
+    loop = loadgen.new_loop()
+    try:
+        return loop.run_until_complete(coro_fn(*a))
+    finally:
+        loop.close()
+
+
+# ---- 1,000 publishers ----------------------------------------------------------------------
+
+
+async def _publishers_async(peer, args, tag: str) -> dict:
+    m = args.per_conn
+    conns = []
+    try:
+        kind = peer.kind
+        fs = []
+        for i in range(args.conns):
+            if kind == "tickertape":
+                f = lambda i=i: loadgen.TickertapeConn(f"p{tag}-{i}")
+                frames = loadgen.build_publish_frames(kind, "scale.pubs", m, args.size)
+            elif kind == "nats":
+                f = lambda i=i: loadgen.NatsConn(inbox=f"_INBOX.p.{i}")
+                frames = loadgen.build_publish_frames(
+                    kind, "bench.pubs", m, args.size, f"_INBOX.p.{i}"
+                )
+            else:
+                f = lambda: loadgen.RedisConn("scale:pubs")
+                frames = loadgen.build_publish_frames(kind, "scale:pubs", m, args.size)
+            fs.append((f, peer.host, peer.port, frames))
+        conns = await _connect_all([(f, h, p) for f, h, p, _ in fs])
+        for c, (*_, frames) in zip(conns, fs, strict=True):
+            c.setup_publisher(frames, m)
+        await asyncio.sleep(0.3)
+        cpu0 = peer.cpu_seconds()
+        t0 = time.perf_counter()
+        for c in conns:
+            c.start_publishing()
+        await asyncio.wait([c.done for c in conns], timeout=args.timeout)
+        secs = time.perf_counter() - t0
+        total = args.conns * m
+        acked = sum(c.acked for c in conns)
+        cpu = peer.cpu_seconds() - cpu0
+        out = {"msgs_s": acked / secs, "cpu_us": cpu / max(acked, 1) * 1e6}
+        if acked != total or any(c.error for c in conns):
+            errs = [c.error for c in conns if c.error][:2]
+            out.update(problem=f"acked {acked}/{total}; {errs}", valid=False)
+        return out
+    finally:
+        for c in conns:
+            c.close()
+        await asyncio.sleep(0)
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+
+class Idle(loadgen._Conn):
+    """A connection that says hello in its protocol and then nothing."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.name = name
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if self.kind == "tickertape":
+            transport.write(
+                loadgen.tickertape_frame({"c": "logon", "a": "processed", "client_name": self.name})
+            )
+        elif self.kind == "redis":
+            transport.write(loadgen.resp_command("PING"))
+
+    def data_received(self, data) -> None:
+        if self.kind == "nats" and data.startswith(b"INFO"):
+            self.transport.write(_NATS_CONNECT + b"PING\r\n")
+        elif not self.ready.done() and (self.kind != "nats" or b"PONG" in data):
+            self.ready.set_result(None)
+
+
+async def _quiet_rss(peer, settle: float) -> int:
+    await asyncio.sleep(settle)
+    return peer.rss_bytes()
+
+
+async def _memory_async(peer, args, tag: str) -> dict:
+    conns = []
+    out: dict = {}
+    try:
+        kind = peer.kind
+        rss0 = await _quiet_rss(peer, args.settle)
+        n = args.conns
+        conns = await _connect_all(
+            [(lambda i=i: Idle(kind, f"idle{tag}-{i}"), peer.host, peer.port) for i in range(n)]
+        )
+        rss1 = await _quiet_rss(peer, args.settle)
+        out["conn_kib"] = (rss1 - rss0) / n / 1024
+        for c in conns:
+            c.close()
+        conns = []
+        await asyncio.sleep(0.5)
+        s = args.mem_subs
+        if kind == "tickertape":
+            mk = [
+                (lambda j=j, lst=lst: TtSubs(f"msub{tag}-{j}", []), peer.host, peer.port)
+                for j, lst in enumerate(_subscriptions(s, 1))
+            ]
+            conns = await _connect_all(mk)
+            rss2 = await _quiet_rss(peer, args.settle)
+            for c, lst in zip(conns, _subscriptions(s, 1), strict=True):
+                c.subs = lst
+                c.ready = asyncio.get_running_loop().create_future()
+                c._subscribe()
+            await asyncio.gather(*(c.ready for c in conns))
+            rss3 = await _quiet_rss(peer, args.settle)
+            out["sub_b"] = (rss3 - rss2) / s
+        else:
+            rss2 = await _quiet_rss(peer, 0)
+            groups = [[f"bench.m.{i}" for i in range(j, s, SUB_CONNS)] for j in range(SUB_CONNS)]
+            conns = await _connect_all(
+                [(lambda g=g: NatsSubs(g), peer.host, peer.port) for g in groups]
+            )
+            rss3 = await _quiet_rss(peer, args.settle)
+            out["sub_b"] = (rss3 - rss2) / s  # includes 10 connections: noise at this count
+            k = args.js_max
+            for i in range(k):
+                peer.create_push_consumer(f"m{i}", f"{DELIVER}.m.{i}", f"bench.m.{i}")
+            rss4 = await _quiet_rss(peer, args.settle)
+            out["consumer_b"] = (rss4 - rss3) / k
+        return out
+    finally:
+        for c in conns:
+            c.close()
+        await asyncio.sleep(0)
+
+
+# ---- driver --------------------------------------------------------------------------------
+
+
+def _median_runs(peer_name: str, reps: int, fn) -> tuple[dict, list[str]]:
+    results, problems = [], []
+    for r in range(reps):
+        peer = peers.make_peer(peer_name)
+        try:
+            peer.start()
+            m = fn(peer, f"{r}")
+            if m.get("problem"):
+                problems.append(f"rep {r + 1}: {m['problem']}")
+            if m.get("valid", True):
+                results.append(m)
+        except Exception as e:  # reported, never dropped silently
+            problems.append(f"rep {r + 1}: {type(e).__name__}: {e}"[:300])
+        finally:
+            peer.cleanup()
+    keys = {k for m in results for k, v in m.items() if isinstance(v, (int, float))}
+    med = {}
+    for k in keys:
+        vals = sorted(m[k] for m in results if m.get(k) is not None)
+        med[k] = vals[len(vals) // 2] if vals else None
+    return med, problems
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--count", type=int, default=20_000, help="messages per curve point")
+    p.add_argument("--subs", default="1,100,1000,10000")
+    p.add_argument("--topics", default="1,1000")
+    p.add_argument("--js-max", type=int, default=1000, help="most JetStream consumers made")
+    p.add_argument("--conns", type=int, default=1000, help="publishing / idle connections")
+    p.add_argument("--per-conn", type=int, default=20, help="messages per publishing connection")
+    p.add_argument("--mem-subs", type=int, default=10_000, help="idle subscriptions (memory)")
+    p.add_argument("--settle", type=float, default=1.0, help="seconds of quiet before an RSS")
+    p.add_argument("--no-plot", action="store_true")
+    benchlib.common_args(p)
+    args = p.parse_args()
+    if args.peers == "all":
+        args.peers = "tickertape,jetstream,redis-everysec"
+    sizes = [int(x) for x in args.subs.split(",")]
+    topics = [int(x) for x in args.topics.split(",")]
+    if args.quick:
+        args.count, args.reps, args.js_max = 2000, 1, 100
+        args.conns, args.mem_subs = 100, 1000
+        sizes = [x for x in sizes if x <= 1000]
+    names, skipped = benchlib.select_peers(args.peers)
+    for s in skipped:
+        print(f"SKIPPED {s}")
+    t_start = time.time()
+    curve: list[tuple[str, int, dict]] = []  # (series, subs, medians)
+    problems: list[str] = []
+
+    def point(series: str, peer_name: str, s: int, fn) -> None:
+        med, probs = _median_runs(peer_name, args.reps, fn)
+        curve.append((series, s, med))
+        problems.extend(f"{series} S={s} {x}" for x in probs)
+        print(f"  {series:28} S={s:>6}: {benchlib.summary(med)}", flush=True)
+
+    for name in names:
+        kind = peers.make_peer(name).kind
+        if kind == "tickertape":
+            for t in topics:
+                for s in sizes:
+                    if t > s:
+                        continue  # T topics need at least T subscriptions
+                    point(
+                        f"{name} T={t}",
+                        name,
+                        s,
+                        lambda peer, tag, s=s, t=t: run_async(
+                            _curve_async, peer, "", s, t, args, tag
+                        ),
+                    )
+        elif kind == "nats":
+            for mode in ("consumers", "core subs"):
+                for s in sizes:
+                    if mode == "consumers" and s > args.js_max:
+                        continue
+                    point(
+                        f"{name} ({mode})",
+                        name,
+                        s,
+                        lambda peer, tag, s=s, mode=mode: run_async(
+                            _curve_async,
+                            peer,
+                            "consumers" if mode == "consumers" else "core",
+                            s,
+                            1,
+                            args,
+                            tag,
+                        ),
+                    )
+    pubs: list[tuple[str, dict]] = []
+    mem: list[tuple[str, dict]] = []
+    for name in names:
+        med, probs = _median_runs(
+            name, args.reps, lambda peer, tag: run_async(_publishers_async, peer, args, tag)
+        )
+        pubs.append((name, med))
+        problems.extend(f"{name} publishers {x}" for x in probs)
+        print(f"  {name:28} {args.conns} publishers: {benchlib.summary(med)}", flush=True)
+        if peers.make_peer(name).kind == "redis":
+            med, probs = _median_runs(
+                name, args.reps, lambda peer, tag: run_async(_idle_only_async, peer, args, tag)
+            )
+        else:
+            med, probs = _median_runs(
+                name, args.reps, lambda peer, tag: run_async(_memory_async, peer, args, tag)
+            )
+        mem.append((name, med))
+        problems.extend(f"{name} memory {x}" for x in probs)
+        print(f"  {name:28} memory: {benchlib.summary(med)}", flush=True)
+    elapsed = time.time() - t_start
+    text = _report(args, curve, pubs, mem, problems, skipped, elapsed)
+    print("\n" + text)
+    if not args.no_plot:
+        _plot(curve, pubs, mem, args)
+    if not args.no_results:
+        benchlib.update_results("bench_scale", text)
+        print("(section `bench_scale` updated in bench/RESULTS.md)")
+
+
+async def _idle_only_async(peer, args, tag: str) -> dict:
+    conns = []
+    try:
+        rss0 = await _quiet_rss(peer, args.settle)
+        conns = await _connect_all(
+            [(lambda i=i: Idle("redis", f"i{i}"), peer.host, peer.port) for i in range(args.conns)]
+        )
+        rss1 = await _quiet_rss(peer, args.settle)
+        return {"conn_kib": (rss1 - rss0) / args.conns / 1024}
+    finally:
+        for c in conns:
+            c.close()
+        await asyncio.sleep(0)
+
+
+def _fmt(v, f: str = "{:,.0f}") -> str:
+    return "—" if v is None else f.format(v)
+
+
+def _report(args, curve, pubs, mem, problems, skipped, elapsed) -> str:
+    notes = [
+        f"curve: {args.count} messages of {args.size} B per point, persisted publish window "
+        f"{args.window}; subscription i has filter `/id = i`, each message matches exactly one; "
+        f"Tickertape subscriptions on {SUB_CONNS} connections; median of {args.reps} "
+        "repetitions, fresh server each",
+        "NATS has no content filter: subject bench.scale.<id> stands for the filter; JetStream "
+        f"consumers (durable push, ack none) up to {args.js_max}; core SUBs deliver beside the store",
+        f"the machine is shared with other jobs (2 cores): compare ratios within this run; "
+        f"whole run {elapsed:.0f} s",
+    ]
+    lines = [
+        benchlib.header_block(
+            "Scale: subscriptions, topics, connections (bench_scale)",
+            ["bench_scale"] + os.sys.argv[1:],
+            notes,
+        ),
+        "",
+    ]
+    lines += [
+        "### Publish with S filtered subscriptions",
+        "",
+        "| series | S | msgs/s | srv CPU µs/msg | ÷ S=1 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    base = {}
+    for series, s, med in curve:
+        if s == 1:
+            base[series] = med.get("msgs_s")
+    for series, s, med in curve:
+        b = base.get(series) or base.get(series.replace("T=1000", "T=1"))
+        r = med.get("msgs_s") / b if b and med.get("msgs_s") else None
+        lines.append(
+            f"| {series} | {s:,} | {_fmt(med.get('msgs_s'))} | {_fmt(med.get('cpu_us'), '{:.1f}')} | {_fmt(r, '{:.2f}')} |"
+        )
+    lines += [
+        "",
+        f"### {args.conns} publishing connections at once ({args.per_conn} messages each)",
+        "",
+        "| peer | msgs/s | srv CPU µs/msg |",
+        "|---|---:|---:|",
+    ]
+    for name, med in pubs:
+        lines.append(
+            f"| {name} | {_fmt(med.get('msgs_s'))} | {_fmt(med.get('cpu_us'), '{:.1f}')} |"
+        )
+    lines += [
+        "",
+        "### Memory (server RSS growth)",
+        "",
+        "| peer | per idle connection KiB | per idle subscription B | per JetStream consumer B |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, med in mem:
+        lines.append(
+            f"| {name} | {_fmt(med.get('conn_kib'), '{:.1f}')} | {_fmt(med.get('sub_b'))} | {_fmt(med.get('consumer_b'))} |"
+        )
+    tt = {s: med for series, s, med in curve if series == "tickertape T=1"}
+    ttm = dict(mem).get("tickertape", {})
+    r10k = (
+        (tt[10000]["msgs_s"] / tt[1]["msgs_s"])
+        if 10000 in tt and 1 in tt and tt[1].get("msgs_s") and tt[10000].get("msgs_s")
+        else None
+    )
+    lines += [
+        "",
+        benchlib.targets_table(
+            [
+                (
+                    "10,000 filtered subscriptions on one topic: throughput ÷ 1 subscription",
+                    "×",
+                    r10k,
+                    0.5,
+                    "min",
+                ),
+                ("memory per idle subscription", "B", ttm.get("sub_b"), 2048, "max"),
+                ("memory per idle connection", "KiB", ttm.get("conn_kib"), 20, "max"),
+            ]
+        ),
+    ]
+    lines += ["", "![scale curves](scale.png)"]
+    extra = [f"skipped {s}" for s in skipped] + problems
+    if extra:
+        lines += [""] + [f"- {x}" for x in extra]
+    return "\n".join(lines)
+
+
+def _plot(curve, pubs, mem, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(2, 2, figsize=(12, 8.5))
+    series = sorted({c[0] for c in curve})
+    for sname in series:
+        pts = [(s, m) for n, s, m in curve if n == sname and m.get("msgs_s")]
+        if not pts:
+            continue
+        xs = [s for s, _ in pts]
+        ax[0][0].plot(xs, [m["msgs_s"] for _, m in pts], marker="o", label=sname)
+        ax[0][1].plot(xs, [m["cpu_us"] for _, m in pts], marker="o", label=sname)
+    for a, title, unit in (
+        (ax[0][0], "publish throughput with S filtered subscriptions", "msgs/s"),
+        (ax[0][1], "server CPU per message", "µs/msg"),
+    ):
+        a.set_xscale("log")
+        a.set_xlabel("subscriptions S (each with its own filter / subject)")
+        a.set_ylabel(unit)
+        a.set_title(title)
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+    ax[0][1].set_yscale("log")
+    names = [n for n, _ in pubs]
+    ax[1][0].bar(names, [m.get("msgs_s") or 0 for _, m in pubs], color="tab:blue")
+    ax[1][0].set_title(f"{args.conns} publishing connections at once")
+    ax[1][0].set_ylabel("msgs/s")
+    mnames = [n for n, _ in mem]
+    x = range(len(mnames))
+    ax[1][1].bar(
+        [i - 0.2 for i in x],
+        [m.get("conn_kib") or 0 for _, m in mem],
+        0.4,
+        label="per idle connection (KiB)",
+    )
+    ax[1][1].bar(
+        [i + 0.2 for i in x],
+        [(m.get("sub_b") or 0) / 1024 for _, m in mem],
+        0.4,
+        label="per idle subscription (KiB)",
+    )
+    ax[1][1].set_xticks(list(x), mnames)
+    ax[1][1].set_title("server memory (RSS growth)")
+    ax[1][1].set_ylabel("KiB")
+    ax[1][1].legend(fontsize=8)
+    fig.suptitle("Tickertape scale curves (bench_scale; medians, shared 2-core machine)")
+    fig.tight_layout()
+    out = os.path.join(peers.HERE, "scale.png")
+    fig.savefig(out, dpi=90)
+    print(f"plot: {os.path.relpath(out)}")
+
+
+if __name__ == "__main__":
+    main()
