@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from .filters import NOT_JSON
+from .filters import NOT_JSON, CompiledFilter
 
 __all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches", "decode_body"]
 
@@ -34,8 +34,8 @@ _NOT_JSON: Any = object()
 
 def body_matches(f: Predicate, body: bytes) -> bool:
     """Whether one filter matches a body (False if the body is not JSON)."""
-    info = getattr(f, "compiled", None)  # compiled(f), inlined
-    if info is not None:
+    info = getattr(f, "__self__", None)  # compiled(f), inlined
+    if info.__class__ is CompiledFilter:
         return info.match_raw(body)
     try:
         doc = _decode(body)
@@ -59,8 +59,8 @@ class Body:
         self._docs: dict[Any, Any] | None = None  # the other field sets' docs
 
     def matches(self, f: Predicate) -> bool:
-        info = getattr(f, "compiled", None)  # compiled(f), inlined: once per message and filter
-        if info is not None:
+        info = getattr(f, "__self__", None)  # compiled(f), inlined: once per message and filter
+        if info.__class__ is CompiledFilter:
             dec = info.decode  # one decoder per field set (cached), so it names the set
             if self._key is dec:
                 doc = self._kdoc

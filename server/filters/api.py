@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -37,7 +36,6 @@ NOT_JSON: Any = object()
 """What ``CompiledFilter.decode`` returns for a body that is not JSON."""
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class CompiledFilter:
     """What is known of a compiled filter besides its predicate (the API for the paths that
     evaluate filters: live delivery, replay, queues, and indexes of many subscriptions).
@@ -53,20 +51,60 @@ class CompiledFilter:
     - ``program``: the block scanner's program (server/filters/program.py), None when the
       filter has a shape the scanner does not take.
     - ``equals``: ``(field, value)`` when the filter is exactly ``/field = constant``.
+
+    The predicate :func:`compile_filter` returns is this object's bound ``evaluate``: one small
+    object a filter, since every subscription with its own filter holds one (a closure with a
+    function attribute and a second closure for ``match_raw`` cost twice as much).
     """
 
-    text: str
-    fields: frozenset[str]
-    match_raw: Callable[[bytes], bool]
-    decode: Callable[[bytes], Any]
-    program: bytes | None
-    equals: tuple[str, Any] | None
+    __slots__ = ("_subset", "decode", "equals", "fields", "program", "test", "text")
+
+    def __init__(
+        self,
+        text: str,
+        fields: frozenset[str],
+        test: Callable[[Any], bool],
+        program: bytes | None,
+        equals: tuple[str, Any] | None,
+    ) -> None:
+        self.text = text
+        self.fields = fields
+        self.test = test
+        self.program = program
+        self.equals = equals
+        self.decode: Callable[[bytes], Any] = _decoder(fields)
+        self._subset = subset_decoder(fields)
+
+    def evaluate(self, body: Any) -> bool:
+        """The filter on a decoded body; never raises."""
+        try:
+            return self.test(body)
+        except Exception:
+            return False
+
+    def match_raw(self, data: bytes) -> bool:
+        # the decode, inlined for the common case: an ASCII body that is an object
+        try:
+            doc = self._subset(data) if data.isascii() else _decode_full(data)
+        except _ValidationError:  # JSON, not an object
+            doc = self.decode(data)
+        except _NotJSON:
+            return False
+        except AttributeError:  # a memoryview
+            doc = self.decode(data)
+        if doc is NOT_JSON:
+            return False
+        try:
+            return self.test(doc)
+        except Exception:
+            return False
 
 
 def compiled(predicate: Callable[[Any], bool] | None) -> CompiledFilter | None:
     """The :class:`CompiledFilter` of a predicate from :func:`compile_filter`; None for any
     other callable (a combination of filters made elsewhere, say)."""
-    return getattr(predicate, "compiled", None)
+    info = getattr(predicate, "__self__", None)
+    return info if info.__class__ is CompiledFilter else None
 
 
 @functools.lru_cache(maxsize=256)
@@ -93,29 +131,8 @@ def _decoder(fields: frozenset[str]) -> Callable[[bytes], Any]:
     return decode
 
 
-def _raw_matcher(test: Callable[[Any], bool], fields: frozenset[str]) -> Callable[[bytes], bool]:
-    decode_subset = subset_decoder(fields)
-    decode = _decoder(fields)
-
-    def match_raw(data: bytes) -> bool:
-        # _decoder's decode, inlined for the common case: an ASCII body that is an object
-        try:
-            doc = decode_subset(data) if data.isascii() else _decode_full(data)
-        except _ValidationError:  # JSON, not an object
-            doc = decode(data)
-        except _NotJSON:
-            return False
-        except AttributeError:  # a memoryview
-            doc = decode(data)
-        if doc is NOT_JSON:
-            return False
-        try:
-            return test(doc)
-        except Exception:
-            return False
-
-    return match_raw
-
+_FIELDS: dict[frozenset[str], frozenset[str]] = {}
+_FIELDS_LIMIT = 4096
 
 _CACHED_TEXT = 4096
 """Texts up to this length are cached; longer ones are compiled each time so the cache stays
@@ -147,22 +164,11 @@ def _compile(text: str) -> Callable[[Any], bool]:
     if test is always_false:
         return _match_none
 
-    def predicate(body: Any) -> bool:
-        try:
-            return test(body)
-        except Exception:
-            return False
-
     fields = fields_read(tree)
-    predicate.compiled = CompiledFilter(  # type: ignore[attr-defined]
-        text,
-        fields,
-        _raw_matcher(test, fields),
-        _decoder(fields),
-        build_program(tree),
-        equality(tree),
-    )
-    return predicate
+    if len(_FIELDS) >= _FIELDS_LIMIT:
+        _FIELDS.clear()
+    fields = _FIELDS.setdefault(fields, fields)  # one set a field set, not one a filter
+    return CompiledFilter(text, fields, test, build_program(tree), equality(tree)).evaluate
 
 
 _compile_cached = functools.lru_cache(maxsize=1024)(_compile)
