@@ -257,7 +257,8 @@ class Cluster:
     single links (missing pairs are async). `topics`: the recorded and replicated topic
     regexes. `downgrade_after`: `<DowngradeAfter>` text for every sync destination (None: never).
     `extra`: XML added to every config (queues, say). `links`: the directed pairs that get a
-    destination (default every ordered pair).
+    destination (default every ordered pair). `proxy=False`: destinations point straight at
+    the other instance's replication port (benchmarks: no proxy thread in the path, no cuts).
     """
 
     def __init__(
@@ -273,6 +274,7 @@ class Cluster:
         extra: str = "",
         links: Iterable[tuple[str, str]] | None = None,
         groups: dict[str, str] | None = None,
+        proxy: bool = True,
         args=(),
     ):
         self.directory = str(directory)
@@ -283,19 +285,22 @@ class Cluster:
         pairs = list(links) if links is not None else [
             (a, b) for a in self.names for b in self.names if a != b
         ]  # fmt: skip
-        self.proxies: dict[tuple[str, str], LinkProxy] = {
-            (a, b): LinkProxy(("127.0.0.1", self.repl_ports[b]), f"{a}->{b}") for a, b in pairs
-        }
+        self.proxies: dict[tuple[str, str], LinkProxy] = {}
+        self.pairs = pairs
+        if proxy:
+            for a, b in pairs:
+                self.proxies[(a, b)] = LinkProxy(("127.0.0.1", self.repl_ports[b]), f"{a}->{b}")
         self.groups = groups or {}
         self.instances: dict[str, Instance] = {}
         for n in self.names:
             dests = []
-            for (a, b), proxy in self.proxies.items():
+            for a, b in pairs:
                 if a != n:
                     continue
                 is_sync = sync.get((a, b), False) if isinstance(sync, dict) else sync
-                dests.append(self._destination(b, proxy.port, is_sync, downgrade_after,
-                                               pass_through))  # fmt: skip
+                p = self.proxies.get((a, b))
+                port = p.port if p is not None else self.repl_ports[b]
+                dests.append(self._destination(b, port, is_sync, downgrade_after, pass_through))
             xml = self._config(n, dests, queue_owner_failover, extra)
             self.instances[n] = Instance(self, n, f"{self.directory}/{n}", xml, args)
 
