@@ -44,6 +44,7 @@ from .pipeline import Pipeline
 from .queues import QueueManager
 from .reasons import Disconnect
 from .replay_engine import ReplayEngine
+from .replication.sync import SyncGate, UnknownDestination
 from .router import Router
 from .services import SessionServices
 from .session_rights import recheck
@@ -103,6 +104,7 @@ class Server:
         self.guard = Guard()
         self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
         self.admin: AdminEndpoint | None = None
+        self.gate: SyncGate | None = None  # with <Replication> destinations (and a journal)
         self.maintenance: Maintenance | None = None
         self.readers = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="journal-reader"
@@ -137,6 +139,16 @@ class Server:
         self.intake = Intake(config.limits)
         self.fanout = Fanout(Router())
         self.pipeline = Pipeline(journal, recorded, loop, self.fanout, self.connections.backlog)
+        dests = config.replication.destinations
+        if dests and journal is not None:
+            pipeline = self.pipeline
+            self.gate = SyncGate(
+                ((d.name, d.sync, d.downgrade_after) for d in dests),
+                lambda: pipeline.delivered_end,
+                loop.call_later,
+            )
+            pipeline.attach_gate(self.gate)
+            self.gate.start()
         self.replays = ReplayEngine(journal, self.readers, self.pipeline)
         self.queues = QueueManager(
             config.queues if journal is not None else (), self.name, journal, loop, self.pipeline
@@ -186,6 +198,10 @@ class Server:
             self.replays,
             lambda: self.poller.rounds,
         )
+        gate = self.gate
+        if gate is not None:
+            self.stats.replication = gate.snapshot
+            self.stats.held_batches = lambda: gate.held
         log.info(
             "stored messages are framed by %s",
             "the C accelerator (server/_splice.c)"
@@ -230,6 +246,7 @@ class Server:
                 self.guard,
                 self._disconnect_client,
                 self._run_action,
+                self._replication,
             )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())
@@ -274,6 +291,8 @@ class Server:
             conn.out.close(Disconnect.SHUTDOWN)
         if self._ticker is not None:
             self._ticker.cancel()
+        if self.gate is not None:
+            self.gate.stop()
         if self.admin is not None:
             await self.admin.stop()
         if self.maintenance is not None:
@@ -318,6 +337,17 @@ class Server:
     def _run_action(self, name: str) -> str | None:
         """The console's action: run journal action `name` now (Maintenance.run_now)."""
         return self.maintenance.run_now(name) if self.maintenance is not None else None
+
+    def _replication(self, name: str, command: str, who: str) -> bool | None:
+        """The admin's `downgrade` / `upgrade` of destination `name` (SyncGate)."""
+        if self.gate is None:
+            return None
+        try:
+            if command == "downgrade":
+                return self.gate.downgrade(name, who)
+            return self.gate.upgrade(name, who)
+        except UnknownDestination:
+            return None
 
     # -- periodic work ------------------------------------------------------------------------
 
