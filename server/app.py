@@ -149,7 +149,13 @@ class Server:
             )
             pipeline.attach_gate(self.gate)
             self.gate.start()
-        self.replays = ReplayEngine(journal, self.readers, self.pipeline)
+        gate = self.gate
+        self.replays = ReplayEngine(
+            journal,
+            self.readers,
+            self.pipeline,
+            (lambda: gate.durable_end) if gate is not None and gate.has_sync else None,
+        )
         self.queues = QueueManager(
             config.queues if journal is not None else (), self.name, journal, loop, self.pipeline
         )
@@ -198,7 +204,6 @@ class Server:
             self.replays,
             lambda: self.poller.rounds,
         )
-        gate = self.gate
         if gate is not None:
             self.stats.replication = gate.snapshot
             self.stats.held_batches = lambda: gate.held
