@@ -47,6 +47,7 @@ from .replay_engine import ReplayEngine
 from .replication import AckSink, MemoryAckSink
 from .replication.receiver import Receiver
 from .replication.sender import Sender
+from .replication.sync import SyncGate, UnknownDestination
 from .router import Router
 from .security.tls import ServerTls, server_context
 from .services import SessionServices
@@ -115,6 +116,7 @@ class Server:
         self.guard = Guard()
         self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
         self.admin: AdminEndpoint | None = None
+        self.gate: SyncGate | None = None  # with <Replication> destinations (and a journal)
         self.maintenance: Maintenance | None = None
         self.readers = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="journal-reader"
@@ -153,7 +155,23 @@ class Server:
         self.intake = Intake(config.limits)
         self.fanout = Fanout(Router())
         self.pipeline = Pipeline(journal, recorded, loop, self.fanout, self.connections.backlog)
-        self.replays = ReplayEngine(journal, self.readers, self.pipeline)
+        dests = config.replication.destinations
+        if dests and journal is not None:
+            pipeline = self.pipeline
+            self.gate = SyncGate(
+                ((d.name, d.sync, d.downgrade_after) for d in dests),
+                lambda: pipeline.delivered_end,
+                loop.call_later,
+            )
+            pipeline.attach_gate(self.gate)
+            self.gate.start()
+        gate = self.gate
+        self.replays = ReplayEngine(
+            journal,
+            self.readers,
+            self.pipeline,
+            (lambda: gate.durable_end) if gate is not None and gate.has_sync else None,
+        )
         self.queues = QueueManager(
             config.queues if journal is not None else (), self.name, journal, loop, self.pipeline
         )
@@ -202,6 +220,9 @@ class Server:
             self.replays,
             lambda: self.poller.rounds,
         )
+        if gate is not None:
+            self.stats.replication = gate.snapshot
+            self.stats.held_batches = lambda: gate.held
         log.info(
             "stored messages are framed by %s",
             "the C accelerator (server/_splice.c)"
@@ -249,6 +270,7 @@ class Server:
                 self.guard,
                 self._disconnect_client,
                 self._run_action,
+                self._replication,
             )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())
@@ -292,7 +314,7 @@ class Server:
                 group,
                 journal,
                 self.pipeline,
-                self.repl_sink,
+                self.gate if self.gate is not None else self.repl_sink,
                 partial(_read_password, dest.password_file),
             )
             sender.start()
@@ -345,6 +367,8 @@ class Server:
             conn.out.close(Disconnect.SHUTDOWN)
         if self._ticker is not None:
             self._ticker.cancel()
+        if self.gate is not None:
+            self.gate.stop()
         if self.admin is not None:
             await self.admin.stop()
         if self.maintenance is not None:
@@ -389,6 +413,17 @@ class Server:
     def _run_action(self, name: str) -> str | None:
         """The console's action: run journal action `name` now (Maintenance.run_now)."""
         return self.maintenance.run_now(name) if self.maintenance is not None else None
+
+    def _replication(self, name: str, command: str, who: str) -> bool | None:
+        """The admin's `downgrade` / `upgrade` of destination `name` (SyncGate)."""
+        if self.gate is None:
+            return None
+        try:
+            if command == "downgrade":
+                return self.gate.downgrade(name, who)
+            return self.gate.upgrade(name, who)
+        except UnknownDestination:
+            return None
 
     # -- periodic work ------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
     tickertape pub|sub ...            (client/cli.py)
     tickertape archive|compact ...    (maintenance_cli.py: the Spark journal job)
     tickertape passwd FILE USER [--delete | --token]   (security/passwd_cli.py)
+    tickertape replication downgrade|upgrade NAME [--admin URL]   (replication_cli.py)
 
 Exit status: 0 on a clean stop (SIGTERM / SIGINT drain first), 1 when the server cannot start
 (address in use, damaged journal, already running, a certificate or password file that no
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .security.passwd_cli import add_passwd_command
 
     add_passwd_command(sub)
+    from .replication_cli import add_replication_command
+
+    add_replication_command(sub)
     return parser
 
 

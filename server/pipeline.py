@@ -30,7 +30,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin
@@ -38,6 +38,9 @@ from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin
 from . import frames
 from .fanout import Fanout, Message
 from .subscriptions import Subscription
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .replication.sync import SyncGate
 
 log = logging.getLogger("tickertape.pipeline")
 
@@ -146,6 +149,15 @@ class Pipeline:
         self.replicated_duplicates = 0  # replicated messages dropped as duplicates
         self._repl_topics: dict[bytes, str] = {}
         self._repl_meta_pending: dict[bytes, bytes] = {}
+        # sync replication (server/replication/sync.py): holds acks; None without destinations
+        self.gate: SyncGate | None = None
+
+    def attach_gate(self, gate: SyncGate) -> None:
+        """Committed batches go through `gate`: it may hold their acks (then `_release`s them
+        in order) and wakes the tailing replays when its durable end moves."""
+        self.gate = gate
+        gate.release = self._release
+        gate.wake = self._wake_waiters
 
     @property
     def topics_seen(self) -> int:
@@ -389,9 +401,12 @@ class Pipeline:
             self._failed(batch, err)
             return
         fanout = self.fanout
-        # 1. conflated persisted acks
-        for client, seq in batch.acks.items():
-            client.persisted(seq)
+        # 1. conflated persisted acks, unless a sync destination has not acked this batch yet
+        gate = self.gate
+        held = gate is not None and gate.committed(batch, self._end_after(batch, pos))
+        if not held:
+            for client, seq in batch.acks.items():
+                client.persisted(seq)
         # 2. sequences now durable (for logon acks): one update per publisher, not per message
         base = pos if pos is not None else self.delivered_end
         durable = self.durable
@@ -416,15 +431,36 @@ class Pipeline:
                 except Exception:  # one consumer's bug must not stop acks and deliveries
                     log.exception("error in a consumer of committed messages")
         if self.waiters:
-            waiters, self.waiters = self.waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+            self._wake_waiters()
+        if held:
+            return
         # 4. flush markers: everything before them is processed and durable
         for client, cid, acks in batch.flushes:
             client.flush_done(cid, acks)
         for fn in batch.after:
             fn(None)
+
+    def _end_after(self, batch: Batch, pos: int | None) -> int:
+        """The journal end once `batch` is committed (its data starts at `pos`)."""
+        if self.journal is None or not batch.data:
+            return self.delivered_end
+        return (pos if pos is not None else self.delivered_end) + len(batch.data)
+
+    def _release(self, batch: Batch) -> None:
+        """The sync gate let a held batch through: its acks, flush markers, callbacks."""
+        for client, seq in batch.acks.items():
+            client.persisted(seq)
+        for client, cid, acks in batch.flushes:
+            client.flush_done(cid, acks)
+        for fn in batch.after:
+            fn(None)
+
+    def _wake_waiters(self) -> None:
+        """Tailing replays look at the journal end again."""
+        waiters, self.waiters = self.waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def _messages(self, batch: Batch, base: int) -> list[Message]:
         wanted = self.fanout.router.match if not self.on_deliver else None
