@@ -22,8 +22,9 @@ A run holds 1 .. 65535 positions (MAX_RUN); runs are what a batch of deliveries 
 ack write (8 bytes a message instead of 12). A truncated entry at the end of a body is ignored.
 
 8 OWNER (replicated queues, docs/replication.md): an instance took over the queue's messages
-owned by another. The u64 is the takeover time (µs since the epoch), value = P, the length of
-the payload that follows the 12 bytes:
+owned by another: every message the former owner owns, and the former owner's own later
+messages up to the cut. The u64 is the cut: an origin receive time (µs since the epoch, as the
+former owner stamped it); value = P, the length of the payload that follows the 12 bytes:
 
 ```
 12     1     u8  n, then n bytes: the former owner's instance name (UTF-8)
@@ -32,7 +33,8 @@ the payload that follows the 12 bytes:
 
 Recovery of a queue applies its events in journal order (`apply_events`) onto the set of done
 positions and the per-message [deliveries, cancels] counts, and hands OWNER entries to
-`on_owner(former, new)`; leases are not restored.
+`on_owner(former, new, cut)`; leases are not restored. `iter_events` walks a body entry by
+entry for those that apply events one at a time (replicated events, server/queue_repl.py).
 
 Replication wire form (server/replication: the body of a queue-event record on a replication
 link). Positions are local to one journal, so the sender translates each to the message's
@@ -66,7 +68,7 @@ from __future__ import annotations
 
 import array
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "decode_checkpoint",
     "encode_checkpoint",
     "from_wire",
+    "iter_events",
     "to_wire",
 ]
 
@@ -159,10 +162,11 @@ def append_run(buf: bytearray, op: int, positions: array.array) -> None:
         buf += part[1:].tobytes()
 
 
-def append_owner(buf: bytearray, former: str, new: str, at_us: int) -> None:
-    """One OWNER entry: `new` took over the messages `former` owned (names of <= 255 bytes)."""
+def append_owner(buf: bytearray, former: str, new: str, cut_us: int) -> None:
+    """One OWNER entry: `new` took over the messages `former` owns, its own up to origin time
+    cut_us (names of <= 255 bytes)."""
     payload = _owner_payload(former, new)
-    buf += _pack(QueueOp.OWNER, 0, len(payload), at_us)
+    buf += _pack(QueueOp.OWNER, 0, len(payload), cut_us)
     buf += payload
 
 
@@ -191,10 +195,10 @@ def apply_events(
     body: bytes,
     done: set[int],
     counts: dict[int, list[int]],
-    on_owner: Callable[[str, str], None] | None = None,
+    on_owner: Callable[[str, str, int], None] | None = None,
 ) -> None:
     """Apply one event record's body onto (positions done, position -> [deliveries, cancels]);
-    OWNER entries go to on_owner(former, new) in their order."""
+    OWNER entries go to on_owner(former, new, cut) in their order."""
     off = 0
     end = len(body) - (ENTRY_SIZE - 1)
     while off < end:
@@ -204,7 +208,7 @@ def apply_events(
             names = _owner_names(body[off : off + value])
             off += value
             if names is not None and on_owner is not None:
-                on_owner(*names)
+                on_owner(names[0], names[1], p)
         elif op == QueueOp.ACKED_RUN or op == QueueOp.LEASED_RUN:
             run = array.array("Q", [p])
             run.frombytes(body[off : off + 8 * (value - 1)])
@@ -224,6 +228,30 @@ def apply_events(
             counts.setdefault(p, [0, 0])[0] = value
         elif op == QueueOp.CANCELLED:
             counts.setdefault(p, [0, 0])[1] = value
+
+
+Event = tuple[int, int, array.array, tuple[str, str] | None]
+"""(op, value, positions, OWNER's (former, new) or None): for OWNER, positions = [cut]."""
+
+
+def iter_events(body: bytes) -> Iterator[Event]:
+    """Every entry of a local event body, in order (a truncated last entry is left out)."""
+    off = 0
+    end = len(body) - (ENTRY_SIZE - 1)
+    while off < end:
+        op, _, value, p = ENTRY.unpack_from(body, off)
+        off += ENTRY_SIZE
+        run = array.array("Q", [p])
+        if op == QueueOp.OWNER:
+            names = _owner_names(body[off : off + value])
+            off += value
+            if names is not None:
+                yield op, value, run, names
+            continue
+        if op in _RUN_OPS:
+            run.frombytes(body[off : off + 8 * (value - 1)])
+            off += 8 * (value - 1)
+        yield op, value, run, None
 
 
 def checkpoint_key(queue: str | bytes) -> bytes:

@@ -139,7 +139,12 @@ class Server:
         self.pipeline = Pipeline(journal, recorded, loop, self.fanout, self.connections.backlog)
         self.replays = ReplayEngine(journal, self.readers, self.pipeline)
         self.queues = QueueManager(
-            config.queues if journal is not None else (), self.name, journal, loop, self.pipeline
+            config.queues if journal is not None else (),
+            self.name,
+            journal,
+            loop,
+            self.pipeline,
+            config.replication,
         )
         await loop.run_in_executor(None, self.queues.recover)
         self.queues.attach(self.pipeline)

@@ -12,6 +12,7 @@ from journal.queue_events import (
     WireEventError,
     append_owner,
     from_wire,
+    iter_events,
     to_wire,
 )
 from journal.queue_events import apply_events as _apply_events
@@ -56,8 +57,10 @@ def test_owner_entry_golden_bytes_and_recovery():
     )
     body = bytes(buf) + EV.pack(2, 0, 0, 77)  # an entry after it is still read
     done, counts, owners = set(), {}, []
-    _apply_events(body, done, counts, lambda a, b: owners.append((a, b)))
-    assert owners == [("tt-a", "tt-b")] and done == {77}
+    _apply_events(body, done, counts, lambda a, b, cut: owners.append((a, b, cut)))
+    assert owners == [("tt-a", "tt-b", 1_700_000_000_000_000)] and done == {77}
+    got = [(op, v, list(ps), names) for op, v, ps, names in iter_events(body + body[:5])]
+    assert got == [(8, 10, [1_700_000_000_000_000], ("tt-a", "tt-b")), (2, 0, [77], None)]
     _apply_events(body, set(), {})  # without a callback the entry is skipped
 
 
