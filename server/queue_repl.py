@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from journal.queue_events import QueueOp, append_owner, iter_events
+from journal.record import raw_origin
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -52,23 +53,28 @@ Held = tuple[str, int, int, Any]
 """(origin instance, origin time µs, local receive time µs, the publish's `e` or None)."""
 
 
-def record_origin(extra: Any, ts: int) -> tuple[str, int] | None:
-    """(origin instance, origin time) of a record read back from the journal, None for a local
-    record. `extra` is the raw record's optional part; the origin block, when the record has
-    one, is its third member: (origin time, instance name, group) (journal/record.py)."""
-    if not extra or len(extra) < 3 or extra[2] is None:
+def _origin(o: Any) -> tuple[str, int] | None:
+    """(instance, origin time) of an origin block (time µs, instance name, group) as
+    journal/record.py hands it out, instance names as bytes or str."""
+    if o is None:
         return None
-    o = extra[2]
-    return str(getattr(o, "name", None) or o[1]), int(getattr(o, "time_us", None) or o[0])
+    name = o[1]
+    return (
+        name.decode(errors="replace") if isinstance(name, bytes | bytearray) else str(name)
+    ), int(o[0])
+
+
+def record_origin(extra: Any, ts: int) -> tuple[str, int] | None:
+    """(origin instance, origin time) of a raw record read back from the journal (`extra`:
+    its optional part, journal/record.py's RawExtra), None for a record published here."""
+    return _origin(raw_origin(extra))
 
 
 def message_origin(m: Any) -> tuple[str, int] | None:
-    """(origin instance, origin time) of a committed message (server/fanout.Message), None for
-    one published here."""
-    o = getattr(m, "origin", None)
-    if o is None:
-        return None
-    return str(getattr(o, "name", None) or o[1]), int(getattr(o, "time_us", None) or o[0])
+    """(origin instance, origin time) of a committed message (server/fanout.Message; its
+    `origin`, when the pipeline gives it one, is the record's origin block), None for one
+    published here."""
+    return _origin(getattr(m, "origin", None))
 
 
 class QueueReplication:

@@ -118,10 +118,10 @@ class QueueManager:
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
         self.failover: Failover | None = None
-        # replicated events not yet journaled: (queue, origin instance) -> local event bodies
-        self._repl_out: dict[tuple[Queue, str], bytearray] = {}
-        # replicated entries about messages not here yet: [(queue, origin, wire body, tries)]
-        self._pending: list[tuple[Queue, str, bytes, int]] = []
+        # replicated events not yet journaled: (queue, origin instance, group) -> event bodies
+        self._repl_out: dict[tuple[Queue, str, str], bytearray] = {}
+        # replicated entries about messages not here yet: [(queue, (origin, group), wire, tries)]
+        self._pending: list[tuple[Queue, tuple[str, str], bytes, int]] = []
         self.repl_stats = {"events_in": 0, "unresolved_dropped": 0, "unnamed_dropped": 0}
         if replication is not None and replication.destinations:
             self.enable_replication(
@@ -174,9 +174,13 @@ class QueueManager:
                 batch.data += encode_record(KIND_QUEUE_EVENT, 0, 0, 0, q.name_b, body)
                 taken.append((q, body))
         if self._repl_out:
-            for (q, _origin), rbody in self._repl_out.items():
-                # TODO(origin block): journal/record.py's origin (rcore) marks where they happened
-                batch.data += encode_record(KIND_QUEUE_EVENT, 0, 0, 0, q.name_b, bytes(rbody))
+            for (q, origin, group), rbody in self._repl_out.items():
+                # the origin block says where they happened: the sender's loop prevention and
+                # pass-through rules apply to them as to messages
+                ob = (now_us(), origin.encode(), group.encode())
+                batch.data += encode_record(
+                    KIND_QUEUE_EVENT, 0, 0, 0, q.name_b, bytes(rbody), origin=ob
+                )
                 taken.append((q, bytes(rbody)))
             self._repl_out = {}
         if taken:
@@ -272,8 +276,11 @@ class QueueManager:
         rec = self.read(position)
         return None if rec is None else (rec[1], rec[2])
 
-    def translate_in(self, queue: str | bytes, wire: bytes, origin: str) -> None:
-        """The receiver's hook: the events of `queue` that happened at instance `origin`, in
+    def translate_in(
+        self, queue: str | bytes, wire: bytes, origin: str, group: str | None = None
+    ) -> None:
+        """The receiver's hook: the events of `queue` that happened at instance `origin` (of
+        `group`, default its name: the record's origin block, else the source's), in
         the wire form (raises WireEventError for a body it cannot read). Applied here at once,
         and journaled with the next commit; entries about messages that are not here yet wait
         for the next commits (the message comes first on the same link), then are dropped and
@@ -282,18 +289,19 @@ class QueueManager:
         if q is None or self.journal is None:
             return
         self.repl_stats["events_in"] += 1
+        who = (origin, group if group is not None else origin)
         local, left = from_wire(wire, self.journal.locate)
         if local:
-            self._apply_replicated(q, origin, local)
+            self._apply_replicated(q, who, local)
         if left is not None:
-            self._pending.append((q, origin, left, 0))
+            self._pending.append((q, who, left, 0))
 
-    def _apply_replicated(self, q: Queue, origin: str, local: bytes) -> None:
+    def _apply_replicated(self, q: Queue, who: tuple[str, str], local: bytes) -> None:
         if q.repl is not None:
             q.repl.apply_remote(local)
         else:  # a queue without replication here: its done-ness still follows
             apply_events(local, set(), {})
-        self._repl_out.setdefault((q, origin), bytearray()).extend(local)
+        self._repl_out.setdefault((q, *who), bytearray()).extend(local)
         q.checkpoint_dirty = True
         self.events_added()
         if not self.loading:

@@ -175,3 +175,54 @@ async def test_recovery_rebuilds_ownership_from_the_journal(make_core, tmp_path)
     assert q2.depth == 1 and [p for p in q2.avail_pos if p not in q2.gone] == [
         qm.journal.locate(pid, 4)
     ]
+
+
+def _submit(journal, records):
+    """Records straight into the journal: [(pub, seq, ts, topic, body, origin or None)]."""
+    import threading
+
+    from journal.record import KIND_MESSAGE, encode_record
+
+    data = bytearray()
+    entries = []
+    for pub, seq, ts, topic, body, origin in records:
+        entries.append((pub, seq, ts, len(data)))
+        data += encode_record(KIND_MESSAGE, pub, seq, ts, topic, body, origin=origin)
+    done = threading.Event()
+    journal.submit(bytes(data), entries, lambda pos, err: done.set(), None)
+    assert done.wait(10)
+
+
+async def test_replicated_messages_are_held_for_their_origin_until_taken_over(make_core):
+    core = make_core(QUEUES)
+    t = 1_700_000_000_000_000
+    _submit(
+        core.journal,
+        [
+            (7, 1, t + 1, b"work", b'{"n":1}', (t, b"tt-b", b"ny")),
+            (8, 1, t + 2, b"work", b'{"n":2}', None),  # published here
+            (7, 2, t + 3, b"work", b'{"n":3}', (t + 5, b"tt-b", b"ny")),
+        ],
+    )
+    clock = [0.0]
+    spec = ReplicationDestination(name="tt-b", group="ny", sync=True, addresses=(), topics=())
+    qm = QueueManager(
+        core.config.queues,
+        "core",
+        core.journal,
+        core.loop,
+        core.pipeline,
+        Replication(destinations=(spec,), queue_owner_failover=30.0),
+    )
+    qm.enable_replication(["tt-b"], 30.0, lambda: clock[0])
+    qm.recover()
+    q = qm.get("work-q")
+    assert q.depth == 1 and sorted(q.repl.held["tt-b"]) == [
+        core.journal.locate(7, 1),
+        core.journal.locate(7, 2),
+    ]
+    assert q.repl.cut_for("tt-b") == t + 5
+    clock[0] = 31.0  # tt-b never came up since the start
+    qm.tick()
+    assert q.depth == 3 and q.repl.takeovers["tt-b"][0][:2] == (t + 5, "core")
+    assert q.events and q.events[0] == QueueOp.OWNER  # journaled with the next commit
