@@ -173,7 +173,12 @@ class Server:
             (lambda: gate.durable_end) if gate is not None and gate.has_sync else None,
         )
         self.queues = QueueManager(
-            config.queues if journal is not None else (), self.name, journal, loop, self.pipeline
+            config.queues if journal is not None else (),
+            self.name,
+            journal,
+            loop,
+            self.pipeline,
+            config.replication,
         )
         await loop.run_in_executor(None, self.queues.recover)
         self.queues.attach(self.pipeline)

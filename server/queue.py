@@ -561,4 +561,5 @@ class Queue(QueueState):
             "leased": len(self.leased),
             "subscribers": len(self.subs),
             **self.stats,
+            **(self.repl.snapshot() if self.repl is not None else {}),
         }

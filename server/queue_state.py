@@ -137,6 +137,7 @@ class QueueState:
             "delivered": 0,
             "dead_lettered": 0,
         }
+        self.repl: Any = None  # server/queue_repl.QueueReplication when replication is configured
         self.dlt_pub = publisher_id(f"{host.instance}\x00queue:{self.name}\x00dead-letter")
         self.checkpoint_dirty = True
 
