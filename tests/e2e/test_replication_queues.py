@@ -7,6 +7,7 @@ whose acknowledgement succeeded is delivered again."""
 import json
 import time
 
+from tests.e2e.test_replication_partition import dest_stats
 from tests.support.cluster import Cluster, wait_until
 from tests.support.raw import Raw, publish_many
 
@@ -62,6 +63,8 @@ def test_owner_killed_mid_stream_every_message_acked_once_redeliveries_counted(t
                  queue_owner_failover="1s", downgrade_after="1s").start()  # fmt: skip
     try:
         a, b = cl["tt-a"], cl["tt-b"]
+        for x, y in ((a, "tt-b"), (b, "tt-a")):  # both links up: no takeover at start
+            wait_until(lambda x=x, y=y: dest_stats(x, y).get("connected"), 20, f"link to {y}")
         publish_many(a.port, "work", [json.dumps({"i": i}) for i in range(N)], name="qp").close()
         ca, cb = Consumer(a.port, "qa"), Consumer(b.port, "qb")
         while len(ca.acked) < N // 3:

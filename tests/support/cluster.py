@@ -213,8 +213,12 @@ class Instance(ServerProcess):
             return data.decode()
 
     def admin_post(self, path: str, timeout: float = 5.0):
+        """POST an admin action (with the header the admin endpoint asks of actions)."""
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.admin_port}{path}", data=b"", method="POST"
+            f"http://127.0.0.1:{self.admin_port}{path}",
+            data=b"",
+            method="POST",
+            headers={"X-Requested-By": "tickertape-console"},
         )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             data = r.read()
