@@ -227,15 +227,17 @@ class Instance(ServerProcess):
         except ValueError:
             return data.decode()
 
-    def replay(self, topic: str = ".*", timeout: float = 60.0) -> list[tuple[str, bytes]]:
-        """Every recorded message of `topic` (a regex) in this instance's journal order, as
-        (bookmark, body) pairs, by a bookmark replay from EPOCH that stops at `completed`."""
+    def replay(
+        self, topic: str = ".*", since: str = "0", timeout: float = 60.0
+    ) -> list[tuple[str, bytes]]:
+        """Every recorded message of `topic` (a regex) after `since` (a bookmark; EPOCH by
+        default) in this instance's journal order, as (bookmark, body) pairs: a bookmark replay
+        that stops at `completed`."""
         c = Raw(self.port, timeout=timeout)
         try:
             c.logon(f"replayer-{time.monotonic_ns()}")
-            c.send(
-                {"c": "subscribe", "t": topic, "bm": "0", "cid": "r", "a": "processed,completed"}
-            )
+            c.send({"c": "subscribe", "t": topic, "bm": since, "cid": "r",
+                    "a": "processed,completed", "o": "bookmark_not_found=epoch"})  # fmt: skip
             frames = c.recv_until(lambda h, b: h.get("a") == "completed", timeout=timeout)
         finally:
             c.close()
