@@ -45,6 +45,7 @@ sys.path.insert(0, peers.REPO)
 from tests.support.cluster import Cluster
 
 TOPIC = "bench.repl"
+LAT_TOPIC = "bench.lat"
 MODES = ["none", "async", "sync"]
 METRICS = [
     Metric("tput", "publish msg/s", "{:,.0f}", spread=True),
@@ -89,7 +90,7 @@ async def logon(port: int, name: str):
 
 
 async def publish(port: int, n: int, size: int, window: int, rate: float, timeout: float,
-                  name: str, sent: list[int] | None = None) -> dict:  # fmt: skip
+                  name: str, sent: list[int] | None = None, topic: str = TOPIC) -> dict:  # fmt: skip
     """Publish n messages (paced at `rate` when > 0, else as fast as the window allows);
     returns send times by seq (into `sent` when given), ack times by seq, elapsed time."""
     _, writer, frames = await logon(port, name)
@@ -137,7 +138,7 @@ async def publish(port: int, n: int, size: int, window: int, rate: float, timeou
                 while seq < due:
                     seq += 1
                     sent[seq] = time.perf_counter_ns()
-                    out.append(frame({"c": "publish", "t": TOPIC, "s": seq, "a": "persisted"},
+                    out.append(frame({"c": "publish", "t": topic, "s": seq, "a": "persisted"},
                                      body))  # fmt: skip
                 writer.write(b"".join(out))
                 await writer.drain()
@@ -151,7 +152,8 @@ async def publish(port: int, n: int, size: int, window: int, rate: float, timeou
 async def subscribe_lag(port: int, sent: list[int], n: int, stop: asyncio.Event) -> list[int]:
     """Deliveries on the destination: receive - send (ns) by the seq in the bookmark."""
     _, writer, frames = await logon(port, f"lag-{time.monotonic_ns()}")
-    writer.write(frame({"c": "subscribe", "t": TOPIC, "cid": "s", "a": "processed"}))
+    # its own topic: the throughput run's messages may still be arriving at an async destination
+    writer.write(frame({"c": "subscribe", "t": LAT_TOPIC, "cid": "s", "a": "processed"}))
     lags = []
     try:
         async for h, _ in frames:
@@ -190,7 +192,7 @@ def one_rep(args, mode: str, rep: int) -> dict:
         async def paced():
             sent = [0] * (n + 1)
             pub = publish(a.port, n, args.size, args.window, args.rate, args.timeout,
-                          f"lat-{rep}", sent)  # fmt: skip
+                          f"lat-{rep}", sent, LAT_TOPIC)  # fmt: skip
             if mode == "none":
                 return await pub, []
             stop = asyncio.Event()
