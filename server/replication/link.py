@@ -1,9 +1,9 @@
 """One replication link's connection, as both ends hold it: frames in (protocol/replication.py's
 LinkDecoder), bytes out, heartbeats after 1 s idle, and death after 5 s of silence.
 
-    open -> close(reason) -> closed
+    open -> end(reason) -> closed
 
-A link is closed once, with a reason that is logged by its owner (sender or receiver); every
+A link is ended once, with a reason that is logged by its owner (sender or receiver); every
 await on a closed link raises LinkClosed with that reason.
 """
 
@@ -59,7 +59,7 @@ class Link:
             await asyncio.sleep(0.25)
             now = time.monotonic()
             if now - self.last_recv > DEAD_AFTER:
-                self.close(f"silent for {DEAD_AFTER:.0f}s")
+                self.end(f"silent for {DEAD_AFTER:.0f}s")
             elif now - self.last_send >= HEARTBEAT_IDLE:
                 self.send(_HEARTBEAT)
 
@@ -74,7 +74,7 @@ class Link:
         try:
             await self.writer.drain()
         except (ConnectionError, OSError) as exc:
-            self.close(f"write failed: {exc}")
+            self.end(f"write failed: {exc}")
         if self.reason is not None:
             raise LinkClosed(self.reason)
 
@@ -86,22 +86,22 @@ class Link:
             try:
                 data = await self.reader.read(READ_SIZE)
             except (ConnectionError, OSError) as exc:
-                self.close(f"read failed: {exc}")
+                self.end(f"read failed: {exc}")
                 continue
             if not data:
-                self.close(self.reason or "closed by the peer")
+                self.end(self.reason or "closed by the peer")
                 continue
             self.last_recv = time.monotonic()
             self.bytes_in += len(data)
             try:
                 frames = self.decoder.feed(data)
             except LinkError as exc:
-                self.close(f"bad frame: {exc}")
+                self.end(f"bad frame: {exc}")
                 raise LinkClosed(f"bad frame: {exc}") from None
             if frames:
                 return frames
 
-    def close(self, reason: str) -> None:
+    def end(self, reason: str) -> None:
         if self.reason is not None:
             return
         self.reason = reason

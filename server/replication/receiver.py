@@ -79,7 +79,7 @@ class Receiver:
 
     async def stop(self) -> None:
         for link in list(self._conns):
-            link.close("shutdown")
+            link.end("shutdown")
         for link in list(self._conns):
             await link.wait_closed()
 
@@ -105,7 +105,7 @@ class Receiver:
             source = h.name
             old = self.links.get(source)
             if old is not None:
-                old.close("replaced by a new link from the same source")
+                old.end("replaced by a new link from the same source")
             self.links[source] = link
             resume = self.resume_point(source)
             link.send(encode_ack(resume, resume=True))
@@ -123,7 +123,7 @@ class Receiver:
         except TimeoutError:
             log.warning("replication link from %s: no logon within %.0fs", desc, DEAD_AFTER)
         finally:
-            link.close("link ended")
+            link.end("link ended")
             self._conns.discard(link)
             if source is not None and self.links.get(source) is link:
                 del self.links[source]
@@ -165,7 +165,7 @@ class Receiver:
 
         def durable(end: int, err: BaseException | None, *, to: int) -> None:
             if err is not None:
-                link.close(f"commit failed here: {err}")
+                link.end(f"commit failed here: {err}")
                 return
             if to > self.durable_from.get(source, -1):
                 self.durable_from[source] = to

@@ -168,7 +168,7 @@ class Sender:
     async def stop(self) -> None:
         self._stopping = True
         if self.link is not None:
-            self.link.close("shutdown")
+            self.link.end("shutdown")
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -191,7 +191,7 @@ class Sender:
                 except (ConnectionError, OSError) as exc:
                     log.warning("replication to %s: link closed: %s", self.dest.name, exc)
                 finally:
-                    link.close("session ended")
+                    link.end("session ended")
                     self.link = None
                 backoff = BACKOFF_MIN
             await asyncio.sleep(backoff)
@@ -250,7 +250,7 @@ class Sender:
                         self._ack(h.pos)
                     elif not isinstance(h, ReplAck):
                         if type(h).__name__ != "Heartbeat":
-                            link.close(f"unexpected {type(h).__name__} from a destination")
+                            link.end(f"unexpected {type(h).__name__} from a destination")
                 frames = await link.read_frames()
         except LinkClosed:
             self._acked_event.set()  # wake the streamer, which sees the closed link
