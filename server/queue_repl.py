@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 from journal.queue_events import QueueOp, append_owner, iter_events
 from journal.record import raw_origin
 
+from .queue_state import L_BM, L_HOLDER, lease_counts
+
 if TYPE_CHECKING:
     from .queue import Queue
 
@@ -205,10 +207,9 @@ class QueueReplication:
                 continue
             lease = q.leased.pop(pos, None)
             if lease is not None:
-                q.by_bm.pop(lease[2], None)
-                lease[0].outstanding -= 1
-                if lease[3] is not None:
-                    q.counts[pos] = lease[3]
+                q.by_bm.pop(lease[L_BM], None)
+                lease[L_HOLDER].outstanding -= 1
+                q.counts[pos] = lease_counts(lease)
             else:
                 q._take_waiting(pos)
             self.held.setdefault(owner, {})[pos] = (name, otime, ts, exp)
@@ -241,8 +242,8 @@ class QueueReplication:
                 return
             lease = q.leased.pop(pos, None)
             if lease is not None:  # both sides delivered it (a partition): done all the same
-                q.by_bm.pop(lease[2], None)
-                lease[0].outstanding -= 1
+                q.by_bm.pop(lease[L_BM], None)
+                lease[L_HOLDER].outstanding -= 1
                 q._forget(pos)
                 self.stats["done_elsewhere"] += 1
             elif self._waiting(pos):
