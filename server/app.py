@@ -44,8 +44,12 @@ from .pipeline import Pipeline
 from .queues import QueueManager
 from .reasons import Disconnect
 from .replay_engine import ReplayEngine
+from .replication import AckSink, MemoryAckSink
+from .replication.receiver import Receiver
+from .replication.sender import Sender
 from .replication.sync import SyncGate, UnknownDestination
 from .router import Router
+from .security.tls import ServerTls, server_context
 from .services import SessionServices
 from .session_rights import recheck
 from .stats import Stats
@@ -93,6 +97,14 @@ class IdlePoller:
             self._polling = False
 
 
+def _read_password(path: str | None) -> str | None:
+    """A replication link's password: the first line of its file (read at each connect)."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.readline().rstrip("\r\n")
+
+
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -113,6 +125,10 @@ class Server:
         self._stopped = asyncio.Event()
         self.started_at = time.time()
         self.shutting_down = False
+        self.receiver: Receiver | None = None
+        self.senders: list[Sender] = []
+        # what the senders report: the SyncGate when there are destinations (and a journal)
+        self.repl_sink: AckSink = MemoryAckSink()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -149,6 +165,7 @@ class Server:
             )
             pipeline.attach_gate(self.gate)
             self.gate.start()
+            self.repl_sink = self.gate
         gate = self.gate
         self.replays = ReplayEngine(
             journal,
@@ -214,6 +231,8 @@ class Server:
             else "pure Python (server/splice.py): no C accelerator was built, or TICKERTAPE_PURE_PYTHON is set",
         )
         for t in config.transports:
+            if t.type == "replication":
+                continue  # not a client listener: _start_replication
             factory: Callable[[], asyncio.Protocol]
             if t.type == "tcps":
                 acceptor = TlsAcceptor(
@@ -242,6 +261,7 @@ class Server:
                 t.message_type,
                 ", TLS" if t.type == "tcps" else "",
             )
+        await self._start_replication()
         if config.admin is not None:
             self.admin = AdminEndpoint(
                 self.stats,
@@ -260,6 +280,54 @@ class Server:
             self.maintenance.start()
             self.stats.actions = self.maintenance.status
 
+    async def _start_replication(self) -> None:
+        """The replication listeners (`replication` transports) and one sender per destination
+        (server/replication/); both need the journal."""
+        config = self.config
+        inbound = [t for t in config.transports if t.type == "replication"]
+        if not inbound and not config.replication.destinations:
+            return
+        journal = self.journal
+        if journal is None:
+            log.error("replication is configured but there is no <TransactionLog>: not started")
+            return
+        self.receiver = Receiver(self.name, self.pipeline, journal, self.guard)
+        for t in inbound:
+            ctx = server_context(ServerTls.of(t)) if t.certificate and t.private_key else None
+            srv = await asyncio.start_server(
+                self.receiver.handle, t.host, t.port, ssl=ctx, reuse_address=True
+            )
+            self.listeners.append(srv)
+            host, port = srv.sockets[0].getsockname()[:2]
+            self.addresses.append((t.name, host, port))
+            log.info(
+                "replication listener on %s:%d (transport %s%s)",
+                host,
+                port,
+                t.name,
+                ", TLS" if ctx else "",
+            )
+        group = config.group or config.name
+        for dest in config.replication.destinations:
+            sender = Sender(
+                dest,
+                self.name,
+                group,
+                journal,
+                self.pipeline,
+                self.repl_sink,
+                partial(_read_password, dest.password_file),
+            )
+            sender.start()
+            self.senders.append(sender)
+        if self.senders:
+            log.info(
+                "replication: instance %s (group %s) sends to %s",
+                self.name,
+                group,
+                "; ".join(s.describe() for s in self.senders),
+            )
+
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
@@ -277,6 +345,10 @@ class Server:
             acceptor.cancel()
         for conn in self.connections:
             conn.pause_reading("shutdown")
+        for sender in self.senders:  # before the journal closes: they read it
+            await sender.stop()
+        if self.receiver is not None:  # before the last commit: what it took is acked or resent
+            await self.receiver.stop()
         pipeline: Pipeline | None = getattr(self, "pipeline", None)  # None: start() failed early
         if pipeline is not None:
             self.replays.cancel_all()

@@ -27,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, encode_record
+from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin
 
 from . import frames
 from .fanout import Fanout, Message
@@ -44,6 +45,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("tickertape.pipeline")
 
 TOPIC_CACHE_LIMIT = 50_000
+REPL_FROM = b"repl-from:"  # server/replication/__init__.py: the resume point of a source
+_u64 = struct.Struct("<Q")
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 
 __all__ = ["ABOVE_GAP", "DUPLICATE", "STORED", "Batch", "Pipeline", "Publisher"]
@@ -66,6 +69,7 @@ class Batch:
         "after",
         "data",
         "doomed",
+        "durable",
         "entries",
         "first_seq",
         "flushes",
@@ -88,9 +92,14 @@ class Batch:
         self.after: list[Callable[[BaseException | None], None]] = []
         self.meta: dict[bytes, bytes] | None = None  # index metadata committed with this batch
         self.doomed = False  # failed with an earlier batch (Pipeline._failed): rolled back already
+        # f(end, err) at the local commit (end: journal position after the batch) or failure;
+        # never held back for replication acks: a replication link's own ack (replicate())
+        self.durable: list[Callable[[int, BaseException | None], None]] = []
 
     def empty(self) -> bool:
-        return not (self.data or self.msgs or self.acks or self.flushes or self.after)
+        return not (
+            self.data or self.msgs or self.acks or self.flushes or self.after or self.durable
+        )
 
 
 class Pipeline:
@@ -136,6 +145,10 @@ class Pipeline:
         self.on_deliver: list[Callable[[list[Message], int], None]] = []
         # f(batch): last chance to add records (queue events) to a batch
         self.before_flush: list[Callable[[Batch], None]] = []
+        self.replicated = 0  # messages stored from replication links (also in `published`)
+        self.replicated_duplicates = 0  # replicated messages dropped as duplicates
+        self._repl_topics: dict[bytes, str] = {}
+        self._repl_meta_pending: dict[bytes, bytes] = {}
         # sync replication (server/replication/sync.py): holds acks; None without destinations
         self.gate: SyncGate | None = None
 
@@ -225,6 +238,98 @@ class Pipeline:
             self._schedule()
         return seq, STORED
 
+    def replicate(
+        self,
+        records: list[RawTuple],
+        source_name: bytes,
+        source_group: bytes,
+        end_position: int,
+        on_durable: Callable[[int, BaseException | None], None],
+        translate_in: Callable[[RawTuple], bytes | None] | None = None,
+    ) -> tuple[int, int]:
+        """Take one replication batch: `records` are the source's (verified, in its journal
+        order), `end_position` the source position after them. Returns (stored, duplicates).
+
+        Per message record, the dedup of publish(): a sequence at or below the publisher's
+        highest is a duplicate (dropped, counted); the others are re-encoded with an origin
+        block (the source record's own, else the source instance, group and receive time) and
+        this instance's receive time, then committed, fanned out and fed to queues exactly like
+        a publish. Queue-event records go through `translate_in` (bytes of the local record, or
+        None to leave it out). `repl-from:<source>` = end_position is committed in the same
+        batch, and on_durable(end, err) runs at the local commit (never held for this instance's
+        own sync destinations: an ack there would wait on the source's ack of us), or err.
+        """
+        batch = self.batch
+        highest_of = self.highest
+        journal = self.journal
+        data = batch.data
+        entries = batch.entries
+        msgs = batch.msgs
+        first_seq = batch.first_seq
+        last = batch.last
+        topics = self._repl_topics
+        early = self.fanout.early
+        ts = max(self.last_ts, int(time.time() * 1_000_000))
+        stored = dups = 0
+        for rec in records:
+            pos, kind, pub, seq, src_ts, tb, body, extra = rec
+            if kind != KIND_MESSAGE:
+                if translate_in is not None and journal is not None:
+                    local = translate_in(rec)
+                    if local is not None:
+                        data += local
+                continue
+            if seq <= highest_of.get(pub, 0):
+                dups += 1
+                continue
+            topic = topics.get(tb)
+            if topic is None:
+                if len(topics) >= TOPIC_CACHE_LIMIT:
+                    topics.clear()
+                topic = topics[tb] = tb.decode("utf-8", "replace")
+            if extra is None:
+                exp, hdr, origin = None, b"", (src_ts, source_name, source_group)
+            else:
+                exp, hdr = extra[0], extra[1]
+                origin = raw_origin(extra) or (src_ts, source_name, source_group)
+            if self.topic_info(topic)[2] and journal is not None:
+                off = len(data)
+                entries.append((pub, seq, ts, off))
+                data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, exp, hdr, origin)
+            else:
+                off = -1
+            if self.gaps:
+                self.gaps.pop(pub, None)
+            highest_of[pub] = seq
+            if pub not in first_seq:
+                first_seq[pub] = seq
+            msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
+            last[pub] = (seq, off)
+            if early:
+                self.fanout.deliver(
+                    [self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
+                )
+            stored += 1
+        self.last_ts = ts
+        self.published += stored
+        self.duplicates += dups
+        self.replicated += stored
+        self.replicated_duplicates += dups
+        if journal is not None:
+            # the journal stores metadata only with records: a batch that adds none leaves its
+            # resume point for the next one that does (conservative: a restart re-receives
+            # records that were all filtered or duplicates, and drops them again)
+            pending = self._repl_meta_pending
+            pending[REPL_FROM + source_name] = _u64.pack(end_position)
+            if data:
+                if batch.meta is None:
+                    batch.meta = {}
+                batch.meta.update(pending)
+                pending.clear()
+        batch.durable.append(on_durable)
+        self._schedule()
+        return stored, dups
+
     def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
         self.batch.flushes.append((client, cid, acks))
         self._schedule()
@@ -288,6 +393,10 @@ class Pipeline:
         if self.backlogged and self.inflight_bytes < self.max_inflight // 2:
             self.backlogged = False
             self.on_backlog(False)
+        if batch.durable:
+            end = (pos if pos is not None else self.delivered_end) + len(batch.data)
+            for on_durable in batch.durable:
+                on_durable(end, err)
         if err is not None:
             self._failed(batch, err)
             return
@@ -421,6 +530,8 @@ class Pipeline:
             )
             self._fence()
             if open_batch is not None:  # never submitted: fails here, not in the journal
+                for on_durable in open_batch.durable:
+                    on_durable(-1, err)
                 self._notify_failed(open_batch, err)
         self._notify_failed(batch, err)
 
