@@ -127,7 +127,7 @@ class Server:
         self.shutting_down = False
         self.receiver: Receiver | None = None
         self.senders: list[Sender] = []
-        # what the senders report; SyncGate (server/replication/sync.py) takes its place
+        # what the senders report: the SyncGate when there are destinations (and a journal)
         self.repl_sink: AckSink = MemoryAckSink()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -165,6 +165,7 @@ class Server:
             )
             pipeline.attach_gate(self.gate)
             self.gate.start()
+            self.repl_sink = self.gate
         gate = self.gate
         self.replays = ReplayEngine(
             journal,

@@ -11,6 +11,12 @@
    publishing connection, then live delivery (server/fanout.py) and the other consumers of
    committed messages (queues), then flush markers.
 
+With sync replication destinations (`attach_gate`, server/replication/sync.py), step 3 keeps the
+fan-out but holds a batch's `persisted` acks, flush markers and `after_commit` callbacks until
+every active sync destination has acked the batch's end; the gate releases held batches in
+commit order (`_release`). Nothing is held without an active sync destination, and without any
+destination `gate` is None. A replication link's `on_durable` (Pipeline.replicate) is never held.
+
 A failed commit (disk full) fails every batch up to the point where the loop has rolled back the
 publishers' sequences, so no later batch can be stored past a gap: see `_failed()`.
 

@@ -234,6 +234,7 @@ class Sender:
         self.acked = resume
         self.sent_pos = resume
         self.sink.link_up(self.dest.name)
+        self.sink.acked(self.dest.name, resume)  # where it stands (a sync gate needs it)
         acks = asyncio.get_running_loop().create_task(self._read_acks(link, frames[1:]))
         try:
             await self._stream(link, resume)

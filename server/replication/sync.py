@@ -47,7 +47,7 @@ __all__ = ["UPGRADE_WITHIN", "Destination", "SyncGate", "UnknownDestination"]
 log = logging.getLogger("tickertape.replication")
 
 UPGRADE_WITHIN = 1 << 20  # "caught up": within one sender batch (<= 1 MiB) of the durable end
-MAX_MARKS = 200_000  # committed batches remembered for lag; past it the oldest are forgotten
+MAX_MARKS = 20_000  # committed batches remembered (~5 MB); past it the oldest are forgotten
 
 
 class Handle(Protocol):
@@ -284,7 +284,10 @@ class SyncGate:
         or None when none is known."""
         end = self.durable_end
         i = bisect.bisect_right(self._ends, end)
-        return self._marks[i - 1][2] if i else self._base[3]
+        if i:
+            return self._marks[i - 1][2]
+        # forgotten at MAX_MARKS while a destination was far behind: maybe past the end
+        return self._base[3] if self._base[0] <= end else None
 
     def lag(self, d: Destination) -> tuple[int, int, float]:
         """(bytes, messages, seconds) destination `d` is behind the local durable end."""

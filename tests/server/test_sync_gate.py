@@ -231,3 +231,20 @@ def test_lag_and_sent_counters():
     gate.acked("b", 250)
     snap = gate.snapshot()["b"]
     assert (snap["lag_bytes"], snap["lag_messages"], snap["lag_seconds"]) == (0, 0, 0.0)
+
+
+def test_marks_are_bounded_and_never_name_a_bookmark_past_the_durable_end(monkeypatch):
+    monkeypatch.setattr("server.replication.sync.MAX_MARKS", 3)
+    gate, local, _, _, _ = make([("b", True, None)])
+    for n in range(1, 7):
+        commit(gate, local, f"b{n}", n * 100, entries=((1, n),))
+    assert len(gate._ends) == 3
+    gate.downgrade("b")  # durable end: the local end
+    assert gate.durable_bm() == (1, 6)
+    gate, local, _, _, _ = make([("b", True, None)])
+    gate.link_up("b")
+    for n in range(1, 7):
+        commit(gate, local, f"b{n}", n * 100, entries=((1, n),))
+    gate.acked("b", 200)  # marks of 100..300 were forgotten: bookmark 2 is not known any more
+    assert gate.durable_end == 200 and gate.durable_bm() is None
+    assert gate.snapshot()["b"]["lag_messages"] >= 3
