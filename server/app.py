@@ -296,7 +296,7 @@ class Server:
         if journal is None:
             log.error("replication is configured but there is no <TransactionLog>: not started")
             return
-        self.receiver = Receiver(self.name, self.pipeline, journal, self.guard)
+        self.receiver = Receiver(self.name, self.pipeline, journal, self.guard, self.queues)
         for t in inbound:
             ctx = server_context(ServerTls.of(t)) if t.certificate and t.private_key else None
             srv = await asyncio.start_server(
@@ -322,6 +322,7 @@ class Server:
                 self.pipeline,
                 self.gate if self.gate is not None else self.repl_sink,
                 partial(_read_password, dest.password_file),
+                self.queues.translate_out,
             )
             sender.start()
             self.senders.append(sender)

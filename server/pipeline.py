@@ -82,6 +82,7 @@ class Batch:
         "last",
         "meta",
         "msgs",
+        "origins",
     )
 
     def __init__(self) -> None:
@@ -89,6 +90,8 @@ class Batch:
         self.entries: list[tuple[int, int, int, int]] = []  # (pub, seq, ts, offset in data)
         # (topic, pub, seq, ts, body, offset or -1, header fragment, expiration)
         self.msgs: list[tuple[str, int, int, int, bytes, int, bytes, Any]] = []
+        # index in msgs -> origin block, for replicated messages only (replicate())
+        self.origins: dict[int, tuple[int, bytes, bytes]] | None = None
         self.acks: dict[Publisher, int] = {}  # highest seq to ack as persisted
         # (publisher, cid, ack types) waiting for everything before them
         self.flushes: list[tuple[Publisher, Any, list[str]]] = []
@@ -309,6 +312,9 @@ class Pipeline:
             highest_of[pub] = seq
             if pub not in first_seq:
                 first_seq[pub] = seq
+            if batch.origins is None:
+                batch.origins = {}
+            batch.origins[len(msgs)] = origin
             msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
             last[pub] = (seq, off)
             if early:
@@ -471,6 +477,15 @@ class Pipeline:
     def _messages(self, batch: Batch, base: int) -> list[Message]:
         wanted = self.fanout.router.match if not self.on_deliver else None
         make = self._message
+        origins = batch.origins
+        if origins:  # replicated messages carry their origin (the queues' ownership)
+            out = []
+            for i, (topic, pub, seq, ts, body, off, hdr, exp) in enumerate(batch.msgs):
+                if wanted is None or wanted(topic):
+                    m = make(topic, pub, seq, ts, body, off, hdr, exp, base)
+                    m.origin = origins.get(i)
+                    out.append(m)
+            return out
         return [
             make(topic, pub, seq, ts, body, off, hdr, exp, base)
             for topic, pub, seq, ts, body, off, hdr, exp in batch.msgs

@@ -294,7 +294,11 @@ class QueueReplication:
 
 class Failover:
     """When to take over a peer: its link down for `failover` seconds x (1 + this instance's
-    rank among itself and the peers it sees up, by name). `clock` is monotonic seconds."""
+    rank among itself and the peers it sees up, by name). `clock` is monotonic seconds.
+
+    A peer whose link has not come up since this instance started counts as down only from
+    `grace` seconds after the start (default: `failover`): instances of a set started together
+    do not come up at the same moment, and one that recovers a long journal is not lost."""
 
     def __init__(
         self,
@@ -302,12 +306,14 @@ class Failover:
         peers: Iterable[str],
         failover: float,
         clock: Callable[[], float] = time.monotonic,
+        grace: float | None = None,
     ) -> None:
         self.me = instance
         self.failover = failover
         self.clock = clock
-        now = clock()
-        self.down_since: dict[str, float] = {p: now for p in peers if p != instance}
+        self.grace = failover if grace is None else grace
+        start = clock() + self.grace
+        self.down_since: dict[str, float] = {p: start for p in peers if p != instance}
         self.up: set[str] = set()
 
     def source_up(self, name: str) -> None:
@@ -327,6 +333,8 @@ class Failover:
         now = self.clock()
         out = []
         for peer, since in self.down_since.items():
+            if now < since:
+                continue
             candidates = sorted({self.me} | (self.up - {peer}))
             rank = candidates.index(self.me)
             if now - since >= self.failover * (1 + rank):

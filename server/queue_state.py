@@ -52,6 +52,9 @@ class QueueHost(Protocol):
 
     instance: str
     loading: bool  # recovery in progress: no deliveries, no event timers
+    # replicated queues after a start: no deliveries until the peers have said what happened
+    # while this instance was away (server/queues.py `source_synced`)
+    paused: bool
 
     def events_added(self) -> None: ...
     def arm(self, deadline: float) -> None: ...

@@ -108,6 +108,9 @@ class QueueManager:
         self.commits = commits
         self.queues: dict[str, Queue] = {}
         self.loading = False
+        self.paused = False  # replicated queues: no deliveries until the peers synced (below)
+        self._unsynced: set[str] = set()
+        self._pause_until = 0.0
         for spec in specs:
             self.queues[spec.name] = Queue(self, spec)
         self._timer: asyncio.TimerHandle | None = None
@@ -131,10 +134,18 @@ class QueueManager:
     def enable_replication(
         self, peers: Iterable[str], failover: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        """Replicated queues with these peers (the configured destinations): before recovery."""
+        """Replicated queues with these peers (the configured destinations): before recovery.
+
+        After a start the queues deliver nothing until every peer has synced (`source_synced`)
+        or `failover` seconds have passed (docs/replication.md "Replicated queues"): a peer may
+        have taken this instance over, or acknowledged its messages, while it was away, and
+        says so only once its link has sent what this instance missed."""
         self.failover = Failover(self.instance, peers, failover, clock)
         for q in self.queues.values():
             q.repl = QueueReplication(q, self.instance)
+        self._unsynced = {p for p in peers if p != self.instance}
+        self.paused = bool(self._unsynced) and bool(self.queues)
+        self._pause_until = clock() + failover
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -242,6 +253,13 @@ class QueueManager:
         for q in self.queues.values():
             q.expire_due(now)
         if self.failover is not None:
+            if self.paused and self.failover.clock() >= self._pause_until:
+                log.warning(
+                    "queues: %s not heard from within %.0fs of the start; delivering without them",
+                    ", ".join(sorted(self._unsynced)),
+                    self.failover.failover,
+                )
+                self._resume()
             for peer in self.failover.due():
                 for q in self.queues.values():
                     if q.repl is not None and q.repl.holds_for(peer):
@@ -264,6 +282,22 @@ class QueueManager:
         """The replication receiver: the link from instance `name` is gone."""
         if self.failover is not None:
             self.failover.source_down(name)
+
+    def source_synced(self, name: str) -> None:
+        """The replication receiver: instance `name` has sent everything it had for this one
+        (its link went idle), so its queue events, takeovers included, are applied here."""
+        if not self.paused:
+            return
+        self._unsynced.discard(name)
+        if not self._unsynced:
+            log.info("queues: every peer has synced; delivering")
+            self._resume()
+
+    def _resume(self) -> None:
+        self.paused = False
+        self._unsynced.clear()
+        for q in self.queues.values():
+            q.pump()
 
     def translate_out(self, body: bytes) -> bytes:
         """The sender's hook: a queue-event record's body in the wire form (positions as the

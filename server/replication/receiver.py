@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from journal.journal import Journal
-from journal.record import RawTuple, scan_records, verified_prefix
+from journal.queue_events import WireEventError
+from journal.record import RawTuple, raw_origin, scan_records, verified_prefix
 from protocol.replication import (
     LINK_VERSION,
     ReplBatch,
@@ -40,14 +41,16 @@ from .link import DEAD_AFTER, Link, LinkClosed
 
 log = logging.getLogger("tickertape.replication")
 
-__all__ = ["Receiver", "translate_in"]
+__all__ = ["QueueDoor", "Receiver"]
 
 
-def translate_in(rec: RawTuple, source: str) -> bytes | None:
-    """The local record for a queue-event record received from `source`, or None to leave it
-    out. Hook for replicated queues (journal/queue_events.py `from_wire`): positions on the wire
-    name messages by identity and become local positions here. Until that lands: left out."""
-    return None
+class QueueDoor(Protocol):
+    """What the receiver uses of the queues (server/queues.py QueueManager)."""
+
+    def translate_in(self, queue: bytes, wire: bytes, origin: str, group: str) -> None: ...
+    def source_up(self, name: str) -> None: ...
+    def source_synced(self, name: str) -> None: ...
+    def source_down(self, name: str) -> None: ...
 
 
 class Receiver:
@@ -57,8 +60,10 @@ class Receiver:
         pipeline: Pipeline,
         journal: Journal,
         guard: Guard,
+        queues: QueueDoor | None = None,
     ) -> None:
         self.name = name
+        self.queues = queues
         self.pipeline = pipeline
         self.journal = journal
         self.guard = guard
@@ -68,6 +73,7 @@ class Receiver:
         self.stored = 0
         self.duplicates = 0
         self.damaged = 0
+        self.bad_events = 0  # queue-event records that could not be read (left out)
         self._conns: set[Link] = set()
 
     def resume_point(self, source: str) -> int:
@@ -107,6 +113,8 @@ class Receiver:
             if old is not None:
                 old.end("replaced by a new link from the same source")
             self.links[source] = link
+            if self.queues is not None and old is None:
+                self.queues.source_up(source)
             resume = self.resume_point(source)
             link.send(encode_ack(resume, resume=True))
             log.info(
@@ -127,6 +135,8 @@ class Receiver:
             self._conns.discard(link)
             if source is not None and self.links.get(source) is link:
                 del self.links[source]
+                if self.queues is not None:
+                    self.queues.source_down(source)
 
     async def _check_logon(self, h: ReplLogon, link: Link) -> str | None:
         if h.v != LINK_VERSION:
@@ -150,12 +160,39 @@ class Receiver:
             return f"user {outcome.user!r} may not replicate (needs admin rights)"
         return None
 
+    def _queue_events(self, source: str, group: str, rec: RawTuple) -> None:
+        """A queue-event record received (translate_in of Pipeline.replicate): to the queues,
+        which apply it and journal it as their own record (nothing to add to the batch here).
+        Its origin is where the events happened: the record's origin block, else the source."""
+        assert self.queues is not None
+        origin = raw_origin(rec[7])
+        if origin is None:
+            who, grp = source, group
+        else:
+            who, grp = origin[1].decode(errors="replace"), origin[2].decode(errors="replace")
+        try:
+            self.queues.translate_in(bytes(rec[5]), bytes(rec[6]), who, grp)
+        except WireEventError as exc:
+            self.bad_events += 1
+            log.error(
+                "replication link from %s: queue events of %r at source position %d left out: %s",
+                source,
+                bytes(rec[5]).decode(errors="replace"),
+                rec[0],
+                exc,
+            )
+
     async def _batches(
         self, link: Link, source: str, group: str, expected: int, frames: list[Any]
     ) -> None:
         pipeline = self.pipeline
         name_b, group_b = source.encode(), group.encode()
         state = {"ack": -1, "scheduled": False}
+        translate = (
+            functools.partial(self._queue_events, source, group)
+            if self.queues is not None
+            else None
+        )
         loop = asyncio.get_running_loop()
 
         def send_ack() -> None:
@@ -179,6 +216,9 @@ class Receiver:
             for h, body in frames:
                 if not isinstance(h, ReplBatch):
                     if type(h).__name__ == "Heartbeat":
+                        if self.queues is not None:
+                            # a source sends heartbeats only when it has nothing to send
+                            self.queues.source_synced(source)
                         continue
                     raise LinkClosed(f"unexpected {type(h).__name__} on a replication link")
                 if h.from_ != expected:
@@ -205,7 +245,7 @@ class Receiver:
                     group_b,
                     h.to,
                     functools.partial(durable, to=h.to),
-                    lambda rec: translate_in(rec, source),
+                    translate,
                 )
                 self.stored += stored
                 self.duplicates += dups

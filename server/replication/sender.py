@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from config.model import ReplicationAddress, ReplicationDestination
 from journal.journal import Journal
+from journal.queue_events import WIRE_MAGIC
 from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin, scan_records
 from protocol.replication import MAX_BATCH_BODY, ReplAck, encode_batch, encode_logon
 
@@ -39,16 +40,17 @@ BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
 CONNECT_TIMEOUT = 5.0
 ACKED_PERSIST_INTERVAL = 1.0
 
-__all__ = ["Filter", "Sender", "translate_out"]
+__all__ = ["Filter", "Sender", "event_record", "select"]
 
 
-def translate_out(rec: RawTuple, dest: str) -> bytes | None:
-    """The bytes a queue-event record is sent as to `dest`, or None to leave it out.
-
-    Hook for replicated queues (journal/queue_events.py `to_wire`): a queue event names its
-    messages by local positions, which mean nothing on the destination. Until that lands, queue
-    events are not replicated."""
-    return None
+def event_record(rec: RawTuple, translate: Callable[[bytes], bytes]) -> bytes | None:
+    """The record a queue-event record is sent as: the same record with its body in the wire
+    form (`translate`: the queues' `translate_out`, journal/queue_events.py `to_wire`; local
+    positions mean nothing on the destination), its origin kept; None when no entry is left."""
+    wire = translate(bytes(rec[6]))
+    if len(wire) <= len(WIRE_MAGIC):
+        return None
+    return encode_record(rec[1], 0, 0, rec[4], rec[5], wire, origin=raw_origin(rec[7]))
 
 
 class Filter:
@@ -88,16 +90,23 @@ class Filter:
         return ok
 
     def keeps(self, rec: RawTuple) -> bool:
-        """For a message record (queue events go through translate_out)."""
+        """For a message record, and a queue event (its topic is the queue's name)."""
         if not self.topic(rec[5]):
             return False
         origin = raw_origin(rec[7])
         return origin is None or self.origin(origin[1], origin[2])
 
 
-def select(buf: bytes, base: int, flt: Filter, dest: str) -> tuple[bytes, int]:
+def select(
+    buf: bytes,
+    base: int,
+    flt: Filter,
+    dest: str,
+    translate: Callable[[bytes], bytes] | None = None,
+) -> tuple[bytes, int]:
     """(the bytes to send of the whole records at the start of buf, the offset after them).
-    Records kept are sent as stored; a queue event as translate_out makes it."""
+    Messages kept are sent as stored; a queue event kept as `event_record` makes it (left out
+    without `translate`)."""
     recs, stop = scan_records(buf, base)
     keeps = flt.keeps
     out: list[bytes] = []
@@ -113,8 +122,8 @@ def select(buf: bytes, base: int, flt: Filter, dest: str) -> tuple[bytes, int]:
         if run_start >= 0:
             out.append(buf[run_start:off])
             run_start = -1
-        if rec[1] != KIND_MESSAGE and flt.topic(rec[5]):
-            wire = translate_out(rec, dest)
+        if rec[1] != KIND_MESSAGE and translate is not None and keeps(rec):
+            wire = event_record(rec, translate)
             if wire is not None:
                 out.append(wire)
     if run_start == 0 and n:
@@ -134,6 +143,7 @@ class Sender:
         pipeline: Pipeline,
         sink: AckSink,
         password: Callable[[], str | None] = lambda: None,
+        translate: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self.dest = dest
         self.name = name
@@ -142,6 +152,7 @@ class Sender:
         self.pipeline = pipeline
         self.sink = sink
         self.password = password
+        self.translate = translate  # queue events' wire form (QueueManager.translate_out)
         self.filter = Filter(dest)
         self.acked = 0  # source position the destination acknowledged (this link or before)
         self.sent_pos = 0
@@ -335,13 +346,13 @@ class Sender:
                                 r[1], r[2], r[3], r[4], r[5], r[6], exp, hdr, raw_origin(extra)
                             )
                         )
-                elif self.filter.topic(r[5]):
-                    wire = translate_out(r, self.dest.name)
+                elif self.translate is not None and self.filter.keeps(r):
+                    wire = event_record(r, self.translate)
                     if wire is not None:
                         out.append(wire)
             return b"".join(out), nxt
         buf, p = blk
         if not buf:  # the end of a segment (or damage skipped to it)
             return b"", journal.next_position(p)
-        body, stop = select(buf, p, self.filter, self.dest.name)
+        body, stop = select(buf, p, self.filter, self.dest.name, self.translate)
         return body, p + stop

@@ -19,7 +19,7 @@ N = 2000
 def consumer(port: int, name: str) -> Raw:
     c = Raw(port)
     c.logon(name)
-    c.send({"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed"})
+    c.send({"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed", "o": "max_backlog=20"})
     assert c.ack("processed", "q")["status"] == "success"
     return c
 
@@ -59,7 +59,7 @@ class Consumer:
 
 
 def test_owner_killed_mid_stream_every_message_acked_once_redeliveries_counted(tmp_path):
-    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=True, topics=("work",), extra=QUEUE,
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=True, topics=("work", "work-q"), extra=QUEUE,
                  queue_owner_failover="1s", downgrade_after="1s").start()  # fmt: skip
     try:
         a, b = cl["tt-a"], cl["tt-b"]

@@ -222,7 +222,48 @@ async def test_replicated_messages_are_held_for_their_origin_until_taken_over(ma
         core.journal.locate(7, 2),
     ]
     assert q.repl.cut_for("tt-b") == t + 5
-    clock[0] = 31.0  # tt-b never came up since the start
+    clock[0] = 59.0  # tt-b never came up since the start: its clock starts after the grace
+    qm.tick()
+    assert q.depth == 1 and not q.repl.takeovers and not qm.paused  # no longer paused though
+    clock[0] = 60.0
     qm.tick()
     assert q.depth == 3 and q.repl.takeovers["tt-b"][0][:2] == (t + 5, "core")
     assert q.events and q.events[0] == QueueOp.OWNER  # journaled with the next commit
+
+
+async def test_after_a_start_nothing_is_leased_until_the_peers_synced(make_core):
+    core = make_core(QUEUES)
+    qm = core.queues
+    clock = [0.0]
+    qm.enable_replication(["tt-b", "tt-c"], 30.0, lambda: clock[0])
+    pub = core.client("pub")
+    for n in range(1, 4):
+        pub.send("publish", json.dumps({"n": n}), t="work", s=n)
+    await core.settle()
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    assert qm.paused and _deliveries(c.take()) == []  # a peer may have taken these over
+    qm.source_up("tt-b")
+    qm.source_synced("tt-b")
+    assert _deliveries(c.take()) == []  # tt-c has not said yet
+    qm.source_synced("tt-c")
+    assert not qm.paused
+    assert sorted(json.loads(f.body)["n"] for f in _deliveries(c.take())) == [1, 2, 3]
+
+
+async def test_a_peer_that_never_synced_holds_the_queues_for_the_failover_time(make_core):
+    core = make_core(QUEUES)
+    qm = core.queues
+    clock = [0.0]
+    qm.enable_replication(["tt-b"], 5.0, lambda: clock[0])
+    pub = core.client("pub")
+    pub.send("publish", json.dumps({"n": 1}), t="work", s=1)
+    await core.settle()
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    clock[0] = 4.9
+    qm.tick()
+    assert _deliveries(c.take()) == []
+    clock[0] = 5.0
+    qm.tick()
+    assert len(_deliveries(c.take())) == 1 and not qm.paused

@@ -112,3 +112,48 @@ async def test_resume_point_survives_a_restart(tmp_path):
     finally:
         j.close()
     await asyncio.sleep(0)
+
+
+def test_queue_events_go_in_the_wire_form_and_never_back_to_where_they_happened():
+    from journal.queue_events import WIRE_MAGIC
+
+    qdest = dest(topics=("work-q",))
+    local = encode_record(KIND_QUEUE_EVENT, 0, 0, 14, b"work-q", b"local event")
+    from_b = encode_record(
+        KIND_QUEUE_EVENT, 0, 0, 15, b"work-q", b"b's event", origin=(5, b"tt-b", b"ny")
+    )
+    from_c = encode_record(
+        KIND_QUEUE_EVENT, 0, 0, 16, b"work-q", b"c's event", origin=(6, b"tt-c", b"ny")
+    )
+    empty = encode_record(KIND_QUEUE_EVENT, 0, 0, 17, b"work-q", b"")
+    other = encode_record(KIND_QUEUE_EVENT, 0, 0, 18, b"other-q", b"not carried")
+    buf = local + from_b + from_c + empty + other
+    seen = []
+
+    def translate(body: bytes) -> bytes:
+        seen.append(body)
+        return WIRE_MAGIC + body if body else WIRE_MAGIC  # nothing it can name: left out
+
+    # without the queues' translation queue events are left out
+    assert select(buf, 0, Filter(qdest), "tt-b") == (b"", len(buf))
+    body, stop = select(
+        buf, 0, Filter(dest(topics=("work-q",), pass_through="ny")), "tt-b", translate
+    )
+    assert stop == len(buf) and seen == [b"local event", b"c's event", b""]
+    got = scan_records(body, 0)[0]
+    assert [(r[1], r[5], r[6], raw_origin(r[7])) for r in got] == [
+        (KIND_QUEUE_EVENT, b"work-q", WIRE_MAGIC + b"local event", None),
+        (KIND_QUEUE_EVENT, b"work-q", WIRE_MAGIC + b"c's event", (6, b"tt-c", b"ny")),
+    ]
+
+
+async def test_replicated_messages_reach_the_queues_with_their_origin(journal):
+    p = make_pipeline(journal)
+    got = []
+    p.on_deliver.append(lambda msgs, end: got.extend((m.pub, m.origin) for m in msgs))
+    p.publish(None, 7, 1, "orders", b"here")
+    recs, _ = block()
+    raw = scan_records(recs[0] + recs[2], 0)[0]
+    p.replicate(raw, b"tt-a", b"ny", 100, lambda end, err: None)
+    await _settle(p)
+    assert got == [(7, None), (1, (10, b"tt-a", b"ny")), (2, (5, b"tt-b", b"ny"))]
