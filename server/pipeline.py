@@ -128,7 +128,8 @@ class Pipeline:
         self.recorded = recorded  # topic -> bool (is it in the transaction log)
         self.max_inflight = max_inflight
         self.highest: dict[int, int] = {}  # pub -> highest seq accepted (stored or in flight)
-        self.durable: dict[int, int] = {}  # pub -> highest seq durable
+        # pub -> highest seq durable (and acked by every active sync destination): logon acks
+        self.durable: dict[int, int] = {}
         self.durable_pos: dict[int, int] = {}
         if journal is not None:
             for pub, (seq, pos) in journal.publishers().items():
@@ -419,14 +420,16 @@ class Pipeline:
         if not held:
             for client, seq in batch.acks.items():
                 client.persisted(seq)
-        # 2. sequences now durable (for logon acks): one update per publisher, not per message
+        # 2. sequences now durable (for logon acks): one update per publisher, not per message;
+        # a held batch's sequences only at its release (a reconnecting publisher is told what
+        # its sync destinations hold too, like its `persisted` acks)
         base = pos if pos is not None else self.delivered_end
-        durable = self.durable
-        for pub, (seq, off) in batch.last.items():
-            if durable.get(pub, 0) < seq:
-                durable[pub] = seq
-                if off >= 0:
-                    self.durable_pos[pub] = base + off
+        if not held:
+            self._durable_seqs(batch)
+        durable_pos = self.durable_pos
+        for pub, (_seq, off) in batch.last.items():
+            if off >= 0:
+                durable_pos[pub] = base + off
         if self.journal is not None and batch.data:
             self.delivered_end = base + len(batch.data)
             if batch.entries:
@@ -458,8 +461,15 @@ class Pipeline:
             return self.delivered_end
         return (pos if pos is not None else self.delivered_end) + len(batch.data)
 
+    def _durable_seqs(self, batch: Batch) -> None:
+        durable = self.durable
+        for pub, (seq, _off) in batch.last.items():
+            if durable.get(pub, 0) < seq:
+                durable[pub] = seq
+
     def _release(self, batch: Batch) -> None:
         """The sync gate let a held batch through: its acks, flush markers, callbacks."""
+        self._durable_seqs(batch)
         for client, seq in batch.acks.items():
             client.persisted(seq)
         for client, cid, acks in batch.flushes:

@@ -100,3 +100,25 @@ async def test_a_failed_local_commit_fails_at_once_while_earlier_acks_are_held(j
     assert pub.failures and pub.persisted_seqs == []
     gate.acked("b", p.delivered_end)
     assert pub.persisted_seqs == [1]  # the earlier, committed one; never 2
+
+
+async def test_the_logon_sequence_follows_the_sync_destination_not_the_local_commit(journal):
+    p, gate = gated(journal)
+    gate.link_up("b")
+    pub = Publisher()
+    p.publish(pub, 7, 1, "orders", b"{}")
+    await _settle(p)
+    first_end = p.delivered_end
+    p.publish(pub, 7, 2, "orders", b"{}")
+    await _settle(p)
+    # both durable here; a publisher reconnecting now is told neither is stored
+    assert journal.locate(7, 2) is not None and p.durable.get(7, 0) == 0
+    gate.acked("b", first_end)
+    assert p.durable[7] == 1
+    gate.acked("b", p.delivered_end)
+    assert p.durable[7] == 2
+    # downgraded: the local commit is enough again
+    gate.downgrade("b")
+    p.publish(pub, 7, 3, "orders", b"{}")
+    await _settle(p)
+    assert p.durable[7] == 3 and pub.persisted_seqs == [1, 2, 3]
