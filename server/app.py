@@ -297,6 +297,7 @@ class Server:
             log.error("replication is configured but there is no <TransactionLog>: not started")
             return
         self.receiver = Receiver(self.name, self.pipeline, journal, self.guard, self.queues)
+        self.stats.replication_sources = self.receiver.snapshot
         for t in inbound:
             ctx = server_context(ServerTls.of(t)) if t.certificate and t.private_key else None
             srv = await asyncio.start_server(

@@ -27,6 +27,7 @@ from .intake import Intake
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay_engine import ReplayEngine
+from .stats_replication import queue_replication_metrics, replication_metrics
 
 
 class Stats:
@@ -59,6 +60,8 @@ class Stats:
         self.actions: Callable[[], list[dict[str, Any]]] | None = None
         # replication destinations (SyncGate.snapshot), set when <Replication> has destinations
         self.replication: Callable[[], dict[str, dict[str, Any]]] | None = None
+        # sources whose links this instance receives (Receiver.snapshot), set with a listener
+        self.replication_sources: Callable[[], dict[str, dict[str, Any]]] | None = None
         self.held_batches: Callable[[], int] = lambda: 0
         self._first_times: dict[str, int | None] = {}  # segment path -> Stats._first_time
         self.publish_rate = 0.0
@@ -257,6 +260,12 @@ class Stats:
             "replication": {
                 "held_batches": self.held_batches(),
                 "destinations": self.replication() if self.replication is not None else {},
+                "sources": (
+                    self.replication_sources() if self.replication_sources is not None else {}
+                ),
+                "replicated": p.replicated,
+                "replicated_duplicates": p.replicated_duplicates,
+                "queues": dict(self.queues.repl_stats),
             },
         }
         if j is not None:
@@ -411,7 +420,8 @@ class Stats:
                 lines.append(f"# TYPE tickertape_{name} {kind}")
                 for qname, q in sorted(snap["queues"].items()):
                     lines.append(f'tickertape_{name}{{queue="{qname}"}} {q[key]}')
-        _replication_metrics(lines, snap["replication"])
+            queue_replication_metrics(lines, snap["queues"])
+        replication_metrics(lines, snap["replication"])
         j = snap["journal"]
         if j:
             metric("journal_bytes", "gauge", "Bytes of journal segments on disk.", j["bytes"])
@@ -470,80 +480,6 @@ class Stats:
                 j["last_commit_latency_s"],
             )
         return "\n".join(lines) + "\n"
-
-
-# per destination: (key in /stats, metric name, type, help); docs/replication-operations.md
-REPLICATION_METRICS = (
-    ("connected", "replication_connected", "gauge", "1 while the link to the destination is up."),
-    (
-        "acked_position",
-        "replication_acked_position",
-        "gauge",
-        "Journal position up to which the destination holds everything.",
-    ),
-    ("lag_bytes", "replication_lag_bytes", "gauge", "Journal bytes the destination lacks."),
-    (
-        "lag_messages",
-        "replication_lag_messages",
-        "gauge",
-        "Messages committed since start that the destination lacks.",
-    ),
-    (
-        "lag_seconds",
-        "replication_lag_seconds",
-        "gauge",
-        "Age of the oldest committed batch the destination lacks.",
-    ),
-    (
-        "last_ack_time",
-        "replication_last_ack_time_seconds",
-        "gauge",
-        "Unix time of the destination's last ack (0: none since start).",
-    ),
-    (
-        "catching_up",
-        "replication_catching_up",
-        "gauge",
-        "1 while connected but more than one batch behind (resynchronising).",
-    ),
-    ("sent_bytes", "replication_sent_bytes_total", "counter", "Bytes sent to the destination."),
-    (
-        "sent_messages",
-        "replication_sent_messages_total",
-        "counter",
-        "Records sent to the destination.",
-    ),
-    ("downgrades", "replication_downgrades_total", "counter", "Downgrades to async."),
-    ("upgrades", "replication_upgrades_total", "counter", "Upgrades back to sync."),
-)
-
-
-def _replication_metrics(lines: list[str], repl: dict[str, Any]) -> None:
-    dests = repl["destinations"]
-    if not dests:
-        return
-    lines.append(
-        "# HELP tickertape_replication_held_batches Committed batches whose acks wait for a "
-        "sync destination."
-    )
-    lines.append("# TYPE tickertape_replication_held_batches gauge")
-    lines.append(f"tickertape_replication_held_batches {repl['held_batches']}")
-    lines.append(
-        "# HELP tickertape_replication_mode The destination's mode (sync, async, downgraded): 1."
-    )
-    lines.append("# TYPE tickertape_replication_mode gauge")
-    for name, d in sorted(dests.items()):
-        lines.append(f'tickertape_replication_mode{{destination="{name}",mode="{d["mode"]}"}} 1')
-    for key, metric, kind, help_ in REPLICATION_METRICS:
-        lines.append(f"# HELP tickertape_{metric} {help_}")
-        lines.append(f"# TYPE tickertape_{metric} {kind}")
-        for name, d in sorted(dests.items()):
-            value = d[key]
-            if value is None:
-                value = 0
-            elif isinstance(value, bool):
-                value = int(value)
-            lines.append(f'tickertape_{metric}{{destination="{name}"}} {value}')
 
 
 MAX_CLIENTS = 500

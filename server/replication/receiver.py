@@ -74,6 +74,8 @@ class Receiver:
         self.duplicates = 0
         self.damaged = 0
         self.bad_events = 0  # queue-event records that could not be read (left out)
+        # per source since start: [messages received, bytes received, duplicates dropped]
+        self.per_source: dict[str, list[int]] = {}
         self._conns: set[Link] = set()
 
     def resume_point(self, source: str) -> int:
@@ -82,6 +84,20 @@ class Receiver:
             return pos
         raw = self.journal.index.get_meta(REPL_FROM + source.encode())
         return U64.unpack(raw)[0] if raw is not None else 0
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """Per source instance (stats): its link, the resume point, what it sent since start."""
+        out: dict[str, dict[str, object]] = {}
+        for source in sorted(set(self.per_source) | set(self.links)):
+            n = self.per_source.get(source, (0, 0, 0))
+            out[source] = {
+                "connected": source in self.links,
+                "resume_position": self.resume_point(source),
+                "received_messages": n[0],
+                "received_bytes": n[1],
+                "duplicates": n[2],
+            }
+        return out
 
     async def stop(self) -> None:
         for link in list(self._conns):
@@ -239,6 +255,7 @@ class Receiver:
                         raise LinkClosed("damaged record")
                     recs = scan_records(body, h.from_)[0]
                 self.received += len(recs)
+                counts = self.per_source.setdefault(source, [0, 0, 0])
                 stored, dups = pipeline.replicate(
                     recs,
                     name_b,
@@ -249,6 +266,9 @@ class Receiver:
                 )
                 self.stored += stored
                 self.duplicates += dups
+                counts[0] += len(recs)
+                counts[1] += len(body)
+                counts[2] += dups
                 expected = h.to
             while pipeline.inflight_bytes > pipeline.max_inflight and not link.closed:
                 await asyncio.sleep(0.002)  # the journal is behind: stop reading this link

@@ -21,11 +21,17 @@ from config.loader import load_config_text
 from config.model import Replication, ReplicationAddress, ReplicationDestination, TopicSpec
 from server.app import Server
 from server.cli import build_parser
-from server.stats import REPLICATION_METRICS
+from server.stats_replication import (
+    QUEUE_EVENT_METRICS,
+    QUEUE_REPLICATION_METRICS,
+    REPLICATION_METRICS,
+    REPLICATION_TOTALS,
+    SOURCE_METRICS,
+)
 from tests.support.proc import make_config
 from tests.support.raw import Raw
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "replication-operations.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "replication.md"
 
 
 def destination(name: str, sync: bool, downgrade_after: float | None = None):
@@ -196,10 +202,14 @@ def test_cli_password_file_needs_user(tmp_path):
 
 def test_the_docs_list_every_replication_metric():
     text = DOC.read_text()
-    names = ["tickertape_replication_held_batches", "tickertape_replication_mode"] + [
-        f"tickertape_{m}" for _k, m, _t, _h in REPLICATION_METRICS
+    names = ["tickertape_replication_held_batches", "tickertape_replication_mode"]
+    names += [f"tickertape_{m}" for _k, m, _t, _h in REPLICATION_METRICS + SOURCE_METRICS]
+    names += [f"tickertape_{m}" for _k, m, _h in REPLICATION_TOTALS + QUEUE_EVENT_METRICS]
+    queue_names = [
+        f"tickertape_queue_{k}" + ("" if t == "gauge" else "_total")
+        for k, t, _h in QUEUE_REPLICATION_METRICS
     ]
-    missing = [n for n in names if n not in text]
+    missing = [n for n in names + queue_names if n not in text]
     assert not missing, missing
     documented = set(re.findall(r"tickertape_replication_\w+", text))
     assert documented <= set(names), documented - set(names)
