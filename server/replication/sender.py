@@ -163,6 +163,7 @@ class Sender:
         self._persisted_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._tls_errors: set[tuple[str, int, str]] = set()
         stored = journal.index.get_meta(REPL_ACKED + dest.name.encode())
         if stored is not None:
             self.acked = U64.unpack(stored)[0]
@@ -221,7 +222,21 @@ class Sender:
                 ),
                 CONNECT_TIMEOUT,
             )
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
+        except ssl.SSLError as exc:
+            # a TLS problem (an untrusted or expired certificate, no common protocol) will not
+            # go away by retrying: said once per address and reason, not at every retry
+            said = (addr.host, addr.port, str(exc))
+            if said not in self._tls_errors:
+                self._tls_errors.add(said)
+                log.error(
+                    "replication to %s: TLS with %s:%d failed: %s",
+                    self.dest.name,
+                    addr.host,
+                    addr.port,
+                    exc,
+                )
+            return None
+        except (OSError, TimeoutError) as exc:
             log.debug("replication to %s: %s:%d: %s", self.dest.name, addr.host, addr.port, exc)
             return None
         return Link(reader, writer, f"{addr.host}:{addr.port}")
