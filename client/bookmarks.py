@@ -13,6 +13,8 @@ What a store tracks per subscription id (`_SubState`, shared by the memory and l
   first entry is never discarded (discarding it moves `recovery` forward over every discarded
   entry that follows). An entry is a message or a mark (below).
 - `highest`: per publisher, the newest sequence delivered to the application.
+- `passed`: per publisher, the newest sequence that left the window (processed, or passed by a
+  mark), so every earlier message of that publisher is processed too.
 - `redeliver`: after a restart, the window's undiscarded messages: the application lost them
   with its process, so each is delivered once more when the replay brings it.
 
@@ -28,22 +30,25 @@ Events:
   feeds marks in stream order with the messages, so a mark never overtakes a message. A mark
   that comes while a replay is re-sending messages already delivered (the newest message was a
   duplicate) lies behind what was seen, and is ignored.
-- `most_recent(sub_id)`: the bookmark (list) to resubscribe with:
-    * window empty: `recovery`, else `base`;
-    * otherwise `recovery` (the entry just before the oldest undiscarded message: the server
-      replays after it, so that message comes again, and `log` drops everything after it that
-      was already delivered), plus, per publisher with undiscarded messages, the newest
-      discarded message of that publisher before its oldest undiscarded one when that entry
-      lies in the window. The server starts after the oldest entry of the list it knows; on
-      the instance that sent the messages `recovery` is the oldest, the per-publisher entries
-      keep each publisher's point on an instance whose journal orders publishers differently.
-    * no `recovery` yet: `base`; if `base` is NOW, the oldest undiscarded message's own
-      bookmark (nothing earlier is known; that one message would only be lost if the process
-      dies before the first discard or mark).
-
+- `most_recent(sub_id)`: the bookmark (list) to resubscribe with, on this instance or on
+  another one of a replicated set (bookmarks are the same on every instance; only the order
+  across publishers differs, docs/protocol.md §5 "a list starts after its oldest"):
+    * nothing processed yet (no `recovery`): `base`; if `base` is NOW, the oldest undiscarded
+      message's own bookmark (nothing earlier is known; that one message would only be lost if
+      the process dies before the first discard or mark);
+    * otherwise the list of `recovery` (the entry just before the oldest undiscarded message)
+      and, per publisher, the newest bookmark of that publisher processed before its oldest
+      undiscarded message (`passed`, or a discarded entry of the window). On any instance the
+      server starts after the oldest of them, so each publisher resumes at or before its first
+      unprocessed message, and `log` drops per publisher what was already delivered. A
+      publisher with undiscarded messages and none processed adds `base` (unless NOW), the
+      only point known to lie before its first message everywhere.
+    Limits: at most MAX_LIST items (the oldest-seen publishers are left out first), and a
+    message of a publisher this subscription has never seen can still be passed over by a
+    failover to an instance that recorded it before the resume point.
 Bounds: the window is bounded by the application's discards (HASubscription stops handing out
-messages while a subscription's window holds `max_window` entries); `highest` holds at most
-`max_publishers` publishers (the least recently seen is forgotten first).
+messages while a subscription's window holds `max_window` entries); `highest` and `passed` hold
+at most `max_publishers` publishers each (the least recently seen is forgotten first).
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ class _Entry:
 class _SubState:
     """One subscription's bookmark state; see the module docstring."""
 
-    __slots__ = ("base", "behind", "highest", "index", "max_publishers", "recovery",
+    __slots__ = ("base", "behind", "highest", "index", "max_publishers", "passed", "recovery",
                  "redeliver", "undiscarded", "window")  # fmt: skip
 
     def __init__(self, base: str, max_publishers: int):
@@ -106,6 +111,7 @@ class _SubState:
         self.window: deque[_Entry] = deque()
         self.index: dict[str, _Entry] = {}  # the window's messages by bookmark
         self.highest: dict[int, int] = {}
+        self.passed: dict[int, int] = {}
         self.redeliver: set[str] = set()
         self.undiscarded = 0
         self.max_publishers = max_publishers
@@ -157,7 +163,19 @@ class _SubState:
                 if not f.mark:
                     del index[f.bm]
                 self.recovery = f.bm
+                self.pass_(f.pub, f.seq)
         return e
+
+    def pass_(self, pub: int, seq: int) -> None:
+        """Every message of `pub` up to `seq` is processed (or was never for this
+        subscription): the publisher's point in a resume list."""
+        passed = self.passed
+        old = passed.pop(pub, None)  # re-insert: least recently passed first
+        if old is not None and old > seq:
+            seq = old
+        elif old is None and len(passed) >= self.max_publishers:
+            del passed[next(iter(passed))]
+        passed[pub] = seq
 
     def mark(self, pub: int, seq: int) -> bool:
         if self.behind:
@@ -168,6 +186,7 @@ class _SubState:
             if text == self.recovery:
                 return False
             self.recovery = text
+            self.pass_(pub, seq)
             return True
         last = window[-1]
         if last.mark:
@@ -180,34 +199,43 @@ class _SubState:
 
     def most_recent(self) -> str:
         window = self.window
-        if not window:
-            return self.recovery or self.base
         if self.recovery is None:
-            if self.base == NOW:
+            if window and self.base == NOW:
                 return window[0].bm
             return self.base
-        items = [self.recovery]
-        last_done: dict[int, str] = {}
-        settled: set[int] = set()
+        points = dict(self.passed)
+        pending: set[int] = set()  # publishers with an undiscarded message
         for e in window:
-            if e.mark or e.pub in settled:
+            if e.mark or e.pub in pending:
                 continue
             if e.done:
-                last_done[e.pub] = e.bm
+                points[e.pub] = e.seq
             else:
-                settled.add(e.pub)
-                text = last_done.get(e.pub)
-                if text is not None and len(items) < MAX_LIST:
-                    items.append(text)
+                pending.add(e.pub)
+        items = [self.recovery]
+        seen = {self.recovery}
+        if any(pub not in points for pub in pending) and self.base != NOW:
+            items.append(self.base)  # a publisher with nothing processed: from the start
+            seen.add(self.base)
+        for pub in reversed(points):  # newest first: the oldest-seen are cut by MAX_LIST
+            text = _text(pub, points[pub])
+            if text not in seen:
+                if len(items) >= MAX_LIST:
+                    break
+                seen.add(text)
+                items.append(text)
         return ",".join(items)
 
     def _forget_publisher(self) -> None:
         held = {e.pub for e in self.window}
         for pub in self.highest:
             if pub not in held:
-                del self.highest[pub]
-                return
-        del self.highest[next(iter(self.highest))]
+                break
+        else:
+            pub = next(iter(self.highest))
+        del self.highest[pub]
+        # a forgotten publisher's messages would pass `log` again: no resume point for it
+        self.passed.pop(pub, None)
 
     def start_redelivery(self) -> None:
         """After a load: the undiscarded messages in the window come once more."""

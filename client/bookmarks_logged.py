@@ -23,8 +23,11 @@ File format (this module owns it; integers little-endian)::
       5 MARK     sid u32 | publisher u64 | seq u64   a periodic persisted ack
       6 PURGE    sid u32
       7 STATE    sid u32 | recovery length u16 | recovery text | count u32 | (publisher u64,
-                 seq u64) * count                the snapshot of a subscription, from prune();
-                 RECV / DISCARD / MARK records after it rebuild its window
+                 seq u64) * count | [count u32 | (publisher u64, seq u64) * count]
+                                                 the snapshot of a subscription, from prune():
+                 `highest`, then `passed` (absent in files written before it existed; a
+                 reader that predates it ignores it); RECV / DISCARD / MARK records after it
+                 rebuild its window
 
 Recovery: records are read in order; the first one that is cut short or fails its checksum
 ends the log. The file is truncated there (the damage never outlives an open) and
@@ -172,6 +175,13 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
                 pub, seq = _PAIR.unpack_from(rest, pos)
                 state.highest[pub] = seq
                 pos += 16
+            if pos < len(rest):
+                (count,) = struct.unpack_from("<I", rest, pos)
+                pos += 4
+                for _ in range(count):
+                    pub, seq = _PAIR.unpack_from(rest, pos)
+                    state.passed[pub] = seq
+                    pos += 16
         else:
             raise ValueError(f"unknown record kind {kind}")
 
@@ -288,8 +298,10 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
             out += _record(_SID.pack(BASE, n) + state.base.encode())
             rec = (state.recovery or "").encode()
             pairs = b"".join(_PAIR.pack(p, s) for p, s in state.highest.items())
+            passed = b"".join(_PAIR.pack(p, s) for p, s in state.passed.items())
             out += _record(_SID.pack(STATE, n) + struct.pack("<H", len(rec)) + rec +
-                           struct.pack("<I", len(state.highest)) + pairs)  # fmt: skip
+                           struct.pack("<I", len(state.highest)) + pairs +
+                           struct.pack("<I", len(state.passed)) + passed)  # fmt: skip
             for e in state.window:
                 if e.mark:
                     out += _record(_KEYED.pack(MARK, n, e.pub, e.seq))

@@ -13,7 +13,7 @@ The work is split by section: `config.schema` (which children each section allow
 (`<Transports>`, `<Admin>`, `<Logging>`), `config.txlog` (`<TransactionLog>`), `config.queues`
 (`<SOW>`), `config.actions` (`<Actions>`), `config.limits` (the root limits), `config.security`
 (`<Authentication>`, `<Entitlement>`, TLS files, safe defaults, and what this build refuses as
-not served yet); this module reads the root and its own elements, and owns the public functions.
+not served yet), `config.replication` (`<Group>`, `<Replication>`); this module reads the root and its own elements, and owns the public functions.
 
 Problems
 --------
@@ -37,6 +37,7 @@ from .errors import ConfigError, Problem
 from .limits import LIMIT_ELEMENTS
 from .model import DEFAULT_CLIENT_MAX_BUFFER_SIZE, DEFAULT_IDLE_POLL, MAX_IDLE_POLL, Config, Limits
 from .queues import read_sow
+from .replication import read_replication
 from .rules import Checker, Section, human, instance_name
 from .schema import ROOT
 from .security import check_security, read_authentication, read_entitlement
@@ -185,6 +186,8 @@ class _Loader(Checker):
         if authentication is not None and authentication.logon_timeout is not None:
             limits = msgspec.structs.replace(limits, logon_timeout=authentication.logon_timeout)
         entitlement = read_entitlement(self, sec.one("Entitlement"))
+        group = sec.value("Group", instance_name, None)
+        replication = read_replication(self, sec.one("Replication"), name, transports, tlog, root)
         config = Config(
             name=name,
             transports=tuple(transports),
@@ -196,6 +199,8 @@ class _Loader(Checker):
             limits=limits,
             authentication=authentication,
             entitlement=entitlement,
+            group=group,
+            replication=replication,
             source=self.source,
         )
         check_security(self, sec, config)

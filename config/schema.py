@@ -27,6 +27,9 @@ __all__ = [
     "ADMIN",
     "AUTHENTICATION",
     "DENY",
+    "DESTINATION",
+    "DESTINATION_TOPIC",
+    "DESTINATION_TRANSPORT",
     "DO",
     "ENTITLEMENT",
     "FILTER",
@@ -35,6 +38,7 @@ __all__ = [
     "ON",
     "OPTION_SPECS",
     "QUEUE",
+    "REPLICATION",
     "ROLE",
     "ROOT",
     "SECTIONS",
@@ -53,7 +57,11 @@ __all__ = [
 
 class Spec:
     """The children section `tag` allows: `one` at most once, `many` any number of times.
-    Creating a Spec records where each name belongs, for the "it goes in <...>" hint."""
+    Creating a Spec records where each name belongs, for the "it goes in <...>" hint.
+
+    `within` names the parent when `tag` is also a section elsewhere with other children (the
+    `<Transport>` of a replication `<Destination>` is not the one of `<Transports>`): hints then
+    say "<Destination>", and docs/configuration.md describes it under a heading naming both."""
 
     def __init__(
         self,
@@ -63,20 +71,33 @@ class Spec:
         synonyms: Mapping[str, str] | None = None,
         unsupported: Mapping[str, str] | None = None,
         misnamed: Mapping[str, str] | None = None,
+        within: str | None = None,
     ) -> None:
         self.tag = tag
+        self.within = within
         self.children = {name: False for name in one} | {name: True for name in many}
         self.synonyms = dict(synonyms or {})
         self.unsupported = dict(unsupported or {})
         self.misnamed = dict(misnamed or {})
         _WHERE.setdefault(tag, [])
         for name in (*self.children, *self.synonyms):
-            _WHERE.setdefault(name, []).append(tag)
+            _WHERE.setdefault(name, []).append(f"{within}><{tag}" if within else tag)
 
 
 _WHERE: dict[str, list[str]] = {}  # element name -> sections it may appear in (for hints)
 
-_NO_REPLICATION = "replication is not supported yet"
+_QUEUE_OWNER = (
+    "a queue message is owned by the instance it was published on, and taken over after "
+    "<QueueOwnerFailover> (docs/replication.md)"
+)
+_LOCAL_QUEUE = (
+    "write <Queue>: a queue is replicated to the destinations whose <Topic> matches its name, "
+    "so a queue no destination carries is local"
+)
+_VALIDATION = (
+    "the checks across a set are made by `tickertape serve --verify-config` given every "
+    "instance's file; they never stop a start, so there is nothing to exclude"
+)
 _SLOW_CLIENT = (
     "Tickertape bounds each connection at the root: past <ClientOfflineThreshold> its "
     "subscribers read from the journal, <ClientMaxBufferSize> and <ClientMessageAgeLimit> close it"
@@ -97,10 +118,10 @@ ROOT = Spec(
         "Actions",
         "Authentication",
         "Entitlement",
+        "Group",
+        "Replication",
     ),
     unsupported={
-        "Group": _NO_REPLICATION,
-        "Replication": _NO_REPLICATION,
         "Include": "the configuration is one file",
         "MessageTypes": "json is built in and the only message type",
         "Modules": "plug-in modules are not supported",
@@ -184,9 +205,7 @@ TRANSACTION_LOG = Spec(
         "CompressedJournalCacheMemoryLimit": "not applicable",
     },
 )
-TOPIC = Spec(
-    "Topic", one=("Name", "MessageType"), unsupported={"ExcludeValidation": _NO_REPLICATION}
-)
+TOPIC = Spec("Topic", one=("Name", "MessageType"), unsupported={"ExcludeValidation": _VALIDATION})
 SOW = Spec(
     "SOW",
     many=("Queue",),
@@ -195,8 +214,8 @@ SOW = Spec(
         "Topic": "SOW topics (last value per key) are not supported yet; only <Queue>",
         "View": "views are not supported",
         "ConflatedTopic": "conflated topics are not supported; use the conflation option",
-        "LocalQueue": "write <Queue> (there is no replication, so every queue is local)",
-        "GroupLocalQueue": "write <Queue> (there is no replication, so every queue is local)",
+        "LocalQueue": _LOCAL_QUEUE,
+        "GroupLocalQueue": _LOCAL_QUEUE,
     },
 )
 QUEUE = Spec(
@@ -236,8 +255,8 @@ QUEUE = Spec(
         "FileBackedMetadata": "queue metadata is an in-memory index over the journal",
         "TargetQueueDepth": "not applicable",
         "DeferredAckExpiration": "not applicable",
-        "InitialOwner": _NO_REPLICATION,
-        "GroupLocalQueueDomain": _NO_REPLICATION,
+        "InitialOwner": _QUEUE_OWNER,
+        "GroupLocalQueueDomain": _QUEUE_OWNER,
     },
 )
 ACTIONS = Spec("Actions", many=("Action",))
@@ -284,6 +303,31 @@ ROLE = Spec(
 DENY = Spec("Deny", one=("Admin",), many=_RIGHTS)
 FILTER = Spec("Filter", one=("Topic", "Expression"))
 
+REPLICATION = Spec(
+    "Replication",
+    one=("QueueOwnerFailover",),
+    many=("Destination",),
+    misnamed={"Destinations": "Destination"},
+)
+DESTINATION = Spec(
+    "Destination",
+    one=("Name", "Group", "SyncType", "PassThrough", "DowngradeAfter", "User", "PasswordFile"),
+    many=("Transport", "Topic"),
+    misnamed={"Sync": "SyncType", "Mode": "SyncType"},
+)
+DESTINATION_TRANSPORT = Spec(
+    "Transport",
+    one=("InetAddr", "Type", "TLS", "CAFile", "Certificate", "PrivateKey"),
+    within="Destination",
+    unsupported={"Name": "a destination's transports are tried in order; they have no name"},
+)
+DESTINATION_TOPIC = Spec(
+    "Topic",
+    one=("Name", "MessageType"),
+    within="Destination",
+    unsupported={"ExcludeValidation": _VALIDATION},
+)
+
 # Every section Spec but the per-module <Options> (OPTION_SPECS), in document order.
 SECTIONS: tuple[Spec, ...] = (
     ROOT,
@@ -305,6 +349,10 @@ SECTIONS: tuple[Spec, ...] = (
     ROLE,
     DENY,
     FILTER,
+    REPLICATION,
+    DESTINATION,
+    DESTINATION_TRANSPORT,
+    DESTINATION_TOPIC,
 )
 
 

@@ -83,7 +83,11 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
         addr = t.value(
             "InetAddr", parse_inet_addr, None, required=True, hint=" (port or host:port)"
         )
-        ttype = t.value("Type", enum("tcp", "tcps"), "tcp")
+        ttype = t.value(
+            "Type",
+            enum("tcp", "tcps", "replication", aliases={"amps-replication": "replication"}),
+            "tcp",
+        )
         mtype = t.value("MessageType", message_type, "json")
         protocol = t.value("Protocol", enum("amps", aliases={"json": "amps"}), "amps")
         max_size = t.value(
@@ -97,10 +101,15 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
         verify_client = t.value("VerifyClient", boolean, False)
         version = t.value("MinimumVersion", minimum_version, "TLSv1.2")
         ciphers = t.text("Ciphers")
-        if ttype == "tcps":
+        # A replication transport serves TLS when it has a certificate and key (no tcps twin)
+        tls = ttype == "tcps" or (
+            ttype == "replication" and (t.has("Certificate") or t.has("PrivateKey"))
+        )
+        if tls:
+            why = "tcps" if ttype == "tcps" else "a replication transport with TLS"
             for element, value in (("Certificate", certificate), ("PrivateKey", private_key)):
                 if value is None and not t.has(element):
-                    t.missing(element, " (a PEM file; tcps needs a certificate and key)")
+                    t.missing(element, f" (a PEM file; {why} needs a certificate and key)")
             if verify_client and ca_file is None and not t.has("CAFile"):
                 t.missing("CAFile", " (the CA that signs client certificates: VerifyClient)")
             elif certificate is not None and private_key is not None:
@@ -109,6 +118,14 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
                     t,
                     _server_tls(certificate, private_key, ca_file, verify_client, version, ciphers),
                 )
+        elif ttype == "replication":
+            for element in _TLS_ELEMENTS:
+                if t.has(element):
+                    checker.report(
+                        t.at(element),
+                        f"<{element}> needs TLS: a replication transport serves TLS when it "
+                        "has <Certificate> and <PrivateKey>; add them or remove it",
+                    )
         else:
             for element in _TLS_ELEMENTS:
                 if t.has(element):

@@ -46,6 +46,8 @@ static inline uint32_t record_crc(const unsigned char *q, Py_ssize_t left) {
 #define RECORD_HEADER 36
 #define FLAG_EXPIRATION 1
 #define FLAG_HEADER 2
+#define FLAG_ORIGIN 4
+#define KNOWN_FLAGS 7u
 
 static inline uint32_t rd32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -63,7 +65,7 @@ static int check(const unsigned char *p, Py_ssize_t avail, Py_ssize_t *total) {
     unsigned kind = p[8], flags = p[9];
     uint16_t tlen = rd16(p + 10);
     Py_ssize_t t = (Py_ssize_t)length + 4;
-    if (length < RECORD_HEADER - 4 + (uint32_t)tlen || (kind != 1 && kind != 2) || (flags & ~3u))
+    if (length < RECORD_HEADER - 4 + (uint32_t)tlen || (kind != 1 && kind != 2) || (flags & ~KNOWN_FLAGS))
         return 0;
     if (t > avail)
         return -1;
@@ -72,6 +74,14 @@ static int check(const unsigned char *p, Py_ssize_t avail, Py_ssize_t *total) {
         if (need + 2 > t)
             return 0;
         need += 2 + rd16(p + need);
+    }
+    if (flags & FLAG_ORIGIN) { /* u64 time, u8 N + name, u8 G + group */
+        if (need + 9 > t)
+            return 0;
+        need += 9 + p[need + 8];
+        if (need + 1 > t)
+            return 0;
+        need += 1 + p[need];
     }
     need += tlen;
     if (need > t)

@@ -6,6 +6,8 @@ Compaction keeps a record if any of these holds (policy, see maintenance.make_re
 - a queue may still need it: a message on a topic a queue reads, at or after that queue's floor
   (its recovery checkpoint: every message of the queue below it is done); a queue event of a
   queue, at or after that queue's floor;
+- a replication destination may still need it: at or after `replication_floor` (the lowest
+  position a configured destination has not acked, maintenance.destination_floor);
 - it is the newest message of its publisher (`keep_positions`, from the index's highest sequence
   per publisher), so dedup state survives even an index rebuild.
 
@@ -60,6 +62,9 @@ def keep_mask(
     keep = msg & (cols["ts"] >= cutoff)
     if cutoff_position is not None:
         keep |= positions >= cutoff_position
+    repl_floor = policy.get("replication_floor")
+    if repl_floor is not None:
+        keep |= positions >= int(repl_floor)
     queues = _queue_matchers(policy)
     if queues:
         big = np.iinfo(np.int64).max

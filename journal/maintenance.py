@@ -23,8 +23,16 @@ the same positions; still archived, since the archive state is by position) -> r
 the manifest's start). These can come in any order: archive, compact, remove (the README's
 schedule), or compact, archive, remove. Only a prefix of the journal is ever removed, and only
 when every position of it is archived (a file its catalog describes still has the crc32 the
-catalog recorded), no queue needs it (every queue's checkpoint is past it) and no replay is
-reading it.
+catalog recorded), no queue needs it (every queue's checkpoint is past it), no replication
+destination needs it (`destination_floor`: every configured destination has acked past it) and
+no replay is reading it. Compaction keeps every record at or after the destinations' floor
+(policy "replication_floor", compact_job.py), so a destination that comes back is sent exactly
+what it misses.
+
+Replication retention: the source's sender writes each destination's acked position to the
+index metadata, key `repl_acked_key(dest)` = b"repl-acked:" + destination name (UTF-8), a u64
+LE journal position below which the destination holds everything (absent: it holds nothing
+yet, so nothing is removed).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import time
 import zlib
 from collections.abc import Iterable
@@ -65,6 +74,8 @@ NEWEST_TIME_SPAN = 512 * 1024
 
 Json = dict[str, Any]  # a request, result, answer or catalog, as its JSON file holds it
 Queues = Iterable[tuple[str, str, bool]]  # (name, underlying topic, is a pattern) per queue
+REPL_ACKED_PREFIX = b"repl-acked:"
+_U64 = struct.Struct("<Q")
 
 
 class MaintenanceError(RuntimeError):
@@ -112,6 +123,22 @@ def queue_floors(journal: Journal, queues: Queues) -> list[Json]:
     return out
 
 
+def repl_acked_key(dest: str) -> bytes:
+    """The index metadata key of a replication destination's acked position."""
+    return REPL_ACKED_PREFIX + dest.encode()
+
+
+def destination_floor(journal: Journal, destinations: Iterable[str]) -> int | None:
+    """The lowest position some configured destination has not acked (0 for one that never
+    acked), or None with no destination: nothing at or after it may be removed or dropped."""
+    floor = None
+    for dest in destinations:
+        raw = journal.index.get_meta(repl_acked_key(dest))
+        pos = _U64.unpack(raw[:8])[0] if raw and len(raw) >= 8 else 0
+        floor = pos if floor is None else min(floor, pos)
+    return floor
+
+
 def make_request(
     journal: Journal,
     kind: str,
@@ -120,6 +147,7 @@ def make_request(
     retention_s: float | None = None,
     archive_root: str | None = None,
     queues: Queues = (),
+    destinations: Iterable[str] = (),
     now: int | None = None,
     recompact: bool = False,
     level: int = 3,
@@ -134,6 +162,8 @@ def make_request(
     compact: sealed plain segments older than older_than_s (compacted ones too with recompact);
              with retention_s, records older than now - retention_s may be dropped (policy).
     queues: (name, underlying topic, is_pattern) of every configured queue.
+    destinations: names of the configured replication destinations (their acked positions
+             bound what compaction may drop: policy "replication_floor").
     """
     if kind not in ("archive", "compact"):
         raise ValueError(f"unknown job kind {kind!r}")
@@ -185,6 +215,7 @@ def make_request(
             "cutoff_us": now - int(retention_s * 1_000_000) if retention_s else 0,
             "retention_s": retention_s,
             "queues": queue_floors(journal, queues),
+            "replication_floor": destination_floor(journal, destinations),
             "keep_positions": keep,
             "level": level,
             "block_size": 1 << 20,
@@ -447,9 +478,10 @@ def remove_journal(
     queues: Queues = (),
     replay_floor: int | None = None,
     now: int | None = None,
+    destinations: Iterable[str] = (),
 ) -> Json:
     """Remove the oldest sealed segments that are old enough, archived, past every queue's
-    checkpoint and every replay's position.
+    checkpoint, every replay's position and every replication destination's acked position.
 
     Archived means: every position of the segment lies in a range the manifest records as
     archived, and each catalog of those ranges is still in the archive. A segment a catalog
@@ -461,6 +493,7 @@ def remove_journal(
     man = journal.manifest
     floors = queue_floors(journal, queues)
     qfloor = min((q["floor"] for q in floors), default=None)
+    dfloor = destination_floor(journal, destinations)
     removed = []
     why = ""
     catalogs: dict[str, Json | None] = {}
@@ -476,6 +509,9 @@ def remove_journal(
             break
         if qfloor is not None and seg.end > qfloor:
             why = f"{seg.path} holds messages a queue has not finished (checkpoint {qfloor})"
+            break
+        if dfloor is not None and seg.end > dfloor:
+            why = f"{seg.path} holds records a replication destination has not acked ({dfloor})"
             break
         if replay_floor is not None and seg.end > replay_floor:
             why = f"a replay is reading {seg.path}"
@@ -565,7 +601,13 @@ def pending_results(journal_dir: str) -> list[str]:
     return [i for i in _ids(maint_dir(journal_dir, "results")) if i not in answered]
 
 
-def take_orders(journal: Journal, *, archive_root: str | None, queues: Queues) -> list[Json]:
+def take_orders(
+    journal: Journal,
+    *,
+    archive_root: str | None,
+    queues: Queues,
+    destinations: Iterable[str] = (),
+) -> list[Json]:
     """Turn each order (written by the CLI while the server runs) into a request. Returns the
     answers: {"id", "request": path or None, "reason"} also written next to the order."""
     d = journal.directory
@@ -585,6 +627,7 @@ def take_orders(journal: Journal, *, archive_root: str | None, queues: Queues) -
                 retention_s=order.get("retention_s"),
                 archive_root=order.get("archive_root") or archive_root,
                 queues=queues,
+                destinations=destinations,
                 recompact=bool(order.get("recompact")),
                 req_id=oid,
             )

@@ -31,12 +31,24 @@ offset size  field
 ..     H     header fragment               only if flags & 2: wire-ready JSON members, each
                                            starting with ',' (e.g. `,"x":"corr-1"`), appended
                                            as-is to the header of every delivery of the message
+..     8     u64 origin receive time, µs    only if flags & 4 (origin block, below)
+..     1     u8  N                          only if flags & 4
+..     N     origin instance name, UTF-8    only if flags & 4
+..     1     u8  G                          only if flags & 4
+..     G     origin group name, UTF-8       only if flags & 4
 ..     T     topic, UTF-8
 ..     ...   body, as published
 ```
 
-Flags: bit 0 = expiration present (the publish's `e`), bit 1 = header fragment present. A
-record with flags 0 is exactly the fixed header, topic and body.
+Flags: bit 0 = expiration present (the publish's `e`), bit 1 = header fragment present, bit 2 =
+origin block present. A record with flags 0 is exactly the fixed header, topic and body.
+
+The origin block says where a record received by replication was first published: the receive
+time the *origin* instance stamped, and that instance's name and group. A record published on
+this instance has none (its origin is this instance); a replicated one always has one, copied
+from the source record if it had one. The record's own receive time (offset 28) is always this
+instance's, so time bookmarks stay per instance. Deliveries never show the block: a replicated
+message is delivered exactly like the original (same bookmark, header fragment and body).
 
 Every read checks each record (`verified_prefix`: a length that holds the record's own fields,
 a known kind and flags, the crc); a damaged record is never served: readers report it and go on
@@ -103,9 +115,13 @@ class RecordFieldError(ValueError):
 
 FLAG_EXPIRATION = 1
 FLAG_HEADER = 2
+FLAG_ORIGIN = 4
+KNOWN_FLAGS = FLAG_EXPIRATION | FLAG_HEADER | FLAG_ORIGIN
+MAX_ORIGIN_NAME = 0xFF  # bytes, for the origin's instance name and its group name each
 MAX_U64 = (1 << 64) - 1
 _u32 = struct.Struct("<I")
 _u16 = struct.Struct("<H")
+_u64 = struct.Struct("<Q")
 
 
 class Record(NamedTuple):
@@ -120,10 +136,32 @@ class Record(NamedTuple):
     body: bytes
     expiration: int | None = None
     header: bytes = b""
+    origin: Origin | None = None
 
 
-RawExtra = tuple[int | None, bytes]
-"""The optional fields of a raw record: (expiration in seconds or None, header fragment)."""
+class Origin(NamedTuple):
+    """A replicated record's origin block: where (and when) the message was first published.
+    The raw read paths hand it out as a plain tuple of this shape."""
+
+    timestamp_us: int  # receive time the origin instance stamped, µs since the epoch
+    instance: bytes  # the origin instance's <Name>, UTF-8 as stored
+    group: bytes  # the origin instance's group, UTF-8 as stored
+
+
+OriginTuple = tuple[int, bytes, bytes]
+"""An Origin built as a plain tuple (the hot paths); Origin is a subtype of it."""
+
+RawExtra = tuple[int | None, bytes] | tuple[int | None, bytes, OriginTuple]
+"""The optional fields of a raw record: (expiration in seconds or None, header fragment), and a
+third member, the origin, only when the record has one (a replicated record). Index it: [0] and
+[1] are always there; `raw_origin(extra)` reads the third."""
+
+
+def raw_origin(extra: RawExtra | None) -> OriginTuple | None:
+    """The origin of a raw record from its `extra` member (None: published on this instance)."""
+    if extra is None or len(extra) < 3:
+        return None
+    return extra[2]  # type: ignore[misc]  # len checked: the three-member shape
 
 
 class RawRecord(NamedTuple):
@@ -171,9 +209,12 @@ def encode_record(
     body: bytes,
     expiration: int | None = None,
     header: bytes = b"",
+    origin: OriginTuple | None = None,
 ) -> bytes:
     """The record's bytes. RecordFieldError for a field the format cannot hold: checked before
-    anything else, so a caller can encode first and change its own state only after."""
+    anything else, so a caller can encode first and change its own state only after.
+    origin: (origin receive time, instance name, group name) for a record received by
+    replication; None for a record published here."""
     if len(topic) > MAX_TOPIC or len(header) > 0xFFFF:
         raise RecordFieldError(
             f"the topic ({len(topic)} bytes) and the header fragment ({len(header)} bytes) "
@@ -185,7 +226,16 @@ def encode_record(
         )
     if expiration is not None and not math.isfinite(expiration):
         raise RecordFieldError(f"expiration {expiration!r} is not a finite number of seconds")
-    if expiration is None and not header:
+    if origin is not None:
+        ots, oname, ogroup = origin
+        if len(oname) > MAX_ORIGIN_NAME or len(ogroup) > MAX_ORIGIN_NAME:
+            raise RecordFieldError(
+                f"the origin's instance name ({len(oname)} bytes) and group ({len(ogroup)} "
+                f"bytes) must each be at most {MAX_ORIGIN_NAME} bytes"
+            )
+        if not 0 <= ots <= MAX_U64:
+            raise RecordFieldError(f"origin time {ots} must be 0..2^64-1")
+    if expiration is None and not header and origin is None:
         rest = _pack_after_crc(kind, 0, len(topic), publisher_id, seq, ts_us) + topic + body
     else:
         flags = 0
@@ -197,6 +247,10 @@ def encode_record(
         if header:
             flags |= FLAG_HEADER
             extra += _u16.pack(len(header)) + header
+        if origin is not None:
+            flags |= FLAG_ORIGIN
+            extra += _u64.pack(origin[0]) + bytes((len(origin[1]),)) + origin[1]
+            extra += bytes((len(origin[2]),)) + origin[2]
         rest = (
             _pack_after_crc(kind, flags, len(topic), publisher_id, seq, ts_us)
             + extra
@@ -206,10 +260,13 @@ def encode_record(
     return _pack_prefix(len(rest) + 4, _crc32(rest)) + rest
 
 
-def _extras(buf: BytesLike, at: int, flags: int) -> tuple[int | None, bytes, int]:
-    """(expiration, header fragment, offset of the topic) for a record with flags."""
+def _extras(
+    buf: BytesLike, at: int, flags: int
+) -> tuple[int | None, bytes, OriginTuple | None, int]:
+    """(expiration, header fragment, origin, offset of the topic) for a record with flags."""
     exp = None
     hdr = b""
+    origin = None
     if flags & FLAG_EXPIRATION:
         exp = _u32.unpack_from(buf, at)[0]
         at += 4
@@ -217,7 +274,33 @@ def _extras(buf: BytesLike, at: int, flags: int) -> tuple[int | None, bytes, int
         n = _u16.unpack_from(buf, at)[0]
         hdr = bytes(buf[at + 2 : at + 2 + n])
         at += 2 + n
-    return exp, hdr, at
+    if flags & FLAG_ORIGIN:
+        ots = _u64.unpack_from(buf, at)[0]
+        n = buf[at + 8]
+        name = bytes(buf[at + 9 : at + 9 + n])
+        at += 9 + n
+        g = buf[at]
+        origin = (ots, name, bytes(buf[at + 1 : at + 1 + g]))
+        at += 1 + g
+    return exp, hdr, origin, at
+
+
+def _topic_start(buf: BytesLike, pos: int, limit: int, flags: int) -> int:
+    """Where the topic of the record at buf[pos] starts (after its optional fields), or -1 if
+    those run past `limit` (the record's end)."""
+    at = pos + RECORD_HEADER_SIZE + (4 if flags & FLAG_EXPIRATION else 0)
+    if flags & FLAG_HEADER:
+        if at + 2 > limit:
+            return -1
+        at += 2 + _u16.unpack_from(buf, at)[0]
+    if flags & FLAG_ORIGIN:
+        if at + 9 > limit:
+            return -1
+        at += 9 + buf[at + 8]
+        if at + 1 > limit:
+            return -1
+        at += 1 + buf[at]
+    return at if at <= limit else -1
 
 
 def encode_segment_header(base: int) -> bytes:
@@ -260,9 +343,11 @@ def decode_records(
         if verify and _crc32(memoryview(buf)[pos + 8 : pos + total]) != crc:
             raise CorruptRecord(pos, "checksum mismatch")
         tstart = pos + RECORD_HEADER_SIZE
-        exp, hdr = None, b""
+        exp, hdr, origin = None, b"", None
         if flags:
-            exp, hdr, tstart = _extras(buf, tstart, flags)
+            if _topic_start(buf, pos, pos + total, flags) < 0:
+                raise CorruptRecord(pos, "optional fields run past the end of the record")
+            exp, hdr, origin, tstart = _extras(buf, tstart, flags)
             if tstart + tlen > pos + total:
                 raise CorruptRecord(pos, "optional fields run past the end of the record")
         append(
@@ -276,6 +361,7 @@ def decode_records(
                 bytes(buf[tstart + tlen : pos + total]),
                 exp,
                 hdr,
+                None if origin is None else Origin(*origin),
             )
         )
         pos += total
@@ -310,8 +396,8 @@ def scan_records(buf: bytes, base_position: int) -> tuple[list[RawTuple], int]:
         t = pos + hsize
         extra = None
         if flags:
-            exp, hdr, t = _extras(buf, t, flags)
-            extra = (exp, hdr)
+            exp, hdr, origin, t = _extras(buf, t, flags)
+            extra = (exp, hdr) if origin is None else (exp, hdr, origin)
         b = t + tlen
         append((base_position + pos, kind, pub, seq, ts, buf[t:b], buf[b:nxt], extra))
         pos = nxt
@@ -353,8 +439,9 @@ def record_offsets(buf: BytesLike, verify: bool = True) -> tuple[list[int], int]
 def record_columns(buf: BytesLike, offsets: list[int], stop: int) -> dict[str, np.ndarray]:
     """Columnar view of the records at `offsets` in buf (numpy arrays; numpy is imported here
     only, so the server never needs it). Keys: offset, size, crc, kind, flags, publisher_id, seq,
-    ts, expiration (0 where absent), header_start/header_end (equal where absent), topic_start,
-    topic_end (= body start), body_end. Offsets are into buf."""
+    ts, expiration (0 where absent), header_start/header_end (equal where absent), topic_start
+    (after the origin block, which is skipped), topic_end (= body start), body_end. Offsets are
+    into buf."""
     import numpy as np
 
     b = np.frombuffer(buf, dtype=np.uint8)
@@ -412,6 +499,11 @@ def record_columns(buf: BytesLike, offsets: list[int], stop: int) -> dict[str, n
         hstart[has_hdr] = t[has_hdr] + 2
         hend[has_hdr] = t[has_hdr] + 2 + hl
     t = hend
+    has_origin = (flags & FLAG_ORIGIN) != 0
+    if has_origin.any():  # skipped: u64 time, u8 N + name, u8 G + group
+        t = t.copy()
+        at = t[has_origin] + 9 + b[t[has_origin] + 8].astype(np.int64)
+        t[has_origin] = at + 1 + b[at].astype(np.int64)
     return {
         "offset": o,
         "size": ends - o,
@@ -436,19 +528,14 @@ def _check_py(buf: BytesLike, pos: int, end: int) -> int:
         return -1
     length, crc, kind, flags, tlen = _check_head(buf, pos)
     total = 4 + length
-    if length < RECORD_HEADER_SIZE - 4 + tlen or kind not in _KIND_VALUES or flags & ~3:
+    if length < RECORD_HEADER_SIZE - 4 + tlen or kind not in _KIND_VALUES or flags & ~KNOWN_FLAGS:
         return 0
     if pos + total > end:
         return -1
-    need = RECORD_HEADER_SIZE + (
-        4 if flags & FLAG_EXPIRATION else 0
-    )  # where the fragment's length is
-    if flags & FLAG_HEADER:
-        if need + 2 > total:
-            return 0
-        need += 2 + _u16.unpack_from(buf, pos + need)[0]
-    need += tlen
-    if need > total or _crc32(memoryview(buf)[pos + 8 : pos + total]) != crc:
+    t = _topic_start(buf, pos, pos + total, flags) if flags else pos + RECORD_HEADER_SIZE
+    if t < 0 or t + tlen > pos + total:
+        return 0
+    if _crc32(memoryview(buf)[pos + 8 : pos + total]) != crc:
         return 0
     return total
 

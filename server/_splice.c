@@ -13,7 +13,9 @@
  * splice_frames(buf, base, start, end, topic, head) walks the whole records at the start of
  * `buf` (journal/record.py's layout: u32 LE length, u32 crc, u8 kind, u8 flags, u16 LE topic
  * length, u64 LE publisher id, u64 LE sequence, u64 LE time, [u32 expiration if flags & 1],
- * [u16 LE H + H bytes header fragment if flags & 2], topic, body) and, for every message
+ * [u16 LE H + H bytes header fragment if flags & 2], [origin block if flags & 4: u64 time,
+ * u8 N + N bytes, u8 G + G bytes; skipped: a replicated message is delivered exactly like the
+ * original], topic, body) and, for every message
  * (kind 1) on exactly `topic` at a position in [start, end), writes its delivery frame (no
  * tail). It stops at the first record at or past `end` and at a partial record. It returns
  *
@@ -35,6 +37,7 @@
 #define KIND_MESSAGE 1
 #define FLAG_EXPIRATION 1
 #define FLAG_HEADER 2
+#define FLAG_ORIGIN 4
 
 static inline uint32_t rd32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -139,6 +142,14 @@ static inline int record_fields(const unsigned char *in, Py_ssize_t off, Py_ssiz
         *flen = rd16(in + t);
         *frag = in + t + 2;
         t += 2 + *flen;
+    }
+    if (flags & FLAG_ORIGIN) {
+        if (t + 9 > nxt)
+            return 0;
+        t += 9 + in[t + 8];
+        if (t + 1 > nxt)
+            return 0;
+        t += 1 + in[t];
     }
     if (t + (Py_ssize_t)rd16(in + off + 10) > nxt)
         return 0;

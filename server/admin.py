@@ -12,6 +12,12 @@
                      logged-on admin's browser do it
     POST /actions/<name>/run   the console's action: run that scheduled journal action
                      (`<Actions>`) now; the same header guard; 409 when it is running already
+    POST /replication/<name>/downgrade   sync destination <name> acts as async from now on:
+                     publishers' acks no longer wait for it (docs/replication.md); the same
+                     header guard (`tickertape replication downgrade NAME` sends it); 409 when
+                     it is not a sync destination acting as sync
+    POST /replication/<name>/upgrade     a downgraded destination is sync again; 409 when it
+                     is not downgraded
 
 A deliberately small HTTP/1.0 responder on asyncio (one request per connection, request head
 bounded to 8 KiB, 5 s to send it): the endpoint serves monitoring, not traffic.
@@ -80,11 +86,15 @@ class AdminEndpoint:
         guard: Guard | None = None,
         disconnect: Callable[[int], str | None] | None = None,
         run_action: Callable[[str], str | None] | None = None,
+        replication: Callable[[str, str, str], bool | None] | None = None,
     ) -> None:
         """`disconnect(id)` closes that client's connection and returns what it was (None: no
         such client); without it the disconnect action answers 404. `run_action(name)` starts
-        that journal action now: "started", "running" (already), or None (no such action)."""
+        that journal action now: "started", "running" (already), or None (no such action).
+        `replication(name, "downgrade" | "upgrade", who)` changes a destination's mode: True,
+        False (it was not in the mode to leave), None (no such destination)."""
         self.stats = stats
+        self.replication = replication
         self.disconnect = disconnect
         self.run_action = run_action
         self.instance = instance
@@ -190,6 +200,8 @@ class AdminEndpoint:
             return self._disconnect(path, lines, user)
         if method == "POST" and path.startswith("/actions/") and path.endswith("/run"):
             return self._run_action(path, lines, user)
+        if method == "POST" and path.startswith("/replication/"):
+            return self._replication(path, lines, user)
         if method != "GET":
             return 405, "text/plain", b"only GET is served (and the console's POST actions)\n"
         if path == "/stats":
@@ -231,6 +243,33 @@ class AdminEndpoint:
             return 409, "text/plain", b"that action is running already\n"
         log.warning("admin: ran action %s at the request of %s", name, user or "the console")
         return 200, "application/json", msgspec.json.encode({"started": name}) + b"\n"
+
+    def _replication(
+        self, path: str, lines: list[bytes], user: str | None
+    ) -> tuple[int, str, bytes]:
+        if _header(lines, b"x-requested-by") != ACTION_HEADER:
+            return 403, "text/plain", f"actions need X-Requested-By: {ACTION_HEADER}\n".encode()
+        name, _, command = path[len("/replication/") :].rpartition("/")
+        name = unquote(name)
+        if command not in ("downgrade", "upgrade") or not name:
+            return 404, "text/plain", b"try POST /replication/<name>/downgrade or /upgrade\n"
+        who = f"the admin ({user})" if user else "the admin"
+        changed = self.replication(name, command, who) if self.replication is not None else None
+        if changed is None:
+            return 404, "text/plain", f"no replication destination named {name}\n".encode()
+        if not changed:
+            now = (
+                "not a sync destination acting as sync"
+                if command == "downgrade"
+                else ("not downgraded")
+            )
+            return 409, "text/plain", f"destination {name} is {now}: nothing changed\n".encode()
+        mode = "downgraded" if command == "downgrade" else "sync"
+        return (
+            200,
+            "application/json",
+            msgspec.json.encode({"destination": name, "mode": mode}) + b"\n",
+        )
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
         """Serve /events until the page goes, its output backs up, or the endpoint stops."""

@@ -44,7 +44,12 @@ from .pipeline import Pipeline
 from .queues import QueueManager
 from .reasons import Disconnect
 from .replay_engine import ReplayEngine
+from .replication import AckSink, MemoryAckSink
+from .replication.receiver import Receiver
+from .replication.sender import Sender
+from .replication.sync import SyncGate, UnknownDestination
 from .router import Router
+from .security.tls import ServerTls, server_context
 from .services import SessionServices
 from .session_rights import recheck
 from .stats import Stats
@@ -92,6 +97,14 @@ class IdlePoller:
             self._polling = False
 
 
+def _read_password(path: str | None) -> str | None:
+    """A replication link's password: the first line of its file (read at each connect)."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.readline().rstrip("\r\n")
+
+
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -103,6 +116,7 @@ class Server:
         self.guard = Guard()
         self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
         self.admin: AdminEndpoint | None = None
+        self.gate: SyncGate | None = None  # with <Replication> destinations (and a journal)
         self.maintenance: Maintenance | None = None
         self.readers = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="journal-reader"
@@ -111,6 +125,10 @@ class Server:
         self._stopped = asyncio.Event()
         self.started_at = time.time()
         self.shutting_down = False
+        self.receiver: Receiver | None = None
+        self.senders: list[Sender] = []
+        # what the senders report: the SyncGate when there are destinations (and a journal)
+        self.repl_sink: AckSink = MemoryAckSink()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -137,9 +155,31 @@ class Server:
         self.intake = Intake(config.limits)
         self.fanout = Fanout(Router())
         self.pipeline = Pipeline(journal, recorded, loop, self.fanout, self.connections.backlog)
-        self.replays = ReplayEngine(journal, self.readers, self.pipeline)
+        dests = config.replication.destinations
+        if dests and journal is not None:
+            pipeline = self.pipeline
+            self.gate = SyncGate(
+                ((d.name, d.sync, d.downgrade_after) for d in dests),
+                lambda: pipeline.delivered_end,
+                loop.call_later,
+            )
+            pipeline.attach_gate(self.gate)
+            self.gate.start()
+            self.repl_sink = self.gate
+        gate = self.gate
+        self.replays = ReplayEngine(
+            journal,
+            self.readers,
+            self.pipeline,
+            (lambda: gate.durable_end) if gate is not None and gate.has_sync else None,
+        )
         self.queues = QueueManager(
-            config.queues if journal is not None else (), self.name, journal, loop, self.pipeline
+            config.queues if journal is not None else (),
+            self.name,
+            journal,
+            loop,
+            self.pipeline,
+            config.replication,
         )
         await loop.run_in_executor(None, self.queues.recover)
         self.queues.attach(self.pipeline)
@@ -186,6 +226,9 @@ class Server:
             self.replays,
             lambda: self.poller.rounds,
         )
+        if gate is not None:
+            self.stats.replication = gate.snapshot
+            self.stats.held_batches = lambda: gate.held
         log.info(
             "stored messages are framed by %s",
             "the C accelerator (server/_splice.c)"
@@ -193,6 +236,8 @@ class Server:
             else "pure Python (server/splice.py): no C accelerator was built, or TICKERTAPE_PURE_PYTHON is set",
         )
         for t in config.transports:
+            if t.type == "replication":
+                continue  # not a client listener: _start_replication
             factory: Callable[[], asyncio.Protocol]
             if t.type == "tcps":
                 acceptor = TlsAcceptor(
@@ -221,6 +266,7 @@ class Server:
                 t.message_type,
                 ", TLS" if t.type == "tcps" else "",
             )
+        await self._start_replication()
         if config.admin is not None:
             self.admin = AdminEndpoint(
                 self.stats,
@@ -230,6 +276,7 @@ class Server:
                 self.guard,
                 self._disconnect_client,
                 self._run_action,
+                self._replication,
             )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())
@@ -237,6 +284,56 @@ class Server:
             self.maintenance = Maintenance(config, journal, loop, self.replays.floor)
             self.maintenance.start()
             self.stats.actions = self.maintenance.status
+
+    async def _start_replication(self) -> None:
+        """The replication listeners (`replication` transports) and one sender per destination
+        (server/replication/); both need the journal."""
+        config = self.config
+        inbound = [t for t in config.transports if t.type == "replication"]
+        if not inbound and not config.replication.destinations:
+            return
+        journal = self.journal
+        if journal is None:
+            log.error("replication is configured but there is no <TransactionLog>: not started")
+            return
+        self.receiver = Receiver(self.name, self.pipeline, journal, self.guard, self.queues)
+        self.stats.replication_sources = self.receiver.snapshot
+        for t in inbound:
+            ctx = server_context(ServerTls.of(t)) if t.certificate and t.private_key else None
+            srv = await asyncio.start_server(
+                self.receiver.handle, t.host, t.port, ssl=ctx, reuse_address=True
+            )
+            self.listeners.append(srv)
+            host, port = srv.sockets[0].getsockname()[:2]
+            self.addresses.append((t.name, host, port))
+            log.info(
+                "replication listener on %s:%d (transport %s%s)",
+                host,
+                port,
+                t.name,
+                ", TLS" if ctx else "",
+            )
+        group = config.group or config.name
+        for dest in config.replication.destinations:
+            sender = Sender(
+                dest,
+                self.name,
+                group,
+                journal,
+                self.pipeline,
+                self.gate if self.gate is not None else self.repl_sink,
+                partial(_read_password, dest.password_file),
+                self.queues.translate_out,
+            )
+            sender.start()
+            self.senders.append(sender)
+        if self.senders:
+            log.info(
+                "replication: instance %s (group %s) sends to %s",
+                self.name,
+                group,
+                "; ".join(s.describe() for s in self.senders),
+            )
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -255,6 +352,10 @@ class Server:
             acceptor.cancel()
         for conn in self.connections:
             conn.pause_reading("shutdown")
+        for sender in self.senders:  # before the journal closes: they read it
+            await sender.stop()
+        if self.receiver is not None:  # before the last commit: what it took is acked or resent
+            await self.receiver.stop()
         pipeline: Pipeline | None = getattr(self, "pipeline", None)  # None: start() failed early
         if pipeline is not None:
             self.replays.cancel_all()
@@ -274,6 +375,8 @@ class Server:
             conn.out.close(Disconnect.SHUTDOWN)
         if self._ticker is not None:
             self._ticker.cancel()
+        if self.gate is not None:
+            self.gate.stop()
         if self.admin is not None:
             await self.admin.stop()
         if self.maintenance is not None:
@@ -318,6 +421,17 @@ class Server:
     def _run_action(self, name: str) -> str | None:
         """The console's action: run journal action `name` now (Maintenance.run_now)."""
         return self.maintenance.run_now(name) if self.maintenance is not None else None
+
+    def _replication(self, name: str, command: str, who: str) -> bool | None:
+        """The admin's `downgrade` / `upgrade` of destination `name` (SyncGate)."""
+        if self.gate is None:
+            return None
+        try:
+            if command == "downgrade":
+                return self.gate.downgrade(name, who)
+            return self.gate.upgrade(name, who)
+        except UnknownDestination:
+            return None
 
     # -- periodic work ------------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """The `tickertape` command: the entry point for the server and the command-line client.
 
     tickertape serve [--config FILE] [--daemon --pid-file FILE]
-    tickertape serve --verify-config FILE
+    tickertape serve --verify-config FILE [FILE ...]   (several: a replication set, checked together)
     tickertape pub|sub ...            (client/cli.py)
     tickertape archive|compact ...    (maintenance_cli.py: the Spark journal job)
     tickertape passwd FILE USER [--delete | --token]   (security/passwd_cli.py)
+    tickertape replication downgrade|upgrade NAME [--admin URL]   (replication_cli.py)
 
 Exit status: 0 on a clean stop (SIGTERM / SIGINT drain first), 1 when the server cannot start
 (address in use, damaged journal, already running, a certificate or password file that no
@@ -39,7 +40,12 @@ log = logging.getLogger("tickertape.server")
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the server (embedded default config without --config)")
     p.add_argument("--config", metavar="FILE", help="XML configuration file (see config/examples/)")
-    p.add_argument("--verify-config", metavar="FILE", help="check a configuration file and exit")
+    p.add_argument(
+        "--verify-config",
+        metavar="FILE",
+        nargs="+",
+        help="check configuration files and exit; several files are checked as a replication set",
+    )
     p.add_argument("--daemon", action="store_true", help="detach and run in the background")
     p.add_argument("--pid-file", metavar="FILE", help="pid file, locked while the server runs")
     p.add_argument(
@@ -65,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .security.passwd_cli import add_passwd_command
 
     add_passwd_command(sub)
+    from .replication_cli import add_replication_command
+
+    add_replication_command(sub)
     return parser
 
 
@@ -106,22 +115,56 @@ def _queue_lines(cfg: Config) -> list[str]:
     return lines
 
 
-def serve(args: argparse.Namespace) -> int:
+def verify(paths: list[str]) -> int:
+    """`--verify-config`: each file alone, then (several files) the set. 0 = usable (warnings
+    allowed), 2 = a problem in a file or an error across the set."""
     from config.errors import ConfigError
+    from config.replication_set import check_set, describe_links
 
-    if args.verify_config:
+    loaded = []
+    status = 0
+    for path in paths:
         try:
-            cfg = _load_config(args.verify_config)
+            cfg = _load_config(path)
         except ConfigError as exc:
             print(str(exc), file=sys.stderr)
-            return 2
+            status = 2
+            continue
+        loaded.append(cfg)
         print(
-            f"{args.verify_config}: configuration is valid (instance {cfg.name}, "
+            f"{path}: configuration is valid (instance {cfg.name}, "
             f"{len(cfg.transports)} transport(s), {len(cfg.queues)} queue(s))"
         )
         for line in _queue_lines(cfg):
             print(line)
-        return 0
+    if len(paths) < 2:
+        return status
+    if status:
+        print(
+            f"the set of {len(paths)} files is not checked until every file is valid",
+            file=sys.stderr,
+        )
+        return status
+    findings = check_set(loaded)
+    errors = [f for f in findings if f.level == "error"]
+    names = ", ".join(c.name for c in loaded)
+    counts = {
+        level: sum(f.level == level for f in findings) for level in ("error", "warning", "note")
+    }
+    summary = ", ".join(f"{n} {level}(s)" for level, n in counts.items() if n) or "no problem"
+    print(f"set of {len(loaded)} instances ({names}): {summary}")
+    for line in describe_links(loaded):
+        print(line)
+    for f in findings:
+        print(f.format(), file=sys.stderr if f.level == "error" else sys.stdout)
+    return 2 if errors else 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    from config.errors import ConfigError
+
+    if args.verify_config:
+        return verify(args.verify_config)
     try:
         cfg = _load_config(args.config)
     except ConfigError as exc:

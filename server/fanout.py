@@ -27,7 +27,7 @@ __all__ = ["Fanout", "Message"]
 class Message:
     """A message ready for live delivery. `position` is -1 on a topic that is not recorded."""
 
-    __slots__ = ("body", "exp", "hdr", "position", "pub", "seq", "suffix", "topic", "ts")
+    __slots__ = ("body", "exp", "hdr", "origin", "position", "pub", "seq", "suffix", "topic", "ts")
 
     def __init__(
         self,
@@ -40,6 +40,7 @@ class Message:
         position: int,
         exp: Any,
         hdr: bytes = b"",
+        origin: Any = None,
     ) -> None:
         self.topic = topic
         self.pub = pub
@@ -50,6 +51,9 @@ class Message:
         self.position = position
         self.exp = exp  # the publish's expiration (`e`, seconds) or None
         self.hdr = hdr  # the record's header fragment
+        # a replicated message's origin block (time µs, instance, group: journal/record.py);
+        # None for one published here (the queues' ownership reads it: server/queue_repl.py)
+        self.origin = origin
 
 
 class Fanout:

@@ -88,6 +88,7 @@ class Maintenance:
         self.queues = [
             (q.name, q.underlying_topic, is_pattern(q.underlying_topic)) for q in self.config.queues
         ]
+        self.destinations = [d.name for d in self.config.replication.destinations]
         self.actions = list(self.config.actions)
         self._next: list[float | None] = [None] * len(self.actions)
         # per action: its last run (wall-clock start and end, whether every step succeeded, and
@@ -154,7 +155,12 @@ class Maintenance:
         if j is None:
             return
         try:
-            jm.take_orders(j, archive_root=self.archive_root, queues=self.queues)
+            jm.take_orders(
+                j,
+                archive_root=self.archive_root,
+                queues=self.queues,
+                destinations=self.destinations,
+            )
             for rid in jm.pending_results(j.directory):
                 self.apply(rid)
             jm.clean_stale(j.directory)
@@ -242,6 +248,7 @@ class Maintenance:
                     archive_root=self.archive_root,
                     queues=self.queues,
                     replay_floor=floor,
+                    destinations=self.destinations,
                 ),
             )
             if res["removed"]:
@@ -262,6 +269,7 @@ class Maintenance:
                 retention_s=retention,
                 archive_root=self.archive_root,
                 queues=self.queues,
+                destinations=self.destinations,
             )
             if req is not None:
                 jm.write_request(j.directory, req)

@@ -203,7 +203,13 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
                 for rid in pending_results(jdir):  # e.g. a spark-submit run's, never applied
                     applied = apply_result(j, rid)
                     print(f"journal: {rid}: {applied.get('status')}: {applied.get('reason', '')}")
-                req = make_request(j, kind, queues=queues, **opts)
+                req = make_request(
+                    j,
+                    kind,
+                    queues=queues,
+                    destinations=[d.name for d in cfg.replication.destinations],
+                    **opts,
+                )
             finally:
                 j.close()
             if req is not None and not args.dry_run:

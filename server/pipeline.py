@@ -11,6 +11,12 @@
    publishing connection, then live delivery (server/fanout.py) and the other consumers of
    committed messages (queues), then flush markers.
 
+With sync replication destinations (`attach_gate`, server/replication/sync.py), step 3 keeps the
+fan-out but holds a batch's `persisted` acks, flush markers and `after_commit` callbacks until
+every active sync destination has acked the batch's end; the gate releases held batches in
+commit order (`_release`). Nothing is held without an active sync destination, and without any
+destination `gate` is None. A replication link's `on_durable` (Pipeline.replicate) is never held.
+
 A failed commit (disk full) fails every batch up to the point where the loop has rolled back the
 publishers' sequences, so no later batch can be stored past a gap: see `_failed()`.
 
@@ -27,20 +33,26 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, encode_record
+from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin
 
 from . import frames
 from .fanout import Fanout, Message
 from .subscriptions import Subscription
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .replication.sync import SyncGate
+
 log = logging.getLogger("tickertape.pipeline")
 
 TOPIC_CACHE_LIMIT = 50_000
+REPL_FROM = b"repl-from:"  # server/replication/__init__.py: the resume point of a source
+_u64 = struct.Struct("<Q")
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 
 __all__ = ["ABOVE_GAP", "DUPLICATE", "STORED", "Batch", "Pipeline", "Publisher"]
@@ -63,12 +75,14 @@ class Batch:
         "after",
         "data",
         "doomed",
+        "durable",
         "entries",
         "first_seq",
         "flushes",
         "last",
         "meta",
         "msgs",
+        "origins",
     )
 
     def __init__(self) -> None:
@@ -76,6 +90,8 @@ class Batch:
         self.entries: list[tuple[int, int, int, int]] = []  # (pub, seq, ts, offset in data)
         # (topic, pub, seq, ts, body, offset or -1, header fragment, expiration)
         self.msgs: list[tuple[str, int, int, int, bytes, int, bytes, Any]] = []
+        # index in msgs -> origin block, for replicated messages only (replicate())
+        self.origins: dict[int, tuple[int, bytes, bytes]] | None = None
         self.acks: dict[Publisher, int] = {}  # highest seq to ack as persisted
         # (publisher, cid, ack types) waiting for everything before them
         self.flushes: list[tuple[Publisher, Any, list[str]]] = []
@@ -85,9 +101,14 @@ class Batch:
         self.after: list[Callable[[BaseException | None], None]] = []
         self.meta: dict[bytes, bytes] | None = None  # index metadata committed with this batch
         self.doomed = False  # failed with an earlier batch (Pipeline._failed): rolled back already
+        # f(end, err) at the local commit (end: journal position after the batch) or failure;
+        # never held back for replication acks: a replication link's own ack (replicate())
+        self.durable: list[Callable[[int, BaseException | None], None]] = []
 
     def empty(self) -> bool:
-        return not (self.data or self.msgs or self.acks or self.flushes or self.after)
+        return not (
+            self.data or self.msgs or self.acks or self.flushes or self.after or self.durable
+        )
 
 
 class Pipeline:
@@ -107,7 +128,8 @@ class Pipeline:
         self.recorded = recorded  # topic -> bool (is it in the transaction log)
         self.max_inflight = max_inflight
         self.highest: dict[int, int] = {}  # pub -> highest seq accepted (stored or in flight)
-        self.durable: dict[int, int] = {}  # pub -> highest seq durable
+        # pub -> highest seq durable (and acked by every active sync destination): logon acks
+        self.durable: dict[int, int] = {}
         self.durable_pos: dict[int, int] = {}
         if journal is not None:
             for pub, (seq, pos) in journal.publishers().items():
@@ -133,6 +155,19 @@ class Pipeline:
         self.on_deliver: list[Callable[[list[Message], int], None]] = []
         # f(batch): last chance to add records (queue events) to a batch
         self.before_flush: list[Callable[[Batch], None]] = []
+        self.replicated = 0  # messages stored from replication links (also in `published`)
+        self.replicated_duplicates = 0  # replicated messages dropped as duplicates
+        self._repl_topics: dict[bytes, str] = {}
+        self._repl_meta_pending: dict[bytes, bytes] = {}
+        # sync replication (server/replication/sync.py): holds acks; None without destinations
+        self.gate: SyncGate | None = None
+
+    def attach_gate(self, gate: SyncGate) -> None:
+        """Committed batches go through `gate`: it may hold their acks (then `_release`s them
+        in order) and wakes the tailing replays when its durable end moves."""
+        self.gate = gate
+        gate.release = self._release
+        gate.wake = self._wake_waiters
 
     @property
     def topics_seen(self) -> int:
@@ -213,6 +248,101 @@ class Pipeline:
             self._schedule()
         return seq, STORED
 
+    def replicate(
+        self,
+        records: list[RawTuple],
+        source_name: bytes,
+        source_group: bytes,
+        end_position: int,
+        on_durable: Callable[[int, BaseException | None], None],
+        translate_in: Callable[[RawTuple], bytes | None] | None = None,
+    ) -> tuple[int, int]:
+        """Take one replication batch: `records` are the source's (verified, in its journal
+        order), `end_position` the source position after them. Returns (stored, duplicates).
+
+        Per message record, the dedup of publish(): a sequence at or below the publisher's
+        highest is a duplicate (dropped, counted); the others are re-encoded with an origin
+        block (the source record's own, else the source instance, group and receive time) and
+        this instance's receive time, then committed, fanned out and fed to queues exactly like
+        a publish. Queue-event records go through `translate_in` (bytes of the local record, or
+        None to leave it out). `repl-from:<source>` = end_position is committed in the same
+        batch, and on_durable(end, err) runs at the local commit (never held for this instance's
+        own sync destinations: an ack there would wait on the source's ack of us), or err.
+        """
+        batch = self.batch
+        highest_of = self.highest
+        journal = self.journal
+        data = batch.data
+        entries = batch.entries
+        msgs = batch.msgs
+        first_seq = batch.first_seq
+        last = batch.last
+        topics = self._repl_topics
+        early = self.fanout.early
+        ts = max(self.last_ts, int(time.time() * 1_000_000))
+        stored = dups = 0
+        for rec in records:
+            pos, kind, pub, seq, src_ts, tb, body, extra = rec
+            if kind != KIND_MESSAGE:
+                if translate_in is not None and journal is not None:
+                    local = translate_in(rec)
+                    if local is not None:
+                        data += local
+                continue
+            if seq <= highest_of.get(pub, 0):
+                dups += 1
+                continue
+            topic = topics.get(tb)
+            if topic is None:
+                if len(topics) >= TOPIC_CACHE_LIMIT:
+                    topics.clear()
+                topic = topics[tb] = tb.decode("utf-8", "replace")
+            if extra is None:
+                exp, hdr, origin = None, b"", (src_ts, source_name, source_group)
+            else:
+                exp, hdr = extra[0], extra[1]
+                origin = raw_origin(extra) or (src_ts, source_name, source_group)
+            if self.topic_info(topic)[2] and journal is not None:
+                off = len(data)
+                entries.append((pub, seq, ts, off))
+                data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, exp, hdr, origin)
+            else:
+                off = -1
+            if self.gaps:
+                self.gaps.pop(pub, None)
+            highest_of[pub] = seq
+            if pub not in first_seq:
+                first_seq[pub] = seq
+            if batch.origins is None:
+                batch.origins = {}
+            batch.origins[len(msgs)] = origin
+            msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
+            last[pub] = (seq, off)
+            if early:
+                self.fanout.deliver(
+                    [self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
+                )
+            stored += 1
+        self.last_ts = ts
+        self.published += stored
+        self.duplicates += dups
+        self.replicated += stored
+        self.replicated_duplicates += dups
+        if journal is not None:
+            # the journal stores metadata only with records: a batch that adds none leaves its
+            # resume point for the next one that does (conservative: a restart re-receives
+            # records that were all filtered or duplicates, and drops them again)
+            pending = self._repl_meta_pending
+            pending[REPL_FROM + source_name] = _u64.pack(end_position)
+            if data:
+                if batch.meta is None:
+                    batch.meta = {}
+                batch.meta.update(pending)
+                pending.clear()
+        batch.durable.append(on_durable)
+        self._schedule()
+        return stored, dups
+
     def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
         self.batch.flushes.append((client, cid, acks))
         self._schedule()
@@ -276,21 +406,30 @@ class Pipeline:
         if self.backlogged and self.inflight_bytes < self.max_inflight // 2:
             self.backlogged = False
             self.on_backlog(False)
+        if batch.durable:
+            end = (pos if pos is not None else self.delivered_end) + len(batch.data)
+            for on_durable in batch.durable:
+                on_durable(end, err)
         if err is not None:
             self._failed(batch, err)
             return
         fanout = self.fanout
-        # 1. conflated persisted acks
-        for client, seq in batch.acks.items():
-            client.persisted(seq)
-        # 2. sequences now durable (for logon acks): one update per publisher, not per message
+        # 1. conflated persisted acks, unless a sync destination has not acked this batch yet
+        gate = self.gate
+        held = gate is not None and gate.committed(batch, self._end_after(batch, pos))
+        if not held:
+            for client, seq in batch.acks.items():
+                client.persisted(seq)
+        # 2. sequences now durable (for logon acks): one update per publisher, not per message;
+        # a held batch's sequences only at its release (a reconnecting publisher is told what
+        # its sync destinations hold too, like its `persisted` acks)
         base = pos if pos is not None else self.delivered_end
-        durable = self.durable
-        for pub, (seq, off) in batch.last.items():
-            if durable.get(pub, 0) < seq:
-                durable[pub] = seq
-                if off >= 0:
-                    self.durable_pos[pub] = base + off
+        if not held:
+            self._durable_seqs(batch)
+        durable_pos = self.durable_pos
+        for pub, (_seq, off) in batch.last.items():
+            if off >= 0:
+                durable_pos[pub] = base + off
         if self.journal is not None and batch.data:
             self.delivered_end = base + len(batch.data)
             if batch.entries:
@@ -307,19 +446,56 @@ class Pipeline:
                 except Exception:  # one consumer's bug must not stop acks and deliveries
                     log.exception("error in a consumer of committed messages")
         if self.waiters:
-            waiters, self.waiters = self.waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+            self._wake_waiters()
+        if held:
+            return
         # 4. flush markers: everything before them is processed and durable
         for client, cid, acks in batch.flushes:
             client.flush_done(cid, acks)
         for fn in batch.after:
             fn(None)
 
+    def _end_after(self, batch: Batch, pos: int | None) -> int:
+        """The journal end once `batch` is committed (its data starts at `pos`)."""
+        if self.journal is None or not batch.data:
+            return self.delivered_end
+        return (pos if pos is not None else self.delivered_end) + len(batch.data)
+
+    def _durable_seqs(self, batch: Batch) -> None:
+        durable = self.durable
+        for pub, (seq, _off) in batch.last.items():
+            if durable.get(pub, 0) < seq:
+                durable[pub] = seq
+
+    def _release(self, batch: Batch) -> None:
+        """The sync gate let a held batch through: its acks, flush markers, callbacks."""
+        self._durable_seqs(batch)
+        for client, seq in batch.acks.items():
+            client.persisted(seq)
+        for client, cid, acks in batch.flushes:
+            client.flush_done(cid, acks)
+        for fn in batch.after:
+            fn(None)
+
+    def _wake_waiters(self) -> None:
+        """Tailing replays look at the journal end again."""
+        waiters, self.waiters = self.waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
     def _messages(self, batch: Batch, base: int) -> list[Message]:
         wanted = self.fanout.router.match if not self.on_deliver else None
         make = self._message
+        origins = batch.origins
+        if origins:  # replicated messages carry their origin (the queues' ownership)
+            out = []
+            for i, (topic, pub, seq, ts, body, off, hdr, exp) in enumerate(batch.msgs):
+                if wanted is None or wanted(topic):
+                    m = make(topic, pub, seq, ts, body, off, hdr, exp, base)
+                    m.origin = origins.get(i)
+                    out.append(m)
+            return out
         return [
             make(topic, pub, seq, ts, body, off, hdr, exp, base)
             for topic, pub, seq, ts, body, off, hdr, exp in batch.msgs
@@ -385,6 +561,8 @@ class Pipeline:
             )
             self._fence()
             if open_batch is not None:  # never submitted: fails here, not in the journal
+                for on_durable in open_batch.durable:
+                    on_durable(-1, err)
                 self._notify_failed(open_batch, err)
         self._notify_failed(batch, err)
 

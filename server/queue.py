@@ -142,6 +142,7 @@ class Queue(QueueState):
             and not self.returned
             and not self.barrier_wait
             and self.subs
+            and not self.host.paused
         ):
             rec = (m.position, m.pub, m.seq, m.ts, m.topic.encode(), m.body, m.hdr)
             if self._try_deliver(rec):
@@ -221,7 +222,7 @@ class Queue(QueueState):
 
     def pump(self) -> None:
         """Deliver waiting messages while some subscription has room."""
-        if not self.subs or self.host.loading:
+        if not self.subs or self.host.loading or self.host.paused:
             return
         touched: set[Outbox] = set()
         avail_pos = self.avail_pos
@@ -561,4 +562,5 @@ class Queue(QueueState):
             "leased": len(self.leased),
             "subscribers": len(self.subs),
             **self.stats,
+            **(self.repl.snapshot() if self.repl is not None else {}),
         }

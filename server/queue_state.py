@@ -52,6 +52,9 @@ class QueueHost(Protocol):
 
     instance: str
     loading: bool  # recovery in progress: no deliveries, no event timers
+    # replicated queues after a start: no deliveries until the peers have said what happened
+    # while this instance was away (server/queues.py `source_synced`)
+    paused: bool
 
     def events_added(self) -> None: ...
     def arm(self, deadline: float) -> None: ...
@@ -137,6 +140,7 @@ class QueueState:
             "delivered": 0,
             "dead_lettered": 0,
         }
+        self.repl: Any = None  # server/queue_repl.QueueReplication when replication is configured
         self.dlt_pub = publisher_id(f"{host.instance}\x00queue:{self.name}\x00dead-letter")
         self.checkpoint_dirty = True
 

@@ -11,6 +11,12 @@ committed messages in, events and dead letters out). Recovery (`recover`) runs b
 server accepts connections, off the loop: from each queue's checkpoint, messages on the
 underlying topic become waiting and the events after it are applied
 (journal/queue_events.py).
+
+With replication configured, each queue has a `QueueReplication` (server/queue_repl.py: who
+owns which message; only owned ones wait here), and the manager is the replication links'
+door to the queues: `translate_out` (sender: an event body in the wire form), `translate_in`
+(receiver: a queue's replicated events, applied and journaled here), `source_up` /
+`source_down` (receiver: a peer's link), and the takeover check on every tick.
 """
 
 from __future__ import annotations
@@ -23,9 +29,16 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, Protocol
 
-from config.model import QueueSpec
+from config.model import QueueSpec, Replication
 from journal.journal import Journal
-from journal.queue_events import apply_events, checkpoint_key, decode_checkpoint, encode_checkpoint
+from journal.queue_events import (
+    apply_events,
+    checkpoint_key,
+    decode_checkpoint,
+    encode_checkpoint,
+    from_wire,
+    to_wire,
+)
 from journal.record import (
     KIND_MESSAGE,
     KIND_QUEUE_EVENT,
@@ -39,6 +52,7 @@ from . import frames
 from .fanout import Message
 from .pipeline import Batch, Publisher
 from .queue import Queue
+from .queue_repl import Failover, QueueReplication, message_origin, record_origin
 from .queue_state import QueueState, StoredMessage, now_us
 from .splice import splice_at
 
@@ -86,6 +100,7 @@ class QueueManager:
         journal: Journal | None,
         loop: asyncio.AbstractEventLoop,
         commits: Commits,
+        replication: Replication | None = None,
     ) -> None:
         self.instance = instance
         self.journal = journal
@@ -93,6 +108,9 @@ class QueueManager:
         self.commits = commits
         self.queues: dict[str, Queue] = {}
         self.loading = False
+        self.paused = False  # replicated queues: no deliveries until the peers synced (below)
+        self._unsynced: set[str] = set()
+        self._pause_until = 0.0
         for spec in specs:
             self.queues[spec.name] = Queue(self, spec)
         self._timer: asyncio.TimerHandle | None = None
@@ -102,6 +120,32 @@ class QueueManager:
         self._compacted: dict[int, StoredMessage] = {}  # the last compacted block read
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
+        self.failover: Failover | None = None
+        # replicated events not yet journaled: (queue, origin instance, group) -> event bodies
+        self._repl_out: dict[tuple[Queue, str, str], bytearray] = {}
+        # replicated entries about messages not here yet: [(queue, (origin, group), wire, tries)]
+        self._pending: list[tuple[Queue, tuple[str, str], bytes, int]] = []
+        self.repl_stats = {"events_in": 0, "unresolved_dropped": 0, "unnamed_dropped": 0}
+        if replication is not None and replication.destinations:
+            self.enable_replication(
+                [d.name for d in replication.destinations], replication.queue_owner_failover
+            )
+
+    def enable_replication(
+        self, peers: Iterable[str], failover: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """Replicated queues with these peers (the configured destinations): before recovery.
+
+        After a start the queues deliver nothing until every peer has synced (`source_synced`)
+        or `failover` seconds have passed (docs/replication.md "Replicated queues"): a peer may
+        have taken this instance over, or acknowledged its messages, while it was away, and
+        says so only once its link has sent what this instance missed."""
+        self.failover = Failover(self.instance, peers, failover, clock)
+        for q in self.queues.values():
+            q.repl = QueueReplication(q, self.instance)
+        self._unsynced = {p for p in peers if p != self.instance}
+        self.paused = bool(self._unsynced) and bool(self.queues)
+        self._pause_until = clock() + failover
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -125,7 +169,13 @@ class QueueManager:
                 if tb is None:
                     tb = m.topic.encode()
                 if q.wants_topic(tb) and q.passes_filter(m.body):
+                    if q.repl is not None and q.repl.place(
+                        m.position, m.ts, m.exp, message_origin(m)
+                    ):
+                        continue
                     q.offer_fresh(m)
+        if self._pending:
+            self._retry_pending({(m.pub, m.seq): m.position for m in msgs if m.position >= 0})
 
     def before_flush(self, batch: Batch) -> None:
         taken = []
@@ -134,6 +184,16 @@ class QueueManager:
             if body is not None:
                 batch.data += encode_record(KIND_QUEUE_EVENT, 0, 0, 0, q.name_b, body)
                 taken.append((q, body))
+        if self._repl_out:
+            for (q, origin, group), rbody in self._repl_out.items():
+                # the origin block says where they happened: the sender's loop prevention and
+                # pass-through rules apply to them as to messages
+                ob = (now_us(), origin.encode(), group.encode())
+                batch.data += encode_record(
+                    KIND_QUEUE_EVENT, 0, 0, 0, q.name_b, bytes(rbody), origin=ob
+                )
+                taken.append((q, bytes(rbody)))
+            self._repl_out = {}
         if taken:
             batch.after.append(partial(_events_committed, taken))
         now = time.monotonic()
@@ -187,10 +247,138 @@ class QueueManager:
         self._timer_at = float("inf")
 
     def tick(self) -> None:
-        """Expire waiting messages whose time is up (the server's periodic tick)."""
+        """Expire waiting messages whose time is up (the server's periodic tick); take over
+        the queue messages of a peer lost for <QueueOwnerFailover>."""
         now = now_us()
         for q in self.queues.values():
             q.expire_due(now)
+        if self.failover is not None:
+            if self.paused and self.failover.clock() >= self._pause_until:
+                log.warning(
+                    "queues: %s not heard from within %.0fs of the start; delivering without them",
+                    ", ".join(sorted(self._unsynced)),
+                    self.failover.failover,
+                )
+                self._resume()
+            for peer in self.failover.due():
+                for q in self.queues.values():
+                    if q.repl is not None and q.repl.holds_for(peer):
+                        log.warning(
+                            "queue %s: taking over the messages of %s (no link for %.0fs or more)",
+                            q.name,
+                            peer,
+                            self.failover.failover,
+                        )
+                        q.repl.take_over(peer)
+
+    # -- replication -----------------------------------------------------------------------------
+
+    def source_up(self, name: str) -> None:
+        """The replication receiver: a link from instance `name` is up."""
+        if self.failover is not None:
+            self.failover.source_up(name)
+
+    def source_down(self, name: str) -> None:
+        """The replication receiver: the link from instance `name` is gone."""
+        if self.failover is not None:
+            self.failover.source_down(name)
+
+    def source_synced(self, name: str) -> None:
+        """The replication receiver: instance `name` has sent everything it had for this one
+        (its link went idle), so its queue events, takeovers included, are applied here."""
+        if not self.paused:
+            return
+        self._unsynced.discard(name)
+        if not self._unsynced:
+            log.info("queues: every peer has synced; delivering")
+            self._resume()
+
+    def _resume(self) -> None:
+        self.paused = False
+        self._unsynced.clear()
+        for q in self.queues.values():
+            q.pump()
+
+    def translate_out(self, body: bytes) -> bytes:
+        """The sender's hook: a queue-event record's body in the wire form (positions as the
+        messages' publisher id and seq); entries about messages gone from here are counted."""
+        wire, dropped = to_wire(body, self._identity_of)
+        self.repl_stats["unnamed_dropped"] += dropped
+        return wire
+
+    def _identity_of(self, position: int) -> tuple[int, int] | None:
+        rec = self.read(position)
+        return None if rec is None else (rec[1], rec[2])
+
+    def translate_in(
+        self, queue: str | bytes, wire: bytes, origin: str, group: str | None = None
+    ) -> None:
+        """The receiver's hook: the events of `queue` that happened at instance `origin` (of
+        `group`, default its name: the record's origin block, else the source's), in
+        the wire form (raises WireEventError for a body it cannot read). Applied here at once,
+        and journaled with the next commit; entries about messages that are not here yet wait
+        for the next commits (the message comes first on the same link), then are dropped and
+        counted. A queue not configured here ignores them."""
+        q = self.get(queue.decode() if isinstance(queue, bytes) else queue)
+        if q is None or self.journal is None:
+            return
+        self.repl_stats["events_in"] += 1
+        who = (origin, group if group is not None else origin)
+        local, left = from_wire(wire, self.journal.locate)
+        if local:
+            self._apply_replicated(q, who, local)
+        if left is not None:
+            self._pending.append((q, who, left, 0))
+
+    def _apply_replicated(self, q: Queue, who: tuple[str, str], local: bytes) -> None:
+        if q.repl is not None:
+            q.repl.apply_remote(local)
+        else:  # a queue without replication here: its done-ness still follows
+            apply_events(local, set(), {})
+        self._repl_out.setdefault((q, *who), bytearray()).extend(local)
+        q.checkpoint_dirty = True
+        self.events_added()
+        if not self.loading:
+            q.pump()
+
+    def _retry_pending(self, committed: dict[tuple[int, int], int]) -> None:
+        journal = self.journal
+        assert journal is not None
+
+        def locate(pub: int, seq: int) -> int | None:
+            pos = committed.get((pub, seq))
+            return pos if pos is not None else journal.locate(pub, seq)
+
+        pending, self._pending = self._pending, []
+        for q, origin, wire, tries in pending:
+            local, left = from_wire(wire, locate)
+            if local:
+                self._apply_replicated(q, origin, local)
+            if left is None:
+                continue
+            if tries >= 2:
+                n = len(left) // 20  # about: runs count as one
+                self.repl_stats["unresolved_dropped"] += n
+                log.warning(
+                    "queue %s: %d replicated event(s) from %s name messages not here; dropped",
+                    q.name,
+                    n,
+                    origin,
+                )
+            else:
+                self._pending.append((q, origin, left, tries + 1))
+
+    def origin_at(self, position: int) -> tuple[tuple[str, int] | None, int, Any] | None:
+        """(origin or None, receive time, `e`) of the message at position, read back."""
+        journal = self.journal
+        if journal is None or position < journal.start_position:
+            return None
+        recs, _ = journal.read_raw(position, 64 * 1024)
+        if not recs or recs[0][0] != position or recs[0][1] != KIND_MESSAGE:
+            return None
+        r = recs[0]
+        extra = r[7]
+        return record_origin(extra, r[4]), r[4], extra[0] if extra else None
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -294,10 +482,18 @@ class QueueManager:
                             and q.wants_topic(tb)
                             and q.passes_filter(body)
                         ):
-                            q.add_waiting(position, ts, extra[0] if extra else None)
+                            exp = extra[0] if extra else None
+                            if q.repl is not None and q.repl.place(
+                                position, ts, exp, record_origin(extra, ts)
+                            ):
+                                continue
+                            q.add_waiting(position, ts, exp)
                 elif kind == KIND_QUEUE_EVENT:
                     if tb in by_name:
-                        apply_events(body, done[tb], counts[tb])
+                        rq = by_name[tb].repl
+                        apply_events(
+                            body, done[tb], counts[tb], rq.apply_owner if rq is not None else None
+                        )
             pos = journal.next_position(nxt)
         for q in qlist:
             d = done[q.name_b]
@@ -308,6 +504,8 @@ class QueueManager:
                 for p in d:
                     q.expiry.pop(p, None)
             q.counts = {p: c for p, c in counts[q.name_b].items() if p not in d}
+            if q.repl is not None:
+                q.repl.forget_done(d)
         self.loading = False
         self.recovery_seconds = time.monotonic() - started
         for q in qlist:

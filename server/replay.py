@@ -24,6 +24,12 @@ to live delivery (`owner.went_live`) with no `await` between the check and the s
 delivery runs on the loop too, in commit order, so it takes over at exactly that position: no
 gap, no duplicate. A range that reaches its end is reported with `owner.range_done`.
 
+`fully_durable` (with sync replication destinations: the engine's `durable_end`): the pass reads
+only below the durable end (everything below is acked by every active sync destination,
+server/replication/sync.py), and such a cursor never joins the live stream, which delivers at
+local durability: it keeps tailing the journal. Other cursors of that pass join the live
+stream only when the pass stands at the live end itself.
+
 Lagging connections (`ReplayEngine.fall_back`): a live subscription whose connection's output
 passed <ClientOfflineThreshold> gets a replay too, from the live end (after the last message it
 was sent), without `completed`; one pass per connection, joined by any of its subscriptions
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
@@ -78,6 +85,7 @@ class ReplayHost(Protocol):
     feed: Feed
     replays: set[Replay]
     rejoins: int
+    durable_end: Callable[[], int] | None  # with sync destinations: fully_durable reads below
 
 
 def _read_spliced(
@@ -106,6 +114,7 @@ class Cursor:
     __slots__ = (
         "completed_sent",
         "conflater",
+        "durable_only",
         "end",
         "lagging",
         "last_bm",
@@ -128,6 +137,9 @@ class Cursor:
         self.last_bm: tuple[int, int] | None = None
         # ranges and conflation never hand over to the live path: they keep reading the journal
         self.tail_only = end is not None or self.conflater is not None
+        # fully_durable under sync replication (set by the Replay): reads only below the
+        # durable end, never joins the live stream
+        self.durable_only = False
 
 
 class Replay:
@@ -155,6 +167,11 @@ class Replay:
         self.wake = asyncio.Event()
         self.sent = 0
         self.reads = 0  # journal blocks read: a filter that matches nothing still reads big ones
+        for c in cursors:
+            self._mark_durable(c)
+
+    def _mark_durable(self, c: Cursor) -> None:
+        c.durable_only = self.engine.durable_end is not None and c.sub.opts.fully_durable
 
     # -- control ----------------------------------------------------------------------------
 
@@ -168,6 +185,19 @@ class Replay:
     def last_bm_of(self, sub: Subscription) -> tuple[int, int] | None:
         """The bookmark of the last record the pass went through for `sub`."""
         return next((c.last_bm for c in self.cursors if c.sub is sub), None)
+
+    def durable_bm_of(
+        self, sub: Subscription, end: int, bm: tuple[int, int] | None
+    ) -> tuple[int, int] | None:
+        """The newest bookmark `sub` passed below durable end `end`, whose newest message
+        overall is `bm`: its last one while the pass is below `end`, else `bm` when the
+        pass started below `end` (so passed it); None when it is not known."""
+        c = next((c for c in self.cursors if c.sub is sub), None)
+        if c is None:
+            return None
+        if self.position <= end:
+            return c.last_bm
+        return bm if c.start <= end else None
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -189,6 +219,7 @@ class Replay:
 
     def add(self, cursor: Cursor) -> None:
         """One more subscription joins this pass (its cursor starts at or after `position`)."""
+        self._mark_durable(cursor)
         self.cursors.append(cursor)
         cursor.sub.replay = self
         self.wake.set()
@@ -240,9 +271,12 @@ class Replay:
                 if not out.writable.is_set():
                     await out.writable.wait()
                     continue
-                end = feed.delivered_end
+                end = live_end = feed.delivered_end
+                durable_end = engine.durable_end
+                if durable_end is not None and any(c.durable_only for c in self.cursors):
+                    end = min(end, durable_end())
                 if self.position >= end:
-                    if self._caught_up(end):
+                    if self._caught_up(end, end >= live_end):
                         return
                     await self._tail(feed)
                     continue
@@ -311,8 +345,9 @@ class Replay:
         self.position = pos
         self.wait_until = None
 
-    def _caught_up(self, end: int) -> bool:
-        """At the live end: hand plain cursors to live delivery; True when nothing is left."""
+    def _caught_up(self, end: int, live: bool = True) -> bool:
+        """At the end the pass may read to (`live`: the live end): hand plain cursors to live
+        delivery; True when nothing is left."""
         now = now_us()
         for c in list(self.cursors):
             sub = c.sub
@@ -327,7 +362,7 @@ class Replay:
                 c.completed_sent = True
                 if "completed" in sub.acks and not sub.out.closing:
                     sub.out.send_ack("completed", sub.cid, sub_id=sub.sub_id)
-            if not c.tail_only:
+            if live and not c.tail_only and not c.durable_only:
                 self.cursors.remove(c)
                 if c.lagging:
                     self.engine.rejoins += 1

@@ -3,6 +3,7 @@ of every connection, and the journal passes of lagging connections (`fall_back`)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 from journal.journal import Journal
@@ -24,10 +25,20 @@ class ReplayEngine:
     state it reports to the subscription's owner.
     """
 
-    def __init__(self, journal: Journal | None, readers: Executor, feed: Feed) -> None:
+    def __init__(
+        self,
+        journal: Journal | None,
+        readers: Executor,
+        feed: Feed,
+        durable_end: Callable[[], int] | None = None,
+    ) -> None:
+        """`durable_end`: with sync replication destinations, the position below which
+        everything is acked by them (SyncGate.durable_end); `fully_durable` subscriptions
+        read only below it (server/replay.py)."""
         self.journal = journal
         self.readers = readers
         self.feed = feed
+        self.durable_end = durable_end
         self.replays: set[Replay] = set()
         self.fallbacks = 0  # live subscriptions that lagged and read the journal instead
         self.rejoins = 0  # ... and caught up to the live stream again

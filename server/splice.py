@@ -7,7 +7,8 @@ for every message on exactly `topic` at a position in [start, end),
 
     u32 BE length | head | header fragment | ,"bm":"<pub>|<seq>|"} | body
 
-where `head` is the subscription's header up to and including its topic member (the layout is
+(a replicated record's origin block is skipped: its deliveries are exactly the original's), where
+`head` is the subscription's header up to and including its topic member (the layout is
 server/frames.py's `STORED`, which the pure-Python functions here use). It returns
 `(frames, sent, stop_offset, last_pub, last_seq, at_end)`: stop_offset is where the walk
 stopped (the first record at or past `end`, a partial record, or the end of `buf`), last_pub and

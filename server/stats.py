@@ -27,6 +27,7 @@ from .intake import Intake
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay_engine import ReplayEngine
+from .stats_replication import queue_replication_metrics, replication_metrics
 
 
 class Stats:
@@ -57,6 +58,11 @@ class Stats:
         self.poll_rounds = poll_rounds
         # the journal's scheduled actions (Maintenance.status), set once maintenance has started
         self.actions: Callable[[], list[dict[str, Any]]] | None = None
+        # replication destinations (SyncGate.snapshot), set when <Replication> has destinations
+        self.replication: Callable[[], dict[str, dict[str, Any]]] | None = None
+        # sources whose links this instance receives (Receiver.snapshot), set with a listener
+        self.replication_sources: Callable[[], dict[str, dict[str, Any]]] | None = None
+        self.held_batches: Callable[[], int] = lambda: 0
         self._first_times: dict[str, int | None] = {}  # segment path -> Stats._first_time
         self.publish_rate = 0.0
         self.delivery_rate = 0.0
@@ -251,6 +257,16 @@ class Stats:
             "queue_recovery_s": round(self.queues.recovery_seconds, 3),
             "limits": {"input_buffered_bytes": self.intake.buffered, **self.intake.counts},
             "refused_above_gap": p.refused_above_gap,
+            "replication": {
+                "held_batches": self.held_batches(),
+                "destinations": self.replication() if self.replication is not None else {},
+                "sources": (
+                    self.replication_sources() if self.replication_sources is not None else {}
+                ),
+                "replicated": p.replicated,
+                "replicated_duplicates": p.replicated_duplicates,
+                "queues": dict(self.queues.repl_stats),
+            },
         }
         if j is not None:
             st = j.stats
@@ -404,6 +420,8 @@ class Stats:
                 lines.append(f"# TYPE tickertape_{name} {kind}")
                 for qname, q in sorted(snap["queues"].items()):
                     lines.append(f'tickertape_{name}{{queue="{qname}"}} {q[key]}')
+            queue_replication_metrics(lines, snap["queues"])
+        replication_metrics(lines, snap["replication"])
         j = snap["journal"]
         if j:
             metric("journal_bytes", "gauge", "Bytes of journal segments on disk.", j["bytes"])

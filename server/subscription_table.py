@@ -54,30 +54,42 @@ class LiveIndex:
         self.router = router
         self.fanout = fanout
         self.pipeline = pipeline
-        self.persist_acks: set[Subscription] = set()
+        # subscription -> the live end when it was added (its acks never name older bookmarks)
+        self.persist_acks: dict[Subscription, int] = {}
 
     def add(self, sub: Subscription) -> None:
         self.router.add(sub)
         if sub.bookmark is not None and "persisted" in sub.acks:
-            self.persist_acks.add(sub)
+            self.persist_acks[sub] = self.pipeline.delivered_end
 
     def remove(self, sub: Subscription) -> None:
         self.router.remove(sub)
-        self.persist_acks.discard(sub)
+        self.persist_acks.pop(sub, None)
 
     def send_bookmark_acks(self) -> None:
         """Periodic `persisted` acks on bookmark subscriptions that asked for them: the newest
         durable bookmark the subscription has passed, so a client's bookmark store can advance
-        even when a filter lets nothing through."""
+        even when a filter lets nothing through. With sync replication destinations, durable
+        means below the gate's durable end: acked by every active sync destination too."""
         last_bm = self.pipeline.last_bm
-        for sub in list(self.persist_acks):
+        gate = self.pipeline.gate
+        durable_end = None
+        if gate is not None and gate.has_sync:
+            durable_end = gate.durable_end
+            last_bm = gate.durable_bm()
+        for sub, added_at in list(self.persist_acks.items()):
             out = sub.out
             if out.closing:
                 continue
             if sub.replay is not None:
-                bm = sub.replay.last_bm_of(sub)
+                if durable_end is None:
+                    bm = sub.replay.last_bm_of(sub)
+                else:
+                    bm = sub.replay.durable_bm_of(sub, durable_end, last_bm)
             elif sub.state in LIVE_STATES:
-                bm = last_bm
+                # live since `added_at` at the latest: a durable end below it names a message
+                # the subscription may not have passed
+                bm = last_bm if durable_end is None or durable_end >= added_at else None
             else:
                 bm = None
             if bm is None or bm == sub.acked_bm:

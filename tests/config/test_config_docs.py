@@ -19,10 +19,12 @@ DOC = Path(config.__file__).parent.parent / "docs" / "configuration.md"
 TEXT = DOC.read_text()
 
 
-def section(tag: str) -> str:
-    """The text under the first heading that names `<tag>`, up to the next heading."""
-    match = re.search(rf"^(#+) [^\n]*`<{tag}>`[^\n]*\n", TEXT, re.MULTILINE)
-    assert match, f"docs/configuration.md has no heading for <{tag}>"
+def section(tag: str, within: str | None = None) -> str:
+    """The text under the first heading that names `<tag>` (and `<within>`, for a section
+    whose name is used in two places), up to the next heading."""
+    also = rf"[^\n]*`<{within}>`" if within else ""
+    match = re.search(rf"^(#+) [^\n]*`<{tag}>`{also}[^\n]*\n", TEXT, re.MULTILINE)
+    assert match, f"docs/configuration.md has no heading for <{tag}> {within or ''}"
     rest = TEXT[match.end() :]
     end = re.search(r"^#+ ", rest, re.MULTILINE)
     return rest[: end.start()] if end else rest
@@ -45,7 +47,8 @@ def has_heading(tag: str) -> bool:
 def test_every_child_has_a_row_in_its_section(spec):
     """Each child is a table row (`| <Name> ...`) under its parent's heading, or a section
     with a heading of its own."""
-    rows = [line for line in section(spec.tag).splitlines() if line.startswith("| `<")]
+    text = section(spec.tag, spec.within)
+    rows = [line for line in text.splitlines() if line.startswith("| `<")]
     missing = [
         name
         for name in spec.children

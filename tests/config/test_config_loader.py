@@ -69,12 +69,13 @@ def pki(tmp_path_factory):
 
 def install_example(path: Path, directory: Path, pki) -> Path:
     """A copy of the example `path` in `directory`, beside the files examples name relative to
-    themselves: tls/server.pem, tls/server.key, tls/ca.pem, users.db."""
+    themselves: tls/server.pem, tls/server.key, tls/ca.pem, users.db, tt-2.password."""
     (directory / "tls").mkdir(exist_ok=True)
     shutil.copy(pki.server_cert, directory / "tls" / "server.pem")
     shutil.copy(pki.server_key, directory / "tls" / "server.key")
     shutil.copy(pki.ca, directory / "tls" / "ca.pem")
     set_password(directory / "users.db", "alice", "pw", ScryptParams(n=1 << 10))
+    (directory / "tt-2.password").write_text("secret\n")
     copy = directory / path.name
     shutil.copy(path, copy)
     return copy
@@ -481,13 +482,10 @@ def test_config_error_pickles():
             "<Queue> does not belong in <TickertapeConfig>; it goes in <SOW>",
         ),
         (
-            "<Name>x</Name><Replication/>",
+            "<Name>x</Name><Include>y.xml</Include>",
             2,
-            "/TickertapeConfig/Replication",
-            (
-                "<Replication> is not supported by Tickertape (replication is not supported "
-                "yet); remove it"
-            ),
+            "/TickertapeConfig/Include",
+            "<Include> is not supported by Tickertape (the configuration is one file); remove it",
         ),
         (
             "<Name>x</Name><Frobnicate/>",

@@ -35,6 +35,7 @@ def records():
             b"body-%d" % i,
             30 if i % 2 else None,
             b',"x":"c%d"' % i if i % 3 == 0 else b"",
+            (1_700_000_000_000_000 + i, b"tt-%d" % i, b"g" * (i % 3)) if i % 2 == 0 else None,
         )
     return out
 

@@ -27,9 +27,18 @@ def block():
         encode_record(KIND_QUEUE_EVENT, 0, 0, 102, b"orders", b"event"),
         encode_record(KIND_MESSAGE, 2**64 - 1, 10**15, 103, b"orders", b"", expiration=30),
         encode_record(KIND_MESSAGE, 9, 3, 104, b"orders", b"body}", header=b',"x":"c-1"'),
-        encode_record(KIND_MESSAGE, 9, 4, 105, b"orderz", b"no"),
+        encode_record(KIND_MESSAGE, 9, 4, 105, b"orderz", b"no", origin=(9, b"a", b"")),
+        # replicated (an origin block): delivered exactly like the original
         encode_record(
-            KIND_MESSAGE, 9, 5, 106, b"orders", b"b" * 300, expiration=1, header=b',"k":1'
+            KIND_MESSAGE,
+            9,
+            5,
+            106,
+            b"orders",
+            b"b" * 300,
+            expiration=1,
+            header=b',"k":1',
+            origin=(2**64 - 1, b"tt-1", b"ny"),
         ),
     ]
     offs = []

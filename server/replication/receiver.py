@@ -1,0 +1,275 @@
+"""The receiving end of replication: the `replication` transport's listener (docs/replication.md).
+
+Per link:
+
+    logon check -> resume point sent -> batches <-> acks -> closed
+
+The logon is refused (a failure repl_ack, then close) for a link version it does not speak, a
+`dest` that is not this instance's name, a source with this instance's own name, and bad
+credentials or a user without admin rights when <Authentication> is configured. The resume point
+is the source position this instance durably holds everything below (`repl-from:<source>` in
+the journal's metadata, committed with the records). Each batch must start where the last one
+ended; every record in it is checked (length, flags, crc) and a damaged one closes the link
+with an ERROR: the source re-sends from the durable point. The records go to
+`Pipeline.replicate`; once they are durable here the link gets one ack per group commit.
+A commit failure closes the link. A second link from the same source replaces the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, Protocol
+
+from journal.journal import Journal
+from journal.queue_events import WireEventError
+from journal.record import RawTuple, raw_origin, scan_records, verified_prefix
+from protocol.replication import (
+    LINK_VERSION,
+    ReplBatch,
+    ReplLogon,
+    encode_ack,
+    encode_failure,
+)
+
+from ..guard import Guard
+from ..pipeline import Pipeline
+from ..security.authenticator import Identity
+from . import REPL_FROM, U64
+from .link import DEAD_AFTER, Link, LinkClosed
+
+log = logging.getLogger("tickertape.replication")
+
+__all__ = ["QueueDoor", "Receiver"]
+
+
+class QueueDoor(Protocol):
+    """What the receiver uses of the queues (server/queues.py QueueManager)."""
+
+    def translate_in(self, queue: bytes, wire: bytes, origin: str, group: str) -> None: ...
+    def source_up(self, name: str) -> None: ...
+    def source_synced(self, name: str) -> None: ...
+    def source_down(self, name: str) -> None: ...
+
+
+class Receiver:
+    def __init__(
+        self,
+        name: str,
+        pipeline: Pipeline,
+        journal: Journal,
+        guard: Guard,
+        queues: QueueDoor | None = None,
+    ) -> None:
+        self.name = name
+        self.queues = queues
+        self.pipeline = pipeline
+        self.journal = journal
+        self.guard = guard
+        self.links: dict[str, Link] = {}  # source name -> its current link
+        self.durable_from: dict[str, int] = {}  # source -> position acked on this run
+        self.received = 0
+        self.stored = 0
+        self.duplicates = 0
+        self.damaged = 0
+        self.bad_events = 0  # queue-event records that could not be read (left out)
+        # per source since start: [messages received, bytes received, duplicates dropped]
+        self.per_source: dict[str, list[int]] = {}
+        self._conns: set[Link] = set()
+
+    def resume_point(self, source: str) -> int:
+        pos = self.durable_from.get(source)
+        if pos is not None:
+            return pos
+        raw = self.journal.index.get_meta(REPL_FROM + source.encode())
+        return U64.unpack(raw)[0] if raw is not None else 0
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """Per source instance (stats): its link, the resume point, what it sent since start."""
+        out: dict[str, dict[str, object]] = {}
+        for source in sorted(set(self.per_source) | set(self.links)):
+            n = self.per_source.get(source, (0, 0, 0))
+            out[source] = {
+                "connected": source in self.links,
+                "resume_position": self.resume_point(source),
+                "received_messages": n[0],
+                "received_bytes": n[1],
+                "duplicates": n[2],
+            }
+        return out
+
+    async def stop(self) -> None:
+        for link in list(self._conns):
+            link.end("shutdown")
+        for link in list(self._conns):
+            await link.wait_closed()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """asyncio.start_server's callback: one link, to its end."""
+        peer = writer.get_extra_info("peername")
+        desc = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        link = Link(reader, writer, desc)
+        self._conns.add(link)
+        link.start_keepalive()
+        source = None
+        try:
+            frames = await asyncio.wait_for(link.read_frames(), DEAD_AFTER)
+            h = frames[0][0]
+            if not isinstance(h, ReplLogon):
+                raise LinkClosed(f"expected repl_logon, got {type(h).__name__}")
+            problem = await self._check_logon(h, link)
+            if problem is not None:
+                log.error("replication link from %s (%s) refused: %s", h.name, desc, problem)
+                link.send(encode_failure(problem))
+                await link.drain()
+                raise LinkClosed(f"refused: {problem}")
+            source = h.name
+            old = self.links.get(source)
+            if old is not None:
+                old.end("replaced by a new link from the same source")
+            self.links[source] = link
+            if self.queues is not None and old is None:
+                self.queues.source_up(source)
+            resume = self.resume_point(source)
+            link.send(encode_ack(resume, resume=True))
+            log.info(
+                "replication link from %s (group %s, %s): resuming at %d",
+                source,
+                h.group,
+                desc,
+                resume,
+            )
+            await self._batches(link, source, h.group, resume, frames[1:])
+        except LinkClosed as exc:
+            if source is not None and exc.reason != "shutdown":
+                log.warning("replication link from %s closed: %s", source, exc.reason)
+        except TimeoutError:
+            log.warning("replication link from %s: no logon within %.0fs", desc, DEAD_AFTER)
+        finally:
+            link.end("link ended")
+            self._conns.discard(link)
+            if source is not None and self.links.get(source) is link:
+                del self.links[source]
+                if self.queues is not None:
+                    self.queues.source_down(source)
+
+    async def _check_logon(self, h: ReplLogon, link: Link) -> str | None:
+        if h.v != LINK_VERSION:
+            return f"link version {h.v} is not supported (this instance speaks {LINK_VERSION})"
+        if h.dest != self.name:
+            return (
+                f"destination name mismatch: the source calls it {h.dest!r}, this is {self.name!r}"
+            )
+        if h.name == self.name:
+            return f"the source has this instance's own name {self.name!r}"
+        guard = self.guard
+        if guard.checker is None:
+            return None
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        guard.logon(link.peer, h.user, h.pw, None, None, done.set_result)
+        outcome = await done
+        if not isinstance(outcome, Identity):
+            return "auth failure"
+        if not guard.may_admin(link.peer, outcome.user):
+            return f"user {outcome.user!r} may not replicate (needs admin rights)"
+        return None
+
+    def _queue_events(self, source: str, group: str, rec: RawTuple) -> None:
+        """A queue-event record received (translate_in of Pipeline.replicate): to the queues,
+        which apply it and journal it as their own record (nothing to add to the batch here).
+        Its origin is where the events happened: the record's origin block, else the source."""
+        assert self.queues is not None
+        origin = raw_origin(rec[7])
+        if origin is None:
+            who, grp = source, group
+        else:
+            who, grp = origin[1].decode(errors="replace"), origin[2].decode(errors="replace")
+        try:
+            self.queues.translate_in(bytes(rec[5]), bytes(rec[6]), who, grp)
+        except WireEventError as exc:
+            self.bad_events += 1
+            log.error(
+                "replication link from %s: queue events of %r at source position %d left out: %s",
+                source,
+                bytes(rec[5]).decode(errors="replace"),
+                rec[0],
+                exc,
+            )
+
+    async def _batches(
+        self, link: Link, source: str, group: str, expected: int, frames: list[Any]
+    ) -> None:
+        pipeline = self.pipeline
+        name_b, group_b = source.encode(), group.encode()
+        state = {"ack": -1, "scheduled": False}
+        translate = (
+            functools.partial(self._queue_events, source, group)
+            if self.queues is not None
+            else None
+        )
+        loop = asyncio.get_running_loop()
+
+        def send_ack() -> None:
+            state["scheduled"] = False
+            if not link.closed:
+                link.send(encode_ack(state["ack"]))
+
+        def durable(end: int, err: BaseException | None, *, to: int) -> None:
+            if err is not None:
+                link.end(f"commit failed here: {err}")
+                return
+            if to > self.durable_from.get(source, -1):
+                self.durable_from[source] = to
+            if to > state["ack"]:
+                state["ack"] = to
+                if not state["scheduled"]:  # one ack per group commit, not per batch
+                    state["scheduled"] = True
+                    loop.call_soon(send_ack)
+
+        while True:
+            for h, body in frames:
+                if not isinstance(h, ReplBatch):
+                    if type(h).__name__ == "Heartbeat":
+                        if self.queues is not None:
+                            # a source sends heartbeats only when it has nothing to send
+                            self.queues.source_synced(source)
+                        continue
+                    raise LinkClosed(f"unexpected {type(h).__name__} on a replication link")
+                if h.from_ != expected:
+                    raise LinkClosed(f"batch from {h.from_}, expected {expected}: a gap")
+                recs: list[RawTuple] = []
+                if body:
+                    stop, bad = verified_prefix(body)
+                    if stop != len(body):
+                        self.damaged += 1
+                        log.error(
+                            "replication link from %s: damaged record at byte %d of the batch "
+                            "[%d, %d); closing the link (the source re-sends)",
+                            source,
+                            stop,
+                            h.from_,
+                            h.to,
+                        )
+                        raise LinkClosed("damaged record")
+                    recs = scan_records(body, h.from_)[0]
+                self.received += len(recs)
+                counts = self.per_source.setdefault(source, [0, 0, 0])
+                stored, dups = pipeline.replicate(
+                    recs,
+                    name_b,
+                    group_b,
+                    h.to,
+                    functools.partial(durable, to=h.to),
+                    translate,
+                )
+                self.stored += stored
+                self.duplicates += dups
+                counts[0] += len(recs)
+                counts[1] += len(body)
+                counts[2] += dups
+                expected = h.to
+            while pipeline.inflight_bytes > pipeline.max_inflight and not link.closed:
+                await asyncio.sleep(0.002)  # the journal is behind: stop reading this link
+            frames = await link.read_frames()

@@ -1,0 +1,373 @@
+"""The sending end of replication: one asyncio task per `<Destination>`, pushing this instance's
+journal to it in journal order (docs/replication.md).
+
+    connecting -> logged on (resume point P) -> streaming <-> waiting for a commit
+         ^                                          |
+         +------ closed (back-off 0.1 s .. 2 s) <---+
+
+Connecting tries the destination's addresses in turn (TLS per address). Streaming reads the
+local journal from P (`read_block`; `read_raw` in compacted segments, whose records re-encode to
+their original bytes), filters it (`Filter`), and sends `repl_batch` frames of at most 1 MiB of
+records, every source position covered once, with at most MAX_UNACKED bytes of journal sent and
+not yet acknowledged. At the durable end it waits for the pipeline's next commit. Acks go to the
+AckSink, and every second at most to the journal's metadata (`repl-acked:<dest>`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import ssl
+import time
+from collections.abc import Callable
+
+from config.model import ReplicationAddress, ReplicationDestination
+from journal.journal import Journal
+from journal.queue_events import WIRE_MAGIC
+from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin, scan_records
+from protocol.replication import MAX_BATCH_BODY, ReplAck, encode_batch, encode_logon
+
+from ..pipeline import Pipeline
+from . import REPL_ACKED, U64, AckSink
+from .link import DEAD_AFTER, Link, LinkClosed
+
+log = logging.getLogger("tickertape.replication")
+
+MAX_UNACKED = 8 * 1024 * 1024  # journal bytes sent and not yet acknowledged, per destination
+BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
+CONNECT_TIMEOUT = 5.0
+ACKED_PERSIST_INTERVAL = 1.0
+
+__all__ = ["Filter", "Sender", "event_record", "select"]
+
+
+def event_record(rec: RawTuple, translate: Callable[[bytes], bytes]) -> bytes | None:
+    """The record a queue-event record is sent as: the same record with its body in the wire
+    form (`translate`: the queues' `translate_out`, journal/queue_events.py `to_wire`; local
+    positions mean nothing on the destination), its origin kept; None when no entry is left."""
+    wire = translate(bytes(rec[6]))
+    if len(wire) <= len(WIRE_MAGIC):
+        return None
+    return encode_record(rec[1], 0, 0, rec[4], rec[5], wire, origin=raw_origin(rec[7]))
+
+
+class Filter:
+    """Which records a destination carries (docs/replication.md §3), one decision per record:
+
+    - a message's topic (a queue event's: the queue's name) full-matches one of its topic regexes;
+    - a record whose origin instance is the destination is never sent (loop prevention);
+    - a record from another origin is sent only if its origin group full-matches pass_through
+      (absent: never);
+    - a record published here (no origin) always, given its topic.
+    """
+
+    def __init__(self, dest: ReplicationDestination) -> None:
+        self.dest = dest.name.encode()
+        self.topics = [re.compile(t.name) for t in dest.topics]
+        self.pass_through = re.compile(dest.pass_through) if dest.pass_through else None
+        self._topic_ok: dict[bytes, bool] = {}
+        self._group_ok: dict[bytes, bool] = {}
+
+    def topic(self, tb: bytes) -> bool:
+        ok = self._topic_ok.get(tb)
+        if ok is None:
+            if len(self._topic_ok) > 50_000:
+                self._topic_ok.clear()
+            t = tb.decode("utf-8", "replace")
+            ok = self._topic_ok[tb] = any(p.fullmatch(t) for p in self.topics)
+        return ok
+
+    def origin(self, instance: bytes, group: bytes) -> bool:
+        if instance == self.dest or self.pass_through is None:
+            return False
+        ok = self._group_ok.get(group)
+        if ok is None:
+            ok = self._group_ok[group] = (
+                self.pass_through.fullmatch(group.decode("utf-8", "replace")) is not None
+            )
+        return ok
+
+    def keeps(self, rec: RawTuple) -> bool:
+        """For a message record, and a queue event (its topic is the queue's name)."""
+        if not self.topic(rec[5]):
+            return False
+        origin = raw_origin(rec[7])
+        return origin is None or self.origin(origin[1], origin[2])
+
+
+def select(
+    buf: bytes,
+    base: int,
+    flt: Filter,
+    dest: str,
+    translate: Callable[[bytes], bytes] | None = None,
+) -> tuple[bytes, int]:
+    """(the bytes to send of the whole records at the start of buf, the offset after them).
+    Messages kept are sent as stored; a queue event kept as `event_record` makes it (left out
+    without `translate`)."""
+    recs, stop = scan_records(buf, base)
+    keeps = flt.keeps
+    out: list[bytes] = []
+    run_start = -1  # start offset of the current run of kept records, -1: none
+    n = len(recs)
+    for rec in recs:
+        off = rec[0] - base
+        kept = rec[1] == KIND_MESSAGE and keeps(rec)
+        if kept:
+            if run_start < 0:
+                run_start = off
+            continue
+        if run_start >= 0:
+            out.append(buf[run_start:off])
+            run_start = -1
+        if rec[1] != KIND_MESSAGE and translate is not None and keeps(rec):
+            wire = event_record(rec, translate)
+            if wire is not None:
+                out.append(wire)
+    if run_start == 0 and n:
+        return buf[:stop], stop  # everything kept: the block as read
+    if run_start >= 0:
+        out.append(buf[run_start:stop])
+    return b"".join(out), stop
+
+
+class Sender:
+    def __init__(
+        self,
+        dest: ReplicationDestination,
+        name: str,
+        group: str,
+        journal: Journal,
+        pipeline: Pipeline,
+        sink: AckSink,
+        password: Callable[[], str | None] = lambda: None,
+        translate: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        self.dest = dest
+        self.name = name
+        self.group = group
+        self.journal = journal
+        self.pipeline = pipeline
+        self.sink = sink
+        self.password = password
+        self.translate = translate  # queue events' wire form (QueueManager.translate_out)
+        self.filter = Filter(dest)
+        self.acked = 0  # source position the destination acknowledged (this link or before)
+        self.sent_pos = 0
+        self.batches_sent = 0
+        self.bytes_sent = 0
+        self.link: Link | None = None
+        self._acked_event = asyncio.Event()
+        self._persisted_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._tls_errors: set[tuple[str, int, str]] = set()
+        stored = journal.index.get_meta(REPL_ACKED + dest.name.encode())
+        if stored is not None:
+            self.acked = U64.unpack(stored)[0]
+
+    def describe(self) -> str:
+        addrs = ", ".join(
+            f"{a.host}:{a.port}{' TLS' if a.tls else ''}" for a in self.dest.addresses
+        )
+        return f"{self.dest.name} ({'sync' if self.dest.sync else 'async'}, {addrs})"
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self.link is not None:
+            self.link.end("shutdown")
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def run(self) -> None:
+        backoff = BACKOFF_MIN
+        while not self._stopping:
+            for addr in self.dest.addresses:
+                if self._stopping:
+                    return
+                link = await self._connect(addr)
+                if link is None:
+                    continue
+                try:
+                    await self._session(link)
+                except LinkClosed as exc:
+                    if not self._stopping:
+                        log.warning("replication to %s: link closed: %s", self.dest.name, exc)
+                except (ConnectionError, OSError) as exc:
+                    log.warning("replication to %s: link closed: %s", self.dest.name, exc)
+                finally:
+                    link.end("session ended")
+                    self.link = None
+                backoff = BACKOFF_MIN
+            await asyncio.sleep(backoff)
+            backoff = min(BACKOFF_MAX, backoff * 2)
+
+    async def _connect(self, addr: ReplicationAddress) -> Link | None:
+        ctx = None
+        if addr.tls:
+            ctx = ssl.create_default_context(cafile=addr.ca_file)
+            if addr.certificate:
+                ctx.load_cert_chain(addr.certificate, addr.private_key)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    addr.host, addr.port, ssl=ctx, server_hostname=addr.host if ctx else None
+                ),
+                CONNECT_TIMEOUT,
+            )
+        except ssl.SSLError as exc:
+            # a TLS problem (an untrusted or expired certificate, no common protocol) will not
+            # go away by retrying: said once per address and reason, not at every retry
+            said = (addr.host, addr.port, str(exc))
+            if said not in self._tls_errors:
+                self._tls_errors.add(said)
+                log.error(
+                    "replication to %s: TLS with %s:%d failed: %s",
+                    self.dest.name,
+                    addr.host,
+                    addr.port,
+                    exc,
+                )
+            return None
+        except (OSError, TimeoutError) as exc:
+            log.debug("replication to %s: %s:%d: %s", self.dest.name, addr.host, addr.port, exc)
+            return None
+        return Link(reader, writer, f"{addr.host}:{addr.port}")
+
+    async def _session(self, link: Link) -> None:
+        self.link = link
+        link.start_keepalive()
+        user = self.dest.user
+        link.send(encode_logon(self.name, self.group, self.dest.name, user, self.password()))
+        frames = await asyncio.wait_for(link.read_frames(), DEAD_AFTER)
+        h = frames[0][0]
+        if not isinstance(h, ReplAck) or h.status is None:
+            raise LinkClosed(f"expected the logon's repl_ack, got {type(h).__name__}")
+        if h.status == "failure":
+            log.error("replication to %s refused: %s", self.dest.name, h.reason)
+            raise LinkClosed(f"refused: {h.reason}")
+        resume = h.pos or 0
+        log.info(
+            "replication to %s: connected to %s, resuming at %d", self.dest.name, link.peer, resume
+        )
+        self.acked = resume
+        self.sent_pos = resume
+        self.sink.link_up(self.dest.name)
+        self.sink.acked(self.dest.name, resume)  # where it stands (a sync gate needs it)
+        acks = asyncio.get_running_loop().create_task(self._read_acks(link, frames[1:]))
+        try:
+            await self._stream(link, resume)
+        finally:
+            acks.cancel()
+            self.sink.link_down(self.dest.name)
+
+    async def _read_acks(self, link: Link, first: list) -> None:
+        frames = first
+        try:
+            while True:
+                for h, _body in frames:
+                    if isinstance(h, ReplAck) and h.pos is not None and h.status is None:
+                        self._ack(h.pos)
+                    elif not isinstance(h, ReplAck):
+                        if type(h).__name__ != "Heartbeat":
+                            link.end(f"unexpected {type(h).__name__} from a destination")
+                frames = await link.read_frames()
+        except LinkClosed:
+            self._acked_event.set()  # wake the streamer, which sees the closed link
+
+    def _ack(self, pos: int) -> None:
+        if pos > self.acked:
+            self.acked = pos
+            self.sink.acked(self.dest.name, pos)
+            now = time.monotonic()
+            if now - self._persisted_at >= ACKED_PERSIST_INTERVAL:
+                # with the next commit that has records: conservative while this instance idles
+                self._persisted_at = now
+                batch = self.pipeline.batch
+                if batch.meta is None:
+                    batch.meta = {}
+                batch.meta[REPL_ACKED + self.dest.name.encode()] = U64.pack(pos)
+        self._acked_event.set()
+
+    async def _stream(self, link: Link, pos: int) -> None:
+        journal = self.journal
+        start = journal.start_position
+        if pos < start:
+            log.warning(
+                "replication to %s: it resumes at %d, below the journal's start %d: "
+                "the records between were removed and are not sent",
+                self.dest.name,
+                pos,
+                start,
+            )
+            pos = start
+        elif pos > journal.end_position:
+            log.error(
+                "replication to %s: it resumes at %d, past this journal's end %d "
+                "(was this journal replaced?); sending from the end",
+                self.dest.name,
+                pos,
+                journal.end_position,
+            )
+            pos = journal.end_position
+        loop = asyncio.get_running_loop()
+        name = self.dest.name
+        while True:
+            if link.closed:
+                raise LinkClosed(link.reason or "closed")
+            if pos >= journal.end_position:
+                fut: asyncio.Future[None] = loop.create_future()
+                self.pipeline.waiters.append(fut)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(fut, 0.5)
+                continue
+            while pos - self.acked > MAX_UNACKED and not link.closed:
+                self._acked_event.clear()
+                await self._acked_event.wait()
+            body, nxt = self._read(pos)
+            if nxt <= pos:  # nothing readable here yet (a record still being made durable)
+                await asyncio.sleep(0.001)
+                continue
+            link.send(encode_batch(pos, nxt, body))
+            self.batches_sent += 1
+            self.bytes_sent += len(body)
+            self.sent_pos = pos = nxt
+            self.sink.sent(name, nxt)
+            await link.drain()
+
+    def _read(self, pos: int) -> tuple[bytes, int]:
+        """(bytes to send, the position after the records read) from pos."""
+        journal = self.journal
+        blk = journal.read_block(pos, MAX_BATCH_BODY)
+        if blk is None:  # a compacted segment: its records re-encode to their stored bytes
+            recs, nxt = journal.read_raw(pos, MAX_BATCH_BODY)
+            if not recs:
+                return b"", journal.next_position(nxt)
+            out = []
+            for r in recs:
+                if r[1] == KIND_MESSAGE:
+                    if self.filter.keeps(r):
+                        extra = r[7]
+                        exp, hdr = (None, b"") if extra is None else (extra[0], extra[1])
+                        out.append(
+                            encode_record(
+                                r[1], r[2], r[3], r[4], r[5], r[6], exp, hdr, raw_origin(extra)
+                            )
+                        )
+                elif self.translate is not None and self.filter.keeps(r):
+                    wire = event_record(r, self.translate)
+                    if wire is not None:
+                        out.append(wire)
+            return b"".join(out), nxt
+        buf, p = blk
+        if not buf:  # the end of a segment (or damage skipped to it)
+            return b"", journal.next_position(p)
+        body, stop = select(buf, p, self.filter, self.dest.name, self.translate)
+        return body, p + stop

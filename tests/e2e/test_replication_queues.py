@@ -1,0 +1,93 @@
+"""Replicated queues (issue 14, docs/replication.md): consumers on both instances, the owner of
+the messages killed mid-stream. Only the owner leases its messages; acknowledgements replicate;
+after `<QueueOwnerFailover>` the survivor takes the owner's messages over and delivers the
+leased-but-unacked ones again (counted). In the end every message is acknowledged, and none
+whose acknowledgement succeeded is delivered again."""
+
+import json
+import time
+
+from tests.e2e.test_replication_partition import dest_stats
+from tests.support.cluster import Cluster, wait_until
+from tests.support.raw import Raw, publish_many
+
+QUEUE = """<SOW><Queue><Name>work-q</Name><UnderlyingTopic>work</UnderlyingTopic>
+  <LeasePeriod>30s</LeasePeriod><MaxPerSubscriptionBacklog>20</MaxPerSubscriptionBacklog></Queue></SOW>"""
+N = 2000
+
+
+def consumer(port: int, name: str) -> Raw:
+    c = Raw(port)
+    c.logon(name)
+    c.send({"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed", "o": "max_backlog=20"})
+    assert c.ack("processed", "q")["status"] == "success"
+    return c
+
+
+class Consumer:
+    """Takes queue deliveries and acknowledges each one (sow_delete), remembering which
+    acknowledgements the server confirmed."""
+
+    def __init__(self, port: int, name: str):
+        self.c = consumer(port, name)
+        self.delivered: list[int] = []
+        self.acked: set[int] = set()
+
+    def step(self, limit: int = 50, timeout: float = 0.2) -> int:
+        """Take up to `limit` deliveries (waiting at most `timeout`), ack them; count taken."""
+        self.c.sock.settimeout(timeout)
+        got = []
+        try:
+            while len(got) < limit:
+                f = self.c.recv()
+                if f is None:
+                    raise ConnectionError("closed")
+                if f[0].get("c") == "p":
+                    got.append(f)
+        except TimeoutError:
+            pass
+        if not got:
+            return 0
+        ids = [json.loads(b)["i"] for _, b in got]
+        self.delivered += ids
+        self.c.sock.settimeout(10)
+        bms = ",".join(h["bm"] for h, _ in got)
+        self.c.send({"c": "sow_delete", "t": "work-q", "bm": bms, "cid": "k", "a": "processed"})
+        if self.c.ack("processed", "k")["status"] == "success":
+            self.acked.update(ids)
+        return len(got)
+
+
+def test_owner_killed_mid_stream_every_message_acked_once_redeliveries_counted(tmp_path):
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=True, topics=("work", "work-q"), extra=QUEUE,
+                 queue_owner_failover="1s", downgrade_after="1s").start()  # fmt: skip
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        for x, y in ((a, "tt-b"), (b, "tt-a")):  # both links up: no takeover at start
+            wait_until(lambda x=x, y=y: dest_stats(x, y).get("connected"), 20, f"link to {y}")
+        publish_many(a.port, "work", [json.dumps({"i": i}) for i in range(N)], name="qp").close()
+        ca, cb = Consumer(a.port, "qa"), Consumer(b.port, "qb")
+        while len(ca.acked) < N // 3:
+            ca.step()
+            assert cb.step(timeout=0.01) == 0, "tt-b leased a message tt-a owns"
+        # a leased, unacknowledged window on the owner when it dies
+        ca.c.sock.settimeout(2)
+        held = [json.loads(body)["i"] for _, body in ca.c.messages(5)]
+        a.kill()
+        deadline = time.monotonic() + 60
+        while len(ca.acked | cb.acked) < N and time.monotonic() < deadline:
+            cb.step()
+        acked = ca.acked | cb.acked
+        assert acked == set(range(N)), f"{N - len(acked)} never acknowledged"
+        assert not (ca.acked & cb.acked), "a message acknowledged on tt-a came again on tt-b"
+        assert set(held) <= cb.acked  # leased on the dead owner, delivered again by the taker
+        assert len(cb.delivered) == len(set(cb.delivered))
+        stats = b.admin_get("/stats")
+        assert "redeliver" in json.dumps(stats)
+        # the old owner comes back: nothing more is delivered anywhere
+        a.start()
+        ca2 = Consumer(a.port, "qa2")
+        wait_until(lambda: ca2.step(timeout=0.5) == 0, 10, "quiet")
+        assert ca2.delivered == [] and cb.step(timeout=0.5) == 0
+    finally:
+        cl.close()
