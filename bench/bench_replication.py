@@ -14,13 +14,20 @@ other instance's replication port, no proxy). Modes, run interleaved (rep 1 of e
 Per mode and repetition, on a fresh pair:
   1. throughput: `--count` publishes of `--size` B, at most `--window` unacked, persisted acks;
      msgs/s = count / time to the last ack.
-  2. latency: a publisher paced at `--rate` msg/s for `--seconds` (1 ms tick); a persisted ack
-     covering seq k stamps every seq <= k: publish -> persisted-ack p50 / p99 / p99.9; the first
-     second is not counted. A subscriber on tt-b (async, sync) measures publish -> delivery on
+  2. latency, once the destination has caught up with step 1 (an async destination may still be
+     receiving it, and that would be measured as latency): a publisher paced at `--rate` msg/s
+     for `--seconds` (1 ms tick); a persisted ack covering seq k stamps every seq <= k:
+     publish -> persisted-ack p50 / p99 / p99.9; the first second is not counted. A subscriber on tt-b (async, sync) measures publish -> delivery on
      the destination: the replication lag under load (p50 / p99 / max).
 Then once: tt-b stopped, `--resync` messages published to tt-a (async destination), tt-b started;
 resync time = from tt-b listening to tt-a's /stats showing it caught up (lag 0), checked by a
 replay of tt-b's count.
+
+The machine is shared: the 1-minute load average is sampled around every repetition and
+reported, with each repetition's p99 of `none` and `sync` side by side, so a sync p99 can be
+read against the unreplicated p99 of the same moment. The load generator runs in this process
+on uvloop (as the header says; its own scheduling delay is in every latency figure, replicated
+or not).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import time
 import urllib.request
 
 import benchlib
+import loadgen
 import peers
 from benchlib import Metric
 
@@ -63,6 +71,13 @@ def pct(sorted_vals: list[int], q: float) -> float | None:
     if not sorted_vals:
         return None
     return sorted_vals[max(0, math.ceil(q * len(sorted_vals)) - 1)] / 1e3
+
+
+def run(coro):
+    """asyncio.run on the load generator's loop (uvloop when installed, as benchlib reports)."""
+    factory = loadgen.uvloop.new_event_loop if loadgen.uvloop is not None else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
 
 
 def frame(header: dict, body: bytes = b"") -> bytes:
@@ -179,13 +194,27 @@ def make_cluster(root: str, mode: str, sync_override: bool | None = None) -> Clu
                    topics=(r"bench\..*",), proxy=False)  # fmt: skip
 
 
+def caught_up(admin_port: int, dest: str, timeout: float) -> None:
+    """Until tt-a's /stats shows `dest` connected with no lag."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d = stats_dest(admin_port, dest)
+        if d.get("connected") and d.get("lag_messages") == 0 and d.get("lag_bytes") == 0:
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"{dest} did not catch up within {timeout:g}s")
+
+
 def one_rep(args, mode: str, rep: int) -> dict:
     cl = make_cluster(args.root, mode).start()
     try:
         a = cl["tt-a"]
-        r = asyncio.run(publish(a.port, args.count, args.size, args.window, 0, args.timeout,
+        load = [os.getloadavg()[0]]
+        r = run(publish(a.port, args.count, args.size, args.window, 0, args.timeout,
                                 f"tput-{rep}"))  # fmt: skip
         out = {"tput": args.count / r["seconds"]}
+        if mode != "none":
+            caught_up(a.admin_port, "tt-b", args.timeout)
         n = int(args.rate * args.seconds)
         warm = int(args.rate)
 
@@ -206,7 +235,7 @@ def one_rep(args, mode: str, rep: int) -> dict:
                 lag_task.cancel()
             return res, lags
 
-        res, lags = asyncio.run(paced())
+        res, lags = run(paced())
         lat = sorted(res["acked"][s] - res["sent"][s] for s in range(warm + 1, n + 1)
                      if res["acked"][s])  # fmt: skip
         out.update(p50=pct(lat, 0.5), p99=pct(lat, 0.99), p999=pct(lat, 0.999),
@@ -214,6 +243,8 @@ def one_rep(args, mode: str, rep: int) -> dict:
         lags = sorted(lags[warm:])
         if lags:
             out.update(lag50=pct(lags, 0.5), lag99=pct(lags, 0.99), lagmax=lags[-1] / 1e3)
+        load.append(os.getloadavg()[0])
+        out["load"] = load
         return out
     finally:
         cl.close()
@@ -230,7 +261,7 @@ def resync_time(args) -> float | None:
     try:
         a, b = cl["tt-a"], cl["tt-b"]
         a.start()
-        asyncio.run(publish(a.port, args.resync, args.size, max(args.window, 5000), 0,
+        run(publish(a.port, args.resync, args.size, max(args.window, 5000), 0,
                             args.timeout * 5, "resync-pub"))  # fmt: skip
         b.start()
         t0 = time.monotonic()
@@ -249,6 +280,10 @@ def resync_time(args) -> float | None:
         return None
     finally:
         cl.close()
+
+
+def fmt_us(v: float | None) -> str:
+    return "—" if v is None else f"{v:,.0f}"
 
 
 def main() -> None:
@@ -300,6 +335,11 @@ def main() -> None:
         if med["sync"].get("tput") and med["none"].get("tput")
         else None
     )
+    loads = [x for m in MODES for r in results[m] for x in r.get("load", ())]
+    per_rep = "; ".join(
+        f"rep {i + 1}: none {fmt_us(n.get('p99'))}, sync {fmt_us(s.get('p99'))}"
+        for i, (n, s) in enumerate(zip(results["none"], results["sync"], strict=False))
+    )
     targets = benchlib.targets_table([
         ("sync-replicated publish ≥ 40% of unreplicated", "%", ratio and ratio * 100, 40, "min"),
         (f"p99 publish→persisted ack with a sync destination at {args.rate:,.0f} msg/s < 3 ms",
@@ -314,6 +354,10 @@ def main() -> None:
         f"resync: {args.resync:,} messages published to tt-a while tt-b was down, time from "
         f"tt-b listening to caught up: {'—' if resync is None else f'{resync:.2f} s'}",
         "rows other than `tickertape` (none) are replicated modes; ratios are none ÷ mode",
+        f"ack p99 per repetition (µs), unreplicated and sync side by side: {per_rep or '—'}",
+        "shared machine: 1-minute load average around the repetitions "
+        + (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—")
+        + f" on {os.cpu_count()} cores (other work runs beside the three processes measured)",
     ]
     benchlib.report(
         "bench_replication",

@@ -17,6 +17,7 @@ from protocol.replication import LinkDecoder, LinkError, LinkFrame, encode_heart
 
 HEARTBEAT_IDLE = 1.0  # seconds without sending before a heartbeat
 DEAD_AFTER = 5.0  # seconds without receiving anything before the link is dead
+KEEPALIVE_TICK = 0.25  # how often the keepalive looks; nothing on the data path waits for it
 READ_SIZE = 256 * 1024
 _HEARTBEAT = encode_heartbeat()
 
@@ -56,7 +57,7 @@ class Link:
 
     async def _keep(self) -> None:
         while self.reason is None:
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(KEEPALIVE_TICK)
             now = time.monotonic()
             if now - self.last_recv > DEAD_AFTER:
                 self.end(f"silent for {DEAD_AFTER:.0f}s")

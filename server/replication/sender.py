@@ -9,8 +9,11 @@ Connecting tries the destination's addresses in turn (TLS per address). Streamin
 local journal from P (`read_block`; `read_raw` in compacted segments, whose records re-encode to
 their original bytes), filters it (`Filter`), and sends `repl_batch` frames of at most 1 MiB of
 records, every source position covered once, with at most MAX_UNACKED bytes of journal sent and
-not yet acknowledged. At the durable end it waits for the pipeline's next commit. Acks go to the
-AckSink, and every second at most to the journal's metadata (`repl-acked:<dest>`).
+not yet acknowledged. At the durable end it waits for the pipeline's next commit: the commit
+(or the link's end) resolves the future it awaits, so a committed batch goes out in the next
+loop iteration, never on a timer. Acks go to the AckSink at once (a sync gate releases the
+publishers' acks in that call), and every second at most to the journal's metadata
+(`repl-acked:<dest>`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ MAX_UNACKED = 8 * 1024 * 1024  # journal bytes sent and not yet acknowledged, pe
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
 CONNECT_TIMEOUT = 5.0
 ACKED_PERSIST_INTERVAL = 1.0
+IDLE_RECHECK = 0.5  # a backstop only: commits and the link's end wake an idle streamer
 
 __all__ = ["Filter", "Sender", "event_record", "select"]
 
@@ -160,6 +164,7 @@ class Sender:
         self.bytes_sent = 0
         self.link: Link | None = None
         self._acked_event = asyncio.Event()
+        self._idle: asyncio.Future[None] | None = None  # what an idle streamer awaits
         self._persisted_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -281,6 +286,8 @@ class Sender:
                 frames = await link.read_frames()
         except LinkClosed:
             self._acked_event.set()  # wake the streamer, which sees the closed link
+            if self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
 
     def _ack(self, pos: int) -> None:
         if pos > self.acked:
@@ -317,16 +324,12 @@ class Sender:
                 journal.end_position,
             )
             pos = journal.end_position
-        loop = asyncio.get_running_loop()
         name = self.dest.name
         while True:
             if link.closed:
                 raise LinkClosed(link.reason or "closed")
             if pos >= journal.end_position:
-                fut: asyncio.Future[None] = loop.create_future()
-                self.pipeline.waiters.append(fut)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(fut, 0.5)
+                await self._next_commit()
                 continue
             while pos - self.acked > MAX_UNACKED and not link.closed:
                 self._acked_event.clear()
@@ -341,6 +344,22 @@ class Sender:
             self.sent_pos = pos = nxt
             self.sink.sent(name, nxt)
             await link.drain()
+
+    async def _next_commit(self) -> None:
+        """Until the pipeline's next commit or the link's end (or IDLE_RECHECK as a backstop).
+
+        The future is awaited directly: asyncio.wait_for would add a loop iteration between the
+        commit and this task, on the path of every sync-held `persisted` ack."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._idle = fut
+        self.pipeline.waiters.append(fut)
+        timer = loop.call_later(IDLE_RECHECK, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._idle = None
 
     def _read(self, pos: int) -> tuple[bytes, int]:
         """(bytes to send, the position after the records read) from pos."""
@@ -371,3 +390,8 @@ class Sender:
             return b"", journal.next_position(p)
         body, stop = select(buf, p, self.filter, self.dest.name, self.translate)
         return body, p + stop
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
