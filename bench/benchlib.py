@@ -221,6 +221,8 @@ def table(
         rl.append(f"| {label} | " + " | ".join(cells) + " |")
     if our is None:
         rl.append("\n(no Tickertape figures in this run: ratios are left blank)")
+    elif len(rl) == 2:  # only our own variants ran: no peer to divide by, no empty table
+        return figures, ""
     return figures, "\n".join(rl)
 
 
