@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, encode_record
+from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
 
 from . import frames
 from .fanout import Fanout, Message
@@ -212,6 +212,52 @@ class Pipeline:
         if not self.scheduled:
             self._schedule()
         return seq, STORED
+
+    def publish_run(self, client: Publisher, pub: int, items: list[tuple[int, str, bytes]]) -> int:
+        """Accept the leading publishes of `items` ((seq, topic, body) from one client-sequenced
+        publisher, no header fragment, no expiration) that publish() would store; returns how
+        many were taken. Each taken one ends as after publish() (STORED); the bookkeeping that
+        publish() does per message (time, highest sequence, acks, schedule) is done once. The
+        first one not taken (a duplicate, a publisher past a gap, a topic that is not recorded,
+        a field the record cannot hold) is for publish() to answer."""
+        if self.journal is None or self.fanout.early or (self.gaps and pub in self.gaps):
+            return 0
+        highest = self.highest.get(pub, 0)
+        ts = max(self.last_ts, int(time.time() * 1_000_000))
+        batch = self.batch
+        data, entries, msgs = batch.data, batch.entries, batch.msgs
+        cached = self._topics.get
+        took = 0
+        off = -1
+        for seq, topic, body in items:
+            if seq <= highest:
+                break
+            info = cached(topic) or self.topic_info(topic)
+            if not info[2]:
+                break
+            try:
+                rec = encode_record(KIND_MESSAGE, pub, seq, ts, info[0], body)
+            except RecordFieldError:
+                break
+            off = len(data)
+            entries.append((pub, seq, ts, off))
+            data += rec
+            msgs.append((topic, pub, seq, ts, body, off, b"", None))
+            highest = seq
+            took += 1
+        if not took:
+            return 0
+        self.last_ts = ts
+        self.highest[pub] = highest
+        if pub not in batch.first_seq:
+            batch.first_seq[pub] = items[0][0]
+        batch.last[pub] = (highest, off)
+        if client.wants_persisted:
+            batch.acks[client] = highest
+        self.published += took
+        if not self.scheduled:
+            self._schedule()
+        return took
 
     def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
         self.batch.flushes.append((client, cid, acks))

@@ -101,9 +101,29 @@ class Session(SubscribeCommands):
         handlers = _HANDLERS
         out = self.out
         rest = iter(frames_in)
+        # consecutive plain publishes (no ack of their own to send) are taken as one run
+        run: list[tuple[Header, bytes]] = []
+        plain = self.logged_on and self._ent is None
         for header, body in rest:
             if out.closing:
                 break
+            if (
+                plain
+                and header.c == "publish"
+                and type(body) is bytes
+                and header.s is not None
+                and header.x is None
+                and header.e is None
+                and (header.a is None or header.a == "persisted")
+                and check_fields(header) is None
+            ):
+                run.append((header, body))
+                continue
+            if run:
+                self._publish_run(run)
+                run = []
+                if out.closing:
+                    break
             problem = body if type(body) is FieldError else check_fields(header)
             if problem is not None:
                 self.fail(header, problem.reason, problem.detail)
@@ -134,6 +154,46 @@ class Session(SubscribeCommands):
             if self._held is not None:  # the logon is being checked
                 self._held.extend(rest)
                 break
+            plain = self.logged_on and self._ent is None
+        if run:
+            self._publish_run(run)
+
+    def _publish_run(self, run: list[tuple[Header, bytes]]) -> None:
+        """Publishes that need no ack of their own, in order, with what cmd_publish does for
+        each: the pipeline takes the leading ones it can store as they are in one call
+        (Pipeline.publish_run); the first it does not take (a duplicate, a gap, a topic that
+        is not literal or not recorded, ...) goes through cmd_publish, then the rest again."""
+        try:
+            self._publish_leading(run)
+        except Exception:  # a bug must cost one connection, never the server
+            log.exception("connection %d: error handling a run of publishes", self.id)
+            self.fail(run[-1][0], Failure.BAD_FRAME, "internal error handling this command")
+            self.out.close(Disconnect.BAD_FRAME)
+
+    def _publish_leading(self, run: list[tuple[Header, bytes]]) -> None:
+        pipeline = self.svc.pipeline
+        publish_topic = self.svc.topics.publish_topic
+        i, n = 0, len(run)
+        while i < n:
+            items: list[tuple[int, str, bytes]] = []
+            for h, body in run[i:]:
+                topic = publish_topic(h.t) if h.t else None
+                if not topic:
+                    break
+                if h.a is not None and not self.wants_persisted:
+                    if items:  # the ack bookkeeping changes here: a new run
+                        break
+                    self.wants_persisted = True
+                items.append((h.s, topic, body))  # type: ignore[arg-type]  # s checked above
+            if items:
+                self.is_publisher = True
+                took = pipeline.publish_run(self, self.pub, items)
+                self.received += took
+                i += took
+            if i < n and not self.out.closing:
+                h, body = run[i]
+                self.cmd_publish(h, body)
+                i += 1
 
     def bad_input(self, error: FrameError) -> None:
         """Input that does not frame: a failure ack, then the connection closes."""
