@@ -6,7 +6,8 @@
    stored), stamps a bookmark and a non-decreasing receive time, encodes the journal record into
    the open batch, and schedules one `flush()` per loop iteration.
 2. `flush()` hands the open batch to the journal (one submit per loop iteration; the writer
-   merges whatever is queued into one write + one fdatasync).
+   merges whatever is queued into one write + one fdatasync). A small batch with no commit in
+   flight is committed on the loop itself (`Journal.commit_inline`: no thread hand-off).
 3. `_committed()` runs on the loop when the batch is durable: one conflated `persisted` ack per
    publishing connection, then live delivery (server/fanout.py) and the other consumers of
    committed messages (queues), then flush markers.
@@ -42,6 +43,9 @@ log = logging.getLogger("tickertape.pipeline")
 
 TOPIC_CACHE_LIMIT = 50_000
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
+# flush(): a batch up to this size with no commit in flight is committed on the event loop
+# (Journal.commit_inline): a lone publisher's round trip then has no thread hand-off in it
+INLINE_COMMIT_BYTES = 4096
 
 __all__ = ["ABOVE_GAP", "DUPLICATE", "STORED", "Batch", "Pipeline", "Publisher"]
 
@@ -291,9 +295,25 @@ class Pipeline:
             self._committed(batch, self.delivered_end, None, -1)
             return
         size = len(batch.data)
+        idle = self.inflight_batches == 0
         self.inflight_bytes += size
         self.inflight_batches += 1
         self.inflight.append(batch)
+        if idle and size <= min(INLINE_COMMIT_BYTES, self.max_inflight):
+            done_now: list[tuple[int | None, BaseException | None]] = []
+            try:
+                inline = self.journal.commit_inline(
+                    bytes(batch.data),
+                    batch.entries,
+                    lambda p, e: done_now.append((p, e)),
+                    batch.meta,
+                )
+            except Exception as exc:  # closed journal during shutdown
+                self._committed(batch, None, exc, size)
+                return
+            if inline:
+                self._committed(batch, *done_now[0], size)
+                return
         loop = self.loop
         cb = self._committed
 
