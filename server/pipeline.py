@@ -37,6 +37,7 @@ from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
 
 from . import frames
 from .fanout import Fanout, Message
+from .publish_scan import publish_records
 from .subscriptions import Subscription
 
 log = logging.getLogger("tickertape.pipeline")
@@ -129,6 +130,8 @@ class Pipeline:
         self.last_ts = 0
         self.delivered_end = journal.end_position if journal is not None else 0
         self._topics: dict[str, tuple[bytes, bytes, bool]] = {}
+        # publish_raw(): topic bytes -> topic, for topics stored as they are published
+        self._plain_topics: dict[bytes, str] = {}
         self.waiters: list[asyncio.Future[None]] = []  # tailing replays, resolved at every commit
         self.last_bm: tuple[int, int] | None = None  # (pub, seq) of the newest durable record
         self.published = 0
@@ -262,6 +265,58 @@ class Pipeline:
         if not self.scheduled:
             self._schedule()
         return took
+
+    def publish_raw(
+        self,
+        client: Publisher,
+        pub: int,
+        raw: bytes,
+        pos: int,
+        literal: Callable[[str], str | None],
+    ) -> tuple[int, int]:
+        """Store the leading plain publishes of the whole frames raw[pos:] (client-sequenced
+        by `pub`; server/publish_scan.py says which frames are plain) as publish() would, with
+        its bookkeeping (time, highest sequence, acks, schedule) done once. literal: the topic a
+        publish to a topic is stored under (None: refused), as the session maps it. Returns
+        (stop, taken): the frame at `stop` (if any) was not taken and is for the ordinary path.
+        """
+        if self.journal is None or self.fanout.early or (self.gaps and pub in self.gaps):
+            return pos, 0
+        known = self._plain_topics
+        taken = 0
+        while True:
+            batch = self.batch
+            ts = max(self.last_ts, int(time.time() * 1_000_000))
+            records, entries, msgs, stop, highest, asked, unknown = publish_records(
+                raw, pos, pub, ts, self.highest.get(pub, 0), known, len(batch.data)
+            )
+            if entries:
+                batch.data += records
+                batch.entries += entries
+                batch.msgs += msgs
+                self.last_ts = ts
+                self.highest[pub] = highest
+                if pub not in batch.first_seq:
+                    batch.first_seq[pub] = entries[0][1]
+                batch.last[pub] = (highest, entries[-1][3])
+                if asked:
+                    client.wants_persisted = True
+                if client.wants_persisted:
+                    batch.acks[client] = highest
+                self.published += len(entries)
+                taken += len(entries)
+                if not self.scheduled:
+                    self._schedule()
+            if unknown is None:
+                return stop, taken
+            topic = unknown.decode("ascii")  # plain publishes have ASCII topics
+            stored = literal(topic)
+            if stored != topic or not self.topic_info(topic)[2]:
+                return stop, taken  # mapped, a pattern, or not recorded: the ordinary path
+            if len(known) >= TOPIC_CACHE_LIMIT:
+                known.clear()
+            known[unknown] = topic
+            pos = stop
 
     def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
         self.batch.flushes.append((client, cid, acks))

@@ -26,7 +26,7 @@ import msgspec
 
 from journal.record import RecordFieldError
 from protocol.bookmarks import format_bookmark
-from protocol.framing import FrameError
+from protocol.framing import RAW_RUN, FrameError, RawFrames, expand, frame_end
 from protocol.headers import FieldError, Header, check_fields
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
 
@@ -107,6 +107,16 @@ class Session(SubscribeCommands):
         for header, body in rest:
             if out.closing:
                 break
+            if type(body) is RawFrames:
+                if run:
+                    self._publish_run(run)
+                    run = []
+                self._raw_publishes(body)
+                if self._held is not None:  # a logon inside the run is being checked
+                    self._held.extend(rest)
+                    break
+                plain = self.logged_on and self._ent is None
+                continue
             if (
                 plain
                 and header.c == "publish"
@@ -157,6 +167,43 @@ class Session(SubscribeCommands):
             plain = self.logged_on and self._ent is None
         if run:
             self._publish_run(run)
+
+    def _raw_publishes(self, raw: RawFrames) -> None:
+        """Publish frames left whole by the decoder (server/publish_scan.py): the pipeline
+        stores the plain publishes among them straight from the bytes (Pipeline.publish_raw);
+        any other frame is decoded and handled as receive() handles it."""
+        if not (self.logged_on and self._ent is None):
+            self._receive_raw(raw)
+            return
+        publish_raw = self.svc.pipeline.publish_raw
+        literal = self.svc.topics.publish_topic
+        pos, n = 0, len(raw)
+        while pos < n and not self.out.closing and self._held is None:
+            try:
+                pos, took = publish_raw(self, self.pub, raw, pos, literal)
+            except Exception:  # a bug must cost one connection, never the server
+                log.exception("connection %d: error handling a run of publishes", self.id)
+                self.fail(Header(c="publish"), Failure.BAD_FRAME, "internal error")
+                self.out.close(Disconnect.BAD_FRAME)
+                return
+            if took:
+                self.is_publisher = True
+                self.received += took
+            if pos < n and not self.out.closing:
+                end = frame_end(raw, pos)
+                self._receive_raw(raw[pos:end])
+                pos = end
+        if pos < n and self._held is not None:  # behind a logon being checked
+            self._held.append((RAW_RUN, RawFrames(raw[pos:])))
+
+    def _receive_raw(self, raw: bytes) -> None:
+        try:
+            got = expand(raw)
+        except FrameError as exc:
+            self.receive(exc.frames)
+            self.bad_input(exc)
+            return
+        self.receive(got)
 
     def _publish_run(self, run: list[tuple[Header, bytes]]) -> None:
         """Publishes that need no ack of their own, in order, with what cmd_publish does for
