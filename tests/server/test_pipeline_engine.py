@@ -4,12 +4,15 @@ publishers that are plain objects (the `Publisher` protocol)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 
+from journal.fileio import FaultyIO
+from journal.journal import Journal
 from protocol.options import subscribe_options
 from server import frames
 from server.fanout import Fanout
 from server.outbox import Outbox
-from server.pipeline import DUPLICATE, STORED, Pipeline
+from server.pipeline import ABOVE_GAP, DUPLICATE, STORED, Pipeline
 from server.router import Router
 from server.subscriptions import Subscription, SubState
 from tests.server.core_harness import FakeTransport, split_frames
@@ -227,3 +230,37 @@ async def test_a_lone_small_batch_commits_inline_and_a_large_one_on_the_writer(j
     assert pub.persisted_seqs == [1] and p.inflight_batches == 1  # handed to the writer thread
     await _settle(p)
     assert pub.persisted_seqs == [1, 2]
+
+
+async def test_an_inline_commit_on_a_full_disk_keeps_the_gap_rule(tmp_path):
+    """The lone publish committed on the loop fails (disk full): its publisher gets the failure,
+    the journal is unavailable, later sequences are refused until the failed one is sent again,
+    and then it is stored and acked."""
+    io = FaultyIO(ops=["write"], errnos=[errno.ENOSPC], count=1)
+    io.armed = False
+    j = Journal(str(tmp_path / "j"), durability="fsync", io=io)
+    try:
+        p = make_pipeline(j)
+        pub = Publisher()
+        p.publish(pub, 8, 1, "orders", b"{}")
+        p.flush()
+        assert pub.persisted_seqs == [1]  # inline
+        io.armed = True
+        p.publish(pub, 8, 2, "orders", b"{}")
+        p.flush()  # inline, and it fails
+        io.armed = False
+        assert io.failures == 1 and pub.failures and not j.available
+        assert p.gaps == {8: 2} and p.highest[8] == 1
+        assert p.publish(pub, 8, 3, "orders", b"{}") == (3, ABOVE_GAP)
+        for _ in range(500):  # the writer takes the fence; the probe makes it available
+            if j.available:
+                break
+            await asyncio.sleep(0.01)
+        assert j.available
+        assert p.publish(pub, 8, 2, "orders", b"{}") == (2, STORED)
+        p.flush()
+        await _settle(p)
+        assert pub.persisted_seqs[-1] == 2
+        assert [r.seq for r in j.scan()] == [1, 2]
+    finally:
+        j.close()
