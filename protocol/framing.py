@@ -18,7 +18,7 @@ Finding the end of the header: the fast path takes the first `}`; if that prefix
 Runs left whole: a decoder given a `group` function (`group(buf, pos, max_size) -> end`, the
 server's publish fast path, server/publish_scan.py) asks it at every frame boundary whether the
 whole frames from there to `end` are to be handed on undecoded; they come out as one
-`(RAW_RUN, RawFrames(bytes))` item, which the receiver decodes itself or with `expand()`. The
+`(RAW_RUN, RawFrames)` item (its `data`), which the receiver decodes itself or with `expand()`. The
 frames, taken in order with runs expanded, are the same however the input was split.
 """
 
@@ -47,14 +47,20 @@ __all__ = [
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 
 
-class RawFrames(bytes):
-    """Whole frames, back to back, left undecoded by a decoder's `group` function."""
+class RawFrames:
+    """Whole frames, back to back (`data`), left undecoded by a decoder's `group` function. A
+    holder, not a bytes subclass: a read that is all one run is handed on without a copy."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 RAW_RUN = Header(c="raw frames")
 """The header of a RawFrames item (not a command: the frames in it are)."""
 
-Frame = tuple[Header, bytes | FieldError]
+Frame = tuple[Header, bytes | FieldError | RawFrames]
 """(header, body); with refuse_fields, (header, the FieldError) for a header refused alone; with
 a `group` function, (RAW_RUN, RawFrames) for a run of frames left whole."""
 Group = Callable[[bytes | bytearray, int, int], int]
@@ -136,7 +142,8 @@ class FrameDecoder:
                 if group is not None:
                     end = group(view, pos, max_size)
                     if end > pos:
-                        frames.append((RAW_RUN, RawFrames(view[pos:end])))
+                        # a whole bytes read is not copied (CPython returns it for [0:n])
+                        frames.append((RAW_RUN, RawFrames(bytes(view[pos:end]))))
                         pos = end
                         continue
                 (length,) = _unpack_len(view, pos)

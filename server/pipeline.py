@@ -132,6 +132,7 @@ class Pipeline:
         self._topics: dict[str, tuple[bytes, bytes, bool]] = {}
         # publish_raw(): topic bytes -> topic, for topics stored as they are published
         self._plain_topics: dict[bytes, str] = {}
+        self._lone = True  # the last batch flushed held at most one publisher (read_done)
         self.waiters: list[asyncio.Future[None]] = []  # tailing replays, resolved at every commit
         self.last_bm: tuple[int, int] | None = None  # (pub, seq) of the newest durable record
         self.published = 0
@@ -331,6 +332,23 @@ class Pipeline:
         """Commit the open batch soon, even if nothing else is added to it."""
         self._schedule()
 
+    def read_done(self) -> None:
+        """A publishing connection handled one read. When the open batch is one publish whose
+        publisher waits for its `persisted` ack, nothing is in flight and the last commit held
+        a single publisher (a lone publisher, one message in flight), the batch is committed
+        now instead of at the end of the loop iteration: that hop is part of every round trip.
+        Several publishers, or several messages, keep the hop, so that the reads of one
+        iteration make one commit."""
+        batch = self.batch
+        if (
+            self.scheduled
+            and self._lone
+            and self.inflight_batches == 0
+            and len(batch.msgs) == 1
+            and batch.acks
+        ):
+            self.flush()
+
     def _schedule(self) -> None:
         if not self.scheduled:
             self.scheduled = True
@@ -346,6 +364,7 @@ class Pipeline:
         if batch.empty():
             return
         self.batch = Batch()
+        self._lone = len(batch.first_seq) <= 1 and len(batch.acks) <= 1
         if self.journal is None or (not batch.data and self.inflight_batches == 0):
             self._committed(batch, self.delivered_end, None, -1)
             return

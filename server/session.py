@@ -95,6 +95,11 @@ class Session(SubscribeCommands):
     def receive(self, frames_in: list[tuple[Header, Any]]) -> None:
         """Handle the frames decoded from one read, in order; stop at a close. Frames behind a
         logon that is checked off the event loop wait for its outcome."""
+        self._receive(frames_in)
+        if self.is_publisher:
+            self.svc.pipeline.read_done()
+
+    def _receive(self, frames_in: list[tuple[Header, Any]]) -> None:
         if self._held is not None:
             self._held.extend(frames_in)
             return
@@ -168,10 +173,11 @@ class Session(SubscribeCommands):
         if run:
             self._publish_run(run)
 
-    def _raw_publishes(self, raw: RawFrames) -> None:
+    def _raw_publishes(self, frames_in: RawFrames) -> None:
         """Publish frames left whole by the decoder (server/publish_scan.py): the pipeline
         stores the plain publishes among them straight from the bytes (Pipeline.publish_raw);
         any other frame is decoded and handled as receive() handles it."""
+        raw = frames_in.data
         if not (self.logged_on and self._ent is None):
             self._receive_raw(raw)
             return
@@ -200,10 +206,10 @@ class Session(SubscribeCommands):
         try:
             got = expand(raw)
         except FrameError as exc:
-            self.receive(exc.frames)
+            self._receive(exc.frames)
             self.bad_input(exc)
             return
-        self.receive(got)
+        self._receive(got)
 
     def _publish_run(self, run: list[tuple[Header, bytes]]) -> None:
         """Publishes that need no ack of their own, in order, with what cmd_publish does for
@@ -285,15 +291,21 @@ class Session(SubscribeCommands):
     # Publisher (server/pipeline.py): what the pipeline tells a publishing client
 
     def persisted(self, seq: int) -> None:
-        """A commit made everything up to `seq` durable: one conflated ack."""
+        """A commit made everything up to `seq` durable: one conflated ack.
+
+        With `ack_conflation` the acks of one interval are conflated on its leading edge: the
+        first ack after a quiet interval goes out at once (a lone publish waits for no timer),
+        and opens an interval; what becomes durable during it is acked once, at its end, which
+        opens the next. So a publisher gets at most about one ack per interval, and none later
+        than the interval (docs/protocol.md §3)."""
         out = self.out
         if out.closing:
             return
         if self.ack_conflation:
-            self._persist_pending = max(self._persist_pending, seq)
-            if self._ack_timer is None:
-                self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
-            return
+            if self._ack_timer is not None:
+                self._persist_pending = max(self._persist_pending, seq)
+                return
+            self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
         out.buf.append(frames.persisted_ack(seq))
         out.flush()
 
@@ -303,6 +315,7 @@ class Session(SubscribeCommands):
             seq, self._persist_pending = self._persist_pending, 0
             self.out.send_ack("persisted", None, s=seq)
             self.out.flush()
+            self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
 
     def persist_failed(self, reason: str, detail: str) -> None:
         if self.out.closing:

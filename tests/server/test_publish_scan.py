@@ -183,7 +183,7 @@ def test_decoder_runs_expand_to_the_frames_at_every_split():
         for item in dec.feed(stream[:cut]) + dec.feed(stream[cut:]):
             if item[0] is RAW_RUN:
                 assert type(item[1]) is RawFrames
-                got += expand(item[1])
+                got += expand(item[1].data)
             else:
                 got.append(item)
         assert got == want, cut
