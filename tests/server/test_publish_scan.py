@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from journal.record import KIND_MESSAGE, encode_record
-from protocol.framing import RAW_RUN, FrameDecoder, RawFrames, expand, frame_bytes
+from protocol.framing import RAW_RUN, FrameDecoder, FrameError, RawFrames, expand, frame_bytes
 from server import publish_scan
 from server.publish_scan import publish_records_py, publish_span_py
 
@@ -243,3 +243,28 @@ async def test_a_session_stores_and_acks_the_same_with_and_without_the_fast_path
     monkeypatch.setattr("server.pipeline.publish_records", publish_records_py)
     pure = await _publish_through(make_core(sub="pure", topics=topics), publish_span_py, cut)
     assert pure == plain
+
+
+@pytest.mark.parametrize("group", [None, publish_span_py], ids=["ordinary", "fast"])
+async def test_a_header_that_is_not_json_in_a_run_closes_as_before(make_core, group):
+    """A frame that starts like a publish but does not decode: the publishes before it are
+    stored, it gets the `bad frame` failure and the connection closes; nothing after it is
+    handled."""
+    core = make_core(sub="x" if group is None else "y")
+    c = core.client("p")
+    dec = FrameDecoder(1 << 20, refuse_fields=True, group=group)
+    data = pub(1) + frame_bytes(b'{"c":"publish","t":"orders","s":2,}', b"x") + pub(3)
+    try:
+        got = dec.feed(data)
+        error = None
+    except FrameError as exc:  # the ordinary decoder refuses it while decoding
+        got, error = exc.frames, exc
+    c.session.receive(got)
+    if error is not None:
+        c.session.bad_input(error)
+    c.out.flush()
+    await core.settle()
+    (ack,) = c.take()
+    assert (ack["status"], ack["reason"]) == ("failure", "bad frame")
+    assert c.closes == ["bad frame"]
+    assert [r.seq for r in core.journal.records()] == [1]
