@@ -24,9 +24,8 @@ from typing import Any
 
 import msgspec
 
-from journal.record import RecordFieldError
 from protocol.bookmarks import format_bookmark
-from protocol.framing import RAW_RUN, FrameError, RawFrames, expand, frame_end
+from protocol.framing import FrameError, RawFrames
 from protocol.headers import FieldError, Header, check_fields
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
 
@@ -34,11 +33,11 @@ from . import frames
 from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id
 from .outbox import Outbox
-from .pipeline import ABOVE_GAP, DUPLICATE
 from .reasons import Disconnect, Failure
 from .security.authenticator import AuthFailure, Identity, certificate_identity
 from .security.entitlements import Entitlements
 from .services import SessionServices
+from .session_publish import PublishCommands
 from .session_subscribe import SubscribeCommands
 from .subscription_table import SubscriptionTable
 from .subscriptions import ack_types
@@ -51,7 +50,7 @@ _json = msgspec.json.encode
 _ids = itertools.count(1)
 
 
-class Session(SubscribeCommands):
+class Session(SubscribeCommands, PublishCommands):
     def __init__(
         self,
         out: Outbox,
@@ -172,81 +171,6 @@ class Session(SubscribeCommands):
             plain = self.logged_on and self._ent is None
         if run:
             self._publish_run(run)
-
-    def _raw_publishes(self, frames_in: RawFrames) -> None:
-        """Publish frames left whole by the decoder (server/publish_scan.py): the pipeline
-        stores the plain publishes among them straight from the bytes (Pipeline.publish_raw);
-        any other frame is decoded and handled as receive() handles it."""
-        raw = frames_in.data
-        if not (self.logged_on and self._ent is None):
-            self._receive_raw(raw)
-            return
-        publish_raw = self.svc.pipeline.publish_raw
-        literal = self.svc.topics.publish_topic
-        pos, n = 0, len(raw)
-        while pos < n and not self.out.closing and self._held is None:
-            try:
-                pos, took = publish_raw(self, self.pub, raw, pos, literal)
-            except Exception:  # a bug must cost one connection, never the server
-                log.exception("connection %d: error handling a run of publishes", self.id)
-                self.fail(Header(c="publish"), Failure.BAD_FRAME, "internal error")
-                self.out.close(Disconnect.BAD_FRAME)
-                return
-            if took:
-                self.is_publisher = True
-                self.received += took
-            if pos < n and not self.out.closing:
-                end = frame_end(raw, pos)
-                self._receive_raw(raw[pos:end])
-                pos = end
-        if pos < n and self._held is not None:  # behind a logon being checked
-            self._held.append((RAW_RUN, RawFrames(raw[pos:])))
-
-    def _receive_raw(self, raw: bytes) -> None:
-        try:
-            got = expand(raw)
-        except FrameError as exc:
-            self._receive(exc.frames)
-            self.bad_input(exc)
-            return
-        self._receive(got)
-
-    def _publish_run(self, run: list[tuple[Header, bytes]]) -> None:
-        """Publishes that need no ack of their own, in order, with what cmd_publish does for
-        each: the pipeline takes the leading ones it can store as they are in one call
-        (Pipeline.publish_run); the first it does not take (a duplicate, a gap, a topic that
-        is not literal or not recorded, ...) goes through cmd_publish, then the rest again."""
-        try:
-            self._publish_leading(run)
-        except Exception:  # a bug must cost one connection, never the server
-            log.exception("connection %d: error handling a run of publishes", self.id)
-            self.fail(run[-1][0], Failure.BAD_FRAME, "internal error handling this command")
-            self.out.close(Disconnect.BAD_FRAME)
-
-    def _publish_leading(self, run: list[tuple[Header, bytes]]) -> None:
-        pipeline = self.svc.pipeline
-        publish_topic = self.svc.topics.publish_topic
-        i, n = 0, len(run)
-        while i < n:
-            items: list[tuple[int, str, bytes]] = []
-            for h, body in run[i:]:
-                topic = publish_topic(h.t) if h.t else None
-                if not topic:
-                    break
-                if h.a is not None and not self.wants_persisted:
-                    if items:  # the ack bookkeeping changes here: a new run
-                        break
-                    self.wants_persisted = True
-                items.append((h.s, topic, body))  # type: ignore[arg-type]  # s checked above
-            if items:
-                self.is_publisher = True
-                took = pipeline.publish_run(self, self.pub, items)
-                self.received += took
-                i += took
-            if i < n and not self.out.closing:
-                h, body = run[i]
-                self.cmd_publish(h, body)
-                i += 1
 
     def bad_input(self, error: FrameError) -> None:
         """Input that does not frame: a failure ack, then the connection closes."""
@@ -444,71 +368,6 @@ class Session(SubscribeCommands):
                 bm=format_bookmark(self.pub, seq) if seq else "",
                 client_name=self.client_name,
             )
-
-    def cmd_publish(self, h: Header, body: bytes) -> None:
-        svc = self.svc
-        topic = svc.topics.publish_topic(h.t) if h.t else None
-        if not topic:
-            self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {h.t!r}")
-            return
-        ent = self._ent
-        if ent is not None and not ent.check(
-            self.peer, self.user_id or "", "publish", topic, "publish"
-        ):
-            self.not_entitled(h, "publish", topic)
-            return
-        a = h.a
-        if a is not None and "persisted" in a:
-            self.wants_persisted = True
-        self.is_publisher = True
-        self.received += 1
-        try:
-            seq, outcome = svc.pipeline.publish(
-                self,
-                self.pub if h.s is not None else self.server_pub,
-                h.s,
-                topic,
-                body,
-                b',"x":' + _json(h.x) if h.x is not None else b"",
-                h.e,
-            )
-        except RecordFieldError as exc:
-            self.fail(h, Failure.BAD_FRAME, str(exc))
-            return
-        if outcome == ABOVE_GAP:
-            self._refuse_above_gap(h, seq)
-            return
-        if a is not None and ("processed" in a or "received" in a):
-            for kind in ack_types(a) & {"received", "processed"}:
-                self.out.send_ack(
-                    kind, h.cid, s=seq, reason="duplicate" if outcome == DUPLICATE else None
-                )
-
-    def _refuse_above_gap(self, h: Header, seq: int) -> None:
-        """A publish past this publisher's gap (an earlier sequence failed to commit): refused
-        and not stored, with a failure ack for each ack type asked for; logged once per gap (a
-        pipelining publisher may have thousands in flight)."""
-        gap = self.svc.pipeline.gaps.get(self.pub, 0)
-        detail = (
-            f"sequence {gap} was not persisted; nothing after it is stored until it is sent "
-            f"again: resend from {gap}"
-        )
-        if self._gap_told != gap:
-            self._gap_told = gap
-            log.warning(
-                "%s: publishes from s=%d refused until s=%d is sent again",
-                self.describe(),
-                seq,
-                gap,
-            )
-        out = self.out
-        if self.wants_persisted:
-            out.send_ack(
-                "persisted", None, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq
-            )
-        for kind in ack_types(h.a) & {"received", "processed"}:
-            out.send_ack(kind, h.cid, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq)
-        out.flush()
 
     def cmd_unsubscribe(self, h: Header, body: bytes) -> None:
         ids = (h.sub_id or "").strip()
