@@ -1,8 +1,9 @@
 """Only the optional C accelerator lives here; everything else is in pyproject.toml.
 
 server/_splice.c (replay frames spliced from journal bytes), server/_filterscan.c (content filters
-evaluated over blocks of records) and journal/_verify.c (record checks on read) are built when a C compiler and the Python headers are there; without them the install
-still succeeds and the same work is done in pure Python. The record checks take their crc32 from
+evaluated over blocks of records), server/_publish.c (publish frames to journal records) and
+journal/_verify.c (record checks on read) are built when a C compiler and the Python headers are
+there; without them the install still succeeds and the same work is done in pure Python. The record checks take their crc32 from
 ISA-L (Debian's libisal-dev; `./run` installs it where it can) when it links, else from zlib:
 the same values, but zlib's is about eight times slower on records of a few hundred bytes.
 """
@@ -32,23 +33,25 @@ def _links(header: str, call: str, library: str) -> bool:
         return False
 
 
-if os.environ.get("TICKERTAPE_NO_ISAL") != "1" and _links(
+_ISAL = os.environ.get("TICKERTAPE_NO_ISAL") != "1" and _links(
     "isa-l/crc.h", "crc32_gzip_refl(0, 0, 0)", "isal"
-):
-    verify = Extension(
-        "journal._verify",
-        ["journal/_verify.c"],
-        define_macros=[("HAVE_ISAL", "1")],
-        libraries=["isal"],
-        optional=True,
-    )
-else:
-    verify = Extension("journal._verify", ["journal/_verify.c"], libraries=["z"], optional=True)
+)
+
+
+def _with_crc(name: str, source: str) -> Extension:
+    """An extension that computes record crc32s: with ISA-L's when it links, else zlib's."""
+    if _ISAL:
+        return Extension(
+            name, [source], define_macros=[("HAVE_ISAL", "1")], libraries=["isal"], optional=True
+        )
+    return Extension(name, [source], libraries=["z"], optional=True)
+
 
 setup(
     ext_modules=[
         Extension("server._splice", ["server/_splice.c"], optional=True),
         Extension("server._filterscan", ["server/_filterscan.c"], optional=True),
-        verify,
+        _with_crc("journal._verify", "journal/_verify.c"),
+        _with_crc("server._publish", "server/_publish.c"),
     ]
 )

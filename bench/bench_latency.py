@@ -47,6 +47,42 @@ def pct(sorted_vals, q: float) -> float:
     return sorted_vals[i] / 1e3
 
 
+def roundtrip_rep(args, peer, v, rep) -> dict:
+    """--roundtrip: one message in flight; latency = send -> the ack that covers it."""
+    proto = peer.kind
+    n = args.count
+    st = {}
+
+    def on_start():
+        st["cpu0"] = peer.cpu_seconds()
+
+    r = loadgen.run_sync(
+        proto,
+        peer.host,
+        peer.port,
+        n=n,
+        pub_dest=DEST[proto],
+        body_size=args.size,
+        window=1,
+        timeout=args.timeout or 120,
+        tag=f"r{rep}",
+        on_start=on_start,
+        ack_latency=True,
+    )
+    cpu = peer.cpu_seconds() - st["cpu0"]
+    lat = sorted(r.get("ack_latency_ns", [])[args.skip :])
+    out = {"samples": len(lat)}
+    if lat:
+        out.update(p50=pct(lat, 0.50), p99=pct(lat, 0.99), p999=pct(lat, 0.999), max=lat[-1] / 1e3)
+    out["rate"] = r["acked"] / r["pub_seconds"] if r["pub_seconds"] else None
+    out["cpu_pct"] = cpu / r["seconds"] * 100 if r["seconds"] else None
+    out["client_pct"] = r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None
+    if r["timed_out"] or r["errors"] or r["acked"] != n:
+        out["problem"] = f"acked {r['acked']} of {n}; errors {r['errors'][:2]}"
+        out["valid"] = False
+    return out
+
+
 def one_rep(args, peer, v, rep) -> dict:
     proto = peer.kind
     dest = DEST[proto]
@@ -109,12 +145,24 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=5000.0, help="messages per second, paced")
     p.add_argument("--seconds", type=float, default=10.0, help="publishing time per repetition")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of messages not counted")
+    p.add_argument(
+        "--roundtrip",
+        action="store_true",
+        help="single-message round trip instead: one publish in flight, time from its send "
+        "to its persisted ack (Redis: the XADD reply; JetStream: the PubAck); no subscriber",
+    )
+    p.add_argument("--count", type=int, default=3000, help="--roundtrip: messages per rep")
+    p.add_argument("--skip", type=int, default=200, help="--roundtrip: first N not counted")
     benchlib.common_args(p)
     benchlib.nats_sub_arg(p)
     p.set_defaults(timeout=0.0)
     args = p.parse_args()
     if args.quick:
         args.seconds, args.warmup, args.reps = min(args.seconds, 3.0), 0.5, 1
+        args.count = min(args.count, 1000)
+    if args.roundtrip:
+        roundtrip_main(args)
+        return
     names, skipped = benchlib.select_peers(args.peers)
     for s in skipped:
         print(f"SKIPPED {s}")
@@ -148,6 +196,50 @@ def main() -> None:
         problems,
         notes,
         args.no_results,
+    )
+
+
+def roundtrip_main(args) -> None:
+    names, skipped = benchlib.select_peers(args.peers)
+    for s in skipped:
+        print(f"SKIPPED {s}")
+    variants = benchlib.variants_for(names)
+    print(
+        f"round trip: {args.count} publishes one at a time ({args.skip} not counted), "
+        f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
+    )
+    got = benchlib.run_interleaved(
+        variants, args.reps, lambda peer, v, rep: roundtrip_rep(args, peer, v, rep)
+    )
+    rows = [(v.label, benchlib.medians(got[v.label][0], METRICS)) for v in variants]
+    problems = {label: ps for label, (_, ps) in got.items() if ps}
+    by = dict(rows)
+    tt, rd = (by.get("tickertape") or {}).get("p50"), (by.get("redis-always") or {}).get("p50")
+    extra = benchlib.targets_table(
+        [("p50 ÷ redis-always p50 ≤ 1", "×", tt / rd if tt and rd else None, 1.0 + 1e-9, "max")]
+    )
+    benchlib.report(
+        "bench_latency_roundtrip",
+        "Single-message round trip, publish to persisted ack (bench_latency --roundtrip)",
+        rows,
+        METRICS,
+        skipped,
+        problems,
+        [
+            (
+                f"one publisher, one message in flight ({args.size} B bodies), {args.count} "
+                f"messages per repetition, first {args.skip} not counted; latency = ack "
+                f"received - publish sent (perf_counter_ns); repetitions interleaved; median "
+                f"of {args.reps} repetitions' percentiles"
+            ),
+            (
+                "ack: tickertape `persisted` (fdatasync'd); redis-always the XADD reply after the "
+                "AOF fsync; redis-everysec after the write; jetstream the PubAck (2.9: not "
+                "fsync'd); jetstream-sync after an fsync"
+            ),
+        ],
+        args.no_results,
+        extra,
     )
 
 

@@ -66,6 +66,7 @@ def one_rep(args, peer, v, rep) -> dict:
         timeout=args.timeout,
         tag=f"p{rep}",
         on_start=on_start,
+        per_send=v.opts.get("per_send", 0),
     )
     cpu = peer.cpu_seconds() - st["cpu0"]
     peak = peer.peak_rss_bytes()
@@ -116,6 +117,18 @@ def main() -> None:
         help="skip counting what each server stored after the run (XLEN, stream "
         "info, Tickertape bookmark replay from EPOCH)",
     )
+    p.add_argument(
+        "--per-send",
+        type=int,
+        default=1,
+        help="also run each Tickertape peer with at most this many frames per write (the main "
+        "rows write the whole window at once); 0 skips those rows",
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="repetition-major order (rep 1 of every peer, then rep 2, ...)",
+    )
     benchlib.common_args(p)
     args = p.parse_args()
     if args.quick:
@@ -124,19 +137,35 @@ def main() -> None:
     for s in skipped:
         print(f"SKIPPED {s}")
     variants = benchlib.variants_for(names)
+    if args.per_send:
+        k = args.per_send
+        variants += [
+            benchlib.Variant(f"{v.label} ({k}/send)", v.peer, {"per_send": k})
+            for v in list(variants)
+            if v.peer in ("tickertape", "tickertape-base")
+        ]
     print(
         f"persisted publish: {args.count} msgs of {args.size} B, window {args.window}, "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    rows, problems = benchlib.run_all(
-        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
-    )
+    run = lambda peer, v, rep: one_rep(args, peer, v, rep)
+    if args.interleave:
+        got = benchlib.run_interleaved(variants, args.reps, run)
+        rows = [(v.label, benchlib.medians(got[v.label][0], METRICS)) for v in variants]
+        problems = {label: ps for label, (_, ps) in got.items() if ps}
+    else:
+        rows, problems = benchlib.run_all(variants, args.reps, run, METRICS)
     notes = [
         (
             f"{args.count} messages of {args.size} B JSON per repetition, one publisher, "
             f"window {args.window} unacked, median of {args.reps} repetitions (fresh server each)"
         )
     ]
+    if args.per_send:
+        notes.append(
+            f"`(N/send)` rows: the same run with at most {args.per_send} frames per write "
+            "(the main rows write all the window allows at once, up to 1000 frames)"
+        )
     benchlib.report(
         "bench_publish",
         "Persisted publish (bench_publish)",
@@ -146,7 +175,46 @@ def main() -> None:
         problems,
         notes + ACK_MEANING,
         args.no_results,
+        benchlib.targets_table(targets(dict(rows), args.per_send)),
     )
+
+
+def targets(by: dict[str, dict], per_send: int) -> list:
+    """Issue 15's publish targets, measured from this run's medians."""
+    tt, js = by.get("tickertape") or {}, by.get("jetstream") or {}
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    out = [
+        (
+            "throughput ÷ jetstream ≥ 1.2",
+            "×",
+            ratio(tt.get("msgs_s"), js.get("msgs_s")),
+            1.2,
+            "min",
+        ),
+        (
+            "server CPU/msg ÷ jetstream < 0.6",
+            "×",
+            ratio(tt.get("cpu_us"), js.get("cpu_us")),
+            0.6,
+            "max",
+        ),
+    ]
+    if per_send:
+        one = (by.get(f"tickertape ({per_send}/send)") or {}).get("msgs_s")
+        r = ratio(one, tt.get("msgs_s"))
+        out.append(
+            (
+                f"{per_send} frame(s) per send ÷ whole window per send ≥ 0.9",
+                "×",
+                None if r is None else min(r, 1 / r),
+                0.9,
+                "min",
+            )
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -192,7 +192,16 @@ class Publisher:
     and records their send time per sequence in send_ns (for latency).
     """
 
-    def setup_publisher(self, frames: Frames, window: int, rate: float = 0.0) -> None:
+    def setup_publisher(
+        self,
+        frames: Frames,
+        window: int,
+        rate: float = 0.0,
+        per_send: int = 0,
+        ack_latency: bool = False,
+    ) -> None:
+        """per_send: at most this many frames per transport.write (0: all the window allows in
+        one write). ack_latency: record send -> ack time per message in `ack_lat` (ns)."""
         self.frames = frames
         self.n = frames.n
         self.window = window
@@ -200,7 +209,10 @@ class Publisher:
         self.acked = 0
         self.errors = 0
         self.rate = rate
-        self.send_ns = array("q", [0]) * (self.n + 1) if rate > 0 else None
+        self.per_send = per_send
+        self.send_ns = array("q", [0]) * (self.n + 1) if rate > 0 or ack_latency else None
+        self.ack_lat = array("q") if ack_latency else None
+        self._lat_done = 0
         self.t_start = 0
         self.t_end = 0
 
@@ -223,11 +235,18 @@ class Publisher:
             j = min(j, self._due)
             if j <= self.sent:
                 return
+        if self.send_ns is not None:
             now = _now_ns()
             sn = self.send_ns
             for s in range(self.sent + 1, j + 1):
                 sn[s] = now
-        self.transport.write(self.frames.chunk(self.sent, j))
+        k = self.per_send
+        if k and j - self.sent > k:
+            write, chunk = self.transport.write, self.frames.chunk
+            for i in range(self.sent, j, k):
+                write(chunk(i, min(j, i + k)))
+        else:
+            self.transport.write(self.frames.chunk(self.sent, j))
         self.sent = j
 
     def _tick(self) -> None:
@@ -239,6 +258,12 @@ class Publisher:
         self.loop.call_at(self._t0 + self._tick_n * 0.001, self._tick)
 
     def on_acked(self) -> None:
+        if self.ack_lat is not None:
+            now = _now_ns()
+            sn = self.send_ns
+            for s in range(self._lat_done + 1, min(self.acked, self.n) + 1):
+                self.ack_lat.append(now - sn[s])
+            self._lat_done = max(self._lat_done, self.acked)
         if self.acked >= self.n:
             self.t_end = _now_ns()
             self._finish()
@@ -736,6 +761,8 @@ async def run(
     redis_count: int = 1000,
     on_start=None,
     ssl=None,
+    per_send: int = 0,
+    ack_latency: bool = False,
 ) -> dict:
     """One publisher of n messages and len(sub_dests) subscribers (each expects all n).
     `ssl`: connect over TLS with this context (Tickertape tcps transports).
@@ -744,6 +771,8 @@ async def run(
     seconds, errors, and latencies (ns, array) when rate > 0 and there is a subscriber.
     A run that passes `timeout` stops and reports what it got, with timed_out=True.
     on_start() is called just before the first publish (the caller reads server CPU there).
+    per_send: frames per write (0: the whole window's worth in one write). ack_latency: the
+    publisher's send -> ack times (ns, array) in "ack_latency_ns".
     """
     frames = build_publish_frames(proto, pub_dest, n, body_size, inbox=f"_INBOX.bench.{tag}")
     subs = []
@@ -759,7 +788,7 @@ async def run(
         conns.append(pub)
         if proto == "tickertape" and pub.logon_s:
             raise ProtocolError(f"publisher name already has sequence {pub.logon_s} stored")
-        pub.setup_publisher(frames, window, rate)
+        pub.setup_publisher(frames, window, rate, per_send, ack_latency)
         for s in subs:
             s.setup_subscriber(n, pub.send_ns if rate > 0 else None, warmup_msgs)
             if proto == "redis":
@@ -792,6 +821,8 @@ async def run(
             "timed_out": timed_out,
             "errors": errors,
         }
+        if pub.ack_lat is not None:
+            out["ack_latency_ns"] = pub.ack_lat
         if rate > 0 and subs:
             lat = array("q")
             for s in subs:

@@ -14,29 +14,56 @@ maximum is refused as soon as the prefix arrives (the payload is never buffered)
 
 Finding the end of the header: the fast path takes the first `}`; if that prefix does not decode
 (a `}` inside a quoted value), a quote-aware scan finds the real end.
+
+Runs left whole: a decoder given a `group` function (`group(buf, pos, max_size) -> end`, the
+server's publish fast path, server/publish_scan.py) asks it at every frame boundary whether the
+whole frames from there to `end` are to be handed on undecoded; they come out as one
+`(RAW_RUN, RawFrames)` item (its `data`), which the receiver decodes itself or with `expand()`. The
+frames, taken in order with runs expanded, are the same however the input was split.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 
 from .headers import FieldError, Header, HeaderError, decode_header, encode_header
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
+    "RAW_RUN",
     "Frame",
     "FrameDecoder",
     "FrameError",
     "FrameTooLarge",
+    "RawFrames",
     "encode_frame",
+    "expand",
     "frame_bytes",
+    "frame_end",
 ]
 
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 
-Frame = tuple[Header, bytes | FieldError]
-"""(header, body); with refuse_fields, (header, the FieldError) for a header refused alone."""
+
+class RawFrames:
+    """Whole frames, back to back (`data`), left undecoded by a decoder's `group` function. A
+    holder, not a bytes subclass: a read that is all one run is handed on without a copy."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+RAW_RUN = Header(c="raw frames")
+"""The header of a RawFrames item (not a command: the frames in it are)."""
+
+Frame = tuple[Header, bytes | FieldError | RawFrames]
+"""(header, body); with refuse_fields, (header, the FieldError) for a header refused alone; with
+a `group` function, (RAW_RUN, RawFrames) for a run of frames left whole."""
+Group = Callable[[bytes | bytearray, int, int], int]
 
 _LEN = struct.Struct(">I")
 _unpack_len = _LEN.unpack_from
@@ -73,15 +100,22 @@ class FrameTooLarge(FrameError):
 class FrameDecoder:
     """Incremental decoder. States: waiting for a prefix, waiting for the rest of a frame."""
 
-    __slots__ = ("_buf", "max_size", "refuse_fields")
+    __slots__ = ("_buf", "group", "max_size", "refuse_fields")
 
-    def __init__(self, max_size: int = DEFAULT_MAX_FRAME, refuse_fields: bool = False):
+    def __init__(
+        self,
+        max_size: int = DEFAULT_MAX_FRAME,
+        refuse_fields: bool = False,
+        group: Group | None = None,
+    ):
         """refuse_fields: a header whose fields have the wrong type yields (header, FieldError)
         in place of (header, body), and decoding goes on (the server refuses that one command);
-        otherwise it is a FrameError like any bad header."""
+        otherwise it is a FrameError like any bad header. group: see the module's docstring
+        (settable later: the server sets it once a connection is logged on)."""
         self._buf = bytearray()
         self.max_size = max_size
         self.refuse_fields = refuse_fields
+        self.group = group
 
     @property
     def buffered(self) -> int:
@@ -102,8 +136,16 @@ class FrameDecoder:
         pos = 0
         n = len(view)
         max_size = self.max_size
+        group = self.group
         try:
             while n - pos >= 4:
+                if group is not None:
+                    end = group(view, pos, max_size)
+                    if end > pos:
+                        # a whole bytes read is not copied (CPython returns it for [0:n])
+                        frames.append((RAW_RUN, RawFrames(bytes(view[pos:end]))))
+                        pos = end
+                        continue
                 (length,) = _unpack_len(view, pos)
                 if length > max_size:
                     raise FrameTooLarge(length, max_size)
@@ -152,6 +194,17 @@ class FrameDecoder:
         elif not buf:
             buf += view
         return frames
+
+
+def expand(raw: bytes, refuse_fields: bool = True) -> list[Frame]:
+    """The frames of a RawFrames (whole frames): as FrameDecoder.feed would have decoded them,
+    FrameError included."""
+    return FrameDecoder(max(len(raw), 1), refuse_fields).feed(raw)
+
+
+def frame_end(buf: bytes, pos: int) -> int:
+    """Where the whole frame at `pos` of buf ends."""
+    return pos + 4 + _unpack_len(buf, pos)[0]
 
 
 def frame_bytes(header: bytes, body: bytes = b"") -> bytes:

@@ -182,7 +182,8 @@ class Server:
             config.replication,
         )
         await loop.run_in_executor(None, self.queues.recover)
-        self.queues.attach(self.pipeline)
+        if self.queues.queues:  # without queues, committed messages need no Message objects
+            self.queues.attach(self.pipeline)
         self.index = LiveIndex(self.fanout.router, self.fanout, self.pipeline)
         self.poller = IdlePoller(
             loop, config.limits.idle_poll, lambda: self.pipeline.inflight_batches > 0

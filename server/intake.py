@@ -16,6 +16,9 @@ One `Intake` per server, from the root limits of the configuration (config/limit
   for seconds while the client makes progress.
 
 Each close is logged at WARNING with what to change, and counted (`counts`, in /stats).
+
+Once a connection is logged on, its decoder leaves runs of publish frames whole
+(`FrameDecoder.group`, server/publish_scan.py): the session stores them straight from the bytes.
 One client's work per event-loop turn is bounded already: the event loop reads at most
 256 KiB from one socket per callback, and everything decoded from it is handled in that turn.
 """
@@ -31,6 +34,7 @@ from config.model import Limits
 from protocol.framing import FrameDecoder
 
 from .outbox import Outbox
+from .publish_scan import publish_span
 from .reasons import Disconnect
 
 __all__ = ["Intake", "IntakeConn"]
@@ -77,7 +81,10 @@ class Intake:
 
     def after_feed(self, conn: IntakeConn) -> bool:
         """Account for conn's partial frame after it was fed input; False if conn was closed."""
-        now_buffered = conn.decoder.buffered
+        decoder = conn.decoder
+        if decoder.group is None and conn.logged_on:
+            decoder.group = publish_span
+        now_buffered = decoder.buffered
         self.buffered += now_buffered - conn.buffered
         conn.buffered = now_buffered
         if now_buffered == 0:

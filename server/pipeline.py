@@ -6,7 +6,8 @@
    stored), stamps a bookmark and a non-decreasing receive time, encodes the journal record into
    the open batch, and schedules one `flush()` per loop iteration.
 2. `flush()` hands the open batch to the journal (one submit per loop iteration; the writer
-   merges whatever is queued into one write + one fdatasync).
+   merges whatever is queued into one write + one fdatasync). A small batch with no commit in
+   flight is committed on the loop itself (`Journal.commit_inline`: no thread hand-off).
 3. `_committed()` runs on the loop when the batch is durable: one conflated `persisted` ack per
    publishing connection, then live delivery (server/fanout.py) and the other consumers of
    committed messages (queues), then flush markers.
@@ -39,10 +40,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin
+from journal.record import KIND_MESSAGE, RawTuple, RecordFieldError, encode_record, raw_origin
 
 from . import frames
 from .fanout import Fanout, Message
+from .publish_scan import publish_records
 from .subscriptions import Subscription
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,6 +56,9 @@ TOPIC_CACHE_LIMIT = 50_000
 REPL_FROM = b"repl-from:"  # server/replication/__init__.py: the resume point of a source
 _u64 = struct.Struct("<Q")
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
+# flush(): a batch up to this size with no commit in flight is committed on the event loop
+# (Journal.commit_inline): a lone publisher's round trip then has no thread hand-off in it
+INLINE_COMMIT_BYTES = 4096
 
 __all__ = ["ABOVE_GAP", "DUPLICATE", "STORED", "Batch", "Pipeline", "Publisher"]
 
@@ -147,6 +152,9 @@ class Pipeline:
         self.last_ts = 0
         self.delivered_end = journal.end_position if journal is not None else 0
         self._topics: dict[str, tuple[bytes, bytes, bool]] = {}
+        # publish_raw(): topic bytes -> topic, for topics stored as they are published
+        self._plain_topics: dict[bytes, str] = {}
+        self._lone = True  # the last batch flushed held at most one publisher (read_done)
         self.waiters: list[asyncio.Future[None]] = []  # tailing replays, resolved at every commit
         self.last_bm: tuple[int, int] | None = None  # (pub, seq) of the newest durable record
         self.published = 0
@@ -343,6 +351,104 @@ class Pipeline:
         self._schedule()
         return stored, dups
 
+    def publish_run(self, client: Publisher, pub: int, items: list[tuple[int, str, bytes]]) -> int:
+        """Accept the leading publishes of `items` ((seq, topic, body) from one client-sequenced
+        publisher, no header fragment, no expiration) that publish() would store; returns how
+        many were taken. Each taken one ends as after publish() (STORED); the bookkeeping that
+        publish() does per message (time, highest sequence, acks, schedule) is done once. The
+        first one not taken (a duplicate, a publisher past a gap, a topic that is not recorded,
+        a field the record cannot hold) is for publish() to answer."""
+        if self.journal is None or self.fanout.early or (self.gaps and pub in self.gaps):
+            return 0
+        highest = self.highest.get(pub, 0)
+        ts = max(self.last_ts, int(time.time() * 1_000_000))
+        batch = self.batch
+        data, entries, msgs = batch.data, batch.entries, batch.msgs
+        cached = self._topics.get
+        took = 0
+        off = -1
+        for seq, topic, body in items:
+            if seq <= highest:
+                break
+            info = cached(topic) or self.topic_info(topic)
+            if not info[2]:
+                break
+            try:
+                rec = encode_record(KIND_MESSAGE, pub, seq, ts, info[0], body)
+            except RecordFieldError:
+                break
+            off = len(data)
+            entries.append((pub, seq, ts, off))
+            data += rec
+            msgs.append((topic, pub, seq, ts, body, off, b"", None))
+            highest = seq
+            took += 1
+        if not took:
+            return 0
+        self.last_ts = ts
+        self.highest[pub] = highest
+        if pub not in batch.first_seq:
+            batch.first_seq[pub] = items[0][0]
+        batch.last[pub] = (highest, off)
+        if client.wants_persisted:
+            batch.acks[client] = highest
+        self.published += took
+        if not self.scheduled:
+            self._schedule()
+        return took
+
+    def publish_raw(
+        self,
+        client: Publisher,
+        pub: int,
+        raw: bytes,
+        pos: int,
+        literal: Callable[[str], str | None],
+    ) -> tuple[int, int]:
+        """Store the leading plain publishes of the whole frames raw[pos:] (client-sequenced
+        by `pub`; server/publish_scan.py says which frames are plain) as publish() would, with
+        its bookkeeping (time, highest sequence, acks, schedule) done once. literal: the topic a
+        publish to a topic is stored under (None: refused), as the session maps it. Returns
+        (stop, taken): the frame at `stop` (if any) was not taken and is for the ordinary path.
+        """
+        if self.journal is None or self.fanout.early or (self.gaps and pub in self.gaps):
+            return pos, 0
+        known = self._plain_topics
+        taken = 0
+        while True:
+            batch = self.batch
+            ts = max(self.last_ts, int(time.time() * 1_000_000))
+            records, entries, msgs, stop, highest, asked, unknown = publish_records(
+                raw, pos, pub, ts, self.highest.get(pub, 0), known, len(batch.data)
+            )
+            if entries:
+                batch.data += records
+                batch.entries += entries
+                batch.msgs += msgs
+                self.last_ts = ts
+                self.highest[pub] = highest
+                if pub not in batch.first_seq:
+                    batch.first_seq[pub] = entries[0][1]
+                batch.last[pub] = (highest, entries[-1][3])
+                if asked:
+                    client.wants_persisted = True
+                if client.wants_persisted:
+                    batch.acks[client] = highest
+                self.published += len(entries)
+                taken += len(entries)
+                if not self.scheduled:
+                    self._schedule()
+            if unknown is None:
+                return stop, taken
+            topic = unknown.decode("ascii")  # plain publishes have ASCII topics
+            stored = literal(topic)
+            if stored != topic or not self.topic_info(topic)[2]:
+                return stop, taken  # mapped, a pattern, or not recorded: the ordinary path
+            if len(known) >= TOPIC_CACHE_LIMIT:
+                known.clear()
+            known[unknown] = topic
+            pos = stop
+
     def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
         self.batch.flushes.append((client, cid, acks))
         self._schedule()
@@ -355,6 +461,23 @@ class Pipeline:
     def schedule(self) -> None:
         """Commit the open batch soon, even if nothing else is added to it."""
         self._schedule()
+
+    def read_done(self) -> None:
+        """A publishing connection handled one read. When the open batch is one publish whose
+        publisher waits for its `persisted` ack, nothing is in flight and the last commit held
+        a single publisher (a lone publisher, one message in flight), the batch is committed
+        now instead of at the end of the loop iteration: that hop is part of every round trip.
+        Several publishers, or several messages, keep the hop, so that the reads of one
+        iteration make one commit."""
+        batch = self.batch
+        if (
+            self.scheduled
+            and self._lone
+            and self.inflight_batches == 0
+            and len(batch.msgs) == 1
+            and batch.acks
+        ):
+            self.flush()
 
     def _schedule(self) -> None:
         if not self.scheduled:
@@ -371,13 +494,30 @@ class Pipeline:
         if batch.empty():
             return
         self.batch = Batch()
+        self._lone = len(batch.first_seq) <= 1 and len(batch.acks) <= 1
         if self.journal is None or (not batch.data and self.inflight_batches == 0):
             self._committed(batch, self.delivered_end, None, -1)
             return
         size = len(batch.data)
+        idle = self.inflight_batches == 0
         self.inflight_bytes += size
         self.inflight_batches += 1
         self.inflight.append(batch)
+        if idle and size <= min(INLINE_COMMIT_BYTES, self.max_inflight):
+            done_now: list[tuple[int | None, BaseException | None]] = []
+            try:
+                inline = self.journal.commit_inline(
+                    bytes(batch.data),
+                    batch.entries,
+                    lambda p, e: done_now.append((p, e)),
+                    batch.meta,
+                )
+            except Exception as exc:  # closed journal during shutdown
+                self._committed(batch, None, exc, size)
+                return
+            if inline:
+                self._committed(batch, *done_now[0], size)
+                return
         loop = self.loop
         cb = self._committed
 

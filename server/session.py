@@ -24,9 +24,8 @@ from typing import Any
 
 import msgspec
 
-from journal.record import RecordFieldError
 from protocol.bookmarks import format_bookmark
-from protocol.framing import FrameError
+from protocol.framing import FrameError, RawFrames
 from protocol.headers import FieldError, Header, check_fields
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
 
@@ -34,11 +33,11 @@ from . import frames
 from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id
 from .outbox import Outbox
-from .pipeline import ABOVE_GAP, DUPLICATE
 from .reasons import Disconnect, Failure
 from .security.authenticator import AuthFailure, Identity, certificate_identity
 from .security.entitlements import Entitlements
 from .services import SessionServices
+from .session_publish import PublishCommands
 from .session_subscribe import SubscribeCommands
 from .subscription_table import SubscriptionTable
 from .subscriptions import ack_types
@@ -51,7 +50,7 @@ _json = msgspec.json.encode
 _ids = itertools.count(1)
 
 
-class Session(SubscribeCommands):
+class Session(SubscribeCommands, PublishCommands):
     def __init__(
         self,
         out: Outbox,
@@ -95,15 +94,50 @@ class Session(SubscribeCommands):
     def receive(self, frames_in: list[tuple[Header, Any]]) -> None:
         """Handle the frames decoded from one read, in order; stop at a close. Frames behind a
         logon that is checked off the event loop wait for its outcome."""
+        self._receive(frames_in)
+        if self.is_publisher:
+            self.svc.pipeline.read_done()
+
+    def _receive(self, frames_in: list[tuple[Header, Any]]) -> None:
         if self._held is not None:
             self._held.extend(frames_in)
             return
         handlers = _HANDLERS
         out = self.out
         rest = iter(frames_in)
+        # consecutive plain publishes (no ack of their own to send) are taken as one run
+        run: list[tuple[Header, bytes]] = []
+        plain = self.logged_on and self._ent is None
         for header, body in rest:
             if out.closing:
                 break
+            if type(body) is RawFrames:
+                if run:
+                    self._publish_run(run)
+                    run = []
+                self._raw_publishes(body)
+                if self._held is not None:  # a logon inside the run is being checked
+                    self._held.extend(rest)
+                    break
+                plain = self.logged_on and self._ent is None
+                continue
+            if (
+                plain
+                and header.c == "publish"
+                and type(body) is bytes
+                and header.s is not None
+                and header.x is None
+                and header.e is None
+                and (header.a is None or header.a == "persisted")
+                and check_fields(header) is None
+            ):
+                run.append((header, body))
+                continue
+            if run:
+                self._publish_run(run)
+                run = []
+                if out.closing:
+                    break
             problem = body if type(body) is FieldError else check_fields(header)
             if problem is not None:
                 self.fail(header, problem.reason, problem.detail)
@@ -134,6 +168,9 @@ class Session(SubscribeCommands):
             if self._held is not None:  # the logon is being checked
                 self._held.extend(rest)
                 break
+            plain = self.logged_on and self._ent is None
+        if run:
+            self._publish_run(run)
 
     def bad_input(self, error: FrameError) -> None:
         """Input that does not frame: a failure ack, then the connection closes."""
@@ -178,15 +215,21 @@ class Session(SubscribeCommands):
     # Publisher (server/pipeline.py): what the pipeline tells a publishing client
 
     def persisted(self, seq: int) -> None:
-        """A commit made everything up to `seq` durable: one conflated ack."""
+        """A commit made everything up to `seq` durable: one conflated ack.
+
+        With `ack_conflation` the acks of one interval are conflated on its leading edge: the
+        first ack after a quiet interval goes out at once (a lone publish waits for no timer),
+        and opens an interval; what becomes durable during it is acked once, at its end, which
+        opens the next. So a publisher gets at most about one ack per interval, and none later
+        than the interval (docs/protocol.md §3)."""
         out = self.out
         if out.closing:
             return
         if self.ack_conflation:
-            self._persist_pending = max(self._persist_pending, seq)
-            if self._ack_timer is None:
-                self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
-            return
+            if self._ack_timer is not None:
+                self._persist_pending = max(self._persist_pending, seq)
+                return
+            self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
         out.buf.append(frames.persisted_ack(seq))
         out.flush()
 
@@ -196,6 +239,7 @@ class Session(SubscribeCommands):
             seq, self._persist_pending = self._persist_pending, 0
             self.out.send_ack("persisted", None, s=seq)
             self.out.flush()
+            self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
 
     def persist_failed(self, reason: str, detail: str) -> None:
         if self.out.closing:
@@ -324,71 +368,6 @@ class Session(SubscribeCommands):
                 bm=format_bookmark(self.pub, seq) if seq else "",
                 client_name=self.client_name,
             )
-
-    def cmd_publish(self, h: Header, body: bytes) -> None:
-        svc = self.svc
-        topic = svc.topics.publish_topic(h.t) if h.t else None
-        if not topic:
-            self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {h.t!r}")
-            return
-        ent = self._ent
-        if ent is not None and not ent.check(
-            self.peer, self.user_id or "", "publish", topic, "publish"
-        ):
-            self.not_entitled(h, "publish", topic)
-            return
-        a = h.a
-        if a is not None and "persisted" in a:
-            self.wants_persisted = True
-        self.is_publisher = True
-        self.received += 1
-        try:
-            seq, outcome = svc.pipeline.publish(
-                self,
-                self.pub if h.s is not None else self.server_pub,
-                h.s,
-                topic,
-                body,
-                b',"x":' + _json(h.x) if h.x is not None else b"",
-                h.e,
-            )
-        except RecordFieldError as exc:
-            self.fail(h, Failure.BAD_FRAME, str(exc))
-            return
-        if outcome == ABOVE_GAP:
-            self._refuse_above_gap(h, seq)
-            return
-        if a is not None and ("processed" in a or "received" in a):
-            for kind in ack_types(a) & {"received", "processed"}:
-                self.out.send_ack(
-                    kind, h.cid, s=seq, reason="duplicate" if outcome == DUPLICATE else None
-                )
-
-    def _refuse_above_gap(self, h: Header, seq: int) -> None:
-        """A publish past this publisher's gap (an earlier sequence failed to commit): refused
-        and not stored, with a failure ack for each ack type asked for; logged once per gap (a
-        pipelining publisher may have thousands in flight)."""
-        gap = self.svc.pipeline.gaps.get(self.pub, 0)
-        detail = (
-            f"sequence {gap} was not persisted; nothing after it is stored until it is sent "
-            f"again: resend from {gap}"
-        )
-        if self._gap_told != gap:
-            self._gap_told = gap
-            log.warning(
-                "%s: publishes from s=%d refused until s=%d is sent again",
-                self.describe(),
-                seq,
-                gap,
-            )
-        out = self.out
-        if self.wants_persisted:
-            out.send_ack(
-                "persisted", None, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq
-            )
-        for kind in ack_types(h.a) & {"received", "processed"}:
-            out.send_ack(kind, h.cid, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq)
-        out.flush()
 
     def cmd_unsubscribe(self, h: Header, body: bytes) -> None:
         ids = (h.sub_id or "").strip()

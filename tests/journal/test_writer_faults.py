@@ -335,3 +335,47 @@ def test_faulty_io_fails_after_and_at_most_count(tmp_path):
             results.append(errno.errorcode[exc.errno])
     os.close(fd)
     assert results == ["ok", "ok", "EIO", "EIO", "ok", "ok"]
+
+
+def test_an_inline_commit_that_fails_makes_the_journal_unavailable(tmp_path):
+    """commit_inline (a lone small batch, on the caller's thread) under a full disk: the batch
+    fails before commit_inline returns, the journal is unavailable (nothing more is committed
+    inline or on the writer until a probe succeeds and the submitter fences), and a reopen finds
+    exactly the acknowledged records."""
+    io = FaultyIO(ops=["write"], errnos=[errno.ENOSPC], count=1)
+    io.armed = False
+    d = str(tmp_path / "j")
+    j = Journal(d, segment_size=SEG, io=io)
+    got: list = []
+    data, entries = record(1)
+    assert j.commit_inline(data, entries, lambda pos, err: got.append(err))
+    assert got == [None]
+    io.armed = True
+    data, entries = record(2)
+    assert j.commit_inline(data, entries, lambda pos, err: got.append(err))
+    io.armed = False
+    assert isinstance(got[-1], JournalUnavailable) and io.failures == 1
+    assert not j.available
+    assert not j.commit_inline(*record(2), lambda pos, err: got.append(err))  # to the writer
+    assert isinstance(put(j, 2), JournalUnavailable)  # behind the failure, before the fence
+    j.fence()
+    wait_available(j)
+    assert put(j, 2) is None
+    assert seqs(j) == [1, 2]
+    j.close()
+    j2 = Journal(d, segment_size=SEG)
+    assert seqs(j2) == [1, 2]
+    j2.close()
+
+
+def test_an_inline_commit_never_rolls_a_segment(tmp_path):
+    """A batch that does not fit in the open segment is left to the writer thread."""
+    j = Journal(str(tmp_path / "j"), segment_size=SEG)
+    n = records_before_roll()
+    for s in range(1, n + 1):
+        assert j.commit_inline(*record(s), lambda pos, err: None)
+    assert len(j.segments) == 1
+    assert not j.commit_inline(*record(n + 1), lambda pos, err: None)
+    assert len(j.segments) == 1
+    assert put(j, n + 1) is None and len(j.segments) == 2
+    j.close()

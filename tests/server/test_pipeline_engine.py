@@ -4,12 +4,15 @@ publishers that are plain objects (the `Publisher` protocol)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 
+from journal.fileio import FaultyIO
+from journal.journal import Journal
 from protocol.options import subscribe_options
 from server import frames
 from server.fanout import Fanout
 from server.outbox import Outbox
-from server.pipeline import DUPLICATE, STORED, Pipeline
+from server.pipeline import ABOVE_GAP, DUPLICATE, STORED, Pipeline
 from server.router import Router
 from server.subscriptions import Subscription, SubState
 from tests.server.core_harness import FakeTransport, split_frames
@@ -175,3 +178,89 @@ def test_live_frames_are_frames_builds():
         "ts": "19700101T000000.000000Z",
     }
     assert f.body == b"B"
+
+
+def _batch_state(p: Pipeline, pub: Publisher):
+    b = p.batch
+    return (
+        bytes(b.data),
+        [e[:2] + e[3:] for e in b.entries],  # (pub, seq, offset): the times differ
+        [m[:3] + m[4:] for m in b.msgs],
+        dict(b.first_seq),
+        dict(b.last),
+        b.acks.get(pub),
+        dict(p.highest),
+        p.published,
+    )
+
+
+async def test_publish_run_leaves_what_publish_leaves_per_message(journal, monkeypatch):
+    """publish_run is publish() for a run: the same records, entries, acks and sequences."""
+    monkeypatch.setattr("server.pipeline.time.time", lambda: 1_700_000_000.0)
+    items = [(1, "orders", b'{"n":1}'), (2, "orders", b'{"n":2}'), (5, "fills", b"{}")]
+    one, run = make_pipeline(journal), make_pipeline(journal)
+    a, b = Publisher(), Publisher()
+    for seq, topic, body in items:
+        assert one.publish(a, 9, seq, topic, body) == (seq, STORED)
+    assert run.publish_run(b, 9, items) == 3
+    assert _batch_state(one, a) == _batch_state(run, b)
+    await _settle(run)
+    assert b.persisted_seqs == [5] and run.durable[9] == 5
+
+
+async def test_publish_run_stops_where_publish_answers_otherwise(journal):
+    p = make_pipeline(journal)
+    pub = Publisher()
+    p.publish(pub, 3, 4, "orders", b"{}")
+    assert p.publish_run(pub, 3, [(4, "orders", b"{}"), (5, "orders", b"{}")]) == 0  # duplicate
+    # an unrecorded topic and a duplicate inside the run end it there
+    assert p.publish_run(pub, 3, [(5, "orders", b"{}"), (6, "scratch", b"{}")]) == 1
+    assert p.publish_run(pub, 3, [(6, "orders", b"{}"), (6, "orders", b"{}")]) == 1
+    assert p.highest[3] == 6 and p.published == 3
+
+
+async def test_a_lone_small_batch_commits_inline_and_a_large_one_on_the_writer(journal):
+    p = make_pipeline(journal)
+    pub = Publisher()
+    p.publish(pub, 8, 1, "orders", b"{}")
+    p.flush()
+    assert pub.persisted_seqs == [1] and p.inflight_batches == 0  # durable before flush returned
+    p.publish(pub, 8, 2, "orders", b"x" * 8192)
+    p.flush()
+    assert pub.persisted_seqs == [1] and p.inflight_batches == 1  # handed to the writer thread
+    await _settle(p)
+    assert pub.persisted_seqs == [1, 2]
+
+
+async def test_an_inline_commit_on_a_full_disk_keeps_the_gap_rule(tmp_path):
+    """The lone publish committed on the loop fails (disk full): its publisher gets the failure,
+    the journal is unavailable, later sequences are refused until the failed one is sent again,
+    and then it is stored and acked."""
+    io = FaultyIO(ops=["write"], errnos=[errno.ENOSPC], count=1)
+    io.armed = False
+    j = Journal(str(tmp_path / "j"), durability="fsync", io=io)
+    try:
+        p = make_pipeline(j)
+        pub = Publisher()
+        p.publish(pub, 8, 1, "orders", b"{}")
+        p.flush()
+        assert pub.persisted_seqs == [1]  # inline
+        io.armed = True
+        p.publish(pub, 8, 2, "orders", b"{}")
+        p.flush()  # inline, and it fails
+        io.armed = False
+        assert io.failures == 1 and pub.failures and not j.available
+        assert p.gaps == {8: 2} and p.highest[8] == 1
+        assert p.publish(pub, 8, 3, "orders", b"{}") == (3, ABOVE_GAP)
+        for _ in range(500):  # the writer takes the fence; the probe makes it available
+            if j.available:
+                break
+            await asyncio.sleep(0.01)
+        assert j.available
+        assert p.publish(pub, 8, 2, "orders", b"{}") == (2, STORED)
+        p.flush()
+        await _settle(p)
+        assert pub.persisted_seqs[-1] == 2
+        assert [r.seq for r in j.scan()] == [1, 2]
+    finally:
+        j.close()

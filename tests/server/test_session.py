@@ -3,6 +3,7 @@ out, a real Journal underneath. Logon rules, publish acks, live delivery bytes, 
 
 from __future__ import annotations
 
+from protocol.headers import Header
 from server.ids import publisher_id
 from server.reasons import Disconnect, Failure
 from server.subscriptions import SubState
@@ -61,13 +62,25 @@ async def test_name_in_use(core):
 
 async def test_persisted_ack_only_after_the_commit(core):
     c = core.client("pub")
+    acks: list = []
+    # when an ack is written, its sequence is in the journal already
+    c.session.persisted = lambda seq: acks.append((seq, [r.seq for r in core.journal.scan()]))
     c.send("publish", b'{"a":1}', t="orders", s=1, a="persisted")
     c.send("publish", b'{"a":2}', t="orders", s=2, a="persisted")
-    assert c.take() == []  # nothing is durable yet
+    await core.settle()
+    assert acks and all(seq in stored for seq, stored in acks) and acks[-1][0] == 2
+    assert core.pipeline.durable[publisher_id("pub")] == 2
+
+
+async def test_one_ack_for_the_publishes_of_one_read(core):
+    c = core.client("pub")
+    c.session.receive(
+        [(Header(c="publish", t="orders", s=s, a="persisted"), b'{"a":%d}' % s) for s in (1, 2)]
+    )
+    c.out.flush()
     await core.settle()
     ack = b'{"c":"ack","a":"persisted","status":"success","s":2}'
     assert c.raw() == len(ack).to_bytes(4, "big") + ack
-    assert core.pipeline.durable[publisher_id("pub")] == 2
 
 
 async def test_a_duplicate_is_acked_and_not_delivered(core):
@@ -179,3 +192,19 @@ async def test_heartbeat_start_sets_the_interval(core):
     c.send("heartbeat", o="start,5", a="processed")
     assert c.take()[0]["status"] == "success"
     assert c.session.hb_interval == 5.0
+
+
+async def test_conflated_acks_lead_the_interval(core):
+    """With ack_conflation a lone publish is acked when durable; what becomes durable in the
+    interval its ack opened is acked once, at the interval's end."""
+    c = core.client()
+    c.logon("conflating", o="ack_conflation=200ms")
+    c.send("publish", b"{}", t="orders", s=1, a="persisted")
+    await core.settle()
+    assert [f["s"] for f in c.take()] == [1]  # no timer for a lone publish
+    c.send("publish", b"{}", t="orders", s=2, a="persisted")
+    c.send("publish", b"{}", t="orders", s=3, a="persisted")
+    await core.settle()
+    assert c.take() == []  # inside the interval the first ack opened
+    await core.until(lambda: bool(c.transport.data[c._seen :]), timeout=2)
+    assert [f["s"] for f in c.take()] == [3]

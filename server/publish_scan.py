@@ -1,0 +1,163 @@
+"""Plain publish frames turned into journal records in one pass (the publish fast path).
+
+A publisher sends thousands of frames like `{"c":"publish","t":"orders","s":42}<body>` per
+read. Decoding each into a Header, checking its fields and encoding its record costs a few
+Python objects and calls per message; these two functions do it for a whole run at once:
+
+`publish_span(buf, pos, max_size) -> end`: the end of the run of whole frames from `pos` whose
+header starts with `{"c":"publish"` and whose length is 1..max_size (`pos` if the frame there is
+not one). The frame decoder (protocol/framing.py) hands such a run to the session undecoded.
+
+`publish_records(raw, pos, pub, ts, highest, known, base)
+    -> (records, entries, msgs, stop, highest, asked, unknown)`: walks the frames of `raw` from
+`pos` while each is a *plain publish*: a header of exactly the members c ("publish"), t, s and
+optionally a ("persisted") and cid, each once, in any order, without white space; strings of
+printable ASCII without `"` or `\\`; t of 1..65535 bytes and cid of at most 1024; s a decimal
+integer in 1..2^63-1 without leading zeros, above the sequence before it (`highest` for the
+first); its topic a key of `known` (topic bytes -> the topic str, the ones the caller checked
+are stored as they are). For each it appends the journal record (journal/record.py: kind
+message, flags 0) to `records`, `(pub, seq, ts, base + offset)` to `entries` and
+`(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/pipeline.py's Batch
+rows). `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
+hands to the ordinary path (anything unusual: other members, escapes, white space, a duplicate
+sequence, ...); `highest` the last sequence taken; `asked` whether a taken frame had
+`a="persisted"`; `unknown` the topic at `stop` when that is the only reason it stopped, else
+None. Each frame taken is one the ordinary path (decode_header, check_fields, cmd_publish)
+would store with exactly these fields: the grammar is a strict subset of what it accepts.
+
+The C version (server/_publish.c, built when a compiler is there) does it without a Python
+call per message; the `_py` functions are the reference both are tested against and the
+fallback (also used when TICKERTAPE_PURE_PYTHON=1).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from typing import Any
+
+from journal.record import KIND_MESSAGE, encode_record
+
+__all__ = [
+    "ACCELERATED",
+    "publish_records",
+    "publish_records_py",
+    "publish_span",
+    "publish_span_py",
+]
+
+PUBLISH_PREFIX = b'{"c":"publish"'
+MAX_SEQ = (1 << 63) - 1
+_unpack_len = struct.Struct(">I").unpack_from
+# one member: a key, then a plain string or a decimal integer without a leading zero
+_MEMBER = re.compile(
+    rb'"([\x20\x21\x23-\x5b\x5d-\x7e]*)":(?:"([\x20\x21\x23-\x5b\x5d-\x7e]*)"|([1-9][0-9]*))'
+)
+_STRINGS = {b"c", b"t", b"a", b"cid"}
+
+Rows = tuple[
+    bytes, list[tuple[int, int, int, int]], list[tuple[Any, ...]], int, int, bool, bytes | None
+]
+
+
+def publish_span_py(buf: bytes | bytearray, pos: int, max_size: int) -> int:
+    n = len(buf)
+    if pos < 0:
+        return n
+    while n - pos >= 4 + len(PUBLISH_PREFIX):
+        (length,) = _unpack_len(buf, pos)
+        if length < len(PUBLISH_PREFIX) or length > max_size or pos + 4 + length > n:
+            break
+        if not buf.startswith(PUBLISH_PREFIX, pos + 4):
+            break
+        pos += 4 + length
+    return pos
+
+
+def _header(frame: bytes) -> tuple[int, bytes, int, bool] | None:
+    """(header length, topic, seq, asked) of a plain publish header at the start of frame."""
+    if not frame.startswith(b"{"):
+        return None
+    p = 1
+    got: dict[bytes, bytes] = {}
+    while True:
+        m = _MEMBER.match(frame, p)
+        if m is None:
+            return None
+        key, text, number = m.group(1), m.group(2), m.group(3)
+        if key in got:
+            return None
+        if key == b"s":
+            if number is None or len(number) > 19 or int(number) > MAX_SEQ:
+                return None
+            got[key] = number
+        elif key in _STRINGS and text is not None:
+            got[key] = text
+        else:
+            return None
+        p = m.end()
+        if p >= len(frame):
+            return None
+        if frame[p] == 0x7D:  # }
+            break
+        if frame[p] != 0x2C:  # ,
+            return None
+        p += 1
+    t, c, a, cid = got.get(b"t"), got.get(b"c"), got.get(b"a"), got.get(b"cid")
+    if c != b"publish" or not t or len(t) > 65535 or b"s" not in got:
+        return None
+    if a is not None and a != b"persisted":
+        return None
+    if cid is not None and len(cid) > 1024:
+        return None
+    return p + 1, t, int(got[b"s"]), a is not None
+
+
+def publish_records_py(
+    raw: bytes, pos: int, pub: int, ts: int, highest: int, known: dict[bytes, Any], base: int
+) -> Rows:
+    if not 0 <= pos <= len(raw):
+        raise ValueError("pos is outside raw")
+    out: list[bytes] = []
+    entries: list[tuple[int, int, int, int]] = []
+    msgs: list[tuple[Any, ...]] = []
+    n = len(raw)
+    size = base
+    asked = False
+    unknown = None
+    while n - pos >= 4:
+        (length,) = _unpack_len(raw, pos)
+        if pos + 4 + length > n:
+            break
+        frame = raw[pos + 4 : pos + 4 + length]
+        got = _header(frame)
+        if got is None or got[2] <= highest:
+            break
+        hlen, tb, seq, a = got
+        topic = known.get(tb)
+        if topic is None:
+            unknown = tb
+            break
+        body = frame[hlen:]
+        rec = encode_record(KIND_MESSAGE, pub, seq, ts, tb, body)
+        out.append(rec)
+        entries.append((pub, seq, ts, size))
+        msgs.append((topic, pub, seq, ts, body, size, b"", None))
+        size += len(rec)
+        highest = seq
+        asked |= a
+        pos += 4 + length
+    return b"".join(out), entries, msgs, pos, highest, asked, unknown
+
+
+try:
+    if os.environ.get("TICKERTAPE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("TICKERTAPE_PURE_PYTHON is set")  # to compare, or to rule the C out
+    from server._publish import publish_records, publish_span  # type: ignore[import-not-found]
+
+    ACCELERATED = True
+except ImportError:  # no compiler at install time: same results, slower
+    publish_span = publish_span_py
+    publish_records = publish_records_py
+    ACCELERATED = False

@@ -1,0 +1,221 @@
+"""The `publish` command of a session (docs/protocol.md §3; docs/publishing.md): one publish,
+a run of plain publishes from one read, and a run of publish frames the decoder left whole.
+
+`cmd_publish` handles one decoded publish (topic, entitlement, the pipeline's outcome, its acks;
+a publish past its publisher's gap is refused). `_publish_run` takes the plain publishes of one
+read (no ack of their own) in one `Pipeline.publish_run` call. `_raw_publishes` takes the whole
+frames the decoder left undecoded (server/publish_scan.py): `Pipeline.publish_raw` stores the
+plain publishes among them straight from the bytes, and any other frame is decoded and handled
+as `Session.receive` handles it. `PublishCommands` is mixed into `Session` (server/session.py),
+which provides the attributes declared here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+
+from journal.record import RecordFieldError
+from protocol.framing import RAW_RUN, FrameError, RawFrames, expand, frame_end
+from protocol.headers import Header
+
+from .outbox import Outbox
+from .pipeline import ABOVE_GAP, DUPLICATE
+from .reasons import Disconnect, Failure
+from .security.entitlements import Entitlements
+from .services import SessionServices
+from .subscriptions import ack_types
+
+__all__ = ["PublishCommands"]
+
+log = logging.getLogger("tickertape.connection")
+
+_json = msgspec.json.encode
+
+
+class PublishCommands:
+    # provided by Session
+    id: int
+    out: Outbox
+    svc: SessionServices
+    peer: str
+    user_id: str | None
+    pub: int
+    server_pub: int
+    logged_on: bool
+    wants_persisted: bool
+    is_publisher: bool
+    received: int
+    _ent: Entitlements | None
+    _held: list[tuple[Header, Any]] | None
+    _gap_told: int
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def fail(self, header: Header, reason: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def not_entitled(self, h: Header, right: str, topic: str) -> None:
+        raise NotImplementedError
+
+    def bad_input(self, error: FrameError) -> None:
+        raise NotImplementedError
+
+    def _receive(self, frames_in: list[tuple[Header, Any]]) -> None:
+        raise NotImplementedError
+
+    # the pipeline's Publisher (server/pipeline.py), answered by Session
+    def persisted(self, seq: int) -> None:
+        raise NotImplementedError
+
+    def persist_failed(self, reason: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def flush_done(self, cid: Any, acks: list[str]) -> None:
+        raise NotImplementedError
+
+    def flush_failed(self, cid: Any, acks: list[str], reason: str) -> None:
+        raise NotImplementedError
+
+    def cmd_publish(self, h: Header, body: bytes) -> None:
+        svc = self.svc
+        topic = svc.topics.publish_topic(h.t) if h.t else None
+        if not topic:
+            self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {h.t!r}")
+            return
+        ent = self._ent
+        if ent is not None and not ent.check(
+            self.peer, self.user_id or "", "publish", topic, "publish"
+        ):
+            self.not_entitled(h, "publish", topic)
+            return
+        a = h.a
+        if a is not None and "persisted" in a:
+            self.wants_persisted = True
+        self.is_publisher = True
+        self.received += 1
+        try:
+            seq, outcome = svc.pipeline.publish(
+                self,
+                self.pub if h.s is not None else self.server_pub,
+                h.s,
+                topic,
+                body,
+                b',"x":' + _json(h.x) if h.x is not None else b"",
+                h.e,
+            )
+        except RecordFieldError as exc:
+            self.fail(h, Failure.BAD_FRAME, str(exc))
+            return
+        if outcome == ABOVE_GAP:
+            self._refuse_above_gap(h, seq)
+            return
+        if a is not None and ("processed" in a or "received" in a):
+            for kind in ack_types(a) & {"received", "processed"}:
+                self.out.send_ack(
+                    kind, h.cid, s=seq, reason="duplicate" if outcome == DUPLICATE else None
+                )
+
+    def _refuse_above_gap(self, h: Header, seq: int) -> None:
+        """A publish past this publisher's gap (an earlier sequence failed to commit): refused
+        and not stored, with a failure ack for each ack type asked for; logged once per gap (a
+        pipelining publisher may have thousands in flight)."""
+        gap = self.svc.pipeline.gaps.get(self.pub, 0)
+        detail = (
+            f"sequence {gap} was not persisted; nothing after it is stored until it is sent "
+            f"again: resend from {gap}"
+        )
+        if self._gap_told != gap:
+            self._gap_told = gap
+            log.warning(
+                "%s: publishes from s=%d refused until s=%d is sent again",
+                self.describe(),
+                seq,
+                gap,
+            )
+        out = self.out
+        if self.wants_persisted:
+            out.send_ack(
+                "persisted", None, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq
+            )
+        for kind in ack_types(h.a) & {"received", "processed"}:
+            out.send_ack(kind, h.cid, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq)
+        out.flush()
+
+    def _raw_publishes(self, frames_in: RawFrames) -> None:
+        """Publish frames left whole by the decoder (server/publish_scan.py): the pipeline
+        stores the plain publishes among them straight from the bytes (Pipeline.publish_raw);
+        any other frame is decoded and handled as receive() handles it."""
+        raw = frames_in.data
+        if not (self.logged_on and self._ent is None):
+            self._receive_raw(raw)
+            return
+        publish_raw = self.svc.pipeline.publish_raw
+        literal = self.svc.topics.publish_topic
+        pos, n = 0, len(raw)
+        while pos < n and not self.out.closing and self._held is None:
+            try:
+                pos, took = publish_raw(self, self.pub, raw, pos, literal)
+            except Exception:  # a bug must cost one connection, never the server
+                log.exception("connection %d: error handling a run of publishes", self.id)
+                self.fail(Header(c="publish"), Failure.BAD_FRAME, "internal error")
+                self.out.close(Disconnect.BAD_FRAME)
+                return
+            if took:
+                self.is_publisher = True
+                self.received += took
+            if pos < n and not self.out.closing:
+                end = frame_end(raw, pos)
+                self._receive_raw(raw[pos:end])
+                pos = end
+        if pos < n and self._held is not None:  # behind a logon being checked
+            self._held.append((RAW_RUN, RawFrames(raw[pos:])))
+
+    def _receive_raw(self, raw: bytes) -> None:
+        try:
+            got = expand(raw)
+        except FrameError as exc:
+            self._receive(exc.frames)
+            self.bad_input(exc)
+            return
+        self._receive(got)
+
+    def _publish_run(self, run: list[tuple[Header, bytes]]) -> None:
+        """Publishes that need no ack of their own, in order, with what cmd_publish does for
+        each: the pipeline takes the leading ones it can store as they are in one call
+        (Pipeline.publish_run); the first it does not take (a duplicate, a gap, a topic that
+        is not literal or not recorded, ...) goes through cmd_publish, then the rest again."""
+        try:
+            self._publish_leading(run)
+        except Exception:  # a bug must cost one connection, never the server
+            log.exception("connection %d: error handling a run of publishes", self.id)
+            self.fail(run[-1][0], Failure.BAD_FRAME, "internal error handling this command")
+            self.out.close(Disconnect.BAD_FRAME)
+
+    def _publish_leading(self, run: list[tuple[Header, bytes]]) -> None:
+        pipeline = self.svc.pipeline
+        publish_topic = self.svc.topics.publish_topic
+        i, n = 0, len(run)
+        while i < n:
+            items: list[tuple[int, str, bytes]] = []
+            for h, body in run[i:]:
+                topic = publish_topic(h.t) if h.t else None
+                if not topic:
+                    break
+                if h.a is not None and not self.wants_persisted:
+                    if items:  # the ack bookkeeping changes here: a new run
+                        break
+                    self.wants_persisted = True
+                items.append((h.s, topic, body))  # type: ignore[arg-type]  # s checked above
+            if items:
+                self.is_publisher = True
+                took = pipeline.publish_run(self, self.pub, items)
+                self.received += took
+                i += took
+            if i < n and not self.out.closing:
+                h, body = run[i]
+                self.cmd_publish(h, body)
+                i += 1
