@@ -91,12 +91,16 @@ async def test_a_failed_local_commit_fails_at_once_while_earlier_acks_are_held(j
     def refuse(*args, **kwargs):
         raise JournalError("closed")
 
+    # both ways a batch reaches the journal: the writer thread, and the inline commit of a
+    # lone small batch when nothing is in flight
     journal.submit, real = refuse, journal.submit
+    journal.commit_inline, real_inline = refuse, journal.commit_inline
     try:
         p.publish(pub, 7, 2, "orders", b"{}")
         await _settle(p)
     finally:
         journal.submit = real
+        journal.commit_inline = real_inline
     assert pub.failures and pub.persisted_seqs == []
     gate.acked("b", p.delivered_end)
     assert pub.persisted_seqs == [1]  # the earlier, committed one; never 2
