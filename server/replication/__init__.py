@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-REPL_FROM = b"repl-from:"
+from ..pipeline_replicate import REPL_FROM
+
 REPL_ACKED = b"repl-acked:"
 U64 = struct.Struct("<Q")
 
