@@ -35,13 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import mmap
-import os
 import re
 import resource
-import select
-import signal
-import socket
 import struct
 import time
 from array import array
@@ -218,17 +213,13 @@ class Publisher:
         self.send_ns = array("q", [0]) * (self.n + 1) if rate > 0 or ack_latency else None
         self.ack_lat = array("q") if ack_latency else None
         self._lat_done = 0
-        self._sender: _Sender | None = None  # per_send 1, unpaced: the forked sender
         self.t_start = 0
         self.t_end = 0
 
     def start_publishing(self) -> None:
         self.t_start = _now_ns()
         self.running = True
-        if self.per_send == 1 and self.rate <= 0 and self.send_ns is None:
-            self._sender = _Sender(self.transport, self.frames, self.window)
-            self.sent = self.n  # for the window's sake; the sender process paces itself
-        elif self.rate > 0:
+        if self.rate > 0:
             self._t0 = self.loop.time()
             self._tick_n = 0
             self._tick()
@@ -273,83 +264,11 @@ class Publisher:
             for s in range(self._lat_done + 1, min(self.acked, self.n) + 1):
                 self.ack_lat.append(now - sn[s])
             self._lat_done = max(self._lat_done, self.acked)
-        if self._sender is not None:
-            self._sender.acked(self.acked)
         if self.acked >= self.n:
             self.t_end = _now_ns()
             self._finish()
-        elif self._sender is not None:
-            pass
         elif self.rate <= 0 or self.sent < self._due:
             self.pump()
-
-
-class _Sender:
-    """One frame per send at the lowest client cost: a forked process sends each prebuilt
-    frame with its own sock.send on a dup of the connection's socket, while the event loop
-    (this process) only reads acks and passes the acked count on through shared memory and
-    a wake-up pipe. transport.write per frame costs the loop about 4 µs; a thread would trade
-    the GIL with the loop at every syscall; a bare send costs under 1 µs, so the server, not
-    the load generator, sets the pace. Its CPU is counted (`cpu_seconds`, after `stop`)."""
-
-    def __init__(self, transport, frames: Frames, window: int) -> None:
-        fd = transport.get_extra_info("socket").fileno()
-        self._shm = mmap.mmap(-1, 8)
-        self._acked = memoryview(self._shm).cast("q")
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        self.cpu_seconds = 0.0
-        self.pid = os.fork()
-        if self.pid == 0:
-            code = 0
-            try:
-                self._send_all(socket.socket(fileno=os.dup(fd)), frames, window)
-            except BaseException:
-                code = 1
-            os._exit(code)
-        os.close(self._wake_r)
-
-    def _send_all(self, sock: socket.socket, frames: Frames, window: int) -> None:
-        parts = [bytes(frames.chunk(i, i + 1)) for i in range(frames.n)]
-        send, acked, wake, n, i = sock.send, self._acked, self._wake_r, frames.n, 0
-        while i < n:
-            j = min(n, acked[0] + window)
-            if j <= i:
-                os.read(wake, 4096)  # blocks until the loop passes on an ack
-                continue
-            while i < j:
-                part = parts[i]
-                try:
-                    k = send(part)
-                except BlockingIOError:  # the socket is the loop's: non-blocking
-                    select.select((), (sock,), ())
-                    continue
-                while k < len(part):
-                    select.select((), (sock,), ())
-                    try:
-                        k += send(part[k:])
-                    except BlockingIOError:
-                        pass
-                i += 1
-
-    def acked(self, count: int) -> None:
-        self._acked[0] = count
-        try:
-            os.write(self._wake_w, b"!")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups already
-
-    def stop(self, finished: bool) -> None:
-        """Wait for the sender (finished: everything was acked, so everything was sent) or
-        end it, and take its CPU time."""
-        if self.pid <= 0:
-            return
-        pid, self.pid = self.pid, 0
-        if not finished:
-            os.kill(pid, signal.SIGKILL)
-        _, _, ru = os.wait4(pid, 0)
-        self.cpu_seconds = ru.ru_utime + ru.ru_stime
-        os.close(self._wake_w)
 
 
 class Subscriber:
@@ -887,10 +806,6 @@ async def run(
         failed = [f for f in done if f.exception() is not None]
         timed_out = bool(pending) and not failed
         t_end = _now_ns()
-        client_cpu = cpu.seconds()
-        if pub._sender is not None:
-            pub._sender.stop(pub.acked >= pub.n)
-            client_cpu += pub._sender.cpu_seconds
         errors = [c.error for c in conns if c.error]
         t_pub = (pub.t_end or t_end) - pub.t_start
         t_all = max([pub.t_end or t_end] + [s.t_last or t_end for s in subs]) - pub.t_start
@@ -902,7 +817,7 @@ async def run(
             "subscribers": len(subs),
             "pub_seconds": t_pub / 1e9,
             "seconds": t_all / 1e9,
-            "client_cpu": client_cpu,
+            "client_cpu": cpu.seconds(),
             "timed_out": timed_out,
             "errors": errors,
         }
@@ -916,8 +831,6 @@ async def run(
         return out
     finally:
         for c in conns:
-            if getattr(c, "_sender", None) is not None:
-                c._sender.stop(False)
             c.close()
         await asyncio.sleep(0)
 
