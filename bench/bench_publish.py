@@ -20,6 +20,9 @@ Redis always = fsync'd before the reply; Redis everysec = written, fsync once a 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
+import time
 
 import benchlib
 import loadgen
@@ -161,10 +164,23 @@ def main() -> None:
             f"window {args.window} unacked, median of {args.reps} repetitions (fresh server each)"
         )
     ]
+    ceiling = None
     if args.per_send:
         notes.append(
             f"`(N/send)` rows: the same run with at most {args.per_send} frames per write "
             "(the main rows write all the window allows at once, up to 1000 frames)"
+        )
+        frame = len(
+            loadgen.build_publish_frames("tickertape", DEST["tickertape"], 1, args.size).buf
+        )
+        rate, cpu = ceiling = send_ceiling(frame, args.per_send)
+        notes.append(
+            f"the load generator's ceiling at {args.per_send} frame(s) per send, measured "
+            f"after the run: a bare Python `sock.send` loop of {frame} B frames over loopback "
+            f"into a process that drains in large reads, no server: {rate:,.0f} frames/s, "
+            f"{cpu:.2f} µs of the sender's CPU per frame. Against a server that reads each "
+            "frame as it comes, every send also pays the receiver's wake-up, so the (1/send) "
+            "rows' client CPU is higher than this"
         )
     benchlib.report(
         "bench_publish",
@@ -175,11 +191,49 @@ def main() -> None:
         problems,
         notes + ACK_MEANING,
         args.no_results,
-        benchlib.targets_table(targets(dict(rows), args.per_send)),
+        benchlib.targets_table(targets(dict(rows), args.per_send, ceiling and ceiling[0])),
     )
 
 
-def targets(by: dict[str, dict], per_send: int) -> list:
+def send_ceiling(frame_size: int, k: int, n: int = 200_000) -> tuple[float, float]:
+    """The load generator's own limit at k frames per send: a bare Python loop of sock.send
+    over loopback TCP into a child process that only drains, in large reads (no server, no
+    protocol; a process, not a thread, so the two do not trade the GIL). Returns (frames/s,
+    the sender's CPU µs per frame): the most a one-connection Python publisher making one
+    syscall per k frames can send on this machine when the receiver is never the limit."""
+    a = socket.socket()
+    a.bind(("127.0.0.1", 0))
+    a.listen(1)
+    c = socket.create_connection(a.getsockname())
+    s, _ = a.accept()
+    chunk = b"x" * (frame_size * k)
+    sends = n // k
+    total = sends * len(chunk)
+    pid = os.fork()
+    if pid == 0:  # the drain: read until everything arrived, then say so with one byte
+        try:
+            c.close()
+            got = 0
+            while got < total:
+                got += len(s.recv(1 << 18))
+            s.send(b"!")
+        finally:
+            os._exit(0)
+    s.close()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    send = c.send
+    for _ in range(sends):
+        send(chunk)
+    cpu = time.process_time() - cpu0
+    c.recv(1)
+    wall = time.perf_counter() - t0
+    os.waitpid(pid, 0)
+    c.close()
+    a.close()
+    return sends * k / wall, cpu / (sends * k) * 1e6
+
+
+def targets(by: dict[str, dict], per_send: int, ceiling: float | None = None) -> list:
     """Issue 15's publish targets, measured from this run's medians."""
     tt, js = by.get("tickertape") or {}, by.get("jetstream") or {}
 
@@ -211,6 +265,16 @@ def targets(by: dict[str, dict], per_send: int) -> list:
                 "×",
                 None if r is None else min(r, 1 / r),
                 0.9,
+                "min",
+            )
+        )
+        # what the server can be asked for when the sender, not the server, sets the pace
+        out.append(
+            (
+                f"{per_send} frame(s) per send ÷ the load generator's send ceiling (information)",
+                "×",
+                ratio(one, ceiling),
+                0.0,
                 "min",
             )
         )

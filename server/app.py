@@ -84,7 +84,10 @@ class IdlePoller:
         self._input_at = 0.0
 
     def input_seen(self, now: float) -> None:
-        self._input_at = now  # time.monotonic() of the input
+        # The window runs from the end of the read's work, not `now` (its start): an inline
+        # commit outlasts the window, and a loop that sleeps right after it misses the next
+        # publish of a one-in-flight publisher by a wake-up.
+        self._input_at = time.monotonic()
         if not self._polling and self.window:
             self._polling = True
             self.loop.call_soon(self._poll)
