@@ -1,6 +1,7 @@
-"""The fault campaign (bench/fault_campaign.py) in CI: 50 rounds of kill -9, disk full, journal
+"""The fault campaign (bench/fault_campaign.py) in CI: 25 rounds of kill -9, disk full, journal
 I/O errors and bit flips at rest under load, with zero violations. TT_FAULT_SEED picks another
-seed; the 1,000-round run is recorded in bench/RESULTS.md."""
+seed; the 1,000-round run is recorded in bench/RESULTS.md. 25 rounds (about 50 s) keep the
+whole suite under ten minutes on two cores; every kind of fault still occurs in them."""
 
 import json
 import os
@@ -13,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.slow
-def test_fifty_rounds_keep_the_promise(tmp_path):
+def test_twenty_five_rounds_keep_the_promise(tmp_path):
     seed = os.environ.get("TT_FAULT_SEED", "1")
     out = tmp_path / "totals.json"
     proc = subprocess.run(
@@ -21,7 +22,7 @@ def test_fifty_rounds_keep_the_promise(tmp_path):
             sys.executable,
             os.path.join(ROOT, "bench", "fault_campaign.py"),
             "--rounds",
-            "50",
+            "25",
             "--seed",
             seed,
             "--json",
@@ -36,7 +37,7 @@ def test_fifty_rounds_keep_the_promise(tmp_path):
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     totals = json.loads(out.read_text())
     assert totals["violations"] == [], json.dumps(totals["violations"], indent=1)[:5000]
-    assert totals["rounds"] == 50 and totals["acked"] > 10_000
+    assert totals["rounds"] == 25 and totals["acked"] > 10_000
     assert (
         totals["lost"] == totals["duplicated"] == totals["leaked"] == totals["damaged_served"] == 0
     )

@@ -59,7 +59,7 @@ async def publisher(port: int, name: str, rng: random.Random, log: dict) -> None
         else:
             failures += 1
             # resend from the first sequence not persisted (what the HA publisher does)
-            await asyncio.sleep(rng.uniform(0.05, 0.3))
+            await asyncio.sleep(rng.uniform(0.02, 0.1))
             sent = acked
     log["failures"] = failures
     writer.close()
