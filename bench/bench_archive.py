@@ -50,6 +50,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from journal import maintenance as jm
+from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 
@@ -242,7 +243,7 @@ def replay_compared(j: Journal, src: str, work: str, segment_size: int, spark) -
         req = jm.make_request(jc, "compact", req_id="bench-replay")
         jm.write_request(copy, req)
         assert run_job(req, spark)["status"] == "ok"
-        ans = jm.apply_result(jc, req["id"])
+        ans = jma.apply_result(jc, req["id"])
         assert ans["status"] == "applied", ans
         n_comp, s_comp = _replay(jc)
         disk = jc.disk_bytes()

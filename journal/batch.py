@@ -23,7 +23,7 @@ journal's owner to record the archived positions.
 
 Compaction: the tasks' read-back verification (every block, every record crc, counts and crc
 sums) is checked by the driver against the per-segment counts; the result file lists the staged
-compacted segments, and the journal's owner applies them (maintenance.apply_result).
+compacted segments, and the journal's owner applies them (maintenance_apply.apply_result).
 
 A crash or kill at any point before the result file leaves the journal as it was; staging is
 wiped when the same request runs again, and the owner forgets requests that never report.
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m journal.batch` (also the spark-submit entry point): run one request, print its
     summary, and apply its result when no process holds the journal (else its owner, the
     server, applies it within a second)."""
-    from journal.maintenance import apply_if_free
+    from journal.maintenance_apply import apply_if_free
     from journal.spark_env import parse_conf
 
     p = argparse.ArgumentParser(

@@ -35,6 +35,7 @@ from typing import Any
 
 from config.model import Action, ActionStep, ActionTrigger, Config
 from journal import maintenance as jm
+from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.manifest import request_path, result_path
 
@@ -161,16 +162,16 @@ class Maintenance:
                 queues=self.queues,
                 destinations=self.destinations,
             )
-            for rid in jm.pending_results(j.directory):
+            for rid in jma.pending_results(j.directory):
                 self.apply(rid)
-            jm.clean_stale(j.directory)
+            jma.clean_stale(j.directory)
             j.collect_garbage()
         except Exception:
             log.exception("journal maintenance: polling %s failed", j.directory)
 
     def apply(self, rid: str) -> dict:
         with self._apply_lock:
-            ans = jm.apply_result(self.journal, rid)
+            ans = jma.apply_result(self.journal, rid)
         self.history.append(ans)
         del self.history[:-50]
         return ans

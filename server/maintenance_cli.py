@@ -144,13 +144,8 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
     from config.errors import ConfigError
     from config.loader import default_config, load_config
     from journal.journal import Journal, JournalError, JournalLocked
-    from journal.maintenance import (
-        MaintenanceError,
-        apply_result,
-        make_request,
-        pending_results,
-        write_request,
-    )
+    from journal.maintenance import MaintenanceError, make_request, write_request
+    from journal.maintenance_apply import apply_result, pending_results
     from journal.spark_env import parse_conf
     from protocol.units import parse_interval
 

@@ -9,6 +9,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from journal import maintenance as jm
+from journal import maintenance_apply as jma
 from journal.batch import run_in_process
 from journal.journal import Journal
 from journal.manifest import read_json
@@ -22,7 +23,7 @@ def run(j, kind, **kw):
     jm.write_request(j.directory, req)
     s = run_in_process(req)
     assert s["status"] == "ok", s
-    ans = jm.apply_result(j, req["id"])
+    ans = jma.apply_result(j, req["id"])
     assert ans["status"] == "applied", ans
     return req, s
 
@@ -90,7 +91,7 @@ def test_compacting_over_archived_and_unarchived_positions_archives_only_the_res
     first["segments"] = first["segments"][:2]  # archive only the two oldest segments
     jm.write_request(d, first)
     assert run_in_process(first)["status"] == "ok"
-    assert jm.apply_result(j, first["id"])["status"] == "applied"
+    assert jma.apply_result(j, first["id"])["status"] == "applied"
     half = sealed[1].end
     assert j.manifest.archive_gaps(sealed[0].base, sealed[-1].end) == [(half, sealed[-1].end)]
 
@@ -106,7 +107,7 @@ def test_compacting_over_archived_and_unarchived_positions_archives_only_the_res
     jm.write_request(d, req)
     s = run_in_process(req)
     assert s["status"] == "ok" and s["records_in"] == sum(1 for r in j.records(half, cseg.end)), s
-    assert jm.apply_result(j, req["id"])["status"] == "applied"
+    assert jma.apply_result(j, req["id"])["status"] == "applied"
     # every position archived once; the first catalog stands (not superseded, files kept)
     want = [r.position for r in j.records(None, cseg.end)]
     assert archived_positions(root) == want

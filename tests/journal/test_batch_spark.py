@@ -17,6 +17,7 @@ import pytest
 
 from journal import jobs
 from journal import maintenance as jm
+from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.manifest import result_path, staging_dir
 from tests.support.journal_data import all_raw, build, queue_event, submit
@@ -72,7 +73,7 @@ def test_archive_holds_every_record_and_a_rerun_writes_the_same_files(spark, tmp
     jm.write_request(d, req)
     s = run_job(req, spark, verify="spark")
     assert s["status"] == "ok" and s["records_in"] == len(want), s
-    ans = jm.apply_result(j, req["id"])
+    ans = jma.apply_result(j, req["id"])
     assert ans["status"] == "applied"
     assert j.manifest.archived_through(j.segments[0].base, sealed_end) == req["id"]
     assert jm.make_request(j, "archive", archive_root=root) is None  # nothing left to archive
@@ -356,7 +357,7 @@ def test_a_job_killed_mid_run_leaves_the_journal_consistent_and_can_run_again(sp
     j = Journal(d, segment_size=64 * 1024, exclusive=True)
     assert all_raw(j) == before and j.manifest.generation == 0
     assert run_job(req, spark)["status"] == "ok"
-    assert jm.apply_result(j, req["id"])["status"] == "applied"
+    assert jma.apply_result(j, req["id"])["status"] == "applied"
     assert all_raw(j) == before
     assert all(s.kind == "compacted" for s in j.sealed_segments())
     assert not os.path.exists(stage)

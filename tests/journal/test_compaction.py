@@ -10,6 +10,7 @@ import zlib
 import pytest
 
 from journal import maintenance as jm
+from journal import maintenance_apply as jma
 from journal.compacted import CompactedReader, CompactedWriter
 from journal.journal import CorruptSegment, Journal, JournalLocked
 from journal.manifest import applied_path, read_json, staging_dir, write_json_atomic
@@ -30,7 +31,7 @@ def compact(j, **kw):
     assert req is not None
     jm.write_request(j.directory, req)
     run_without_spark(req)
-    ans = jm.apply_result(j, req["id"])
+    ans = jma.apply_result(j, req["id"])
     return req, ans
 
 
@@ -202,7 +203,7 @@ def test_a_crash_at_any_step_leaves_the_journal_readable(tmp_path):
     assert all_raw(j) == before and all(s.kind == "plain" for s in j.segments)
     assert not any(n.endswith(".cseg") for n in os.listdir(d))
     # the job can be applied after the restart
-    assert jm.apply_result(j, req["id"])["status"] == "applied"
+    assert jma.apply_result(j, req["id"])["status"] == "applied"
     assert all_raw(j) == before
     j.close()
     # crash 2: the manifest was committed, the replaced files were not deleted yet
@@ -224,13 +225,13 @@ def test_a_stale_result_is_rejected_and_changes_nothing(tmp_path):
     for r in (r1, r2):
         jm.write_request(d, r)
         run_without_spark(r)
-    assert jm.apply_result(j, r1["id"])["status"] == "applied"
+    assert jma.apply_result(j, r1["id"])["status"] == "applied"
     gen = j.manifest.generation
-    ans = jm.apply_result(j, r2["id"])
+    ans = jma.apply_result(j, r2["id"])
     assert ans["status"] == "rejected" and "changed or left the journal" in ans["reason"]
     assert j.manifest.generation == gen and all_raw(j) == before
     assert not os.path.exists(staging_dir(d, r2["id"]))
-    assert jm.apply_result(j, r2["id"])["status"] == "rejected"  # answered once, the same answer
+    assert jma.apply_result(j, r2["id"])["status"] == "rejected"  # answered once, the same answer
     assert read_json(applied_path(d, r1["id"]))["status"] == "applied"
     j.close()
 

@@ -7,6 +7,7 @@ import struct
 import zlib
 
 from journal import maintenance as jm
+from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.manifest import write_json_atomic
 from tests.support.journal_data import (
@@ -87,7 +88,7 @@ def test_compaction_keeps_records_a_destination_has_not_acked(tmp_path):
     assert req is not None and req["policy"]["replication_floor"] == floor
     jm.write_request(d, req)
     run_without_spark(req)
-    assert jm.apply_result(j, req["id"])["status"] == "applied"
+    assert jma.apply_result(j, req["id"])["status"] == "applied"
     j.close()
     j = Journal(d, segment_size=64 * 1024)
     after = {r[0] for r in all_raw(j)}

@@ -163,6 +163,7 @@ def test_the_sender_reads_compacted_segments_as_the_records_they_hold(tmp_path):
     """Compacted segments (read_block gives None there): the sender re-encodes each kept record
     to its original bytes, through the filter, and still covers every source position once."""
     from journal import maintenance as jm
+    from journal import maintenance_apply as jma
     from server.replication import MemoryAckSink
     from server.replication.sender import Sender
     from tests.support.journal_data import all_raw, build, run_without_spark
@@ -174,7 +175,7 @@ def test_the_sender_reads_compacted_segments_as_the_records_they_hold(tmp_path):
         assert req is not None
         jm.write_request(j.directory, req)
         run_without_spark(req)
-        assert jm.apply_result(j, req["id"])["status"] == "applied"
+        assert jma.apply_result(j, req["id"])["status"] == "applied"
         assert any(s.kind == "compacted" for s in j.sealed_segments())
         for topics, want in (
             ((".*",), [r for r in before if r[1] == KIND_MESSAGE]),
