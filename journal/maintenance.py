@@ -9,7 +9,7 @@ The protocol (file formats in manifest.py):
     job      (Spark)          _maint/staging/<id>/ ...      batch.py; archive files go to the archive
     result   (Spark driver)   _maint/results/<id>.json      the job's commit point (archive: after
                                                             its catalog file is committed)
-    apply    (journal owner)  MANIFEST, _maint/applied/<id>.json   apply_result()
+    apply    (journal owner)  MANIFEST, _maint/applied/<id>.json   maintenance_apply.apply_result()
 
 The owner (the server, or the CLI holding the journal's exclusive lock) is the only writer of
 the manifest and the index. A job only proposes: apply_result checks that every segment the

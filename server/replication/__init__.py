@@ -19,12 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from journal.maintenance import repl_acked_key  # the key journal maintenance reads
+
 from ..pipeline_replicate import REPL_FROM
 
-REPL_ACKED = b"repl-acked:"
 U64 = struct.Struct("<Q")
 
-__all__ = ["REPL_ACKED", "REPL_FROM", "AckSink", "DestinationState", "MemoryAckSink"]
+__all__ = ["REPL_FROM", "AckSink", "DestinationState", "MemoryAckSink", "repl_acked_key"]
 
 
 class AckSink(Protocol):

@@ -33,7 +33,7 @@ from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin, sc
 from protocol.replication import MAX_BATCH_BODY, ReplAck, encode_batch, encode_logon
 
 from ..pipeline import Pipeline
-from . import REPL_ACKED, U64, AckSink
+from . import U64, AckSink, repl_acked_key
 from .link import DEAD_AFTER, Link, LinkClosed
 
 log = logging.getLogger("tickertape.replication")
@@ -169,7 +169,7 @@ class Sender:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._tls_errors: set[tuple[str, int, str]] = set()
-        stored = journal.index.get_meta(REPL_ACKED + dest.name.encode())
+        stored = journal.index.get_meta(repl_acked_key(dest.name))
         if stored is not None:
             self.acked = U64.unpack(stored)[0]
 
@@ -300,7 +300,7 @@ class Sender:
                 batch = self.pipeline.batch
                 if batch.meta is None:
                     batch.meta = {}
-                batch.meta[REPL_ACKED + self.dest.name.encode()] = U64.pack(pos)
+                batch.meta[repl_acked_key(self.dest.name)] = U64.pack(pos)
         self._acked_event.set()
 
     async def _stream(self, link: Link, pos: int) -> None:
