@@ -166,3 +166,75 @@ def test_c_equals_python_on_random_batches():
             if stop >= len(body) or got[0][0][5] is not None or stop == pos:
                 break
             pos = stop
+
+
+def _pipeline_batch(p):
+    b = p.batch
+    return (bytes(b.data), b.entries, b.msgs, b.origins or {}, b.first_seq, b.last, b.meta)
+
+
+@pytest.mark.parametrize("accelerated", [False, True])
+async def test_replicate_block_builds_the_batch_replicate_builds(
+    tmp_path, monkeypatch, accelerated
+):
+    """Pipeline.replicate_block (runs through replicate_records, the rest one at a time) and
+    Pipeline.replicate (a tuple per record) leave the same open batch, byte for byte: queue
+    events (translated), a topic that is not recorded, duplicates within and across batches."""
+    from journal.journal import Journal
+    from journal.record import scan_records
+    from server import pipeline_replicate
+    from tests.server.test_pipeline_engine import _settle, make_pipeline
+
+    if not accelerated:
+        monkeypatch.setattr(pipeline_replicate, "replicate_records", replicate_records_py)
+    elif not replicate_scan.ACCELERATED:  # pragma: no cover
+        pytest.skip("the C accelerator is not built here")
+    r = random.Random(7)
+    journals = [Journal(str(tmp_path / n), durability="write") for n in ("a", "b")]
+    try:
+        pipes = [make_pipeline(j) for j in journals]
+        for p in pipes:
+            p.last_ts = 1 << 60  # one receive time for both (never below the last one)
+            p.publish(None, 2, 4, "orders", b"here already")
+        events: list[list[bytes]] = [[], []]
+        for _ in range(30):
+            recs = []
+            for _ in range(r.randint(0, 25)):
+                kind = KIND_QUEUE_EVENT if r.random() < 0.1 else KIND_MESSAGE
+                topic = r.choice([b"orders", b"orders", b"t/2", b"scratch", b"\xff"])
+                origin = (r.getrandbits(40), b"tt-z", b"tokyo") if r.random() < 0.3 else None
+                recs.append(encode_record(kind, r.randint(1, 3), r.randint(1, 60), r.getrandbits(40),
+                                          topic, r.randbytes(r.randint(0, 40)),
+                                          r.choice([None, 9]), r.choice([b"", b',"x":1']), origin))  # fmt: skip
+            body = b"".join(recs)
+            got = []
+            for i, p in enumerate(pipes):
+
+                def translate(rec, i=i):
+                    events[i].append(bytes(rec[6]))
+                    return encode_record(KIND_QUEUE_EVENT, 0, 0, 0, rec[5], b"local")
+
+                if i == 0:
+                    out = p.replicate(
+                        scan_records(body, 100)[0], b"tt-a", b"ny", 9, _noop, translate
+                    )
+                    got.append((len(scan_records(body, 100)[0]), *out))
+                else:
+                    got.append(p.replicate_block(body, 100, b"tt-a", b"ny", 9, _noop, translate))
+            assert got[0] == got[1]
+            assert _pipeline_batch(pipes[0]) == _pipeline_batch(pipes[1])
+            assert pipes[0].highest == pipes[1].highest
+            if r.random() < 0.3:
+                for p in pipes:
+                    await _settle(p)
+        assert events[0] == events[1]
+        for p in pipes:
+            await _settle(p)
+        assert list(journals[0].raw_batches()) == list(journals[1].raw_batches())
+    finally:
+        for j in journals:
+            j.close()
+
+
+def _noop(end, err):
+    return None
