@@ -225,7 +225,8 @@ replicate_records(PyObject *self, PyObject *args)
     Py_ssize_t n = in.len;
     PyObject *records = NULL, *entries = NULL, *msgs = NULL, *pubs = NULL, *ts_o = NULL;
     PyObject *empty = NULL, *name_o = NULL, *group_o = NULL, *unknown = NULL, *result = NULL;
-    PyObject *topic_str = NULL;
+    PyObject *topic_str = NULL, *own_origin = NULL;
+    uint64_t own_ts = 0;
     const unsigned char *last_topic = NULL;
     Py_ssize_t last_tlen = 0, dups = 0;
     Cur cur = {0};
@@ -331,7 +332,18 @@ replicate_records(PyObject *self, PyObject *args)
             origin = Py_BuildValue("(Ky#y#)", (unsigned long long)rd64(b), b + 9, nl,
                                    b + 10 + nl, (Py_ssize_t)b[9 + nl]);
         } else {
-            origin = Py_BuildValue("(KOO)", (unsigned long long)r.ts, name_o, group_o);
+            /* the records of one source commit share their receive time: one tuple for them */
+            if (own_origin == NULL || r.ts != own_ts) {
+                PyObject *t = PyLong_FromUnsignedLongLong(r.ts);
+                Py_CLEAR(own_origin);
+                if (t != NULL) {
+                    own_origin = PyTuple_Pack(3, t, name_o, group_o);
+                    own_ts = r.ts;
+                    Py_DECREF(t);
+                }
+            }
+            Py_XINCREF(own_origin);
+            origin = own_origin;
         }
         if (seq_o && off_o && body_o && hdr_o && exp_o && origin) {
             entry = PyTuple_Pack(4, cur.pub_o, seq_o, ts_o, off_o);
@@ -378,6 +390,7 @@ done:
     Py_XDECREF(name_o);
     Py_XDECREF(group_o);
     Py_XDECREF(topic_str);
+    Py_XDECREF(own_origin);
     Py_XDECREF(unknown);
     PyBuffer_Release(&in);
     PyBuffer_Release(&name);
