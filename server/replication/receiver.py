@@ -10,8 +10,9 @@ credentials or a user without admin rights when <Authentication> is configured. 
 is the source position this instance durably holds everything below (`repl-from:<source>` in
 the journal's metadata, committed with the records). Each batch must start where the last one
 ended; every record in it is checked (length, flags, crc) and a damaged one closes the link
-with an ERROR: the source re-sends from the durable point. The records go to
-`Pipeline.replicate`; once they are durable here the link gets one ack per group commit.
+with an ERROR: the source re-sends from the durable point. The batch's body goes to
+`Pipeline.replicate_block` (runs of records in C, server/replicate_scan.py); once they are
+durable here the link gets one ack per group commit, sent from the commit's callback.
 A commit failure closes the link. A second link from the same source replaces the first.
 """
 
