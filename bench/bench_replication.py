@@ -361,6 +361,15 @@ def main() -> None:
         f"{peer} {r * 100:.0f} %" if (r := sync_ratio(peer)) is not None else f"{peer} —"
         for peer in args.peers
     )
+    builds = ""
+    if len(args.peers) > 1:
+        other = args.peers[1]
+        builds = f"publish msg/s {first} ÷ {other}, mode by mode: " + ", ".join(
+            f"{m} {a / b:.2f}×"
+            if (a := med[first, m].get("tput")) and (b := med[other, m].get("tput"))
+            else f"{m} —"
+            for m in MODES
+        )
     targets = benchlib.targets_table([
         ("sync-replicated publish ≥ 40% of unreplicated", "%", ratio and ratio * 100, 40, "min"),
         (f"p99 publish→persisted ack with a sync destination at {args.rate:,.0f} msg/s < 3 ms",
@@ -376,6 +385,7 @@ def main() -> None:
         f"tt-b listening to caught up: {'—' if resync is None else f'{resync:.2f} s'}",
         "rows with (async) or (sync) are replicated modes; the targets are the first peer's; "
         f"sync ÷ unreplicated publish msg/s in the same run: {same_run}",
+        *([builds] if builds else []),
         f"ack p99 per repetition (µs), unreplicated and sync side by side: {per_rep or '—'}",
         "shared machine: 1-minute load average around the repetitions "
         + (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—")
