@@ -1,7 +1,8 @@
 """Only the optional C accelerator lives here; everything else is in pyproject.toml.
 
 server/_splice.c (replay frames spliced from journal bytes), server/_filterscan.c (content filters
-evaluated over blocks of records), server/_publish.c (publish frames to journal records) and
+evaluated over blocks of records), server/_publish.c (publish frames to journal records),
+server/_replicate.c (replication's intake and filter over runs of records) and
 journal/_verify.c (record checks on read) are built when a C compiler and the Python headers are
 there; without them the install still succeeds and the same work is done in pure Python. The record checks take their crc32 from
 ISA-L (Debian's libisal-dev; `./run` installs it where it can) when it links, else from zlib:
@@ -53,5 +54,6 @@ setup(
         Extension("server._filterscan", ["server/_filterscan.c"], optional=True),
         _with_crc("journal._verify", "journal/_verify.c"),
         _with_crc("server._publish", "server/_publish.c"),
+        _with_crc("server._replicate", "server/_replicate.c"),
     ]
 )

@@ -3,9 +3,12 @@ same run; replication lag under load; resync time for 1M missed messages.
 
     ./run bench bench_replication [--count 100000] [--rate 5000] [--seconds 10] [--resync 1000000]
                                   [--reps 3] [--quick] [--no-results]
+                                  [--peers tickertape[,tickertape-base]]
 
 Tickertape only: two instances on this machine (tests/support/cluster.py, links straight to the
-other instance's replication port, no proxy). Modes, run interleaved (rep 1 of each, then rep 2):
+other instance's replication port, no proxy); `tickertape-base` (TICKERTAPE_BASE_BIN, another
+build) runs the same modes in the same run, for a change's before/after. Modes, run interleaved
+(rep 1 of each, then rep 2):
 
   none   one instance, no <Replication>
   async  tt-a -> tt-b, <SyncType>async
@@ -19,7 +22,7 @@ Per mode and repetition, on a fresh pair:
      for `--seconds` (1 ms tick); a persisted ack covering seq k stamps every seq <= k:
      publish -> persisted-ack p50 / p99 / p99.9; the first second is not counted. A subscriber on tt-b (async, sync) measures publish -> delivery on
      the destination: the replication lag under load (p50 / p99 / max).
-Then once: tt-b stopped, `--resync` messages published to tt-a (async destination), tt-b started;
+Then once (the first peer): tt-b stopped, `--resync` messages published to tt-a (async destination), tt-b started;
 resync time = from tt-b listening to tt-a's /stats showing it caught up (lag 0), checked by a
 replay of tt-b's count.
 
@@ -50,6 +53,7 @@ import peers
 from benchlib import Metric
 
 sys.path.insert(0, peers.REPO)
+from tests.support import proc
 from tests.support.cluster import Cluster
 
 TOPIC = "bench.repl"
@@ -205,7 +209,8 @@ def caught_up(admin_port: int, dest: str, timeout: float) -> None:
     raise TimeoutError(f"{dest} did not catch up within {timeout:g}s")
 
 
-def one_rep(args, mode: str, rep: int) -> dict:
+def one_rep(args, mode: str, rep: int, peer: str = "tickertape") -> dict:
+    proc.TICKERTAPE = peers.tickertape_bin(peer)  # the build the cluster's instances run
     cl = make_cluster(args.root, mode).start()
     try:
         a = cl["tt-a"]
@@ -257,6 +262,7 @@ def stats_dest(port: int, dest: str) -> dict:
 
 
 def resync_time(args) -> float | None:
+    proc.TICKERTAPE = peers.tickertape_bin(args.peers[0])
     cl = make_cluster(args.root, "async")
     try:
         a, b = cl["tt-a"], cl["tt-b"]
@@ -282,6 +288,10 @@ def resync_time(args) -> float | None:
         cl.close()
 
 
+def label_of(peer: str, mode: str) -> str:
+    return peer if mode == "none" else f"{peer} ({mode})"
+
+
 def fmt_us(v: float | None) -> str:
     return "—" if v is None else f"{v:,.0f}"
 
@@ -300,26 +310,30 @@ def main() -> None:
     p.add_argument("--window", type=int, default=1000)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-results", action="store_true")
+    p.add_argument("--peers", default="tickertape", help="tickertape and/or tickertape-base")
     args = p.parse_args()
     if args.quick:
         args.count, args.seconds, args.reps, args.resync = 20_000, 3.0, 1, 100_000
-    ok, why = peers.available("tickertape")
-    if not ok:
-        sys.exit(f"tickertape is not runnable: {why}")
+    args.peers, skipped = benchlib.select_peers(args.peers)
+    args.peers = [n for n in args.peers if peers.is_tickertape(n)]
+    if not args.peers:
+        sys.exit(f"no Tickertape build is runnable: {'; '.join(skipped)}")
     os.makedirs(peers.DATA_ROOT, exist_ok=True)
     args.root = tempfile.mkdtemp(prefix="replication-", dir=peers.DATA_ROOT)
-    results: dict[str, list[dict]] = {m: [] for m in MODES}
+    keys = [(peer, m) for peer in args.peers for m in MODES]
+    results: dict[tuple[str, str], list[dict]] = {k: [] for k in keys}
     problems: dict[str, list[str]] = {}
     try:
         for rep in range(args.reps):
-            for mode in MODES:
+            for peer, mode in keys:
+                label = label_of(peer, mode)
                 try:
-                    r = one_rep(args, mode, rep)
-                    print(f"rep {rep + 1} {mode}: {benchlib.summary(r)}")
-                    results[mode].append(r)
+                    r = one_rep(args, mode, rep, peer)
+                    print(f"rep {rep + 1} {label}: {benchlib.summary(r)}")
+                    results[peer, mode].append(r)
                 except Exception as exc:  # a broken rep is reported, the others still run
-                    problems.setdefault(mode, []).append(f"rep {rep + 1}: {exc!r}")
-                    print(f"rep {rep + 1} {mode}: FAILED {exc!r}")
+                    problems.setdefault(label, []).append(f"rep {rep + 1}: {exc!r}")
+                    print(f"rep {rep + 1} {label}: FAILED {exc!r}")
         resync = None
         try:
             resync = resync_time(args)
@@ -327,23 +341,39 @@ def main() -> None:
             problems.setdefault("resync", []).append(repr(exc))
     finally:
         shutil.rmtree(args.root, ignore_errors=True)
-    rows = [(f"tickertape ({m})" if m != "none" else "tickertape", benchlib.medians(results[m],
-             METRICS)) for m in MODES]  # fmt: skip
-    med = dict(zip(MODES, (r for _, r in rows), strict=True))
-    ratio = (
-        med["sync"]["tput"] / med["none"]["tput"]
-        if med["sync"].get("tput") and med["none"].get("tput")
-        else None
-    )
-    loads = [x for m in MODES for r in results[m] for x in r.get("load", ())]
+    rows = [(label_of(*k), benchlib.medians(results[k], METRICS)) for k in keys]
+    med = dict(zip(keys, (r for _, r in rows), strict=True))
+
+    def sync_ratio(peer: str) -> float | None:
+        s, n = med[peer, "sync"].get("tput"), med[peer, "none"].get("tput")
+        return s / n if s and n else None
+
+    first = args.peers[0]
+    ratio = sync_ratio(first)
+    loads = [x for k in keys for r in results[k] for x in r.get("load", ())]
     per_rep = "; ".join(
         f"rep {i + 1}: none {fmt_us(n.get('p99'))}, sync {fmt_us(s.get('p99'))}"
-        for i, (n, s) in enumerate(zip(results["none"], results["sync"], strict=False))
+        for i, (n, s) in enumerate(
+            zip(results[first, "none"], results[first, "sync"], strict=False)
+        )
     )
+    same_run = "; ".join(
+        f"{peer} {r * 100:.0f} %" if (r := sync_ratio(peer)) is not None else f"{peer} —"
+        for peer in args.peers
+    )
+    builds = ""
+    if len(args.peers) > 1:
+        other = args.peers[1]
+        builds = f"publish msg/s {first} ÷ {other}, mode by mode: " + ", ".join(
+            f"{m} {a / b:.2f}×"
+            if (a := med[first, m].get("tput")) and (b := med[other, m].get("tput"))
+            else f"{m} —"
+            for m in MODES
+        )
     targets = benchlib.targets_table([
         ("sync-replicated publish ≥ 40% of unreplicated", "%", ratio and ratio * 100, 40, "min"),
         (f"p99 publish→persisted ack with a sync destination at {args.rate:,.0f} msg/s < 3 ms",
-         "µs", med["sync"].get("p99"), 3000, "max"),
+         "µs", med[first, "sync"].get("p99"), 3000, "max"),
         (f"resync of {args.resync:,} missed messages < 10 s", "s", resync, 10, "max"),
     ])  # fmt: skip
     notes = [
@@ -353,7 +383,9 @@ def main() -> None:
         "publish on tt-a -> delivery to a subscriber on tt-b",
         f"resync: {args.resync:,} messages published to tt-a while tt-b was down, time from "
         f"tt-b listening to caught up: {'—' if resync is None else f'{resync:.2f} s'}",
-        "rows other than `tickertape` (none) are replicated modes; ratios are none ÷ mode",
+        "rows with (async) or (sync) are replicated modes; the targets are the first peer's; "
+        f"sync ÷ unreplicated publish msg/s in the same run: {same_run}",
+        *([builds] if builds else []),
         f"ack p99 per repetition (µs), unreplicated and sync side by side: {per_rep or '—'}",
         "shared machine: 1-minute load average around the repetitions "
         + (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—")
@@ -365,7 +397,7 @@ def main() -> None:
         "(bench_replication)",
         rows,
         METRICS,
-        [],
+        skipped,
         problems,
         notes,
         args.no_results,

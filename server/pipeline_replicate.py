@@ -14,7 +14,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin
+from journal.record import (
+    KIND_MESSAGE,
+    MAX_ORIGIN_NAME,
+    RawTuple,
+    encode_record,
+    raw_origin,
+    record_length_at,
+    scan_records,
+)
+
+from .replicate_scan import replicate_records
 
 REPL_FROM = b"repl-from:"  # server/replication/__init__.py: the resume point of a source
 TOPIC_CACHE_LIMIT = 50_000
@@ -36,6 +46,7 @@ class ReplicatedIntake:
     replicated: int
     replicated_duplicates: int
     _repl_topics: dict[bytes, str]
+    _repl_known: dict[bytes, str]  # replicate_block: topics that are recorded
     _repl_meta_pending: dict[bytes, bytes]
 
     def topic_info(self, topic: str) -> tuple[bytes, bytes, bool]:
@@ -79,6 +90,114 @@ class ReplicatedIntake:
         batch, and on_durable(end, err) runs at the local commit (never held for this instance's
         own sync destinations: an ack there would wait on the source's ack of us), or err.
         """
+        ts = max(self.last_ts, int(time.time() * 1_000_000))
+        stored, dups = self._take(records, source_name, source_group, ts, translate_in)
+        self._taken(stored, dups, ts, source_name, end_position, on_durable)
+        return stored, dups
+
+    def replicate_block(
+        self,
+        body: bytes,
+        base_position: int,
+        source_name: bytes,
+        source_group: bytes,
+        end_position: int,
+        on_durable: Callable[[int, BaseException | None], None],
+        translate_in: Callable[[RawTuple], bytes | None] | None = None,
+    ) -> tuple[int, int, int]:
+        """replicate() of the records in `body` (a batch's body, verified; the first record at
+        source position `base_position`), without a tuple per record: runs of messages go
+        through server/replicate_scan.py's `replicate_records` (C when built), anything else
+        (queue events, topics not recorded, live subscribers that want each message before it
+        is durable, publishers past a gap) through replicate()'s loop. The same batch results,
+        byte for byte. Returns (records received, stored, duplicates)."""
+        ts = max(self.last_ts, int(time.time() * 1_000_000))
+        if (
+            self.journal is None
+            or self.fanout.early
+            or self.gaps
+            or len(source_name) > MAX_ORIGIN_NAME
+            or len(source_group) > MAX_ORIGIN_NAME
+        ):
+            recs = scan_records(body, base_position)[0]
+            stored, dups = self._take(recs, source_name, source_group, ts, translate_in)
+            self._taken(stored, dups, ts, source_name, end_position, on_durable)
+            return len(recs), stored, dups
+        batch = self.batch
+        known = self.__dict__.get("_repl_known")
+        if known is None:  # Pipeline.__init__ is not this module's: made at the first batch
+            known = self._repl_known = {}
+        highest = self.highest
+        received = stored = dups = pos = 0
+        end = len(body)
+        while pos < end:
+            if batch.origins is None:
+                batch.origins = {}
+            records, entries, msgs, stop, d, unknown, pubs = replicate_records(
+                body,
+                pos,
+                highest,
+                known,
+                source_name,
+                source_group,
+                ts,
+                len(batch.data),
+                len(batch.msgs),
+                batch.origins,
+            )
+            received += len(entries) + d
+            dups += d
+            if entries:
+                batch.data += records
+                batch.entries += entries
+                batch.msgs += msgs
+                first_seq, last = batch.first_seq, batch.last
+                for pub, (first, seq, off) in pubs.items():
+                    if pub not in first_seq:
+                        first_seq[pub] = first
+                    last[pub] = (seq, off)
+                stored += len(entries)
+            if stop >= end:
+                break
+            if unknown is not None:
+                topic = self._repl_topic(unknown)
+                if self.topic_info(topic)[2]:
+                    if len(known) >= TOPIC_CACHE_LIMIT:
+                        known.clear()
+                    known[unknown] = topic
+                    pos = stop
+                    continue
+            # one record for the ordinary loop: a queue event, a topic that is not recorded
+            nxt = stop + record_length_at(body, stop) if end - stop >= 4 else end
+            one = scan_records(body[stop:nxt], base_position + stop)[0]
+            if not one:
+                break  # a partial record: the receiver verified the batch, so never here
+            s, d = self._take(one, source_name, source_group, ts, translate_in)
+            received += 1
+            stored += s
+            dups += d
+            pos = nxt
+        self._taken(stored, dups, ts, source_name, end_position, on_durable)
+        return received, stored, dups
+
+    def _repl_topic(self, tb: bytes) -> str:
+        topics = self._repl_topics
+        topic = topics.get(tb)
+        if topic is None:
+            if len(topics) >= TOPIC_CACHE_LIMIT:
+                topics.clear()
+            topic = topics[tb] = tb.decode("utf-8", "replace")
+        return topic
+
+    def _take(
+        self,
+        records: list[RawTuple],
+        source_name: bytes,
+        source_group: bytes,
+        ts: int,
+        translate_in: Callable[[RawTuple], bytes | None] | None,
+    ) -> tuple[int, int]:
+        """replicate()'s loop, one record at a time: (stored, duplicates)."""
         batch = self.batch
         highest_of = self.highest
         journal = self.journal
@@ -87,9 +206,7 @@ class ReplicatedIntake:
         msgs = batch.msgs
         first_seq = batch.first_seq
         last = batch.last
-        topics = self._repl_topics
         early = self.fanout.early
-        ts = max(self.last_ts, int(time.time() * 1_000_000))
         stored = dups = 0
         for rec in records:
             pos, kind, pub, seq, src_ts, tb, body, extra = rec
@@ -102,11 +219,7 @@ class ReplicatedIntake:
             if seq <= highest_of.get(pub, 0):
                 dups += 1
                 continue
-            topic = topics.get(tb)
-            if topic is None:
-                if len(topics) >= TOPIC_CACHE_LIMIT:
-                    topics.clear()
-                topic = topics[tb] = tb.decode("utf-8", "replace")
+            topic = self._repl_topic(tb)
             if extra is None:
                 exp, hdr, origin = None, b"", (src_ts, source_name, source_group)
             else:
@@ -133,22 +246,34 @@ class ReplicatedIntake:
                     [self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
                 )
             stored += 1
+        return stored, dups
+
+    def _taken(
+        self,
+        stored: int,
+        dups: int,
+        ts: int,
+        source_name: bytes,
+        end_position: int,
+        on_durable: Callable[[int, BaseException | None], None],
+    ) -> None:
+        """The end of a replication batch: counters, the resume point, the durable callback."""
+        batch = self.batch
         self.last_ts = ts
         self.published += stored
         self.duplicates += dups
         self.replicated += stored
         self.replicated_duplicates += dups
-        if journal is not None:
+        if self.journal is not None:
             # the journal stores metadata only with records: a batch that adds none leaves its
             # resume point for the next one that does (conservative: a restart re-receives
             # records that were all filtered or duplicates, and drops them again)
             pending = self._repl_meta_pending
             pending[REPL_FROM + source_name] = _u64.pack(end_position)
-            if data:
+            if batch.data:
                 if batch.meta is None:
                     batch.meta = {}
                 batch.meta.update(pending)
                 pending.clear()
         batch.durable.append(on_durable)
         self._schedule()
-        return stored, dups

@@ -10,8 +10,9 @@ credentials or a user without admin rights when <Authentication> is configured. 
 is the source position this instance durably holds everything below (`repl-from:<source>` in
 the journal's metadata, committed with the records). Each batch must start where the last one
 ended; every record in it is checked (length, flags, crc) and a damaged one closes the link
-with an ERROR: the source re-sends from the durable point. The records go to
-`Pipeline.replicate`; once they are durable here the link gets one ack per group commit.
+with an ERROR: the source re-sends from the durable point. The batch's body goes to
+`Pipeline.replicate_block` (runs of records in C, server/replicate_scan.py); once they are
+durable here the link gets one ack per group commit, sent from the commit's callback.
 A commit failure closes the link. A second link from the same source replaces the first.
 """
 
@@ -20,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from journal.journal import Journal
 from journal.queue_events import WireEventError
-from journal.record import RawTuple, raw_origin, scan_records, verified_prefix
+from journal.record import RawTuple, raw_origin, verified_prefix
 from protocol.replication import (
     LINK_VERSION,
     ReplBatch,
@@ -203,30 +205,37 @@ class Receiver:
     ) -> None:
         pipeline = self.pipeline
         name_b, group_b = source.encode(), group.encode()
-        state = {"ack": -1, "scheduled": False}
+        acked = [-1]
         translate = (
             functools.partial(self._queue_events, source, group)
             if self.queues is not None
             else None
         )
-        loop = asyncio.get_running_loop()
 
-        def send_ack() -> None:
-            state["scheduled"] = False
-            if not link.closed:
-                link.send(encode_ack(state["ack"]))
-
-        def durable(end: int, err: BaseException | None, *, to: int) -> None:
+        def durable(end: int, err: BaseException | None, cell: list[int]) -> None:
             if err is not None:
                 link.end(f"commit failed here: {err}")
                 return
+            to = cell[0]
             if to > self.durable_from.get(source, -1):
                 self.durable_from[source] = to
-            if to > state["ack"]:
-                state["ack"] = to
-                if not state["scheduled"]:  # one ack per group commit, not per batch
-                    state["scheduled"] = True
-                    loop.call_soon(send_ack)
+            if to > acked[0]:
+                acked[0] = to
+                if not link.closed:
+                    link.send(encode_ack(to))
+
+        # one ack per group commit, not per batch, sent from the commit itself (no extra loop
+        # iteration on the sync path): the first link batch that goes into a pipeline batch
+        # registers the callback, later ones only move its end
+        open_batch: list[Any] = [None, None]  # [pipeline batch, its callback's end cell]
+
+        def on_durable(to: int) -> Callable[[int, BaseException | None], None]:
+            if open_batch[0] is pipeline.batch:
+                open_batch[1][0] = to
+                return _ignore
+            cell = [to]
+            open_batch[0], open_batch[1] = pipeline.batch, cell
+            return lambda end, err: durable(end, err, cell)
 
         while True:
             for h, body in frames:
@@ -239,7 +248,7 @@ class Receiver:
                     raise LinkClosed(f"unexpected {type(h).__name__} on a replication link")
                 if h.from_ != expected:
                     raise LinkClosed(f"batch from {h.from_}, expected {expected}: a gap")
-                recs: list[RawTuple] = []
+                received = stored = dups = 0
                 if body:
                     stop, bad = verified_prefix(body)
                     if stop != len(body):
@@ -253,23 +262,23 @@ class Receiver:
                             h.to,
                         )
                         raise LinkClosed("damaged record")
-                    recs = scan_records(body, h.from_)[0]
-                self.received += len(recs)
+                    received, stored, dups = pipeline.replicate_block(
+                        body, h.from_, name_b, group_b, h.to, on_durable(h.to), translate
+                    )
+                else:
+                    pipeline.replicate([], name_b, group_b, h.to, on_durable(h.to), translate)
+                self.received += received
                 counts = self.per_source.setdefault(source, [0, 0, 0])
-                stored, dups = pipeline.replicate(
-                    recs,
-                    name_b,
-                    group_b,
-                    h.to,
-                    functools.partial(durable, to=h.to),
-                    translate,
-                )
                 self.stored += stored
                 self.duplicates += dups
-                counts[0] += len(recs)
+                counts[0] += received
                 counts[1] += len(body)
                 counts[2] += dups
                 expected = h.to
             while pipeline.inflight_bytes > pipeline.max_inflight and not link.closed:
                 await asyncio.sleep(0.002)  # the journal is behind: stop reading this link
             frames = await link.read_frames()
+
+
+def _ignore(end: int, err: BaseException | None) -> None:
+    """The durable callback of a link batch whose pipeline batch acks through an earlier one."""

@@ -29,10 +29,18 @@ from collections.abc import Callable
 from config.model import ReplicationAddress, ReplicationDestination
 from journal.journal import Journal
 from journal.queue_events import WIRE_MAGIC
-from journal.record import KIND_MESSAGE, RawTuple, encode_record, raw_origin, scan_records
+from journal.record import (
+    KIND_MESSAGE,
+    RawTuple,
+    encode_record,
+    raw_origin,
+    record_length_at,
+    scan_records,
+)
 from protocol.replication import MAX_BATCH_BODY, ReplAck, encode_batch, encode_logon
 
 from ..pipeline import Pipeline
+from ..replicate_scan import kept_span
 from . import U64, AckSink, repl_acked_key
 from .link import DEAD_AFTER, Link, LinkClosed
 
@@ -110,31 +118,42 @@ def select(
 ) -> tuple[bytes, int]:
     """(the bytes to send of the whole records at the start of buf, the offset after them).
     Messages kept are sent as stored; a queue event kept as `event_record` makes it (left out
-    without `translate`)."""
-    recs, stop = scan_records(buf, base)
-    keeps = flt.keeps
+    without `translate`). Runs of messages published here on kept topics are walked by
+    server/replicate_scan.py's `kept_span` (C when built); the others one at a time."""
     out: list[bytes] = []
-    run_start = -1  # start offset of the current run of kept records, -1: none
-    n = len(recs)
-    for rec in recs:
-        off = rec[0] - base
-        kept = rec[1] == KIND_MESSAGE and keeps(rec)
-        if kept:
-            if run_start < 0:
-                run_start = off
+    cache = flt._topic_ok
+    end = len(buf)
+    run_start = 0  # start offset of the current run of kept records
+    pos = 0
+    while True:
+        stop, unknown = kept_span(buf, pos, cache)
+        if unknown is not None:
+            flt.topic(unknown)  # now in the cache: the walk goes on from the same record
+            pos = stop
             continue
-        if run_start >= 0:
-            out.append(buf[run_start:off])
-            run_start = -1
-        if rec[1] != KIND_MESSAGE and translate is not None and keeps(rec):
+        pos = stop
+        if end - pos < 4:
+            break
+        nxt = pos + record_length_at(buf, pos)
+        one = scan_records(buf[pos:nxt], base + pos)[0] if nxt <= end else []
+        if not one:
+            break  # a partial record: the next read starts there
+        rec = one[0]
+        if rec[1] == KIND_MESSAGE and flt.keeps(rec):
+            pos = nxt
+            continue
+        if pos > run_start:
+            out.append(buf[run_start:pos])
+        run_start = pos = nxt
+        if rec[1] != KIND_MESSAGE and translate is not None and flt.keeps(rec):
             wire = event_record(rec, translate)
             if wire is not None:
                 out.append(wire)
-    if run_start == 0 and n:
-        return buf[:stop], stop  # everything kept: the block as read
-    if run_start >= 0:
-        out.append(buf[run_start:stop])
-    return b"".join(out), stop
+    if run_start == 0:
+        return buf[:pos], pos  # everything kept: the block as read
+    if pos > run_start:
+        out.append(buf[run_start:pos])
+    return b"".join(out), pos
 
 
 class Sender:

@@ -1,0 +1,93 @@
+"""The receiver's batch loop (server/replication/receiver.py) over a fake link: a damaged record or
+a truncated batch closes the link with nothing of the batch taken, and the acks of link batches
+that share a commit are conflated into one, sent from the commit itself."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from journal.record import KIND_MESSAGE, encode_record
+from protocol.replication import ReplBatch, encode_ack
+from server.guard import Guard
+from server.replication.link import LinkClosed
+from server.replication.receiver import Receiver
+from tests.server.test_pipeline_engine import make_pipeline
+
+
+class FakeLink:
+    def __init__(self, then: list | None = None):
+        self.sent: list[bytes] = []
+        self.reason: str | None = None
+        self.then = then or []
+
+    @property
+    def closed(self) -> bool:
+        return self.reason is not None
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def end(self, reason: str) -> None:
+        self.reason = self.reason or reason
+
+    async def read_frames(self):
+        if self.then:
+            return self.then.pop(0)
+        for _ in range(2000):  # until the commit's ack went out, then the link ends
+            await asyncio.sleep(0.001)
+            if self.sent:
+                break
+        raise LinkClosed("test over")
+
+
+def records(pub: int, seqs) -> bytes:
+    return b"".join(encode_record(KIND_MESSAGE, pub, s, 10, b"orders", b"x%d" % s) for s in seqs)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(lambda b: b[:-1], id="truncated"),
+        pytest.param(lambda b: b[:40] + bytes([b[40] ^ 1]) + b[41:], id="crc"),
+        pytest.param(lambda b: b[:9] + b"\x80" + b[10:], id="flags"),
+    ],
+)
+async def test_a_damaged_batch_closes_the_link_and_takes_nothing(journal, cut):
+    p = make_pipeline(journal)
+    r = Receiver("tt-b", p, journal, Guard())
+    good = records(1, [1, 2])
+    body = cut(good + records(1, [3]))
+    frames = [(ReplBatch(from_=0, to=len(body)), body)]
+    with pytest.raises(LinkClosed, match="damaged record"):
+        await r._batches(FakeLink(), "tt-a", "ny", 0, frames)
+    assert r.damaged == 1 and r.received == 0 and not p.batch.data and p.highest == {}
+
+
+async def test_a_gap_closes_the_link(journal):
+    r = Receiver("tt-b", make_pipeline(journal), journal, Guard())
+    body = records(1, [1])
+    with pytest.raises(LinkClosed, match="a gap"):
+        await r._batches(FakeLink(), "tt-a", "ny", 0, [(ReplBatch(from_=5, to=9), body)])
+
+
+async def test_batches_of_one_commit_get_one_ack_at_its_end(journal):
+    p = make_pipeline(journal)
+    r = Receiver("tt-b", p, journal, Guard())
+    a, b = records(1, [1, 2]), records(1, [2, 3, 4])  # seq 2 again: a duplicate
+    frames = [
+        (ReplBatch(from_=0, to=len(a)), a),
+        (ReplBatch(from_=len(a), to=len(a) + len(b)), b),
+        (ReplBatch(from_=len(a) + len(b), to=len(a) + len(b) + 7), b""),  # all filtered out
+    ]
+    link = FakeLink()
+    with pytest.raises(LinkClosed, match="test over"):
+        await r._batches(link, "tt-a", "ny", 0, frames)
+    end = len(a) + len(b) + 7
+    assert link.sent == [encode_ack(end)]
+    assert (r.received, r.stored, r.duplicates) == (5, 4, 1)
+    assert r.per_source["tt-a"] == [5, len(a) + len(b), 1]
+    assert r.durable_from["tt-a"] == end
+    got = [(rec[2], rec[3]) for batch in journal.raw_batches() for rec in batch]
+    assert got == [(1, 1), (1, 2), (1, 3), (1, 4)]
