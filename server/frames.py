@@ -50,6 +50,7 @@ __all__ = [
     "dead_letter_fragment",
     "group_prefix",
     "lease_part",
+    "live_separators",
     "pack_len",
     "persisted_ack",
     "sub_prefix",
@@ -140,6 +141,23 @@ def write_live(buf: list[bytes], prefix: bytes, suffix: bytes, tail: bytes, body
         )
     else:
         buf += (pack_len(len(prefix) + len(suffix) + 1 + len(body)), prefix, suffix, b"}", body)
+
+
+def live_separators(prefix_len: int, rests: list[bytes]) -> list[bytes]:
+    """Pieces that `prefix.join` turns into the live deliveries of several messages to one
+    prefix, in one buffer: the same bytes as `write_live` of each in turn. rests: each message's
+    `suffix + tail + b"}" + body`; prefix_len: len(prefix).
+
+    The frames are `len(prefix + rest_i) | prefix | rest_i`: as
+    `prefix.join([len_0, rest_0 + len_1, ..., rest_n])` the pieces depend only on the prefix's
+    length, so every prefix of one length shares them and costs one join."""
+    seps = [pack_len(prefix_len + len(rests[0]))]
+    prev = rests[0]
+    for rest in rests[1:]:
+        seps.append(prev + pack_len(prefix_len + len(rest)))
+        prev = rest
+    seps.append(prev)
+    return seps
 
 
 def ack(
