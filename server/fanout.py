@@ -92,17 +92,28 @@ class Fanout:
                 if index is not None or j - i == 1:
                     delivered += self._each(run, groups, index, want, touched)
                 else:
-                    delivered += self._write_run(run, topic, groups, want, touched)
+                    delivered += self._write_run(run, topic, groups, want, touched, j == n)
             i = j
         self.delivered += delivered
         for out in touched:
             out.flush()
 
     def _write_run(
-        self, run: list[Message], topic: str, groups: tuple, want: SubState, touched: set[Outbox]
+        self,
+        run: list[Message],
+        topic: str,
+        groups: tuple,
+        want: SubState,
+        touched: set[Outbox],
+        last: bool,
     ) -> int:
         """Deliver `run` (messages on `topic`) to `groups`: one buffer per connection whose
-        subscriptions take them all alike, `_each` for the others. Returns the deliveries."""
+        subscriptions take them all alike, `_each` for the others. Returns the deliveries.
+
+        last: the batch ends with this run, so each such buffer is written at once. One large
+        buffer alive at a time, not one per connection: freed together, a batch's buffers
+        (megabytes) made the allocator hand the memory back to the system and fault it in
+        again on the next batch, which cost more than building them."""
         delivered = 0
         bodies: dict[bool, list[bytes]] = {}  # timestamp -> each message's frame after the prefix
         pieces: dict[tuple[int, bool], list[bytes]] = {}  # (prefix length, timestamp) -> pieces
@@ -152,8 +163,11 @@ class Fanout:
                 seps = pieces[key] = frames.live_separators(key[0], rests)
             out.buf.append(prefix.join(seps))
             out.sent += len(run)
-            touched.add(out)
             delivered += len(run)
+            if last:
+                out.flush()
+            else:
+                touched.add(out)
         return delivered
 
     @staticmethod
