@@ -22,7 +22,7 @@ Two orders exist, kept as they have always been on the wire:
   server/splice.py): prefix, topic, fragment, bookmark, tail, `}` (`STORED`);
 - live fan-out of a committed batch: prefix, then the message's `suffix` = topic, bookmark,
   fragment (`LIVE_SUFFIX`; topic and fragment only on a topic that is not recorded), then
-  tail and `}` (`write_live`).
+  tail and `}` (`write_live`; a run of messages to one prefix as one buffer: `live_separators`).
 
 The body follows the header as published. A dead letter (a queue message that expired or ran
 out of deliveries) is published again with a stored fragment that says why
