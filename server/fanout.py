@@ -80,20 +80,24 @@ class Fanout:
         touched: set[Outbox] = set()
         delivered = 0
         n = len(msgs)
+        done = 0  # msgs[:done] are delivered
         i = 0
         while i < n:
             topic = msgs[i].topic
             j = i + 1
             while j < n and msgs[j].topic == topic:
                 j += 1
-            groups, index = route(topic)
-            if groups:
-                run = msgs if j - i == n else msgs[i:j]
-                if index is not None or j - i == 1:
-                    delivered += self._each(run, groups, index, want, touched)
-                else:
+            if j - i > 1:
+                groups, index = route(topic)
+                if groups and index is None:
+                    if done < i:  # what came before: a frame each, routed one by one
+                        delivered += self._each(msgs[done:i], want, touched)
+                    run = msgs if j - i == n else msgs[i:j]
                     delivered += self._write_run(run, topic, groups, want, touched, j == n)
+                    done = j
             i = j
+        if done < n:
+            delivered += self._each(msgs[done:] if done else msgs, want, touched)
         self.delivered += delivered
         for out in touched:
             out.flush()
@@ -140,7 +144,7 @@ class Fanout:
                         continue
                 chosen.append(sub)
             if not uniform:
-                delivered += self._each(run, ((out, subs),), None, want, touched)
+                delivered += self._each(run, want, touched, ((out, subs),))
                 continue
             if not chosen:
                 continue
@@ -170,17 +174,22 @@ class Fanout:
                 touched.add(out)
         return delivered
 
-    @staticmethod
     def _each(
-        msgs: list[Message], groups: tuple, index: Any, want: SubState, touched: set[Outbox]
+        self, msgs: list[Message], want: SubState, touched: set[Outbox], fixed: Any = None
     ) -> int:
-        """Deliver `msgs` (on one topic, routed to `groups`; with `index`, narrowed per body)
-        a frame per message and connection. Returns the deliveries."""
+        """Deliver `msgs` a frame per message and connection, each routed by its topic, or
+        all to the groups `fixed` (one topic's, with no filter index). Returns the deliveries."""
+        route = self.router.route
         write = frames.write_live
         delivered = 0
+        groups: Any = fixed
         for m in msgs:
-            if index is not None:  # many filtered subscriptions: only those that can match
-                groups = index.select(m.body)
+            if fixed is None:
+                groups, index = route(m.topic)
+                if not groups:
+                    continue
+                if index is not None:  # many filtered subscriptions: only those that can match
+                    groups = index.select(m.body)
             body = None
             unrecorded = m.position < 0
             for out, subs in groups:

@@ -91,8 +91,7 @@ def per_message(fanout: Fanout, msgs: list[Message]) -> None:
     """The reference: every message on its own, a frame per connection."""
     touched: set[Outbox] = set()
     for m in msgs:
-        groups, index = fanout.router.route(m.topic)
-        fanout._each([m], groups, index, SubState.LIVE, touched)
+        fanout._each([m], SubState.LIVE, touched)
     for out in touched:
         out.flush()
 
