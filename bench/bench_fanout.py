@@ -11,7 +11,7 @@ Subscribers by peer:
                     the store (not from it)
   redis-*           10 connections looping XREAD COUNT 1000 BLOCK 2000 STREAMS key last-id
 
-Per peer (median of repetitions, fresh server each):
+Per peer (median of repetitions, fresh server each; rep 1 of every peer, then rep 2, ...):
   deliveries/s      messages received by all subscribers / seconds from the first publish to
                     the last delivery
   pub msgs/s        publisher acks / seconds to the last ack
@@ -120,14 +120,19 @@ def main() -> None:
         f"fan-out: {args.count} msgs x {args.subs} subscribers, {args.reps} reps, peers: "
         f"{', '.join(v.label for v in variants)}"
     )
-    rows, problems = benchlib.run_all(
-        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
+    # repetition-major (rep 1 of every peer, then rep 2, ...): a rep takes well under a second,
+    # so a noisy spell on a shared machine would otherwise land on one peer's reps alone
+    got = benchlib.run_interleaved(
+        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
     )
+    rows = [(v.label, benchlib.medians(got[v.label][0], METRICS)) for v in variants]
+    problems = {label: ps for label, (_, ps) in got.items() if ps}
     notes = [
         (
             f"1 publisher ({args.count} messages of {args.size} B, persisted acks, window "
             f"{args.window}) and {args.subs} subscribers receiving all of them; all clients in "
-            f"one load-generator process; median of {args.reps} repetitions (fresh server each)"
+            f"one load-generator process; median of {args.reps} repetitions (fresh server each), "
+            "interleaved across peers"
         ),
         (
             "jetstream (push) delivers from the stream after storing; jetstream (core) delivers "

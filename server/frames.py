@@ -22,7 +22,7 @@ Two orders exist, kept as they have always been on the wire:
   server/splice.py): prefix, topic, fragment, bookmark, tail, `}` (`STORED`);
 - live fan-out of a committed batch: prefix, then the message's `suffix` = topic, bookmark,
   fragment (`LIVE_SUFFIX`; topic and fragment only on a topic that is not recorded), then
-  tail and `}` (`write_live`).
+  tail and `}` (`write_live`; a run of messages to one prefix as one buffer: `live_separators`).
 
 The body follows the header as published. A dead letter (a queue message that expired or ran
 out of deliveries) is published again with a stored fragment that says why
@@ -50,6 +50,7 @@ __all__ = [
     "dead_letter_fragment",
     "group_prefix",
     "lease_part",
+    "live_separators",
     "pack_len",
     "persisted_ack",
     "sub_prefix",
@@ -140,6 +141,23 @@ def write_live(buf: list[bytes], prefix: bytes, suffix: bytes, tail: bytes, body
         )
     else:
         buf += (pack_len(len(prefix) + len(suffix) + 1 + len(body)), prefix, suffix, b"}", body)
+
+
+def live_separators(prefix_len: int, rests: list[bytes]) -> list[bytes]:
+    """Pieces that `prefix.join` turns into the live deliveries of several messages to one
+    prefix, in one buffer: the same bytes as `write_live` of each in turn. rests: each message's
+    `suffix + tail + b"}" + body`; prefix_len: len(prefix).
+
+    The frames are `len(prefix + rest_i) | prefix | rest_i`: as
+    `prefix.join([len_0, rest_0 + len_1, ..., rest_n])` the pieces depend only on the prefix's
+    length, so every prefix of one length shares them and costs one join."""
+    seps = [pack_len(prefix_len + len(rests[0]))]
+    prev = rests[0]
+    for rest in rests[1:]:
+        seps.append(prev + pack_len(prefix_len + len(rest)))
+        prev = rest
+    seps.append(prev)
+    return seps
 
 
 def ack(
