@@ -59,12 +59,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable
-from typing import Self
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Self, TypeVar
 
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .chooser import DefaultServerChooser, ServerChooser
 from .client import DEFAULT_TIMEOUT, Client, _body_bytes, _opts_text
+from .client_publish import BodyLike
 from .delay import ExponentialDelayStrategy, ReconnectDelayStrategy
 from .errors import (
     ClientError,
@@ -78,13 +79,14 @@ from .errors import (
 )
 from .hapublisher import Publisher
 from .hasub import HASubscription
-from .message import LogonResult
+from .message import LogonResult, Message
 from .pubstore import MemoryPublishStore, PublishStore
 from .submanager import MemorySubscriptionManager, SubscriptionManager, SubscriptionSpec
 
 __all__ = ["HAClient"]
 
 log = logging.getLogger("tickertape.client.ha")
+_T = TypeVar("_T")
 
 
 def _is_range(bookmark: str) -> bool:
@@ -127,7 +129,7 @@ class HAClient:
         max_window: int = 100_000,
         on_error: Callable[[ClientError], None] | None = None,
         on_state: Callable[[str], None] | None = None,
-        **client_options,
+        **client_options: Any,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError("client name must be a non-empty string (it identifies the publisher)")
@@ -213,17 +215,26 @@ class HAClient:
             self._raise_if_done()
             if self._state == "new":
                 raise ClientError("not connected; call await client.connect_and_logon() first")
+            if timeout is None:
+                await self._wait_ready_or_done()
+                continue
             try:
-                if timeout is None:
+                async with asyncio.timeout(timeout):
                     await self._wait_ready_or_done()
-                else:
-                    async with asyncio.timeout(timeout):
-                        await self._wait_ready_or_done()
             except TimeoutError:
                 raise CommandTimeout("waiting for a connection", timeout, "connection") from None
 
+    async def _connected_client(self, timeout: float | None) -> Client:
+        """wait_connected(), then the Client of that connection."""
+        await self.wait_connected(timeout)
+        client = self._client
+        assert client is not None, "the connected state always has a client"
+        return client
+
     async def _wait_ready_or_done(self) -> None:
-        ready = asyncio.ensure_future(self._ready.wait())
+        event = self._ready
+        assert event is not None, "connect_and_logon() made it: the state is not new"
+        ready = asyncio.ensure_future(event.wait())
         done = self._supervisor
         try:
             await asyncio.wait([ready, done] if done is not None else [ready],
@@ -404,7 +415,7 @@ class HAClient:
             await self.connect_and_logon()
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     # ================================================================ publishing
@@ -438,7 +449,7 @@ class HAClient:
     async def publish(
         self,
         topic: str,
-        body,
+        body: BodyLike,
         *,
         expiration: float | None = None,
         correlation_id: str | None = None,
@@ -494,9 +505,9 @@ class HAClient:
         self._subs[sub_id] = hs
         try:
             while True:
-                await self.wait_connected(timeout)
+                client = await self._connected_client(timeout)
                 try:
-                    await self._place(hs, self._client, first=True, timeout=timeout)
+                    await self._place(hs, client, first=True, timeout=timeout)
                     break
                 except Disconnected:
                     continue  # placed again on the next connection
@@ -521,6 +532,7 @@ class HAClient:
         options = spec.options
         store = hs._store
         if store is not None:
+            assert bookmark is not None, "a store tracks bookmark subscriptions only"
             recent = bookmark == MOST_RECENT or not first
             bookmark = (
                 store.start(spec.sub_id, bookmark) if first else store.most_recent(spec.sub_id)
@@ -565,26 +577,30 @@ class HAClient:
             except Disconnected:
                 pass  # the server drops subscriptions with the connection
 
-    def discard(self, message) -> bool:
+    def discard(self, message: Message) -> bool:
         """Mark a bookmark subscription's message processed (any order)."""
         return self.bookmark_store.discard(message)
 
     # ================================================================ other commands
 
-    async def _on_connection(self, what, timeout: float | None):
-        """Run `what(client)` on a connection, retrying on the next one if it is lost."""
+    async def _on_connection(
+        self, what: Callable[[Client, float | None], Awaitable[_T]], timeout: float | None
+    ) -> _T:
+        """Run `what(client, seconds left)` on a connection, retrying on the next one if it is
+        lost."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - loop.time())
-            await self.wait_connected(left)
+            client = await self._connected_client(left)
             try:
-                return await what(self._client, left)
+                return await what(client, left)
             except Disconnected:
                 await asyncio.sleep(0)
 
-    async def sow_delete(self, topic: str, bookmarks=None, *, filter: str | None = None,
-                         options=None, timeout: float | None = DEFAULT_TIMEOUT) -> int:  # fmt: skip
+    async def sow_delete(self, topic: str, bookmarks: str | Iterable[object] | None = None, *,
+                         filter: str | None = None, options: str | Iterable[str] | None = None,
+                         timeout: float | None = DEFAULT_TIMEOUT) -> int:  # fmt: skip
         """Client.sow_delete (acknowledge queue messages) on the current connection, sent
         again on the next one if the connection is lost before the ack."""
         return await self._on_connection(

@@ -153,7 +153,7 @@ class HASubscription:
                 if store.window_size(self.sub_id) >= self.max_window:
                     if timeout is not None:
                         deadline = deadline or asyncio.get_running_loop().time() + timeout
-                    await self._wait_for_discards(deadline)
+                    await self._wait_for_discards(store, deadline)
                 self._count = 0
             sub = self._current
             if sub is None:
@@ -202,8 +202,7 @@ class HASubscription:
             self._count += 1
             return item
 
-    async def _wait_for_discards(self, deadline: float | None) -> None:
-        store = self._store
+    async def _wait_for_discards(self, store: BookmarkStore, deadline: float | None) -> None:
         if not self._full_warned:
             self._full_warned = True
             log.warning(
@@ -242,7 +241,7 @@ class HASubscription:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._end is None:
             try:
                 await self.unsubscribe()
