@@ -246,7 +246,9 @@ class HAClient:
         if self._state == "closed":
             raise Disconnected("closed by client")
         if self._state == "failed":
-            raise self._failure  # type: ignore[misc]
+            failure = self._failure
+            assert failure is not None, "_fail() records it before the failed state"
+            raise failure
 
     # ================================================================ connecting
 
@@ -266,7 +268,9 @@ class HAClient:
             self._set_state("new")
             raise
         self._supervisor = loop.create_task(self._supervise(), name=f"ha-{self.name}")
-        return self.logon_result  # type: ignore[return-value]
+        result = self.logon_result
+        assert result is not None, "_establish() returns once a logon went through"
+        return result
 
     def _new_client(self, password: str | None) -> Client:
         return Client(
@@ -300,7 +304,8 @@ class HAClient:
                 raise ReconnectGaveUp(exc.elapsed, exc.limit, last) from last
             past = deadline is not None and loop.time() + delay > deadline
             if past and attempts >= self._min_attempts():
-                raise last  # type: ignore[misc]
+                assert last is not None, "every attempt that did not return set it"
+                raise last
             if delay > 0:
                 await asyncio.sleep(delay)
             attempts += 1
@@ -381,14 +386,14 @@ class HAClient:
             except Disconnected:
                 return  # closed by the application meanwhile
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: ClientError) -> None:
         log.error("HAClient %s stops: %s", self.name, exc)
         self._failure = exc
         self._set_state("failed")
         for hs in self._subs.values():
             hs._fail(exc)
         self._publisher.fail(exc)
-        self._report(exc)  # type: ignore[arg-type]
+        self._report(exc)
 
     async def close(self) -> None:
         """Stop reconnecting, end every subscription, close the connection. Stores and the
