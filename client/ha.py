@@ -263,14 +263,12 @@ class HAClient:
         self._ready = asyncio.Event()
         self._set_state("connecting")
         try:
-            await self._establish(None if timeout is None else loop.time() + timeout)
+            logon = await self._establish(None if timeout is None else loop.time() + timeout)
         except BaseException:
             self._set_state("new")
             raise
         self._supervisor = loop.create_task(self._supervise(), name=f"ha-{self.name}")
-        result = self.logon_result
-        assert result is not None, "_establish() returns once a logon went through"
-        return result
+        return logon
 
     def _new_client(self, password: str | None) -> Client:
         return Client(
@@ -286,8 +284,9 @@ class HAClient:
         uris = getattr(self.chooser, "uris", None)
         return max(1, len(uris)) if isinstance(uris, list) else 1
 
-    async def _establish(self, deadline: float | None) -> None:
-        """Steps 1-9 of the connect sequence, until one connection gets through them."""
+    async def _establish(self, deadline: float | None) -> LogonResult:
+        """Steps 1-9 of the connect sequence, until one connection gets through them; returns
+        its logon result."""
         loop = asyncio.get_running_loop()
         last: BaseException | None = None
         attempts = 0
@@ -331,7 +330,7 @@ class HAClient:
                 self._client = None
                 self._publisher.offline()
                 continue
-            return
+            return logon
 
     async def _resync(self, client: Client, uri: str, logon: LogonResult) -> None:
         """Steps 5-9 on a logged-on connection."""
