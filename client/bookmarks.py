@@ -55,8 +55,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from typing import Self
 
 from .errors import StoreClosed
+from .message import Message
 
 __all__ = [
     "EPOCH",
@@ -262,14 +264,14 @@ class BookmarkStore(ABC):
         """
 
     @abstractmethod
-    def log(self, message) -> bool:
+    def log(self, message: Message) -> bool:
         """A message of a bookmark subscription arrived; False: drop it (see module doc)."""
 
     @abstractmethod
     def discard_bookmark(self, sub_id: str, bookmark: str) -> bool:
         """The application is done with this message; False if it was not pending."""
 
-    def discard(self, message) -> bool:
+    def discard(self, message: Message) -> bool:
         """The application is done with `message` (call it once processed, in any order)."""
         if message.bookmark is None or message.sub_id is None:
             return False
@@ -297,10 +299,10 @@ class BookmarkStore(ABC):
     def close(self) -> None:
         """Flush and release the store; later calls raise StoreClosed. Idempotent."""
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -334,10 +336,13 @@ class MemoryBookmarkStore(BookmarkStore):
         state = self._subs[sub_id] = _SubState(base, self.max_publishers)
         return state
 
-    def log(self, message) -> bool:
-        state = self._subs.get(message.sub_id)
+    def log(self, message: Message) -> bool:
+        sub_id = message.sub_id
         bm = message.bookmark
-        if state is None or bm is None:
+        if sub_id is None or bm is None:
+            return True
+        state = self._subs.get(sub_id)
+        if state is None:
             return True
         parts = bm.split("|")
         try:

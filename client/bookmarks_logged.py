@@ -43,6 +43,7 @@ import zlib
 
 from .bookmarks import EPOCH, MOST_RECENT, MemoryBookmarkStore, _canonical, _SubState
 from .errors import CorruptStore, StoreClosed
+from .message import Message
 from .storefile import RecoveryReport, open_locked
 
 __all__ = ["LoggedBookmarkStore"]
@@ -65,6 +66,8 @@ def _record(payload: bytes) -> bytes:
 
 class LoggedBookmarkStore(MemoryBookmarkStore):
     """A file-backed bookmark store with exact out-of-order recovery (module docstring)."""
+
+    path: str  # a file store always has one
 
     def __init__(
         self,
@@ -227,10 +230,13 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
             self._write_now(_record(_SID.pack(BASE, sid) + base.encode()))
         return result
 
-    def log(self, message) -> bool:
-        state = self._subs.get(message.sub_id)
+    def log(self, message: Message) -> bool:
+        sub_id = message.sub_id
         bm = message.bookmark
-        if state is None or bm is None:
+        if sub_id is None or bm is None:
+            return True
+        state = self._subs.get(sub_id)
+        if state is None:
             return True
         parts = bm.split("|")
         try:
@@ -244,7 +250,7 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
             if self._closed:
                 raise StoreClosed(self.path)
             buf = self._buf
-            buf += _record(_KEYED.pack(RECV, self._sid(message.sub_id), pub, seq))
+            buf += _record(_KEYED.pack(RECV, self._sid(sub_id), pub, seq))
             if len(buf) >= _BUFFER:
                 self._write_now()
         return True

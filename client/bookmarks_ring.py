@@ -40,6 +40,7 @@ import zlib
 
 from .bookmarks import EPOCH, MOST_RECENT, NOW, BookmarkStore
 from .errors import CorruptStore, StoreClosed, StoreFull
+from .message import Message
 from .storefile import RecoveryReport, open_locked
 
 __all__ = ["RingBookmarkStore"]
@@ -75,6 +76,8 @@ class _Ring:
 class RingBookmarkStore(BookmarkStore):
     """Slot-per-subscription resume points (module docstring). `max_subscriptions` bounds the
     file (default 10,000 slots)."""
+
+    path: str  # a file store always has one
 
     def __init__(self, path: str | os.PathLike, *, max_subscriptions: int = 10_000,
                  max_publishers: int = 100_000):  # fmt: skip
@@ -206,10 +209,13 @@ class RingBookmarkStore(BookmarkStore):
         self._write_point(ring, bookmark)
         return bookmark
 
-    def log(self, message) -> bool:
-        ring = self._subs.get(message.sub_id)
+    def log(self, message: Message) -> bool:
+        sub_id = message.sub_id
         bm = message.bookmark
-        if ring is None or bm is None:
+        if sub_id is None or bm is None:
+            return True
+        ring = self._subs.get(sub_id)
+        if ring is None:
             return True
         parts = bm.split("|")
         try:

@@ -178,7 +178,8 @@ class Client(ClientSubscriptions, ClientPublishing):
             if c == "p":
                 sids = header.sids
                 if sids is None or "," not in sids:
-                    sub = subs.get(header.sub_id or sids)
+                    key = header.sub_id or sids
+                    sub = subs.get(key) if key is not None else None
                     if sub is not None:
                         msg = Message(header.t, body, header.bm, header.sub_id, sids, header.ts,
                                       header.x, header.lp, header)  # fmt: skip

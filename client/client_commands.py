@@ -108,24 +108,25 @@ class ClientCommands(ClientConnection):
         if self._transport is None:
             raise self._not_ready(header.c or "command")
         changes: dict[str, str] = {}
-        if header.cid is None:
-            changes["cid"] = self._new_id()
+        cid = header.cid
+        if cid is None:
+            cid = changes["cid"] = self._new_id()
         acks = header.a.split(",") if header.a else []
         if ack not in acks:
             changes["a"] = ",".join([*acks, ack])
         if changes:
             header = _replace(header, **changes)
-        cid = header.cid
         fut = self._loop.create_future()
         waiter = self._waiters[cid] = _Waiter(fut, ack, header.c or "command")
         self._write(encode_frame(header, body))
         try:
             if timeout is None:
                 return await fut
-            async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
-            raise CommandTimeout(f"{header.c} (cid {cid})", timeout, f"{ack} ack") from None
+            try:
+                async with asyncio.timeout(timeout):
+                    return await fut
+            except TimeoutError:
+                raise CommandTimeout(f"{header.c} (cid {cid})", timeout, f"{ack} ack") from None
         finally:
             if self._waiters.get(cid) is waiter:
                 del self._waiters[cid]

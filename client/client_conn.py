@@ -76,6 +76,8 @@ class ClientConnection:
     """
 
     server: str | None
+    _loop: asyncio.AbstractEventLoop
+    """The running loop, set by connect(): every method that uses it runs after connect()."""
 
     def _init_connection(
         self, server: str | None, max_message_size: int, tls: ssl.SSLContext | None = None
@@ -84,7 +86,6 @@ class ClientConnection:
         self.tls = tls  # for tcps:// addresses; None: client/tls.py's default context
         self._decoder = FrameDecoder(max_message_size)
         self._transport: asyncio.Transport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._state = "new"  # new | connected | logged_on | closed
         self._closed_exc: Disconnected | None = None
         self._closing_reason: tuple[str, str] | None = None  # set when we close or abort
@@ -171,6 +172,7 @@ class ClientConnection:
         self._flush_out()
         transport.close()
         lost = self._lost
+        assert lost is not None, "connect() makes it before there is a transport"
         try:
             await asyncio.wait_for(asyncio.shield(lost), timeout)
         except TimeoutError:
@@ -304,10 +306,11 @@ class ClientConnection:
 
     def _data_received(self, data: bytes) -> None:
         self._last_rx = self._loop.time()
+        # the client's decoder has neither refuse_fields nor group: every body is bytes
         try:
-            frames = self._decoder.feed(data)
+            frames = cast(list[tuple[Header, bytes]], self._decoder.feed(data))
         except FrameError as exc:
-            self._dispatch(exc.frames)
+            self._dispatch(cast(list[tuple[Header, bytes]], exc.frames))
             self._abort("bad frame", f"from the server: {exc}")
             return
         self._dispatch(frames)

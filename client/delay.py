@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from .errors import ReconnectGaveUp
 
@@ -32,7 +33,9 @@ __all__ = ["ExponentialDelayStrategy", "FixedDelayStrategy", "ReconnectDelayStra
 class ReconnectDelayStrategy(ABC):
     """See the module docstring. Subclasses implement `_delay(attempt)` for attempt >= 1."""
 
-    def __init__(self, give_up_after: float | None = None, *, clock=time.monotonic):
+    def __init__(
+        self, give_up_after: float | None = None, *, clock: Callable[[], float] = time.monotonic
+    ):
         if give_up_after is not None and give_up_after < 0:
             raise ValueError(f"give_up_after must be >= 0 seconds, got {give_up_after!r}")
         self.give_up_after = give_up_after
@@ -65,8 +68,14 @@ class ReconnectDelayStrategy(ABC):
 
 
 class FixedDelayStrategy(ReconnectDelayStrategy):
-    def __init__(self, delay: float = 0.2, give_up_after: float | None = None, **kw):
-        super().__init__(give_up_after, **kw)
+    def __init__(
+        self,
+        delay: float = 0.2,
+        give_up_after: float | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__(give_up_after, clock=clock)
         if delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
         self.delay = delay
@@ -83,9 +92,10 @@ class ExponentialDelayStrategy(ReconnectDelayStrategy):
         maximum: float = 0.25,
         give_up_after: float | None = None,
         jitter: float = 0.0,
-        **kw,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        super().__init__(give_up_after, **kw)
+        super().__init__(give_up_after, clock=clock)
         if not (initial >= 0 and multiplier >= 1 and maximum >= initial and jitter >= 0):
             raise ValueError(
                 "need initial >= 0, multiplier >= 1, maximum >= initial and jitter >= 0; got "

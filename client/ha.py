@@ -59,12 +59,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable
-from typing import Self
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Self, TypeVar
 
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .chooser import DefaultServerChooser, ServerChooser
 from .client import DEFAULT_TIMEOUT, Client, _body_bytes, _opts_text
+from .client_publish import BodyLike
 from .delay import ExponentialDelayStrategy, ReconnectDelayStrategy
 from .errors import (
     ClientError,
@@ -78,13 +79,14 @@ from .errors import (
 )
 from .hapublisher import Publisher
 from .hasub import HASubscription
-from .message import LogonResult
+from .message import LogonResult, Message
 from .pubstore import MemoryPublishStore, PublishStore
 from .submanager import MemorySubscriptionManager, SubscriptionManager, SubscriptionSpec
 
 __all__ = ["HAClient"]
 
 log = logging.getLogger("tickertape.client.ha")
+_T = TypeVar("_T")
 
 
 def _is_range(bookmark: str) -> bool:
@@ -127,7 +129,7 @@ class HAClient:
         max_window: int = 100_000,
         on_error: Callable[[ClientError], None] | None = None,
         on_state: Callable[[str], None] | None = None,
-        **client_options,
+        **client_options: Any,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError("client name must be a non-empty string (it identifies the publisher)")
@@ -213,17 +215,26 @@ class HAClient:
             self._raise_if_done()
             if self._state == "new":
                 raise ClientError("not connected; call await client.connect_and_logon() first")
+            if timeout is None:
+                await self._wait_ready_or_done()
+                continue
             try:
-                if timeout is None:
+                async with asyncio.timeout(timeout):
                     await self._wait_ready_or_done()
-                else:
-                    async with asyncio.timeout(timeout):
-                        await self._wait_ready_or_done()
             except TimeoutError:
                 raise CommandTimeout("waiting for a connection", timeout, "connection") from None
 
+    async def _connected_client(self, timeout: float | None) -> Client:
+        """wait_connected(), then the Client of that connection."""
+        await self.wait_connected(timeout)
+        client = self._client
+        assert client is not None, "the connected state always has a client"
+        return client
+
     async def _wait_ready_or_done(self) -> None:
-        ready = asyncio.ensure_future(self._ready.wait())
+        event = self._ready
+        assert event is not None, "connect_and_logon() made it: the state is not new"
+        ready = asyncio.ensure_future(event.wait())
         done = self._supervisor
         try:
             await asyncio.wait([ready, done] if done is not None else [ready],
@@ -235,7 +246,9 @@ class HAClient:
         if self._state == "closed":
             raise Disconnected("closed by client")
         if self._state == "failed":
-            raise self._failure  # type: ignore[misc]
+            failure = self._failure
+            assert failure is not None, "_fail() records it before the failed state"
+            raise failure
 
     # ================================================================ connecting
 
@@ -250,12 +263,12 @@ class HAClient:
         self._ready = asyncio.Event()
         self._set_state("connecting")
         try:
-            await self._establish(None if timeout is None else loop.time() + timeout)
+            logon = await self._establish(None if timeout is None else loop.time() + timeout)
         except BaseException:
             self._set_state("new")
             raise
         self._supervisor = loop.create_task(self._supervise(), name=f"ha-{self.name}")
-        return self.logon_result  # type: ignore[return-value]
+        return logon
 
     def _new_client(self, password: str | None) -> Client:
         return Client(
@@ -271,8 +284,9 @@ class HAClient:
         uris = getattr(self.chooser, "uris", None)
         return max(1, len(uris)) if isinstance(uris, list) else 1
 
-    async def _establish(self, deadline: float | None) -> None:
-        """Steps 1-9 of the connect sequence, until one connection gets through them."""
+    async def _establish(self, deadline: float | None) -> LogonResult:
+        """Steps 1-9 of the connect sequence, until one connection gets through them; returns
+        its logon result."""
         loop = asyncio.get_running_loop()
         last: BaseException | None = None
         attempts = 0
@@ -289,7 +303,8 @@ class HAClient:
                 raise ReconnectGaveUp(exc.elapsed, exc.limit, last) from last
             past = deadline is not None and loop.time() + delay > deadline
             if past and attempts >= self._min_attempts():
-                raise last  # type: ignore[misc]
+                assert last is not None, "every attempt that did not return set it"
+                raise last
             if delay > 0:
                 await asyncio.sleep(delay)
             attempts += 1
@@ -315,7 +330,7 @@ class HAClient:
                 self._client = None
                 self._publisher.offline()
                 continue
-            return
+            return logon
 
     async def _resync(self, client: Client, uri: str, logon: LogonResult) -> None:
         """Steps 5-9 on a logged-on connection."""
@@ -370,14 +385,14 @@ class HAClient:
             except Disconnected:
                 return  # closed by the application meanwhile
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: ClientError) -> None:
         log.error("HAClient %s stops: %s", self.name, exc)
         self._failure = exc
         self._set_state("failed")
         for hs in self._subs.values():
             hs._fail(exc)
         self._publisher.fail(exc)
-        self._report(exc)  # type: ignore[arg-type]
+        self._report(exc)
 
     async def close(self) -> None:
         """Stop reconnecting, end every subscription, close the connection. Stores and the
@@ -404,7 +419,7 @@ class HAClient:
             await self.connect_and_logon()
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     # ================================================================ publishing
@@ -438,7 +453,7 @@ class HAClient:
     async def publish(
         self,
         topic: str,
-        body,
+        body: BodyLike,
         *,
         expiration: float | None = None,
         correlation_id: str | None = None,
@@ -494,9 +509,9 @@ class HAClient:
         self._subs[sub_id] = hs
         try:
             while True:
-                await self.wait_connected(timeout)
+                client = await self._connected_client(timeout)
                 try:
-                    await self._place(hs, self._client, first=True, timeout=timeout)
+                    await self._place(hs, client, first=True, timeout=timeout)
                     break
                 except Disconnected:
                     continue  # placed again on the next connection
@@ -521,6 +536,7 @@ class HAClient:
         options = spec.options
         store = hs._store
         if store is not None:
+            assert bookmark is not None, "a store tracks bookmark subscriptions only"
             recent = bookmark == MOST_RECENT or not first
             bookmark = (
                 store.start(spec.sub_id, bookmark) if first else store.most_recent(spec.sub_id)
@@ -565,26 +581,30 @@ class HAClient:
             except Disconnected:
                 pass  # the server drops subscriptions with the connection
 
-    def discard(self, message) -> bool:
+    def discard(self, message: Message) -> bool:
         """Mark a bookmark subscription's message processed (any order)."""
         return self.bookmark_store.discard(message)
 
     # ================================================================ other commands
 
-    async def _on_connection(self, what, timeout: float | None):
-        """Run `what(client)` on a connection, retrying on the next one if it is lost."""
+    async def _on_connection(
+        self, what: Callable[[Client, float | None], Awaitable[_T]], timeout: float | None
+    ) -> _T:
+        """Run `what(client, seconds left)` on a connection, retrying on the next one if it is
+        lost."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - loop.time())
-            await self.wait_connected(left)
+            client = await self._connected_client(left)
             try:
-                return await what(self._client, left)
+                return await what(client, left)
             except Disconnected:
                 await asyncio.sleep(0)
 
-    async def sow_delete(self, topic: str, bookmarks=None, *, filter: str | None = None,
-                         options=None, timeout: float | None = DEFAULT_TIMEOUT) -> int:  # fmt: skip
+    async def sow_delete(self, topic: str, bookmarks: str | Iterable[object] | None = None, *,
+                         filter: str | None = None, options: str | Iterable[str] | None = None,
+                         timeout: float | None = DEFAULT_TIMEOUT) -> int:  # fmt: skip
         """Client.sow_delete (acknowledge queue messages) on the current connection, sent
         again on the next one if the connection is lost before the ack."""
         return await self._on_connection(

@@ -50,8 +50,10 @@ class Publisher:
 
     def __init__(self, store: PublishStore, check: Callable[[], None]):
         self.store = store
-        self.client: Client | None = None
-        self.live = False
+        self.client: Client | None = None  # the current connection (None: offline)
+        # the same connection once it is live (module docstring), else None: one attribute
+        # says both that publish() may send at once and where
+        self.live: Client | None = None
         self.sent_seq = 0  # highest sequence written on the current connection
         self._check = check
         self._pump_task: asyncio.Task | None = None
@@ -65,7 +67,7 @@ class Publisher:
     async def resync(self, client: Client, server_seq: int) -> int:
         """Steps 6-7 on a logged-on `client`; returns how many messages were sent again."""
         self.client = client
-        self.live = False
+        self.live = None
         store = self.store
         store.resync(server_seq)
         self._settle()
@@ -73,12 +75,12 @@ class Publisher:
         self.sent_seq = max(server_seq, store.acked_seq)
         before = self.sent_seq
         await self._pump(client)  # returns with nothing left to send
-        self.live = True
+        self.live = client
         return self.sent_seq - before
 
     def offline(self) -> None:
         """The connection was lost: publishes are only stored until the next resync."""
-        self.live = False
+        self.live = None
         self.client = None
 
     def fail(self, exc: BaseException) -> None:
@@ -104,14 +106,14 @@ class Publisher:
         for _, fut in waiters:
             if not fut.done():
                 fut.set_exception(exc)
-        if self.live and self._resend is None:
+        if self.live is not None and self._resend is None:
             loop = asyncio.get_running_loop()
-            self._resend = loop.call_later(RESEND_DELAY, self._resend_unpersisted, self.client)
+            self._resend = loop.call_later(RESEND_DELAY, self._resend_unpersisted, self.live)
 
-    def _resend_unpersisted(self, client: Client | None) -> None:
+    def _resend_unpersisted(self, client: Client) -> None:
         """Send again from the first unpersisted message (see the module doc)."""
         self._resend = None
-        if client is None or client is not self.client or not self.live:
+        if client is not self.live:
             return  # a new connection resends everything anyway (resync)
         self.sent_seq = min(self.sent_seq, self.store.acked_seq)
         self._kick(client)
@@ -131,23 +133,28 @@ class Publisher:
 
     # ------------------------------------------------------------------ publishing
 
-    async def publish(self, topic: str, body: bytes, expiration, correlation_id) -> int:
-        if not self.live:
+    async def publish(
+        self, topic: str, body: bytes, expiration: float | None, correlation_id: str | None
+    ) -> int:
+        client = self.live
+        if client is None:
             return await self._publish_slow(topic, body, expiration, correlation_id)
         try:
             seq = self.store.store(topic, body, expiration, correlation_id)
         except StoreFull:
             return await self._publish_slow(topic, body, expiration, correlation_id)
         # the fast path: nothing queued before it and the connection takes it now
-        if self.sent_seq == seq - 1 and self.client.try_publish(
+        if self.sent_seq == seq - 1 and client.try_publish(
             topic, body, seq, expiration, correlation_id
         ):
             self.sent_seq = seq
             return seq
-        await asyncio.shield(self._kick(self.client))
+        await asyncio.shield(self._kick(client))
         return seq
 
-    async def _publish_slow(self, topic, body, expiration, correlation_id) -> int:
+    async def _publish_slow(
+        self, topic: str, body: bytes, expiration: float | None, correlation_id: str | None
+    ) -> int:
         """publish() while not live, or with a full store."""
         self._check()
         store = self.store
@@ -157,8 +164,8 @@ class Publisher:
                 if store.unpersisted_count() == 0:
                     raise StoreFull(store.path, size, "the store's max_bytes")
                 self._room.clear()
-                if self.live:
-                    self._kick(self.client)
+                if self.live is not None:
+                    self._kick(self.live)
                 await self._room.wait()
                 self._check()
             try:
@@ -167,8 +174,8 @@ class Publisher:
             except StoreFull:
                 if store.unpersisted_count() == 0:
                     raise  # it can never fit
-        if self.live:
-            await asyncio.shield(self._kick(self.client))
+        if self.live is not None:
+            await asyncio.shield(self._kick(self.live))
         return seq
 
     def _kick(self, client: Client) -> asyncio.Task:
@@ -208,20 +215,21 @@ class Publisher:
         if store.acked_seq >= target:
             return
         self._check()
-        if self.live:
-            self._kick(self.client)
+        if self.live is not None:
+            self._kick(self.live)
         fut = asyncio.get_running_loop().create_future()
         self._flush_waiters.append((target, fut))
         try:
             if timeout is None:
                 await fut
-            else:
+                return
+            try:
                 async with asyncio.timeout(timeout):
                     await fut
-        except TimeoutError:
-            raise CommandTimeout(
-                f"publish_flush ({store.unpersisted_count()} unpersisted)", timeout,
-                "persisted ack",
-            ) from None  # fmt: skip
+            except TimeoutError:
+                raise CommandTimeout(
+                    f"publish_flush ({store.unpersisted_count()} unpersisted)", timeout,
+                    "persisted ack",
+                ) from None  # fmt: skip
         finally:
             self._flush_waiters = [(t, f) for t, f in self._flush_waiters if f is not fut]

@@ -27,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 from .errors import ClientError, Disconnected
 from .message import Message, PersistedBookmark
+from .subscription import _STOP, _End, _Ending
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bookmarks import BookmarkStore
@@ -41,7 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["HASubscription"]
 
 log = logging.getLogger("tickertape.client.ha")
-_STOP = object()
 _FULL_POLL = 0.02
 _CHECK_EVERY = 64  # messages between two looks at the store's window size
 _MAX_PLACEMENTS = 4  # queued placements (one per reconnect) the application has not reached
@@ -67,7 +67,7 @@ class HASubscription:
         self._store = store
         self._current: Subscription | None = None
         self._queue: deque[Subscription] = deque()
-        self._end: object = None  # None while active; _STOP; or an exception
+        self._end: _Ending = None
         self._waiter: asyncio.Future | None = None
         self._full_warned = False
         self._count = 0
@@ -121,7 +121,7 @@ class HASubscription:
                             "connection", self.sub_id, dropped.buffered)  # fmt: skip
         self._wake()
 
-    def _finish(self, end: object) -> None:
+    def _finish(self, end: BaseException | Literal[_End.STOP]) -> None:
         if self._end is None:
             self._end = end
         if end is _STOP:
@@ -153,7 +153,7 @@ class HASubscription:
                 if store.window_size(self.sub_id) >= self.max_window:
                     if timeout is not None:
                         deadline = deadline or asyncio.get_running_loop().time() + timeout
-                    await self._wait_for_discards(deadline)
+                    await self._wait_for_discards(store, deadline)
                 self._count = 0
             sub = self._current
             if sub is None:
@@ -164,7 +164,7 @@ class HASubscription:
                 if end is not None:
                     if end is _STOP:
                         return None
-                    raise end  # type: ignore[misc]
+                    raise end
                 w = self._waiter
                 if w is None or w.done():
                     w = self._waiter = asyncio.get_running_loop().create_future()
@@ -202,8 +202,7 @@ class HASubscription:
             self._count += 1
             return item
 
-    async def _wait_for_discards(self, deadline: float | None) -> None:
-        store = self._store
+    async def _wait_for_discards(self, store: BookmarkStore, deadline: float | None) -> None:
         if not self._full_warned:
             self._full_warned = True
             log.warning(
@@ -242,7 +241,7 @@ class HASubscription:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._end is None:
             try:
                 await self.unsubscribe()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -34,7 +34,7 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     lease_period: str | None
     header: Header
 
-    def json(self):
+    def json(self) -> Any:
         """The body decoded as JSON (raises msgspec.DecodeError if it is not JSON)."""
         return msgspec.json.decode(self.body)
 

@@ -169,12 +169,13 @@ class PublishTracker:
         try:
             if timeout is None:
                 await fut
-            else:
+                return
+            try:
                 await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            raise CommandTimeout(
-                f"publish_flush ({len(self._inflight)} unpersisted)", timeout, "persisted ack"
-            ) from None
+            except TimeoutError:
+                raise CommandTimeout(
+                    f"publish_flush ({len(self._inflight)} unpersisted)", timeout, "persisted ack"
+                ) from None
         finally:
             if not fut.done():
                 fut.cancel()

@@ -24,6 +24,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
+from typing import Self
 
 import msgspec
 
@@ -120,10 +121,10 @@ class PublishStore(ABC):
     def sync(self) -> None:
         """Make what is stored durable against power loss (files); memory: nothing."""
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -162,7 +163,13 @@ class MemoryPublishStore(PublishStore):
     def fits(self, size: int) -> bool:
         return len(self._entries) < self.max_messages and self._bytes + size <= self.max_bytes
 
-    def store(self, topic, body, expiration=None, correlation_id=None) -> int:
+    def store(
+        self,
+        topic: str,
+        body: bytes,
+        expiration: float | None = None,
+        correlation_id: str | None = None,
+    ) -> int:
         if self._closed:
             raise StoreClosed(None)
         size = record_size(topic, body, correlation_id)

@@ -75,6 +75,8 @@ _crc = zlib.crc32
 _FIXED_PACK = _REC_FIXED.pack
 _join = b"".join
 _NAN = float("nan")
+_Record = tuple[int, str, bytes, float | None, str | None]
+"""One stored publish: (seq, topic, body, expiration, correlation_id)."""
 INITIAL_CAPACITY = 1024 * 1024
 
 
@@ -89,6 +91,8 @@ class FilePublishStore(PublishStore):
     (default 1,000,000). Opening a damaged file never raises for damage after the header: read
     `recovery` for what was dropped.
     """
+
+    path: str  # a file store always has one
 
     def __init__(
         self,
@@ -160,7 +164,7 @@ class FilePublishStore(PublishStore):
         self._last = last
         return report
 
-    def _read_header(self, mm, report: RecoveryReport) -> tuple[int, int]:
+    def _read_header(self, mm: mmap.mmap, report: RecoveryReport) -> tuple[int, int]:
         magic, version, hsize = _FILE_HEAD.unpack_from(mm, 0)
         if magic != MAGIC:
             raise CorruptStore(self.path, 0, f"magic {magic!r} is not {MAGIC!r}")
@@ -183,9 +187,11 @@ class FilePublishStore(PublishStore):
             return 0, 0
         return best[1], best[0]
 
-    def _scan(self, mm, size: int, acked: int, report: RecoveryReport) -> dict:
-        """Every valid unpersisted record: seq -> (topic, body, expiration, correlation_id)."""
-        found: dict[int, tuple] = {}
+    def _scan(
+        self, mm: mmap.mmap, size: int, acked: int, report: RecoveryReport
+    ) -> dict[int, _Record]:
+        """Every valid unpersisted record: seq -> (seq, topic, body, expiration, correlation_id)."""
+        found: dict[int, _Record] = {}
         off = DATA
         find = mm.find
         while True:
@@ -223,7 +229,7 @@ class FilePublishStore(PublishStore):
                               None if math.isnan(exp) else exp, corr)  # fmt: skip
             off = _align(end)
 
-    def _create(self, fd: int, records: list[tuple], acked: int, gen: int) -> None:
+    def _create(self, fd: int, records: list[_Record], acked: int, gen: int) -> None:
         """Write a fresh file on `fd`: header, ack slot, `records` packed from DATA."""
         need = DATA + sum(_align(REC_HEADER + len(r[1].encode()) + len(r[2]) +
                                  len((r[4] or "").encode())) for r in records)  # fmt: skip
@@ -320,7 +326,9 @@ class FilePublishStore(PublishStore):
         self._tail = dst
         return dst
 
-    def _append(self, seq: int, topic: str, body: bytes, exp, corr) -> None:
+    def _append(
+        self, seq: int, topic: str, body: bytes, exp: float | None, corr: str | None
+    ) -> None:
         """Write one record at the ring's tail (the hot path of store())."""
         tb = self._topics.get(topic)
         if tb is None:
@@ -338,9 +346,10 @@ class FilePublishStore(PublishStore):
         if live and tail > live[0][1] and tail + size <= self._cap:
             off = tail  # the common case: room after the tail, not wrapped
         else:
-            off = self._place(size)
-            if off is None:
+            placed = self._place(size)
+            if placed is None:
                 raise StoreFull(self.path, size, f"{self.max_bytes} bytes")
+            off = placed
         rec = _join((REC_MAGIC, _crc(fixed).to_bytes(4, "little"), fixed, tb, xb, body))
         self._mm[off : off + len(rec)] = rec
         live.append((seq, off, size))
@@ -366,7 +375,13 @@ class FilePublishStore(PublishStore):
         # `size` is record_size() (64 bytes of overhead): at least this store's aligned record
         return self._place(_align(size), commit=False) is not None
 
-    def store(self, topic, body, expiration=None, correlation_id=None) -> int:
+    def store(
+        self,
+        topic: str,
+        body: bytes,
+        expiration: float | None = None,
+        correlation_id: str | None = None,
+    ) -> int:
         if self._closed:
             raise StoreClosed(self.path)
         if len(self._live) >= self.max_messages:

@@ -59,7 +59,7 @@ class SubscriptionManager(ABC):
 
 
 class MemorySubscriptionManager(SubscriptionManager):
-    def __init__(self):
+    def __init__(self) -> None:
         self._specs: dict[str, SubscriptionSpec] = {}
 
     def add(self, spec: SubscriptionSpec) -> None:

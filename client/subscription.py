@@ -21,9 +21,10 @@ frames already decoded are never dropped.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Final, Literal, Self
 
 from .errors import Disconnected
 
@@ -33,7 +34,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Subscription"]
 
-_STOP = object()  # end marker: iteration stops cleanly
+
+class _End(enum.Enum):
+    """The end marker of an iteration that stops cleanly: an enum member, so that the type
+    checker tells it from the exception a failed subscription ends with."""
+
+    STOP = "stop"
+
+
+_STOP: Final = _End.STOP
+_Ending = BaseException | Literal[_End.STOP] | None
+"""None while active, _STOP once ended, the exception once failed."""
 
 
 class Subscription:
@@ -88,7 +99,7 @@ class Subscription:
         self._bytes = 0
         self._full = False
         self._waiter: asyncio.Future | None = None
-        self._end: object = None  # None while active, _STOP when ended, an exception if failed
+        self._end: _Ending = None
         self._is_range = bookmark is not None and bookmark.lstrip()[:1] in ("[", "(")
         self._on_full = on_full
         self._on_drained = on_drained
@@ -138,7 +149,7 @@ class Subscription:
             return True
         return False
 
-    def _finish(self, end: object, *, drop: bool) -> None:
+    def _finish(self, end: BaseException | Literal[_End.STOP], *, drop: bool) -> None:
         """Move to ended (`end` is _STOP) or failed (`end` is an exception)."""
         if self._end is not None:
             return
@@ -187,7 +198,7 @@ class Subscription:
             if end is not None:
                 if end is _STOP:
                     return None
-                raise end  # type: ignore[misc]
+                raise end
             w = self._waiter
             if w is None or w.done():
                 w = self._waiter = asyncio.get_running_loop().create_future()
