@@ -57,6 +57,10 @@ STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 # flush(): a batch up to this size with no commit in flight is committed on the event loop
 # (Journal.commit_inline): a lone publisher's round trip then has no thread hand-off in it
 INLINE_COMMIT_BYTES = 4096
+# the scheduled flush holds the open batch while this many are submitted and not durable (one
+# committing, one queued behind it), up to HOLD_BYTES: see _flush_soon
+HOLD_BEHIND = 2
+HOLD_BYTES = 1 << 20
 
 __all__ = ["ABOVE_GAP", "DUPLICATE", "REPL_FROM", "STORED", "Batch", "Pipeline", "Publisher"]
 
@@ -145,6 +149,7 @@ class Pipeline(ReplicatedIntake):
         self.scheduled = False
         self.inflight_bytes = 0
         self.inflight_batches = 0
+        self.holding = False  # the open batch waits for a commit to complete (_flush_soon)
         self.inflight: collections.deque[Batch] = collections.deque()  # submitted, in commit order
         self.backlogged = False  # on_backlog(True) was called last
         self.gaps: dict[int, int] = {}  # pub -> the sequence it must send next (after a failure)
@@ -387,12 +392,27 @@ class Pipeline(ReplicatedIntake):
     def _schedule(self) -> None:
         if not self.scheduled:
             self.scheduled = True
-            self.loop.call_soon(self.flush)
+            self.loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        """The end-of-iteration flush. While one batch is committing and another waits behind
+        it, a third would only wait too, and each batch costs a hand-off to the writer, a
+        wake-up of the loop and a `persisted` ack per publisher: the open batch is held, and
+        the next commit to complete flushes it (`holding`). So a publisher read a few frames
+        at a time (one frame per send) makes one batch per commit, like one whose reads hold
+        hundreds. Held up to HOLD_BYTES, past which it goes as before (the journal's
+        back-pressure counts submitted bytes)."""
+        if self.inflight_batches >= HOLD_BEHIND and len(self.batch.data) < HOLD_BYTES:
+            self.scheduled = False  # the next publish schedules again: the size is re-checked
+            self.holding = True
+            return
+        self.flush()
 
     # -- commit --------------------------------------------------------------------------
 
     def flush(self) -> None:
         self.scheduled = False
+        self.holding = False
         batch = self.batch
         for fn in self.before_flush:
             fn(batch)
@@ -448,6 +468,9 @@ class Pipeline(ReplicatedIntake):
             self.inflight_bytes -= size
             self.inflight_batches -= 1
             self.inflight.popleft()
+            if self.holding:
+                self.holding = False
+                self._schedule()
         if self.backlogged and self.inflight_bytes < self.max_inflight // 2:
             self.backlogged = False
             self.on_backlog(False)

@@ -1,0 +1,127 @@
+"""The pipeline holds its open batch while the journal has one batch committing and another
+queued (Pipeline._flush_soon): reads of a few frames each make one batch per commit, not one
+batch (a writer hand-off, a loop wake-up, an ack) per read."""
+
+from __future__ import annotations
+
+import asyncio
+
+from server.fanout import Fanout
+from server.pipeline import HOLD_BYTES, Pipeline
+from server.router import Router
+from tests.server.test_pipeline_engine import Publisher
+
+
+class GatedJournal:
+    """A journal whose commits complete only when the test says so, in submit order."""
+
+    def __init__(self) -> None:
+        self.end_position = 0
+        self.submitted: list[tuple[bytes, object]] = []
+
+    def publishers(self) -> dict:
+        return {}
+
+    def commit_inline(self, data, entries, done, meta) -> bool:
+        return False  # everything goes through submit, like a busy journal
+
+    def submit(self, data, entries, done, meta) -> None:
+        self.submitted.append((data, done))
+
+    def fence(self) -> None:
+        pass
+
+    def complete(self, err: BaseException | None = None) -> None:
+        data, done = self.submitted.pop(0)
+        pos, self.end_position = self.end_position, self.end_position + len(data)
+        done(pos if err is None else None, err)
+
+
+def make(journal) -> Pipeline:
+    return Pipeline(journal, lambda t: True, asyncio.get_running_loop(), Fanout(Router()), print)
+
+
+async def _turn() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def _read(p: Pipeline, pub: Publisher, seq: int) -> None:
+    """One read of one publish frame, then the rest of the loop iteration."""
+    p.publish(pub, 5, seq, "orders", b'{"n":%d}' % seq)
+    p.read_done()
+    await _turn()
+
+
+async def test_reads_behind_two_batches_in_flight_make_one_batch_and_one_ack():
+    journal = GatedJournal()
+    p = make(journal)
+    pub = Publisher()
+    await _read(p, pub, 1)
+    await _read(p, pub, 2)
+    assert len(journal.submitted) == 2 and p.inflight_batches == 2
+    for seq in range(3, 11):  # eight reads while both wait: held, not submitted
+        await _read(p, pub, seq)
+    assert len(journal.submitted) == 2 and p.holding and len(p.batch.msgs) == 8
+    journal.complete()
+    await _turn()
+    # the first commit's completion hands the held batch on: one batch for the eight reads
+    assert pub.persisted_seqs == [1]
+    assert len(journal.submitted) == 2 and not p.holding and p.batch.empty()
+    assert journal.submitted[1][0].count(b'"n":') == 8
+    journal.complete()
+    journal.complete()
+    await _turn()
+    assert pub.persisted_seqs == [1, 2, 10]  # one ack for the eight
+    assert p.inflight_batches == 0 and p.durable[5] == 10
+
+
+async def test_one_batch_in_flight_does_not_hold():
+    journal = GatedJournal()
+    p = make(journal)
+    pub = Publisher()
+    await _read(p, pub, 1)
+    await _read(p, pub, 2)  # queued behind the first, as before
+    assert len(journal.submitted) == 2 and not p.holding
+
+
+async def test_a_held_batch_past_hold_bytes_goes_at_once():
+    journal = GatedJournal()
+    p = make(journal)
+    pub = Publisher()
+    await _read(p, pub, 1)
+    await _read(p, pub, 2)
+    await _read(p, pub, 3)
+    assert p.holding
+    p.publish(pub, 5, 4, "orders", b"x" * HOLD_BYTES)
+    await _turn()
+    assert len(journal.submitted) == 3 and not p.holding and p.batch.empty()
+
+
+async def test_a_direct_flush_submits_a_held_batch():
+    """Shutdown (server/app.py) calls flush() and waits for inflight_batches to drain."""
+    journal = GatedJournal()
+    p = make(journal)
+    pub = Publisher()
+    for seq in (1, 2, 3):
+        await _read(p, pub, seq)
+    assert p.holding
+    p.flush()
+    assert len(journal.submitted) == 3 and not p.holding
+
+
+async def test_a_failed_commit_fails_the_held_batch_too():
+    journal = GatedJournal()
+    p = make(journal)
+    pub = Publisher()
+    for seq in (1, 2, 3, 4):
+        await _read(p, pub, seq)
+    assert p.holding and len(p.batch.msgs) == 2
+    journal.complete(OSError(28, "No space left on device"))
+    await _turn()
+    # the open (held) batch was built before the failure was known: it fails with the rest
+    assert p.batch.empty() and len(pub.failures) >= 1 and pub.persisted_seqs == []
+    assert p.gaps[5] == 1
+    journal.complete(OSError(28, "No space left on device"))
+    await _turn()
+    assert p.inflight_batches == 0
