@@ -1,6 +1,7 @@
 """Persisted publish: one publisher, window-bounded, 100-byte JSON bodies, no subscribers.
 
     ./run bench bench_publish [--count 200000] [--reps 3] [--peers tickertape,jetstream,...]
+                              [--per-send 1] [--sender c|python]
 
 Per peer (each repetition on a freshly started server, median of the repetitions):
   msgs/s            acked messages / seconds from the first send to the last ack
@@ -10,6 +11,11 @@ Per peer (each repetition on a freshly started server, median of the repetitions
   disk B/msg        bytes allocated under the server's data dir after a clean stop, minus before
                     the run, / messages (journal / stream store / AOF)
   client CPU %      the load generator's own CPU over the wall time (near 100 %: client-bound)
+  client CPU µs/msg the same per acked message
+  frames/send       frames sent / send(2) calls (the C sender counts them; 1.0 at 1/send)
+Tickertape peers are published to by bench/pubsend.c (--sender c, the default; compiled with
+the machine's cc) so that writing one frame per send(2) measures the server, not a Python
+sender's per-syscall cost; --sender python uses bench/loadgen.py as the other peers do.
 After each run (outside the measures) the count the server stored is checked against the count
 sent: Redis XLEN, JetStream stream info, Tickertape a bookmark replay from EPOCH to `completed`.
 What "acked" means differs, and the table says so: Tickertape `persisted` = fdatasync'd;
