@@ -404,9 +404,11 @@ class Pipeline(ReplicatedIntake):
         loop hop between two large commits (holding everything cost a window-per-send
         publisher ~15 %), and the journal's back-pressure (which counts submitted bytes) is
         unchanged. Nothing is held with nothing in flight: a lone publish is committed at once
-        (read_done, commit_inline)."""
+        (read_done, commit_inline). A batch without data (flush markers, callbacks) is not
+        held: handed on with no data and nothing in flight it would complete at once, inside
+        the earlier commit's completion and before that commit's acks."""
         batch = self.batch
-        if self.inflight_batches and not batch.empty() and len(batch.data) < HOLD_BYTES:
+        if self.inflight_batches and 0 < len(batch.data) < HOLD_BYTES:
             self.scheduled = False  # the next publish schedules again: the size is re-checked
             self.holding = True
             return

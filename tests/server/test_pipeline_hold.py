@@ -118,3 +118,22 @@ async def test_a_failed_commit_fails_the_held_batch_too():
     # the open (held) batch was built before the failure was known: it fails with the rest
     assert p.batch.empty() and len(pub.failures) >= 1 and pub.persisted_seqs == []
     assert p.gaps[5] == 1 and p.inflight_batches == 0
+
+
+async def test_a_flush_marker_alone_is_not_held_and_keeps_its_order():
+    """A batch without data (a flush marker) is never held: handed on inside a commit's
+    completion it would complete before that commit's own acks."""
+    journal = GatedJournal()
+    p = make(journal)
+    pub = Publisher()
+    order: list = []
+    pub.persisted = lambda seq: order.append(("persisted", seq))  # type: ignore[method-assign]
+    pub.flush_done = lambda cid, acks: order.append(("flush", cid))  # type: ignore[method-assign]
+    await _read(p, pub, 1)
+    p.add_flush(pub, "f1", ["completed"])
+    await _turn()
+    assert not p.holding and len(journal.submitted) == 2  # queued behind the commit, as before
+    journal.complete()
+    journal.complete()
+    await _turn()
+    assert order == [("persisted", 1), ("flush", "f1")]
