@@ -1,6 +1,7 @@
 """Persisted publish: one publisher, window-bounded, 100-byte JSON bodies, no subscribers.
 
     ./run bench bench_publish [--count 200000] [--reps 3] [--peers tickertape,jetstream,...]
+                              [--per-send 1] [--sender c|python]
 
 Per peer (each repetition on a freshly started server, median of the repetitions):
   msgs/s            acked messages / seconds from the first send to the last ack
@@ -10,6 +11,11 @@ Per peer (each repetition on a freshly started server, median of the repetitions
   disk B/msg        bytes allocated under the server's data dir after a clean stop, minus before
                     the run, / messages (journal / stream store / AOF)
   client CPU %      the load generator's own CPU over the wall time (near 100 %: client-bound)
+  client CPU µs/msg the same per acked message
+  frames/send       frames sent / send(2) calls (the C sender counts them; 1.0 at 1/send)
+Tickertape peers are published to by bench/pubsend.c (--sender c, the default; compiled with
+the machine's cc) so that writing one frame per send(2) measures the server, not a Python
+sender's per-syscall cost; --sender python uses bench/loadgen.py as the other peers do.
 After each run (outside the measures) the count the server stored is checked against the count
 sent: Redis XLEN, JetStream stream info, Tickertape a bookmark replay from EPOCH to `completed`.
 What "acked" means differs, and the table says so: Tickertape `persisted` = fdatasync'd;
@@ -26,6 +32,7 @@ import time
 
 import benchlib
 import loadgen
+import pubsend
 from benchlib import Metric
 
 DEST = {"tickertape": "bench.pub", "nats": "bench.pub", "redis": "bench:pub"}
@@ -37,6 +44,8 @@ METRICS = [
     Metric("peak_rss_mib", "peak RSS MiB", "{:.1f}", "lower"),
     Metric("disk_b", "disk B/msg", "{:.1f}", "lower"),
     Metric("client_pct", "client CPU %", "{:.0f}", "lower", ratio=False),
+    Metric("client_us", "client CPU µs/msg", "{:.2f}", "lower", ratio=False),
+    Metric("frames_per_send", "frames/send", "{:.1f}", "lower", ratio=False),
 ]
 
 ACK_MEANING = [
@@ -58,19 +67,33 @@ def one_rep(args, peer, v, rep) -> dict:
         st["cpu0"] = peer.cpu_seconds()
         st["disk0"] = peer.data_bytes()
 
-    r = loadgen.run_sync(
-        proto,
-        peer.host,
-        peer.port,
-        n=args.count,
-        pub_dest=dest,
-        body_size=args.size,
-        window=args.window,
-        timeout=args.timeout,
-        tag=f"p{rep}",
-        on_start=on_start,
-        per_send=v.opts.get("per_send", 0),
-    )
+    if proto == "tickertape" and args.sender == "c":
+        r = pubsend.run(
+            peer.host,
+            peer.port,
+            n=args.count,
+            pub_dest=dest,
+            body_size=args.size,
+            window=args.window,
+            per_send=v.opts.get("per_send", 0),
+            timeout=args.timeout,
+            tag=f"p{rep}",
+            on_start=on_start,
+        )
+    else:
+        r = loadgen.run_sync(
+            proto,
+            peer.host,
+            peer.port,
+            n=args.count,
+            pub_dest=dest,
+            body_size=args.size,
+            window=args.window,
+            timeout=args.timeout,
+            tag=f"p{rep}",
+            on_start=on_start,
+            per_send=v.opts.get("per_send", 0),
+        )
     cpu = peer.cpu_seconds() - st["cpu0"]
     peak = peer.peak_rss_bytes()
     stored = None
@@ -92,6 +115,8 @@ def one_rep(args, peer, v, rep) -> dict:
         "peak_rss_mib": peak / 2**20,
         "disk_b": disk / n,
         "client_pct": r["client_cpu"] / r["pub_seconds"] * 100 if r["pub_seconds"] else None,
+        "client_us": r["client_cpu"] / n * 1e6,
+        "frames_per_send": r["sent"] / r["sends"] if r.get("sends") else None,
         "acked": r["acked"],
     }
     problem = []
@@ -128,6 +153,14 @@ def main() -> None:
         "rows write the whole window at once); 0 skips those rows",
     )
     p.add_argument(
+        "--sender",
+        choices=("c", "python"),
+        default="c",
+        help="what publishes to the Tickertape peers: c = bench/pubsend.c, compiled with the "
+        "machine's cc (falls back to python without a compiler); python = the asyncio load "
+        "generator (bench/loadgen.py) that the other peers always use",
+    )
+    p.add_argument(
         "--interleave",
         action="store_true",
         help="repetition-major order (rep 1 of every peer, then rep 2, ...)",
@@ -137,6 +170,9 @@ def main() -> None:
     if args.quick:
         args.count, args.reps = min(args.count, 20_000), 1
     names, skipped = benchlib.select_peers(args.peers)
+    if args.sender == "c" and (why := pubsend.available()):
+        print(f"C sender unavailable, Tickertape rows use the Python load generator: {why}")
+        args.sender = "python"
     for s in skipped:
         print(f"SKIPPED {s}")
     variants = benchlib.variants_for(names)
@@ -164,12 +200,21 @@ def main() -> None:
             f"window {args.window} unacked, median of {args.reps} repetitions (fresh server each)"
         )
     ]
+    if args.sender == "c":
+        notes.append(
+            "Tickertape rows: published by bench/pubsend.c (one C process, blocking socket, "
+            "TCP_NODELAY; it reads the conflated persisted acks between sends without blocking "
+            "every 64 sends, and blocks when the window is full); the other peers by the Python "
+            "load generator (bench/loadgen.py), whose client CPU % shows it is not their limit "
+            "at a window per send. `frames/send` = frames sent / send(2) calls the sender made"
+        )
     ceiling = None
     if args.per_send:
         notes.append(
             f"`(N/send)` rows: the same run with at most {args.per_send} frames per write "
             "(the main rows write all the window allows at once, up to 1000 frames)"
         )
+    if args.per_send and args.sender == "python":
         frame = len(
             loadgen.build_publish_frames("tickertape", DEST["tickertape"], 1, args.size).buf
         )
@@ -268,6 +313,7 @@ def targets(by: dict[str, dict], per_send: int, ceiling: float | None = None) ->
                 "min",
             )
         )
+    if per_send and ceiling:
         # what the server can be asked for when the sender, not the server, sets the pace
         out.append(
             (
