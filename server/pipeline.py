@@ -36,15 +36,15 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
+from journal.record import KIND_MESSAGE, encode_record
 
 from . import frames
 from .fanout import Fanout, Message
+from .pipeline_publish import TOPIC_CACHE_LIMIT, BatchedIntake, Publisher
 from .pipeline_replicate import REPL_FROM, ReplicatedIntake
-from .publish_scan import publish_records
 from .subscriptions import Subscription
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,7 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("tickertape.pipeline")
 
-TOPIC_CACHE_LIMIT = 50_000
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 # flush(): a batch up to this size with no commit in flight is committed on the event loop
 # (Journal.commit_inline): a lone publisher's round trip then has no thread hand-off in it
@@ -62,17 +61,6 @@ INLINE_COMMIT_BYTES = 4096
 HOLD_BYTES = 16 * 1024
 
 __all__ = ["ABOVE_GAP", "DUPLICATE", "REPL_FROM", "STORED", "Batch", "Pipeline", "Publisher"]
-
-
-class Publisher(Protocol):
-    """A publishing client, as the pipeline acknowledges it."""
-
-    wants_persisted: bool
-
-    def persisted(self, seq: int) -> None: ...
-    def persist_failed(self, reason: str, detail: str) -> None: ...
-    def flush_done(self, cid: Any, acks: list[str]) -> None: ...
-    def flush_failed(self, cid: Any, acks: list[str], reason: str) -> None: ...
 
 
 class Batch:
@@ -117,7 +105,7 @@ class Batch:
         )
 
 
-class Pipeline(ReplicatedIntake):
+class Pipeline(BatchedIntake, ReplicatedIntake):
     batch: Batch
 
     def __init__(
@@ -259,104 +247,6 @@ class Pipeline(ReplicatedIntake):
         if not self.scheduled:
             self._schedule()
         return seq, STORED
-
-    def publish_run(self, client: Publisher, pub: int, items: list[tuple[int, str, bytes]]) -> int:
-        """Accept the leading publishes of `items` ((seq, topic, body) from one client-sequenced
-        publisher, no header fragment, no expiration) that publish() would store; returns how
-        many were taken. Each taken one ends as after publish() (STORED); the bookkeeping that
-        publish() does per message (time, highest sequence, acks, schedule) is done once. The
-        first one not taken (a duplicate, a publisher past a gap, a topic that is not recorded,
-        a field the record cannot hold) is for publish() to answer."""
-        if self.journal is None or self.fanout.early or (self.gaps and pub in self.gaps):
-            return 0
-        highest = self.highest.get(pub, 0)
-        ts = max(self.last_ts, int(time.time() * 1_000_000))
-        batch = self.batch
-        data, entries, msgs = batch.data, batch.entries, batch.msgs
-        cached = self._topics.get
-        took = 0
-        off = -1
-        for seq, topic, body in items:
-            if seq <= highest:
-                break
-            info = cached(topic) or self.topic_info(topic)
-            if not info[2]:
-                break
-            try:
-                rec = encode_record(KIND_MESSAGE, pub, seq, ts, info[0], body)
-            except RecordFieldError:
-                break
-            off = len(data)
-            entries.append((pub, seq, ts, off))
-            data += rec
-            msgs.append((topic, pub, seq, ts, body, off, b"", None))
-            highest = seq
-            took += 1
-        if not took:
-            return 0
-        self.last_ts = ts
-        self.highest[pub] = highest
-        if pub not in batch.first_seq:
-            batch.first_seq[pub] = items[0][0]
-        batch.last[pub] = (highest, off)
-        if client.wants_persisted:
-            batch.acks[client] = highest
-        self.published += took
-        if not self.scheduled:
-            self._schedule()
-        return took
-
-    def publish_raw(
-        self,
-        client: Publisher,
-        pub: int,
-        raw: bytes,
-        pos: int,
-        literal: Callable[[str], str | None],
-    ) -> tuple[int, int]:
-        """Store the leading plain publishes of the whole frames raw[pos:] (client-sequenced
-        by `pub`; server/publish_scan.py says which frames are plain) as publish() would, with
-        its bookkeeping (time, highest sequence, acks, schedule) done once. literal: the topic a
-        publish to a topic is stored under (None: refused), as the session maps it. Returns
-        (stop, taken): the frame at `stop` (if any) was not taken and is for the ordinary path.
-        """
-        if self.journal is None or self.fanout.early or (self.gaps and pub in self.gaps):
-            return pos, 0
-        known = self._plain_topics
-        taken = 0
-        while True:
-            batch = self.batch
-            ts = max(self.last_ts, int(time.time() * 1_000_000))
-            records, entries, msgs, stop, highest, asked, unknown = publish_records(
-                raw, pos, pub, ts, self.highest.get(pub, 0), known, len(batch.data)
-            )
-            if entries:
-                batch.data += records
-                batch.entries += entries
-                batch.msgs += msgs
-                self.last_ts = ts
-                self.highest[pub] = highest
-                if pub not in batch.first_seq:
-                    batch.first_seq[pub] = entries[0][1]
-                batch.last[pub] = (highest, entries[-1][3])
-                if asked:
-                    client.wants_persisted = True
-                if client.wants_persisted:
-                    batch.acks[client] = highest
-                self.published += len(entries)
-                taken += len(entries)
-                if not self.scheduled:
-                    self._schedule()
-            if unknown is None:
-                return stop, taken
-            topic = unknown.decode("ascii")  # plain publishes have ASCII topics
-            stored = literal(topic)
-            if stored != topic or not self.topic_info(topic)[2]:
-                return stop, taken  # mapped, a pattern, or not recorded: the ordinary path
-            if len(known) >= TOPIC_CACHE_LIMIT:
-                known.clear()
-            known[unknown] = topic
-            pos = stop
 
     def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
         self.batch.flushes.append((client, cid, acks))

@@ -24,10 +24,10 @@ from journal.record import (
     scan_records,
 )
 
+from .pipeline_publish import TOPIC_CACHE_LIMIT
 from .replicate_scan import replicate_records
 
 REPL_FROM = b"repl-from:"  # server/replication/__init__.py: the resume point of a source
-TOPIC_CACHE_LIMIT = 50_000
 _u64 = struct.Struct("<Q")
 
 __all__ = ["REPL_FROM", "ReplicatedIntake"]

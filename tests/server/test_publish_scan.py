@@ -240,7 +240,7 @@ async def test_a_session_stores_and_acks_the_same_with_and_without_the_fast_path
     )
     assert fast == plain
     # the accelerator disabled: the pure-Python reference, as a server without a compiler runs
-    monkeypatch.setattr("server.pipeline.publish_records", publish_records_py)
+    monkeypatch.setattr("server.pipeline_publish.publish_records", publish_records_py)
     pure = await _publish_through(make_core(sub="pure", topics=topics), publish_span_py, cut)
     assert pure == plain
 
