@@ -99,7 +99,8 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
             raise
         self._end = self.segments[-1].end
         try:
-            self._fd = self._io.open(self.segments[-1].path, os.O_WRONLY | os.O_APPEND)
+            # no O_APPEND: commits pwrite at the segment's end, inside its runway (writer.py)
+            self._fd = self._io.open(self.segments[-1].path, os.O_WRONLY)
         except BaseException:
             self.index.close()
             os.close(self._lock_fd)
@@ -128,6 +129,7 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         # every acknowledged record was synced at its commit already.
         if not self._dirty_tail:
             try:
+                self.trim_runway()  # a closed segment holds exactly its records
                 self._io.fsync(self._fd)
             except OSError as exc:
                 log.error("journal: final sync of %s failed: %s", self.segments[-1].path, exc)
