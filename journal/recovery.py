@@ -8,7 +8,9 @@ The newest segment may end in zeros: the writer's runway (writer.py), pre-zeroed
 commits overwrite. Zeros alone after the last good record are the clean end and are cut off
 (logged at info, nothing counted as lost); a damaged record followed by zeros is a torn write,
 truncated and counted exactly as one at the end of the file (the bytes counted as dropped end at
-its last non-zero byte); anything else is handled as it always was. Part of Journal (journal.py), which supplies the state it uses.
+its last non-zero byte); anything else is handled as it always was.
+
+Part of Journal (journal.py), which supplies the state it uses.
 """
 
 from __future__ import annotations
