@@ -114,6 +114,7 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         self._unavailable = None
         self._next_probe = 0.0
         self._dirty_tail = False
+        self.prepare_runway()
         self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
         self._thread.start()
 

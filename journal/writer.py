@@ -29,10 +29,10 @@ must also journal the inode's new size and extents; a write over blocks already 
 only the data flushed, measured here at about two thirds of the time. So the active segment
 keeps a *runway*: up to RUNWAY_BYTES of zeros, written and synced ahead of the write position
 (as PostgreSQL pre-zeroes its WAL segments), and a commit overwrites them in place (`pwrite`
-at the segment's real end, which lives in memory: `Segment.size`). The runway is extended on
-the writer thread after a commit or when it wakes idle (never on the caller's thread, never
-inside a commit), when fewer than RUNWAY_LOW bytes are left, and never past the segment's
-`segment_size`. A commit that catches up with the runway's end just appends (still correct,
+at the segment's real end, which lives in memory: `Segment.size`). The runway is made at open
+and in the commit that rolls a segment, and extended on the writer thread after a commit or
+when it wakes idle (never on the caller's thread, never inside an ordinary commit), when fewer
+than RUNWAY_LOW bytes are left, and never past the segment's `segment_size`. A commit that catches up with the runway's end just appends (still correct,
 only slower). Extending it may fail (disk full): that is logged, retried after
 RUNWAY_RETRY_S, and never fails a commit. The runway is cut off (ftruncate) before a segment
 is sealed, at a clean close and after a failed write, so a sealed segment holds exactly its
@@ -225,6 +225,13 @@ class JournalWriter(JournalState):
             return False  # it reaches the segment's size: nothing more to zero
         return end - (SEGMENT_HEADER_SIZE + self.segments[-1].size) < RUNWAY_LOW
 
+    def prepare_runway(self) -> None:
+        """Zero the active segment's runway now if it is short (at open, before the writer
+        thread starts, and right after a roll), so commits find it in place rather than
+        waiting for the writer thread to make it. Never raises (module doc)."""
+        if self._runway_wanted():
+            self._extend_runway()
+
     def _extend_runway(self) -> None:
         """Writer thread, between commits: zero the next stretch of the active segment and
         sync it. A failure is logged and leaves commits appending (module doc)."""
@@ -356,6 +363,7 @@ class JournalWriter(JournalState):
             if seg.size and seg.size + len(data) > self.segment_size:
                 self._roll()
                 seg = self.segments[-1]
+                self.prepare_runway()  # in the roll's commit, slow already: inline ones find it
             self._write_at(data, SEGMENT_HEADER_SIZE + seg.size)
         except OSError as exc:
             self._undo_partial_write(seg)
