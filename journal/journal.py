@@ -17,8 +17,9 @@ Layout on disk (`directory`):
   finishes on the file it started with.
 
 Durability: `submit()` hands a batch of encoded records to the writer thread. The writer takes
-every batch submitted since its last write, writes them with one `write` and makes them durable
-with one `fdatasync` (group commit; `durability="write"` skips the fdatasync, a named weaker mode
+every batch submitted since its last write, writes them and makes them durable with one `pwritev`
+with RWF_DSYNC, into the zeros the writer keeps ahead of the newest segment's records (group
+commit; writer.py; `durability="write"` skips the sync, a named weaker mode
 that survives a process crash but not a power loss), updates the index in one LMDB transaction,
 then calls each batch's callback with the batch's starting position. A failed write (disk full,
 I/O error) truncates the partial write away and fails every batch in that commit with

@@ -1,8 +1,8 @@
 """The journal's writer thread: group commit, segment rolls, fences and maintenance calls.
 
 `submit()` hands a batch of encoded records to the writer thread. The writer takes every batch
-submitted since its last write, writes them with one `write` and makes them durable with one
-`fdatasync` (group commit), updates the index in one LMDB transaction, then calls each batch's
+submitted since its last write, writes them and makes them durable with one `pwritev` with
+RWF_DSYNC (group commit; the runway below), updates the index in one LMDB transaction, then calls each batch's
 callback with the batch's starting position. Part of Journal (journal.py).
 
 Every file operation goes through `self._io` (fileio.py), so tests can fail each one.
@@ -40,8 +40,8 @@ records; only the newest segment, after a crash, can end in zeros, and recovery 
 takes zeros after the last good record as the clean end. The runway reserves disk space early:
 up to RUNWAY_BYTES more than the records need.
 
-When a commit is one batch in `fsync` mode, the write and the sync are one `pwritev` with
-RWF_DSYNC (`FileIO.pwrite_dsync`).
+In `fsync` mode a commit's write and sync are one `pwritev` with RWF_DSYNC
+(`FileIO.pwrite_dsync`); a short write is completed with pwrite and an fdatasync.
 """
 
 from __future__ import annotations
