@@ -11,6 +11,10 @@ fails once past `after`, default 1.0), `ops` (eligible operations joined by `+`,
 open, write, fsync, rename, close, truncate; default all), `errno` (errno names joined by `+`,
 default ENOSPC), `after` (eligible operations that succeed first, default 0), `count` (most
 failures in all, 0 = unlimited, default 1). `fsync` covers fdatasync and the directory fsync.
+`pwrite_dsync` (a write that is durable when it returns) is eligible as `write` and as `fsync`,
+checked in that order, so a spec meets it exactly where it met the write + fdatasync it replaces.
+`extend` (zero-filling the active segment's runway, writer.py) is eligible only when named in
+`ops`: it is not in the default, so a spec written before the runway fails the same operations.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Any
 from .errors import JournalError
 
 OPS = ("open", "write", "fsync", "rename", "close", "truncate")
+EXTRA_OPS = ("extend",)  # accepted in `ops`, never eligible by default
+ZERO_CHUNK = bytes(1024 * 1024)
 
 
 class FaultSpecError(JournalError, ValueError):
@@ -43,6 +49,21 @@ class FileIO:
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         return os.write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def pwrite_dsync(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        """pwrite that returns once the bytes written are durable (RWF_DSYNC): one system call
+        in place of a write and an fdatasync. Short writes are possible, as with pwrite."""
+        return os.pwritev(fd, [data], offset, os.RWF_DSYNC)
+
+    def extend(self, fd: int, offset: int, length: int) -> None:
+        """Write `length` zero bytes at `offset` and fdatasync them (the runway, writer.py)."""
+        end = offset + length
+        while offset < end:
+            offset += os.pwrite(fd, memoryview(ZERO_CHUNK)[: end - offset], offset)
+        os.fdatasync(fd)
 
     def fdatasync(self, fd: int) -> None:
         os.fdatasync(fd)
@@ -111,10 +132,11 @@ class FaultyIO(FileIO):
                         raise FaultSpecError(spec, f"{key} is a count, 0 or more")
                 elif key == "ops":
                     ops = val.split("+")
-                    bad = [o for o in ops if o not in OPS]
+                    bad = [o for o in ops if o not in OPS + EXTRA_OPS]
                     if bad:
                         raise FaultSpecError(
-                            spec, f"unknown operation {bad[0]!r} (one of {', '.join(OPS)})"
+                            spec,
+                            f"unknown operation {bad[0]!r} (one of {', '.join(OPS + EXTRA_OPS)})",
                         )
                     kw["ops"] = ops
                 elif key == "errno":
@@ -155,6 +177,19 @@ class FaultyIO(FileIO):
     def write(self, fd: int, data: bytes | memoryview) -> int:
         self._maybe_fail("write")
         return super().write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        self._maybe_fail("write")
+        return super().pwrite(fd, data, offset)
+
+    def pwrite_dsync(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        self._maybe_fail("write")
+        self._maybe_fail("fsync")
+        return super().pwrite_dsync(fd, data, offset)
+
+    def extend(self, fd: int, offset: int, length: int) -> None:
+        self._maybe_fail("extend")
+        super().extend(fd, offset, length)
 
     def fdatasync(self, fd: int) -> None:
         self._maybe_fail("fsync")

@@ -132,6 +132,10 @@ class JournalIndex:
             max_dbs=8,
             sync=False,
             metasync=False,
+            # Not writemap=True, though it saves ~4 us of a commit's ~6 us index transaction
+            # (measured: 1 entry, p50): with it LMDB grows data.mdb to map_size at once (a
+            # 64 GiB sparse file by default) and stores through the mapping, so a full disk
+            # becomes SIGBUS in the writer instead of an error the journal survives.
             writemap=False,
             max_readers=256,
         )

@@ -17,8 +17,9 @@ Layout on disk (`directory`):
   finishes on the file it started with.
 
 Durability: `submit()` hands a batch of encoded records to the writer thread. The writer takes
-every batch submitted since its last write, writes them with one `write` and makes them durable
-with one `fdatasync` (group commit; `durability="write"` skips the fdatasync, a named weaker mode
+every batch submitted since its last write, writes them and makes them durable with one `pwritev`
+with RWF_DSYNC, into the zeros the writer keeps ahead of the newest segment's records (group
+commit; writer.py; `durability="write"` skips the sync, a named weaker mode
 that survives a process crash but not a power loss), updates the index in one LMDB transaction,
 then calls each batch's callback with the batch's starting position. A failed write (disk full,
 I/O error) truncates the partial write away and fails every batch in that commit with
@@ -99,7 +100,8 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
             raise
         self._end = self.segments[-1].end
         try:
-            self._fd = self._io.open(self.segments[-1].path, os.O_WRONLY | os.O_APPEND)
+            # no O_APPEND: commits pwrite at the segment's end, inside its runway (writer.py)
+            self._fd = self._io.open(self.segments[-1].path, os.O_WRONLY)
         except BaseException:
             self.index.close()
             os.close(self._lock_fd)
@@ -113,6 +115,7 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         self._unavailable = None
         self._next_probe = 0.0
         self._dirty_tail = False
+        self.prepare_runway()
         self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -128,6 +131,7 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         # every acknowledged record was synced at its commit already.
         if not self._dirty_tail:
             try:
+                self.trim_runway()  # a closed segment holds exactly its records
                 self._io.fsync(self._fd)
             except OSError as exc:
                 log.error("journal: final sync of %s failed: %s", self.segments[-1].path, exc)

@@ -8,7 +8,13 @@ offset size  field
 4      4     u32 LE reserved (0)
 8      8     u64 LE base position: the journal position of the first record in this file
 16     ...   records, back to back
+..     ...   the newest segment only: zeros up to the end of the file (its runway, below)
 ```
+
+The runway: the segment being written is kept longer than its records by pre-zeroed space
+that commits overwrite (journal/writer.py); where its records end is held in memory, never
+taken from the file's size. A sealed segment, or one closed cleanly, ends exactly at its last
+record. After a crash, zeros after the newest segment's last good record are its clean end.
 
 A *position* is a byte offset in the logical journal (all segments' records concatenated, segment
 headers not counted): the record at file offset `o` of a segment with base `b` has position

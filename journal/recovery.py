@@ -2,7 +2,15 @@
 
 The newest segment is scanned from the index's checkpoint with checksums verified; a torn or
 damaged tail is truncated (logged: file, offset, bytes dropped) and every record past the
-checkpoint is indexed again. Part of Journal (journal.py), which supplies the state it uses.
+checkpoint is indexed again.
+
+The newest segment may end in zeros: the writer's runway (writer.py), pre-zeroed space its
+commits overwrite. Zeros alone after the last good record are the clean end and are cut off
+(logged at info, nothing counted as lost); a damaged record followed by zeros is a torn write,
+truncated and counted exactly as one at the end of the file (the bytes counted as dropped end at
+its last non-zero byte); anything else is handled as it always was.
+
+Part of Journal (journal.py), which supplies the state it uses.
 """
 
 from __future__ import annotations
@@ -299,10 +307,21 @@ class JournalRecovery(JournalReader):
         seg = self.segments[seg_i]
         if seg_i != len(self.segments) - 1:
             raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, reason)
-        dropped = seg.end - position
-        if dropped <= 0:
+        if seg.end - position <= 0:
             return 0
         offset = SEGMENT_HEADER_SIZE + position - seg.base
+        dropped = self._nonzero_end(seg) - position
+        if dropped <= 0:
+            # only zeros after the last good record: the writer's runway (writer.py), the
+            # clean end of a segment the server did not close
+            log.info(
+                "journal: %s ends in %d bytes of zeroed runway after offset %d; cutting them",
+                seg.path,
+                seg.end - position,
+                offset,
+            )
+            self._cut(seg, offset, position)
+            return 0
         log.warning(
             "journal: truncating the tail of %s at offset %d (%s): %d bytes with no good record "
             "after them dropped (a write torn by a crash, never acknowledged as persisted)",
@@ -312,11 +331,27 @@ class JournalRecovery(JournalReader):
             dropped,
         )
         self.integrity.truncated_bytes += dropped
+        self._cut(seg, offset, position)
+        return dropped
+
+    def _cut(self, seg: Segment, offset: int, position: int) -> None:
         with open(seg.path, "r+b") as f:
             f.truncate(offset)
             os.fsync(f.fileno())
         seg.size = position - seg.base
-        return dropped
+
+    def _nonzero_end(self, seg: Segment) -> int:
+        """The position just after the last non-zero byte of a plain segment (its base if none):
+        what a torn write left ends there, and zeros after it are runway."""
+        fd = self._reader_fd(seg)
+        end = SEGMENT_HEADER_SIZE + seg.size
+        while end > SEGMENT_HEADER_SIZE:
+            n = min(READ_BLOCK, end - SEGMENT_HEADER_SIZE)
+            chunk = os.pread(fd, n, end - n).rstrip(b"\0")
+            if chunk:
+                return seg.base + end - n + len(chunk) - SEGMENT_HEADER_SIZE
+            end -= n
+        return seg.base
 
     def _segment_index(self, position: int) -> int:
         return max(0, bisect.bisect_right(self._bases, position) - 1)

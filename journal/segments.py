@@ -15,7 +15,9 @@ READ_BLOCK = 256 * 1024
 class Segment:
     base: int
     path: str
-    size: int  # bytes of records (file size minus header); for a compacted one, end - base
+    # bytes of records: the file's size minus the header, but for the active segment, whose
+    # file also holds its zeroed runway (writer.py); for a compacted one, end - base
+    size: int
     reader: CompactedReader | None = None  # set for a compacted segment
 
     @property

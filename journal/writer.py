@@ -1,8 +1,8 @@
 """The journal's writer thread: group commit, segment rolls, fences and maintenance calls.
 
 `submit()` hands a batch of encoded records to the writer thread. The writer takes every batch
-submitted since its last write, writes them with one `write` and makes them durable with one
-`fdatasync` (group commit), updates the index in one LMDB transaction, then calls each batch's
+submitted since its last write, writes them and makes them durable with one `pwritev` with
+RWF_DSYNC (group commit; the runway below), updates the index in one LMDB transaction, then calls each batch's
 callback with the batch's starting position. Part of Journal (journal.py).
 
 Every file operation goes through `self._io` (fileio.py), so tests can fail each one.
@@ -23,6 +23,25 @@ every batch fails at once with JournalUnavailable, without touching the disk, an
 (`_probe`, every PROBE_INTERVAL s: cut any partial write still there, write and sync a small
 file, remove it) makes it available again when writes succeed. A commit that failed also fails
 every batch submitted before the submitter's `fence()` (the gap rule, docs/publishing.md).
+
+The runway. On ext4 (and most filesystems) a write past the end of a file followed by fdatasync
+must also journal the inode's new size and extents; a write over blocks already written needs
+only the data flushed, measured here at about two thirds of the time. So the active segment
+keeps a *runway*: up to RUNWAY_BYTES of zeros, written and synced ahead of the write position
+(as PostgreSQL pre-zeroes its WAL segments), and a commit overwrites them in place (`pwrite`
+at the segment's real end, which lives in memory: `Segment.size`). The runway is made at open
+and in the commit that rolls a segment, and extended on the writer thread after a commit or
+when it wakes idle (never on the caller's thread, never inside an ordinary commit), when fewer
+than RUNWAY_LOW bytes are left, and never past the segment's `segment_size`. A commit that catches up with the runway's end just appends (still correct,
+only slower). Extending it may fail (disk full): that is logged, retried after
+RUNWAY_RETRY_S, and never fails a commit. The runway is cut off (ftruncate) before a segment
+is sealed, at a clean close and after a failed write, so a sealed segment holds exactly its
+records; only the newest segment, after a crash, can end in zeros, and recovery (recovery.py)
+takes zeros after the last good record as the clean end. The runway reserves disk space early:
+up to RUNWAY_BYTES more than the records need.
+
+In `fsync` mode a commit's write and sync are one `pwritev` with RWF_DSYNC
+(`FileIO.pwrite_dsync`); a short write is completed with pwrite and an fdatasync.
 """
 
 from __future__ import annotations
@@ -46,6 +65,9 @@ log = logging.getLogger("tickertape.journal")
 PROBE_INTERVAL = 1.0
 PROBE_BYTES = 64 * 1024
 PROBE_NAME = "probe.tmp"  # recovery.py removes one a crash left
+RUNWAY_BYTES = 4 * 1024 * 1024  # zeros kept ahead of the write position (module doc)
+RUNWAY_LOW = 1024 * 1024  # extend when fewer than this are left
+RUNWAY_RETRY_S = 10.0  # after a failed extension (disk full), wait this long before another
 
 T = TypeVar("T")
 
@@ -91,6 +113,9 @@ Pending = Batch | Fence | Control
 
 class JournalWriter(JournalState):
     _busy = False  # the writer thread is committing what it took from _pending
+    # the active segment's file size as written and synced (records + runway); 0: no runway
+    _runway_end = 0
+    _runway_retry = 0.0  # time.monotonic() before which no extension is tried (after a failure)
 
     def submit(
         self,
@@ -142,6 +167,8 @@ class JournalWriter(JournalState):
             if size and size + len(data) > self.segment_size:
                 return False  # it would roll the segment: not on the event loop
             self._commit([(data, entries, on_done, meta)])  # the writer waits meanwhile
+            if self._runway_wanted():
+                self._cond.notify()  # the writer thread extends it, off this thread
         return True
 
     @property
@@ -154,6 +181,8 @@ class JournalWriter(JournalState):
                 self._busy = False
                 while not self._pending and not self._closing:
                     if self._unavailable is None:
+                        if self._runway_wanted():
+                            break
                         self._cond.wait()
                         continue
                     left = self._next_probe - time.monotonic()
@@ -185,6 +214,59 @@ class JournalWriter(JournalState):
                     run.append(cast(Batch, item))
             if run:
                 self._commit_fitting(run)
+            if self._unavailable is None and self._runway_wanted():
+                self._extend_runway()
+
+    def _runway_wanted(self) -> bool:
+        if self.durability != "fsync" or time.monotonic() < self._runway_retry:
+            return False
+        end = self._runway_end
+        if end >= SEGMENT_HEADER_SIZE + self.segment_size:
+            return False  # it reaches the segment's size: nothing more to zero
+        return end - (SEGMENT_HEADER_SIZE + self.segments[-1].size) < RUNWAY_LOW
+
+    def prepare_runway(self) -> None:
+        """Zero the active segment's runway now if it is short (at open, before the writer
+        thread starts, and right after a roll), so commits find it in place rather than
+        waiting for the writer thread to make it. Never raises (module doc)."""
+        if self._runway_wanted():
+            self._extend_runway()
+
+    def _extend_runway(self) -> None:
+        """Writer thread, between commits: zero the next stretch of the active segment and
+        sync it. A failure is logged and leaves commits appending (module doc)."""
+        seg = self.segments[-1]
+        start = max(self._runway_end, SEGMENT_HEADER_SIZE + seg.size)
+        cap = SEGMENT_HEADER_SIZE + self.segment_size
+        length = min(start + RUNWAY_BYTES, cap) - start
+        if length <= 0:
+            return
+        try:
+            self._io.extend(self._fd, start, length)
+        except OSError as exc:
+            self._runway_retry = time.monotonic() + RUNWAY_RETRY_S
+            log.warning(
+                "journal: could not extend the zeroed runway of %s (%s); commits append to the "
+                "file meanwhile (slower), retrying in %.0fs",
+                seg.path,
+                exc,
+                RUNWAY_RETRY_S,
+            )
+            try:  # zeros past the end are harmless; cutting them keeps the disk space free
+                self._io.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            self._runway_end = start
+            return
+        self._runway_end = start + length
+
+    def trim_runway(self) -> None:
+        """Cut the runway off the active segment, leaving exactly its records (a clean close;
+        the writer thread has stopped). OSError propagates."""
+        end = SEGMENT_HEADER_SIZE + self.segments[-1].size
+        if self._runway_end > end:
+            self._io.ftruncate(self._fd, end)
+        self._runway_end = 0
 
     @property
     def available(self) -> bool:
@@ -216,6 +298,7 @@ class JournalWriter(JournalState):
                 io.ftruncate(self._fd, SEGMENT_HEADER_SIZE + self.segments[-1].size)
                 io.fdatasync(self._fd)
                 self._dirty_tail = False
+                self._runway_end = 0
             fd = io.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
                 self._write_fd(fd, bytes(PROBE_BYTES))
@@ -280,9 +363,8 @@ class JournalWriter(JournalState):
             if seg.size and seg.size + len(data) > self.segment_size:
                 self._roll()
                 seg = self.segments[-1]
-            self._write_fd(self._fd, data)
-            if self.durability == "fsync":
-                self._io.fdatasync(self._fd)
+                self.prepare_runway()  # in the roll's commit, slow already: inline ones find it
+            self._write_at(data, SEGMENT_HEADER_SIZE + seg.size)
         except OSError as exc:
             self._undo_partial_write(seg)
             err = self._set_unavailable(exc)
@@ -316,6 +398,29 @@ class JournalWriter(JournalState):
             cb(off, None)
             off += len(chunk)
 
+    def _write_at(self, data: bytes, offset: int) -> None:
+        """Write data at `offset` of the active segment (inside the runway, or past the file's
+        end) and, in fsync mode, make it durable: one pwritev(RWF_DSYNC) when it is written
+        whole, which it is but for a short write."""
+        io, fd = self._io, self._fd
+        view = memoryview(data)
+        end = offset + len(data)
+        if self.durability == "fsync":
+            n = io.pwrite_dsync(fd, view, offset)
+            if n < len(view):  # short: write the rest, then sync it all
+                self._pwrite_all(fd, view[n:], offset + n)
+                io.fdatasync(fd)
+        else:
+            self._pwrite_all(fd, view, offset)
+        if end > self._runway_end:
+            self._runway_end = end
+
+    def _pwrite_all(self, fd: int, view: memoryview, offset: int) -> None:
+        while view:
+            n = self._io.pwrite(fd, view, offset)
+            view = view[n:]
+            offset += n
+
     def _write_fd(self, fd: int, data: bytes) -> None:
         view = memoryview(data)
         while view:
@@ -327,6 +432,7 @@ class JournalWriter(JournalState):
         cuts it before anything else is written (an append after it would misplace records)."""
         try:
             self._io.ftruncate(self._fd, SEGMENT_HEADER_SIZE + seg.size)
+            self._runway_end = 0  # the cut took the runway too
         except OSError as exc:
             self._dirty_tail = True
             log.error(
@@ -336,18 +442,24 @@ class JournalWriter(JournalState):
     def _roll(self) -> None:
         """Seal the active segment and switch to a new one. The switch happens only once the
         new file is complete and durable under its name; an error before leaves everything as
-        it was (the old descriptor open, no new file)."""
+        it was (the old descriptor open, no new file; perhaps without its runway)."""
         io = self._io
         old = self.segments[-1]
-        io.fsync(self._fd)
         base = old.end
         path = os.path.join(self.directory, segment_name(base))
         tmp = path + ".new"
-        fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         renamed = False
         try:
             self._write_fd(fd, encode_segment_header(base))
             io.fsync(fd)
+            # Seal the old segment before the new one gets its name, so no segment but the
+            # newest is ever seen with a runway; after the new file is made, so a full disk
+            # fails the roll here rather than after the cut freed the runway's space.
+            if self._runway_end > SEGMENT_HEADER_SIZE + old.size:
+                io.ftruncate(self._fd, SEGMENT_HEADER_SIZE + old.size)
+                self._runway_end = 0
+            io.fsync(self._fd)
             io.rename(tmp, path)
             renamed = True
             io.fsync_dir(self.directory)
@@ -359,6 +471,7 @@ class JournalWriter(JournalState):
             _unlink_quietly(path if renamed else tmp)
             raise
         old_fd, self._fd = self._fd, fd
+        self._runway_end = 0
         self.segments.append(Segment(base, path, 0))
         self._bases.append(base)
         try:

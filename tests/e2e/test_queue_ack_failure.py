@@ -28,6 +28,20 @@ def consume(port, name, n):
     return c, (c.messages(n) if n else [])
 
 
+def use_up_the_runway(port) -> None:
+    """On a full disk the journal still takes commits into the zeros it wrote ahead of its
+    records (its runway, docs/durability.md): publish large messages to a topic outside the
+    queue until one needs new space and fails, leaving the journal unavailable."""
+    pad = Raw(port)
+    pad.logon("af-pad")
+    for s in range(1, 500):
+        pad.send({"c": "publish", "t": "ackfail-pad", "s": s, "a": "persisted"}, "p" * 60_000)
+        if pad.ack("persisted")["status"] == "failure":
+            pad.close()
+            return
+    raise AssertionError("the journal never ran out of space")
+
+
 def test_an_ack_whose_commit_failed_is_committed_later_not_stranded(small_disk):
     srv = ServerProcess(small_disk / "srv", extra=QUEUE)
     srv.start()
@@ -40,6 +54,7 @@ def test_an_ack_whose_commit_failed_is_committed_later_not_stranded(small_disk):
         assert [json.loads(b)["i"] for _, b in got] == list(range(1, n + 1))
         filler = small_disk / "filler"
         fill(filler)
+        use_up_the_runway(srv.port)
         c.send(
             {
                 "c": "sow_delete",

@@ -85,7 +85,7 @@ def test_torn_tail_is_truncated_and_logged(tmp_path, caplog):
         f.write(extra[:-3])  # a write cut short by a crash
     j2 = Journal(d)
     assert all_records(j2) == msgs
-    assert os.path.getsize(seg) == good
+    assert SEGMENT_HEADER_SIZE + j2.segments[-1].size == good  # the file has its runway again
     assert "truncating the tail" in caplog.text
     assert j2.recovery["dropped_bytes"] == len(extra) - 3
     # the journal keeps working after recovery
@@ -147,19 +147,19 @@ def test_write_failure_fails_batch_and_recovers(tmp_path, monkeypatch):
 
     j = Journal(str(tmp_path / "j"))
     write_batch(j, [(1, "t", b"ok")])
-    real_write = os.write
+    real_pwritev = os.pwritev
 
-    def full_disk(fd, data):
-        real_write(fd, bytes(data[:5]))  # a partial write, then the disk is full
+    def full_disk(fd, buffers, offset, flags=0):
+        real_pwritev(fd, [bytes(buffers[0][:5])], offset)  # a partial write, then the disk is full
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(jm.os, "write", full_disk)
+    monkeypatch.setattr(jm.os, "pwritev", full_disk)  # the commit's write (fileio.pwrite_dsync)
     with pytest.raises(JournalUnavailable) as info:
         write_batch(j, [(2, "t", b"lost")])
     assert "No space left" in str(info.value) and "nothing in this batch was persisted" in str(
         info.value
     )
-    monkeypatch.setattr(jm.os, "write", real_write)
+    monkeypatch.setattr(jm.os, "pwritev", real_pwritev)
     # until the submitter has rolled back and fenced, later batches fail too (no gap is stored)
     with pytest.raises(JournalUnavailable):
         write_batch(j, [(3, "t", b"queued behind the failure")])

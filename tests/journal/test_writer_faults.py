@@ -57,6 +57,15 @@ def wait_available(j: Journal, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def writer_idle(j: Journal, timeout: float = 10.0) -> None:
+    """Wait until the writer thread has nothing to do (it zeroes the runway after an open)."""
+    deadline = time.monotonic() + timeout
+    while j._busy or j._runway_wanted():
+        assert time.monotonic() < deadline, "the writer thread stayed busy"
+        time.sleep(0.005)
+    time.sleep(0.01)
+
+
 def writer_fd_is_active_segment(j: Journal) -> bool:
     st = os.fstat(j._fd)
     seg = os.stat(j.segments[-1].path)
@@ -139,12 +148,12 @@ def test_a_failed_partial_write_is_cut_before_the_next(tmp_path):
         def __init__(self):
             self.mode = None
 
-        def write(self, fd, data):
+        def pwrite_dsync(self, fd, data, offset):
             if self.mode == "partial":
                 self.mode = "no-truncate"
-                super().write(fd, bytes(data[:17]))
+                super().pwrite(fd, bytes(data[:17]), offset)
                 raise OSError(errno.ENOSPC, "disk full")
-            return super().write(fd, data)
+            return super().pwrite_dsync(fd, data, offset)
 
         def ftruncate(self, fd, size):
             if self.mode == "no-truncate":
@@ -222,6 +231,15 @@ class PowerLossIO(FileIO):
 
     def fdatasync(self, fd):
         super().fdatasync(fd)
+        self._synced(fd)
+
+    def pwrite_dsync(self, fd, data, offset):
+        n = super().pwrite_dsync(fd, data, offset)
+        self._synced(fd)  # the runway before it was synced when it was zeroed
+        return n
+
+    def extend(self, fd, offset, length):
+        super().extend(fd, offset, length)
         self._synced(fd)
 
     def fsync(self, fd):
@@ -346,6 +364,7 @@ def test_an_inline_commit_that_fails_makes_the_journal_unavailable(tmp_path):
     io.armed = False
     d = str(tmp_path / "j")
     j = Journal(d, segment_size=SEG, io=io)
+    writer_idle(j)
     got: list = []
     data, entries = record(1)
     assert j.commit_inline(data, entries, lambda pos, err: got.append(err))
@@ -371,6 +390,7 @@ def test_an_inline_commit_that_fails_makes_the_journal_unavailable(tmp_path):
 def test_an_inline_commit_never_rolls_a_segment(tmp_path):
     """A batch that does not fit in the open segment is left to the writer thread."""
     j = Journal(str(tmp_path / "j"), segment_size=SEG)
+    writer_idle(j)
     n = records_before_roll()
     for s in range(1, n + 1):
         assert j.commit_inline(*record(s), lambda pos, err: None)
