@@ -33,24 +33,45 @@ async def publisher(port: int, name: str, rng: random.Random, log: dict) -> None
         data = await reader.readexactly(n)
         return json.loads(data[: data.index(b"}") + 1])
 
+    frames: asyncio.Queue[dict] = asyncio.Queue()
+
+    async def read_all() -> None:  # one reader, so a timed-out wait never cuts a frame in two
+        while True:
+            await frames.put(await read_frame())
+
     writer.write(frame({"c": "logon", "client_name": name, "a": "processed", "cid": "l"}))
-    assert (await read_frame())["status"] == "success"
+    reading = asyncio.create_task(read_all())
+    assert (await asyncio.wait_for(frames.get(), 30))["status"] == "success"
+    loop = asyncio.get_running_loop()
     acked = 0
     sent = 0
     window = rng.choice([1, 5, 50, 200])
     successes: list[int] = log.setdefault("successes", [])
     failures = 0
+    # after a failure: back off once, then resend from the first sequence not persisted (what
+    # the HA publisher does); failures that arrive meanwhile (the rest of the window, refused
+    # past the gap or failed while the journal is unavailable) join the same back-off
+    resend_at: float | None = None
     while acked < MESSAGES:
-        while sent < MESSAGES and sent - acked < window:
-            sent += 1
-            writer.write(
-                frame(
-                    {"c": "publish", "t": "gaps", "s": sent, "a": "persisted"},
-                    b'{"p":"%s","s":%d}' % (name.encode(), sent),
+        if resend_at is None:
+            while sent < MESSAGES and sent - acked < window:
+                sent += 1
+                writer.write(
+                    frame(
+                        {"c": "publish", "t": "gaps", "s": sent, "a": "persisted"},
+                        b'{"p":"%s","s":%d}' % (name.encode(), sent),
+                    )
                 )
-            )
-        await writer.drain()
-        h = await asyncio.wait_for(read_frame(), 30)
+            await writer.drain()
+        wait = 30.0 if resend_at is None else max(0.0, resend_at - loop.time())
+        try:
+            h = await asyncio.wait_for(frames.get(), wait)
+        except TimeoutError:
+            if resend_at is None:
+                raise
+            resend_at = None
+            sent = acked
+            continue
         if h.get("c") != "ack" or h.get("a") != "persisted":
             continue
         if h["status"] == "success":
@@ -58,9 +79,9 @@ async def publisher(port: int, name: str, rng: random.Random, log: dict) -> None
             acked = max(acked, h["s"])
         else:
             failures += 1
-            # resend from the first sequence not persisted (what the HA publisher does)
-            await asyncio.sleep(rng.uniform(0.02, 0.1))
-            sent = acked
+            if resend_at is None:
+                resend_at = loop.time() + rng.uniform(0.02, 0.1)
+    reading.cancel()
     log["failures"] = failures
     writer.close()
 
