@@ -143,12 +143,18 @@ class JournalWriter(JournalState):
         entries: list[IndexEntry],
         on_done: DoneCallback,
         meta: IndexMeta | None = None,
+        on_written: Callable[[], None] | None = None,
     ) -> bool:
         """Commit on the calling thread when the writer thread is idle: nothing queued, nothing
         being written, the journal available, and `data` fits in the open segment (a roll is
         the writer thread's). Returns False (nothing done) otherwise, and the caller submit()s.
         on_done runs before this returns, as submit()'s would on the writer; a failed write
         makes the journal unavailable exactly as on the writer thread.
+
+        on_written, if given, runs once the data is durable and before the index update (whose
+        LMDB transaction is derived state: an open after a crash re-indexes what it misses), so
+        a caller on the event loop can answer (the `persisted` ack) a few µs sooner. Nothing
+        else runs on this thread in between, so no reader can look the batch up meanwhile.
 
         Why: a lone small commit handed to the writer costs two thread wake-ups (here to the
         writer, the writer back to the event loop), on a virtual machine about as much as the
@@ -166,7 +172,7 @@ class JournalWriter(JournalState):
             size = self.segments[-1].size
             if size and size + len(data) > self.segment_size:
                 return False  # it would roll the segment: not on the event loop
-            self._commit([(data, entries, on_done, meta)])  # the writer waits meanwhile
+            self._commit([(data, entries, on_done, meta)], on_written)  # the writer waits
             if self._runway_wanted():
                 self._cond.notify()  # the writer thread extends it, off this thread
         return True
@@ -346,7 +352,7 @@ class JournalWriter(JournalState):
             self._pending.append((None, [], None, None))
             self._cond.notify()
 
-    def _commit(self, batch: list[Batch]) -> None:
+    def _commit(self, batch: list[Batch], on_written: Callable[[], None] | None = None) -> None:
         failed = self._failure or self._unavailable
         if failed is not None:
             for item in batch:
@@ -379,6 +385,11 @@ class JournalWriter(JournalState):
             off += len(chunk)
         seg.size += len(data)
         new_end = base + len(data)
+        if on_written is not None:
+            try:
+                on_written()
+            except Exception:  # the caller's: the commit itself must still finish
+                log.exception("journal: error in a commit's on_written callback")
         meta: IndexMeta = {}
         for item in batch:
             if item[3]:

@@ -36,6 +36,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from journal.journal import Journal
@@ -333,6 +334,7 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
                     batch.entries,
                     lambda p, e: done_now.append((p, e)),
                     batch.meta,
+                    on_written=None if self.gate is not None else partial(self._ack_early, batch),
                 )
             except Exception as exc:  # closed journal during shutdown
                 self._committed(batch, None, exc, size)
@@ -356,6 +358,14 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         if self.inflight_bytes > self.max_inflight:
             self.backlogged = True
             self.on_backlog(True)
+
+    def _ack_early(self, batch: Batch) -> None:
+        """An inline commit's data is durable (its index update comes next): its `persisted`
+        acks go out now rather than after the index transaction (only without a sync gate,
+        which may hold them). `_committed` then finds no acks left to send."""
+        acks, batch.acks = batch.acks, {}
+        for client, seq in acks.items():
+            client.persisted(seq)
 
     def _committed(
         self, batch: Batch, pos: int | None, err: BaseException | None, size: int

@@ -232,6 +232,28 @@ async def test_a_lone_small_batch_commits_inline_and_a_large_one_on_the_writer(j
     assert pub.persisted_seqs == [1, 2]
 
 
+async def test_an_inline_commit_acks_once_between_its_durable_write_and_its_index_update(
+    journal, monkeypatch
+):
+    """The lone publish's `persisted` ack goes out between the durable write and the index
+    transaction (the round trip's last few µs), once; the index still gets the entry."""
+    order: list[str] = []
+    pub = Publisher()
+    pub.persisted = lambda seq: order.append(f"ack {seq}")  # type: ignore[method-assign]
+    real_add = journal.index.add
+
+    def add(entries, end, meta):
+        order.append("index")
+        return real_add(entries, end, meta)
+
+    monkeypatch.setattr(journal.index, "add", add)
+    p = make_pipeline(journal)
+    p.publish(pub, 8, 1, "orders", b"{}")
+    p.flush()
+    assert order == ["ack 1", "index"]
+    assert journal.locate(8, 1) is not None
+
+
 async def test_an_inline_commit_on_a_full_disk_keeps_the_gap_rule(tmp_path):
     """The lone publish committed on the loop fails (disk full): its publisher gets the failure,
     the journal is unavailable, later sequences are refused until the failed one is sent again,
