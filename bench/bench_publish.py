@@ -36,6 +36,7 @@ import benchlib
 import loadgen
 import pubsend
 from benchlib import Metric
+from nullsink import NullSink
 
 DEST = {"tickertape": "bench.pub", "nats": "bench.pub", "redis": "bench:pub"}
 
@@ -215,6 +216,17 @@ def main() -> None:
             f"`(N/send)` rows: the same run with at most {args.per_send} frames per write "
             "(the main rows write all the window allows at once, up to 1000 frames)"
         )
+    floor = None
+    if args.per_send and args.sender == "c":
+        floor = null_floor(args)
+        notes.append(
+            "the floor under the (N/send) target, measured after the run: the same C sender "
+            "against bench/nullsink.py, a receiver that does nothing (counts frames, one "
+            "conflated persisted ack per read; no journal, no fsync), median of "
+            f"{args.reps}: {floor[0]:,.0f} msgs/s at a window per send, {floor[1]:,.0f} at "
+            f"{args.per_send} frame(s) per send, ratio {floor[1] / floor[0]:.2f}: what a "
+            "server that costs nothing could show for this target on this machine"
+        )
     if args.per_send and args.sender == "python":
         frame = len(
             loadgen.build_publish_frames("tickertape", DEST["tickertape"], 1, args.size).buf
@@ -237,8 +249,35 @@ def main() -> None:
         problems,
         notes + ACK_MEANING,
         args.no_results,
-        benchlib.targets_table(targets(dict(rows), args.per_send, ceiling and ceiling[0])),
+        benchlib.targets_table(targets(dict(rows), args.per_send, ceiling and ceiling[0], floor)),
     )
+
+
+def null_floor(args) -> tuple[float, float]:
+    """(msgs/s at a window per send, msgs/s at args.per_send frames per send): medians of the
+    C sender against a receiver that does nothing (bench/nullsink.py), alternating."""
+    whole, split = [], []
+    for _ in range(args.reps):
+        for per_send, into in ((0, whole), (args.per_send, split)):
+            sink = NullSink.start()
+            try:
+                r = pubsend.run(
+                    "127.0.0.1",
+                    sink.port,
+                    n=args.count,
+                    pub_dest=DEST["tickertape"],
+                    body_size=args.size,
+                    window=args.window,
+                    per_send=per_send,
+                    timeout=args.timeout,
+                    tag="null",
+                )
+            finally:
+                sink.stop()
+            into.append(r["acked"] / r["pub_seconds"] if r["pub_seconds"] else 0.0)
+    whole.sort()
+    split.sort()
+    return whole[len(whole) // 2], split[len(split) // 2]
 
 
 def send_ceiling(frame_size: int, k: int, n: int = 200_000) -> tuple[float, float]:
@@ -279,7 +318,12 @@ def send_ceiling(frame_size: int, k: int, n: int = 200_000) -> tuple[float, floa
     return sends * k / wall, cpu / (sends * k) * 1e6
 
 
-def targets(by: dict[str, dict], per_send: int, ceiling: float | None = None) -> list:
+def targets(
+    by: dict[str, dict],
+    per_send: int,
+    ceiling: float | None = None,
+    floor: tuple[float, float] | None = None,
+) -> list:
     """Issue 15's publish targets, measured from this run's medians."""
     tt, js = by.get("tickertape") or {}, by.get("jetstream") or {}
 
@@ -311,6 +355,17 @@ def targets(by: dict[str, dict], per_send: int, ceiling: float | None = None) ->
                 "×",
                 None if r is None else min(r, 1 / r),
                 0.9,
+                "min",
+            )
+        )
+    if per_send and floor and floor[0]:
+        out.append(
+            (
+                "the same ratio against a receiver that does nothing (information: the most "
+                "any server could show here)",
+                "×",
+                floor[1] / floor[0],
+                0.0,
                 "min",
             )
         )
