@@ -385,15 +385,16 @@ class JournalWriter(JournalState):
             off += len(chunk)
         seg.size += len(data)
         new_end = base + len(data)
-        if on_written is not None:
-            try:
-                on_written()
-            except Exception:  # the caller's: the commit itself must still finish
-                log.exception("journal: error in a commit's on_written callback")
         meta: IndexMeta = {}
         for item in batch:
             if item[3]:
                 meta.update(item[3])  # only the batches in this commit: metadata never runs ahead
+        if on_written is not None:
+            self._end = new_end  # readers see the batch (by position) before the caller answers
+            try:
+                on_written()
+            except Exception:  # the caller's: the commit itself must still finish
+                log.exception("journal: error in a commit's on_written callback")
         try:
             self.index.add(entries, new_end, meta)
         except Exception:  # the records are durable; a later open re-indexes them
