@@ -1,4 +1,4 @@
-"""A server that does nothing with what it is sent: the floor under bench_publish's rows.
+"""A server that stores nothing of what it is sent: a reference beside bench_publish's rows.
 
 It speaks just enough of the protocol for bench/pubsend.c: it answers the logon, counts the
 publish frames it reads and answers each read with one conflated `persisted` ack for
