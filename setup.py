@@ -39,19 +39,29 @@ _ISAL = os.environ.get("TICKERTAPE_NO_ISAL") != "1" and _links(
 )
 
 
+RECORD_H = "journal/_record.h"  # the record layout and crc every extension shares
+
+
 def _with_crc(name: str, source: str) -> Extension:
     """An extension that computes record crc32s: with ISA-L's when it links, else zlib's."""
     if _ISAL:
         return Extension(
-            name, [source], define_macros=[("HAVE_ISAL", "1")], libraries=["isal"], optional=True
+            name,
+            [source],
+            define_macros=[("HAVE_ISAL", "1")],
+            libraries=["isal"],
+            depends=[RECORD_H],
+            optional=True,
         )
-    return Extension(name, [source], libraries=["z"], optional=True)
+    return Extension(name, [source], libraries=["z"], depends=[RECORD_H], optional=True)
 
 
 setup(
     ext_modules=[
-        Extension("server._splice", ["server/_splice.c"], optional=True),
-        Extension("server._filterscan", ["server/_filterscan.c"], optional=True),
+        Extension("server._splice", ["server/_splice.c"], depends=[RECORD_H], optional=True),
+        Extension(
+            "server._filterscan", ["server/_filterscan.c"], depends=[RECORD_H], optional=True
+        ),
         _with_crc("journal._verify", "journal/_verify.c"),
         _with_crc("server._publish", "server/_publish.c"),
         _with_crc("server._replicate", "server/_replicate.c"),

@@ -17,45 +17,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
-
-/* The crc32 (zlib's polynomial and conventions) of one record. zlib's own crc32 walks a short
- * buffer byte by byte (about 110 ns for a 140-byte record here, as much as the rest of a replay
- * costs per message); ISA-L's folds it with carry-less multiplies (about 13 ns) and gives the
- * same value. setup.py defines HAVE_ISAL when ISA-L's headers and library are there. */
-#ifdef HAVE_ISAL
-#include <isa-l/crc.h>
-#define CRC_IMPL "isa-l"
-static inline uint32_t record_crc(const unsigned char *q, Py_ssize_t len) {
-    return crc32_gzip_refl(0, q, (uint64_t)len);
-}
-#else
-#include <zlib.h>
-#define CRC_IMPL "zlib"
-static inline uint32_t record_crc(const unsigned char *q, Py_ssize_t left) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    while (left > 0) { /* zlib takes a uInt length */
-        uInt n = left > (Py_ssize_t)0x40000000 ? 0x40000000u : (uInt)left;
-        crc = crc32(crc, q, n);
-        q += n;
-        left -= n;
-    }
-    return (uint32_t)crc;
-}
-#endif
-
-#define RECORD_HEADER 36
-#define FLAG_EXPIRATION 1
-#define FLAG_HEADER 2
-#define FLAG_ORIGIN 4
-#define KNOWN_FLAGS 7u
-
-static inline uint32_t rd32(const unsigned char *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
-static inline uint16_t rd16(const unsigned char *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
+#define RECORD_CRC
+#include "_record.h"
 
 /* 1: good record of `total` bytes at p; 0: damaged; -1: runs past `avail` (need more bytes) */
 static int check(const unsigned char *p, Py_ssize_t avail, Py_ssize_t *total) {

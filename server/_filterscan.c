@@ -32,11 +32,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../journal/_record.h"
 
-#define RECORD_HEADER 36
-#define KIND_MESSAGE 1
-#define FLAG_EXPIRATION 1
-#define FLAG_HEADER 2
 #define MAX_FIELDS 16
 #define MAX_OPS 256
 #define MAX_STACK 64
@@ -67,14 +64,6 @@ typedef struct {
     int nops;
     Op ops[MAX_OPS];
 } Program;
-
-static inline uint32_t rd32(const unsigned char *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static inline uint16_t rd16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint64_t rd64(const unsigned char *p) {
-    return (uint64_t)rd32(p) | ((uint64_t)rd32(p + 4) << 32);
-}
 
 /* ---- the program ------------------------------------------------------------------------- */
 

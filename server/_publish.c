@@ -29,27 +29,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#define RECORD_CRC
+#include "../journal/_record.h"
 
-#ifdef HAVE_ISAL
-#include <isa-l/crc.h>
-static inline uint32_t record_crc(const unsigned char *q, Py_ssize_t len) {
-    return crc32_gzip_refl(0, q, (uint64_t)len);
-}
-#else
-#include <zlib.h>
-static inline uint32_t record_crc(const unsigned char *q, Py_ssize_t left) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    while (left > 0) {
-        uInt n = left > (Py_ssize_t)0x40000000 ? 0x40000000u : (uInt)left;
-        crc = crc32(crc, q, n);
-        q += n;
-        left -= n;
-    }
-    return (uint32_t)crc;
-}
-#endif
-
-#define RECORD_HEADER 36
 #define MAX_TOPIC 65535
 #define MAX_CID 1024
 #define MAX_SEQ 0x7FFFFFFFFFFFFFFFULL
@@ -59,18 +41,6 @@ static const char PUBLISH_PREFIX[] = "{\"c\":\"publish\"";
 
 static inline uint32_t rd32be(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
-
-static inline void wr32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
-}
-
-static inline void wr64(unsigned char *p, uint64_t v) {
-    wr32(p, (uint32_t)v);
-    wr32(p + 4, (uint32_t)(v >> 32));
 }
 
 static PyObject *

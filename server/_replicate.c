@@ -32,51 +32,10 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#define RECORD_CRC
+#include "../journal/_record.h"
 
-#ifdef HAVE_ISAL
-#include <isa-l/crc.h>
-static inline uint32_t record_crc(const unsigned char *q, Py_ssize_t len) {
-    return crc32_gzip_refl(0, q, (uint64_t)len);
-}
-#else
-#include <zlib.h>
-static inline uint32_t record_crc(const unsigned char *q, Py_ssize_t left) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    while (left > 0) {
-        uInt n = left > (Py_ssize_t)0x40000000 ? 0x40000000u : (uInt)left;
-        crc = crc32(crc, q, n);
-        q += n;
-        left -= n;
-    }
-    return (uint32_t)crc;
-}
-#endif
-
-#define RECORD_HEADER 36
-#define KIND_MESSAGE 1
-#define FLAG_EXPIRATION 1
-#define FLAG_HEADER 2
-#define FLAG_ORIGIN 4
-#define KNOWN_FLAGS 7
 #define MAX_NAME 255
-
-static inline uint32_t rd16(const unsigned char *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
-static inline uint32_t rd32(const unsigned char *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static inline uint64_t rd64(const unsigned char *p) {
-    return (uint64_t)rd32(p) | ((uint64_t)rd32(p + 4) << 32);
-}
-static inline void wr32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
-}
-static inline void wr64(unsigned char *p, uint64_t v) {
-    wr32(p, (uint32_t)v);
-    wr32(p + 4, (uint32_t)(v >> 32));
-}
 
 /* One record's fields, offsets relative to its start. */
 typedef struct {

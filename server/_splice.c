@@ -32,24 +32,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
-
-#define RECORD_HEADER 36
-#define KIND_MESSAGE 1
-#define FLAG_EXPIRATION 1
-#define FLAG_HEADER 2
-#define FLAG_ORIGIN 4
-
-static inline uint32_t rd32(const unsigned char *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
-static inline uint16_t rd16(const unsigned char *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static inline uint64_t rd64(const unsigned char *p) {
-    return (uint64_t)rd32(p) | ((uint64_t)rd32(p + 4) << 32);
-}
+#include "../journal/_record.h"
 
 static inline char *put_u64(char *o, uint64_t v) {
     char tmp[20];
