@@ -5,12 +5,12 @@ zeros after the last good record as the clean end, through the Journal's API acr
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
@@ -19,42 +19,13 @@ from journal import writer as writer_mod
 from journal.fileio import FaultyIO
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, SEGMENT_HEADER_SIZE, encode_record
+from tests.support import journal_ops
+from tests.support.journal_ops import seqs, writer_idle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def record(seq: int) -> tuple[bytes, list]:
-    return encode_record(KIND_MESSAGE, 1, seq, 1_700_000_000_000_000 + seq, b"t", b"x" * 100), [
-        (1, seq, 0, 0)
-    ]
-
-
-def put(j: Journal, seq: int) -> BaseException | None:
-    """Submit one record and wait: None once durable, else the error."""
-    data, entries = record(seq)
-    done = threading.Event()
-    out: dict = {}
-
-    def cb(pos, err):
-        out["err"] = err
-        done.set()
-
-    j.submit(data, entries, cb)
-    assert done.wait(30), "the writer never answered"
-    return out["err"]
-
-
-def seqs(j: Journal) -> list[int]:
-    return [r.seq for r in j.scan()]
-
-
-def writer_idle(j: Journal, timeout: float = 10.0) -> None:
-    """Wait until the writer thread has zeroed the runway and has nothing to do."""
-    deadline = time.monotonic() + timeout
-    while j._busy or j._runway_wanted():
-        assert time.monotonic() < deadline, "the writer thread stayed busy"
-        time.sleep(0.005)
-    time.sleep(0.01)
+BODY = b"x" * 100
+record = functools.partial(journal_ops.record, body=BODY)
+put = functools.partial(journal_ops.put, body=BODY)
 
 
 def file_size(j: Journal) -> int:

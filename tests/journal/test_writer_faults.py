@@ -11,6 +11,7 @@ synced before its callback runs.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 import time
@@ -19,35 +20,14 @@ import pytest
 
 from journal.fileio import FaultSpecError, FaultyIO, FileIO, io_from_env
 from journal.journal import Journal, JournalUnavailable
-from journal.record import KIND_MESSAGE, SEGMENT_HEADER_SIZE, encode_record
+from journal.record import SEGMENT_HEADER_SIZE
+from tests.support import journal_ops
+from tests.support.journal_ops import seqs, writer_idle
 
 SEG = 4096
 BODY = b"x" * 300
-
-
-def record(seq: int) -> tuple[bytes, list]:
-    return encode_record(KIND_MESSAGE, 1, seq, 1_700_000_000_000_000 + seq, b"t", BODY), [
-        (1, seq, 0, 0)
-    ]
-
-
-def put(j: Journal, seq: int) -> BaseException | None:
-    """Submit one record and wait: None once durable, else the error."""
-    data, entries = record(seq)
-    done = threading.Event()
-    out: dict = {}
-
-    def cb(pos, err):
-        out["err"] = err
-        done.set()
-
-    j.submit(data, entries, cb)
-    assert done.wait(30), "the writer never answered"
-    return out["err"]
-
-
-def seqs(j: Journal) -> list[int]:
-    return [r.seq for r in j.scan()]
+record = functools.partial(journal_ops.record, body=BODY)
+put = functools.partial(journal_ops.put, body=BODY)
 
 
 def wait_available(j: Journal, timeout: float = 10.0) -> None:
@@ -55,15 +35,6 @@ def wait_available(j: Journal, timeout: float = 10.0) -> None:
     while not j.available:
         assert time.monotonic() < deadline, "the journal did not recover by itself"
         time.sleep(0.02)
-
-
-def writer_idle(j: Journal, timeout: float = 10.0) -> None:
-    """Wait until the writer thread has nothing to do (it zeroes the runway after an open)."""
-    deadline = time.monotonic() + timeout
-    while j._busy or j._runway_wanted():
-        assert time.monotonic() < deadline, "the writer thread stayed busy"
-        time.sleep(0.005)
-    time.sleep(0.01)
 
 
 def writer_fd_is_active_segment(j: Journal) -> bool:
