@@ -13,12 +13,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+
+from tests.support.cluster import free_port
 
 LOOPBACK = "127.0.0.1"
 
@@ -27,12 +28,6 @@ def spark_home() -> str:
     import pyspark
 
     return os.path.dirname(os.path.abspath(pyspark.__file__))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def make_executor_python(directory: str) -> str:

@@ -17,7 +17,9 @@ proxy thread this cluster started (tests call it from a fixture's teardown).
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import socket
 import threading
 import time
@@ -32,12 +34,29 @@ __all__ = ["Cluster", "LinkProxy", "free_port", "wait_until"]
 _POLL = 0.01
 
 
+# Ports handed out for a server to bind later come from below the kernel's ephemeral range
+# (32768-60999 by default), so no outgoing connection can take one meanwhile, and from a slice
+# of their own per pytest-xdist worker, so two workers never hand out the same one.
+_PORT_LOW, _PORT_HIGH = 20_000, 32_000
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+_SLICE = 1_000
+_slice_start = _PORT_LOW + (int(_worker) if _worker.isdigit() else 0) * _SLICE % (
+    _PORT_HIGH - _PORT_LOW
+)
+_next_port = itertools.count()
+
+
 def free_port() -> int:
-    """A loopback port free right now (bound to port 0 and released: a small race with other
-    processes is accepted in tests)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free right now, for a server started afterwards (see above)."""
+    for _ in range(_SLICE):
+        port = _slice_start + next(_next_port) % _SLICE
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {_slice_start}..{_slice_start + _SLICE - 1}")
 
 
 def wait_until(pred: Callable[[], object], timeout: float = 30.0, what: str = "condition"):
