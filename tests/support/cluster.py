@@ -37,13 +37,13 @@ _POLL = 0.01
 # Ports handed out for a server to bind later come from below the kernel's ephemeral range
 # (32768-60999 by default), so no outgoing connection can take one meanwhile, and from a slice
 # of their own per pytest-xdist worker, so two workers never hand out the same one.
-# TT_PORT_SLOT (default 0) moves a whole run to other slices, so two checkouts testing on one
+# TT_PORT_SLOT (default 0, up to 11) moves a whole run to other slices, so two checkouts testing on one
 # machine at once do not race for the same ports.
 _PORT_LOW, _PORT_HIGH = 20_000, 32_000
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
 _checkout = os.environ.get("TT_PORT_SLOT", "0")
 _SLICE = 500
-_slot = (int(_worker) if _worker.isdigit() else 0) + 4 * (
+_slot = (int(_worker) if _worker.isdigit() else 0) + 2 * (
     int(_checkout) if _checkout.isdigit() else 0
 )
 _slice_start = _PORT_LOW + _slot * _SLICE % (_PORT_HIGH - _PORT_LOW)
