@@ -4,8 +4,9 @@ A FaultyIO fails one chosen operation (open, write, fsync, rename, close, trunca
 EIO or EBADF, at an ordinary commit or at a segment roll. After each: no acknowledged record is
 lost, nothing unacknowledged is visible, the writer's descriptor is the active segment's, no
 half-made segment is counted, the journal recovers by itself once writes succeed, and a reopen
-finds exactly the acknowledged records. A power-loss file layer checks that every record is
-synced before its callback runs.
+finds exactly the acknowledged records. A power-loss model of the system calls
+(tests/support/power_loss.py) checks that every record is synced before its callback runs, and
+that a power cut keeps every acknowledged record.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import time
 
 import pytest
 
+from journal import fileio
 from journal.fileio import FaultSpecError, FaultyIO, FileIO, io_from_env
 from journal.journal import Journal, JournalUnavailable
 from journal.record import SEGMENT_HEADER_SIZE
 from tests.support import journal_ops
 from tests.support.journal_ops import seqs, writer_idle
+from tests.support.power_loss import PowerLoss
 
 SEG = 4096
 BODY = b"x" * 300
@@ -182,70 +185,45 @@ def test_stale_roll_and_probe_files_are_removed_at_open(tmp_path):
 # -- power loss: only what was synced survives -------------------------------------------------------
 
 
-class PowerLossIO(FileIO):
-    """Tracks, per file, how many bytes were made durable by a sync; `synced(path)` is what a
-    power loss would leave of that file."""
-
-    def __init__(self):
-        self.paths: dict[int, str] = {}
-        self.durable: dict[str, int] = {}
-
-    def open(self, path, flags, mode=0o644):
-        fd = super().open(path, flags, mode)
-        self.paths[fd] = path
-        return fd
-
-    def _synced(self, fd):
-        path = self.paths.get(fd)
-        if path is not None:
-            self.durable[path] = os.fstat(fd).st_size
-
-    def fdatasync(self, fd):
-        super().fdatasync(fd)
-        self._synced(fd)
-
-    def pwrite_dsync(self, fd, data, offset):
-        n = super().pwrite_dsync(fd, data, offset)
-        self._synced(fd)  # the runway before it was synced when it was zeroed
-        return n
-
-    def extend(self, fd, offset, length):
-        super().extend(fd, offset, length)
-        self._synced(fd)
-
-    def fsync(self, fd):
-        super().fsync(fd)
-        self._synced(fd)
-
-    def rename(self, src, dst):
-        super().rename(src, dst)
-        if src in self.durable:
-            self.durable[dst] = self.durable.pop(src)
-        for fd, p in self.paths.items():
-            if p == src:
-                self.paths[fd] = dst
-
-    def synced(self, path: str) -> int:
-        return self.durable.get(path, 0)
+def journal_file(name: str) -> bool:
+    """The files the writer makes durable itself (the LMDB index syncs its own, and is derived)."""
+    return name.endswith((".seg", ".seg.new")) or name == "probe.tmp"
 
 
-def test_every_record_is_synced_before_its_callback(tmp_path):
-    """Fails if the fdatasync before the callbacks is removed, or moved after them."""
-    io = PowerLossIO()
-    d = str(tmp_path / "j")
-    j = Journal(d, segment_size=SEG, io=io)
-    j._io = io
-    # the active segment was opened before io could track it: track it now
-    io.paths[j._fd] = j.segments[-1].path
-    io.durable[j.segments[-1].path] = os.path.getsize(j.segments[-1].path)
+@pytest.fixture
+def power(monkeypatch, tmp_path):
+    """(journal, PowerLoss): a journal whose writer's system calls feed the power-loss model
+    (tests/support/power_loss.py) from just after its open (which synced what it made)."""
+    j = Journal(str(tmp_path / "j"), segment_size=SEG)
+    writer_idle(j)
+    model = PowerLoss(j.directory, journal_file)
+    monkeypatch.setattr(fileio, "os", model)
+    yield j, model
+    if not j._closed:
+        j.close()
+
+
+def test_every_record_is_synced_before_its_callback(power):
+    """Each record's bytes, and its segment's directory entry, are durable when its callback
+    runs. Fails if the fdatasync before the callbacks is removed or moved after them, if the
+    commit's pwritev loses RWF_DSYNC (the runway's zeros stay the durable content), or if a
+    segment roll skips the directory fsync."""
+    j, model = power
     problems = []
     done = threading.Semaphore(0)
 
     def cb(pos, err):
         seg = j.segments[-1]
-        end = SEGMENT_HEADER_SIZE + (pos - seg.base) + len(record(1)[0])
-        if err is None and io.synced(seg.path) < end:
-            problems.append((pos, io.synced(seg.path), end))
+        data = record(1)[0]
+        start = SEGMENT_HEADER_SIZE + (pos - seg.base)
+        if err is None:
+            with open(seg.path, "rb") as f:
+                f.seek(start)
+                written = f.read(len(data))
+            if model.durable(seg.path)[start : start + len(data)] != written:
+                problems.append((pos, "record not durable"))
+            if os.path.basename(seg.path) not in model.entries:
+                problems.append((pos, "segment not durable in its directory"))
         done.release()
 
     for s in range(1, 40):  # crosses several segment rolls
@@ -255,31 +233,57 @@ def test_every_record_is_synced_before_its_callback(tmp_path):
         assert done.acquire(timeout=30)
     assert len(j.segments) > 2
     j.close()
-    assert problems == [], (
-        f"acknowledged before synced (position, synced bytes, needed): {problems[:3]}"
-    )
+    assert problems == [], f"acknowledged before synced: {problems[:3]}"
 
 
-def test_power_loss_keeps_every_acknowledged_record(tmp_path):
-    io = PowerLossIO()
-    d = str(tmp_path / "j")
-    j = Journal(d, segment_size=SEG, io=io)
-    io.paths[j._fd] = j.segments[-1].path
-    io.durable[j.segments[-1].path] = os.path.getsize(j.segments[-1].path)
+def test_power_loss_keeps_every_acknowledged_record(power):
+    """A power cut after the acks: the directory as the model leaves it (only what was synced,
+    the runway's zeros where a commit's write was not), reopened, holds every acknowledged
+    record."""
+    j, model = power
     acked = [s for s in range(1, 30) if put(j, s) is None]
-    # the power goes: every file keeps only what was synced (the writer thread is stopped first)
+    assert len(j.segments) > 2  # the cut also tests the rolls' directory syncs
+    # the power goes: the writer thread stops, every file keeps only what was synced
     with j._cond:
         j._closing = True
         j._cond.notify()
     j._thread.join()
-    for path in {p for p in io.paths.values()}:
-        if os.path.exists(path):
-            os.truncate(path, io.synced(path))
+    os.close(j._fd)
     os.close(j._lock_fd)
     j.index.close()
-    j2 = Journal(d, segment_size=SEG)
-    assert seqs(j2) == acked
+    j._closed = True
+    model.crash()
+    j2 = Journal(j.directory, segment_size=SEG)
+    assert seqs(j2) == acked, f"{model.unsynced_writes} writes were never synced"
     j2.close()
+
+
+def test_the_power_loss_model_keeps_only_synced_bytes(tmp_path, monkeypatch):
+    """The model itself: a plain pwrite over synced zeros leaves the zeros; RWF_DSYNC and
+    fdatasync make bytes durable; a file renamed or created without a directory fsync is, after
+    the cut, under its old name or gone."""
+    d = tmp_path / "m"
+    d.mkdir()
+    model = PowerLoss(str(d), lambda n: True)
+    fd = model.open(str(d / "a"), os.O_RDWR | os.O_CREAT)
+    model.pwrite(fd, bytes(8), 0)
+    model.fdatasync(fd)
+    dfd = model.open(str(d), os.O_RDONLY)
+    model.fsync(dfd)
+    model.pwrite(fd, b"lost", 0)
+    model.pwritev(fd, [b"kept"], 4, os.RWF_DSYNC)
+    assert model.durable(str(d / "a")) == bytes(4) + b"kept"
+    model.rename(str(d / "a"), str(d / "b"))
+    fd2 = model.open(str(d / "c"), os.O_RDWR | os.O_CREAT)
+    model.pwritev(fd2, [b"new"], 0, os.RWF_DSYNC)
+    os.close(fd)
+    os.close(fd2)
+    model.crash()
+    assert sorted(os.listdir(d)) == ["a"]
+    assert (d / "a").read_bytes() == bytes(4) + b"kept"
+    model.fsync(dfd)  # now the entries as they are count
+    os.close(dfd)
+    assert set(model.entries) == {"a"}
 
 
 # -- the TICKERTAPE_FAULTS spec --------------------------------------------------------------------
