@@ -353,7 +353,7 @@ class Replay:
             sub = c.sub
             if c.conflater is not None:
                 self._emit_conflated(c, c.conflater.due(now))
-            if c.end is not None and c.end.expired(now):
+            if c.end is not None and (c.end.expired(now) or c.end.reached(self.position)):
                 if c.conflater is not None:
                     self._emit_conflated(c, c.conflater.drain())
                 self._finish(c)

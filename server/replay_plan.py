@@ -151,6 +151,13 @@ class End:
         """A time end that has passed: nothing later can still belong to the range."""
         return self.ts is not None and now_us > self.ts
 
+    def reached(self, position: int) -> bool:
+        """A position end that a pass standing at `position` has read past (a `0|1|` end is
+        the live end when the range began: no record is ever stored there to stop at)."""
+        if self.position is None:
+            return False
+        return position > self.position or (position == self.position and not self.inclusive)
+
 
 def resolve_end(journal: Journal, point: BookmarkSpec, inclusive: bool, end_now: int) -> End:
     if isinstance(point, Now):

@@ -70,3 +70,12 @@ def test_a_time_bookmark_starts_after_a_message_at_that_time(stamped):
     c, ids, _ = replay(stamped, stamped.ts[3], "tplain")
     c.close()
     assert ids == [4, 5, 6]
+
+
+@pytest.mark.parametrize("left", ["[", "("])
+def test_a_range_that_ends_now_completes_at_the_live_end(stamped, left):
+    """`0|1|` as a range's end is the live end when the range began: the range completes there,
+    without waiting for a message stored after it (there was none here: it never completed)."""
+    c, ids, _ = replay(stamped, f"{left}{stamped.ts[4]}:0|1|)", f"tnow{left}")
+    c.close()
+    assert ids == ([4, 5, 6] if left == "[" else [5, 6])
