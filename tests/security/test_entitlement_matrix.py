@@ -66,7 +66,7 @@ ROLES = rf"""
 """
 USER = {right: f"u-{right.lower()}" for right in RIGHTS}
 PASSWORDS = {user: f"{user}-pw" for user in [*USER.values(), "feeder", "auditor"]}
-QUEUE_PATHS = ("queue delivery", "sow_delete by bookmark", "sow_delete by filter")
+QUEUE_PATHS = ("queue delivery", "sow_delete by bookmark", "sow_delete by filter", "queue replay")
 
 
 def slug(path: str) -> str:
@@ -207,12 +207,15 @@ def replace(ctx: Ctx, right: str, topic: str) -> Observed:
         c.close()
 
 
-def _replay(ctx: Ctx, right: str, topic: str, bm: str, extra: dict | None = None) -> Observed:
+def _replay(
+    ctx: Ctx, right: str, topic: str, bm: str, extra: dict | None = None, name: str = ""
+) -> Observed:
+    """A bookmark subscription to `name` (default: `topic`), whose messages are on `topic`."""
     ctx.publish(topic)
     c = ctx.conn(right, topic)
     try:
         cid = c.raw.next_cid()
-        c.raw.send({"c": "subscribe", "t": topic, "bm": bm, "cid": cid, "sub_id": "b",
+        c.raw.send({"c": "subscribe", "t": name or topic, "bm": bm, "cid": cid, "sub_id": "b",
                     "a": "processed,completed", **(extra or {})})  # fmt: skip
         got, ack = c.until(lambda h, b: h.get("c") == "ack" and h.get("cid") == cid)
         if refusal(ack):
@@ -239,6 +242,13 @@ def range_replay(ctx: Ctx, right: str, topic: str) -> Observed:
 
 def pause_resume(ctx: Ctx, right: str, topic: str) -> Observed:
     return _replay(ctx, right, topic, "0", {"o": "pause"})
+
+
+def queue_replay(ctx: Ctx, right: str, topic: str) -> Observed:
+    """A bookmark subscription to a queue's name: a plain replay of its underlying topic,
+    decided (replay) and filtered on that topic, not a queue subscription."""
+    queue, underlying = _queue(right, topic)
+    return _replay(ctx, right, underlying, "0", name=queue)
 
 
 def _queue(right: str, topic: str) -> tuple[str, str]:
@@ -391,6 +401,7 @@ RUNNERS: dict[str, Runner] = {
     "replace": replace,
     "pause/resume": pause_resume,
     "queue delivery": queue_delivery,
+    "queue replay": queue_replay,
     "sow_delete by bookmark": sow_delete_by_bookmark,
     "sow_delete by filter": sow_delete_by_filter,
     "publish (slow path)": publish_slow,
@@ -415,6 +426,8 @@ TABLE: dict[str, tuple[str, ...]] = {
     "replace":                (R,      ALL,      R,     R,      R,    R,    A),
     "pause/resume":           (R,      R,        ALL,   R,      R,    R,    A),
     "queue delivery":         (R,      R,        R,     ALL,    R,    R,    A),
+    # a bookmark on a queue's name replays its underlying topic: replay, not consume
+    "queue replay":           (R,      R,        ALL,   R,      R,    R,    A),
     "sow_delete by bookmark": (R,      R,        R,     ALL,    R,    R,    A),
     "sow_delete by filter":   (R,      R,        R,     ALL,    R,    R,    A),
     # content filters limit reading, not publishing
