@@ -207,21 +207,21 @@ def replace(ctx: Ctx, right: str, topic: str) -> Observed:
         c.close()
 
 
-def _replay(
-    ctx: Ctx, right: str, topic: str, bm: str, extra: dict | None = None, name: str = ""
-) -> Observed:
-    """A bookmark subscription to `name` (default: `topic`), whose messages are on `topic`."""
+def _replay(ctx: Ctx, right: str, topic: str, bm: str, opts: str = "", name: str = "") -> Observed:
+    """A bookmark subscription to `name` (default: `topic`), whose messages are on `topic`,
+    with options `opts` (`pause`: resumed once it is accepted)."""
+    extra = {"o": opts} if opts else {}
     ctx.publish(topic)
     c = ctx.conn(right, topic)
     try:
         cid = c.raw.next_cid()
         c.raw.send({"c": "subscribe", "t": name or topic, "bm": bm, "cid": cid, "sub_id": "b",
-                    "a": "processed,completed", **(extra or {})})  # fmt: skip
+                    "a": "processed,completed", **extra})  # fmt: skip
         got, ack = c.until(lambda h, b: h.get("c") == "ack" and h.get("cid") == cid)
         if refusal(ack):
             ctx.refusals.append((USER[right], "replay", topic))
             return "refused", got + c.drained()
-        if extra:  # started paused: nothing until it is resumed
+        if opts == "pause":  # nothing until it is resumed
             assert c.drained() == []
             assert c.request({"c": "subscribe", "sub_id": "b", "o": "resume"})["status"] == (
                 "success"
@@ -241,7 +241,12 @@ def range_replay(ctx: Ctx, right: str, topic: str) -> Observed:
 
 
 def pause_resume(ctx: Ctx, right: str, topic: str) -> Observed:
-    return _replay(ctx, right, topic, "0", {"o": "pause"})
+    return _replay(ctx, right, topic, "0", "pause")
+
+
+def conflated_replay(ctx: Ctx, right: str, topic: str) -> Observed:
+    # conflation on the replayed timeline (server/replay_plan.py's Conflater), a key per message
+    return _replay(ctx, right, topic, "[0:0|1|]", "conflation=10ms,conflation_key=/n")
 
 
 def queue_replay(ctx: Ctx, right: str, topic: str) -> Observed:
@@ -398,6 +403,7 @@ RUNNERS: dict[str, Runner] = {
     "range replay": range_replay,
     "regex subscribe": regex_subscribe,
     "conflation": conflation,
+    "conflated replay": conflated_replay,
     "replace": replace,
     "pause/resume": pause_resume,
     "queue delivery": queue_delivery,
@@ -423,6 +429,7 @@ TABLE: dict[str, tuple[str, ...]] = {
     # a regex that is not exactly a deny regex is allowed topic by topic: Deny reads nothing
     "regex subscribe":        (R,      ALL,      R,     R,      R,    NONE, A),
     "conflation":             (R,      ALL,      R,     R,      R,    R,    A),
+    "conflated replay":       (R,      R,        ALL,   R,      R,    R,    A),
     "replace":                (R,      ALL,      R,     R,      R,    R,    A),
     "pause/resume":           (R,      R,        ALL,   R,      R,    R,    A),
     "queue delivery":         (R,      R,        R,     ALL,    R,    R,    A),
