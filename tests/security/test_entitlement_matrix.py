@@ -158,7 +158,7 @@ class Ctx:
 
 
 Observed = tuple[str, list[int]]  # ("accepted" | "refused", the n's of the effect)
-Runner = Callable[[Ctx, str, str, str], Observed]  # (ctx, right, topic, user) -> Observed
+Runner = Callable[[Ctx, str, str], Observed]  # (ctx, right, the cell's topic) -> Observed
 
 
 # -- the ways in --------------------------------------------------------------------------------
@@ -167,14 +167,14 @@ Runner = Callable[[Ctx, str, str, str], Observed]  # (ctx, right, topic, user) -
 def _live(ctx: Ctx, right: str, topic: str, header: dict, wait: float = 0.0) -> Observed:
     c = ctx.conn(right, topic)
     try:
-        if refusal(c.request({"c": "subscribe", **header})):
+        refused = refusal(c.request({"c": "subscribe", **header}))
+        if refused:
             ctx.refusals.append((USER[right], "subscribe", header["t"]))
-            ctx.publish(topic)
-            return "refused", c.drained(wait) + (c.drained(wait) if wait else [])
         ctx.publish(topic)
         # after a wait (conflation windows), a second round trip: a loop that took the first
         # flush before its due timers has sent the rest by then
-        return "accepted", c.drained(wait) + (c.drained(wait) if wait else [])
+        got = c.drained(wait) + (c.drained(wait) if wait else [])
+        return ("refused" if refused else "accepted"), got
     finally:
         c.close()
 
@@ -254,31 +254,30 @@ def conflated_replay(ctx: Ctx, right: str, topic: str) -> Observed:
 def queue_replay(ctx: Ctx, right: str, topic: str) -> Observed:
     """A bookmark subscription to a queue's name: a plain replay of its underlying topic,
     decided (replay) and filtered on that topic, not a queue subscription."""
-    queue, underlying = _queue(right, topic)
+    queue, underlying = _queue(topic)
     return _replay(ctx, right, underlying, "0", name=queue)
 
 
-def _queue(right: str, topic: str) -> tuple[str, str]:
+def _queue(topic: str) -> tuple[str, str]:
     """(queue name, its underlying topic) of a cell."""
     _, path, col = topic.split(".")
     return f"mq.{path}.{col}", f"mx.q.{path}.{col}"
 
 
 def queue_delivery(ctx: Ctx, right: str, topic: str) -> Observed:
-    queue, underlying = _queue(right, topic)
+    queue, underlying = _queue(topic)
     c = ctx.conn(right, topic)
     try:
-        if refusal(c.request({"c": "subscribe", "t": queue, "o": "max_backlog=10"})):
+        refused = refusal(c.request({"c": "subscribe", "t": queue, "o": "max_backlog=10"}))
+        if refused:
             ctx.refusals.append((USER[right], "consume", queue))
-            ctx.publish(underlying)
-            return "refused", c.drained()
         ctx.publish(underlying)
-        return "accepted", c.drained()
+        return ("refused" if refused else "accepted"), c.drained()
     finally:
         c.close()
 
 
-def _deleted(ctx: Ctx, queue: str, ack: dict, survivors: list[int]) -> Observed:
+def _deleted(ack: dict, survivors: list[int]) -> Observed:
     deleted = [n for n in SEEN[ALL] if n not in survivors]
     if not deleted and refusal(ack):
         return "refused", deleted
@@ -289,7 +288,7 @@ def sow_delete_by_bookmark(ctx: Ctx, right: str, topic: str) -> Observed:
     """The auditor holds the three leases; the user acknowledges them by bookmark (`Leasing`
     sublet lets any entitled consumer do that). What is still leased afterwards is what the
     auditor gets back when it cancels its leases."""
-    queue, underlying = _queue(right, topic)
+    queue, underlying = _queue(topic)
     sub = ctx.auditor.request({"c": "subscribe", "t": queue, "o": "max_backlog=10"})
     assert sub["status"] == "success"
     ctx.publish(underlying)
@@ -305,7 +304,7 @@ def sow_delete_by_bookmark(ctx: Ctx, right: str, topic: str) -> Observed:
                           "cid": cid, "a": "processed"})  # fmt: skip
     survivors, _ = ctx.auditor.until(lambda h, b: h.get("c") == "ack" and h.get("cid") == cid)
     ctx.auditor.request({"c": "unsubscribe", "sub_id": sub["sub_id"]})
-    out = _deleted(ctx, queue, ack, survivors)
+    out = _deleted(ack, survivors)
     if out[0] == "refused":
         ctx.refusals.append((USER[right], "consume", queue))
     return out
@@ -314,7 +313,7 @@ def sow_delete_by_bookmark(ctx: Ctx, right: str, topic: str) -> Observed:
 def sow_delete_by_filter(ctx: Ctx, right: str, topic: str) -> Observed:
     """Three messages waiting (no subscriber); the user acknowledges every one its filter
     matches; the auditor then subscribes and gets what is left."""
-    queue, underlying = _queue(right, topic)
+    queue, underlying = _queue(topic)
     ctx.publish(underlying)
     c = ctx.conn(right, topic)
     try:
@@ -325,7 +324,7 @@ def sow_delete_by_filter(ctx: Ctx, right: str, topic: str) -> Observed:
     assert sub["status"] == "success"
     survivors = ctx.auditor.drained()
     ctx.auditor.request({"c": "unsubscribe", "sub_id": sub["sub_id"]})
-    out = _deleted(ctx, queue, ack, survivors)
+    out = _deleted(ack, survivors)
     if out[0] == "refused":
         ctx.refusals.append((USER[right], "consume", queue))
     return out
