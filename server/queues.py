@@ -120,6 +120,7 @@ class QueueManager:
         self._compacted: dict[int, StoredMessage] = {}  # the last compacted block read
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
+        self._checkpoints: dict[str, int] = {}  # queue name -> the checkpoint last committed
         self.failover: Failover | None = None
         # replicated events not yet journaled: (queue, origin instance, group) -> event bodies
         self._repl_out: dict[tuple[Queue, str, str], bytearray] = {}
@@ -197,17 +198,22 @@ class QueueManager:
         if taken:
             batch.after.append(partial(_events_committed, taken))
         now = time.monotonic()
-        if now - self._last_checkpoint >= 1.0 and any(
-            q.checkpoint_dirty for q in self.queues.values()
-        ):
+        if now - self._last_checkpoint >= 1.0 and self.queues:
             self._last_checkpoint = now
-            # a checkpoint committed with this batch covers only what this batch makes durable
+            # a checkpoint committed with this batch covers only what this batch makes durable.
+            # It moves whenever the low water does, not only when the queue changed: an idle,
+            # empty queue's low water follows the journal's end, and a checkpoint left behind
+            # would pin every later segment (remove-journal keeps what a checkpoint needs)
             end = self.commits.delivered_end
             meta = batch.meta or {}
             for q in self.queues.values():
-                meta[checkpoint_key(q.name_b)] = encode_checkpoint(q.low_water(end))
-                q.checkpoint_dirty = False
-            batch.meta = meta
+                low = q.low_water(end)
+                if q.checkpoint_dirty or self._checkpoints.get(q.name) != low:
+                    meta[checkpoint_key(q.name_b)] = encode_checkpoint(low)
+                    self._checkpoints[q.name] = low
+                    q.checkpoint_dirty = False
+            if meta:
+                batch.meta = meta
 
     def events_added(self) -> None:
         """Queue events ride with the next commit; if none comes soon, commit them anyway.
