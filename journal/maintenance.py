@@ -29,6 +29,13 @@ no replay is reading it. Compaction keeps every record at or after the destinati
 (policy "replication_floor", compact_job.py), so a destination that comes back is sent exactly
 what it misses.
 
+The rule that keeps archive -> compact -> remove from losing a record whatever the ages: when
+the journal is archived (archive_guard), compaction drops only records whose position the
+archive holds (policy "archived", archive_held: the manifest's archived ranges, checked against
+the archive's catalogs), never by time alone. Ages (archive, compress and remove <Age>,
+--older-than) are all measured by newest_time_us: the newest message below a segment's end,
+never what follows the segment.
+
 Replication retention: the source's sender writes each destination's acked position to the
 index metadata, key `repl_acked_key(dest)` = b"repl-acked:" + destination name (UTF-8), a u64
 LE journal position below which the destination holds everything (absent: it holds nothing
