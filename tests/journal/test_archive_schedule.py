@@ -338,3 +338,66 @@ def test_a_compaction_relying_on_archived_ranges_that_left_the_manifest_is_rejec
     assert ans["status"] == "rejected" and "no longer recorded as archived" in ans["reason"]
     assert list(j.records()) == before
     j.close()
+
+
+def test_the_cli_takes_the_segments_the_schedule_takes_and_keeps_what_is_not_archived(
+    tmp_path, capsys
+):
+    """`tickertape archive --older-than` and `compact --retention` (no server: the CLI owns the
+    journal) measure ages and guard the archive as the <Actions> steps do: the archive takes
+    the segments of old messages and of queue events up to the young messages, and with an
+    archive step configured the compaction drops nothing the archive does not hold."""
+    import argparse
+
+    from server import maintenance_cli
+    from tests.support.proc import make_config
+
+    data = tmp_path / "data"
+    j, young = _events_then_young(str(data / "journal"))
+    old = [s.base for s in j.sealed_segments() if s.end <= young]
+    before = list(j.records())
+    j.close()
+    cfg = tmp_path / "tt.xml"
+    actions = """<Actions><Action>
+      <On><Module>amps-action-on-schedule</Module><Options><Every>1d</Every></Options></On>
+      <Do><Module>amps-action-do-archive-journal</Module><Options><Age>60s</Age></Options></Do>
+      <Do><Module>tickertape-action-do-compact-journal</Module><Options><Retention>60s</Retention></Options></Do>
+    </Action></Actions>"""
+    cfg.write_text(
+        make_config(str(data), extra=actions).replace(
+            "</JournalDirectory>",
+            f"</JournalDirectory><JournalArchiveDirectory>{data}/a</JournalArchiveDirectory>",
+        )
+    )
+
+    def request(kind, **kw):
+        args = dict(
+            config=str(cfg),
+            older_than=None,
+            retention=None,
+            recompact=False,
+            master=None,
+            driver_memory="1g",
+            dry_run=False,
+            json=False,
+            quiet=True,
+            wait=5.0,
+            archive_dir=None,
+            write_request=True,
+        )
+        args.update(kw)
+        assert maintenance_cli.run(argparse.Namespace(**args), kind) == 0
+        path = capsys.readouterr().out.strip().splitlines()[-1]
+        return read_json(path)
+
+    # the ages come from the configuration's steps (60s), as the schedule's do
+    assert [e["base"] for e in request("archive")["segments"]] == old
+    assert [e["base"] for e in request("archive", older_than="60s")["segments"]] == old
+    comp = request("compact")
+    assert comp["policy"]["retention_s"] == 60.0 and comp["policy"]["archived"] == []
+    assert run_in_process(comp)["status"] == "ok"
+    j = Journal(str(data / "journal"), segment_size=64 * 1024)
+    ans = jma.apply_result(j, comp["id"])
+    assert ans["status"] == "applied" and ans["held"]["records"] > 0, ans
+    assert list(j.records()) == before
+    j.close()
