@@ -387,8 +387,9 @@ def test_the_cli_takes_the_segments_the_schedule_takes_and_keeps_what_is_not_arc
         )
         args.update(kw)
         assert maintenance_cli.run(argparse.Namespace(**args), kind) == 0
-        path = capsys.readouterr().out.strip().splitlines()[-1]
-        return read_json(path)
+        out = capsys.readouterr().out.strip().splitlines()
+        assert out, f"{kind} {kw}: no request (nothing qualifies)"
+        return read_json(out[-1])
 
     # the ages come from the configuration's steps (60s), as the schedule's do
     assert [e["base"] for e in request("archive")["segments"]] == old
