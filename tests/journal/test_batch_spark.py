@@ -438,7 +438,8 @@ def test_the_schedule_after_a_queue_drain_loses_no_acknowledged_message(spark, t
             with urllib.request.urlopen(req, timeout=10) as r:
                 assert r.status == 200
         except OSError as exc:
-            raise AssertionError(f"{exc}; server exit status {srv.proc.poll()}:\n{srv.output()}")
+            why = f"{exc}; server exit status {srv.proc.poll()}:\n{srv.output()}"
+            raise AssertionError(why) from exc
         deadline = time.monotonic() + 400
         while not any("action maint: done" in ln for ln in srv.lines[seen:]):
             assert time.monotonic() < deadline, srv.output()[-4000:]
