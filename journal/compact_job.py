@@ -9,7 +9,12 @@ Compaction keeps a record if any of these holds (policy, see maintenance.make_re
 - a replication destination may still need it: at or after `replication_floor` (the lowest
   position a configured destination has not acked, maintenance.destination_floor);
 - it is the newest message of its publisher (`keep_positions`, from the index's highest sequence
-  per publisher), so dedup state survives even an index rebuild.
+  per publisher), so dedup state survives even an index rebuild;
+- the journal is archived (policy `archived` is a list, not null) and the archive does not hold
+  it: its position is in none of the `archived` [from, to) ranges (maintenance.archive_held, from
+  the manifest). Compaction drops only what the archive holds; the records kept for this alone
+  are counted (`held_unarchived`, `held_first`, `held_last` in the output's metadata) so the
+  step can say why they stay.
 
 The segments are read with job_input.read_segment; the output (compacted.py's format) is read
 back, every block checked, before its metadata goes to the driver (batch.py).
@@ -112,6 +117,9 @@ def compact_group(group: dict[str, Any]) -> dict[str, Any]:
     seg_stats = []
     records_in = raw_in = crc_out = 0
     cutoff_position = None
+    archived = policy.get("archived")
+    held_n = 0
+    held_span = [end, base]  # the first and last position held for the archive alone
     try:
         for entry in segs:
             st = {
@@ -151,6 +159,14 @@ def compact_group(group: dict[str, Any]) -> dict[str, Any]:
                     keep = keep_mask(positions, cols, tdict, tcodes, policy, cutoff_position)
                     if len(must_keep):
                         keep |= np.isin(positions, must_keep)
+                    if archived is not None:
+                        held = ~keep & ~_inside(positions, archived)
+                        if held.any():
+                            keep |= held
+                            where = positions[held]
+                            held_n += len(where)
+                            held_span[0] = min(held_span[0], int(where[0]))
+                            held_span[1] = max(held_span[1], int(where[-1]))
                     if keep.all():
                         keep = None
                 crc_out += _write_kept(w, buf, positions, cols, keep)
@@ -161,9 +177,24 @@ def compact_group(group: dict[str, Any]) -> dict[str, Any]:
         w.abort()
         raise
     os.replace(tmp, final)
-    return _verify_compacted(
+    meta = _verify_compacted(
         final, name, info, seg_stats, records_in, raw_in, crc_out, segs, w.raw_crcs
     )
+    if held_n:
+        meta.update(held_unarchived=held_n, held_first=held_span[0], held_last=held_span[1])
+    return meta
+
+
+def _inside(positions: np.ndarray, ranges: list[list[int]]) -> np.ndarray:
+    """Which positions lie in one of the [from, to) ranges (sorted, apart)."""
+    import numpy as np
+
+    if not ranges:
+        return np.zeros(len(positions), dtype=bool)
+    starts = np.asarray([r[0] for r in ranges], dtype=np.int64)
+    ends = np.asarray([r[1] for r in ranges], dtype=np.int64)
+    i = np.searchsorted(starts, positions, side="right") - 1
+    return (i >= 0) & (positions < ends[np.maximum(i, 0)])
 
 
 def _write_kept(

@@ -191,6 +191,33 @@ class JournalIndex:
                 return None
             return _unpack_q(cur.value())[0]
 
+    def newest_time_below(self, position: int) -> int | None:
+        """An upper bound of the receive time of the newest message below `position`, at most
+        a second above it; None if no indexed message lies below `position`.
+
+        The `time` db holds the first message of each second (and every TIME_STRIDE-th), so the
+        last entry below `position` is in the same second as the newest message there or a later
+        one: its time plus a second bounds that message's. Keys are times and positions never
+        decrease with them, so the entry is found by bisecting the keys (about 64 lookups)."""
+        with self.env.begin(db=self._time) as txn:
+            cur = txn.cursor()
+            if not cur.first() or _unpack_q(cur.value())[0] >= position:
+                return None
+            lo = _unpack_q(cur.key())[0]  # a key whose position is below `position`
+            cur.last()
+            if _unpack_q(cur.value())[0] < position:
+                return _unpack_q(cur.key())[0] + 1_000_000
+            hi = _unpack_q(cur.key())[0]  # every key >= hi is at or past `position`
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                cur.set_range(_pack_q(mid))  # the first key >= mid (hi's at the latest)
+                key = _unpack_q(cur.key())[0]
+                if key < hi and _unpack_q(cur.value())[0] < position:
+                    lo = key
+                else:
+                    hi = mid
+            return lo + 1_000_000
+
     def publishers(self) -> dict[int, tuple[int, int]]:
         """publisher_id -> (highest seq, position of that message)."""
         out = {}

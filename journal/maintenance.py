@@ -29,6 +29,13 @@ no replay is reading it. Compaction keeps every record at or after the destinati
 (policy "replication_floor", compact_job.py), so a destination that comes back is sent exactly
 what it misses.
 
+The rule that keeps archive -> compact -> remove from losing a record whatever the ages: when
+the journal is archived (archive_guard), compaction drops only records whose position the
+archive holds (policy "archived", archive_held: the manifest's archived ranges, checked against
+the archive's catalogs), never by time alone. Ages (archive, compress and remove <Age>,
+--older-than) are all measured by newest_time_us: the newest message below a segment's end,
+never what follows the segment.
+
 Replication retention: the source's sender writes each destination's acked position to the
 index metadata, key `repl_acked_key(dest)` = b"repl-acked:" + destination name (UTF-8), a u64
 LE journal position below which the destination holds everything (absent: it holds nothing
@@ -54,7 +61,6 @@ from .manifest import (
     write_json_atomic,
 )
 from .queue_events import checkpoint_key, decode_checkpoint
-from .record import KIND_MESSAGE
 
 if TYPE_CHECKING:
     from .journal import Journal
@@ -64,7 +70,6 @@ log = logging.getLogger("tickertape.journal.maintenance")
 
 DEFAULT_GROUP_BYTES = 512 * 1024 * 1024
 STALE_REQUEST_S = 24 * 3600.0
-NEWEST_TIME_SPAN = 512 * 1024
 
 Json = dict[str, Any]  # a request, result, answer or catalog, as its JSON file holds it
 Queues = Iterable[tuple[str, str, bool]]  # (name, underlying topic, is a pattern) per queue
@@ -95,16 +100,16 @@ def segment_entry(seg: Segment) -> Json:
     }
 
 
-def newest_time_us(journal: Journal, seg: Segment) -> int | None:
-    """An upper bound of the receive times in `seg`: the first message time at or after its end
-    (times never decrease along the journal); None if nothing follows it yet, or no message in
-    the NEWEST_TIME_SPAN bytes after it (only queue events: taken as not old enough)."""
-    for r in journal.records(seg.end, max_bytes=64 * 1024):
-        if r.kind == KIND_MESSAGE:
-            return r.timestamp_us
-        if r.position - seg.end >= NEWEST_TIME_SPAN:
-            break
-    return None
+def newest_time_us(journal: Journal, seg: Segment) -> int:
+    """The time a maintenance age is measured from for `seg`: the receive time of the newest
+    message below its end (in it, or before it for a segment of queue events only, which carry
+    no time of their own), from the index's time entries; the file's mtime (its last write) when
+    the index knows no message there. Only the segment and what precedes it count, never what
+    follows it: times never decrease along the journal, so this grows with the position."""
+    newest = journal.index.newest_time_below(seg.end)
+    if newest is not None:
+        return newest
+    return os.stat(seg.path).st_mtime_ns // 1000
 
 
 def queue_floors(journal: Journal, queues: Queues) -> list[Json]:
@@ -147,6 +152,7 @@ def make_request(
     level: int = 3,
     group_bytes: int | None = None,
     req_id: str | None = None,
+    archive_scheduled: bool = False,
 ) -> Json | None:
     """A request for the sealed segments the job should process, or None if there are none.
 
@@ -158,6 +164,11 @@ def make_request(
     queues: (name, underlying topic, is_pattern) of every configured queue.
     destinations: names of the configured replication destinations (their acked positions
              bound what compaction may drop: policy "replication_floor").
+    archive_scheduled: an archive-journal step is configured. With it, with an archive root, or
+             once anything was archived, compaction drops only records the archive holds
+             (policy "archived", archive_guard).
+    Ages are measured from newest_time_us. Segments are taken oldest first and the walk stops at
+    the first one too young (the ages only grow along the journal).
     """
     if kind not in ("archive", "compact"):
         raise ValueError(f"unknown job kind {kind!r}")
@@ -167,21 +178,19 @@ def make_request(
     for seg in journal.sealed_segments():
         if seg.size <= 0:
             continue
-        if older_than_s:
-            newest = newest_time_us(journal, seg)
-            if newest is None or newest > now - int(older_than_s * 1_000_000):
-                break  # times only grow: later segments are younger still
-        entry = segment_entry(seg)
-        if kind == "archive":
-            # positions archived before (by an earlier run, perhaps before this segment was
-            # compacted) are never archived again: the task takes only the gaps
-            gaps = man.archive_gaps(seg.base, seg.end)
-            if not gaps:
-                continue
-            if gaps != [(seg.base, seg.end)]:
-                entry["ranges"] = [list(g) for g in gaps]
-        elif seg.reader is not None and not recompact:
+        # what the segment would give (cheap) before its age (an index lookup)
+        gaps = man.archive_gaps(seg.base, seg.end) if kind == "archive" else []
+        if kind == "archive" and not gaps:
+            continue  # positions archived before are never archived again
+        if kind == "compact" and seg.reader is not None and not recompact:
             continue
+        if older_than_s and newest_time_us(journal, seg) > now - int(older_than_s * 1_000_000):
+            break  # ages only shrink along the journal: later segments are younger still
+        entry = segment_entry(seg)
+        if kind == "archive" and gaps != [(seg.base, seg.end)]:
+            # archived in part (by an earlier run, perhaps before this segment was compacted):
+            # the task takes only the gaps
+            entry["ranges"] = [list(g) for g in gaps]
         chosen.append(entry)
     if not chosen:
         return None
@@ -211,10 +220,38 @@ def make_request(
             "queues": queue_floors(journal, queues),
             "replication_floor": destination_floor(journal, destinations),
             "keep_positions": keep,
+            "archived": (
+                archive_held(journal, archive_root)
+                if archive_guard(journal, archive_root, archive_scheduled)
+                else None
+            ),
             "level": level,
             "block_size": 1 << 20,
         }
     return req
+
+
+def archive_guard(journal: Journal, archive_root: str | None, archive_scheduled: bool) -> bool:
+    """Whether this journal is archived, so that compaction may drop only what the archive
+    holds: an archive-journal step is configured, an archive directory is given
+    (<JournalArchiveDirectory>, --archive-dir), or the manifest records archived positions."""
+    return bool(archive_scheduled or archive_root or journal.manifest.archived)
+
+
+def archive_held(journal: Journal, archive_root: str | None) -> list[list[int]]:
+    """The [from, to) position ranges the archive holds: those the manifest records as archived
+    (each verified when its archive was applied) whose catalog is still in the archive (when its
+    root is known), adjacent ranges merged. Compaction drops nothing outside them."""
+    held: list[list[int]] = []
+    cache: dict[str, Json | None] = {}
+    for b, e, cat in sorted(journal.manifest.archived, key=lambda r: r[0]):
+        if archive_root and _catalog(archive_root, cat, cache) is None:
+            continue
+        if held and held[-1][1] >= b:
+            held[-1][1] = max(held[-1][1], e)
+        else:
+            held.append([b, e])
+    return held
 
 
 def write_request(journal_dir: str, req: Json) -> str:
@@ -279,23 +316,27 @@ def remove_journal(
     now = now if now is not None else now_us()
     man = journal.manifest
     floors = queue_floors(journal, queues)
-    qfloor = min((q["floor"] for q in floors), default=None)
+    lowest: Json = min(floors, key=lambda q: q["floor"], default={"name": "", "floor": None})
+    qfloor: int | None = lowest["floor"]
     dfloor = destination_floor(journal, destinations)
     removed = []
     why = ""
     catalogs: dict[str, Json | None] = {}
+    young = False  # stopped at a segment too young: waiting, not held
     for seg in journal.sealed_segments():
-        if older_than_s:
-            newest = newest_time_us(journal, seg)
-            if newest is None or newest > now - int(older_than_s * 1_000_000):
-                why = f"{seg.path} is younger than {older_than_s:g}s"
-                break
+        if older_than_s and newest_time_us(journal, seg) > now - int(older_than_s * 1_000_000):
+            why = f"{seg.path} is younger than {older_than_s:g}s"
+            young = True
+            break
         cats = man.archive_catalogs(seg.base, seg.end)
         if cats is None or not archive_root:
             why = f"{seg.path} is not archived"
             break
         if qfloor is not None and seg.end > qfloor:
-            why = f"{seg.path} holds messages a queue has not finished (checkpoint {qfloor})"
+            why = (
+                f"{seg.path} holds messages a queue has not finished (queue {lowest['name']}, "
+                f"checkpoint {qfloor})"
+            )
             break
         if dfloor is not None and seg.end > dfloor:
             why = f"{seg.path} holds records a replication destination has not acked ({dfloor})"
@@ -312,8 +353,10 @@ def remove_journal(
             why = f"{seg.path} does not match its archive (catalog {mismatch}); archive it again"
             break
         removed.append(seg)
+    # held: a segment old enough for removal stays for a reason the operator may need to act on
+    held = bool(why) and not young
     if not removed:
-        return {"removed": 0, "reason": why}
+        return {"removed": 0, "reason": why, "held": held}
     cut = removed[-1].end
 
     def commit() -> list[Segment]:
@@ -337,6 +380,7 @@ def remove_journal(
         "start": cut,
         "bytes": sum(s.file_bytes for s in removed),
         "reason": why,
+        "held": held,
     }
 
 
@@ -389,9 +433,11 @@ def take_orders(
     archive_root: str | None,
     queues: Queues,
     destinations: Iterable[str] = (),
+    archive_scheduled: bool = False,
 ) -> list[Json]:
     """Turn each order (written by the CLI while the server runs) into a request. Returns the
-    answers: {"id", "request": path or None, "reason"} also written next to the order."""
+    answers: {"id", "request": path or None, "reason"} also written next to the order. The
+    archive guard (make_request) holds if the server's configuration or the CLI's asks for it."""
     d = journal.directory
     out = []
     for oid in ids_in(maint_dir(d, "orders")):
@@ -412,6 +458,7 @@ def take_orders(
                 destinations=destinations,
                 recompact=bool(order.get("recompact")),
                 req_id=oid,
+                archive_scheduled=archive_scheduled or bool(order.get("archive_scheduled")),
             )
             if req is None:
                 ans["reason"] = "nothing to do: no sealed segment qualifies"

@@ -160,6 +160,7 @@ def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
 
     d = journal.directory
     _check_sources(journal, req["segments"])
+    _check_archived(journal, req)
     outputs = res["outputs"]
     readers = []
     try:
@@ -238,13 +239,46 @@ def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
     rout = sum(o["records_out"] for o in outputs)
     bin_ = sum(o["bytes_in"] for o in outputs)
     bout = sum(o["bytes_out"] for o in outputs)
+    held = _held(outputs)
     return _answer(
         d,
         req["id"],
         "applied",
-        f"{len(gone)} segments -> {len(outputs)} compacted; {rin} -> {rout} records; {bin_} -> {bout} bytes",
+        f"{len(gone)} segments -> {len(outputs)} compacted; {rin} -> {rout} records; {bin_} -> {bout} bytes"
+        + (f"; {held['reason']}" if held else ""),
         generation=journal.manifest.generation,
+        **({"held": held} if held else {}),
     )
+
+
+def _check_archived(journal: Journal, req: Json) -> None:
+    """A compaction that drops only what the archive holds relied on the manifest's archived
+    ranges at request time; they must still be recorded (removal forgets ranges only with the
+    segments, which the source check catches first)."""
+    for lo, hi in (req.get("policy") or {}).get("archived") or ():
+        if journal.manifest.archive_gaps(lo, hi):
+            raise MaintenanceError(
+                f"positions [{lo}, {hi}) are no longer recorded as archived, but the request "
+                "relied on it to drop records there; run the compaction again"
+            )
+
+
+def _held(outputs: list[Json]) -> Json | None:
+    """What the job kept only because the archive does not hold it (compact_job.py), or None."""
+    held = [o for o in outputs if o.get("held_unarchived")]
+    if not held:
+        return None
+    n = sum(o["held_unarchived"] for o in held)
+    first = min(o["held_first"] for o in held)
+    last = max(o["held_last"] for o in held)
+    return {
+        "records": n,
+        "first": first,
+        "last": last,
+        "reason": f"kept {n} records past the retention that the archive does not hold "
+        f"(positions {first} to {last}): archive them (archive-journal, `tickertape archive`), "
+        "then they can be dropped",
+    }
 
 
 def pending_results(journal_dir: str) -> list[str]:

@@ -362,6 +362,15 @@ class JournalWriter(JournalState):
         data = batch[0][0] if len(batch) == 1 else b"".join(b[0] for b in batch)
         seg = self.segments[-1]
         if not data:  # only markers: durable already, since earlier commits finished
+            only: IndexMeta = {}
+            for item in batch:
+                if item[3]:
+                    only.update(item[3])
+            if only:  # metadata alone (a queue checkpoint of a quiet server): no record moves
+                try:
+                    self.index.add((), self._end, only)
+                except Exception:  # derived data, conservative when missing
+                    log.exception("journal: index metadata update failed")
             for item in batch:
                 item[2](self._end, None)
             return

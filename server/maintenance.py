@@ -11,10 +11,16 @@ writer thread between two group commits.
 Action steps (docs/configuration.md <Actions>), run in order; a step that fails skips the rest:
 - archive-journal (Age): archive sealed segments older than Age (needs JournalArchiveDirectory)
 - compress-journal (Age): compact segments older than Age, dropping nothing
-- compact-journal (Retention): compact sealed segments, dropping what is older than Retention
-  and needed by no queue and no publisher's dedup state
+- compact-journal (Retention): compact sealed segments, dropping what is older than Retention,
+  needed by no queue and no publisher's dedup state, and (when the journal is archived: an
+  archive-journal step or an archive directory is configured) held by the archive
 - remove-journal (Age): delete the oldest archived segments older than Age that no queue and no
   replay still needs
+
+A step that ran but could not do all it should (compaction kept records the archive does not
+hold; removal stopped at a segment old enough for it) is *held*: its reason is logged as a
+warning, kept with the action's last run (`status`: /stats "maintenance", the console), and the
+later steps still run.
 
 Every POLL_S the server also takes orders (CLI requests), applies results that arrived, answers
 requests whose job was lost, and unlinks retired segment files after their grace period.
@@ -91,6 +97,7 @@ class Maintenance:
         ]
         self.destinations = [d.name for d in self.config.replication.destinations]
         self.actions = list(self.config.actions)
+        self.archive_scheduled = archive_scheduled(config)
         self._next: list[float | None] = [None] * len(self.actions)
         # per action: its last run (wall-clock start and end, whether every step succeeded, and
         # what the last step that ran said), for the console
@@ -161,6 +168,7 @@ class Maintenance:
                 archive_root=self.archive_root,
                 queues=self.queues,
                 destinations=self.destinations,
+                archive_scheduled=self.archive_scheduled,
             )
             for rid in jma.pending_results(j.directory):
                 self.apply(rid)
@@ -216,19 +224,35 @@ class Maintenance:
         action = self.actions[i]
         label = _label(action)
         started = time.monotonic()
-        last: dict[str, Any] = {"started": time.time(), "ended": None, "ok": None, "result": ""}
+        last: dict[str, Any] = {
+            "started": time.time(),
+            "ended": None,
+            "ok": None,
+            "result": "",
+            "held": [],  # "<step>: <why>" for each step that could not do all it should
+            "steps": [],  # {"step", "ok", "result", "held"} for each step that ran
+        }
         self._last[i] = last
         for step in action.do:
+            held = ""
             try:
-                ok, what = await self._step(step)
+                ok, what, held = await self._step(step)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.exception("action %s: %s failed", label, step.name)
                 ok, what = False, str(exc)
             log.log(
-                logging.INFO if ok else logging.WARNING, "action %s: %s: %s", label, step.name, what
+                logging.INFO if ok and not held else logging.WARNING,
+                "action %s: %s: %s",
+                label,
+                step.name,
+                what,
             )
+            if held:
+                log.warning("action %s: %s held: %s", label, step.name, held)
+                last["held"].append(f"{step.name}: {held}")
+            last["steps"].append({"step": step.name, "ok": ok, "result": what, "held": held})
             last["ok"], last["result"] = ok, f"{step.name}: {what}"
             last["ended"] = time.time()
             if not ok:
@@ -236,7 +260,8 @@ class Maintenance:
                 break
         log.info("action %s: done in %.1fs", label, time.monotonic() - started)
 
-    async def _step(self, step: ActionStep) -> tuple[bool, str]:
+    async def _step(self, step: ActionStep) -> tuple[bool, str, str]:
+        """(succeeded, what it did, why it is held: "" when it did all it should)."""
         loop = self.loop
         j = self.journal
         if step.name == "remove-journal":
@@ -252,12 +277,14 @@ class Maintenance:
                     destinations=self.destinations,
                 ),
             )
+            held = res["reason"] if res.get("held") else ""
             if res["removed"]:
                 return (
                     True,
                     f"removed {res['removed']} segments ({res['bytes']:,} bytes); journal starts at {res['start']}",
+                    held,
                 )
-            return True, f"nothing removed ({res['reason'] or 'no sealed segment'})"
+            return True, f"nothing removed ({res['reason'] or 'no sealed segment'})", held
         kind = "archive" if step.name == "archive-journal" else "compact"
         older = step.age if step.name in ("archive-journal", "compress-journal") else None
         retention = step.retention if step.name == "compact-journal" else None
@@ -271,6 +298,7 @@ class Maintenance:
                 archive_root=self.archive_root,
                 queues=self.queues,
                 destinations=self.destinations,
+                archive_scheduled=self.archive_scheduled,
             )
             if req is not None:
                 jm.write_request(j.directory, req)
@@ -278,17 +306,21 @@ class Maintenance:
 
         req = await loop.run_in_executor(None, make)
         if req is None:
-            return True, "nothing to do"
+            return True, "nothing to do", ""
         rc, summary = await self._run_child(request_path(j.directory, req["id"]))
         if not os.path.exists(result_path(j.directory, req["id"])):
             return (
                 False,
                 f"the job exited with status {rc} and no result ({summary or 'see the log'})",
+                "",
             )
         ans = await loop.run_in_executor(None, self.apply, req["id"])
         ok = ans.get("status") in ("applied", "noop")
-        return ok, f"{ans.get('status')}: {ans.get('reason')}" + (
-            f" [{summary}]" if summary else ""
+        held = (ans.get("held") or {}).get("reason", "")
+        return (
+            ok,
+            f"{ans.get('status')}: {ans.get('reason')}" + (f" [{summary}]" if summary else ""),
+            held,
         )
 
     async def _run_child(self, req_path: str) -> tuple[int, str]:
@@ -325,6 +357,12 @@ class Maintenance:
         finally:
             self.children.pop(proc.pid, None)
         return rc, last
+
+
+def archive_scheduled(config: Config) -> bool:
+    """Whether an <Actions> step archives the journal (compaction then drops only what the
+    archive holds; the CLI and the server decide it the same way)."""
+    return any(s.name == "archive-journal" for a in config.actions for s in a.do)
 
 
 def _label(action: Action) -> str:

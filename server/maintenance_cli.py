@@ -181,6 +181,9 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
         "retention_s": retention,
         "archive_root": archive_root,
         "recompact": bool(getattr(args, "recompact", False)),
+        # as the server decides it (server/maintenance.archive_scheduled): with an archive step
+        # configured, compaction drops only what the archive holds
+        "archive_scheduled": any(s.name == "archive-journal" for a in cfg.actions for s in a.do),
     }
 
     # 1. the request: ours if we can own the journal, else the server's
@@ -247,11 +250,15 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
             print(
                 f"  {s['path']}  [{s['base']}, {s['end']})  {s['kind']}  {s['file_bytes']:,} bytes"
             )
-        if req.get("policy", {}).get("cutoff_us"):
+        policy = req.get("policy", {})
+        if policy.get("cutoff_us"):
             print(
-                f"  drop cutoff: records received before {_iso(req['policy']['cutoff_us'])}, "
-                f"queues {[(q['name'], q['floor']) for q in req['policy']['queues']]}"
+                f"  drop cutoff: records received before {_iso(policy['cutoff_us'])}, "
+                f"queues {[(q['name'], q['floor']) for q in policy['queues']]}"
             )
+            if policy.get("archived") is not None:
+                held = ", ".join(f"[{lo}, {hi})" for lo, hi in policy["archived"]) or "nothing"
+                print(f"  drops only what the archive holds: {held}")
         return 0
 
     # 2. the job, here

@@ -102,7 +102,13 @@ class Batch:
 
     def empty(self) -> bool:
         return not (
-            self.data or self.msgs or self.acks or self.flushes or self.after or self.durable
+            self.data
+            or self.msgs
+            or self.acks
+            or self.flushes
+            or self.after
+            or self.durable
+            or self.meta
         )
 
 
@@ -318,7 +324,10 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
             return
         self.batch = Batch()
         self._lone = len(batch.first_seq) <= 1 and len(batch.acks) <= 1
-        if self.journal is None or (not batch.data and self.inflight_batches == 0):
+        # a batch of metadata alone (a queue checkpoint) still goes to the journal's index
+        if self.journal is None or (
+            not batch.data and not batch.meta and self.inflight_batches == 0
+        ):
             self._committed(batch, self.delivered_end, None, -1)
             return
         size = len(batch.data)

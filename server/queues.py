@@ -120,6 +120,8 @@ class QueueManager:
         self._compacted: dict[int, StoredMessage] = {}  # the last compacted block read
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
+        self._checkpoints: dict[str, int] = {}  # queue name -> the checkpoint last committed
+        self._checkpoint_timer: asyncio.TimerHandle | None = None
         self.failover: Failover | None = None
         # replicated events not yet journaled: (queue, origin instance, group) -> event bodies
         self._repl_out: dict[tuple[Queue, str, str], bytearray] = {}
@@ -197,17 +199,33 @@ class QueueManager:
         if taken:
             batch.after.append(partial(_events_committed, taken))
         now = time.monotonic()
-        if now - self._last_checkpoint >= 1.0 and any(
-            q.checkpoint_dirty for q in self.queues.values()
-        ):
+        if self.queues and now - self._last_checkpoint < 1.0:
+            # not now: a commit at most a second from now carries it, even on a quiet server
+            # (the checkpoint alone is committed to the index, journal/writer.py)
+            if self._checkpoint_timer is None and not self.loading:
+                self._checkpoint_timer = self.loop.call_later(
+                    self._last_checkpoint + 1.0 - now, self._checkpoint_due
+                )
+        elif self.queues:
             self._last_checkpoint = now
-            # a checkpoint committed with this batch covers only what this batch makes durable
+            # a checkpoint committed with this batch covers only what this batch makes durable.
+            # It moves whenever the low water does, not only when the queue changed: an idle,
+            # empty queue's low water follows the journal's end, and a checkpoint left behind
+            # would pin every later segment (remove-journal keeps what a checkpoint needs)
             end = self.commits.delivered_end
             meta = batch.meta or {}
             for q in self.queues.values():
-                meta[checkpoint_key(q.name_b)] = encode_checkpoint(q.low_water(end))
-                q.checkpoint_dirty = False
-            batch.meta = meta
+                low = q.low_water(end)
+                if q.checkpoint_dirty or self._checkpoints.get(q.name) != low:
+                    meta[checkpoint_key(q.name_b)] = encode_checkpoint(low)
+                    self._checkpoints[q.name] = low
+                    q.checkpoint_dirty = False
+            if meta:
+                batch.meta = meta
+
+    def _checkpoint_due(self) -> None:
+        self._checkpoint_timer = None
+        self.commits.schedule()
 
     def events_added(self) -> None:
         """Queue events ride with the next commit; if none comes soon, commit them anyway.
@@ -240,10 +258,10 @@ class QueueManager:
 
     def stop(self) -> None:
         """No more timers (shutdown): pending events go with the pipeline's last commit."""
-        for timer in (self._timer, self._event_timer):
+        for timer in (self._timer, self._event_timer, self._checkpoint_timer):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._event_timer = None
+        self._timer = self._event_timer = self._checkpoint_timer = None
         self._timer_at = float("inf")
 
     def tick(self) -> None:

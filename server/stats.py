@@ -255,6 +255,7 @@ class Stats:
             "journal": None,
             "queues": self.queues.snapshot(),
             "queue_recovery_s": round(self.queues.recovery_seconds, 3),
+            "maintenance": self._maintenance(),
             "limits": {"input_buffered_bytes": self.intake.buffered, **self.intake.counts},
             "refused_above_gap": p.refused_above_gap,
             "replication": {
@@ -288,6 +289,15 @@ class Stats:
                 "integrity": j.integrity.snapshot(),
             }
         return out
+
+    def _maintenance(self) -> dict[str, Any]:
+        """The scheduled actions (Maintenance.status) and, over their last runs, every step that
+        could not do all it should and why ("held": "<action>: <step>: <why>")."""
+        actions = self.actions() if self.actions is not None else []
+        held = [
+            f"{a['name']}: {h}" for a in actions if a.get("last") for h in a["last"].get("held", ())
+        ]
+        return {"actions": actions, "held": held}
 
     def prometheus(self) -> str:
         snap = self.snapshot()

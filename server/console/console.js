@@ -307,10 +307,19 @@ const ACTION_COLUMNS = [
   { key: "name", label: "Action" },
   { key: "steps", label: "Steps", fmt: (s) => s.join(", ") },
   { key: "last", label: "Last run", fmt: (l, r) => r.running ? "running" : when(l && l.started) },
-  { key: "last", label: "Result", fmt: (l) => !l ? "–" : (l.ok === false ? "failed: " : "") + l.result },
+  { key: "last", label: "Result", fmt: actionResult },
   { key: "next_run", label: "Next run", fmt: (t, r) => r.trigger === "startup" ? "at startup" : when(t) },
   { key: "name", label: "", button: runButton },
 ];
+
+// What the last run's last step said; `failed:` when a step failed (the rest were skipped), and
+// `held:` for each step that ran but could not do all it should, with its reason.
+function actionResult(l) {
+  if (!l) return "–";
+  const out = (l.ok === false ? "failed: " : "") + l.result;
+  const held = (l.held || []).map((h) => "held: " + h);
+  return [out, ...held].join("\n");
+}
 
 // The other action: run a scheduled journal action now, after the user confirms (the same
 // header as the disconnect action).

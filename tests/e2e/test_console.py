@@ -266,6 +266,37 @@ def test_run_a_journal_action_now(tmp_path):
         ev.close()
 
 
+def test_a_held_step_says_why_in_the_log_the_stats_and_the_console(tmp_path):
+    """remove-journal finds an old segment it cannot remove (nothing is archived): the step is
+    held, and its reason is in the log (WARNING), in /stats (`maintenance`) and in the console's
+    details of the action's last run."""
+    actions = """<Actions><Action>
+      <On><Module>amps-action-on-schedule</Module><Options><Every>1h</Every><Name>nightly</Name></Options></On>
+      <Do><Module>amps-action-do-remove-journal</Module><Options><Age>0s</Age></Options></Do>
+    </Action></Actions>"""
+    with ServerProcess(tmp_path / "h", extra=actions, journal_size="64KB") as srv:
+        pad = "y" * 200
+        publish_many(srv.port, "console.t", [f'{{"p":"{pad}"}}'] * 600, name="held-pub").close()
+        action = {"X-Requested-By": "tickertape-console"}
+        assert _post(srv.admin_port, "/actions/nightly/run", action)[0] == 200
+        line = srv.wait_for_log(r"action nightly: remove-journal held: ")
+        assert "WARNING" in line and line.endswith(".seg is not archived"), line
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats", timeout=10) as r:
+            maint = json.loads(r.read())["maintenance"]
+        (held,) = maint["held"]
+        assert held.startswith("nightly: remove-journal: ") and held.endswith("is not archived")
+        (nightly,) = maint["actions"]
+        (step,) = nightly["last"]["steps"]
+        assert step["step"] == "remove-journal" and step["ok"] is True
+        assert step["held"].endswith("is not archived")
+        ev = Events(srv.admin_port)
+        assert ev.next()[0] == "history"
+        _, data = ev.next()
+        (shown,) = data["actions"]  # type: ignore[index]
+        assert shown["last"]["held"] == [f"remove-journal: {step['held']}"]
+        ev.close()
+
+
 def test_segments_show_their_time_ranges(tmp_path):
     """Small segments: each shows the receive time of its first message, and a sealed one the
     next one's first as its end; the active one ends now."""

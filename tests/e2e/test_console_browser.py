@@ -352,6 +352,31 @@ def test_run_a_journal_action_asks_then_runs(browser, tmp_path):
     assert errors == []
 
 
+def test_a_held_step_shows_its_reason_under_the_result(browser, tmp_path):
+    actions = """<Actions><Action>
+      <On><Module>amps-action-on-schedule</Module><Options><Every>1h</Every><Name>nightly</Name></Options></On>
+      <Do><Module>amps-action-do-remove-journal</Module><Options><Age>0s</Age></Options></Do>
+    </Action></Actions>"""
+    with ServerProcess(tmp_path / "h", extra=actions, journal_size="64KB") as srv:
+        pad = "y" * 200
+        publish_many(srv.port, "console.t", [f'{{"p":"{pad}"}}'] * 600, name="held-pub").close()
+        ctx, pg, errors = _open(browser, srv.admin_port, "journal")
+        row = pg.locator("#actions-table tr", has_text="nightly")
+        row.wait_for(timeout=10_000)
+        pg.once("dialog", lambda d: d.accept())
+        row.locator("button", has_text="Run now").click()
+        srv.wait_for_log(r"action nightly: remove-journal held: ")
+        pg.wait_for_function(
+            "() => document.querySelector('#actions-table').innerText"
+            ".includes('held: remove-journal: ')",
+            timeout=10_000,
+        )
+        text = row.inner_text()
+        assert "nothing removed" in text and "is not archived" in text, text
+        ctx.close()
+    assert errors == []
+
+
 def test_an_unauthenticated_request_is_refused_once_authentication_is_configured(browser, tmp_path):
     from tests.security.servers import users_file
 

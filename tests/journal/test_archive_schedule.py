@@ -207,3 +207,198 @@ def test_a_dry_run_whose_reader_goes_away_ends_quietly(tmp_path):
     assert p.wait(60) == 141
     assert p.stderr.read() == b""
     p.stderr.close()
+
+
+def _events_then_young(d):
+    """Old messages (2023) over a few segments, then more than 512 KiB of queue events only
+    (a consumer draining), then young messages (a second before NOW): (journal, young's
+    position)."""
+    from tests.support.journal_data import TS0, mixed_records, queue_event, submit
+
+    j = build(d, batches=10, per_batch=60)
+    body_ops = [(2, 0, TS0)] * 80  # 80 ACKED entries: about 1 KiB a record
+    for _ in range(24):
+        submit(j, [queue_event("work-q", body_ops) for _ in range(32)])
+    young = submit(j, mixed_records(60, start_seq=5000, ts0=NOW - 1_000_000 - 5000 * 1000))
+    for k in range(10):  # seal the young one
+        submit(j, mixed_records(100, start_seq=6000 + 100 * k, ts0=NOW - 6000 * 1000))
+    return j, young
+
+
+NOW = 1_800_000_000_000_000  # 2027: the journals built here are from 2023
+
+
+def test_a_segment_followed_only_by_queue_events_is_archived_by_its_own_age(tmp_path):
+    """The age of a segment is its newest message's (or, with queue events only, the newest
+    message's before it), never what follows it: segments of old messages and of queue events
+    are old, whatever comes after, and the walk stops only at the young messages."""
+    d, root = str(tmp_path / "j"), str(tmp_path / "archive")
+    j, young = _events_then_young(d)
+    sealed = j.sealed_segments()
+    old = [s for s in sealed if s.end <= young]
+    assert len(old) >= 12 and len(old) < len(sealed)
+    for _ in range(2):  # and the same across a reopen (the index's time entries are kept)
+        req = jm.make_request(j, "archive", archive_root=root, older_than_s=60.0, now=NOW)
+        assert [e["base"] for e in req["segments"]] == [s.base for s in old]
+        res = jm.make_request(j, "compact", older_than_s=60.0, now=NOW)
+        assert [e["base"] for e in res["segments"]] == [s.base for s in old]  # the same notion
+        j.close()
+        j = Journal(d, segment_size=64 * 1024)
+    # removal measures the same age: it stops at the first segment not archived, not earlier
+    res = jm.remove_journal(j, older_than_s=60.0, archive_root=root, now=NOW)
+    assert res["removed"] == 0 and res["reason"] == f"{old[0].path} is not archived", res
+    assert res["held"] is True
+    j.close()
+
+
+def test_newest_time_below_bounds_the_newest_message_by_a_second(tmp_path):
+    j = build(str(tmp_path / "j"), batches=30, per_batch=60, ts_step=37_000)
+    recs = [r for r in j.records() if r.kind == 1]
+    for probe in [recs[0].position + 1, *(r.position for r in recs[1::97]), j.end_position]:
+        newest = max(r.timestamp_us for r in recs if r.position < probe)
+        got = j.index.newest_time_below(probe)
+        assert newest < got <= newest + 1_000_000, probe
+    assert j.index.newest_time_below(recs[0].position) is None
+    j.close()
+
+
+def test_compaction_drops_only_what_the_archive_holds(tmp_path):
+    """archive (two oldest segments) -> compact with a retention every record is past: records
+    the archive holds may go, the others all stay, and the step says how many it kept and why."""
+    d, root = str(tmp_path / "j"), str(tmp_path / "archive")
+    j = build(d, batches=40, per_batch=60)
+    sealed = j.sealed_segments()
+    before = list(j.records())
+    first = jm.make_request(j, "archive", archive_root=root)
+    first["segments"] = first["segments"][:2]
+    jm.write_request(d, first)
+    assert run_in_process(first)["status"] == "ok"
+    assert jma.apply_result(j, first["id"])["status"] == "applied"
+    half = sealed[1].end
+
+    req = jm.make_request(j, "compact", retention_s=3600.0, archive_root=root)
+    jm.write_request(d, req)
+    assert run_in_process(req)["status"] == "ok"
+    ans = jma.apply_result(j, req["id"])
+    assert ans["status"] == "applied", ans
+    unarchived = [r for r in before if r.position >= half]
+    for _ in range(2):  # through the journal's API, and across a reopen
+        after = list(j.records())
+        assert [r for r in after if r.position >= half] == unarchived
+        assert len([r for r in after if r.position < half]) < sum(
+            1 for r in before if r.position < half
+        )
+        j.close()
+        j = Journal(d, segment_size=64 * 1024)
+    # everything that left the journal is in the archive
+    held = set(archived_positions(root)) | {r.position for r in j.records()}
+    assert {r.position for r in before} <= held
+    # the request named what the archive holds; the answer says what was kept, and why
+    assert req["policy"]["archived"] == [[sealed[0].base, half]]
+    assert ans["held"]["records"] > 0 and ans["held"]["first"] == half, ans
+    assert "the archive does not hold" in ans["reason"]
+    j.close()
+
+
+def test_an_archive_directory_with_nothing_archived_keeps_every_record(tmp_path):
+    """With an archive step configured (or an archive directory) but nothing archived yet,
+    compaction drops nothing for age; without any archiving it drops by retention alone."""
+    d = str(tmp_path / "j")
+    j = build(d, batches=20, per_batch=60)
+    before = list(j.records())
+    req = jm.make_request(j, "compact", retention_s=3600.0, archive_root=str(tmp_path / "a"))
+    jm.write_request(d, req)
+    assert run_in_process(req)["status"] == "ok"
+    ans = jma.apply_result(j, req["id"])
+    assert ans["status"] == "applied", ans
+    assert list(j.records()) == before
+    assert req["policy"]["archived"] == [] and ans["held"]["records"] > 0, ans
+    scheduled = jm.make_request(
+        j, "compact", retention_s=3600.0, archive_scheduled=True, recompact=True
+    )
+    assert scheduled["policy"]["archived"] == []
+    plain = jm.make_request(j, "compact", retention_s=3600.0, recompact=True)
+    assert plain["policy"]["archived"] is None  # nothing archives this journal: retention rules
+    j.close()
+
+
+def test_a_compaction_relying_on_archived_ranges_that_left_the_manifest_is_rejected(tmp_path):
+    d, root = str(tmp_path / "j"), str(tmp_path / "archive")
+    j = build(d, batches=20, per_batch=60)
+    run(j, "archive", archive_root=root)
+    req = jm.make_request(j, "compact", retention_s=3600.0, archive_root=root)
+    assert req["policy"]["archived"]
+    jm.write_request(d, req)
+    assert run_in_process(req)["status"] == "ok"
+    man = j.manifest.copy()
+    man.archived = []  # e.g. a manifest restored from before the archive
+    j.run_in_writer(lambda: j.commit_layout(man, j.sealed_segments())).result()
+    before = list(j.records())
+    ans = jma.apply_result(j, req["id"])
+    assert ans["status"] == "rejected" and "no longer recorded as archived" in ans["reason"]
+    assert list(j.records()) == before
+    j.close()
+
+
+def test_the_cli_takes_the_segments_the_schedule_takes_and_keeps_what_is_not_archived(
+    tmp_path, capsys
+):
+    """`tickertape archive --older-than` and `compact --retention` (no server: the CLI owns the
+    journal) measure ages and guard the archive as the <Actions> steps do: the archive takes
+    the segments of old messages and of queue events up to the young messages, and with an
+    archive step configured the compaction drops nothing the archive does not hold."""
+    import argparse
+
+    from server import maintenance_cli
+    from tests.support.proc import make_config
+
+    data = tmp_path / "data"
+    j, young = _events_then_young(str(data / "journal"))
+    old = [s.base for s in j.sealed_segments() if s.end <= young]
+    before = list(j.records())
+    j.close()
+    cfg = tmp_path / "tt.xml"
+    actions = """<Actions><Action>
+      <On><Module>amps-action-on-schedule</Module><Options><Every>1d</Every></Options></On>
+      <Do><Module>amps-action-do-archive-journal</Module><Options><Age>60s</Age></Options></Do>
+      <Do><Module>tickertape-action-do-compact-journal</Module><Options><Retention>60s</Retention></Options></Do>
+    </Action></Actions>"""
+    cfg.write_text(
+        make_config(str(data), extra=actions).replace(
+            "</JournalDirectory>",
+            f"</JournalDirectory><JournalArchiveDirectory>{data}/a</JournalArchiveDirectory>",
+        )
+    )
+
+    def request(kind, **kw):
+        args = dict(
+            config=str(cfg),
+            older_than=None,
+            retention=None,
+            recompact=False,
+            master=None,
+            driver_memory="1g",
+            dry_run=False,
+            json=False,
+            quiet=True,
+            wait=5.0,
+            archive_dir=None,
+            write_request=True,
+        )
+        args.update(kw)
+        assert maintenance_cli.run(argparse.Namespace(**args), kind) == 0
+        out = capsys.readouterr().out.strip().splitlines()
+        assert out, f"{kind} {kw}: no request (nothing qualifies)"
+        return read_json(out[-1])
+
+    # the ages come from the configuration's steps (60s), as the schedule's do
+    assert [e["base"] for e in request("archive")["segments"]] == old
+    assert [e["base"] for e in request("archive", older_than="60s")["segments"]] == old
+    comp = request("compact")
+    assert comp["policy"]["retention_s"] == 60.0 and comp["policy"]["archived"] == []
+    assert run_in_process(comp)["status"] == "ok"
+    j = Journal(str(data / "journal"), segment_size=64 * 1024)
+    ans = jma.apply_result(j, comp["id"])
+    assert ans["status"] == "applied" and ans["held"]["records"] > 0, ans
+    assert list(j.records()) == before
+    j.close()

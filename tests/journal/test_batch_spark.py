@@ -389,3 +389,136 @@ def test_a_damaged_record_is_skipped_and_reported_not_archived(spark, tmp_path):
     rows = spark.read.schema(jobs.SPARK_SCHEMA).parquet(root).orderBy("position").collect()
     assert [r["position"] for r in rows] == [w.position for w in want]
     j.close()
+
+
+@pytest.mark.slow
+def test_the_schedule_after_a_queue_drain_loses_no_acknowledged_message(spark, tmp_path):
+    """Issue 23: archive (Age) -> compact (Retention) -> remove (Age), all on one short age, run
+    right after a queue consumer drained its messages and another topic was published, then once
+    more when everything is old. Every acknowledged message is in the journal or in the archive
+    after each run; compaction says what it kept for the archive; the drained, idle queue pins
+    nothing (the second run removes every sealed segment)."""
+    import urllib.request
+
+    import pyarrow.dataset as ds
+
+    directory = tmp_path / "srv"
+    directory.mkdir()
+    archive = str(tmp_path / "archive")
+    age = 4.0
+    # the schedule never comes due in the test: each run is asked for (the console's "Run now")
+    extra = f"""<SOW><Queue><Name>work-q</Name><UnderlyingTopic>work</UnderlyingTopic>
+      <MaxPerSubscriptionBacklog>1000</MaxPerSubscriptionBacklog></Queue></SOW>
+    <Actions><Action>
+      <On><Module>amps-action-on-schedule</Module><Options><Every>1d</Every><Name>maint</Name></Options></On>
+      <Do><Module>amps-action-do-archive-journal</Module><Options><Age>{age:g}s</Age></Options></Do>
+      <Do><Module>tickertape-action-do-compact-journal</Module><Options><Retention>{age:g}s</Retention></Options></Do>
+      <Do><Module>amps-action-do-remove-journal</Module><Options><Age>{age:g}s</Age></Options></Do>
+    </Action></Actions>"""
+    xml = make_config(
+        str(directory), topics=("work", "hist"), journal_size="64KB", extra=extra
+    ).replace(
+        "</JournalDirectory>",
+        f"</JournalDirectory><JournalArchiveDirectory>{archive}</JournalArchiveDirectory>",
+    )
+    body = lambda i: json.dumps({"i": i, "pad": "w" * 60})
+    n_work, n_first, n_hist = 3000, 1000, 2000
+    srv = ServerProcess(directory, config_xml=xml)
+    srv.start()
+
+    def run_action():
+        seen = len(srv.lines)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{srv.admin_port}/actions/maint/run",
+            method="POST",
+            headers={"X-Requested-By": "tickertape-console"},
+            data=b"",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200
+        except OSError as exc:
+            why = f"{exc}; server exit status {srv.proc.poll()}:\n{srv.output()}"
+            raise AssertionError(why) from exc
+        deadline = time.monotonic() + 400
+        while not any("action maint: done" in ln for ln in srv.lines[seen:]):
+            assert time.monotonic() < deadline, srv.output()[-4000:]
+            time.sleep(0.2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats", timeout=10) as r:
+            return json.loads(r.read()).get("maintenance")
+
+    def nothing_lost(published):
+        in_journal = {t: set(_replay(srv.port, t, f"r-{t}-{time.time()}")) for t in published}
+        in_archive: dict = {t: set() for t in published}
+        if os.path.isdir(archive):
+            rows = ds.dataset(archive, format="parquet", partitioning="hive").to_table(
+                columns=["body", "topic", "kind"]
+            )
+            for b, t, k in zip(*(rows[c].to_pylist() for c in ("body", "topic", "kind"))):
+                if k == 1:
+                    in_archive[t].add(json.loads(b)["i"])
+        for topic, ids in published.items():
+            lost = ids - in_journal[topic] - in_archive[topic]
+            assert not lost, (topic, len(lost), sorted(lost)[:10], srv.output()[-3000:])
+        return in_journal
+
+    try:
+        publish_many(srv.port, "work", [body(i) for i in range(1, n_work + 1)], name="pub-w")
+        c = Raw(srv.port)
+        c.logon("worker")
+        c.send({"c": "subscribe", "t": "work-q", "cid": "q", "o": "max_backlog=1000"})
+        drained = 0
+        while drained < n_work:
+            got = c.messages(min(500, n_work - drained), timeout=30)
+            cid = f"k{drained}"
+            c.send(
+                {
+                    "c": "sow_delete",
+                    "t": "work-q",
+                    "bm": ",".join(h["bm"] for h, _ in got),
+                    "cid": cid,
+                    "a": "processed",
+                }
+            )
+            assert c.ack("processed", cid, timeout=30)["records_deleted"] == len(got)
+            drained += len(got)
+        c.close()
+        time.sleep(3.5)
+        hist = Raw(srv.port)
+        hist.logon("pub-h")
+        # enough to seal segments that are young when the archive looks and past the retention
+        # when the compaction (a minute later, after the archive job) does
+        publish_many(srv.port, "hist", [body(i) for i in range(1, n_first + 1)], conn=hist)
+        first = time.time()
+        # 1. right after the drain: the work messages are old, the first hist ones are not
+        time.sleep(max(0.0, first + age - 1.5 - time.time()))
+        run_action()
+        published = {"work": set(range(1, n_work + 1)), "hist": set(range(1, n_first + 1))}
+        nothing_lost(published)
+
+        for lo in range(n_first + 1, n_hist + 1, 300):  # more of the other topic, then quiet
+            hi = min(lo + 300, n_hist + 1)
+            publish_many(
+                srv.port, "hist", [body(i) for i in range(lo, hi)], conn=hist, start_seq=lo
+            )
+        hist.close()
+        published["hist"] = set(range(1, n_hist + 1))
+        time.sleep(age + 1.5)
+        # 2. everything old: all of it archived, then every sealed segment removed
+        maint = run_action()
+        in_journal = nothing_lost(published)
+        (action,) = maint["actions"]
+        assert [s["step"] for s in action["last"]["steps"]] == [
+            "archive-journal",
+            "compact-journal",
+            "remove-journal",
+        ]
+        assert action["last"]["ok"] is True and maint["held"] == [], maint
+        out = srv.output()
+        assert "compact-journal: applied" in out and "remove-journal: removed" in out, out[-3000:]
+        # the first run's compaction kept what the archive did not hold yet, and said so
+        assert "that the archive does not hold" in out, out[-3000:]
+        # the drained, idle queue pinned nothing: no work message is left in the journal
+        assert in_journal["work"] == set(), sorted(in_journal["work"])[:10]
+    finally:
+        srv.stop()

@@ -124,3 +124,39 @@ async def test_queue_state_survives_a_restart(make_core):
     c.send("subscribe", t="work-q", sub_id="w")
     (d,) = _deliveries(c.take())
     assert json.loads(d.body)["n"] == 2  # 1 was acked; 2 was leased: delivered again
+
+
+async def test_an_idle_empty_queue_moves_its_checkpoint_with_the_journal(make_core):
+    """A drained queue that nothing changes any more: its checkpoint still follows the journal
+    (every message of it below the end is done), so it pins no segment for remove-journal."""
+    core = make_core(QUEUES)
+    pub = core.client("pub")
+    for n in range(1, 4):
+        pub.send("publish", json.dumps({"n": n}), t="work", s=n)
+    await core.settle()
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w")
+    for _ in range(3):  # backlog 1: one at a time
+        (d,) = _deliveries(c.take())
+        c.send("sow_delete", t="work-q", bm=d["bm"], a="processed")
+        await core.settle()
+    assert core.queues.get("work-q").depth == 0
+    core.queues._last_checkpoint = 0.0  # checkpoints go at most once a second
+    pub.send("publish", json.dumps({"n": 0}), t="other", s=4)
+    await core.settle()
+    drained = decode_checkpoint(core.journal.index.get_meta(checkpoint_key("work-q")))
+    # the queue is empty and idle from here on; only other topics are published
+    for s in range(5, 25):
+        pub.send("publish", json.dumps({"n": s}), t="other", s=s)
+        await core.settle()
+    # then the server goes quiet: within a second or so the checkpoint is the journal's end
+    # (committed alone, with no record, into the index)
+    end = core.journal.end_position
+    assert end > drained
+
+    def checkpoint():
+        return decode_checkpoint(core.journal.index.get_meta(checkpoint_key("work-q")))
+
+    await core.until(lambda: checkpoint() == end, timeout=5.0)
+    assert core.journal.end_position == end
+    await core.aclose()
