@@ -223,6 +223,13 @@ class QueueState:
             self.expiry[position] = dl
             heapq.heappush(self.exp_heap, (dl, position))
 
+    def keep_waiting(self, pos: int, ts: int) -> None:
+        """A committed message whose way into the queue failed midway: it waits (without an
+        expiration) unless it got somewhere already (leased, waiting, held for its owner)."""
+        held = self.repl is not None and any(pos in h for h in self.repl.held.values())
+        if pos not in self.leased and not held and not self.is_waiting(pos):
+            self.add_waiting(pos, ts, None)
+
     def is_waiting(self, pos: int) -> bool:
         """Whether the message at `pos` waits here (returned, parked, or in the arrays)."""
         if pos in self.returned or pos in self.parked:
