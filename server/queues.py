@@ -419,9 +419,7 @@ class QueueManager:
                 recs, _ = scan_records(buf[pos - base : pos - base + LOCATE_SPAN], pos)
                 if len(self._located) + len(recs) > LOCATE_MEMO:
                     self._located.clear()
-                for r in recs:
-                    if r[1] == KIND_MESSAGE:
-                        self._located[(r[2], r[3])] = r[0]
+                self._located.update(((r[2], r[3]), r[0]) for r in recs if r[1] == KIND_MESSAGE)
         return pos
 
     def origin_at(self, position: int) -> tuple[tuple[str, int] | None, int, Any] | None:
@@ -539,11 +537,17 @@ class QueueManager:
                             and q.passes_filter(body)
                         ):
                             exp = extra[0] if extra else None
-                            if q.repl is not None and q.repl.place(
-                                position, ts, exp, record_origin(extra, ts)
-                            ):
-                                continue
-                            q.add_waiting(position, ts, exp)
+                            try:
+                                if q.repl is not None and q.repl.place(
+                                    position, ts, exp, record_origin(extra, ts)
+                                ):
+                                    continue
+                                q.add_waiting(position, ts, exp)
+                            except Exception:  # as on_committed: this one waits, the rest go on
+                                log.exception(
+                                    "queue %s: message at %d not taken as is", q.name, position
+                                )
+                                q.keep_waiting(position, ts)
                 elif kind == KIND_QUEUE_EVENT:
                     if tb in by_name:
                         rq = by_name[tb].repl

@@ -359,3 +359,22 @@ async def test_a_message_that_fails_to_queue_waits_and_the_rest_of_its_commit_is
     c = core.client("c")
     c.send("subscribe", t="cq", sub_id="q", o="max_backlog=10")
     assert _ns(c.take()) == [1, 2, 3, 4]  # 2 without its expiration, rather than lost
+
+
+async def test_recovery_keeps_a_message_whose_bookkeeping_fails_and_every_other(
+    make_core, monkeypatch
+):
+    from server.queue_state import QueueState
+    from server.queues import QueueManager
+
+    core = make_core(QUEUES)
+    positions = await _one_commit(core, [None, 9.0, None])
+
+    def broken(self, ts, exp):
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(QueueState, "deadline_for", broken)
+    again = QueueManager(core.config.queues, "core", core.journal, core.loop, core.pipeline)
+    again.recover()  # a restart over the same journal
+    q = again.get("cq")
+    assert [p for p in q.avail_pos if p not in q.gone] == positions
