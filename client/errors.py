@@ -58,7 +58,7 @@ _HINTS = {
     "republish once it recovers",
     "not entitled": "this user may not use that topic",
     "subscription already exists": "use another sub_id, or options='replace'",
-    "not a queue": "sow_delete acknowledges queue messages; use a queue topic",
+    "not a queue": "sow_delete and max_backlog are for queues; use a queue's name",
     "logon required": "call logon() before any other command",
 }
 

@@ -42,6 +42,9 @@ MAX_SUB_ID_BYTES = 256
 MAX_BOOKMARK_BYTES = 64 * 1024
 MAX_OPTIONS_BYTES = 4096
 MAX_NAME_BYTES = 1024
+# The longest expiration `e` a publish may ask for, in seconds (10 years): queues add it to a
+# receive time in microseconds, so it must stay a finite, integral-sized number.
+MAX_EXPIRATION = 10 * 365 * 86_400
 
 
 class HeaderError(ValueError):
@@ -233,7 +236,6 @@ _SIZED = (
 # A str of n characters is at most 4n bytes in UTF-8: fields this short are never too long. This
 # runs for every command (every publish), so the common case is one comparison per field.
 _SHORT = min(limit for _, limit, _, _ in _SIZED) // 4
-_INF = float("inf")
 
 
 def check_fields(h: Header) -> FieldError | None:
@@ -243,9 +245,12 @@ def check_fields(h: Header) -> FieldError | None:
     if s is not None and not 0 < s <= MAX_SEQ:
         return FieldError(h, "bad frame", f"sequence s={s} is out of range: use 1..{MAX_SEQ}")
     e = h.e
-    if e is not None and not (0.0 < e < _INF):
+    if e is not None and not (0.0 < e <= MAX_EXPIRATION):
         return FieldError(
-            h, "bad frame", f"expiration e={e!r} must be a positive, finite number of seconds"
+            h,
+            "bad frame",
+            f"expiration e={e!r} must be a number of seconds above 0 and at most "
+            f"{MAX_EXPIRATION} (10 years)",
         )
     t, x, cid = h.t, h.x, h.cid
     if (

@@ -61,6 +61,8 @@ from .subscriptions import Subscription, SubscriptionOwner
 
 __all__ = ["Queue"]
 
+_HIDDEN = "%s is a message this user's content entitlement does not show (not entitled)"
+
 
 class Queue(QueueState):
     # -- subscribers -----------------------------------------------------------------------
@@ -422,11 +424,13 @@ class Queue(QueueState):
         cancel: bool = False,
         expire: bool = False,
         extend: float | None = None,
+        visible: Predicate | None = None,
     ) -> tuple[int, list[str]]:
-        """Apply a sow_delete by bookmarks ("pub|seq|", normalize_bookmarks). Returns (records
-        affected, refusal details)."""
+        """Apply a sow_delete by bookmarks ("pub|seq|", normalize_bookmarks). `visible`: the
+        messages the client may act on (its content entitlement; None: all); others are
+        refused. Returns (records affected, refusal details)."""
         if not (cancel or expire or extend is not None or self.at_most_once):
-            return self._ack_plain(client, bms)
+            return self._ack_plain(client, bms, visible)
         done = 0
         refused = []
         strict = self.spec.leasing == "strict"
@@ -439,6 +443,9 @@ class Queue(QueueState):
                 continue
             if strict and lease[L_HOLDER].sub.owner is not client:
                 refused.append(f"{bm} is leased to another client (Leasing strict)")
+                continue
+            if visible is not None and not self._shows(visible, pos):
+                refused.append(_HIDDEN % bm)
                 continue
             if extend is not None and not self.at_most_once:
                 self.gen += 1
@@ -474,7 +481,13 @@ class Queue(QueueState):
         self.pump()
         return done, refused
 
-    def _ack_plain(self, client: SubscriptionOwner, bms: list[str]) -> tuple[int, list[str]]:
+    def _shows(self, visible: Predicate, pos: int) -> bool:
+        rec = self.host.read(pos)
+        return rec is not None and body_matches(visible, rec[5])
+
+    def _ack_plain(
+        self, client: SubscriptionOwner, bms: list[str], visible: Predicate | None
+    ) -> tuple[int, list[str]]:
         """The common ack: at-least-once, no cancel / expire / extend; one event run for all."""
         by_bm = self.by_bm
         leased = self.leased
@@ -489,6 +502,9 @@ class Queue(QueueState):
             holder = lease[L_HOLDER]
             if strict and holder.sub.owner is not client:
                 refused.append(f"{bm} is leased to another client (Leasing strict)")
+                continue
+            if visible is not None and not self._shows(visible, pos):
+                refused.append(_HIDDEN % bm)
                 continue
             del by_bm[bm]
             del leased[pos]
@@ -523,7 +539,8 @@ class Queue(QueueState):
         acknowledges by filter whoever holds the lease, within `Leasing`); `cancel` and
         `lease_extend` act on the matching leased messages, since a waiting message has no lease
         to give back or extend. On an at-most-once queue the options change nothing: matching
-        messages are acknowledged. Returns (records affected, refusal details)."""
+        messages are acknowledged. `f` includes the client's content entitlement (the session
+        ANDs it in). Returns (records affected, refusal details)."""
         if self.at_most_once:
             cancel = expire = False
             extend = None

@@ -14,6 +14,10 @@ them). Later messages of `former` stay `former`'s (a takeover of an instance tha
 does not steal its new publishes); one that arrives late, while `former` is still down, is
 taken over by the next check. Ownership taken over stays with the taker.
 
+`CatchUp` says when the queues may lease at all: not while a peer's queue events are being
+caught up (after this instance starts, and after a link from a peer comes back: a healed
+partition), since until then a message this instance would lease may be done already there.
+
 `Failover` decides takeovers: a peer whose link has been down for <QueueOwnerFailover>
 seconds (`source_up` / `source_down`, from the replication receiver; a configured destination
 is down from the start until its link comes up) is taken over by the lowest-named instance of
@@ -30,7 +34,6 @@ States of a message here, besides those of server/queue.py:
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import logging
 import time
@@ -45,7 +48,7 @@ from .queue_state import L_BM, L_HOLDER, lease_counts
 if TYPE_CHECKING:
     from .queue import Queue
 
-__all__ = ["Failover", "QueueReplication", "record_origin"]
+__all__ = ["CatchUp", "Failover", "QueueReplication", "record_origin"]
 
 log = logging.getLogger("tickertape.queues")
 
@@ -262,14 +265,7 @@ class QueueReplication:
             counts[1] = max(counts[1], value)
 
     def _waiting(self, pos: int) -> bool:
-        q = self.q
-        if pos in q.returned or pos in q.parked:
-            return True
-        if pos in q.gone:
-            return False
-        arr = q.avail_pos
-        k = bisect.bisect_left(arr, pos, q.head)
-        return k < len(arr) and arr[k] == pos
+        return self.q.is_waiting(pos)
 
     def forget_done(self, done: set[int]) -> None:
         """Recovery: drop the held and returned messages that events made done."""
@@ -340,3 +336,50 @@ class Failover:
             if now - since >= self.failover * (1 + rank):
                 out.append(peer)
         return out
+
+
+class CatchUp:
+    """The peers whose queue events this instance may not have applied yet, each with the time
+    (`clock`, monotonic seconds) after which the queues lease without waiting for it any longer.
+
+    A peer is catching up from this instance's start (what it did while this instance was
+    away) and again each time its link comes back up (what it did while the link was down: a
+    partition that healed). Until it has, a message this instance owns may have been acked,
+    delivered at most once or taken over there, in an event still on its way; leasing it now
+    delivers it again, and each applied record that frees a lease here would hand out the next
+    message, whose event is in the next record. A peer has caught up when its link goes idle
+    (`synced`: it sends heartbeats only when it has nothing more to send). A peer that never
+    goes idle (publishing without pause) is waited for at most `failover` seconds."""
+
+    def __init__(self, failover: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.failover = failover
+        self.clock = clock
+        self.until: dict[str, float] = {}  # peer -> when to stop waiting for it
+
+    def __bool__(self) -> bool:
+        return bool(self.until)
+
+    def start(self, peers: Iterable[str]) -> None:
+        """This instance starts: every peer is behind until it syncs, for at most `failover`."""
+        end = self.clock() + self.failover
+        self.until = dict.fromkeys(peers, end)
+
+    def link_up(self, peer: str) -> bool:
+        """A link from `peer` came up: True if that starts a catch-up (one already running,
+        the start's or an earlier link's, keeps its end)."""
+        if peer in self.until:
+            return False
+        self.until[peer] = self.clock() + self.failover
+        return True
+
+    def synced(self, peer: str) -> bool:
+        """`peer`'s link went idle: True if it was being waited for."""
+        return self.until.pop(peer, None) is not None
+
+    def overdue(self) -> list[str]:
+        """The peers waited for `failover` seconds without syncing (no longer waited for)."""
+        now = self.clock()
+        late = sorted(p for p, end in self.until.items() if now >= end)
+        for p in late:
+            del self.until[p]
+        return late

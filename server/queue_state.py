@@ -98,6 +98,21 @@ def now_us() -> int:
     return int(time.time() * 1_000_000)
 
 
+# The longest expiration a queue counts with, in seconds: what a journal record can hold (u32,
+# journal/record.py). Publishes are refused above 10 years (protocol/headers.py); this bound
+# keeps an `e` from elsewhere (an older peer, a hand-made record) from overflowing a deadline.
+MAX_EXPIRATION_S = 0xFFFFFFFF
+
+
+def expiration_us(exp: float) -> int:
+    """`e` seconds as microseconds, within 0..MAX_EXPIRATION_S (NaN and above: the bound)."""
+    if exp <= 0:
+        return 0
+    if not exp < MAX_EXPIRATION_S:  # NaN too
+        exp = MAX_EXPIRATION_S
+    return int(exp * 1_000_000)
+
+
 class QueueState:
     def __init__(self, host: QueueHost, spec: QueueSpec) -> None:
         self.host = host
@@ -195,18 +210,35 @@ class QueueState:
         default: the message's own `e` when it has one (longer or shorter than the queue's),
         else the queue's <Expiration>, both counted from the receive time."""
         if exp is not None:
-            return ts + int(exp * 1e6)
+            return ts + expiration_us(exp)
         if self.spec.expiration:
             return ts + int(self.spec.expiration * 1e6)
         return 0
 
     def add_waiting(self, position: int, ts: int, exp: float | None) -> None:
+        dl = self.deadline_for(ts, exp) if exp is not None else 0  # before any change
         self.avail_pos.append(position)
         self.avail_ts.append(ts)
         if exp is not None:
-            dl = self.deadline_for(ts, exp)
             self.expiry[position] = dl
             heapq.heappush(self.exp_heap, (dl, position))
+
+    def keep_waiting(self, pos: int, ts: int) -> None:
+        """A committed message whose way into the queue failed midway: it waits (without an
+        expiration) unless it got somewhere already (leased, waiting, held for its owner)."""
+        held = self.repl is not None and any(pos in h for h in self.repl.held.values())
+        if pos not in self.leased and not held and not self.is_waiting(pos):
+            self.add_waiting(pos, ts, None)
+
+    def is_waiting(self, pos: int) -> bool:
+        """Whether the message at `pos` waits here (returned, parked, or in the arrays)."""
+        if pos in self.returned or pos in self.parked:
+            return True
+        if pos in self.gone:
+            return False
+        arr = self.avail_pos
+        k = bisect.bisect_left(arr, pos, self.head)
+        return k < len(arr) and arr[k] == pos
 
     # -- events ----------------------------------------------------------------------------
 

@@ -16,7 +16,9 @@ With replication configured, each queue has a `QueueReplication` (server/queue_r
 owns which message; only owned ones wait here), and the manager is the replication links'
 door to the queues: `translate_out` (sender: an event body in the wire form), `translate_in`
 (receiver: a queue's replicated events, applied and journaled here), `source_up` /
-`source_down` (receiver: a peer's link), and the takeover check on every tick.
+`source_synced` / `source_down` (receiver: a peer's link), and the takeover check on every
+tick. While a peer's events are being caught up (after the start, and after its link comes
+back: a healed partition) the queues lease nothing (`paused`, server/queue_repl.py `CatchUp`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from . import frames
 from .fanout import Message
 from .pipeline import Batch, Publisher
 from .queue import Queue
-from .queue_repl import Failover, QueueReplication, message_origin, record_origin
+from .queue_repl import CatchUp, Failover, QueueReplication, message_origin, record_origin
 from .queue_state import QueueState, StoredMessage, now_us
 from .splice import splice_at
 
@@ -62,6 +64,8 @@ log = logging.getLogger("tickertape.queues")
 
 EVENT_FLUSH_DELAY = 0.005
 CACHE_BLOCK = 256 * 1024
+LOCATE_SPAN = 64 * 1024  # journal bytes whose messages one replicated-event lookup remembers
+LOCATE_MEMO = 65_536  # most (publisher, seq) -> position entries remembered
 
 
 class Commits(Protocol):
@@ -108,9 +112,9 @@ class QueueManager:
         self.commits = commits
         self.queues: dict[str, Queue] = {}
         self.loading = False
-        self.paused = False  # replicated queues: no deliveries until the peers synced (below)
-        self._unsynced: set[str] = set()
-        self._pause_until = 0.0
+        self.paused = False  # replicated queues: no deliveries while a peer catches up (below)
+        self.catch_up: CatchUp | None = None
+        self._pump_due: set[Queue] = set()  # queues that replicated events changed (_pump_soon)
         for spec in specs:
             self.queues[spec.name] = Queue(self, spec)
         self._timer: asyncio.TimerHandle | None = None
@@ -128,6 +132,7 @@ class QueueManager:
         # replicated entries about messages not here yet: [(queue, (origin, group), wire, tries)]
         self._pending: list[tuple[Queue, tuple[str, str], bytes, int]] = []
         self.repl_stats = {"events_in": 0, "unresolved_dropped": 0, "unnamed_dropped": 0}
+        self._located: dict[tuple[int, int], int] = {}  # _locate's memo, cleared every tick
         if replication is not None and replication.destinations:
             self.enable_replication(
                 [d.name for d in replication.destinations], replication.queue_owner_failover
@@ -138,16 +143,17 @@ class QueueManager:
     ) -> None:
         """Replicated queues with these peers (the configured destinations): before recovery.
 
-        After a start the queues deliver nothing until every peer has synced (`source_synced`)
-        or `failover` seconds have passed (docs/replication.md "Replicated queues"): a peer may
-        have taken this instance over, or acknowledged its messages, while it was away, and
-        says so only once its link has sent what this instance missed."""
+        After a start, and after a peer's link comes back up, the queues deliver nothing until
+        that peer has synced (`source_synced`) or `failover` seconds have passed
+        (docs/replication.md "Replicated queues"): a peer may have taken this instance over, or
+        acknowledged its messages, while it was away or cut off, and says so only once its link
+        has sent what this instance missed."""
         self.failover = Failover(self.instance, peers, failover, clock)
         for q in self.queues.values():
             q.repl = QueueReplication(q, self.instance)
-        self._unsynced = {p for p in peers if p != self.instance}
-        self.paused = bool(self._unsynced) and bool(self.queues)
-        self._pause_until = clock() + failover
+        self.catch_up = CatchUp(failover, clock)
+        self.catch_up.start(p for p in peers if p != self.instance)
+        self.paused = bool(self.catch_up) and bool(self.queues)
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -171,11 +177,17 @@ class QueueManager:
                 if tb is None:
                     tb = m.topic.encode()
                 if q.wants_topic(tb) and q.passes_filter(m.body):
-                    if q.repl is not None and q.repl.place(
-                        m.position, m.ts, m.exp, message_origin(m)
-                    ):
-                        continue
-                    q.offer_fresh(m)
+                    try:
+                        if q.repl is not None and q.repl.place(
+                            m.position, m.ts, m.exp, message_origin(m)
+                        ):
+                            continue
+                        q.offer_fresh(m)
+                    except Exception:
+                        # one message's failure must not cost the rest of the commit (nor move
+                        # the checkpoint past this one): it waits, without its expiration
+                        log.exception("queue %s: message at %d not taken as is", q.name, m.position)
+                        q.keep_waiting(m.position, m.ts)
         if self._pending:
             self._retry_pending({(m.pub, m.seq): m.position for m in msgs if m.position >= 0})
 
@@ -268,16 +280,19 @@ class QueueManager:
         """Expire waiting messages whose time is up (the server's periodic tick); take over
         the queue messages of a peer lost for <QueueOwnerFailover>."""
         now = now_us()
+        self._located.clear()  # a memo for one burst of events, never stale for long
         for q in self.queues.values():
             q.expire_due(now)
         if self.failover is not None:
-            if self.paused and self.failover.clock() >= self._pause_until:
+            late = self.catch_up.overdue() if self.catch_up is not None else []
+            if late:
                 log.warning(
-                    "queues: %s not heard from within %.0fs of the start; delivering without them",
-                    ", ".join(sorted(self._unsynced)),
+                    "queues: %s not synced within %.0fs (of the start, or of the link coming "
+                    "back); delivering without waiting for them",
+                    ", ".join(late),
                     self.failover.failover,
                 )
-                self._resume()
+                self._resume_if_caught_up(None)
             for peer in self.failover.due():
                 for q in self.queues.values():
                     if q.repl is not None and q.repl.holds_for(peer):
@@ -292,9 +307,15 @@ class QueueManager:
     # -- replication -----------------------------------------------------------------------------
 
     def source_up(self, name: str) -> None:
-        """The replication receiver: a link from instance `name` is up."""
+        """The replication receiver: a link from instance `name` is up. What `name` did while
+        its link was down (acks, deliveries, a takeover) is on its way: the queues lease nothing
+        until it has synced (a healed partition must not deliver again what `name` acked)."""
         if self.failover is not None:
             self.failover.source_up(name)
+        if self.catch_up is not None and self.catch_up.link_up(name) and self.queues:
+            if not self.paused:
+                log.info("queues: link from %s is back; leasing nothing until it has synced", name)
+            self.paused = True
 
     def source_down(self, name: str) -> None:
         """The replication receiver: the link from instance `name` is gone."""
@@ -304,16 +325,15 @@ class QueueManager:
     def source_synced(self, name: str) -> None:
         """The replication receiver: instance `name` has sent everything it had for this one
         (its link went idle), so its queue events, takeovers included, are applied here."""
-        if not self.paused:
-            return
-        self._unsynced.discard(name)
-        if not self._unsynced:
-            log.info("queues: every peer has synced; delivering")
-            self._resume()
+        if self.catch_up is not None and self.catch_up.synced(name):
+            self._resume_if_caught_up(f"{name} has synced")
 
-    def _resume(self) -> None:
+    def _resume_if_caught_up(self, why: str | None) -> None:
+        if not self.paused or self.catch_up:
+            return
+        if why is not None:
+            log.info("queues: %s; delivering", why)
         self.paused = False
-        self._unsynced.clear()
         for q in self.queues.values():
             q.pump()
 
@@ -342,7 +362,7 @@ class QueueManager:
             return
         self.repl_stats["events_in"] += 1
         who = (origin, group if group is not None else origin)
-        local, left = from_wire(wire, self.journal.locate)
+        local, left = from_wire(wire, self._locate)
         if local:
             self._apply_replicated(q, who, local)
         if left is not None:
@@ -357,6 +377,19 @@ class QueueManager:
         q.checkpoint_dirty = True
         self.events_added()
         if not self.loading:
+            self._pump_soon(q)
+
+    def _pump_soon(self, q: Queue) -> None:
+        """Pump `q` once the records in hand are applied, not after each one: a record that frees
+        a lease here (done elsewhere) must not hand out a message whose event is in the next
+        record of the same read."""
+        if not self._pump_due:
+            self.loop.call_soon(self._pump_changed)
+        self._pump_due.add(q)
+
+    def _pump_changed(self) -> None:
+        due, self._pump_due = self._pump_due, set()
+        for q in due:
             q.pump()
 
     def _retry_pending(self, committed: dict[tuple[int, int], int]) -> None:
@@ -365,7 +398,7 @@ class QueueManager:
 
         def locate(pub: int, seq: int) -> int | None:
             pos = committed.get((pub, seq))
-            return pos if pos is not None else journal.locate(pub, seq)
+            return pos if pos is not None else self._locate(pub, seq)
 
         pending, self._pending = self._pending, []
         for q, origin, wire, tries in pending:
@@ -385,6 +418,27 @@ class QueueManager:
                 )
             else:
                 self._pending.append((q, origin, left, tries + 1))
+
+    def _locate(self, pub: int, seq: int) -> int | None:
+        """The position here of the message (pub, seq) named by a replicated event. A peer's
+        events name runs of neighbouring messages (its acks, in order), and each journal lookup
+        scans up to a few hundred KB (1,000 single acks caught up after a heal held the loop
+        for 12 s): the messages of the span after each one found are remembered."""
+        journal = self.journal
+        assert journal is not None
+        pos = self._located.get((pub, seq))
+        if pos is not None and pos >= journal.start_position:
+            return pos
+        pos = journal.locate(pub, seq)
+        if pos is not None:
+            blk = self._block_at(pos)
+            if blk is not None:  # (not a compacted segment)
+                buf, base = blk
+                recs, _ = scan_records(buf[pos - base : pos - base + LOCATE_SPAN], pos)
+                if len(self._located) + len(recs) > LOCATE_MEMO:
+                    self._located.clear()
+                self._located.update(((r[2], r[3]), r[0]) for r in recs if r[1] == KIND_MESSAGE)
+        return pos
 
     def origin_at(self, position: int) -> tuple[tuple[str, int] | None, int, Any] | None:
         """(origin or None, receive time, `e`) of the message at position, read back."""
@@ -501,11 +555,17 @@ class QueueManager:
                             and q.passes_filter(body)
                         ):
                             exp = extra[0] if extra else None
-                            if q.repl is not None and q.repl.place(
-                                position, ts, exp, record_origin(extra, ts)
-                            ):
-                                continue
-                            q.add_waiting(position, ts, exp)
+                            try:
+                                if q.repl is not None and q.repl.place(
+                                    position, ts, exp, record_origin(extra, ts)
+                                ):
+                                    continue
+                                q.add_waiting(position, ts, exp)
+                            except Exception:  # as on_committed: this one waits, the rest go on
+                                log.exception(
+                                    "queue %s: message at %d not taken as is", q.name, position
+                                )
+                                q.keep_waiting(position, ts)
                 elif kind == KIND_QUEUE_EVENT:
                     if tb in by_name:
                         rq = by_name[tb].repl

@@ -32,7 +32,9 @@ from protocol.options import InvalidOptions, heartbeat_options, logon_options, s
 from . import frames
 from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id
+from .matching import Predicate
 from .outbox import Outbox
+from .queue import Queue
 from .reasons import Disconnect, Failure
 from .security.authenticator import AuthFailure, Identity, certificate_identity
 from .security.entitlements import Entitlements
@@ -432,7 +434,12 @@ class Session(SubscribeCommands, PublishCommands):
                 )
                 return
             n, refused = q.ack(
-                self.table, bms, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend
+                self.table,
+                bms,
+                cancel=opts.cancel,
+                expire=opts.expire,
+                extend=opts.lease_extend,
+                visible=self._queue_view(q, None),
             )
         elif h.f:
             try:
@@ -441,7 +448,11 @@ class Session(SubscribeCommands, PublishCommands):
                 self.fail(h, Failure.BAD_FILTER, str(exc))
                 return
             n, refused = q.ack_filter(
-                self.table, f, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend
+                self.table,
+                self._queue_view(q, f) or f,
+                cancel=opts.cancel,
+                expire=opts.expire,
+                extend=opts.lease_extend,
             )
         else:
             self.fail(
@@ -489,6 +500,19 @@ class Session(SubscribeCommands, PublishCommands):
             out.flush()
 
         self.svc.pipeline.after_commit(reply)  # acked only once the acknowledgement is durable
+
+    def _queue_view(self, q: Queue, own: Predicate | None) -> Predicate | None:
+        """What a sow_delete of this user may act on in `q`: `own` (a filter, None: anything)
+        AND the user's content entitlement on the queue and its topic, the filter a queue
+        subscription of this user reads through. A user acks, cancels or expires only what it
+        could be delivered."""
+        if self._ent is None:
+            return own
+        grant = self.svc.guard.grant(
+            self.peer, self.user_id, "consume", q.name, False, own, "sow_delete",
+            also=(q.spec.underlying_topic,),
+        )  # fmt: skip
+        return own if grant is None else grant.filter
 
 
 _HANDLERS: dict[str, Callable[[Session, Header, Any], None]] = {

@@ -83,11 +83,19 @@ class SubscribeCommands:
             self._subscribe_queue(h, queue, sub_id, opts, acks, existing)
             return
         if opts.max_backlog is not None:
-            self.fail(
-                h,
-                Failure.INVALID_OPTIONS,
-                f"max_backlog applies to queue subscriptions; {topic!r} is not a queue",
-            )
+            if svc.queues.get(topic) is None:  # a queue-only option on a name that is not one
+                self.fail(
+                    h,
+                    Failure.NOT_A_QUEUE,
+                    f"topic {topic!r} is not a queue; max_backlog applies to queue subscriptions",
+                )
+            else:
+                self.fail(
+                    h,
+                    Failure.INVALID_OPTIONS,
+                    f"max_backlog applies to queue subscriptions, which take no bookmark; "
+                    f"{topic!r} with bm is a replay of its topic",
+                )
             return
         match_topic = svc.topics.replay_topic(topic) if h.bm else topic
         regex = None

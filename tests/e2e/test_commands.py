@@ -392,3 +392,13 @@ def test_bad_logon_options(shared_server):
     )
     assert c.ack("processed", "1")["reason"] == "invalid options"
     assert c.closed()
+
+
+def test_a_queue_option_on_a_topic_that_is_not_a_queue(shared_server):
+    """Issue 23: a queue-only option on a name that is not a queue says so (`not a queue`),
+    not `invalid options`."""
+    c = Raw(shared_server.port)
+    c.logon("not-a-queue")
+    c.send({"c": "subscribe", "cid": "q", "a": "processed", "t": "no-such-q", "o": "max_backlog=5"})
+    ack = c.ack("processed", "q")
+    assert (ack["status"], ack["reason"]) == ("failure", "not a queue")

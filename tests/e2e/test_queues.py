@@ -4,6 +4,7 @@ barriers, dead letters, strict leasing, and state across graceful and kill -9 re
 import json
 import os
 import signal
+import struct
 import time
 import urllib.request
 
@@ -288,7 +289,7 @@ def test_bad_sow_delete_input(qs):
     )
     assert c.ack("processed", "3")["reason"] == "invalid options"
     c.send({"c": "subscribe", "t": "work", "o": "max_backlog=5", "cid": "4", "a": "processed"})
-    assert c.ack("processed", "4")["reason"] == "invalid options"
+    assert c.ack("processed", "4")["reason"] == "not a queue"  # a queue option (issue 23)
 
 
 def test_queue_stats_exposed(qs):
@@ -520,6 +521,46 @@ def test_acks_without_a_reply_are_made_durable_soon(tmp_path):
         srv.start()
         c = consumer(srv.port, "jobs", "quiet-cons2", backlog=10)
         assert ids(c.messages(2)) == [4, 5]
+        assert nothing_more(c)
+    finally:
+        srv.stop()
+
+
+def test_an_expiration_past_ten_years_is_refused_and_costs_no_other_message(tmp_path):
+    """Issue 23, finding 9: `e = 1.7e308` is a legal JSON number. It was accepted, then its
+    queue deadline overflowed and the other messages of its commit were dropped from the queue
+    (for good once the checkpoint moved past them). It is refused; the messages sent with it in
+    one write (one commit) are queued, and a restart keeps what was acked and what was not."""
+    srv = make_server(tmp_path / "big-e").start()
+    try:
+        p = Raw(srv.port)
+        p.logon("big-e-pub")
+        frames = b""
+        for i in range(1, 31):
+            h: dict = {"c": "publish", "t": "crash", "s": i}
+            if i == 11:
+                h.update(e=1.7e308, cid="big", a="processed")
+            elif i == 12:
+                h["e"] = 3600  # a legal expiration beside it
+            hb, bb = json.dumps(h).encode(), body(i).encode()
+            frames += struct.pack(">I", len(hb) + len(bb)) + hb + bb
+        p.send_raw(frames)
+        refused = p.ack("processed", "big")
+        assert (refused["status"], refused["reason"]) == ("failure", "bad frame")
+        assert "10 years" in json.dumps(refused)
+        p.send({"c": "flush", "cid": "f", "a": "persisted"})
+        p.ack("persisted", "f")
+        c = consumer(srv.port, "crash-q", "big-e-cons", backlog=100)
+        got = c.messages(29)
+        assert ids(got) == [i for i in range(1, 31) if i != 11]
+        ack(c, "crash-q", [h["bm"] for h, _ in got[:20]])  # 1..21 acked, 22..30 leased
+        time.sleep(1.2)  # a checkpoint is committed with the next commit after a second
+        p.send({"c": "flush", "cid": "f2", "a": "persisted"})
+        p.ack("persisted", "f2")
+        assert srv.stop() == 0
+        srv.start()
+        c = consumer(srv.port, "crash-q", "big-e-cons2", backlog=100)
+        assert ids(c.messages(9)) == list(range(22, 31))
         assert nothing_more(c)
     finally:
         srv.stop()

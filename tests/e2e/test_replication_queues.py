@@ -91,3 +91,86 @@ def test_owner_killed_mid_stream_every_message_acked_once_redeliveries_counted(t
         assert ca2.delivered == [] and cb.step(timeout=0.5) == 0
     finally:
         cl.close()
+
+
+HEAL_QUEUES = """<SOW>
+  <Queue><Name>alo-q</Name><UnderlyingTopic>alo</UnderlyingTopic><LeasePeriod>60s</LeasePeriod>
+    <MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
+  <Queue><Name>amo-q</Name><UnderlyingTopic>amo</UnderlyingTopic><Semantics>at-most-once</Semantics>
+    <MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue></SOW>"""
+
+
+def queue_stats(inst, name: str) -> dict:
+    return inst.admin_get("/stats")["queues"][name]
+
+
+def take_now(c: Raw, wait: float = 0.3) -> list[int]:
+    """The deliveries that arrive within `wait` seconds, as their `i`."""
+    c.sock.settimeout(wait)
+    got = []
+    try:
+        while True:
+            f = c.recv()
+            if f is None:
+                raise ConnectionError("closed")
+            if f[0].get("c") == "p":
+                got.append(json.loads(f[1])["i"])
+    except TimeoutError:
+        pass
+    finally:
+        c.sock.settimeout(10)
+    return got
+
+
+def test_a_healed_partition_delivers_nothing_acknowledged_on_the_other_side(tmp_path):
+    """Issue 23, finding 2. The owner (tt-a) acknowledges every message, one commit each,
+    while cut off; tt-b takes it over and leases some to its consumer (both sides deliver
+    during a partition: the documented case). When the link heals, tt-b applies tt-a's events
+    record by record: none may free a lease there that goes to the next message, which tt-a
+    acknowledged too (at-least-once: acked, delivered again; at-most-once: delivered twice)."""
+    n, k = 40, 5
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=False, extra=HEAL_QUEUES,
+                 topics=("alo", "amo", "alo-q", "amo-q"), queue_owner_failover="1s").start()  # fmt: skip
+    queues = (("alo-q", "alo"), ("amo-q", "amo"))
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        for x, y in ((a, "tt-b"), (b, "tt-a")):
+            wait_until(lambda x=x, y=y: dest_stats(x, y).get("connected"), 20, f"link to {y}")
+        for _, topic in queues:
+            docs = [json.dumps({"i": i}) for i in range(n)]
+            publish_many(a.port, topic, docs, name=f"pub-{topic}").close()
+        for q, _ in queues:
+            wait_until(lambda q=q: queue_stats(b, q).get("held_for_others") == n, 20, f"{q} at b")
+        cl.cut("tt-a", "tt-b")
+        for q, _ in queues:  # tt-a: every message delivered and acked, each ack its own commit
+            c = Raw(a.port)
+            c.logon(f"qa-{q}")
+            c.subscribe(q, o="max_backlog=1")
+            for _ in range(n):
+                [(h, _body)] = c.messages(1)
+                cid = c.next_cid()
+                c.send({"c": "sow_delete", "t": q, "bm": h["bm"], "cid": cid, "a": "processed"})
+                assert c.ack("processed", cid)["records_deleted"] == 1
+            assert take_now(c) == []
+            c.close()
+        takers = {}
+        for q, _ in queues:  # tt-b takes tt-a over and leases k (delivered on both sides)
+            wait_until(lambda q=q: queue_stats(b, q).get("taken_over"), 20, f"{q} taken over")
+            c = Raw(b.port)
+            c.logon(f"qb-{q}")
+            c.subscribe(q, o=f"max_backlog={k}")
+            assert len(c.messages(k)) == k
+            takers[q] = c
+        cl.heal()
+        for q, _ in queues:
+            wait_until(
+                lambda q=q: (lambda s: s["depth"] == 0 and s["leased"] == 0)(queue_stats(b, q)),
+                30,
+                f"{q} done at b",
+            )
+        late = {q: take_now(c, 1.0) for q, c in takers.items()}
+        assert late == {"alo-q": [], "amo-q": []}, "tt-b delivered what tt-a had acknowledged"
+        for c in takers.values():
+            c.close()
+    finally:
+        cl.close()

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from protocol.framing import FrameDecoder, FrameError
-from protocol.headers import MAX_SEQ, FieldError, check_fields, decode_header
+from protocol.headers import MAX_EXPIRATION, MAX_SEQ, FieldError, check_fields, decode_header
 
 
 def frame(header: bytes, body: bytes = b"") -> bytes:
@@ -20,9 +20,14 @@ def frame(header: bytes, body: bytes = b"") -> bytes:
         (b'{"c":"publish","t":"a","s":0}', "bad frame", "out of range"),
         (b'{"c":"publish","t":"a","s":-1}', "bad frame", "out of range"),
         (b'{"c":"publish","t":"a","s":9223372036854775808}', "bad frame", "out of range"),
-        (b'{"c":"publish","t":"a","e":"nan"}', "bad frame", "positive, finite"),
-        (b'{"c":"publish","t":"a","e":"inf"}', "bad frame", "positive, finite"),
-        (b'{"c":"publish","t":"a","e":-3}', "bad frame", "positive, finite"),
+        (b'{"c":"publish","t":"a","e":"nan"}', "bad frame", "above 0 and at most"),
+        (b'{"c":"publish","t":"a","e":"inf"}', "bad frame", "above 0 and at most"),
+        (b'{"c":"publish","t":"a","e":-3}', "bad frame", "above 0 and at most"),
+        (b'{"c":"publish","t":"a","e":0}', "bad frame", "above 0 and at most"),
+        # legal JSON numbers that overflow a deadline in microseconds (issue 23, finding 9)
+        (b'{"c":"publish","t":"a","e":1.7e308}', "bad frame", "(10 years)"),
+        (b'{"c":"publish","t":"a","e":"1e300"}', "bad frame", "(10 years)"),
+        (b'{"c":"publish","t":"a","e":315360001}', "bad frame", "(10 years)"),
         (b'{"c":"publish","t":"' + b"t" * 65536 + b'"}', "invalid topic", "longer than 65535"),
         (b'{"c":"publish","t":"a","x":"' + b"x" * 40000 + b'"}', "bad frame", "correlation id"),
         (
@@ -43,6 +48,7 @@ def test_in_range_fields_pass():
     for raw in (
         b'{"c":"publish","t":"a","s":1,"e":0.5,"x":"c"}',
         b'{"c":"publish","t":"a","s":%d}' % MAX_SEQ,
+        b'{"c":"publish","t":"a","s":1,"e":%d}' % MAX_EXPIRATION,
         b'{"c":"publish","t":"' + b"t" * 65535 + b'"}',
     ):
         assert check_fields(decode_header(raw)) is None

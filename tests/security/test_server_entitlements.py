@@ -273,6 +273,56 @@ def test_content_filter_on_queue_delivery(ent_server, pki):
     carol.close()
 
 
+QUEUE_DESKS = r"""
+  <Role><Name>queue-desk-a</Name><Users>carol</Users><Consume>queue\.work</Consume>
+    <Filter><Topic>work</Topic><Expression>/desk = 'A'</Expression></Filter></Role>
+  <Role><Name>queue-desk-b</Name><Users>bob</Users><Consume>queue\.work</Consume>
+    <Filter><Topic>work</Topic><Expression>/desk = 'B'</Expression></Filter></Role>
+  <Role><Name>feed</Name><Users>feeder</Users><Publish>.*</Publish></Role>
+"""
+
+
+def test_sow_delete_acts_only_on_messages_the_content_entitlement_shows(tmp_path, pki):
+    """Issue 23, finding 6: a desk-A user's sow_delete, by filter or by bookmark, neither
+    acknowledges nor expires the desk-B messages it can never be delivered (leased to a desk-B
+    consumer or waiting), and counts only what it did."""
+    users_file(tmp_path / "users.db", USERS)
+    config = secure_config(
+        tmp_path, pki, authentication=auth(tmp_path), entitlement=entitlement(QUEUE_DESKS)
+    )
+    server = start(tmp_path, config)
+    try:
+        feeder, carol, bob = (User(server, pki, u) for u in ("feeder", "carol", "bob"))
+        desks = "BABABB"  # jobs 1..6
+        feeder.publish_all("work", [{"job": j, "desk": d} for j, d in enumerate(desks, 1)])
+        sub = {"c": "subscribe", "t": "queue.work", "sub_id": "w"}
+        assert bob.request(sub)["status"] == "success"
+        [(h, b)] = bob.conn.messages(1)  # a backlog of 1: job 1 leased, the others wait
+        assert json.loads(b)["job"] == 1
+        by_bm = carol.request({"c": "sow_delete", "t": "queue.work", "bm": h["bm"]})
+        assert refused(by_bm) and by_bm["records_deleted"] == 0
+        assert "content entitlement" in json.dumps(by_bm)
+        expired = carol.request(
+            {"c": "sow_delete", "t": "queue.work", "f": "/job >= 5", "o": "expire"}
+        )
+        assert expired["status"] == "success" and expired["records_deleted"] == 0
+        acked = carol.request({"c": "sow_delete", "t": "queue.work", "f": "1=1"})
+        assert acked["status"] == "success" and acked["records_deleted"] == 2  # jobs 2 and 4
+        jobs = []
+        for _ in range(4):  # bob's own: 1, then 3, 5, 6 one at a time
+            mine = bob.request({"c": "sow_delete", "t": "queue.work", "bm": h["bm"]})
+            assert mine["status"] == "success" and mine["records_deleted"] == 1
+            jobs.append(json.loads(b)["job"])
+            if len(jobs) < 4:
+                [(h, b)] = bob.conn.messages(1)
+        assert jobs == [1, 3, 5, 6] and bob.nothing_more()
+        assert carol.request(sub)["status"] == "success" and carol.nothing_more()
+        for u in (feeder, carol, bob):
+            u.close()
+    finally:
+        server.stop()
+
+
 # ---------------------------------------------------------------------------------------------
 # Reload
 

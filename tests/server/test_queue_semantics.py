@@ -318,3 +318,63 @@ async def test_expire_by_bookmark_dead_letters_and_never_redelivers(make_core):
     ]
     q = core.queues.get("fq")
     assert q.stats["expired"] == 1 and q.stats["dead_lettered"] == 1 and q.depth == 0
+
+
+# -- issue 23, finding 9: one message never costs the others of its commit ------------------------
+
+
+async def _one_commit(core, exps) -> list[int]:
+    """Messages n = 1.. on topic `c` (queue cq), the n-th with expiration exps[n-1], straight
+    into the pipeline (past the publish checks, as a replicated record or an older peer would
+    come) in one batch; returns their positions once committed."""
+    for n, exp in enumerate(exps, 1):
+        core.pipeline.publish(None, 4242, n, "c", json.dumps({"n": n}).encode(), b"", exp)
+    await core.settle()
+    return [core.journal.locate(4242, n) for n in range(1, len(exps) + 1)]
+
+
+async def test_an_expiration_too_large_to_count_still_queues_the_whole_commit(make_core):
+    core = make_core(QUEUES)
+    q = core.queues.get("cq")
+    positions = await _one_commit(core, [None, 1.7e308, None, 3600, None])
+    assert q.depth == 5
+    assert q.expiry[positions[1]] > q.expiry[positions[3]]  # bounded, not overflowed
+    c = core.client("c")
+    c.send("subscribe", t="cq", sub_id="q", o="max_backlog=10")
+    assert _ns(c.take()) == [1, 2, 3, 4, 5]
+
+
+async def test_a_message_that_fails_to_queue_waits_and_the_rest_of_its_commit_is_queued(
+    make_core, monkeypatch
+):
+    core = make_core(QUEUES)
+    q = core.queues.get("cq")
+
+    def broken(ts, exp):  # any fault in one message's bookkeeping
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(q, "deadline_for", broken)
+    positions = await _one_commit(core, [None, 9.0, None, None])
+    assert q.depth == 4 and q.low_water(core.pipeline.delivered_end) == positions[0]
+    c = core.client("c")
+    c.send("subscribe", t="cq", sub_id="q", o="max_backlog=10")
+    assert _ns(c.take()) == [1, 2, 3, 4]  # 2 without its expiration, rather than lost
+
+
+async def test_recovery_keeps_a_message_whose_bookkeeping_fails_and_every_other(
+    make_core, monkeypatch
+):
+    from server.queue_state import QueueState
+    from server.queues import QueueManager
+
+    core = make_core(QUEUES)
+    positions = await _one_commit(core, [None, 9.0, None])
+
+    def broken(self, ts, exp):
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(QueueState, "deadline_for", broken)
+    again = QueueManager(core.config.queues, "core", core.journal, core.loop, core.pipeline)
+    again.recover()  # a restart over the same journal
+    q = again.get("cq")
+    assert [p for p in q.avail_pos if p not in q.gone] == positions

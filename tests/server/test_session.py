@@ -149,7 +149,7 @@ async def test_refusals_leave_no_subscription(core):
         Failure.BAD_FILTER,
         Failure.BAD_REGEX_TOPIC,
         Failure.INVALID_BOOKMARK,
-        Failure.INVALID_OPTIONS,
+        Failure.NOT_A_QUEUE,  # a queue option on a topic that is not a queue (issue 23)
     ]
     assert len(c.session.table) == 0 and core.fanout.router.count == 0
 
