@@ -150,6 +150,9 @@ class Admin(msgspec.Struct, frozen=True, kw_only=True):
     certificate: str | None = None
     """With `private_key`: serve HTTPS with this PEM certificate chain."""
     private_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names (lowercase) the endpoint answers to besides IP addresses and `localhost`
+    (`<AllowedHosts>`): a request naming another Host is refused, against DNS rebinding."""
 
 
 class LogTarget(msgspec.Struct, frozen=True, kw_only=True):

@@ -281,6 +281,7 @@ class Server:
                 self._disconnect_client,
                 self._run_action,
                 self._replication,
+                config.admin.allowed_hosts,
             )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())
