@@ -30,7 +30,6 @@ from protocol.headers import FieldError, Header, check_fields
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
 
 from . import frames
-from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id
 from .outbox import Outbox
 from .reasons import Disconnect, Failure
@@ -67,7 +66,9 @@ class Session(SubscribeCommands, PublishCommands):
         self.peer = "?"
         self.peer_cert: Any = None  # the verified client certificate of a TLS connection
         self.transport_name: str | None = None
-        self._held: list[tuple[Header, Any]] | None = None  # frames behind a logon being checked
+        # frames behind a logon being checked, or a filter being compiled (filter_ready)
+        self._held: list[tuple[Header, Any]] | None = None
+        self._compiled: tuple[str, Any] | None = None  # a filter compiled off the loop
         self._ent: Entitlements | None = None  # what this user may do; None: everything
         self.client_name: str | None = None
         self.user_id: str | None = None
@@ -402,6 +403,8 @@ class Session(SubscribeCommands, PublishCommands):
 
     def cmd_sow_delete(self, h: Header, body: bytes) -> None:
         """Queue acknowledgements: bookmarks (the normal, batched case) or a filter."""
+        if h.f and not h.bm and not self.filter_ready(h, body):
+            return
         q = self.svc.queues.queues.get(h.t or "")  # one dict lookup: a consumer's ack each read
         if q is None:
             self.fail(
@@ -435,10 +438,8 @@ class Session(SubscribeCommands, PublishCommands):
                 self.table, bms, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend
             )
         elif h.f:
-            try:
-                f = compile_filter(h.f)
-            except FilterError as exc:
-                self.fail(h, Failure.BAD_FILTER, str(exc))
+            f = self.compiled_filter(h)
+            if f is None:
                 return
             n, refused = q.ack_filter(
                 self.table, f, cancel=opts.cancel, expire=opts.expire, extend=opts.lease_extend
