@@ -163,7 +163,14 @@ class Server:
         self.counters = Counters()
         self.intake = Intake(config.limits)
         self.fanout = Fanout(Router())
-        self.pipeline = Pipeline(journal, recorded, loop, self.fanout, self.connections.backlog)
+        self.pipeline = Pipeline(
+            journal,
+            recorded,
+            loop,
+            self.fanout,
+            self.connections.backlog,
+            config.limits.publish_memory_limit,
+        )
         dests = config.replication.destinations
         if dests and journal is not None:
             pipeline = self.pipeline
@@ -220,6 +227,7 @@ class Server:
             services=services,
             max_logon_message_size=config.limits.max_logon_message_size,
             max_client_buffer=config.limits.client_max_buffer_size,
+            max_publish_inflight=config.limits.client_publish_memory_limit,
             offline_threshold=config.limits.offline_threshold,
             input_seen=self.poller.input_seen,
             admission=Admission(config.limits, self.intake.counts),
