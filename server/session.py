@@ -332,10 +332,23 @@ class Session(SubscribeCommands, PublishCommands):
 
     def _accept_logon(self, h: Header, ack_conflation: float | None, user: str | None) -> None:
         """Log on as `user` (authenticated, or as claimed without <Authentication>): the
-        `name in use` rule compares it with the user of the connection holding the name."""
+        `name in use` rule compares it with the user of the connection holding the name, and
+        with <Authentication> also with the user the name is bound to (the first to publish
+        under it, bind_name), connected or not."""
         svc = self.svc
         name = h.client_name
         acks = ack_types(h.a)
+        if name and svc.guard.checker is not None:
+            owner = svc.pipeline.owners.get(publisher_id(name))
+            if owner is not None and owner != user:
+                self.fail(
+                    h,
+                    Failure.NAME_IN_USE,
+                    f"client name {name!r} is bound to another user (the first to publish "
+                    "under it); choose another client_name",
+                )
+                self.out.close(Disconnect.NAME_IN_USE)
+                return
         if name:
             other = svc.names.get(name)
             if other is not None and other is not self:
