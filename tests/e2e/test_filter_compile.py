@@ -117,3 +117,26 @@ def test_large_filters_do_not_stall_another_clients_publish(tmp_path):
         ]
     finally:
         srv.kill()
+
+
+def test_a_large_bad_filter_compiled_off_the_loop_is_refused_in_order(tmp_path):
+    srv = ServerProcess(tmp_path / "srv", topics=("big",))
+    srv.start()
+    try:
+        c = Raw(srv.port)
+        c.logon("bad-big")
+        bad = big_filter(1) + " OR"  # ends too early: found only after the whole text is read
+        c.send_raw(
+            frame({"c": "subscribe", "t": "big", "sub_id": "b", "cid": "b", "a": "processed",
+                   "f": bad})
+            + frame({"c": "subscribe", "t": "big", "sub_id": "g", "cid": "g", "a": "processed",
+                     "f": big_filter(2)})
+            + frame({"c": "subscribe", "t": "big", "sub_id": "s", "cid": "s", "a": "processed"})
+        )  # fmt: skip
+        acks = [c.ack("processed") for _ in range(3)]
+        assert [a["cid"] for a in acks] == ["b", "g", "s"]
+        assert acks[0]["status"] == "failure" and acks[0]["reason"] == "bad filter"
+        assert "expected a value after 'OR'" in acks[0]["detail"]
+        assert acks[1]["status"] == acks[2]["status"] == "success"
+    finally:
+        srv.kill()
