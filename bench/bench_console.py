@@ -44,7 +44,7 @@ class Page:
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.sock.sendall(b"GET /events HTTP/1.1\r\nHost: bench\r\n\r\n")
+        self.sock.sendall(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
         self.events = 0
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()

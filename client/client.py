@@ -149,7 +149,17 @@ class Client(ClientSubscriptions, ClientPublishing):
             v=VERSION,
             o=f"ack_conflation={ack_conflation}" if ack_conflation else None,
         )
-        ack = await self._request(header, "processed", timeout)
+        try:
+            ack = await self._request(header, "processed", timeout)
+        except CommandError as exc:
+            if exc.reason == "auth failure" and self.user_id and self.password is None:
+                raise CommandError(
+                    "auth failure",
+                    f"logon as {self.user_id!r} refused, and no password was given: pass "
+                    "password= (tickertape pub/sub: --password-file FILE, or the "
+                    "TICKERTAPE_PASSWORD environment variable)",
+                ) from None
+            raise
         seq = ack.s or 0
         self._tracker.reset(seq)
         self._state = "logged_on"

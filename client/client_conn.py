@@ -38,6 +38,10 @@ log = logging.getLogger("tickertape.client")
 
 _OUT_LIMIT = 256 * 1024  # coalesced bytes written at once instead of at the end of the iteration
 _WRITE_HIGH = 4 * 1024 * 1024  # transport buffer high-water mark: above it publish() waits
+_TLS_PORT = (
+    "before answering the logon, as a TLS port does with a plain connection: if this is a "
+    "tcps transport, connect with tcps://HOST:PORT/"
+)
 BEAT = encode_frame(Header(c="heartbeat", o="beat"))
 """The `beat` frame: sent on a timer and in answer to each server heartbeat."""
 
@@ -87,6 +91,8 @@ class ClientConnection:
         self._decoder = FrameDecoder(max_message_size)
         self._transport: asyncio.Transport | None = None
         self._state = "new"  # new | connected | logged_on | closed
+        self._plain = True  # no TLS on this connection
+        self._rx_any = False  # anything received yet
         self._closed_exc: Disconnected | None = None
         self._closing_reason: tuple[str, str] | None = None  # set when we close or abort
         self._server_failure: tuple[str, str] | None = None  # a failure the server closes after
@@ -126,6 +132,7 @@ class ClientConnection:
         loop = self._loop = asyncio.get_running_loop()
         self._lost = loop.create_future()
         ctx = None
+        self._plain = not tls
         if tls:
             ctx = self.tls
             if ctx is None:
@@ -300,12 +307,19 @@ class ClientConnection:
 
     def _connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+        self._rx_any = False
         self._state = "connected"
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
         self._last_rx = self._loop.time()
 
     def _data_received(self, data: bytes) -> None:
         self._last_rx = self._loop.time()
+        if not self._rx_any:
+            self._rx_any = True
+            # a TLS record (alert 0x15, handshake 0x16; version 3.x) where a frame should be
+            if self._plain and len(data) >= 2 and data[0] in (0x15, 0x16) and data[1] == 3:
+                self._abort("closed by server", _TLS_PORT)
+                return
         # the client's decoder has neither refuse_fields nor group: every body is bytes
         try:
             frames = cast(list[tuple[Header, bytes]], self._decoder.feed(data))
@@ -332,6 +346,8 @@ class ClientConnection:
             reason, detail = self._server_failure
         elif exc is None:
             reason, detail = "closed by server", ""
+            if self._state == "connected" and self._plain and not self._rx_any:
+                detail = _TLS_PORT  # closed before it said anything: as a tcps port does
         else:
             reason, detail = "connection lost", str(exc) or type(exc).__name__
         self._mark_closed(Disconnected(reason, detail))

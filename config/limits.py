@@ -7,6 +7,8 @@ or broken one from taking the server's memory or event loop.
 | `<LogonTimeout>` | 10s | time from connect to a successful logon (with or without authentication) |
 | `<MaxLogonMessageSize>` | 64KB | the size of any frame before logon (a logon fits in a few hundred bytes) |
 | `<InputMemoryLimit>` | 256MB | partial frames buffered across all connections; the connection that would pass it is closed |
+| `<PublishMemoryLimit>` | 64MB | publish data handed to the journal and not yet durable, over all connections; past it every publisher stops reading until half of it is durable |
+| `<ClientPublishMemoryLimit>` | 4MB | one publisher's input read and not yet committed; past it that connection stops reading until half of it is committed |
 | `<PartialMessageTimeout>` | 60s | how long one frame may take to arrive whole (a byte a second would pin its buffer) |
 | `<IdleTimeout>` | 0 (off) | time with no input at all from a connection (heartbeats count) |
 | `<ClientMessageAgeLimit>` | 60s | time a connection's queued output may go without draining before it is closed |
@@ -78,6 +80,16 @@ LIMIT_ELEMENTS: dict[str, tuple[str, Callable[[str], float], float | None]] = {
         "input_memory_limit",
         _size("InputMemoryLimit", 1 << 20),
         256 * 1024 * 1024,
+    ),
+    "PublishMemoryLimit": (
+        "publish_memory_limit",
+        _size("PublishMemoryLimit", 1 << 20),
+        64 * 1024 * 1024,
+    ),
+    "ClientPublishMemoryLimit": (
+        "client_publish_memory_limit",
+        _size("ClientPublishMemoryLimit", 64 * 1024),
+        4 * 1024 * 1024,
     ),
     "PartialMessageTimeout": (
         "partial_message_timeout",

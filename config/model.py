@@ -150,6 +150,9 @@ class Admin(msgspec.Struct, frozen=True, kw_only=True):
     certificate: str | None = None
     """With `private_key`: serve HTTPS with this PEM certificate chain."""
     private_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names (lowercase) the endpoint answers to besides IP addresses and `localhost`
+    (`<AllowedHosts>`): a request naming another Host is refused, against DNS rebinding."""
 
 
 class LogTarget(msgspec.Struct, frozen=True, kw_only=True):
@@ -316,6 +319,12 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     logon_timeout: float = 10.0
     max_logon_message_size: int = 64 * 1024
     input_memory_limit: int = 256 * 1024 * 1024
+    publish_memory_limit: int = 64 * 1024 * 1024
+    """Bytes of publishes handed to the journal and not yet durable, over all connections
+    (`<PublishMemoryLimit>`): past it publishers stop reading until half of it is durable."""
+    client_publish_memory_limit: int = 4 * 1024 * 1024
+    """Bytes one publisher has sent that are not committed yet (`<ClientPublishMemoryLimit>`):
+    past it that connection stops reading until half of them are committed."""
     partial_message_timeout: float = 60.0
     idle_timeout: float = 0.0
     client_message_age_limit: float = 60.0

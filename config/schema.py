@@ -171,7 +171,7 @@ TRANSPORT = Spec(
 )
 ADMIN = Spec(
     "Admin",
-    one=("InetAddr", "Interval", "Certificate", "PrivateKey"),
+    one=("InetAddr", "Interval", "Certificate", "PrivateKey", "AllowedHosts"),
     unsupported={
         "FileName": "statistics are kept in memory only",
         "SQLTransport": "statistics are served as JSON and Prometheus text",

@@ -6,6 +6,7 @@ Each function reads one section (None when the file leaves it out) and returns i
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Literal, cast
 
 from .model import (
@@ -174,6 +175,8 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
     return found, ports
 
 
+# a DNS name (labels of letters, digits and hyphens), as a Host header names it without its port
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*\.?")
 _TLS_ELEMENTS = ("Certificate", "PrivateKey", "CAFile", "VerifyClient", "MinimumVersion", "Ciphers")
 
 
@@ -221,12 +224,23 @@ def read_admin(
         check_tls(checker, sec, _server_tls(certificate, private_key))
     else:
         certificate = private_key = None
+    allowed = tuple(
+        name.strip().lower() for name in (sec.text("AllowedHosts") or "").split(",") if name.strip()
+    )
+    for name in allowed:
+        if not _HOST_NAME.fullmatch(name):
+            checker.report(
+                sec.at("AllowedHosts"),
+                f"{name!r} is not a host name; list names such as stats.example.com, "
+                "separated by commas (IP addresses and localhost are always allowed)",
+            )
     return Admin(
         host=host,
         port=port,
         interval=interval,
         certificate=certificate,
         private_key=private_key,
+        allowed_hosts=allowed,
     )
 
 

@@ -13,6 +13,10 @@ Databases (all keys big-endian so LMDB's byte order is numeric order):
           and the first record of each second; a lookup scans forward at most that far)
 - `pub`:  publisher_id u64                     -> seq u64 | position u64 (highest per publisher)
 - `meta`: b"indexed_upto"                      -> position u64 (everything before it is indexed)
+          b"user:" + key                        -> value (`add`'s meta: the server's small state)
+          b"user:owner:" + publisher_id u64     -> user name, UTF-8: the user a client name is
+          bound to (`owners`; written with that publisher's first record under
+          authentication, and kept through `reset`: it cannot be derived from the segments)
 
 Writes happen on the journal writer thread only, one transaction per group commit.
 Reads may come from any thread (each opens its own read transaction).
@@ -34,6 +38,8 @@ _pack_qq = _QQ.pack
 _unpack_q = _Q.unpack
 _unpack_qq = _QQ.unpack
 
+OWNER_KEY = b"owner:"  # + publisher id u64 BE, in `add`'s meta: a client name's user
+OWNER_PREFIX = b"user:" + OWNER_KEY
 TIME_STRIDE = 256
 BM_STRIDE = 64
 BM_SPAN = 64 * 1024
@@ -286,11 +292,27 @@ class JournalIndex:
         self._since_time = since
         self._last_second = last_second
 
+    def owners(self) -> dict[int, str]:
+        """publisher id -> the user its client name is bound to (docs/security.md)."""
+        out = {}
+        with self.env.begin(db=self._meta) as txn:
+            cur = txn.cursor()
+            if cur.set_range(OWNER_PREFIX):
+                for k, v in cur:
+                    if not k.startswith(OWNER_PREFIX):
+                        break
+                    out[_unpack_q(k[len(OWNER_PREFIX) :])[0]] = v.decode("utf-8", "replace")
+        return out
+
     def reset(self) -> None:
-        """Drop everything (used when the index is found inconsistent with the journal)."""
+        """Drop everything (used when the index is found inconsistent with the journal) but
+        the client name bindings, which the segments cannot give back."""
         with self.env.begin(write=True) as txn:
+            kept = [(k, v) for k, v in txn.cursor(db=self._meta) if k.startswith(OWNER_PREFIX)]
             for db in (self._bm, self._time, self._pub, self._meta):
                 txn.drop(db, delete=False)
+            for k, v in kept:
+                txn.put(k, v, db=self._meta)
         self._since_time = TIME_STRIDE
         self._last_second = -1
         self._bm_last.clear()

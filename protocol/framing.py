@@ -13,7 +13,9 @@ body   := the remaining (length - len(header)) bytes, opaque here
 maximum is refused as soon as the prefix arrives (the payload is never buffered).
 
 Finding the end of the header: the fast path takes the first `}`; if that prefix does not decode
-(a `}` inside a quoted value), a quote-aware scan finds the real end.
+(a `}` inside a quoted value, or a nested value), a quote- and brace-aware scan finds the real
+end. A header with a nested value is thus a well-formed frame: the header decoder refuses that one
+command (`FieldError`), and the connection goes on.
 
 Runs left whole: a decoder given a `group` function (`group(buf, pos, max_size) -> end`, the
 server's publish fast path, server/publish_scan.py) asks it at every frame boundary whether the
@@ -68,8 +70,9 @@ Group = Callable[[bytes | bytearray, int, int], int]
 _LEN = struct.Struct(">I")
 _unpack_len = _LEN.unpack_from
 _pack_len = _LEN.pack
-# A flat JSON object: any run of non-quote non-brace bytes or complete strings, then `}`.
-_HEADER_END = re.compile(rb'\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\}', re.DOTALL)
+# What matters for finding where a JSON object ends: complete strings (their braces do not
+# count) and braces.
+_HEADER_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}]', re.DOTALL)
 
 
 class FrameError(ValueError):
@@ -166,10 +169,10 @@ class FrameDecoder:
                     except FieldError:
                         raise
                     except HeaderError:
-                        m = _HEADER_END.match(view, start, end)
-                        if m is None or m.end() == close:
+                        real = _header_end(view, start, end)
+                        if real < 0 or real == close:
                             raise
-                        close = m.end()
+                        close = real
                         header = decode_header(view[start:close])
                 except FieldError as exc:
                     if not self.refuse_fields or exc.header.c is None:
@@ -194,6 +197,21 @@ class FrameDecoder:
         elif not buf:
             buf += view
         return frames
+
+
+def _header_end(view: bytes | bytearray, start: int, end: int) -> int:
+    """Where the JSON object that opens at `start` ends (past its `}`), counting nested braces
+    and skipping strings; -1 when it does not close before `end`."""
+    depth = 0
+    for m in _HEADER_TOKEN.finditer(view, start, end):
+        token = m.group()
+        if token == b"{":
+            depth += 1
+        elif token == b"}":
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    return -1
 
 
 def expand(raw: bytes, refuse_fields: bool = True) -> list[Frame]:

@@ -22,7 +22,11 @@
 A deliberately small HTTP/1.0 responder on asyncio (one request per connection, request head
 bounded to 8 KiB, 5 s to send it): the endpoint serves monitoring, not traffic.
 
-Security (docs/security.md): with `<Authentication>`, every request needs the credentials of a
+Security (docs/security.md): first, every request must name in `Host` an IP address, `localhost`,
+the configured listen host or a name of `<AllowedHosts>` (else 421): a page of another site whose
+name was made to resolve to this address (DNS rebinding) names its own host, and is refused even
+where no credentials are asked. The POST actions and `/events` also refuse an `Origin` that is not
+the request's own (`<scheme>://<Host>`) or an allowed host's (403). Then, with `<Authentication>`, every request needs the credentials of a
 user with `admin` (`<Admin>true</Admin>` in a role): HTTP Basic, or `Authorization: Bearer
 <token>` from `tickertape passwd --token`. No or wrong credentials get 401 (with a
 `WWW-Authenticate` challenge), a user without `admin` 403; wrong credentials back off per peer
@@ -39,10 +43,11 @@ and a comment line every `KEEPALIVE` seconds without a sample finds a page that 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -70,6 +75,7 @@ _STATUS = {
     404: "404 Not Found",
     405: "405 Method Not Allowed",
     409: "409 Conflict",
+    421: "421 Misdirected Request",
 }
 
 
@@ -87,12 +93,14 @@ class AdminEndpoint:
         disconnect: Callable[[int], str | None] | None = None,
         run_action: Callable[[str], str | None] | None = None,
         replication: Callable[[str, str, str], bool | None] | None = None,
+        allowed_hosts: Collection[str] = (),
     ) -> None:
         """`disconnect(id)` closes that client's connection and returns what it was (None: no
         such client); without it the disconnect action answers 404. `run_action(name)` starts
         that journal action now: "started", "running" (already), or None (no such action).
         `replication(name, "downgrade" | "upgrade", who)` changes a destination's mode: True,
-        False (it was not in the mode to leave), None (no such destination)."""
+        False (it was not in the mode to leave), None (no such destination). `allowed_hosts`:
+        the host names (lowercase) requests may name besides IP addresses and `localhost`."""
         self.stats = stats
         self.replication = replication
         self.disconnect = disconnect
@@ -100,6 +108,8 @@ class AdminEndpoint:
         self.instance = instance
         self.host = host
         self.port = port
+        self.named_hosts = frozenset(allowed_hosts)
+        self.allowed_hosts = self.named_hosts | {"localhost", host.lower()}
         self.guard = guard if guard is not None else Guard()
         self.scheme = "https" if self.guard.admin_tls is not None else "http"
         self._srv: asyncio.base_events.Server | None = None
@@ -148,9 +158,17 @@ class AdminEndpoint:
         path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
         peer = writer.get_extra_info("peername")
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        user, denied = await self._authorize(peer_text, _header(lines, b"authorization"))
+        misdirected = self._check_host(method, path, lines)
+        if misdirected is not None:
+            user, denied = None, None
+        else:
+            user, denied = await self._authorize(peer_text, _header(lines, b"authorization"))
         extra = ""
-        if denied is not None:
+        if misdirected is not None:
+            code, body = misdirected
+            ctype = "text/plain"
+            log.warning("admin: refused %s %s from %s: %s", method, path, peer_text, body.decode())
+        elif denied is not None:
             code = denied
             ctype = "text/plain"
             if code == 401:
@@ -175,6 +193,45 @@ class AdminEndpoint:
         except ConnectionError:
             pass
         writer.close()
+
+    def _check_host(self, method: str, path: str, lines: list[bytes]) -> tuple[int, bytes] | None:
+        """None when the request's Host (and, for what changes state or streams, its Origin)
+        names this endpoint; else (421 or 403, why). A request without Host (HTTP/1.0 tools)
+        is not a browser's and passes."""
+        host = _header(lines, b"host")
+        if host is not None:
+            name = _host_name(host)
+            if name is None or not self._allowed(name):
+                return 421, (
+                    f"this endpoint does not answer to Host {host!r}: use an IP address or "
+                    "localhost, or list the name in <Admin><AllowedHosts>\n"
+                ).encode()
+        origin = _header(lines, b"origin")
+        if origin is None or not (method == "POST" or path == "/events"):
+            return None
+        parts = urlsplit(origin) if origin != "null" else None
+        name = _host_name(parts.netloc) if parts is not None else None
+        same = (
+            parts is not None
+            and host is not None
+            and parts.scheme == self.scheme
+            and _authority(parts.netloc, self.scheme) == _authority(host, self.scheme)
+        )
+        if not same and name not in self.named_hosts:
+            return 403, (
+                f"requests from origin {origin!r} are refused: use the console served by this "
+                "endpoint, or a tool that sends no Origin\n"
+            ).encode()
+        return None
+
+    def _allowed(self, name: str) -> bool:
+        if name in self.allowed_hosts:
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True  # an address is no name a rebinding page can be served under
 
     async def _authorize(
         self, peer: str, authorization: str | None
@@ -317,6 +374,27 @@ class AdminEndpoint:
 def _event(name: bytes, data: bytes) -> bytes:
     """One Server-Sent Event (`data` is JSON: one line, no newline in it)."""
     return b"event: " + name + b"\ndata: " + data + b"\n\n"
+
+
+def _host_name(authority: str) -> str | None:
+    """The host of a `host[:port]` (an IPv6 address without its brackets), lowercase; None when
+    it is not one."""
+    try:
+        parts = urlsplit("//" + authority.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError:
+        return None
+    return parts.hostname or None
+
+
+def _authority(authority: str, scheme: str) -> tuple[str | None, int | None]:
+    """(host, port) of a `host[:port]`, the scheme's default port filled in."""
+    try:
+        parts = urlsplit("//" + authority.strip())
+        port = parts.port
+    except ValueError:
+        return None, None
+    return parts.hostname, port if port is not None else (443 if scheme == "https" else 80)
 
 
 def _header(lines: list[bytes], name: bytes) -> str | None:

@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from config.model import Config
 from journal.fileio import io_from_env
@@ -50,7 +51,7 @@ from .replication.sender import Sender
 from .replication.sync import SyncGate, UnknownDestination
 from .router import Router
 from .security.tls import ServerTls, server_context
-from .services import SessionServices
+from .services import SessionServices, compile_now
 from .session_rights import recheck
 from .stats import Stats
 from .subscription_table import LiveIndex
@@ -124,6 +125,11 @@ class Server:
         self.readers = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="journal-reader"
         )
+        # large filters are compiled here, one at a time, never on the event loop
+        # (SessionServices.compile_later)
+        self.filter_compiler = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="filter-compile"
+        )
         self._ticker: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self.started_at = time.time()
@@ -157,7 +163,14 @@ class Server:
         self.counters = Counters()
         self.intake = Intake(config.limits)
         self.fanout = Fanout(Router())
-        self.pipeline = Pipeline(journal, recorded, loop, self.fanout, self.connections.backlog)
+        self.pipeline = Pipeline(
+            journal,
+            recorded,
+            loop,
+            self.fanout,
+            self.connections.backlog,
+            config.limits.publish_memory_limit,
+        )
         dests = config.replication.destinations
         if dests and journal is not None:
             pipeline = self.pipeline
@@ -205,6 +218,7 @@ class Server:
             limit_counts=self.intake.counts,
             call_later=loop.call_later,
             guard=self.guard,
+            compile_later=self._compile_later,
         )
         env = ConnectionEnv(
             registry=self.connections,
@@ -213,6 +227,7 @@ class Server:
             services=services,
             max_logon_message_size=config.limits.max_logon_message_size,
             max_client_buffer=config.limits.client_max_buffer_size,
+            max_publish_inflight=config.limits.client_publish_memory_limit,
             offline_threshold=config.limits.offline_threshold,
             input_seen=self.poller.input_seen,
             admission=Admission(config.limits, self.intake.counts),
@@ -281,6 +296,7 @@ class Server:
                 self._disconnect_client,
                 self._run_action,
                 self._replication,
+                config.admin.allowed_hosts,
             )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())
@@ -342,6 +358,18 @@ class Server:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
+    def _compile_later(self, text: str, done: Callable[[Any], None]) -> None:
+        """Compile a filter on the filter thread; done(predicate or FilterError) on the loop.
+        A compile cancelled by the shutdown is never reported: its connection is closing."""
+
+        def report(fut: asyncio.Future[Any]) -> None:
+            if not fut.cancelled():
+                done(fut.result())
+
+        asyncio.get_running_loop().run_in_executor(
+            self.filter_compiler, compile_now, text
+        ).add_done_callback(report)
+
     async def shutdown(self, reason: str = "shutdown") -> None:
         if self.shutting_down:
             await self._stopped.wait()
@@ -388,6 +416,7 @@ class Server:
         if self.journal is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
         self.readers.shutdown(wait=False, cancel_futures=True)
+        self.filter_compiler.shutdown(wait=False, cancel_futures=True)
         self.guard.close()
         for srv in self.listeners:
             try:

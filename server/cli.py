@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tickertape", description="Tickertape message server and client"
     )
+    parser.add_argument("--version", action="version", version=f"tickertape {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     try:
@@ -75,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replication_command(sub)
     return parser
+
+
+def version() -> str:
+    """The installed package's version (pyproject.toml), or `unknown` when run from a tree
+    that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("tickertape")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,8 @@ checked (authentication, off the event loop) it does not read.
 
 `Connections` is the server's set of open connections: it refuses new ones during shutdown,
 and pauses publishers while the journal is behind (`backlog`, the pipeline's `on_backlog`).
+A publisher also stops reading while its own reads not yet committed pass
+<ClientPublishMemoryLimit> (`_publishing`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import termios
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from protocol.framing import FrameDecoder, FrameError, FrameTooLarge
@@ -52,6 +55,7 @@ _conn_ids = itertools.count(1)
 _OUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
 JOURNAL_BEHIND = "journal behind"
 LOGON_CHECK = "logon check"
+PUBLISH_BACKLOG = "publish backlog"
 
 
 def peer_of(transport: Any) -> str:
@@ -111,6 +115,9 @@ class ConnectionEnv:
     offline_threshold: int  # <ClientOfflineThreshold>: subscribers read the journal past it
     input_seen: Callable[[float], None]  # idle polling (server/app.py)
     admission: Admission  # the connection limits
+    # <ClientPublishMemoryLimit>: a publisher's bytes read and not yet committed, past which it
+    # stops reading (until half of them are committed)
+    max_publish_inflight: int = 4 * 1024 * 1024
 
 
 class Connection(asyncio.Protocol):
@@ -128,6 +135,7 @@ class Connection(asyncio.Protocol):
         self.max_frame = max_frame  # after logon; before it, <MaxLogonMessageSize>
         self.decoder = FrameDecoder(min(max_frame, env.max_logon_message_size), refuse_fields=True)
         self.buffered = 0  # bytes of a partial frame, as the intake last counted them
+        self.publish_inflight = 0  # bytes of reads of a publisher not yet committed
         self.partial_since: float | None = None
         self.drained_mark = 0
         self.drained_at = 0.0
@@ -223,11 +231,28 @@ class Connection(asyncio.Protocol):
         if not self.env.intake.after_feed(self):
             return
         self.session.receive(frames)
+        if self.session.is_publisher:
+            self._publishing(len(data))
         if error is not None:
             self.session.bad_input(error)
         if self.out.buf:
             self.out.flush()
         self.env.input_seen(self.last_recv)
+
+    def _publishing(self, n: int) -> None:
+        """A publisher's read is held in memory (decoded, batched, copied to the journal writer)
+        until the commit after it is done: past <ClientPublishMemoryLimit> bytes of such reads
+        the connection stops reading until half of them are committed. (All connections
+        together are bounded by <PublishMemoryLimit>: the pipeline's back-pressure.)"""
+        self.publish_inflight += n
+        self.env.services.pipeline.after_commit(partial(self._published, n))
+        if self.publish_inflight > self.env.max_publish_inflight:
+            self.pause_reading(PUBLISH_BACKLOG)
+
+    def _published(self, n: int, err: BaseException | None) -> None:
+        self.publish_inflight -= n
+        if self.publish_inflight <= self.env.max_publish_inflight // 2:
+            self.resume_reading(PUBLISH_BACKLOG)
 
     @property
     def lost(self) -> bool:

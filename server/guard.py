@@ -31,7 +31,7 @@ from typing import Any
 
 from config.model import Config
 
-from .filters import FilterError, compile_filter, compiled
+from .filters import FilterError, cached_filter, compiled
 from .matching import Predicate, TopicFilter
 from .security.authenticator import AuthFailure, Identity, LogonChecker, build_authenticator
 from .security.entitlements import Access, Entitlements, ReadFilter
@@ -104,11 +104,15 @@ def _and(own: Predicate | None, entitled: ReadFilter | None) -> Predicate | None
     own_filter = compiled(own)
     if own_filter is not None:
         # one compiled filter, so the fields-only decode and the replay's block scanner apply
-        # to an entitled subscriber's filter too (a lambda over two predicates gets neither)
+        # to an entitled subscriber's filter too (a lambda over two predicates gets neither);
+        # only when that costs next to nothing: a large own filter was compiled off the event
+        # loop (server/session_subscribe.py), and compiling it again here would stall it
         try:
-            return compile_filter(entitled.and_with(own_filter.text))
+            both = cached_filter(entitled.and_with(own_filter.text))
         except FilterError:  # together past the length limit: evaluate them one by one
-            pass
+            both = None
+        if both is not None:
+            return both
     return lambda doc: role(doc) and own(doc)
 
 

@@ -34,11 +34,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from journal.index import OWNER_KEY
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 
@@ -47,6 +49,8 @@ from .fanout import Fanout, Message
 from .pipeline_publish import TOPIC_CACHE_LIMIT, BatchedIntake, Publisher
 from .pipeline_replicate import REPL_FROM, ReplicatedIntake
 from .subscriptions import Subscription
+
+_U64BE = struct.Struct(">Q")
 
 if TYPE_CHECKING:  # pragma: no cover
     from .replication.sync import SyncGate
@@ -134,11 +138,14 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         # pub -> highest seq durable (and acked by every active sync destination): logon acks
         self.durable: dict[int, int] = {}
         self.durable_pos: dict[int, int] = {}
+        # pub -> the user its client name is bound to (authenticated publishers; bind_owner)
+        self.owners: dict[int, str] = {}
         if journal is not None:
             for pub, (seq, pos) in journal.publishers().items():
                 self.highest[pub] = seq
                 self.durable[pub] = seq
                 self.durable_pos[pub] = pos
+            self.owners = journal.publisher_owners()
         self.batch = Batch()
         self.scheduled = False
         self.inflight_bytes = 0
@@ -254,6 +261,22 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         if not self.scheduled:
             self._schedule()
         return seq, STORED
+
+    def bind_owner(self, pub: int, user: str) -> bool:
+        """Bind publisher `pub` (a client name) to `user`, durably: the binding is committed
+        to the journal's index with the open batch, which holds the publisher's first record.
+        False (nothing changes) when it is bound to another user already."""
+        owner = self.owners.get(pub)
+        if owner is not None:
+            return owner == user
+        self.owners[pub] = user
+        if self.journal is not None:
+            batch = self.batch
+            if batch.meta is None:
+                batch.meta = {}
+            batch.meta[OWNER_KEY + _U64BE.pack(pub)] = user.encode()
+            self._schedule()
+        return True
 
     def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
         self.batch.flushes.append((client, cid, acks))

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .counters import Counters
+from .filters import FilterError, compile_filter
 from .guard import Guard
 from .outbox import Outbox
 from .pipeline import Pipeline
@@ -18,7 +19,15 @@ from .replay_engine import ReplayEngine
 from .subscription_table import LiveIndex
 from .topics import TopicPolicy
 
-__all__ = ["NamedClient", "SessionServices"]
+__all__ = ["NamedClient", "SessionServices", "compile_now"]
+
+
+def compile_now(text: str) -> Any:
+    """The compiled filter, or the FilterError that says why it does not compile."""
+    try:
+        return compile_filter(text)
+    except FilterError as exc:
+        return exc
 
 
 class NamedClient(Protocol):
@@ -42,4 +51,9 @@ class SessionServices:
     counters: Counters
     limit_counts: dict[str, int]  # the intake's refusal counts (server/intake.py)
     call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle]
+    # compile_later(text, done): compile a filter off the event loop, then done(the predicate or
+    # the FilterError) on the loop; the default compiles at once (tests without a server)
+    compile_later: Callable[[str, Callable[[Any], None]], None] = field(
+        default=lambda text, done: done(compile_now(text))
+    )
     guard: Guard = field(default_factory=Guard)  # logons, entitlements (server/guard.py)

@@ -30,7 +30,6 @@ from protocol.headers import FieldError, Header, check_fields
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
 
 from . import frames
-from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id
 from .matching import Predicate
 from .outbox import Outbox
@@ -69,7 +68,9 @@ class Session(SubscribeCommands, PublishCommands):
         self.peer = "?"
         self.peer_cert: Any = None  # the verified client certificate of a TLS connection
         self.transport_name: str | None = None
-        self._held: list[tuple[Header, Any]] | None = None  # frames behind a logon being checked
+        # frames behind a logon being checked, or a filter being compiled (filter_ready)
+        self._held: list[tuple[Header, Any]] | None = None
+        self._compiled: tuple[str, Any] | None = None  # a filter compiled off the loop
         self._ent: Entitlements | None = None  # what this user may do; None: everything
         self.client_name: str | None = None
         self.user_id: str | None = None
@@ -333,10 +334,23 @@ class Session(SubscribeCommands, PublishCommands):
 
     def _accept_logon(self, h: Header, ack_conflation: float | None, user: str | None) -> None:
         """Log on as `user` (authenticated, or as claimed without <Authentication>): the
-        `name in use` rule compares it with the user of the connection holding the name."""
+        `name in use` rule compares it with the user of the connection holding the name, and
+        with <Authentication> also with the user the name is bound to (the first to publish
+        under it, bind_name), connected or not."""
         svc = self.svc
         name = h.client_name
         acks = ack_types(h.a)
+        if name and svc.guard.checker is not None:
+            owner = svc.pipeline.owners.get(publisher_id(name))
+            if owner is not None and owner != user:
+                self.fail(
+                    h,
+                    Failure.NAME_IN_USE,
+                    f"client name {name!r} is bound to another user (the first to publish "
+                    "under it); choose another client_name",
+                )
+                self.out.close(Disconnect.NAME_IN_USE)
+                return
         if name:
             other = svc.names.get(name)
             if other is not None and other is not self:
@@ -404,6 +418,8 @@ class Session(SubscribeCommands, PublishCommands):
 
     def cmd_sow_delete(self, h: Header, body: bytes) -> None:
         """Queue acknowledgements: bookmarks (the normal, batched case) or a filter."""
+        if h.f and not h.bm and not self.filter_ready(h, body):
+            return
         q = self.svc.queues.queues.get(h.t or "")  # one dict lookup: a consumer's ack each read
         if q is None:
             self.fail(
@@ -442,10 +458,8 @@ class Session(SubscribeCommands, PublishCommands):
                 visible=self._queue_view(q, None),
             )
         elif h.f:
-            try:
-                f = compile_filter(h.f)
-            except FilterError as exc:
-                self.fail(h, Failure.BAD_FILTER, str(exc))
+            f = self.compiled_filter(h)
+            if f is None:
                 return
             n, refused = q.ack_filter(
                 self.table,

@@ -64,6 +64,19 @@ class PublishCommands:
     def bad_input(self, error: FrameError) -> None:
         raise NotImplementedError
 
+    def bind_name(self) -> None:
+        """This connection's first publish: with <Authentication>, its client name is bound to
+        its user from now on, durably (the logon of another user under that name is refused
+        `name in use`, connected or not: docs/security.md)."""
+        svc = self.svc
+        if svc.guard.checker is not None and self.user_id is not None:
+            if not svc.pipeline.bind_owner(self.pub, self.user_id):
+                log.warning(
+                    "%s: client name is bound to another user (both logged on before either "
+                    "published); its publishes are taken, the binding stays",
+                    self.describe(),
+                )
+
     def _receive(self, frames_in: list[tuple[Header, Any]]) -> None:
         raise NotImplementedError
 
@@ -95,6 +108,8 @@ class PublishCommands:
         a = h.a
         if a is not None and "persisted" in a:
             self.wants_persisted = True
+        if not self.is_publisher:
+            self.bind_name()
         self.is_publisher = True
         self.received += 1
         try:
@@ -165,6 +180,8 @@ class PublishCommands:
                 self.out.close(Disconnect.BAD_FRAME)
                 return
             if took:
+                if not self.is_publisher:
+                    self.bind_name()
                 self.is_publisher = True
                 self.received += took
             if pos < n and not self.out.closing:
@@ -211,6 +228,8 @@ class PublishCommands:
                     self.wants_persisted = True
                 items.append((h.s, topic, body))  # type: ignore[arg-type]  # s checked above
             if items:
+                if not self.is_publisher:
+                    self.bind_name()
                 self.is_publisher = True
                 took = pipeline.publish_run(self, self.pub, items)
                 self.received += took

@@ -10,13 +10,17 @@ declared here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 from protocol.bookmarks import BookmarkSpec, InvalidBookmark, Now, parse_bookmark
 from protocol.headers import MAX_SUB_ID_BYTES, Header
 from protocol.options import InvalidOptions, SubscribeOptions, subscribe_options
 from protocol.patterns import PatternError, compile_pattern
 
 from .conflation import LiveConflation
-from .filters import FilterError, compile_filter
+from .filters import FilterError, cached_filter, compile_filter
 from .matching import Predicate
 from .outbox import Outbox
 from .queue import Queue
@@ -39,14 +43,64 @@ class SubscribeCommands:
     peer: str
     user_id: str | None
     _sub_counter: int
+    _held: list[tuple[Header, Any]] | None
+    hold: Callable[[bool], None]
+    _compiled: tuple[str, Predicate | FilterError] | None
 
     def fail(self, header: Header, reason: str, detail: str) -> None:
         raise NotImplementedError
+
+    def receive(self, frames_in: list[tuple[Header, Any]]) -> None:
+        raise NotImplementedError
+
+    def filter_ready(self, h: Header, body: Any) -> bool:
+        """Whether the command's filter `h.f` can be had now (cached, short, or compiled off
+        the loop for this very command). If not, its compile starts on the server's filter
+        thread, the connection stops reading and its frames wait (as behind a logon), and the
+        command is handled again when the compile is done: a large filter never stalls the
+        event loop, and one connection has at most one compile under way."""
+        done = self._compiled
+        if done is not None and done[0] == h.f:
+            return True
+        try:
+            if cached_filter(h.f or "") is not None:
+                return True
+        except FilterError:
+            return True  # refused by the command, at once
+        self._held = []
+        self.hold(True)
+        self.svc.compile_later(h.f or "", partial(self._filter_compiled, h, body))
+        return False
+
+    def _filter_compiled(self, h: Header, body: Any, result: Predicate | FilterError) -> None:
+        held, self._held = self._held, None
+        if self.out.closing:
+            return
+        self._compiled = (h.f or "", result)
+        self.hold(False)
+        self.receive([(h, body), *(held or ())])
+        self.out.flush()
+
+    def compiled_filter(self, h: Header) -> Predicate | None:
+        """The command's filter `h.f` compiled (from filter_ready's compile, if it made one);
+        refused with `bad filter` (and None) when it does not compile."""
+        done, self._compiled = self._compiled, None
+        try:
+            if done is not None and done[0] == h.f:
+                if isinstance(done[1], FilterError):
+                    raise done[1]
+                return done[1]
+            return compile_filter(h.f or "")
+        except FilterError as exc:
+            self.fail(h, Failure.BAD_FILTER, str(exc))
+            return None
 
     def not_entitled(self, h: Header, right: str, topic: str) -> None:
         raise NotImplementedError
 
     def cmd_subscribe(self, h: Header, body: bytes) -> None:
+        if h.f and not self.filter_ready(h, body):
+            return
         svc = self.svc
         table = self.table
         acks = ack_types(h.a)
@@ -173,11 +227,8 @@ class SubscribeCommands:
         compile (refused)."""
         if not h.f:
             return True, None
-        try:
-            return True, compile_filter(h.f)
-        except FilterError as exc:
-            self.fail(h, Failure.BAD_FILTER, str(exc))
-            return False, None
+        filt = self.compiled_filter(h)
+        return filt is not None, filt
 
     def _room_for_subscription(self, h: Header, sub_id: str) -> bool:
         """A new subscription fits the connection's bounds: <ClientMaxSubscriptions>, and a

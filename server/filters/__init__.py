@@ -12,7 +12,8 @@ pipeline, one module per stage, each pure (no I/O, no asyncio):
 ``kernels``      the three-valued evaluation rules (NULL semantics written out at its top)
 ``compiler``     syntax tree -> closures, with fast paths for the common shapes
 ``program``      the fields a filter reads, and its simple forms as the block scanner's program
-``api``          :func:`compile_filter` and :func:`compile_body_filter`: limits, caching,
+``api``          :func:`compile_filter`, :func:`compile_body_filter`, :func:`cached_filter`:
+                 limits, the compile cache (bounded in entries and text),
                  the guarantee that a predicate never raises, and :class:`CompiledFilter`
 ``scan``         a filter over a block of journal records: the C scanner
                  (server/_filterscan.c) with the Python evaluator as reference and fallback
@@ -33,15 +34,25 @@ with the 0-based character position of the problem. ``LIKE`` patterns are compil
 time, with RE2 (``protocol.patterns``): matching takes time linear in the subject.
 """
 
-from .api import NOT_JSON, CompiledFilter, compile_body_filter, compile_filter, compiled
+from .api import (
+    CHEAP_TEXT,
+    NOT_JSON,
+    CompiledFilter,
+    cached_filter,
+    compile_body_filter,
+    compile_filter,
+    compiled,
+)
 from .errors import MAX_FILTER_DEPTH, MAX_FILTER_TEXT, FilterError
 
 __all__ = [
+    "CHEAP_TEXT",
     "MAX_FILTER_DEPTH",
     "MAX_FILTER_TEXT",
     "NOT_JSON",
     "CompiledFilter",
     "FilterError",
+    "cached_filter",
     "compile_body_filter",
     "compile_filter",
     "compiled",

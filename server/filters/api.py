@@ -2,7 +2,9 @@
 
 :func:`compile_filter` checks the length of the text, parses it (:mod:`.parser`), compiles
 the tree (:mod:`.compiler`) and wraps the result so evaluation never raises;
-:func:`compile_body_filter` does the same for raw JSON bodies. Both cache by text.
+:func:`compile_body_filter` does the same for raw JSON bodies. Both cache by text;
+:func:`cached_filter` answers only when that costs next to nothing, so the server can compile
+large filters off its event loop.
 
 Every predicate :func:`compile_filter` returns carries a :class:`CompiledFilter`
 (:func:`compiled`): the text, the top-level fields it reads, ``match_raw`` (the raw-body
@@ -13,8 +15,10 @@ evaluator every path uses: it decodes only those fields), the block scanner's pr
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -23,7 +27,15 @@ from .errors import MAX_FILTER_TEXT, FilterError
 from .parser import parse
 from .program import build_program, equality, fields_read, subset_decoder
 
-__all__ = ["NOT_JSON", "CompiledFilter", "compile_body_filter", "compile_filter", "compiled"]
+__all__ = [
+    "CHEAP_TEXT",
+    "NOT_JSON",
+    "CompiledFilter",
+    "cached_filter",
+    "compile_body_filter",
+    "compile_filter",
+    "compiled",
+]
 
 _decode_full = msgspec.json.Decoder().decode
 _ValidationError = msgspec.ValidationError
@@ -134,9 +146,15 @@ def _decoder(fields: frozenset[str]) -> Callable[[bytes], Any]:
 _FIELDS: dict[frozenset[str], frozenset[str]] = {}
 _FIELDS_LIMIT = 4096
 
-_CACHED_TEXT = 4096
-"""Texts up to this length are cached; longer ones are compiled each time so the cache stays
-small (1024 entries of at most 4 KiB)."""
+CACHE_ENTRIES = 1024
+CACHE_TEXT = 2 * 1024 * 1024
+"""The compile cache holds at most this many filters and this many characters of their texts
+(a compiled filter costs some 10-20 times its text), least recently used out first: a hundred
+subscriptions with one large filter compile it once."""
+
+CHEAP_TEXT = 1024
+"""Compiling text up to this length costs well under a millisecond; longer text not in the
+cache is worth compiling off the event loop (the server does: server/session_subscribe.py)."""
 
 
 def _match_all(body: Any) -> bool:
@@ -171,7 +189,66 @@ def _compile(text: str) -> Callable[[Any], bool]:
     return CompiledFilter(text, fields, test, build_program(tree), equality(tree)).evaluate
 
 
-_compile_cached = functools.lru_cache(maxsize=1024)(_compile)
+class _Cache:
+    """Compiled filters by text, bounded in entries and characters (LRU). Safe to use from the
+    loop and from the thread the server compiles large filters on."""
+
+    def __init__(self, entries: int, chars: int) -> None:
+        self.entries = entries
+        self.chars = chars
+        self._map: OrderedDict[str, Callable[[Any], bool]] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, text: str) -> Callable[[Any], bool] | None:
+        with self._lock:
+            predicate = self._map.get(text)
+            if predicate is not None:
+                self._map.move_to_end(text)
+                self.hits += 1
+            return predicate
+
+    def put(self, text: str, predicate: Callable[[Any], bool]) -> Callable[[Any], bool]:
+        """Keep `predicate` for `text`; the one kept already wins (so equal texts share one)."""
+        if len(text) > self.chars:
+            return predicate
+        with self._lock:
+            self.misses += 1
+            kept = self._map.setdefault(text, predicate)
+            if kept is predicate:
+                self._size += len(text)
+                while len(self._map) > self.entries or self._size > self.chars:
+                    old, _ = self._map.popitem(last=False)
+                    self._size -= len(old)
+            return kept
+
+    def info(self) -> _CacheInfo:
+        with self._lock:
+            return _CacheInfo(self.hits, self.misses, len(self._map), self._size)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._map.clear()
+            self._size = self.hits = self.misses = 0
+
+
+class _CacheInfo(NamedTuple):
+    hits: int
+    misses: int
+    entries: int
+    chars: int
+
+
+_CACHE = _Cache(CACHE_ENTRIES, CACHE_TEXT)
+
+
+def _checked(text: object) -> str:
+    if not isinstance(text, str):
+        raise FilterError(
+            repr(text)[:100], 0, f"filter must be a string, not {type(text).__name__}"
+        )
+    return text
 
 
 def compile_filter(text: str) -> Callable[[Any], bool]:
@@ -180,20 +257,28 @@ def compile_filter(text: str) -> Callable[[Any], bool]:
     ``body`` is the decoded JSON body (as ``msgspec.json.decode`` returns it). The predicate
     is True only when the filter is TRUE for the body; it never raises (NULL, type mismatches,
     division by zero, a non-object body all make the filter UNKNOWN or FALSE). Compiled
-    filters are cached by text (1024 entries, texts up to 4 KiB), so many subscriptions with
-    one filter share one predicate. Raises :class:`FilterError` on bad text.
+    filters are cached by text (:data:`CACHE_ENTRIES` entries, :data:`CACHE_TEXT`
+    characters), so many subscriptions with one filter share one predicate. Raises
+    :class:`FilterError` on bad text.
     """
-    if not isinstance(text, str):
-        raise FilterError(
-            repr(text)[:100], 0, f"filter must be a string, not {type(text).__name__}"
-        )
-    if len(text) <= _CACHED_TEXT:
-        return _compile_cached(text)
-    return _compile(text)
+    predicate = _CACHE.get(_checked(text))
+    if predicate is None:
+        predicate = _CACHE.put(text, _compile(text))
+    return predicate
 
 
-compile_filter.cache_info = _compile_cached.cache_info  # type: ignore[attr-defined]
-compile_filter.cache_clear = _compile_cached.cache_clear  # type: ignore[attr-defined]
+def cached_filter(text: str) -> Callable[[Any], bool] | None:
+    """The predicate :func:`compile_filter` would return when getting it costs next to nothing
+    (cached, or text of at most :data:`CHEAP_TEXT` characters); None when compiling it may take
+    long enough to be done off the event loop. Raises :class:`FilterError` on bad short text."""
+    predicate = _CACHE.get(_checked(text))
+    if predicate is None and len(text) <= CHEAP_TEXT:
+        predicate = _CACHE.put(text, _compile(text))
+    return predicate
+
+
+compile_filter.cache_info = _CACHE.info  # type: ignore[attr-defined]
+compile_filter.cache_clear = _CACHE.clear  # type: ignore[attr-defined]
 
 
 def _body_match_all(data: Any) -> bool:
@@ -221,6 +306,6 @@ def compile_body_filter(text: str) -> Callable[[bytes], bool]:
     """Like :func:`compile_filter`, for raw bodies: ``predicate(body_bytes) -> bool`` decodes
     with ``msgspec.json.decode`` (a body that is not JSON does not match) and applies the filter.
     A filter that is always TRUE (``1=1``) matches every body without decoding it."""
-    if isinstance(text, str) and len(text) <= _CACHED_TEXT:
+    if isinstance(text, str) and len(text) <= 4096:
         return _compile_body(text)
     return _compile_body.__wrapped__(text)

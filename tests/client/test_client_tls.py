@@ -17,7 +17,7 @@ import pytest
 from client import Client
 from client.address import ServerAddress, parse_address, parse_server
 from client.chooser import DefaultServerChooser
-from client.errors import CommandError, ConnectFailed
+from client.errors import CommandError, ConnectFailed, Disconnected
 from client.ha import HAClient
 from client.tls import tls_context
 from tests.security.certs import make_pki
@@ -173,6 +173,28 @@ async def test_the_cli_publishes_and_subscribes_over_tls(server, pki, tmp_path):
     )  # fmt: skip
     _, err = await asyncio.wait_for(bad.communicate(b"{}\n"), 60)
     assert bad.returncode != 0
+    assert b"connect with tcps://HOST:PORT/" in err, err  # not just "closed by server"
+    # --user without a password: said so, with where to give it
+    nopw = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "client.cli", "pub", "orders.cli",
+        "--server", f"127.0.0.1:{ports(server)['plain']}", "--user", "alice",
+        "--connect-timeout", "0",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "TICKERTAPE_PASSWORD"},
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(nopw.communicate(b"{}\n"), 60)
+    assert nopw.returncode != 0
+    assert b"no password was given" in err and b"--password-file" in err, err
+    assert b"TICKERTAPE_PASSWORD" in err, err
+
+
+async def test_a_plain_client_on_a_tls_port_is_told_it_may_be_one(server):
+    c = Client("plain-on-tls")
+    await c.connect(f"127.0.0.1:{ports(server)['tls']}")
+    with pytest.raises(Disconnected, match="if this is a tcps transport, connect with tcps://"):
+        await c.logon()
+    await c.close()
 
 
 def _free_port() -> int:

@@ -35,7 +35,10 @@ class Events:
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.sock.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        self.sock.sendall(
+            b"GET /events HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept: text/event-stream\r\n\r\n"
+            % port
+        )
         self.buf = b""
         head = self._until(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.0 200"), head

@@ -19,6 +19,9 @@ BAD = [
     ({"e": -5}, "bad frame"),
     ({"x": "x" * 70000}, "bad frame"),
     ({"t": "t" * 70000}, "invalid topic"),
+    # a nested value: a well-formed frame, so only this command is refused
+    ({"x": {"a": 1}}, "bad frame"),
+    ({"x": [1, {"a": "}"}]}, "bad frame"),
 ]
 
 

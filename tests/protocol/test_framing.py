@@ -43,6 +43,13 @@ GOLDEN = [
     ),
     # unknown fields are ignored
     (raw(b'{"c":"heartbeat","zz":1}'), Header(c="heartbeat"), b""),
+    # ... also when nested: the header ends at the brace that closes it, not the first `}`
+    (
+        raw(b'{"c":"heartbeat","zz":{"a":{"b":"}"}},"cid":"9"}', b"}"),
+        Header(c="heartbeat", cid="9"),
+        b"}",
+    ),
+    (raw(b'{"c":"heartbeat","zz":[{"a":1},"]}"]}'), Header(c="heartbeat"), b""),
 ]
 
 
@@ -85,7 +92,8 @@ MALFORMED = [
     (raw(b'{"c":"publish","t":'), "JSON object"),
     (raw(b'{"c":"publish","s":"abc"}'), "decimal integer"),
     (raw(b'{"c":"publish","s":-1.5}'), "integer"),
-    (raw(b'{"c":"publish","t":{"a":1}}'), "not valid JSON"),
+    # the client's decoder (no refuse_fields): a nested value is a bad frame, said as such
+    (raw(b'{"c":"publish","t":{"a":1}}'), "is nested"),
     (raw(b'{"c":"publish"'), "JSON object"),
     (raw(b"\xff\xfe{}"), "JSON object"),
 ]

@@ -76,9 +76,32 @@ def test_the_client_side_decoder_still_treats_a_bad_field_as_a_bad_frame():
     [
         (b'{"c":"publish","t":"a\xff\xfe"}', "not valid JSON"),
         (b'{"c":"publish","x":' + b"[" * 100000 + b"]" * 100000 + b"}", "nested"),
-        (b'{"c":"publish","x":{"a":1}}', "not valid JSON"),
     ],
 )
 def test_invalid_utf8_and_deep_nesting_are_bad_frames(raw, words):
     with pytest.raises(FrameError, match=words):
         FrameDecoder(refuse_fields=True).feed(frame(raw))
+
+
+@pytest.mark.parametrize(
+    "raw,field",
+    [
+        (b'{"c":"publish","cid":"7","t":"a","x":{"a":1}}', "x"),
+        (b'{"c":"publish","cid":"7","t":"a","x":{"a":{"b":"}"}}}', "x"),
+        (b'{"c":"publish","cid":"7","t":"a","correlation_id":[1,{"a":2}]}', "correlation_id"),
+        (b'{"c":"publish","cid":"7","x":["}"],"t":"a"}', "x"),
+    ],
+)
+def test_a_nested_value_refuses_that_command_only(raw, field):
+    """A header with a nested object or array is a well-formed frame: that command is refused
+    (the field is named) and the frames after it are read."""
+    stream = frame(raw, b"body}") + frame(b'{"c":"publish","t":"a","s":2}', b"next")
+    for cut in range(len(stream) + 1):
+        d = FrameDecoder(refuse_fields=True)
+        frames = d.feed(stream[:cut]) + d.feed(stream[cut:])
+        (h1, bad), (h2, body2) = frames
+        assert isinstance(bad, FieldError) and h1.c == "publish" and h1.cid == "7"
+        assert bad.reason == "bad frame"
+        assert f"header field {field!r} is nested" in bad.detail
+        assert h2.s == 2 and body2 == b"next"
+        assert d.buffered == 0

@@ -50,3 +50,24 @@ def test_the_state_table_matches_what_is_refused():
     for section, row in rows.items():
         [line] = [x for x in table.splitlines() if x.startswith(row)]
         assert ("**refused**" in line) == (section in refused), line
+
+
+def test_the_token_format_is_the_one_issued():
+    """The token format the page spells out (three dot-separated parts, the user base64url
+    without padding, 43 characters of secret) is what `tickertape passwd --token` issues, and
+    the page's example user part is right."""
+    import base64
+
+    from server.security.passwords import issue_token, parse_token, verify_secret
+
+    assert "`tt1.<user>.<secret>`" in TEXT
+    example = re.search(r"`root` is `([A-Za-z0-9_-]+)`", TEXT)
+    assert example and example.group(1) == base64.urlsafe_b64encode(b"root").decode().rstrip("=")
+    for user in ("root", "désk-ops", "a"):
+        token, stored = issue_token(user)
+        prefix, name, secret = token.split(".")
+        assert prefix == "tt1" and "=" not in name and "=" not in secret
+        assert base64.urlsafe_b64decode(name + "=" * (-len(name) % 4)).decode() == user
+        assert len(secret) == 43 and len(base64.urlsafe_b64decode(secret + "=")) == 32
+        assert parse_token(token) == (user, secret)
+        assert verify_secret(stored, secret)  # the secret text is what the hash covers

@@ -1018,10 +1018,33 @@ def test_compiled_filters_are_cached_and_shared():
     text = "/cache_me = 'x'"
     assert compile_filter(text) is compile_filter(text)
     assert compile_filter.cache_info().hits >= 1
-    long_text = " OR ".join(f"/a = {i}" for i in range(1000))  # over 4 KiB: not cached
+    long_text = " OR ".join(f"/a = {i}" for i in range(1000))  # large texts are cached too
     assert len(long_text) > 4096
     assert compile_filter(long_text)({"a": 999}) is True
+    assert compile_filter(long_text) is compile_filter(long_text)
     assert compile_body_filter(text) is compile_body_filter(text)
+
+
+def test_the_compile_cache_is_bounded_in_text_and_answers_cheaply():
+    from server.filters import CHEAP_TEXT, cached_filter
+    from server.filters.api import CACHE_TEXT
+
+    compile_filter.cache_clear()
+    big = [" OR ".join(f"/a{n} = {i}" for i in range(2000)) for n in range(3)]
+    assert all(len(t) > CHEAP_TEXT for t in big)
+    assert cached_filter(big[0]) is None  # long and not compiled yet: the caller may defer it
+    first = compile_filter(big[0])
+    assert cached_filter(big[0]) is first
+    assert cached_filter("/short = 1") is compile_filter("/short = 1")  # short: compiled now
+    with pytest.raises(FilterError):
+        cached_filter("/short =")
+    # fill the cache past its text budget: the least recently used go, the size stays bounded
+    many = CACHE_TEXT // len(big[1]) + 5
+    for n in range(many):
+        compile_filter(big[1] + f" OR /z = {n}")
+    info = compile_filter.cache_info()
+    assert info.chars <= CACHE_TEXT
+    assert cached_filter(big[0]) is None
 
 
 def test_compile_body_filter():
