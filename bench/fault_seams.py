@@ -30,6 +30,7 @@ with `--first-round R --rounds 1`). A round:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import random
@@ -178,11 +179,24 @@ class Faults:
 
 def start_all(cl: Cluster) -> None:
     """Start every instance at once (each start waits for its listening line)."""
-    import concurrent.futures
-
     with concurrent.futures.ThreadPoolExecutor(len(cl.names)) as ex:
         for f in [ex.submit(i.start) for i in cl]:
             f.result()
+
+
+def stop_all(cl: Cluster) -> list[str]:
+    """SIGTERM every instance at once; an instance that does not stop is a problem."""
+
+    def stop(i) -> str:
+        try:
+            i.stop()
+            return ""
+        except Exception:
+            i.kill()
+            return f"{i.name}: SIGTERM did not stop it within 20 s"
+
+    with concurrent.futures.ThreadPoolExecutor(len(cl.names)) as ex:
+        return [p for p in ex.map(stop, cl) if p]
 
 
 def _archived(i) -> bool:
@@ -322,12 +336,7 @@ def play(r: int, rng: random.Random, label: str, data: str) -> tuple[dict, list[
         trace(t0, "cluster started")
         out = asyncio.run(round_async(cl, rng, label))
         t0 = time.monotonic()
-        for i in cl:
-            try:
-                i.stop()
-            except Exception:
-                i.kill()
-                out["problems"].append(f"{i.name}: SIGTERM did not stop it within 20 s")
+        out["problems"] += stop_all(cl)
         trace(t0, "stopped")
         for i in cl:  # for --keep: what each instance said since its last start
             with open(os.path.join(i.directory, "server.log"), "w") as f:

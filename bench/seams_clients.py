@@ -5,8 +5,9 @@
   its desk.
 - `QueueConsumer`: one per queue per instance, always on its own instance (it waits there while
   the instance is down). At-least-once consumers acknowledge each delivery (sow_delete) and note
-  when the server confirmed it; at-most-once consumers only take deliveries. Every delivery and
-  every confirmed acknowledgement goes into the round's `Ledger`, with its time and instance.
+  when the server confirmed it; at-most-once consumers acknowledge too (that frees their
+  backlog). Every delivery and every confirmed at-least-once acknowledgement goes into the
+  round's `Ledger`, with its time and instance.
 - `DeskSubscriber`: a user with a content-filter entitlement (alice: desk A, bob: desk B)
   replaying the topic from the start on one instance, moving to the next one whenever its
   connection is lost; any message of the other desk is a violation.
@@ -92,7 +93,9 @@ class QueueConsumer:
     def __init__(self, instance: str, port: int, queue: str, ledger: Ledger, user: str = "cons"):
         self.instance, self.port, self.queue, self.ledger = instance, port, queue, ledger
         self.user = user
-        self.ack = queue == ALO_QUEUE
+        # at-most-once deliveries are acknowledged too: that frees the subscription's backlog
+        # (docs/protocol.md); only the at-least-once acknowledgements go into the ledger
+        self.ledger_acks = queue == ALO_QUEUE
         self.got = 0
         self.desks: set[str] = set()  # desks delivered (entitlement check for a desk user)
 
@@ -116,14 +119,13 @@ class QueueConsumer:
                         continue
                     if h.get("c") == "p":
                         self._delivered(h.get("bm", ""), data)
-                        if self.ack:
-                            n += 1
-                            pending[f"a{n}"] = h.get("bm", "")
-                            w.write(frame({"c": "sow_delete", "t": self.queue, "bm": h.get("bm"),
-                                           "cid": f"a{n}", "a": "processed"}))  # fmt: skip
+                        n += 1
+                        pending[f"a{n}"] = h.get("bm", "")
+                        w.write(frame({"c": "sow_delete", "t": self.queue, "bm": h.get("bm"),
+                                       "cid": f"a{n}", "a": "processed"}))  # fmt: skip
                     elif h.get("c") == "ack" and h.get("cid", "").startswith("a"):
                         bm = pending.pop(h["cid"], None)
-                        if bm and h.get("status") == "success":
+                        if bm and h.get("status") == "success" and self.ledger_acks:
                             self.ledger.acked.append((time.monotonic(), self.instance,
                                                       self.queue, bm))  # fmt: skip
             except Violation as exc:
