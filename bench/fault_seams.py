@@ -25,6 +25,10 @@ with `--first-round R --rounds 1`). A round:
    Spark job per run: tens of seconds, hence only a share of the rounds).
 4. Everything healed and restarted, publishers finish, the set converges (bounded waits), all
    stop cleanly and the oracle (bench/seams_oracle.py) reads every journal and archive.
+
+Each round runs in a child process (`play`), its servers in the child's process group, under
+ROUND_LIMIT_S: a round that hangs is killed whole and reported with its last phase
+(`phases.txt` in the round's directory; on stderr too with TT_SEAMS_TRACE=1).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import multiprocessing
 import os
 import random
+import signal
 import sys
 import time
 
@@ -63,6 +69,7 @@ DISK = "32m"
 PUBLISH_WAIT_S = 60.0
 CONVERGE_WAIT_S = 10.0
 MAINT_WAIT_S = 90.0
+ROUND_LIMIT_S = 150.0  # start, load, PUBLISH_WAIT_S, convergence, stop: a round past it hung
 TRACE = bool(os.environ.get("TT_SEAMS_TRACE"))  # phase times and fault windows on stderr
 
 
@@ -70,9 +77,16 @@ TRACE = bool(os.environ.get("TT_SEAMS_TRACE"))  # phase times and fault windows 
 logging.getLogger("tickertape.client").setLevel(logging.ERROR)
 
 
+_phases: str | None = None  # the round's phases.txt, in the round's process
+
+
 def trace(t0: float, what: str) -> None:
+    line = f"    +{time.monotonic() - t0:6.2f}s {what}"
     if TRACE:
-        print(f"    +{time.monotonic() - t0:6.2f}s {what}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
+    if _phases:
+        with open(_phases, "a") as f:
+            f.write(line + "\n")
 
 
 QUEUES = f"""<SOW>
@@ -245,7 +259,7 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
     desks = [DeskSubscriber("alice", "A", pairs, rng.randrange(len(names))),
              DeskSubscriber("bob", "B", pairs, rng.randrange(len(names)))]  # fmt: skip
     order = cl.addresses(rng.sample(names, len(names)))
-    ha = HASubscriber(order)
+    ha = HASubscriber(order, lambda what: trace(ledger.t0, what))
     tasks += [asyncio.create_task(c.run(stop)) for c in (*consumers, *desks, ha)]
     await asyncio.sleep(rng.uniform(0.2, 0.8))
     faults = Faults(cl, rng)
@@ -325,11 +339,8 @@ def check(cl: Cluster, out: dict) -> tuple[dict, list[str]]:
     return stats, violations
 
 
-def play(r: int, rng: random.Random, label: str, data: str) -> tuple[dict, list[str]]:
-    try:
-        cl = make_cluster(data, rng, "maint" in label)
-    except SetupError:
-        raise
+def _play(rng: random.Random, label: str, data: str) -> tuple[dict, list[str]]:
+    cl = make_cluster(data, rng, "maint" in label)
     try:
         t0 = time.monotonic()
         start_all(cl)
@@ -350,6 +361,45 @@ def play(r: int, rng: random.Random, label: str, data: str) -> tuple[dict, list[
         return {}, [f"round failed: {type(exc).__name__}: {exc}"]
     finally:
         cl.close()
+
+
+def _child(rng: random.Random, label: str, data: str, conn) -> None:
+    global _phases
+    os.setpgrp()  # the round's servers join this group: a hung round is killed whole
+    _phases = os.path.join(data, "phases.txt")
+    try:
+        conn.send(_play(rng, label, data))
+    except SetupError as exc:
+        conn.send(("setup", str(exc)))
+
+
+def play(r: int, rng: random.Random, label: str, data: str) -> tuple[dict, list[str]]:
+    """One round in a child process with a deadline: a client that hangs (or spins) is a
+    finding, not the end of the campaign."""
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(rng, label, data, send))
+    child.start()
+    send.close()
+    limit = ROUND_LIMIT_S + (MAINT_WAIT_S if "maint" in label else 0)
+    res = recv.recv() if recv.poll(limit) else None
+    child.join(30 if res is not None else 0)
+    if child.is_alive() or res is None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.join(10)
+    if res is None:
+        try:
+            with open(os.path.join(data, "phases.txt")) as f:
+                last = [x.strip() for x in f.read().strip().splitlines()[-3:]]
+        except OSError:
+            last = []
+        return {}, [f"round hung: no result within {limit:.0f} s (last phases: {last or 'none'})"]
+    if res[0] == "setup":
+        raise SetupError(res[1])
+    return res
 
 
 SEAMS = Mode(

@@ -199,8 +199,9 @@ class DeskSubscriber:
 class HASubscriber:
     """An HAClient bookmark subscriber over every instance (`addresses` in failover order)."""
 
-    def __init__(self, addresses: list[str]):
+    def __init__(self, addresses: list[str], trace=lambda what: None):
         self.addresses = addresses
+        self.trace = trace
         self.seen: list[str] = []
         self.errors: list[str] = []
         self.failovers = 0
@@ -212,7 +213,9 @@ class HASubscriber:
                       password=USERS["hasub"], heartbeat=1.0)  # fmt: skip
         try:
             await ha.connect_and_logon(timeout=30)
+            self.trace(f"HA subscriber logged on to {ha.current_uri}; subscribing")
             hs = await ha.subscribe(TOPIC, bookmark=MOST_RECENT, sub_id="fc-ha", timeout=30)
+            self.trace("HA subscriber subscribed")
             while not stop.is_set():
                 try:
                     m = await hs.next(timeout=0.3)
