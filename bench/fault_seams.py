@@ -15,7 +15,9 @@ with `--first-round R --rounds 1`). A round:
    connection is lost, resending from what the instance it reaches says it stored); on every
    instance an acknowledging consumer of the at-least-once queue and a consumer of the
    at-most-once queue (as a random one of cons, alice, bob); alice and bob replaying the topic
-   from the start, moving on when cut; an HAClient bookmark subscriber over every instance.
+   from the start, moving on when cut; alice acknowledging desk B's queue messages by filter
+   (which her content filter must make a no-op); an HAClient bookmark subscriber over every
+   instance.
 3. Faults, one or two of the enabled classes, at once, each on a random target:
    `drop` / `stall` / `delay` one or both directions of a link for 0.5-2 s, then heal;
    `kill` -9 an instance, restart it 0.2-1.5 s later; `disk-full` fill an instance's disk for
@@ -51,6 +53,7 @@ from seams_clients import (
     TOPIC,
     USERS,
     DeskSubscriber,
+    FilterDeleter,
     HASubscriber,
     Ledger,
     QueueConsumer,
@@ -103,9 +106,9 @@ ROLES = f"""<Entitlement>
   <Role><Name>workers</Name><Users>cons</Users><Consume>{ALO_QUEUE}|{AMO_QUEUE}</Consume></Role>
   <Role><Name>watch</Name><Users>hasub</Users><Subscribe>{TOPIC}</Subscribe><Replay>{TOPIC}</Replay></Role>
   <Role><Name>desk-a</Name><Users>alice</Users><Subscribe>{TOPIC}</Subscribe><Replay>{TOPIC}</Replay>
-    <Consume>{AMO_QUEUE}</Consume><Filter><Topic>{TOPIC}</Topic><Expression>/desk = 'A'</Expression></Filter></Role>
+    <Consume>{ALO_QUEUE}|{AMO_QUEUE}</Consume><Filter><Topic>{TOPIC}</Topic><Expression>/desk = 'A'</Expression></Filter></Role>
   <Role><Name>desk-b</Name><Users>bob</Users><Subscribe>{TOPIC}</Subscribe><Replay>{TOPIC}</Replay>
-    <Consume>{AMO_QUEUE}</Consume><Filter><Topic>{TOPIC}</Topic><Expression>/desk = 'B'</Expression></Filter></Role>
+    <Consume>{ALO_QUEUE}|{AMO_QUEUE}</Consume><Filter><Topic>{TOPIC}</Topic><Expression>/desk = 'B'</Expression></Filter></Role>
 </Entitlement>"""
 
 STEPS = [("amps-action-do-archive-journal", "<Age>1s</Age>"),
@@ -258,9 +261,11 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
     pairs = list(zip(names, ports, strict=True))
     desks = [DeskSubscriber("alice", "A", pairs, rng.randrange(len(names))),
              DeskSubscriber("bob", "B", pairs, rng.randrange(len(names)))]  # fmt: skip
+    k = rng.randrange(len(names))
+    deleter = FilterDeleter("alice", "B", names[k], ports[k])
     order = cl.addresses(rng.sample(names, len(names)))
     ha = HASubscriber(order, lambda what: trace(ledger.t0, what))
-    tasks += [asyncio.create_task(c.run(stop)) for c in (*consumers, *desks, ha)]
+    tasks += [asyncio.create_task(c.run(stop)) for c in (*consumers, *desks, deleter, ha)]
     await asyncio.sleep(rng.uniform(0.2, 0.8))
     faults = Faults(cl, rng)
     trace(ledger.t0, f"faults {kinds}")
@@ -307,7 +312,7 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     return {"acked": acked, "ledger": ledger, "windows": faults.windows, "ha": ha,
-            "desks": desks, "desk_consumers": desk_consumers, "problems": problems,
+            "desks": desks, "desk_consumers": desk_consumers, "deleter": deleter, "problems": problems,
             "maint_runs": maintenance_runs(cl)}  # fmt: skip
 
 
@@ -331,7 +336,7 @@ def check(cl: Cluster, out: dict) -> tuple[dict, list[str]]:
     violations = list(out["problems"])
     for part in (check_stored(acked, stored), check_queues(out["ledger"], out["windows"]),
                  check_ha(out["ha"].seen, out["ha"].errors, acked),
-                 check_desks(out["desks"], out["desk_consumers"])):  # fmt: skip
+                 check_desks(out["desks"], out["desk_consumers"], out["deleter"])):  # fmt: skip
         stats.update(part[0])
         violations += part[1]
     stats["failovers"] = out["ha"].failovers

@@ -11,6 +11,8 @@
 - `DeskSubscriber`: a user with a content-filter entitlement (alice: desk A, bob: desk B)
   replaying the topic from the start on one instance, moving to the next one whenever its
   connection is lost; any message of the other desk is a violation.
+- `FilterDeleter`: a desk user acknowledging the other desk's queue messages by filter; its
+  content filter must make that delete nothing.
 - `HASubscriber`: the project's HAClient over every instance, a bookmark subscription resumed
   from its bookmark store after each failover; it must get every message exactly once.
 - `stored_ids(port, logon)`: the (publisher, sequence) ids an instance serves in a replay.
@@ -194,6 +196,41 @@ class DeskSubscriber:
                 w.close()
             self.i += 1  # lost: the next instance, from the start
             await asyncio.sleep(0.05)
+
+
+class FilterDeleter:
+    """A desk user acknowledging by filter, every 0.3 s, the other desk's messages on the
+    at-least-once queue: its content filter must leave it nothing to delete (`records_deleted`
+    0, or a refusal). Anything deleted is an entitlement breach."""
+
+    def __init__(self, user: str, other_desk: str, instance: str, port: int):
+        self.user, self.other, self.instance, self.port = user, other_desk, instance, port
+        self.deleted = 0
+        self.sent = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                f, w, _ = await connect(self.port, f"fc-del-{self.user}", **login(self.user))
+            except (OSError, ConnectionError, asyncio.IncompleteReadError):
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                while not stop.is_set():
+                    self.sent += 1
+                    w.write(frame({"c": "sow_delete", "t": ALO_QUEUE, "cid": "d", "a": "processed",
+                                   "f": f"/desk = '{self.other}'"}))  # fmt: skip
+                    while True:
+                        h, _ = await asyncio.wait_for(f.next(), 5)
+                        if h.get("c") == "ack" and h.get("cid") == "d":
+                            self.deleted += int(h.get("records_deleted") or 0)
+                            break
+                    await asyncio.sleep(0.3)
+            except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, Violation):
+                pass
+            finally:
+                w.close()
+            await asyncio.sleep(0.1)
 
 
 class HASubscriber:

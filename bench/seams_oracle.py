@@ -13,7 +13,8 @@
      read up to 0.5 s after the kill was on its way before it).
 3. The HA subscriber got every acknowledged message, and none twice.
 4. Entitlements: a desk user (alice, bob) was never handed a message of the other desk, live,
-   replayed or from a queue; nobody was handed bytes that were not published.
+   replayed or from a queue, and alice's sow_delete by filter of desk B's queue messages
+   deleted none; nobody was handed bytes that were not published.
 """
 
 from __future__ import annotations
@@ -151,9 +152,14 @@ def check_ha(seen: list[str], errors: list[str], acked: dict[int, int]) -> tuple
     return {"ha_delivered": len(ids), "ha_twice": len(twice), "ha_missed": len(missing)}, out
 
 
-def check_desks(desk_subs, desk_consumers) -> tuple[dict, list[str]]:
+def check_desks(desk_subs, desk_consumers, deleter=None) -> tuple[dict, list[str]]:
     out: list[str] = []
     wrong = 0
+    if deleter is not None and deleter.deleted:
+        wrong += deleter.deleted
+        out.append(f"{deleter.user}@{deleter.instance}: sow_delete by filter /desk = "
+                   f"'{deleter.other}' deleted {deleter.deleted} message(s) of a desk its "
+                   "content filter hides")  # fmt: skip
     for d in desk_subs:
         wrong += len(d.wrong)
         out += d.wrong[:3] + d.foreign[:3]

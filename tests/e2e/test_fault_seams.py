@@ -127,3 +127,14 @@ def test_fifty_seams_rounds_keep_the_promise(tmp_path):
     )
     assert totals["acked"] > 5_000 and totals["queue_acked"] > 0 and totals["ha_delivered"] > 0
     assert all(n > 0 for n in totals["by_fault"].values()), totals["by_fault"]
+
+
+def test_desk_oracle_flags_a_delete_by_filter_past_the_content_filter():
+    class Deleter:
+        user, other, instance, deleted = "alice", "B", "tt-a", 0
+
+    d = Deleter()
+    assert check_desks([], [], d)[1] == []
+    d.deleted = 4
+    stats, v = check_desks([], [], d)
+    assert stats["entitlement_breaches"] == 4 and "deleted 4 message(s)" in v[0]
