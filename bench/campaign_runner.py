@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -92,6 +93,9 @@ def run(args: argparse.Namespace, mode: Mode) -> int:
             file=sys.stderr,
         )
         return 2
+    # SIGTERM unwinds like Ctrl-C, so a round's `finally` stops its servers and the tmpfs
+    # mounts under `root` are undone
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = tempfile.mkdtemp(prefix="tt-faults-")
     totals: dict = {"mode": mode.name, "rounds": 0, **{k: 0 for k in mode.stat_keys}}
     totals["by_fault"] = {f: 0 for f in faults}
@@ -146,6 +150,7 @@ def run(args: argparse.Namespace, mode: Mode) -> int:
             unmount_under(data)
             shutil.rmtree(data, ignore_errors=True)
     finally:
+        unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
     totals["seconds"] = round(time.monotonic() - started, 1)
     totals["violations"] = all_violations

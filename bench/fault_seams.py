@@ -390,14 +390,17 @@ def play(r: int, rng: random.Random, label: str, data: str) -> tuple[dict, list[
     child.start()
     send.close()
     limit = ROUND_LIMIT_S + (MAINT_WAIT_S if "maint" in label else 0)
-    res = recv.recv() if recv.poll(limit) else None
-    child.join(30 if res is not None else 0)
-    if child.is_alive() or res is None:
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        child.join(10)
+    res = None
+    try:
+        res = recv.recv() if recv.poll(limit) else None
+        child.join(30 if res is not None else 0)
+    finally:  # hung, or the campaign itself was stopped: the round's process group goes
+        if child.is_alive():
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.join(10)
     if res is None:
         try:
             with open(os.path.join(data, "phases.txt")) as f:
