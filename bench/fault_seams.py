@@ -15,16 +15,17 @@ with `--first-round R --rounds 1`). A round:
    connection is lost, resending from what the instance it reaches says it stored); on every
    instance an acknowledging consumer of the at-least-once queue and a consumer of the
    at-most-once queue (as a random one of cons, alice, bob); alice and bob replaying the topic
-   from the start, moving on when cut; alice acknowledging desk B's queue messages by filter
-   (which her content filter must make a no-op); an HAClient bookmark subscriber over every
-   instance.
+   from the start, moving on when cut; an HAClient bookmark subscriber over every instance.
 3. Faults, one or two of the enabled classes, at once, each on a random target:
    `drop` / `stall` / `delay` one or both directions of a link for 0.5-2 s, then heal;
    `kill` -9 an instance, restart it 0.2-1.5 s later; `disk-full` fill an instance's disk for
-   0.3-1.5 s. `maint` (added to about one round in eight, or alone when it is the only class): on one
-   random instance, the `<Actions>` archive -> compact -> remove every 2 s (journal segments
-   of 64 KB, ages of 1 s), and the round lasts until one run ended or 90 s passed (a local
-   Spark job per run: tens of seconds, hence only a share of the rounds).
+   0.3-1.5 s. Add-ons, not drawn: `maint` (about one round in eight, or every round when it
+   is the only class) runs on one random instance the `<Actions>` archive -> compact -> remove
+   every 2 s (journal segments of 64 KB, ages of 1 s), and the round lasts until a run that
+   archived ended or MAINT_WAIT_S passed (a local Spark job per run: tens of seconds, hence
+   only a share of the rounds); `filter-delete` (every round while enabled): alice
+   acknowledges desk B's at-least-once messages by filter, which her content filter must make
+   a no-op.
 4. Everything healed and restarted, publishers finish, the set converges (bounded waits), all
    stop cleanly and the oracle (bench/seams_oracle.py) reads every journal and archive.
 
@@ -66,7 +67,8 @@ from seams_oracle import archive_ids, check_desks, check_ha, check_queues, check
 from server.ids import publisher_id
 from tests.support.cluster import Cluster
 
-FAULTS = ("drop", "stall", "delay", "kill", "disk-full", "maint")
+FAULTS = ("drop", "stall", "delay", "kill", "disk-full", "maint", "filter-delete")
+ADDONS = ("maint", "filter-delete")  # not drawn as a round's fault: joined to rounds (pick)
 MAINT_SHARE = 0.125
 DISK = "32m"
 PUBLISH_WAIT_S = 60.0
@@ -125,11 +127,13 @@ MAINT_JOURNAL = "<JournalSize>64KB</JournalSize><JournalArchiveDirectory>{dir}/a
 
 
 def pick(rng: random.Random, faults: list[str]) -> str:
-    main = [f for f in faults if f != "maint"]
+    main = [f for f in faults if f not in ADDONS]
     n = rng.choice((1, 1, 2))
     chosen = sorted({rng.choice(main) for _ in range(n)} if main else set(), key=FAULTS.index)
     if "maint" in faults and (not main or rng.random() < MAINT_SHARE):
         chosen.append("maint")
+    if "filter-delete" in faults:  # every round: the check is cheap
+        chosen.append("filter-delete")
     return "+".join(chosen)
 
 
@@ -266,11 +270,13 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
     deleter = FilterDeleter("alice", "B", names[k], ports[k])
     order = cl.addresses(rng.sample(names, len(names)))
     ha = HASubscriber(order, lambda what: trace(ledger.t0, what))
-    tasks += [asyncio.create_task(c.run(stop)) for c in (*consumers, *desks, deleter, ha)]
+    tasks += [asyncio.create_task(c.run(stop)) for c in (*consumers, *desks, ha)]
+    if "filter-delete" in kinds:
+        tasks.append(asyncio.create_task(deleter.run(stop)))
     await asyncio.sleep(rng.uniform(0.2, 0.8))
     faults = Faults(cl, rng)
     trace(ledger.t0, f"faults {kinds}")
-    await asyncio.gather(*(faults.inject(k) for k in kinds if k != "maint"))
+    await asyncio.gather(*(faults.inject(k) for k in kinds if k not in ADDONS))
     for w in faults.windows:
         trace(ledger.t0, f"window {w['kind']} {w.get('target') or w.get('link')} "
                          f"+{w['start'] - ledger.t0:.2f}..+{w['end'] - ledger.t0:.2f}s")  # fmt: skip
@@ -313,7 +319,7 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     return {"acked": acked, "ledger": ledger, "windows": faults.windows, "ha": ha,
-            "desks": desks, "desk_consumers": desk_consumers, "deleter": deleter, "problems": problems,
+            "desks": desks, "desk_consumers": desk_consumers, "deleter": deleter if "filter-delete" in kinds else None, "problems": problems,
             "maint_runs": maintenance_runs(cl)}  # fmt: skip
 
 

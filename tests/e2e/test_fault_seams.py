@@ -103,7 +103,7 @@ def test_desk_oracle_flags_the_other_desk():
 @pytest.mark.slow
 def test_fifty_seams_rounds_keep_the_promise(tmp_path):
     seed = os.environ.get("TT_FAULT_SEED", "1")
-    faults = os.environ.get("TT_SEAMS_FAULTS", "drop,stall,delay,kill,disk-full")
+    faults = os.environ.get("TT_SEAMS_FAULTS", "drop,stall,delay,kill,disk-full,filter-delete")
     out = tmp_path / "totals.json"
     started = time.monotonic()
     proc = subprocess.run(
