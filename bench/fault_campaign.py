@@ -1,6 +1,7 @@
 """The fault campaign: rounds of random faults under continuous load, each checked for the promise.
 
     ./run bench fault_campaign --rounds 50 --seed 1 [--json out.json] [--keep DIR] [--time-limit S]
+    ./run bench fault_campaign --seams ...   (the replicated set: bench/fault_seams.py)
 
 Each round starts a server on a fresh journal (a small tmpfs, so the disk can fill), runs two
 pipelining publishers, a live subscriber and a queue consumer against it, and injects one fault:
@@ -19,9 +20,9 @@ record flipped at rest, which must then never be served), no bookmark twice, not
 own hash), no client received bytes that are not a well-formed frame (journal bytes leaking into
 a socket), and no queue message is delivered again after its acknowledgement was confirmed.
 
-Totals are printed; exit code 0 = no violation, 1 = violations, 2 = setup error, 3 = time limit.
-Random choices come from --seed (round r uses seed*100003+r), so `--first-round R --rounds 1`
-replays one round.
+The rounds, totals and exit code are bench/campaign_runner.py's (shared with --seams): exit
+code 0 = no violation, 1 = violations, 2 = setup error, 3 = time limit. Random choices come from
+--seed (round r uses seed*100003+r), so `--first-round R --rounds 1` replays one round.
 """
 
 from __future__ import annotations
@@ -32,16 +33,16 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+
+from campaign_runner import Mode, add_arguments, mount_tmpfs, run
 
 from journal.journal import Journal
 from journal.record import SEGMENT_HEADER_SIZE
@@ -177,10 +178,11 @@ def frame(h: dict, body: bytes = b"") -> bytes:
     return struct.pack(">I", len(hb) + len(body)) + hb + body
 
 
-async def connect(port: int, name: str):
+async def connect(port: int, name: str, **logon):
+    """Log on (`logon`: user_id and pw, say); returns (frames, writer, stored sequence)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     f = Frames(reader)
-    writer.write(frame({"c": "logon", "client_name": name, "a": "processed", "cid": "l"}))
+    writer.write(frame({"c": "logon", "client_name": name, "a": "processed", "cid": "l", **logon}))
     while True:
         h, _ = await f.next()
         if h.get("c") == "ack" and h.get("cid") == "l":
@@ -190,19 +192,26 @@ async def connect(port: int, name: str):
 
 
 class Publisher:
-    def __init__(self, name: str, rng: random.Random):
+    """A pipelining publisher of `body(name, seq)` to `topic`; `logon` goes into its logons."""
+
+    def __init__(self, name: str, rng: random.Random, topic: str = TOPIC, body=None, logon=None):
         self.name = name
         self.rng = rng
+        self.topic = topic
+        self.body = body or payload
+        self.logon = logon or {}
         self.acked = 0  # highest persisted success
         self.target = 0
         self.window = rng.choice([1, 20, 200])
 
-    async def run(self, port: int, stop: asyncio.Event, count: int) -> None:
-        """Publish up to `count`, resending from the last persisted on failure or reconnect."""
+    async def run(self, port, stop: asyncio.Event, count: int) -> None:
+        """Publish up to `count`, resending from the last persisted on failure or reconnect.
+        `port`: a port, or a function called for the port of each (re)connection."""
         self.target = max(self.target, count)
         while self.acked < self.target and not stop.is_set():
             try:
-                f, w, stored = await connect(port, self.name)
+                f, w, stored = await connect(port() if callable(port) else port, self.name,
+                                             **self.logon)  # fmt: skip
             except (OSError, ConnectionError, asyncio.IncompleteReadError):
                 await asyncio.sleep(0.1)
                 continue
@@ -214,8 +223,8 @@ class Publisher:
                         sent += 1
                         w.write(
                             frame(
-                                {"c": "publish", "t": TOPIC, "s": sent, "a": "persisted"},
-                                payload(self.name, sent),
+                                {"c": "publish", "t": self.topic, "s": sent, "a": "persisted"},
+                                self.body(self.name, sent),
                             )
                         )
                     await w.drain()
@@ -440,125 +449,58 @@ def check(out: dict, jdir: str) -> tuple[dict, list[str]]:
     }, violations
 
 
-def mount_tmpfs(path: str, size: str) -> bool:
-    os.makedirs(path, exist_ok=True)
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
-        capture_output=True,
-        text=True,
-    )
-    return r.returncode == 0
+def play(r: int, rng: random.Random, fault: str, data: str) -> tuple[dict, list[str]]:
+    """One single-node round in `data` (campaign_runner.Mode.play)."""
+    if fault == "disk-full":
+        mount_tmpfs(data, "48m")
+    srv = Server(data)
+    try:
+        out = asyncio.run(round_async(srv, rng, fault, data))
+        return check(out, os.path.join(data, "journal"))
+    except Violation as exc:
+        return {}, [str(exc)]
+    except Exception as exc:  # a round that could not run is a failure, with its reason
+        return {}, [f"round failed: {type(exc).__name__}: {exc}"]
+    finally:
+        srv.kill()
+        srv.log.close()
+
+
+SINGLE_NODE = Mode(
+    name="single-node",
+    faults=FAULTS,
+    stat_keys=(
+        "acked",
+        "delivered",
+        "lost",
+        "duplicated",
+        "leaked",
+        "damaged_served",
+        "damaged_found",
+    ),
+    pick=lambda rng, faults: rng.choice(faults),
+    play=play,
+)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--first-round", type=int, default=0)
-    ap.add_argument("--json", help="write the totals and violations here")
-    ap.add_argument("--keep", help="keep each failing round's directory under here")
+    add_arguments(ap)
     ap.add_argument(
-        "--time-limit", type=float, default=0, help="stop after this many seconds (exit 3)"
-    )
-    ap.add_argument(
-        "--faults", default=",".join(FAULTS), help="comma list of: " + ", ".join(FAULTS)
-    )
+        "--seams", action="store_true",
+        help="the campaign at the seams: a replicated set (bench/fault_seams.py)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
-    faults = [f for f in args.faults.split(",") if f]
-    if any(f not in FAULTS for f in faults):
-        print(
-            f"fault_campaign: unknown fault in {args.faults!r}; use {', '.join(FAULTS)}",
-            file=sys.stderr,
-        )
-        return 2
     if not os.path.exists(TICKERTAPE):
         print(f"fault_campaign: {TICKERTAPE} is missing: run ./run install first", file=sys.stderr)
         return 2
-    root = tempfile.mkdtemp(prefix="tt-faults-")
-    totals = {
-        "rounds": 0,
-        "acked": 0,
-        "lost": 0,
-        "duplicated": 0,
-        "leaked": 0,
-        "damaged_served": 0,
-        "damaged_found": 0,
-        "delivered": 0,
-        "by_fault": {f: 0 for f in faults},
-    }
-    all_violations = []
-    started = time.monotonic()
-    rc = 0
-    try:
-        for r in range(args.first_round, args.first_round + args.rounds):
-            if args.time_limit and time.monotonic() - started > args.time_limit:
-                rc = 3
-                break
-            rng = random.Random(args.seed * 100003 + r)
-            fault = rng.choice(faults)
-            data = os.path.join(root, f"round-{r}")
-            os.makedirs(data)
-            tmpfs = mount_tmpfs(data, "48m") if fault == "disk-full" else False
-            if fault == "disk-full" and not tmpfs:
-                print(
-                    "fault_campaign: cannot mount a tmpfs (needs root): disk-full rounds need one",
-                    file=sys.stderr,
-                )
-                return 2
-            srv = Server(data)
-            try:
-                out = asyncio.run(round_async(srv, rng, fault, data))
-                stats, violations = check(out, os.path.join(data, "journal"))
-            except Violation as exc:
-                stats, violations = {}, [str(exc)]
-            except Exception as exc:  # a round that could not run is a failure, with its reason
-                stats, violations = {}, [f"round failed: {type(exc).__name__}: {exc}"]
-            finally:
-                srv.kill()
-                srv.log.close()
-            totals["rounds"] += 1
-            totals["by_fault"][fault] += 1
-            for k in (
-                "acked",
-                "lost",
-                "duplicated",
-                "leaked",
-                "damaged_served",
-                "damaged_found",
-                "delivered",
-            ):
-                totals[k] += stats.get(k, 0)
-            line = (
-                f"round {r:4d} {fault:9s} acked {stats.get('acked', 0):5d} delivered {stats.get('delivered', 0):6d} "
-                f"lost {stats.get('lost', 0)} dup {stats.get('duplicated', 0)} leaked {stats.get('leaked', 0)} "
-                f"damaged-served {stats.get('damaged_served', 0)}"
-            )
-            print(line + (f"  VIOLATIONS: {violations}" if violations else ""), flush=True)
-            if violations:
-                all_violations.append({"round": r, "fault": fault, "violations": violations})
-                if args.keep:
-                    shutil.copytree(data, os.path.join(args.keep, f"round-{r}"), dirs_exist_ok=True)
-            if tmpfs:
-                subprocess.run(["umount", "-l", data], check=False)
-            shutil.rmtree(data, ignore_errors=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    totals["seconds"] = round(time.monotonic() - started, 1)
-    totals["violations"] = all_violations
-    print(json.dumps({k: v for k, v in totals.items() if k != "violations"}))
-    print(
-        f"fault campaign: {totals['rounds']} rounds, {totals['acked']} acked, lost {totals['lost']}, "
-        f"duplicated {totals['duplicated']}, leaked {totals['leaked']}, damaged served {totals['damaged_served']}, "
-        f"{len(all_violations)} round(s) with violations"
-    )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(totals, f, indent=1)
-    if rc:
-        return rc
-    return 1 if all_violations else 0
+    if args.seams:
+        from fault_seams import SEAMS
+
+        return run(args, SEAMS)
+    return run(args, SINGLE_NODE)
 
 
 if __name__ == "__main__":

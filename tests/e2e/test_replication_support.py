@@ -129,3 +129,44 @@ def test_cluster_configs_load(tmp_path):
         assert dests["tt-b"].addresses[0].port == cl.link("tt-a", "tt-b").port
     finally:
         cl.close()
+
+
+def test_proxy_delay_holds_each_read_then_passes_it(echo):
+    p = LinkProxy(("127.0.0.1", echo), "slow")
+    try:
+        c = socket.create_connection(("127.0.0.1", p.port), timeout=2)
+        assert roundtrip(c) == b"ping"
+        p.delay(0.3)  # each direction's read waits 0.3 s: a round trip takes at least 0.6 s
+        start = time.monotonic()
+        assert roundtrip(c, timeout=5) == b"ping"
+        assert time.monotonic() - start >= 0.55
+        p.delay(60)
+        assert p.delay_s == 5.0  # bounded: a delay is not a stall
+        p.pass_()
+        start = time.monotonic()
+        assert roundtrip(c) == b"ping"
+        assert time.monotonic() - start < 0.5
+        c.close()
+    finally:
+        p.close()
+
+
+def test_cluster_journal_extra_and_link_user_load(tmp_path):
+    """journal_extra lands in each <TransactionLog> with {dir} as the instance's directory, and
+    every destination logs on as link_user."""
+    from config.loader import load_config
+
+    pw = tmp_path / "link.pw"
+    pw.write_text("s3cret\n")
+    pw.chmod(0o600)
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], link_user=("repl", str(pw)),
+                 journal_extra="<JournalSize>64KB</JournalSize>"
+                 "<JournalArchiveDirectory>{dir}/archive</JournalArchiveDirectory>")  # fmt: skip
+    try:
+        cfg = load_config(cl["tt-a"].config_path)
+        assert cfg.transaction_log.archive_directory == f"{tmp_path}/tt-a/archive"
+        assert cfg.transaction_log.journal_size == 64 * 1024
+        (dest,) = cfg.replication.destinations
+        assert dest.user == "repl"
+    finally:
+        cl.close()

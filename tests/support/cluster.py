@@ -7,6 +7,7 @@ the other instances look for it), and one `<Destination>` for every other instan
 directed link source -> destination goes through a `LinkProxy` owned by the test process, so a
 test cuts A -> B with `cluster.link("tt-a", "tt-b").drop()` (connections closed, new ones
 refused until `pass_()`) or `.stall()` (bytes held: the link looks alive and says nothing).
+`.delay(0.05)` holds every read for that long before passing it on (a slow link), and
 `cluster.cut("tt-a", "tt-b")` does both directions.
 
 Instances are `ServerProcess`es: `cluster["tt-a"].kill()` is kill -9, `.start()` brings it back
@@ -82,6 +83,7 @@ class LinkProxy:
 
     ```
     pass   bytes flow both ways; new connections are forwarded
+    delay  as pass, but every read waits `delay_s` before it is passed on (a slow, far link)
     stall  connections stay open but no byte moves (the peers' TCP windows fill up)
     drop   every current connection is closed; new ones are accepted and closed at once
     ```
@@ -96,6 +98,7 @@ class LinkProxy:
         self.target = target
         self.name = name
         self.mode = "pass"
+        self.delay_s = 0.0
         self.connections = 0  # accepted and forwarded, over the proxy's life
         self.bytes = 0  # moved in both directions
         self._listener = socket.socket()
@@ -118,6 +121,11 @@ class LinkProxy:
 
     def stall(self) -> None:
         self.mode = "stall"
+
+    def delay(self, seconds: float) -> None:
+        """Pass bytes on, each read `seconds` late (at most 5 s: a delay, not a stall)."""
+        self.delay_s = min(max(seconds, 0.0), 5.0)
+        self.mode = "delay"
 
     def drop(self) -> None:
         """Close every connection now and refuse (accept and close) new ones."""
@@ -179,6 +187,8 @@ class LinkProxy:
                     continue
                 if not data:
                     break
+                if self.mode == "delay":
+                    time.sleep(self.delay_s)
                 while self.mode == "stall" and not self._closed:
                     time.sleep(_POLL)  # a read in hand waits too: nothing moves while stalled
                 if self.mode == "drop" or self._closed:
@@ -285,7 +295,10 @@ class Cluster:
     `sync`: every destination's `<SyncType>` (True: sync), or a dict {(source, dest): bool} for
     single links (missing pairs are async). `topics`: the recorded and replicated topic
     regexes. `downgrade_after`: `<DowngradeAfter>` text for every sync destination (None: never).
-    `extra`: XML added to every config (queues, say). `links`: the directed pairs that get a
+    `extra`: XML added to every config (queues, say); `journal_extra`: XML added inside every
+    `<TransactionLog>` (`<JournalSize>`, `<JournalArchiveDirectory>`: `{dir}` in it is the
+    instance's directory). `link_user`: (user, password file) every destination logs on with
+    (for instances with `<Authentication>`). `links`: the directed pairs that get a
     destination (default every ordered pair). `proxy=False`: destinations point straight at
     the other instance's replication port (benchmarks: no proxy thread in the path, no cuts).
     """
@@ -301,6 +314,8 @@ class Cluster:
         pass_through: str | None = None,
         queue_owner_failover: str | None = None,
         extra: str = "",
+        journal_extra: str = "",
+        link_user: tuple[str, str] | None = None,
         links: Iterable[tuple[str, str]] | None = None,
         groups: dict[str, str] | None = None,
         proxy: bool = True,
@@ -320,6 +335,8 @@ class Cluster:
             for a, b in pairs:
                 self.proxies[(a, b)] = LinkProxy(("127.0.0.1", self.repl_ports[b]), f"{a}->{b}")
         self.groups = groups or {}
+        self.journal_extra = journal_extra
+        self.link_user = link_user
         self.instances: dict[str, Instance] = {}
         for n in self.names:
             dests = []
@@ -345,6 +362,9 @@ class Cluster:
             parts.append(f"<PassThrough>{pass_through}</PassThrough>")
         if downgrade_after and is_sync:
             parts.append(f"<DowngradeAfter>{downgrade_after}</DowngradeAfter>")
+        if self.link_user:
+            user, password_file = self.link_user
+            parts.append(f"<User>{user}</User><PasswordFile>{password_file}</PasswordFile>")
         return "<Destination>" + "".join(parts) + "</Destination>"
 
     def _config(self, name, dests, queue_owner_failover, extra) -> str:
@@ -365,7 +385,7 @@ class Cluster:
   </Transports>
   <Admin><InetAddr>127.0.0.1:0</InetAddr></Admin>
   <Logging><Target><Protocol>stdout</Protocol><Level>info</Level></Target></Logging>
-  <TransactionLog><JournalDirectory>{d}/journal</JournalDirectory>{_topics_xml(self.topics)}</TransactionLog>
+  <TransactionLog><JournalDirectory>{d}/journal</JournalDirectory>{self.journal_extra.replace("{dir}", d)}{_topics_xml(self.topics)}</TransactionLog>
   {replication}
   {extra}
 </TickertapeConfig>

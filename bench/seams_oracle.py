@@ -1,0 +1,173 @@
+"""The one oracle of a seams round (bench/fault_seams.py), checked after every fault healed.
+
+1. Stored: every acknowledged (publisher, sequence) is in the journal or the archive of every
+   instance, and no journal holds one twice (read offline, after a clean stop: `journal_ids`,
+   `archive_ids`).
+2. Queues: no at-least-once message is delivered after its acknowledgement was confirmed, and
+   no at-most-once message is delivered twice; but where docs/replication.md ("Semantics")
+   allows it, which is counted as `queue_excused`, not as a violation:
+   - on another instance than the acknowledgement (or first delivery) while a link was dropped
+     or stalled, or up to `GRACE` seconds after it healed (a partition: both sides own);
+   - on another instance after the instance of the acknowledgement (or first delivery) was
+     killed within `GRACE` seconds after it (the event may not have replicated; a delivery
+     read up to 0.5 s after the kill was on its way before it).
+3. The HA subscriber got every acknowledged message, and none twice.
+4. Entitlements: a desk user (alice, bob) was never handed a message of the other desk, live,
+   replayed or from a queue, and alice's sow_delete by filter of desk B's queue messages
+   deleted none; nobody was handed bytes that were not published.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+from seams_clients import ALO_QUEUE, AMO_QUEUE, Ledger, body_ok, msg_id
+
+from journal.journal import Journal
+
+GRACE = 3.0  # seconds: QueueOwnerFailover (1 s) plus a replication round trip, with margin
+
+
+def journal_ids(jdir: str) -> tuple[collections.Counter, list[str]]:
+    """Message ids stored in a journal (with counts) and the records that are not well-formed
+    published payloads."""
+    ids: collections.Counter = collections.Counter()
+    bad: list[str] = []
+    if not os.path.isdir(jdir):
+        return ids, bad
+    j = Journal(jdir)
+    try:
+        for r in j.scan():
+            if r.kind != 1:
+                continue
+            ids[(r.publisher_id, r.seq)] += 1
+            if body_ok(r.body) is None:
+                bad.append(f"journal record at {r.position} is not a published payload")
+    finally:
+        j.close()
+    return ids, bad
+
+
+def archive_ids(adir: str) -> set[tuple[int, int]]:
+    """Message ids in an archive directory (the Parquet files the catalogs committed)."""
+    if not os.path.isdir(os.path.join(adir, "_catalog")):
+        return set()
+    import pyarrow.dataset as ds
+
+    files = [
+        os.path.join(d, f)
+        for d, _, fs in os.walk(adir)
+        for f in fs
+        if f.endswith(".parquet") and "/_" not in d[len(adir) :] and not f.startswith((".", "_"))
+    ]
+    if not files:
+        return set()
+    t = ds.dataset(files, format="parquet").to_table(columns=["bookmark", "kind"])
+    return {msg_id(bm) for bm, k in zip(t["bookmark"].to_pylist(), t["kind"].to_pylist(), strict=True)
+            if k == 1}  # fmt: skip
+
+
+def check_stored(acked: dict[int, int], stored: dict[str, tuple]) -> tuple[dict, list[str]]:
+    """acked: {publisher id: highest acknowledged sequence}; stored: {instance: (journal ids
+    Counter, archive ids, bad records)}."""
+    out: list[str] = []
+    lost = dup = archived = 0
+    for inst, (jids, aids, bad) in sorted(stored.items()):
+        out += [f"{inst}: {b}" for b in bad[:5]]
+        missing = [(p, s) for p, top in acked.items() for s in range(1, top + 1)
+                   if (p, s) not in jids and (p, s) not in aids]  # fmt: skip
+        twice = [k for k, n in jids.items() if n > 1]
+        archived += len(aids)
+        if missing:
+            lost += len(missing)
+            out.append(f"{inst}: {len(missing)} acknowledged message(s) in neither its journal "
+                       f"nor its archive, e.g. {missing[:3]}")  # fmt: skip
+        if twice:
+            dup += len(twice)
+            out.append(f"{inst}: {len(twice)} message(s) stored twice, e.g. {twice[:3]}")
+    return {"lost": lost, "duplicated": dup, "archived": archived}, out
+
+
+def _excused(windows: list[dict], first: tuple[float, str], again: tuple[float, str]) -> str:
+    (t1, i1), (t2, i2) = first, again
+    if i1 == i2:
+        return ""
+    for w in windows:
+        if w["kind"] in ("drop", "stall") and w["start"] <= t2 and w["end"] + GRACE >= t1:
+            return "partition"
+        # (a delivery read just after the kill was on its way before it)
+        if w["kind"] == "kill" and w["target"] == i1 and t1 - 0.5 <= w["start"] <= t1 + GRACE:
+            return "owner killed"
+    return ""
+
+
+def check_queues(ledger: Ledger, windows: list[dict]) -> tuple[dict, list[str]]:
+    out = list(ledger.violations)
+    acked: dict[tuple[str, str], tuple[float, str]] = {}
+    for t, inst, q, bm in ledger.acked:
+        acked.setdefault((q, bm), (t, inst))
+    first: dict[tuple[str, str], tuple[float, str]] = {}
+    excused = again = 0
+    for t, inst, q, bm in sorted(ledger.delivered):
+        key = (q, bm)
+        if q == ALO_QUEUE:
+            prior = acked.get(key)
+            if prior is None or t <= prior[0]:
+                continue
+            what = "delivered again after its acknowledgement was confirmed"
+        elif q == AMO_QUEUE:
+            prior = first.get(key)
+            if prior is None:
+                first[key] = (t, inst)
+                continue
+            what = "an at-most-once message delivered twice"
+        else:
+            continue
+        if _excused(windows, prior, (t, inst)):
+            excused += 1
+            continue
+        again += 1
+        if again <= 5:
+            out.append(f"{q}: {bm} {what}: first on {prior[1]} at +{prior[0] - ledger.t0:.2f}s, "
+                       f"again on {inst} at +{t - ledger.t0:.2f}s")  # fmt: skip
+    if again > 5:
+        out.append(f"queues: {again - 5} more message(s) delivered again")
+    stats = {"queue_delivered": len(ledger.delivered), "queue_acked": len(acked),
+             "queue_again": again, "queue_excused": excused}  # fmt: skip
+    return stats, out
+
+
+def check_ha(seen: list[str], errors: list[str], acked: dict[int, int]) -> tuple[dict, list[str]]:
+    out = list(errors)
+    ids = [msg_id(bm) for bm in seen]
+    count = collections.Counter(ids)
+    twice = [k for k, n in count.items() if n > 1]
+    missing = [(p, s) for p, top in acked.items() for s in range(1, top + 1) if (p, s) not in count]
+    if twice:
+        out.append(f"HA subscriber: {len(twice)} message(s) delivered twice, e.g. {twice[:3]}")
+    if missing:
+        out.append(f"HA subscriber: {len(missing)} acknowledged message(s) never delivered, "
+                   f"e.g. {missing[:3]}")  # fmt: skip
+    return {"ha_delivered": len(ids), "ha_twice": len(twice), "ha_missed": len(missing)}, out
+
+
+def check_desks(desk_subs, desk_consumers, deleter=None) -> tuple[dict, list[str]]:
+    out: list[str] = []
+    wrong = 0
+    if deleter is not None and deleter.deleted:
+        wrong += deleter.deleted
+        out.append(f"{deleter.user}@{deleter.instance}: sow_delete by filter /desk = "
+                   f"'{deleter.other}' deleted {deleter.deleted} message(s) of a desk its "
+                   "content filter hides")  # fmt: skip
+    for d in desk_subs:
+        wrong += len(d.wrong)
+        out += d.wrong[:3] + d.foreign[:3]
+    for c in desk_consumers:  # (consumer, its desk)
+        qc, desk = c
+        other = qc.desks - {desk}
+        if other:
+            wrong += 1
+            out.append(f"{qc.queue}@{qc.instance} ({qc.user}, desk {desk}) was handed desk "
+                       f"{sorted(other)}")  # fmt: skip
+    return {"desk_delivered": sum(d.got for d in desk_subs), "entitlement_breaches": wrong}, out

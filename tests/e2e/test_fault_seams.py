@@ -1,0 +1,140 @@
+"""The fault campaign at the seams (bench/fault_seams.py, docs/testing.md): its oracle on made-up
+rounds (each check must be able to fail), and 50 rounds against a replicated set in CI.
+
+50 rounds take 5-12 minutes on two cores (a round is a fresh pair or trio: most of it is
+starting servers); --time-limit stops the run after 480 s, and then at least 20 rounds must
+have run. The CI rounds leave out `maint` (a local Spark job per run is tens of seconds: the
+bench runs it on a share of its rounds). TT_SEAMS_FAULTS picks the classes (default: every other one),
+TT_FAULT_SEED the seed. Known seam bugs fixed on other branches make rounds fail here until
+they land: the test then names each violation with its replay command."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.join(ROOT, "bench"))  # last: its module names shadow nothing
+
+from seams_clients import ALO_QUEUE, AMO_QUEUE, Ledger, body, body_ok, desk_of  # noqa: E402
+from seams_oracle import check_desks, check_ha, check_queues, check_stored  # noqa: E402
+
+from server.ids import publisher_id  # noqa: E402
+
+P = publisher_id("fc-seam-tt-a")
+
+
+def test_payloads_carry_their_desk_and_check_themselves():
+    b = body("fc-seam-tt-a", 7)
+    assert body_ok(b) == ("fc-seam-tt-a", 7, desk_of("fc-seam-tt-a", 7))
+    assert body_ok(b.replace(b'"s": 7', b'"s": 8')) is None
+    assert {desk_of("p", s) for s in range(20)} == {"A", "B"}
+
+
+def test_stored_oracle_finds_a_message_missing_on_one_instance_and_one_stored_twice():
+    from collections import Counter
+
+    acked = {P: 3}
+    full = Counter({(P, 1): 1, (P, 2): 1, (P, 3): 1})
+    stats, v = check_stored(acked, {"tt-a": (full, set(), []), "tt-b": (full, set(), [])})
+    assert v == [] and stats["lost"] == 0
+    # tt-b lacks seq 2 in its journal, but its archive has it: kept
+    part = Counter({(P, 1): 1, (P, 3): 1})
+    assert check_stored(acked, {"tt-b": (part, {(P, 2)}, [])})[1] == []
+    stats, v = check_stored(acked, {"tt-a": (full, set(), []), "tt-b": (part, set(), [])})
+    assert stats["lost"] == 1 and "tt-b: 1 acknowledged message(s)" in v[0]
+    twice = Counter({(P, 1): 2, (P, 2): 1, (P, 3): 1})
+    stats, v = check_stored(acked, {"tt-a": (twice, set(), [])})
+    assert stats["duplicated"] == 1 and "stored twice" in v[0]
+
+
+def _ledger(delivered, acked=()):
+    lg = Ledger(t0=0.0)
+    lg.delivered += delivered
+    lg.acked += list(acked)
+    return lg
+
+
+def test_queue_oracle_redelivery_after_ack_and_at_most_once_twice():
+    bm = f"{P}|5|"
+    # at-least-once: delivered on tt-a, acked at 1.0, delivered again on tt-b at 2.0
+    lg = _ledger([(0.5, "tt-a", ALO_QUEUE, bm), (2.0, "tt-b", ALO_QUEUE, bm)],
+                 [(1.0, "tt-a", ALO_QUEUE, bm)])  # fmt: skip
+    stats, v = check_queues(lg, [])
+    assert stats["queue_again"] == 1 and "delivered again after its acknowledgement" in v[0]
+    # the same during a partition of the link (healed at 1.5, within the grace): allowed
+    stats, v = check_queues(lg, [{"kind": "drop", "start": 0.2, "end": 1.5}])
+    assert v == [] and stats["queue_excused"] == 1
+    # ... but not on the same instance, partition or not
+    lg = _ledger([(0.5, "tt-a", ALO_QUEUE, bm), (2.0, "tt-a", ALO_QUEUE, bm)],
+                 [(1.0, "tt-a", ALO_QUEUE, bm)])  # fmt: skip
+    assert check_queues(lg, [{"kind": "drop", "start": 0.2, "end": 1.5}])[0]["queue_again"] == 1
+    # at-most-once twice; allowed when the first instance was killed just after delivering
+    lg = _ledger([(0.5, "tt-a", AMO_QUEUE, bm), (3.0, "tt-b", AMO_QUEUE, bm)])
+    stats, v = check_queues(lg, [])
+    assert stats["queue_again"] == 1 and "at-most-once message delivered twice" in v[0]
+    kill = {"kind": "kill", "target": "tt-a", "start": 0.6, "end": 2.0}
+    assert check_queues(lg, [kill])[1] == []
+    late = {"kind": "kill", "target": "tt-a", "start": 9.0, "end": 10.0}
+    assert check_queues(lg, [late])[0]["queue_again"] == 1
+
+
+def test_ha_oracle_twice_and_missed():
+    stats, v = check_ha([f"{P}|1|", f"{P}|2|"], [], {P: 2})
+    assert v == [] and stats["ha_delivered"] == 2
+    stats, v = check_ha([f"{P}|1|", f"{P}|1|"], [], {P: 2})
+    assert stats["ha_twice"] == 1 and stats["ha_missed"] == 1 and len(v) == 2
+
+
+def test_desk_oracle_flags_the_other_desk():
+    class Sub:
+        got, wrong, foreign = 3, ["alice@tt-a (desk A) got 1|2| of desk B"], []
+
+    class Cons:
+        queue, instance, user, desks = AMO_QUEUE, "tt-b", "bob", {"A", "B"}
+
+    stats, v = check_desks([Sub()], [(Cons(), "B")])
+    assert stats["entitlement_breaches"] == 2 and len(v) == 2
+
+
+@pytest.mark.slow
+def test_fifty_seams_rounds_keep_the_promise(tmp_path):
+    seed = os.environ.get("TT_FAULT_SEED", "1")
+    faults = os.environ.get("TT_SEAMS_FAULTS", "drop,stall,delay,kill,disk-full,filter-delete")
+    out = tmp_path / "totals.json"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "fault_campaign.py"), "--seams",
+         "--rounds", "50", "--seed", seed, "--faults", faults, "--json", str(out),
+         "--time-limit", "480"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    # 3: stopped by --time-limit on a slow machine; the rounds that ran are judged all the same
+    assert proc.returncode in (0, 1, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
+    totals = json.loads(out.read_text())
+    report = "\n".join(
+        f"round {v['round']} ({v['fault']}): {x}\n  replay: {v['replay']}"
+        for v in totals["violations"]
+        for x in v["violations"]
+    )
+    assert totals["violations"] == [], report[:8000]
+    took = time.monotonic() - started
+    assert totals["rounds"] == 50 or (proc.returncode == 3 and totals["rounds"] >= 20), (
+        f"{totals['rounds']} rounds in {took:.0f}s"
+    )
+    assert totals["acked"] > 5_000 and totals["queue_acked"] > 0 and totals["ha_delivered"] > 0
+    assert all(n > 0 for n in totals["by_fault"].values()), totals["by_fault"]
+
+
+def test_desk_oracle_flags_a_delete_by_filter_past_the_content_filter():
+    class Deleter:
+        user, other, instance, deleted = "alice", "B", "tt-a", 0
+
+    d = Deleter()
+    assert check_desks([], [], d)[1] == []
+    d.deleted = 4
+    stats, v = check_desks([], [], d)
+    assert stats["entitlement_breaches"] == 4 and "deleted 4 message(s)" in v[0]
