@@ -4,9 +4,10 @@ rounds (each check must be able to fail), and 50 rounds against a replicated set
 50 rounds take 5-12 minutes on two cores (a round is a fresh pair or trio: most of it is
 starting servers); --time-limit stops the run after 480 s, and then at least 20 rounds must
 have run. The CI rounds leave out `maint` (a local Spark job per run is tens of seconds: the
-bench runs it on a share of its rounds). TT_SEAMS_FAULTS picks the classes (default: every other one),
-TT_FAULT_SEED the seed. Known seam bugs fixed on other branches make rounds fail here until
-they land: the test then names each violation with its replay command."""
+bench runs it on a share of its rounds). TT_SEAMS_FAULTS picks the classes (default: every
+other one), TT_FAULT_SEED the seed, TT_SEAMS_ROUNDS the number of rounds. Known seam bugs fixed
+on other branches make rounds fail here until they land: the test then names each violation
+with its replay command."""
 
 import json
 import os
@@ -103,12 +104,13 @@ def test_desk_oracle_flags_the_other_desk():
 @pytest.mark.slow
 def test_fifty_seams_rounds_keep_the_promise(tmp_path):
     seed = os.environ.get("TT_FAULT_SEED", "1")
+    rounds = int(os.environ.get("TT_SEAMS_ROUNDS", "50"))
     faults = os.environ.get("TT_SEAMS_FAULTS", "drop,stall,delay,kill,disk-full,filter-delete")
     out = tmp_path / "totals.json"
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "fault_campaign.py"), "--seams",
-         "--rounds", "50", "--seed", seed, "--faults", faults, "--json", str(out),
+         "--rounds", str(rounds), "--seed", seed, "--faults", faults, "--json", str(out),
          "--time-limit", "480"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -122,11 +124,13 @@ def test_fifty_seams_rounds_keep_the_promise(tmp_path):
     )
     assert totals["violations"] == [], report[:8000]
     took = time.monotonic() - started
-    assert totals["rounds"] == 50 or (proc.returncode == 3 and totals["rounds"] >= 20), (
+    assert totals["rounds"] == rounds or (proc.returncode == 3 and totals["rounds"] >= 20), (
         f"{totals['rounds']} rounds in {took:.0f}s"
     )
-    assert totals["acked"] > 5_000 and totals["queue_acked"] > 0 and totals["ha_delivered"] > 0
-    assert all(n > 0 for n in totals["by_fault"].values()), totals["by_fault"]
+    assert totals["acked"] > 100 * totals["rounds"] and totals["queue_acked"] > 0
+    assert totals["ha_delivered"] > 0 and totals["desk_delivered"] > 0
+    if totals["rounds"] >= 20:  # every class drawn at least once
+        assert all(n > 0 for n in totals["by_fault"].values()), totals["by_fault"]
 
 
 def test_desk_oracle_flags_a_delete_by_filter_past_the_content_filter():
