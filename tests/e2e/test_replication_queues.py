@@ -130,7 +130,7 @@ def test_a_healed_partition_delivers_nothing_acknowledged_on_the_other_side(tmp_
     acknowledged too (at-least-once: acked, delivered again; at-most-once: delivered twice)."""
     n, k = 40, 5
     cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=False, extra=HEAL_QUEUES,
-                 topics=("alo", "amo", "alo-q", "amo-q"), queue_owner_failover="1s").start()  # fmt: skip
+                 topics=("alo", "amo", "alo-q", "amo-q"), queue_owner_failover="3s").start()  # fmt: skip
     queues = (("alo-q", "alo"), ("amo-q", "amo"))
     try:
         a, b = cl["tt-a"], cl["tt-b"]
