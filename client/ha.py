@@ -514,7 +514,7 @@ class HAClient:
                     await self._place(hs, client, first=True, timeout=timeout)
                     break
                 except Disconnected:
-                    continue  # placed again on the next connection
+                    await self._after_loss(client)  # placed again on the next connection
         except BaseException:
             if self._subs.get(sub_id) is hs:
                 del self._subs[sub_id]
@@ -600,7 +600,17 @@ class HAClient:
             try:
                 return await what(client, left)
             except Disconnected:
-                await asyncio.sleep(0)
+                await self._after_loss(client)
+
+    async def _after_loss(self, client: Client) -> None:
+        """A command on `client` raised Disconnected: wait until the supervisor has let that
+        connection go. Until its next turn the state is still connected and
+        _connected_client() hands back the same dead Client, whose commands fail without
+        awaiting anything, so a retry at once would spin and starve the loop (the supervisor
+        included)."""
+        while self._client is client and not client.connected and self._state == "connected":
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0)
 
     async def sow_delete(self, topic: str, bookmarks: str | Iterable[object] | None = None, *,
                          filter: str | None = None, options: str | Iterable[str] | None = None,

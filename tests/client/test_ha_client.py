@@ -2,6 +2,7 @@
 step by step on the wire, heartbeats, giving up; and the server chooser and delay strategies."""
 
 import asyncio
+import threading
 
 import msgspec
 import pytest
@@ -330,3 +331,44 @@ async def test_bookmark_window_bound_waits_for_discards(server):
         hs.discard(rest[-1])
     assert [m.bookmark for m in got + rest] == [f"3|{n}|" for n in range(1, 301)]  # none lost
     await ha.close()
+
+
+def test_a_subscribe_on_a_connection_just_lost_waits_for_the_next_one():
+    """The connection is gone (the Client has seen it) but the supervisor has not had its turn:
+    subscribe() must yield until the reconnect, not retry the dead Client in a loop that never
+    awaits (the whole event loop stalled: found by the seams campaign). Run on a loop of its own
+    in a thread, so a spin fails the test instead of hanging it."""
+    from tests.client.conftest import FakeServer
+
+    outcome: list[object] = []
+
+    async def scenario():
+        srv = await FakeServer().start()
+        ha, conn = await connected(srv)
+        client = ha.client
+        assert client is not None
+        client._transport.abort()  # connection_lost runs on the next turn of the loop
+        await asyncio.sleep(0)  # ... this one; the supervisor's wake-up comes a turn later
+        assert not client.connected and ha.client is client
+        task = asyncio.ensure_future(ha.subscribe("t", sub_id="s"))
+        conn2 = await srv.accept(timeout=5)
+        await logon(conn2)
+        await subscribed(conn2)
+        hs = await asyncio.wait_for(task, 5)
+        outcome.append(hs.sub_id)
+        await ha.close()
+        await srv.stop()
+
+    def run():
+        try:
+            asyncio.run(scenario())
+        except BaseException as exc:  # reported by the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(15)
+    assert not thread.is_alive(), (
+        "subscribe() spun on the lost connection: the loop never ran again"
+    )
+    assert outcome == ["s"]
