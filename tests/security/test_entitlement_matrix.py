@@ -450,17 +450,7 @@ CELLS = {
     for right, outcome in zip(RIGHTS, row, strict=False)
 }
 
-HOLES = {
-    ("sow_delete by bookmark", "Filter"): pytest.mark.xfail(
-        strict=True,
-        reason="sow_delete by bookmark ignores the content filter: a desk-A user acknowledges "
-        "a desk-B message it cannot read, by its bookmark (reported, not fixed here)",
-    ),
-    ("sow_delete by filter", "Filter"): pytest.mark.xfail(
-        strict=True,
-        reason="sow_delete by filter ignores the content filter: fixed on the queue branch",
-    ),
-}
+HOLES: dict[tuple[str, str], pytest.MarkDecorator] = {}  # none open
 
 
 def test_every_cell_is_declared():
