@@ -33,7 +33,14 @@ with the 0-based character position of the problem. ``LIKE`` patterns are compil
 time, with RE2 (``protocol.patterns``): matching takes time linear in the subject.
 """
 
-from .api import NOT_JSON, CompiledFilter, compile_body_filter, compile_filter, compiled
+from .api import (
+    NOT_JSON,
+    CompiledFilter,
+    compile_body_filter,
+    compile_filter,
+    compile_path,
+    compiled,
+)
 from .errors import MAX_FILTER_DEPTH, MAX_FILTER_TEXT, FilterError
 
 __all__ = [
@@ -44,5 +51,6 @@ __all__ = [
     "FilterError",
     "compile_body_filter",
     "compile_filter",
+    "compile_path",
     "compiled",
 ]

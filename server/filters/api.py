@@ -18,12 +18,20 @@ from typing import Any
 
 import msgspec
 
-from .compiler import always_false, always_true, condition
+from .compiler import always_false, always_true, condition, path_getter
 from .errors import MAX_FILTER_TEXT, FilterError
+from .lexer import lex
 from .parser import parse
 from .program import build_program, equality, fields_read, subset_decoder
 
-__all__ = ["NOT_JSON", "CompiledFilter", "compile_body_filter", "compile_filter", "compiled"]
+__all__ = [
+    "NOT_JSON",
+    "CompiledFilter",
+    "compile_body_filter",
+    "compile_filter",
+    "compile_path",
+    "compiled",
+]
 
 _decode_full = msgspec.json.Decoder().decode
 _ValidationError = msgspec.ValidationError
@@ -224,3 +232,18 @@ def compile_body_filter(text: str) -> Callable[[bytes], bool]:
     if isinstance(text, str) and len(text) <= _CACHED_TEXT:
         return _compile_body(text)
     return _compile_body.__wrapped__(text)
+
+
+@functools.lru_cache(maxsize=256)
+def compile_path(text: str) -> Callable[[Any], Any]:
+    """A lone field path (`/a`, `/a/b`, `/arr[0]`, as in a filter) to a getter over a decoded
+    body: the value there, or None where the body has none. Raises :class:`FilterError` for
+    text that is not exactly one path (SOW `<Key>` paths use this: the same rules as filters)."""
+    toks = lex(text)
+    if len(toks) != 2 or toks[0].kind != "path":
+        raise FilterError(
+            text,
+            toks[0].end if toks[0].kind == "path" else 0,
+            "expected one field path such as /sym",
+        )
+    return path_getter(toks[0].value)  # type: ignore[arg-type]
