@@ -15,6 +15,7 @@ from .outbox import Outbox
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay_engine import ReplayEngine
+from .sow import SowManager
 from .subscription_table import LiveIndex
 from .topics import TopicPolicy
 
@@ -43,3 +44,4 @@ class SessionServices:
     limit_counts: dict[str, int]  # the intake's refusal counts (server/intake.py)
     call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle]
     guard: Guard = field(default_factory=Guard)  # logons, entitlements (server/guard.py)
+    sow: SowManager | None = None  # State of the World topics (server/sow/); None without any

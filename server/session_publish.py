@@ -26,6 +26,7 @@ from .pipeline import ABOVE_GAP, DUPLICATE
 from .reasons import Disconnect, Failure
 from .security.entitlements import Entitlements
 from .services import SessionServices
+from .sow import BadSowKey
 from .subscriptions import ack_types
 
 __all__ = ["PublishCommands"]
@@ -97,6 +98,14 @@ class PublishCommands:
             self.wants_persisted = True
         self.is_publisher = True
         self.received += 1
+        hdr = b',"x":' + _json(h.x) if h.x is not None else b""
+        sow = svc.sow
+        if sow is not None and sow.is_sow(topic):
+            try:
+                hdr += sow.key_fragment(topic, body, h.k)  # the record's key, `k` (server/sow/)
+            except BadSowKey as exc:
+                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+                return
         try:
             seq, outcome = svc.pipeline.publish(
                 self,
@@ -104,7 +113,7 @@ class PublishCommands:
                 h.s,
                 topic,
                 body,
-                b',"x":' + _json(h.x) if h.x is not None else b"",
+                hdr,
                 h.e,
             )
         except RecordFieldError as exc:

@@ -1,0 +1,325 @@
+"""`SowManager`: the SOW store kept from the journal (docs/sow.md "How the store is kept").
+
+The journal is the one source of truth. The store (server/sow/store.py) is a fold of it: for
+each SOW topic, key -> the latest message, with the journal position it reflects written in the
+same LMDB transaction.
+
+- **Publish**: the session asks `key_fragment` for the record's key (or a `BadSowKey`) and
+  publishes with `,"k":...` in the header fragment; the message is acknowledged `persisted` by
+  the journal's rule, as any other.
+- **Commit**: `before_flush` (a pipeline hook, called with the batch about to be committed)
+  notes the batch's SOW messages and deletes; when the batch is durable, `_committed` applies
+  them in journal order in one write transaction that also writes the batch's end position.
+  A batch with no SOW work writes nothing, except the position at most once a second (so a
+  restart reads little journal). Nothing here runs for an instance without SOW topics.
+- **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
+  once, so it keeps its place among the publishes around it; it is applied at its commit, and
+  its reply (with `records_deleted`) goes out then.
+- **Start** (`recover`, off the loop, before connections): from the position the store
+  reflects to the journal's end, the same fold. A store missing, unreadable, ahead of the
+  journal, or behind the journal's start is rebuilt from the journal's start, and the log says
+  why.
+- **Consistency point**: between two loop callbacks the store reflects exactly the journal up
+  to `Pipeline.delivered_end` (the fold runs inside the commit's completion, before the
+  pipeline moves `delivered_end`), so a query's snapshot and that position are one point.
+
+States of the store: opening -> catching up (recover) -> live (attached to the pipeline).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+from config.model import Config, SowTopicSpec
+from journal.journal import Journal
+from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
+
+from ..filters import FilterError, compile_filter, compiled
+from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
+from .records import BY_KEYS, decode_delete, encode_delete
+from .store import Reader, SowStore, encode_value
+
+__all__ = ["Commits", "SowManager"]
+
+log = logging.getLogger("tickertape.sow")
+
+POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
+CATCH_UP_TXN = 4096  # records applied per write transaction during catch-up
+
+
+class Commits(Protocol):
+    """What the SOW manager uses of the pipeline."""
+
+    delivered_end: int
+    last_ts: int
+    last_bm: tuple[int, int] | None
+    before_flush: list[Callable[[Any], None]]
+    batch: Any
+
+    def schedule(self) -> None: ...
+
+
+Reply = Callable[[int, BaseException | None], None]
+"""f(records_deleted, err) once a delete is committed (err None) or failed."""
+
+
+class SowManager:
+    def __init__(self, config: Config, journal: Journal | None) -> None:
+        self.config = config
+        self.journal = journal
+        self.store: SowStore | None = None
+        self.commits: Commits | None = None
+        self._makers: dict[str, KeyMaker] = {}
+        self._specs: dict[str, SowTopicSpec | None] = {}
+        self.counts: dict[str, int] = {}  # records per topic
+        self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
+        self._pending_batch: Any = None
+        self._last_position_write = 0.0
+        self.caught_up = 0  # records read from the journal by the last recover
+        self.rebuilt: str | None = None  # why the last start rebuilt the store, if it did
+
+    # -- topics and keys -----------------------------------------------------------------------
+
+    def spec(self, topic: str) -> SowTopicSpec | None:
+        """The `<SOW><Topic>` of `topic` when it is a SOW topic (recorded in the journal)."""
+        try:
+            return self._specs[topic]
+        except KeyError:
+            pass
+        spec = self.config.sow_topic(topic)
+        if spec is not None and not self.config.records_topic(topic):
+            spec = None
+        if len(self._specs) > 65536:
+            self._specs.clear()
+        self._specs[topic] = spec
+        return spec
+
+    def is_sow(self, topic: str) -> bool:
+        return self.spec(topic) is not None
+
+    def maker(self, spec: SowTopicSpec) -> KeyMaker:
+        m = self._makers.get(spec.name)
+        if m is None:
+            m = self._makers[spec.name] = KeyMaker(spec.keys)
+        return m
+
+    def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
+        """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
+        spec = self.spec(topic)
+        assert spec is not None
+        return k_fragment(self.maker(spec).key(body, given))
+
+    def topics(self) -> list[str]:
+        """Topics that hold records now."""
+        return [t for t, n in self.counts.items() if n > 0]
+
+    # -- start -----------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Open the store and fold the journal into it from the position it reflects (runs off
+        the loop, before the server accepts connections)."""
+        journal = self.journal
+        assert journal is not None
+        path = os.path.join(journal.directory, "sow")
+        existed = os.path.exists(path)
+        store = self.store = SowStore(path)
+        start = journal.start_position
+        end = journal.end_position
+        position = store.position
+        why = None
+        if store.rebuilt is not None:
+            why = f"the store was unreadable ({store.rebuilt})"
+        elif position is None:
+            why = "there was no store" if not existed else "the store had no position"
+        elif position > end:
+            why = f"the store reflects position {position}, past the journal's end {end}"
+        elif position < start:
+            why = f"the store reflects position {position}, before the journal's start {start}"
+        if why is not None:
+            store.clear()
+            position = start
+            self.rebuilt = why
+            log.warning("SOW store rebuilt from the journal's start (%d): %s", start, why)
+        assert position is not None
+        self.counts = store.topics()
+        began = time.monotonic()
+        self.caught_up = self._catch_up(position, end)
+        log.info(
+            "SOW store at journal position %d: %d records read from %d in %.2fs; %d records in "
+            "%d topics",
+            end,
+            self.caught_up,
+            position,
+            time.monotonic() - began,
+            sum(self.counts.values()),
+            len(self.counts),
+        )
+
+    def _catch_up(self, position: int, end: int) -> int:
+        store = self.store
+        journal = self.journal
+        assert store is not None and journal is not None
+        n = 0
+        txn = store.write()
+        try:
+            for recs in journal.raw_batches(position, end):
+                for pos, kind, pub, seq, ts, tb, body, extra in recs:
+                    n += 1
+                    if kind == KIND_MESSAGE:
+                        topic = tb.decode("utf-8", "replace")
+                        if self.is_sow(topic):
+                            self._put(
+                                txn, topic, pos, pub, seq, ts, extra[1] if extra else b"", body
+                            )
+                    elif kind == KIND_SOW_DELETE:
+                        self._delete(txn, tb.decode("utf-8", "replace"), body)
+                    if n % CATCH_UP_TXN == 0:
+                        # the record at `pos` is applied: a restart re-applies it, which
+                        # changes nothing (a put of the same value, a delete of what is gone)
+                        store.set_position(txn, pos)
+                        txn.commit()
+                        txn = store.write()
+            store.set_position(txn, end)
+            txn.commit()
+        except BaseException:
+            txn.abort()
+            raise
+        return n
+
+    # -- the fold ---------------------------------------------------------------------------------
+
+    def _put(
+        self, txn: Any, topic: str, pos: int, pub: int, seq: int, ts: int, hdr: bytes, body: bytes
+    ) -> None:
+        store = self.store
+        assert store is not None
+        k = key_from_fragment(hdr) if hdr else None
+        if k is None:  # recorded before the topic was a SOW topic, or by another instance
+            spec = self.spec(topic)
+            assert spec is not None
+            try:
+                k = self.maker(spec).key(body, None)
+            except BadSowKey:
+                return  # not a record of this SOW topic: it had no key
+            hdr = hdr + k_fragment(k)
+        if not store.put(txn, topic, k, encode_value(pos, pub, seq, ts, hdr, body)):
+            self.counts[topic] = self.counts.get(topic, 0) + 1
+
+    def _delete(self, txn: Any, topic: str, body: bytes) -> int:
+        store = self.store
+        assert store is not None
+        got = decode_delete(body)
+        if got is None:
+            return 0
+        form, payload = got
+        if form == BY_KEYS:
+            keys = [k for k in payload.split(",") if k]
+        else:
+            try:
+                cf = compiled(compile_filter(payload))
+            except FilterError:
+                return 0
+            assert cf is not None
+            keys = [k for k, rec in store.topic_records(txn, topic) if cf.match_raw(rec[5])]
+        n = 0
+        for k in keys:
+            if store.delete(txn, topic, k):
+                n += 1
+        if n:
+            self.counts[topic] = self.counts.get(topic, 0) - n
+        return n
+
+    # -- live: the pipeline's commits ------------------------------------------------------------
+
+    def attach(self, commits: Commits) -> None:
+        self.commits = commits
+        commits.before_flush.append(self.before_flush)
+
+    def before_flush(self, batch: Any) -> None:
+        """The batch is about to be committed: note its SOW messages and deletes."""
+        is_sow = self.is_sow
+        puts = [m for m in batch.msgs if m[5] >= 0 and is_sow(m[0])]
+        deletes: list[tuple[int, str, bytes, str, Reply | None]] = []
+        if self._pending:
+            deletes, self._pending = self._pending, []
+            if self._pending_batch is not batch:  # the batch they were in failed unsent
+                for *_, reply in deletes:
+                    if reply is not None:
+                        reply(0, RuntimeError("the commit holding this delete failed"))
+                deletes = []
+            self._pending_batch = None
+        now = time.monotonic()
+        if not puts and not deletes:
+            if now - self._last_position_write < POSITION_EVERY or not batch.data:
+                return
+        self._last_position_write = now
+        batch.durable.append(partial(self._committed, batch, puts, deletes))
+
+    def _committed(
+        self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
+    ) -> None:
+        if err is not None:
+            for *_, reply in deletes:
+                if reply is not None:
+                    reply(0, err)
+            return
+        store = self.store
+        assert store is not None
+        base = end - len(batch.data)
+        work: list[tuple[int, Any]] = [(m[5], m) for m in puts]
+        work += [(d[0], d) for d in deletes]
+        work.sort(key=lambda w: w[0])
+        replies: list[tuple[Reply, int]] = []
+        with store.write() as txn:
+            for off, item in work:
+                if len(item) == 8:  # a message (topic, pub, seq, ts, body, off, hdr, exp)
+                    topic, pub, seq, ts, body, _off, hdr, _exp = item
+                    self._put(txn, topic, base + off, pub, seq, ts, hdr, body)
+                else:
+                    _off, topic, form, payload, reply = item
+                    n = self._delete(txn, topic, encode_delete(form, payload))
+                    if reply is not None:
+                        replies.append((reply, n))
+            store.set_position(txn, end)
+        for reply, n in replies:
+            reply(n, None)
+
+    def delete(self, topic: str, form: bytes, payload: str, reply: Reply | None) -> None:
+        """Journal a delete on SOW topic `topic` (form BY_KEYS or BY_FILTER) in the open batch;
+        `reply(records_deleted, err)` at its commit."""
+        commits = self.commits
+        assert commits is not None
+        batch = commits.batch
+        off = len(batch.data)
+        batch.data += encode_record(
+            KIND_SOW_DELETE,
+            0,
+            0,
+            commits.last_ts,
+            topic.encode("utf-8"),
+            encode_delete(form, payload),
+        )
+        self._pending.append((off, topic, form, payload, reply))
+        self._pending_batch = batch
+        commits.schedule()
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[Reader, int, tuple[int, int] | None]:
+        """A read snapshot of the store, the journal position it reflects (every message
+        before it, none after), and the (publisher, seq) of the newest message there."""
+        commits = self.commits
+        store = self.store
+        assert commits is not None and store is not None
+        end = commits.delivered_end
+        return store.reader(end), end, commits.last_bm
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
