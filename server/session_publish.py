@@ -207,12 +207,15 @@ class PublishCommands:
     def _publish_leading(self, run: list[tuple[Header, bytes]]) -> None:
         pipeline = self.svc.pipeline
         publish_topic = self.svc.topics.publish_topic
+        # a SOW topic's publishes take the ordinary path (their key is computed there): the
+        # run stops before them, rather than be rebuilt after each one (quadratic in the run)
+        keyed = self.svc.sow.is_sow if self.svc.sow is not None else None
         i, n = 0, len(run)
         while i < n:
             items: list[tuple[int, str, bytes]] = []
             for h, body in run[i:]:
                 topic = publish_topic(h.t) if h.t else None
-                if not topic:
+                if not topic or (keyed is not None and keyed(topic)):
                     break
                 if h.a is not None and not self.wants_persisted:
                     if items:  # the ack bookkeeping changes here: a new run
