@@ -39,7 +39,8 @@ from config.model import Config, SowTopicSpec
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
 
-from ..filters import FilterError, compile_filter, compiled
+from ..filters import FilterError, compile_filter
+from ..matching import body_matches
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_KEYS, decode_delete, encode_delete
 from .store import Reader, SowStore, encode_value
@@ -221,11 +222,10 @@ class SowManager:
             keys = [k for k in payload.split(",") if k]
         else:
             try:
-                cf = compiled(compile_filter(payload))
+                f = compile_filter(payload)
             except FilterError:
                 return 0
-            assert cf is not None
-            keys = [k for k, rec in store.topic_records(txn, topic) if cf.match_raw(rec[5])]
+            keys = [k for k, rec in store.topic_records(txn, topic) if body_matches(f, rec[5])]
         n = 0
         for k in keys:
             if store.delete(txn, topic, k):
@@ -261,6 +261,23 @@ class SowManager:
         batch.durable.append(partial(self._committed, batch, puts, deletes))
 
     def _committed(
+        self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
+    ) -> None:
+        """The batch is durable (err None) or failed: apply it. A failure here is logged and
+        costs the store its live updates until a restart catches up from the journal; it
+        never reaches the pipeline, whose acks and deliveries of this batch come next."""
+        try:
+            self._apply(batch, puts, deletes, end, err)
+        except Exception as exc:
+            log.exception("SOW store: applying a commit failed; queries may lag until restart")
+            for *_, reply in deletes:
+                if reply is not None:
+                    try:
+                        reply(0, exc)
+                    except Exception:
+                        log.exception("SOW delete reply failed")
+
+    def _apply(
         self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
     ) -> None:
         if err is not None:

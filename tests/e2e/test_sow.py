@@ -173,6 +173,18 @@ def test_sow_delete_by_keys_filter_and_body(srv):
     assert [b["sym"] for _, b in recs] == ["E"]
 
 
+def test_sow_delete_of_everything(srv):
+    c = Raw(srv.port)
+    c.logon("p8b")
+    for s in "VWXYZ":
+        pub(c, "md.all", {"id": s})
+    flush(c)
+    c.send({"c": "sow_delete", "t": "md.all", "cid": "all", "a": "stats", "f": "1=1"})
+    assert c.ack("stats", "all")["records_deleted"] == 5
+    recs, *_ = query(c, "md.all")
+    assert recs == []
+
+
 def test_the_store_survives_a_restart_and_a_kill(tmp_path):
     s = ServerProcess(tmp_path, extra=SOW).start()
     try:
