@@ -519,6 +519,7 @@ _HANDLERS: dict[str, Callable[[Session, Header, Any], None]] = {
     "sow_delete": Session.cmd_sow_delete,
     "sow": Session.cmd_sow,
     "sow_and_subscribe": Session.cmd_sow_and_subscribe,
+    "delta_publish": Session.cmd_delta_publish,
 }
 # commands refused with a failure ack even when the client asked for no ack
 _ALWAYS_ANSWERED = frozenset(

@@ -61,6 +61,9 @@ class SowCommands:
     def fail(self, header: Header, reason: str, detail: str) -> None:
         raise NotImplementedError
 
+    def cmd_publish(self, h: Header, body: bytes) -> None:
+        raise NotImplementedError
+
     def not_entitled(self, h: Header, right: str, topic: str) -> None:
         raise NotImplementedError
 
@@ -309,6 +312,24 @@ class SowCommands:
         if "processed" in acks:
             self.out.send_ack("processed", h.cid, sub_id=sub_id)
         self._run_query(plan, sub_id, go_live)
+
+    # -- delta_publish ------------------------------------------------------------------------------
+
+    def cmd_delta_publish(self, h: Header, body: bytes) -> None:
+        """A publish whose body is merged into the record with its key (§14); on a topic that
+        is not a SOW topic, a plain publish."""
+        sow = self.svc.sow
+        topic = self.svc.topics.publish_topic(h.t) if h.t else None
+        if sow is not None and topic and sow.is_sow(topic):
+            try:
+                body = sow.merge_delta(topic, body, h.k)
+            except BadSowKey as exc:
+                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+                return
+            except ValueError as exc:
+                self.fail(h, Failure.BAD_FRAME, str(exc))
+                return
+        self.cmd_publish(h, body)
 
     # -- sow_delete on a SOW topic ------------------------------------------------------------------
 

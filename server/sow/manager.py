@@ -35,6 +35,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
+import msgspec
+
 from config.model import Config, SowTopicSpec
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
@@ -47,8 +49,12 @@ from .store import Reader, SowStore, encode_value
 
 __all__ = ["Commits", "SowManager"]
 
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.encode
+
 log = logging.getLogger("tickertape.sow")
 
+MAX_RECENT = 100_000  # accepted publishes remembered for delta_publish until applied
 POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
 CATCH_UP_TXN = 4096  # records applied per write transaction during catch-up
 
@@ -80,6 +86,8 @@ class SowManager:
         self.counts: dict[str, int] = {}  # records per topic
         self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
         self._pending_batch: Any = None
+        # (topic, key) -> (pub, seq, body) of publishes accepted and not yet applied (delta)
+        self._recent: dict[tuple[str, str], tuple[int, int, bytes]] = {}
         self._last_position_write = 0.0
         self.caught_up = 0  # records read from the journal by the last recover
         self.rebuilt: str | None = None  # why the last start rebuilt the store, if it did
@@ -109,11 +117,65 @@ class SowManager:
             m = self._makers[spec.name] = KeyMaker(spec.keys)
         return m
 
-    def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
-        """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
+    def key(self, topic: str, body: bytes, given: str | None) -> str:
+        """The key of a publish to SOW topic `topic` (raises BadSowKey)."""
         spec = self.spec(topic)
         assert spec is not None
-        return k_fragment(self.maker(spec).key(body, given))
+        return self.maker(spec).key(body, given)
+
+    def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
+        """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
+        return k_fragment(self.key(topic, body, given))
+
+    # -- delta_publish --------------------------------------------------------------------------
+
+    def accepted(self, topic: str, k: str, pub: int, seq: int, body: bytes) -> None:
+        """A publish to a SOW topic was accepted (not yet durable): a delta_publish that
+        follows it merges into it, not into the older record of the store."""
+        recent = self._recent
+        if len(recent) >= MAX_RECENT:
+            recent.clear()  # a bound: merges then read the store (what is durable)
+        recent[(topic, k)] = (pub, seq, body)
+
+    def current(self, topic: str, k: str) -> bytes | None:
+        """The latest body of record `k`: accepted, else in the store; None when none."""
+        got = self._recent.get((topic, k))
+        if got is not None:
+            return got[2]
+        store = self.store
+        if store is None:
+            return None
+        reader = store.reader(0)
+        try:
+            rec = reader.get(topic, k)
+        finally:
+            reader.close()
+        return None if rec is None else rec[5]
+
+    def merge_delta(self, topic: str, delta: bytes, given: str | None) -> bytes:
+        """The message a delta_publish stores: `delta` (a JSON object) merged into the record
+        with its key (fields replace fields, nested objects merge, arrays are replaced whole),
+        or `delta` itself when there is no record. Raises BadSowKey, or ValueError for a delta
+        that is not a JSON object."""
+        try:
+            doc = _decode(delta)
+        except (ValueError, RecursionError):
+            raise ValueError("a delta_publish body must be a JSON object") from None
+        if not isinstance(doc, dict):
+            raise ValueError("a delta_publish body must be a JSON object")
+        spec = self.spec(topic)
+        assert spec is not None
+        k = self.maker(spec).key(delta, given)
+        old = self.current(topic, k)
+        if old is None:
+            return delta
+        try:
+            base = _decode(old)
+        except (ValueError, RecursionError):
+            return delta
+        if not isinstance(base, dict):
+            return delta
+        return _encode(_merge(base, doc))
 
     def topics(self) -> list[str]:
         """Topics that hold records now."""
@@ -196,7 +258,7 @@ class SowManager:
 
     def _put(
         self, txn: Any, topic: str, pos: int, pub: int, seq: int, ts: int, hdr: bytes, body: bytes
-    ) -> None:
+    ) -> str | None:
         store = self.store
         assert store is not None
         k = key_from_fragment(hdr) if hdr else None
@@ -206,10 +268,11 @@ class SowManager:
             try:
                 k = self.maker(spec).key(body, None)
             except BadSowKey:
-                return  # not a record of this SOW topic: it had no key
+                return None  # not a record of this SOW topic: it had no key
             hdr = hdr + k_fragment(k)
         if not store.put(txn, topic, k, encode_value(pos, pub, seq, ts, hdr, body)):
             self.counts[topic] = self.counts.get(topic, 0) + 1
+        return k
 
     def _delete(self, txn: Any, topic: str, body: bytes) -> int:
         store = self.store
@@ -280,7 +343,13 @@ class SowManager:
     def _apply(
         self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
     ) -> None:
+        recent = self._recent
         if err is not None:
+            for m in puts:
+                hdr = m[6]
+                k = key_from_fragment(hdr) if hdr else None
+                if k is not None and recent.get((m[0], k), (0, 0))[:2] == (m[1], m[2]):
+                    del recent[(m[0], k)]
             for *_, reply in deletes:
                 if reply is not None:
                     reply(0, err)
@@ -296,7 +365,13 @@ class SowManager:
             for off, item in work:
                 if len(item) == 8:  # a message (topic, pub, seq, ts, body, off, hdr, exp)
                     topic, pub, seq, ts, body, _off, hdr, _exp = item
-                    self._put(txn, topic, base + off, pub, seq, ts, hdr, body)
+                    k = self._put(txn, topic, base + off, pub, seq, ts, hdr, body)
+                    if (
+                        k is not None
+                        and recent
+                        and recent.get((topic, k), (0, 0))[:2] == (pub, seq)
+                    ):
+                        del recent[(topic, k)]  # the store has it now
                 else:
                     _off, topic, form, payload, reply = item
                     n = self._delete(txn, topic, encode_delete(form, payload))
@@ -340,3 +415,14 @@ class SowManager:
         if self.store is not None:
             self.store.close()
             self.store = None
+
+
+def _merge(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """delta_publish's merge: fields replace fields, nested objects merge, arrays are replaced."""
+    for key, v in delta.items():
+        old = base.get(key)
+        if isinstance(v, dict) and isinstance(old, dict):
+            _merge(old, v)
+        else:
+            base[key] = v
+    return base

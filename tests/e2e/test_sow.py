@@ -209,3 +209,25 @@ def test_the_store_survives_a_restart_and_a_kill(tmp_path):
         assert [b["px"] for _, b in recs] == [-1]
     finally:
         s.stop()
+
+
+def test_delta_publish_merges_into_the_record(srv):
+    sub = Raw(srv.port)
+    sub.logon("s9")
+    sub.subscribe("prices", f="/sym = 'D1'")
+    c = Raw(srv.port)
+    c.logon("p9")
+    pub(c, "prices", {"sym": "D1", "px": 1, "q": {"a": 1, "b": 2}, "arr": [1, 2]})
+    # at once, before the first is durable: it merges into the accepted message
+    c.send({"c": "delta_publish", "t": "prices"}, b'{"sym":"D1","q":{"b":3},"arr":[9]}')
+    c.send({"c": "delta_publish", "t": "prices"}, b'{"sym":"D2","px":7}')  # no record: inserted
+    c.send({"c": "delta_publish", "t": "plain", "cid": "np", "a": "processed"}, b"[1]")
+    assert c.ack("processed", "np")["status"] == "success"  # not a SOW topic: a plain publish
+    c.send({"c": "delta_publish", "t": "prices", "cid": "bad", "a": "processed"}, b"[1]")
+    assert c.ack("processed", "bad")["reason"] == "bad frame"
+    flush(c)
+    merged = {"sym": "D1", "px": 1, "q": {"a": 1, "b": 3}, "arr": [9]}
+    recs, *_ = query(c, "prices", f="/sym IN ('D1','D2')", order_by="/sym")
+    assert [b for _, b in recs] == [merged, {"sym": "D2", "px": 7}]
+    (_, first), (_, second) = sub.messages(2)
+    assert json.loads(second) == merged
