@@ -19,9 +19,11 @@ declared here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
+from protocol.bookmarks import InvalidBookmark, Now, parse_bookmark
 from protocol.headers import MAX_SUB_ID_BYTES, Header
 from protocol.options import InvalidOptions, SubscribeOptions, sow_options, subscribe_options
 from protocol.patterns import PatternError, compile_pattern
@@ -159,12 +161,29 @@ class SowCommands:
             if finished and then is not None:
                 then(point)
 
+        return self._start(plan, name, reader, last_bm, done)
+
+    def _start(
+        self,
+        plan: QueryPlan,
+        name: str,
+        reader: Any,
+        point_bm: tuple[int, int] | None,
+        done: Any = None,
+    ) -> SowQuery:
+        queries = self._queries
+
+        def forget(q: SowQuery, finished: bool) -> None:
+            if queries.get(name) is q:
+                del queries[name]
+
         old = queries.pop(name, None)
         if old is not None:
             old.cancel()
-        q = SowQuery(self.out, reader, last_bm, plan, done)
+        q = SowQuery(self.out, reader, point_bm, plan, done or forget)
         queries[name] = q
         q.start()
+        self.out.flush()
         return q
 
     def stop_queries(self, names: list[str] | None = None) -> int:
@@ -186,14 +205,15 @@ class SowCommands:
         except InvalidOptions as exc:
             self.fail(h, Failure.INVALID_OPTIONS, str(exc))
             return
+        point = None
         if h.bm:
-            self.fail(
-                h,
-                Failure.INVALID_BOOKMARK,
-                "historical SOW queries (sow with bm) are not served yet; query the current "
-                "state, or replay the topic from the bookmark",
-            )
-            return
+            try:
+                point = parse_bookmark(h.bm)
+            except InvalidBookmark as exc:
+                self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                return
+            if isinstance(point, Now):
+                point = None  # NOW: the current state
         got = self._query_plan(
             h,
             sow,
@@ -208,7 +228,32 @@ class SowCommands:
         plan = got[0]
         if "processed" in plan.acks:
             self.out.send_ack("processed", h.cid, query_id=h.query_id)
-        self._run_query(plan, h.query_id or h.cid or f"q{id(plan)}")
+        name = h.query_id or h.cid or f"q{id(plan)}"
+        if point is None:
+            self._run_query(plan, name)
+            return
+        # historical: the checkpoint and the journal after it are read off the event loop
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self.svc.replays.readers, sow.historical, point)
+
+        def answer(f: asyncio.Future[Any]) -> None:
+            if self.out.closing:
+                if f.exception() is None:
+                    f.result()[0].close()
+                return
+            exc = f.exception()
+            if exc is not None:
+                if isinstance(exc, InvalidBookmark):
+                    self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                else:
+                    log.error("historical SOW query failed: %r", exc)
+                    self.fail(h, Failure.BAD_FRAME, "internal error reading the history")
+                self.out.flush()
+                return
+            reader, bm = f.result()
+            self._start(plan, name, reader, bm)
+
+        fut.add_done_callback(answer)
 
     # -- sow_and_subscribe --------------------------------------------------------------------------
 

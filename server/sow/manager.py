@@ -40,9 +40,11 @@ import msgspec
 from config.model import Config, SowTopicSpec
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
+from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, Timestamp
 
 from ..filters import FilterError, compile_filter
 from ..matching import body_matches
+from .history import Checkpoints, HistoricalReader
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_KEYS, decode_delete, encode_delete
 from .store import Reader, SowStore, encode_value
@@ -89,6 +91,10 @@ class SowManager:
         # (topic, key) -> (pub, seq, body) of publishes accepted and not yet applied (delta)
         self._recent: dict[tuple[str, str], tuple[int, int, bytes]] = {}
         self._last_position_write = 0.0
+        self.checkpoints: Checkpoints | None = None
+        windows = [t.history_window for t in config.sow_topics]
+        # checkpoints are kept for the longest window (None: as far as the journal holds)
+        self.window = None if not windows or None in windows else max(windows)  # type: ignore[type-var]
         self.caught_up = 0  # records read from the journal by the last recover
         self.rebuilt: str | None = None  # why the last start rebuilt the store, if it did
 
@@ -210,6 +216,10 @@ class SowManager:
             log.warning("SOW store rebuilt from the journal's start (%d): %s", start, why)
         assert position is not None
         self.counts = store.topics()
+        self.checkpoints = Checkpoints(
+            os.path.join(journal.directory, "sow-checkpoints"),
+            lambda: self.store.env if self.store is not None else None,
+        )
         began = time.monotonic()
         self.caught_up = self._catch_up(position, end)
         log.info(
@@ -380,6 +390,8 @@ class SowManager:
             store.set_position(txn, end)
         for reply, n in replies:
             reply(n, None)
+        if self.checkpoints is not None:
+            self.checkpoints.maybe_make(end, self.window)
 
     def delete(self, topic: str, form: bytes, payload: str, reply: Reply | None) -> None:
         """Journal a delete on SOW topic `topic` (form BY_KEYS or BY_FILTER) in the open batch;
@@ -410,6 +422,42 @@ class SowManager:
         assert commits is not None and store is not None
         end = commits.delivered_end
         return store.reader(end), end, commits.last_bm
+
+    def historical(self, point: BookmarkSpec) -> tuple[HistoricalReader, tuple[int, int] | None]:
+        """The state as of `point` (a bookmark: that message included; a timestamp: every
+        message recorded at or before it) and the point's bookmark when known; runs off the
+        loop (it reads the journal). Raises InvalidBookmark for a point it cannot answer."""
+        journal = self.journal
+        assert journal is not None and self.checkpoints is not None
+        bm = None
+        if isinstance(point, Epoch):
+            end, ts = journal.start_position, None
+        elif isinstance(point, Bookmark):
+            pos = journal.locate(point.publisher_id, point.seq)
+            if pos is None:
+                raise InvalidBookmark(
+                    f"bookmark {point} is not in the journal (or no longer): a historical "
+                    "query needs a message the journal holds"
+                )
+            recs, _ = journal.read_raw(pos, 4096)
+            ts = recs[0][4] if recs else None
+            end = journal.after(pos)
+            bm = (point.publisher_id, point.seq)
+        elif isinstance(point, Timestamp):
+            end, ts = journal.locate_time(point.micros), point.micros
+        else:
+            raise InvalidBookmark(
+                "a historical query takes one bookmark or one timestamp, not a list or a range"
+            )
+        if self.window is not None and ts is not None and time.time() - ts / 1e6 > self.window:
+            raise InvalidBookmark(
+                f"the point is older than <History><Window> ({self.window:g}s); query a later one"
+            )
+        end = min(end, self.commits.delivered_end if self.commits is not None else end)
+        reader = self.checkpoints.reader(
+            journal, end, self.is_sow, lambda t: self.maker(s) if (s := self.spec(t)) else None
+        )
+        return reader, bm
 
     def close(self) -> None:
         if self.store is not None:

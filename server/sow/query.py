@@ -33,6 +33,8 @@ from .. import frames
 from ..filters import FilterError, compile_path
 from ..matching import Predicate, TopicFilter, body_matches
 from ..outbox import Outbox
+from ..reasons import Failure
+from .history import HistoricalReader
 from .store import Reader, Stored
 
 __all__ = ["CHUNK", "BadOrderBy", "QueryPlan", "SowQuery", "parse_order_by"]
@@ -112,7 +114,7 @@ class SowQuery:
     def __init__(
         self,
         out: Outbox,
-        reader: Reader,
+        reader: Reader | HistoricalReader,
         point: tuple[int, int] | None,
         plan: QueryPlan,
         on_done: Callable[[SowQuery, bool], None],
@@ -156,6 +158,17 @@ class SowQuery:
             pass
         except Exception:  # a bug costs this query, never the server
             log.exception("SOW query on %s failed", self.plan.topics)
+            if not self.out.closing:  # the client is not left waiting
+                for kind in sorted(self.plan.acks & {"completed", "stats"}) or ["processed"]:
+                    self.out.send_ack(
+                        kind,
+                        self.plan.cid,
+                        "failure",
+                        Failure.BAD_FRAME,
+                        detail="internal error while answering the query",
+                        query_id=self.plan.query_id,
+                    )
+                self.out.flush()
         finally:
             self.reader.close()
             self.on_done(self, done)
