@@ -11,6 +11,7 @@ topics configured under `<SOW><Topic>`, kept from the journal.
                  deletes journaled, the consistency point of queries
 ``query``        a query's plan (filter, sow_keys, order_by, top_n, skip_n) and its answer,
                  streamed at the reader's pace
+``history``      historical queries: store checkpoints, and the journal folded after one
 ===============  ============================================================================
 """
 
