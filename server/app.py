@@ -465,6 +465,8 @@ class Server:
                     conn.out.flush()
             self.intake.sweep(self.connections, now)
             self.queues.tick()
+            if self.sow is not None:
+                self.sow.tick()  # records past their <Expiration>
             if self.maintenance is not None:
                 self.maintenance.tick(now)
             if now - last_stats >= 1.0:

@@ -28,6 +28,7 @@ States of the store: opening -> catching up (recover) -> live (attached to the p
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import time
@@ -92,6 +93,10 @@ class SowManager:
         self._recent: dict[tuple[str, str], tuple[int, int, bytes]] = {}
         self._last_position_write = 0.0
         self.checkpoints: Checkpoints | None = None
+        # (expires at µs, topic, key, position) of records of topics with <Expiration>; an
+        # entry whose record was updated since (another position) is stale and skipped
+        self._expiry: list[tuple[int, str, str, int]] = []
+        self._expiring = any(t.expiration for t in config.sow_topics)
         windows = [t.history_window for t in config.sow_topics]
         # checkpoints are kept for the longest window (None: as far as the journal holds)
         self.window = None if not windows or None in windows else max(windows)  # type: ignore[type-var]
@@ -222,6 +227,8 @@ class SowManager:
         )
         began = time.monotonic()
         self.caught_up = self._catch_up(position, end)
+        if self._expiring:
+            self._load_expiry()
         log.info(
             "SOW store at journal position %d: %d records read from %d in %.2fs; %d records in "
             "%d topics",
@@ -264,6 +271,57 @@ class SowManager:
             raise
         return n
 
+    # -- expiration -----------------------------------------------------------------------------
+
+    def _load_expiry(self) -> None:
+        """The expiry heap from the store (at start): every record of a topic that expires."""
+        store = self.store
+        assert store is not None
+        heap = []
+        with store.env.begin() as txn:
+            for topic in list(self.counts):
+                spec = self.spec(topic)
+                if spec is None or not spec.expiration:
+                    continue
+                ttl = int(spec.expiration * 1e6)
+                for k, rec in store.topic_records(txn, topic):
+                    heap.append((rec[3] + ttl, topic, k, rec[0]))
+        heapq.heapify(heap)
+        self._expiry = heap
+
+    def _note_expiry(self, topic: str, k: str, pos: int, ts: int) -> None:
+        spec = self.spec(topic)
+        if spec is not None and spec.expiration:
+            heap = self._expiry
+            heapq.heappush(heap, (ts + int(spec.expiration * 1e6), topic, k, pos))
+            if len(heap) > 2 * max(1, sum(self.counts.values())) + 1024:
+                self._load_expiry()  # drop the stale entries: a bound on the heap
+
+    def tick(self) -> None:
+        """Journal a delete of the records past their topic's <Expiration> (one delete record
+        per topic and tick); applied at its commit like any delete."""
+        heap = self._expiry
+        if not heap or self.commits is None:
+            return
+        now = int(time.time() * 1e6)
+        if heap[0][0] > now:
+            return
+        due: dict[str, list[str]] = {}
+        store = self.store
+        assert store is not None
+        reader = store.reader(0)
+        try:
+            while heap and heap[0][0] <= now:
+                _at, topic, k, pos = heapq.heappop(heap)
+                rec = reader.get(topic, k)
+                if rec is not None and rec[0] == pos:  # not updated since
+                    due.setdefault(topic, []).append(k)
+        finally:
+            reader.close()
+        for topic, keys in due.items():
+            log.debug("SOW %s: %d records expired", topic, len(keys))
+            self.delete(topic, BY_KEYS, ",".join(keys), None)
+
     # -- the fold ---------------------------------------------------------------------------------
 
     def _put(
@@ -282,6 +340,8 @@ class SowManager:
             hdr = hdr + k_fragment(k)
         if not store.put(txn, topic, k, encode_value(pos, pub, seq, ts, hdr, body)):
             self.counts[topic] = self.counts.get(topic, 0) + 1
+        if self._expiring and self.commits is not None:
+            self._note_expiry(topic, k, pos, ts)
         return k
 
     def _delete(self, txn: Any, topic: str, body: bytes) -> int:

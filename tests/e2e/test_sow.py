@@ -2,6 +2,7 @@
 and their options, sow_delete, refusals, and the store across a restart."""
 
 import json
+import time
 
 import pytest
 
@@ -231,3 +232,30 @@ def test_delta_publish_merges_into_the_record(srv):
     assert [b for _, b in recs] == [merged, {"sym": "D2", "px": 7}]
     (_, first), (_, second) = sub.messages(2)
     assert json.loads(second) == merged
+
+
+def test_records_expire_after_their_topic_expiration(tmp_path):
+    extra = "<SOW><Topic><Name>ttl</Name><Key>/k</Key><Expiration>1s</Expiration></Topic></SOW>"
+    s = ServerProcess(tmp_path, extra=extra).start()
+    try:
+        c = Raw(s.port)
+        c.logon("e1")
+        pub(c, "ttl", {"k": 1})
+        pub(c, "ttl", {"k": 2})
+        flush(c)
+        assert len(query(c, "ttl")[0]) == 2
+        time.sleep(0.7)
+        pub(c, "ttl", {"k": 2, "v": "again"})  # an update restarts its clock
+        flush(c)
+        time.sleep(0.7)
+        recs, *_ = query(c, "ttl")
+        assert [b for _, b in recs] == [{"k": 2, "v": "again"}]
+        time.sleep(0.8)
+        assert query(c, "ttl")[0] == []
+        c.close()
+        s.restart()  # the expirations were journaled: nothing comes back
+        c = Raw(s.port)
+        c.logon("e2")
+        assert query(c, "ttl")[0] == []
+    finally:
+        s.stop()
