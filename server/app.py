@@ -192,7 +192,7 @@ class Server:
         if config.sow_topics and journal is not None:  # State of the World (server/sow/)
             self.sow = SowManager(config, journal)
             await loop.run_in_executor(None, self.sow.recover)
-            self.sow.attach(self.pipeline)
+            self.sow.attach(self.pipeline, self.fanout.router)
             self.pipeline.keyed = self.sow.is_sow
         self.index = LiveIndex(self.fanout.router, self.fanout, self.pipeline)
         self.poller = IdlePoller(

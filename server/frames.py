@@ -51,6 +51,7 @@ __all__ = [
     "group_prefix",
     "lease_part",
     "live_separators",
+    "oof",
     "pack_len",
     "persisted_ack",
     "sow_group",
@@ -189,6 +190,12 @@ def sow_record(
     `{"c":"sow"<topic member>,"bm":"<pub>|<seq>|"<fragment: x, k><extra>}` + body; extra holds
     `query_id` / `sub_id` / `ts` members, or nothing."""
     head = b'{"c":"sow"' + topic_member + _SOW_BM % (pub, seq) + fragment + extra + b"}"
+    return pack_len(len(head) + len(body)) + head + body
+
+
+def oof(topic: str, k: str, sub_id: str, reason: str, body: bytes) -> bytes:
+    """An out-of-focus notice (docs/protocol.md §14): a record left a subscription's scope."""
+    head = _json({"c": "oof", "t": topic, "k": k, "sub_id": sub_id, "reason": reason})
     return pack_len(len(head) + len(body)) + head + body
 
 

@@ -45,10 +45,12 @@ from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, T
 
 from ..filters import FilterError, compile_filter
 from ..matching import body_matches
+from ..router import Router
 from .history import Checkpoints, HistoricalReader
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
+from .oof import OofNotices, send_notices
 from .records import BY_KEYS, decode_delete, encode_delete
-from .store import Reader, SowStore, encode_value
+from .store import Reader, SowStore, decode_value, encode_value
 
 __all__ = ["Commits", "SowManager"]
 
@@ -78,6 +80,10 @@ Reply = Callable[[int, BaseException | None], None]
 """f(records_deleted, err) once a delete is committed (err None) or failed."""
 
 
+def _EXPIRED(n: int, err: BaseException | None) -> None:
+    """The reply of the deletes `tick` journals for expired records (nobody to answer)."""
+
+
 class SowManager:
     def __init__(self, config: Config, journal: Journal | None) -> None:
         self.config = config
@@ -93,6 +99,7 @@ class SowManager:
         self._recent: dict[tuple[str, str], tuple[int, int, bytes]] = {}
         self._last_position_write = 0.0
         self.checkpoints: Checkpoints | None = None
+        self.oof: OofNotices | None = None  # out-of-focus notices (attach)
         # (expires at µs, topic, key, position) of records of topics with <Expiration>; an
         # entry whose record was updated since (another position) is stale and skipped
         self._expiry: list[tuple[int, str, str, int]] = []
@@ -320,7 +327,7 @@ class SowManager:
             reader.close()
         for topic, keys in due.items():
             log.debug("SOW %s: %d records expired", topic, len(keys))
-            self.delete(topic, BY_KEYS, ",".join(keys), None)
+            self.delete(topic, BY_KEYS, ",".join(keys), _EXPIRED)
 
     # -- the fold ---------------------------------------------------------------------------------
 
@@ -338,13 +345,22 @@ class SowManager:
             except BadSowKey:
                 return None  # not a record of this SOW topic: it had no key
             hdr = hdr + k_fragment(k)
-        if not store.put(txn, topic, k, encode_value(pos, pub, seq, ts, hdr, body)):
+        value = encode_value(pos, pub, seq, ts, hdr, body)
+        oof = self.oof
+        subs = oof.watching(topic) if oof is not None else None
+        if subs:
+            old = store.replace(txn, topic, k, value)
+            oof.changed(subs, topic, k, decode_value(old)[5] if old else None, body)  # type: ignore[union-attr]
+            replaced = old is not None
+        else:
+            replaced = store.put(txn, topic, k, value)
+        if not replaced:
             self.counts[topic] = self.counts.get(topic, 0) + 1
         if self._expiring and self.commits is not None:
             self._note_expiry(topic, k, pos, ts)
         return k
 
-    def _delete(self, txn: Any, topic: str, body: bytes) -> int:
+    def _delete(self, txn: Any, topic: str, body: bytes, reason: str = "deleted") -> int:
         store = self.store
         assert store is not None
         got = decode_delete(body)
@@ -360,8 +376,15 @@ class SowManager:
                 return 0
             keys = [k for k, rec in store.topic_records(txn, topic) if body_matches(f, rec[5])]
         n = 0
+        oof = self.oof
+        subs = oof.watching(topic) if oof is not None else None
         for k in keys:
-            if store.delete(txn, topic, k):
+            if subs:
+                old = store.pop(txn, topic, k)
+                if old is not None:
+                    n += 1
+                    oof.left(subs, topic, k, decode_value(old)[5], reason)  # type: ignore[union-attr]
+            elif store.delete(txn, topic, k):
                 n += 1
         if n:
             self.counts[topic] = self.counts.get(topic, 0) - n
@@ -369,8 +392,10 @@ class SowManager:
 
     # -- live: the pipeline's commits ------------------------------------------------------------
 
-    def attach(self, commits: Commits) -> None:
+    def attach(self, commits: Commits, router: Router | None = None) -> None:
         self.commits = commits
+        if router is not None:
+            self.oof = OofNotices(router)
         commits.before_flush.append(self.before_flush)
 
     def before_flush(self, batch: Any) -> None:
@@ -444,12 +469,17 @@ class SowManager:
                         del recent[(topic, k)]  # the store has it now
                 else:
                     _off, topic, form, payload, reply = item
-                    n = self._delete(txn, topic, encode_delete(form, payload))
+                    reason = "expired" if reply is _EXPIRED else "deleted"
+                    n = self._delete(txn, topic, encode_delete(form, payload), reason)
+                    if reply is _EXPIRED:
+                        continue
                     if reply is not None:
                         replies.append((reply, n))
             store.set_position(txn, end)
         for reply, n in replies:
             reply(n, None)
+        if self.oof is not None and self.oof.pending:
+            batch.after.append(partial(send_notices, self.oof.take()))
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 

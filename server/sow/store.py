@@ -186,6 +186,19 @@ class SowStore:
             raise StoreFull(self.map_size) from None
         return old is not None
 
+    def replace(self, txn: lmdb.Transaction, topic: str, k: str, value: bytes) -> bytes | None:
+        """Store a record; the value it replaced, or None."""
+        try:
+            old = txn.replace(record_key(topic, k), value, db=self._rec)
+        except lmdb.MapFullError:
+            raise StoreFull(self.map_size) from None
+        return None if old is None else bytes(old)
+
+    def pop(self, txn: lmdb.Transaction, topic: str, k: str) -> bytes | None:
+        """Delete a record; its value, or None when there was none."""
+        old = txn.pop(record_key(topic, k), db=self._rec)
+        return None if old is None else bytes(old)
+
     def delete(self, txn: lmdb.Transaction, topic: str, k: str) -> bool:
         return bool(txn.delete(record_key(topic, k), db=self._rec))
 

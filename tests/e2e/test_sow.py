@@ -259,3 +259,28 @@ def test_records_expire_after_their_topic_expiration(tmp_path):
         assert query(c, "ttl")[0] == []
     finally:
         s.stop()
+
+
+def test_out_of_focus_notices(srv):
+    c = Raw(srv.port)
+    c.logon("p10")
+    pub(c, "prices", {"sym": "O1", "px": 10})
+    pub(c, "prices", {"sym": "O2", "px": 20})
+    flush(c)
+    sub = Raw(srv.port)
+    sub.logon("s10")
+    sub.send({"c": "sow_and_subscribe", "t": "prices", "cid": "o", "sub_id": "oo",
+              "f": "/sym LIKE '^O' AND /px > 5", "o": "oof", "a": "completed"})  # fmt: skip
+    got = sub.recv_until(lambda h, b: h.get("c") == "ack" and h.get("cid") == "o")
+    assert sorted(json.loads(b)["sym"] for h, b in got if h["c"] == "sow") == ["O1", "O2"]
+    k1 = next(h["k"] for h, b in got if h["c"] == "sow" and json.loads(b)["sym"] == "O1")
+    time.sleep(0.2)  # the subscription joins the live stream
+    pub(c, "prices", {"sym": "O1", "px": 1})  # out of the filter: oof match, body = new
+    c.send({"c": "sow_delete", "t": "prices", "cid": "d", "a": "stats"}, b'{"sym":"O2"}')
+    c.ack("stats", "d")
+    frames = sub.recv_until(lambda h, b: h.get("c") == "oof" and h.get("reason") == "deleted")
+    oofs = [(h["reason"], h["k"], json.loads(b)) for h, b in frames if h["c"] == "oof"]
+    assert oofs[0] == ("match", k1, {"sym": "O1", "px": 1})
+    assert oofs[1][0] == "deleted" and oofs[1][2] == {"sym": "O2", "px": 20}
+    assert all(h["sub_id"] == "oo" for h, _ in frames if h["c"] == "oof")
+    assert not [h for h, _ in frames if h["c"] == "p"]  # the update did not match: no delivery
