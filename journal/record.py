@@ -92,7 +92,7 @@ class RecordKind(IntEnum):
 
     MESSAGE = 1  # a published message
     QUEUE_EVENT = 2  # a queue's acks and leases: topic = the queue's name, body = the entries
-    SOW_DELETE = 3  # records removed from a SOW topic: topic = the SOW topic (server/sow/records.py)
+    SOW_DELETE = 3  # records removed from a SOW topic (server/sow/records.py)
 
 
 # the names older callers import; the same objects as the members
