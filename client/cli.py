@@ -37,9 +37,10 @@ import sys
 
 from .address import DEFAULT_ADDRESS
 from .cli_pub import run_pub
+from .cli_sow import run_sow
 from .cli_sub import run_queue, run_sub
 
-__all__ = ["add_client_commands", "main", "run_pub", "run_queue", "run_sub"]
+__all__ = ["add_client_commands", "main", "run_pub", "run_queue", "run_sow", "run_sub"]
 
 
 def add_client_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -118,7 +119,32 @@ def add_client_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="stop when no message arrives for SECONDS (exit 1 if --count was not reached)",
     )
+    sub.add_argument(
+        "--sow",
+        action="store_true",
+        help="on a SOW topic: print its current records first, then every later change "
+        "(sow_and_subscribe; no gap, no duplicate between the two)",
+    )
     sub.set_defaults(func=run_sub, run=run_sub)
+
+    sow = subparsers.add_parser(
+        "sow",
+        help="print a SOW topic's current records as JSON lines",
+        description="Query a State of the World topic (or a regex over SOW topics) and print "
+        "one line per record.",
+    )
+    sow.add_argument("topic", help="SOW topic name or regular expression")
+    _common(sow)
+    sow.add_argument("--client-name", help="default: tickertape-sow-<host>-<pid>")
+    sow.add_argument("--filter", help='content filter, e.g. "/px > 10"')
+    sow.add_argument("--top-n", type=int, metavar="N", help="at most N records")
+    sow.add_argument("--order-by", metavar="ORDER", help='e.g. "/px DESC, /sym"')
+    sow.add_argument(
+        "--headers",
+        action="store_true",
+        help='print {"k": ..., "bm": ..., "t": ..., "body": ...} instead of the bare body',
+    )
+    sow.set_defaults(func=run_sow, run=run_sow)
 
     queue = subparsers.add_parser(
         "queue",

@@ -136,6 +136,10 @@ async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
     bookmark = args.bookmark
     if bookmark is None and args.bookmark_store:
         bookmark = MOST_RECENT  # a store is there to resume from
+    if getattr(args, "sow", False):
+        if bookmark is not None or args.bookmark_store:
+            raise Usage("--sow starts from the current state: give no --bookmark or store")
+        return await _sub_sow(args, stdout, stderr)
     client = ha_client("sub", args, stderr, bookmark_store=store)
     received = 0
     try:
@@ -164,6 +168,38 @@ async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
     finally:
         await client.close()
         store.close()
+
+
+async def _sub_sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
+    """`sub --sow`: sow_and_subscribe on one connection (no failover: a new connection would
+    need a new answer)."""
+    from .cli_sow import render
+    from .client import Client
+
+    ha = ha_client("sub", args, stderr)
+    received = 0
+    try:
+        await connect(ha, args)
+        client = ha.client
+        assert isinstance(client, Client)
+        sub = await client.sow_and_subscribe(
+            args.topic, filter=args.filter, options=args.options, sub_id=args.sub_id
+        )
+        while args.count is None or received < args.count:
+            msg = await _idle_next(sub, args, received, "sub", stderr)  # type: ignore[arg-type]
+            if isinstance(msg, int):
+                return msg
+            if msg is None:
+                return 0
+            try:
+                stdout.write(render(msg, args.headers))
+                stdout.flush()
+            except BrokenPipeError:
+                return -1
+            received += 1
+        return 0
+    finally:
+        await ha.close()
 
 
 def run_queue(

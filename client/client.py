@@ -43,7 +43,8 @@ Wire decisions taken here (docs/protocol.md leaves them to the client):
 The class is put together from one part per responsibility, each in its own module:
 `ClientConnection` (client_conn.py: transport, bytes in and out, heartbeats, close),
 `ClientCommands` (client_commands.py: commands matched to acks by `cid`), `ClientSubscriptions`
-(client_subscribe.py: subscriptions, delivery, flow control) and `ClientPublishing`
+(client_subscribe.py: subscriptions, delivery, flow control), `ClientSow` (client_sow.py: SOW
+queries) and `ClientPublishing`
 (client_publish.py: publishes and the in-flight window). This module adds construction, logon
 and the routing of each frame from the server to the part it concerns.
 """
@@ -63,7 +64,7 @@ from .client_commands import _opts_text as _opts_text  # for client/ha.py
 from .client_conn import BEAT
 from .client_publish import ClientPublishing
 from .client_publish import _body_bytes as _body_bytes  # for client/ha.py
-from .client_subscribe import ClientSubscriptions
+from .client_sow import ClientSow
 from .errors import ClientError, CommandError, Disconnected, PublishFailed
 from .message import LogonResult, Message, PersistedBookmark
 
@@ -78,7 +79,7 @@ _DISCONNECT_REASONS = frozenset(
 )
 
 
-class Client(ClientSubscriptions, ClientPublishing):
+class Client(ClientSow, ClientPublishing):
     """An asyncio client for one connection. See the module docstring for states and decisions.
 
     Bounds: `max_inflight` unacknowledged publishes (publish() waits when reached), a
@@ -129,6 +130,7 @@ class Client(ClientSubscriptions, ClientPublishing):
         self._init_connection(server, max_message_size, tls)
         self._init_commands()
         self._init_subscriptions(max_buffered_messages, max_buffered_bytes)
+        self._init_sow()
 
     def __repr__(self) -> str:
         return f"<Client {self.name!r} {self._state}>"
@@ -200,6 +202,8 @@ class Client(ClientSubscriptions, ClientPublishing):
                     self._deliver_many(header, body, sids)
             elif c == "ack":
                 self._on_ack(header)
+            elif c == "sow":
+                self._on_sow(header, body)
             elif c == "heartbeat":
                 if self._transport is not None:
                     self._write(BEAT)

@@ -79,19 +79,26 @@ class ClientCommands(ClientConnection):
         bookmarks: str | Iterable[object] | None = None,
         *,
         filter: str | None = None,
+        keys: str | Iterable[str] | None = None,
+        data: bytes | str | None = None,
         options: str | Iterable[str] | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> int:
-        """Acknowledge (delete) queue messages by bookmarks or by filter; returns the stats
-        ack's `records_deleted`. `options`: `cancel` or `expire` (docs/protocol.md §8)."""
-        if (bookmarks is None) == (filter is None):
-            raise ValueError("sow_delete needs exactly one of bookmarks or filter")
+        """Acknowledge (delete) queue messages by bookmarks or by filter, or delete records of
+        a SOW topic by `keys` (their `k`), by `filter` (`1=1`: all) or by `data` (the record
+        with that message's key); returns the stats ack's `records_deleted`. `options`:
+        `cancel` or `expire` on a queue (docs/protocol.md §8, §14)."""
+        given = [x for x in (bookmarks, filter, keys, data) if x is not None]
+        if len(given) != 1:
+            raise ValueError("sow_delete needs exactly one of bookmarks, filter, keys or data")
         bm = None
         if bookmarks is not None:
             bm = bookmarks if isinstance(bookmarks, str) else ",".join(map(str, bookmarks))
-        header = Header(c="sow_delete", t=topic, bm=bm, f=filter, o=_opts_text(options),
-                        a="processed,stats")  # fmt: skip
-        ack = await self.execute(header, ack="stats", timeout=timeout)
+        sow_keys = keys if keys is None or isinstance(keys, str) else ",".join(keys)
+        body = data.encode() if isinstance(data, str) else (data or b"")
+        header = Header(c="sow_delete", t=topic, bm=bm, f=filter, sow_keys=sow_keys,
+                        o=_opts_text(options), a="processed,stats")  # fmt: skip
+        ack = await self.execute(header, body, ack="stats", timeout=timeout)
         return ack.records_deleted or 0
 
     # ================================================================ internals: requests

@@ -11,7 +11,7 @@ default, the root limits, what is accepted from AMPS and what is refused.
 The work is split by section: `config.schema` (which children each section allows),
 `config.rules` (the rules every element follows, and shared value checks), `config.transports`
 (`<Transports>`, `<Admin>`, `<Logging>`), `config.txlog` (`<TransactionLog>`), `config.queues`
-(`<SOW>`), `config.actions` (`<Actions>`), `config.limits` (the root limits), `config.security`
+(`<SOW>`), `config.sow` (`<SOW><Topic>`), `config.actions` (`<Actions>`), `config.limits` (the root limits), `config.security`
 (`<Authentication>`, `<Entitlement>`, TLS files, safe defaults, and what this build refuses as
 not served yet), `config.replication` (`<Group>`, `<Replication>`); this module reads the root and its own elements, and owns the public functions.
 
@@ -179,7 +179,7 @@ class _Loader(Checker):
         admin = read_admin(self, sec.one("Admin"), ports, default_transport=transports_node is None)
         logging = read_logging(self, sec.one("Logging"))
         tlog, tlog_node = read_transaction_log(self, sec.one("TransactionLog"))
-        queues = read_sow(self, sec.one("SOW"), tlog, tlog_node)
+        queues, sow_topics = read_sow(self, sec.one("SOW"), tlog, tlog_node)
         actions = read_actions(self, sec.one("Actions"), tlog)
         limits = self._limits(sec, [t.max_message_size for t in transports])
         authentication = read_authentication(self, sec.one("Authentication"))
@@ -195,6 +195,7 @@ class _Loader(Checker):
             logging=logging,
             transaction_log=tlog,
             queues=tuple(queues),
+            sow_topics=tuple(sow_topics),
             actions=tuple(actions),
             limits=limits,
             authentication=authentication,

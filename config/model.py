@@ -16,6 +16,7 @@ expiry). Enumerated values are lowercase strings, typed as `Literal`s.
     ├── transaction_log: TransactionLog | None   None = no journal (no bookmarks, no queues)
     │   └── topics: tuple[TopicSpec, ...]    which topics are recorded (regex, full match)
     ├── queues: tuple[QueueSpec, ...]        <SOW><Queue>
+    ├── sow_topics: tuple[SowTopicSpec, ...] <SOW><Topic>: latest message per key
     ├── actions: tuple[Action, ...]          scheduled journal management
     │   ├── on: ActionTrigger
     │   └── do: tuple[ActionStep, ...]
@@ -45,6 +46,7 @@ the call is cheap enough for the publish path.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -81,6 +83,7 @@ __all__ = [
     "Rights",
     "Role",
     "Semantics",
+    "SowTopicSpec",
     "TopicSpec",
     "TransactionLog",
     "Transport",
@@ -254,6 +257,24 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
     default_publish_target: str | None = None
     """A publish to the queue's name goes to this topic (one of the underlying ones); None = a
     publish to the name is a publish to that topic, as to any other."""
+
+
+class SowTopicSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A State of the World topic (`<SOW><Topic>`): the latest message per key of topics
+    recorded in the transaction log (docs/sow.md)."""
+
+    name: str
+    """A literal topic, or a pattern over topic names (RE2, whole name; every recorded topic it
+    matches is a SOW topic of its own, with these settings)."""
+    message_type: MessageType = "json"
+    keys: tuple[str, ...] = ()
+    """`<Key>` paths (`/sym`, `/a/b`, `/arr[0]`) whose values make a record's key; () = the
+    publisher gives `k` on every publish."""
+    expiration: float | None = None
+    """Seconds after its last update a record leaves the topic; None = never."""
+    history_window: float | None = None
+    """`<History><Window>`: how far back historical queries may go, seconds; None = as far as
+    the journal holds."""
 
 
 class ActionTrigger(msgspec.Struct, frozen=True, kw_only=True):
@@ -445,6 +466,13 @@ class Replication(msgspec.Struct, frozen=True, kw_only=True):
     surviving instance takes them over (docs/replication.md)."""
 
 
+_PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as config.queues: a lone `.` is literal
+
+
+def _is_pattern(name: str) -> bool:
+    return _PATTERN.search(name) is not None
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     """The whole configuration. `dict=True` only to cache the queue index."""
 
@@ -454,6 +482,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     logging: tuple[LogTarget, ...] = (LogTarget(),)
     transaction_log: TransactionLog | None = None
     queues: tuple[QueueSpec, ...] = ()
+    sow_topics: tuple[SowTopicSpec, ...] = ()
     actions: tuple[Action, ...] = ()
     limits: Limits = msgspec.field(default_factory=Limits)
     authentication: Authentication | None = None
@@ -470,6 +499,32 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     def queue(self, name: str) -> QueueSpec | None:
         """The queue whose name is exactly `name`, or None."""
         return self._queues_by_name.get(name)
+
+    @functools.cached_property
+    def _sow_lookup(self) -> Callable[[str], SowTopicSpec | None]:
+        literal = {t.name: t for t in self.sow_topics if not _is_pattern(t.name)}
+        patterns = [
+            (compile_pattern(t.name).fullmatch, t) for t in self.sow_topics if _is_pattern(t.name)
+        ]
+
+        @functools.lru_cache(maxsize=4096)
+        def lookup(topic: str) -> SowTopicSpec | None:
+            found = literal.get(topic)
+            if found is not None:
+                return found
+            for match, spec in patterns:
+                if match(topic):
+                    return spec
+            return None
+
+        return lookup
+
+    def sow_topic(self, topic: str) -> SowTopicSpec | None:
+        """The `<SOW><Topic>` that makes `topic` a SOW topic (a literal name first, then the
+        first pattern that matches it whole), or None."""
+        if not self.sow_topics:
+            return None
+        return self._sow_lookup(topic)
 
     def records_topic(self, topic: str) -> bool:
         """Whether `topic` is recorded in the transaction log (False without one)."""

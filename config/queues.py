@@ -26,6 +26,7 @@ from .model import (
     MessageType,
     QueueSpec,
     Semantics,
+    SowTopicSpec,
     TransactionLog,
 )
 from .rules import Checker, Section, at_least, enum, literal_topic, message_type, positive_interval
@@ -68,13 +69,14 @@ def underlying_topic(text: str) -> str:
 
 def read_sow(
     checker: Checker, node: Node | None, tlog: TransactionLog | None, tlog_node: Node | None
-) -> list[QueueSpec]:
-    """The queues of `<SOW>` (none without it); queue names are unique.
+) -> tuple[list[QueueSpec], list[SowTopicSpec]]:
+    """The queues and the SOW topics (config.sow) of `<SOW>` (none without it); queue names
+    are unique.
 
     `tlog` and `tlog_node` are the transaction log and its element, or None without one.
     """
     if node is None:
-        return []
+        return [], []
     sec = Section(checker, node, SOW)
     queues = []
     names: dict[str, Node] = {}
@@ -90,7 +92,9 @@ def read_sow(
             )
         names.setdefault(queue.name, qnode)
         queues.append(queue)
-    return queues
+    from .sow import read_sow_topics  # config.sow reuses this module's topic rules
+
+    return queues, read_sow_topics(checker, sec.many("Topic"), tlog, tlog_node, queues)
 
 
 def read_queue(

@@ -43,6 +43,8 @@ __all__ = [
     "ROOT",
     "SECTIONS",
     "SOW",
+    "SOW_HISTORY",
+    "SOW_TOPIC",
     "STEPS",
     "TARGET",
     "TOPIC",
@@ -208,15 +210,31 @@ TRANSACTION_LOG = Spec(
 TOPIC = Spec("Topic", one=("Name", "MessageType"), unsupported={"ExcludeValidation": _VALIDATION})
 SOW = Spec(
     "SOW",
-    many=("Queue",),
-    synonyms={"QueueDefinition": "Queue"},
+    many=("Topic", "Queue"),
+    synonyms={"QueueDefinition": "Queue", "TopicDefinition": "Topic"},
     unsupported={
-        "Topic": "SOW topics (last value per key) are not supported yet; only <Queue>",
         "View": "views are not supported",
         "ConflatedTopic": "conflated topics are not supported; use the conflation option",
         "LocalQueue": _LOCAL_QUEUE,
         "GroupLocalQueue": _LOCAL_QUEUE,
     },
+)
+SOW_TOPIC = Spec(
+    "Topic",
+    one=("Name", "MessageType", "Expiration", "History"),
+    many=("Key",),
+    within="SOW",
+    unsupported={
+        "FileName": "the SOW store lives beside the journal, under <JournalDirectory>",
+        "Durability": "a SOW topic is kept from the journal, so it is as durable as the journal",
+        "RecordSize": "records are stored whole, whatever their size",
+        "KeyDomain": "a record's key is its <Key> values themselves",
+    },
+)
+SOW_HISTORY = Spec(
+    "History",
+    one=("Window",),
+    unsupported={"Granularity": "every message is a point of history; no granularity to set"},
 )
 QUEUE = Spec(
     "Queue",
@@ -339,6 +357,8 @@ SECTIONS: tuple[Spec, ...] = (
     TRANSACTION_LOG,
     TOPIC,
     SOW,
+    SOW_TOPIC,
+    SOW_HISTORY,
     QUEUE,
     ACTIONS,
     ACTION,

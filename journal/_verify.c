@@ -28,7 +28,7 @@ static int check(const unsigned char *p, Py_ssize_t avail, Py_ssize_t *total) {
     unsigned kind = p[8], flags = p[9];
     uint16_t tlen = rd16(p + 10);
     Py_ssize_t t = (Py_ssize_t)length + 4;
-    if (length < RECORD_HEADER - 4 + (uint32_t)tlen || (kind != 1 && kind != 2) || (flags & ~KNOWN_FLAGS))
+    if (length < RECORD_HEADER - 4 + (uint32_t)tlen || (kind < 1 || kind > 3) || (flags & ~KNOWN_FLAGS))
         return 0;
     if (t > avail)
         return -1;

@@ -26,7 +26,8 @@ Record (little-endian):
 offset size  field
 0      4     u32 length: bytes after this field (record size = 4 + length)
 4      4     u32 crc32 (zlib) of bytes [8, 4 + length): everything after the crc
-8      1     u8  kind (RecordKind): 1 = message, 2 = queue event (body is the event)
+8      1     u8  kind (RecordKind): 1 = message, 2 = queue event (body is the event),
+                                           3 = SOW delete (server/sow/records.py)
 9      1     u8  flags (below)
 10     2     u16 topic length T
 12     8     u64 publisher id
@@ -91,11 +92,13 @@ class RecordKind(IntEnum):
 
     MESSAGE = 1  # a published message
     QUEUE_EVENT = 2  # a queue's acks and leases: topic = the queue's name, body = the entries
+    SOW_DELETE = 3  # records removed from a SOW topic (server/sow/records.py)
 
 
 # the names older callers import; the same objects as the members
 KIND_MESSAGE = RecordKind.MESSAGE
 KIND_QUEUE_EVENT = RecordKind.QUEUE_EVENT
+KIND_SOW_DELETE = RecordKind.SOW_DELETE
 _KIND_VALUES = frozenset(int(k) for k in RecordKind)
 MAX_TOPIC = 0xFFFF
 

@@ -45,6 +45,10 @@ MAX_NAME_BYTES = 1024
 # The longest expiration `e` a publish may ask for, in seconds (10 years): queues add it to a
 # receive time in microseconds, so it must stay a finite, integral-sized number.
 MAX_EXPIRATION = 10 * 365 * 86_400
+MAX_SOW_KEY_BYTES = 1024
+MAX_SOW_KEYS_BYTES = 1024 * 1024  # a comma list of keys (sow, sow_delete)
+MAX_ORDER_BY_BYTES = 4096
+MAX_COUNT = (1 << 31) - 1  # top_n, bs
 
 
 class HeaderError(ValueError):
@@ -90,6 +94,15 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     matches: int | None = None
     records_deleted: int | None = None
     max_backlog: int | None = None
+    # State of the World (docs/protocol.md §10)
+    k: str | None = None
+    sow_keys: str | None = None
+    query_id: str | None = None
+    top_n: int | None = None
+    order_by: str | None = None
+    bs: int | None = None
+    records_returned: int | None = None
+    topic_matches: int | None = None
 
 
 LONG_NAMES: dict[str, str] = {
@@ -112,9 +125,23 @@ LONG_NAMES: dict[str, str] = {
     "password": "pw",
     "version": "v",
     "subscription_id": "sub_id",
+    "sow_key": "k",
+    "batch_size": "bs",
 }
 
-_INT_FIELDS = frozenset({"s", "l", "matches", "records_deleted", "max_backlog"})
+_INT_FIELDS = frozenset(
+    {
+        "s",
+        "l",
+        "matches",
+        "records_deleted",
+        "max_backlog",
+        "top_n",
+        "bs",
+        "records_returned",
+        "topic_matches",
+    }
+)
 _FLOAT_FIELDS = frozenset({"e"})
 _FIELDS = frozenset(Header.__struct_fields__)
 
@@ -220,6 +247,25 @@ _SIZED = (
         "invalid options",
         f"options o are longer than {MAX_OPTIONS_BYTES} bytes",
     ),
+    ("k", MAX_SOW_KEY_BYTES, "bad sow key", f"sow key k is longer than {MAX_SOW_KEY_BYTES} bytes"),
+    (
+        "sow_keys",
+        MAX_SOW_KEYS_BYTES,
+        "bad sow key",
+        f"sow_keys is longer than {MAX_SOW_KEYS_BYTES} bytes; query or delete in parts",
+    ),
+    (
+        "query_id",
+        MAX_CID_BYTES,
+        "bad frame",
+        f"query_id is longer than {MAX_CID_BYTES} bytes",
+    ),
+    (
+        "order_by",
+        MAX_ORDER_BY_BYTES,
+        "bad order by",
+        f"order_by is longer than {MAX_ORDER_BY_BYTES} bytes",
+    ),
     (
         "client_name",
         MAX_NAME_BYTES,
@@ -252,14 +298,20 @@ def check_fields(h: Header) -> FieldError | None:
             f"expiration e={e!r} must be a number of seconds above 0 and at most "
             f"{MAX_EXPIRATION} (10 years)",
         )
-    t, x, cid = h.t, h.x, h.cid
+    t, x, cid, k = h.t, h.x, h.cid, h.k
     if (
         (t is None or len(t) <= _SHORT)
         and (x is None or len(x) <= _SHORT)
         and (cid is None or len(cid) <= _SHORT)
+        and (k is None or len(k) <= _SHORT)
         and h.f is h.sub_id is h.bm is h.o is h.client_name is h.user_id is None
+        and h.sow_keys is h.query_id is h.order_by is h.top_n is h.bs is None
     ):
         return None  # the common publish
+    for name in ("top_n", "bs"):
+        n = getattr(h, name)
+        if n is not None and not 0 <= n <= MAX_COUNT:
+            return FieldError(h, "bad frame", f"{name}={n} is out of range: use 0..{MAX_COUNT}")
     for name, limit, reason, detail in _SIZED:
         if _too_long(getattr(h, name), limit):
             return FieldError(h, reason, detail)

@@ -29,7 +29,11 @@ function               options (anything else fails)
 subscribe_options      live, fully_durable, pause, resume, replace, timestamp (flags);
                        rate=<rate>, rate_max_gap=<interval>, conflation=<interval>,
                        conflation_key=<path> | [<path>,...], bookmark_not_found=now|epoch|fail,
-                       max_backlog=<n >= 1>
+                       max_backlog=<n >= 1>; for a SOW topic (§10) oof, no_sowkey, no_empties,
+                       send_keys (flags); with ``command="sow_and_subscribe"`` (and the delta
+                       forms) also skip_n=<n >= 0>, top_n=<n >= 0>
+sow_options            a ``sow`` query: skip_n=<n >= 0>, top_n=<n >= 0>; timestamp,
+                       no_sowkey, send_keys (flags)
 sow_delete_options     cancel, expire (flags); lease_extend=<interval> (reserved: parsed and
                        checked so clients get a stable answer; the server decides whether it
                        supports it)
@@ -70,12 +74,14 @@ __all__ = [
     "LogonOptions",
     "Rate",
     "SowDeleteOptions",
+    "SowOptions",
     "SubscribeOptions",
     "heartbeat_options",
     "logon_options",
     "parse_options",
     "parse_rate",
     "sow_delete_options",
+    "sow_options",
     "subscribe_options",
 ]
 
@@ -222,6 +228,13 @@ class SubscribeOptions(msgspec.Struct, frozen=True, kw_only=True):
     conflation_key: tuple[str, ...] | None = None
     bookmark_not_found: Literal["now", "epoch", "fail"] | None = None
     max_backlog: int | None = None
+    # State of the World (docs/protocol.md §10)
+    oof: bool = False
+    no_sowkey: bool = False
+    no_empties: bool = False
+    send_keys: bool = False
+    skip_n: int | None = None
+    top_n: int | None = None
 
     def bookmark_only(self) -> tuple[str, ...]:
         """Names of the options set here that docs/protocol.md §6 allows only on a bookmark subscribe."""
@@ -230,6 +243,16 @@ class SubscribeOptions(msgspec.Struct, frozen=True, kw_only=True):
             if getattr(self, name):
                 names.append(name)
         return tuple(names)
+
+
+class SowOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Options of a ``sow`` query; ``SowOptions()`` is "no options"."""
+
+    skip_n: int | None = None
+    top_n: int | None = None
+    timestamp: bool = False
+    no_sowkey: bool = False
+    send_keys: bool = False
 
 
 class SowDeleteOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -266,7 +289,13 @@ _SUBSCRIBE_KNOWN = (
     "conflation_key",
     "bookmark_not_found",
     "max_backlog",
+    "oof",
+    "no_sowkey",
+    "no_empties",
+    "send_keys",
 )
+_SOW_SUBSCRIBE_KNOWN = (*_SUBSCRIBE_KNOWN, "skip_n", "top_n")
+_SOW_KNOWN = ("skip_n", "top_n", "timestamp", "no_sowkey", "send_keys")
 _SOW_DELETE_KNOWN = ("cancel", "expire", "lease_extend")
 _LOGON_KNOWN = ("ack_conflation",)
 _HEARTBEAT_KNOWN = ("start", "beat")
@@ -361,12 +390,45 @@ def _conflict(opts: dict[str, str | None], a: str, b: str, why: str = "") -> Non
         raise InvalidOptions(f"options {a!r} and {b!r} cannot be combined{why}", option=b)
 
 
-def subscribe_options(text: str | None) -> SubscribeOptions:
-    """Parse and check the ``o`` header of a ``subscribe``. Raises :class:`InvalidOptions`."""
+def _count(opts: dict[str, str | None], name: str) -> int | None:
+    text = _value(opts, name, "n")
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) > _MAX_BACKLOG_LIMIT:
+        raise InvalidOptions(
+            f"option {name!r} is {text!r}; expected a whole number from 0 to {_MAX_BACKLOG_LIMIT}",
+            option=name,
+        )
+    return int(text)
+
+
+def sow_options(text: str | None) -> SowOptions:
+    """Parse and check the ``o`` header of a ``sow`` query. Raises :class:`InvalidOptions`."""
+    opts = parse_options(text)
+    if not opts:
+        return _NO_SOW_OPTIONS
+    _check_known(opts, _SOW_KNOWN, "sow")
+    return SowOptions(
+        skip_n=_count(opts, "skip_n"),
+        top_n=_count(opts, "top_n"),
+        timestamp=_flag(opts, "timestamp"),
+        no_sowkey=_flag(opts, "no_sowkey"),
+        send_keys=_flag(opts, "send_keys"),
+    )
+
+
+_NO_SOW_OPTIONS = SowOptions()
+
+
+def subscribe_options(text: str | None, command: str = "subscribe") -> SubscribeOptions:
+    """Parse and check the ``o`` header of a ``subscribe`` (or, with ``command``, of a
+    ``sow_and_subscribe``, ``delta_subscribe`` or ``sow_and_delta_subscribe``, which also take
+    ``skip_n`` and ``top_n``). Raises :class:`InvalidOptions`."""
     opts = parse_options(text)
     if not opts:
         return SubscribeOptions()
-    _check_known(opts, _SUBSCRIBE_KNOWN, "subscribe")
+    known = _SOW_SUBSCRIBE_KNOWN if command.startswith("sow_and_") else _SUBSCRIBE_KNOWN
+    _check_known(opts, known, command)
     live_why = " (live delivers before durability; rate, pause and resume need the replay pacer)"
     for other in ("rate", "pause", "resume", "fully_durable"):
         _conflict(opts, "live", other, live_why)
@@ -434,6 +496,12 @@ def subscribe_options(text: str | None) -> SubscribeOptions:
         conflation_key=keys,
         bookmark_not_found=not_found,  # type: ignore[arg-type]
         max_backlog=backlog,
+        oof=_flag(opts, "oof"),
+        no_sowkey=_flag(opts, "no_sowkey"),
+        no_empties=_flag(opts, "no_empties"),
+        send_keys=_flag(opts, "send_keys"),
+        skip_n=_count(opts, "skip_n"),
+        top_n=_count(opts, "top_n"),
     )
 
 

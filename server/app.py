@@ -53,6 +53,7 @@ from .router import Router
 from .security.tls import ServerTls, server_context
 from .services import SessionServices, compile_now
 from .session_rights import recheck
+from .sow import SowManager
 from .stats import Stats
 from .subscription_table import LiveIndex
 from .tls_accept import TlsAcceptor
@@ -135,6 +136,7 @@ class Server:
         self.started_at = time.time()
         self.shutting_down = False
         self.receiver: Receiver | None = None
+        self.sow: SowManager | None = None
         self.senders: list[Sender] = []
         # what the senders report: the SyncGate when there are destinations (and a journal)
         self.repl_sink: AckSink = MemoryAckSink()
@@ -200,6 +202,11 @@ class Server:
         await loop.run_in_executor(None, self.queues.recover)
         if self.queues.queues:  # without queues, committed messages need no Message objects
             self.queues.attach(self.pipeline)
+        if config.sow_topics and journal is not None:  # State of the World (server/sow/)
+            self.sow = SowManager(config, journal)
+            await loop.run_in_executor(None, self.sow.recover)
+            self.sow.attach(self.pipeline, self.fanout.router)
+            self.pipeline.keyed = self.sow.is_sow
         self.index = LiveIndex(self.fanout.router, self.fanout, self.pipeline)
         self.poller = IdlePoller(
             loop, config.limits.idle_poll, lambda: self.pipeline.inflight_batches > 0
@@ -219,6 +226,7 @@ class Server:
             call_later=loop.call_later,
             guard=self.guard,
             compile_later=self._compile_later,
+            sow=self.sow,
         )
         env = ConnectionEnv(
             registry=self.connections,
@@ -413,6 +421,8 @@ class Server:
             await self.admin.stop()
         if self.maintenance is not None:
             await self.maintenance.stop()  # stop a running journal job before the journal closes
+        if self.sow is not None:
+            self.sow.close()  # derived data: nothing to flush (the journal has it all)
         if self.journal is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
         self.readers.shutdown(wait=False, cancel_futures=True)
@@ -484,6 +494,8 @@ class Server:
                     conn.out.flush()
             self.intake.sweep(self.connections, now)
             self.queues.tick()
+            if self.sow is not None:
+                self.sow.tick()  # records past their <Expiration>
             if self.maintenance is not None:
                 self.maintenance.tick(now)
             if now - last_stats >= 1.0:

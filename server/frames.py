@@ -51,8 +51,11 @@ __all__ = [
     "group_prefix",
     "lease_part",
     "live_separators",
+    "oof",
     "pack_len",
     "persisted_ack",
+    "sow_group",
+    "sow_record",
     "sub_prefix",
     "timestamp_part",
     "topic_member",
@@ -175,6 +178,34 @@ def ack(
             h[k] = v
     b = _json(h)
     return pack_len(len(b)) + b
+
+
+_SOW_BM = b',"bm":"' + BOOKMARK_FORMAT + b'"'
+
+
+def sow_record(
+    topic_member: bytes, pub: int, seq: int, fragment: bytes, extra: bytes, body: bytes
+) -> bytes:
+    """One record of a SOW query's answer (docs/protocol.md §14):
+    `{"c":"sow"<topic member>,"bm":"<pub>|<seq>|"<fragment: x, k><extra>}` + body; extra holds
+    `query_id` / `sub_id` / `ts` members, or nothing."""
+    head = b'{"c":"sow"' + topic_member + _SOW_BM % (pub, seq) + fragment + extra + b"}"
+    return pack_len(len(head) + len(body)) + head + body
+
+
+def oof(topic: str, k: str, sub_id: str, reason: str, body: bytes) -> bytes:
+    """An out-of-focus notice (docs/protocol.md §14): a record left a subscription's scope."""
+    head = _json({"c": "oof", "t": topic, "k": k, "sub_id": sub_id, "reason": reason})
+    return pack_len(len(head) + len(body)) + head + body
+
+
+def sow_group(kind: str, query_id: str | None) -> bytes:
+    """`group_begin` or `group_end` of a query's answer, with its `query_id`."""
+    h = b'{"c":"' + kind.encode() + b'"'
+    if query_id is not None:
+        h += b',"query_id":' + _json(query_id)
+    h += b"}"
+    return pack_len(len(h)) + h
 
 
 def persisted_ack(seq: int) -> bytes:

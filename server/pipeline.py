@@ -68,6 +68,10 @@ HOLD_BYTES = 16 * 1024
 __all__ = ["ABOVE_GAP", "DUPLICATE", "REPL_FROM", "STORED", "Batch", "Pipeline", "Publisher"]
 
 
+def _never(topic: str) -> bool:
+    return False
+
+
 class Batch:
     __slots__ = (
         "acks",
@@ -157,7 +161,10 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self.refused_above_gap = 0
         self.last_ts = 0
         self.delivered_end = journal.end_position if journal is not None else 0
-        self._topics: dict[str, tuple[bytes, bytes, bool]] = {}
+        self._topics: dict[str, tuple[bytes, bytes, bool, bool]] = {}
+        # topics whose publishes need the ordinary path (SOW topics: their key is computed
+        # there, server/sow/): the run paths (publish_run, publish_raw) leave them to publish()
+        self.keyed: Callable[[str], bool] = _never
         # publish_raw(): topic bytes -> topic, for topics stored as they are published
         self._plain_topics: dict[bytes, str] = {}
         self._lone = True  # the last batch flushed held at most one publisher (read_done)
@@ -189,12 +196,16 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
 
     # -- intake --------------------------------------------------------------------------
 
-    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool]:
+    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
+        """(topic bytes, topic member, recorded, plain): plain = recorded and not keyed, what
+        the run paths may store as it comes."""
         info = self._topics.get(topic)
         if info is None:
             if len(self._topics) >= TOPIC_CACHE_LIMIT:
                 self._topics.clear()
-            info = (topic.encode(), frames.topic_member_text(topic), self.recorded(topic))
+            recorded = self.recorded(topic)
+            plain = recorded and not self.keyed(topic)
+            info = (topic.encode(), frames.topic_member_text(topic), recorded, plain)
             self._topics[topic] = info
         return info
 
@@ -234,7 +245,7 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
                 return seq, ABOVE_GAP
         ts = int(time.time() * 1_000_000)
         ts = max(self.last_ts, ts)  # receive times never go backwards in journal order
-        tb, _tj, recorded = self.topic_info(topic)
+        tb, _tj, recorded, _plain = self.topic_info(topic)
         if recorded and self.journal is not None:
             rec = encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, exp, hdr)
             data = batch.data

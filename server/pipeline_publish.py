@@ -46,10 +46,10 @@ class BatchedIntake:
     last_ts: int
     published: int
     scheduled: bool
-    _topics: dict[str, tuple[bytes, bytes, bool]]
+    _topics: dict[str, tuple[bytes, bytes, bool, bool]]
     _plain_topics: dict[bytes, str]
 
-    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool]:
+    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
         raise NotImplementedError
 
     def _schedule(self) -> None:
@@ -75,7 +75,7 @@ class BatchedIntake:
             if seq <= highest:
                 break
             info = cached(topic) or self.topic_info(topic)
-            if not info[2]:
+            if not info[3]:  # not recorded, or keyed (a SOW topic)
                 break
             try:
                 rec = encode_record(KIND_MESSAGE, pub, seq, ts, info[0], body)
@@ -146,8 +146,8 @@ class BatchedIntake:
                 return stop, taken
             topic = unknown.decode("ascii")  # plain publishes have ASCII topics
             stored = literal(topic)
-            if stored != topic or not self.topic_info(topic)[2]:
-                return stop, taken  # mapped, a pattern, or not recorded: the ordinary path
+            if stored != topic or not self.topic_info(topic)[3]:
+                return stop, taken  # mapped, a pattern, not recorded, keyed: the ordinary path
             if len(known) >= TOPIC_CACHE_LIMIT:
                 known.clear()
             known[unknown] = topic

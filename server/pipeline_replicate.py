@@ -49,7 +49,7 @@ class ReplicatedIntake:
     _repl_known: dict[bytes, str]  # replicate_block: topics that are recorded
     _repl_meta_pending: dict[bytes, bytes]
 
-    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool]:
+    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
         raise NotImplementedError
 
     def _message(

@@ -49,3 +49,5 @@ class Failure(StrEnum):
     SUBSCRIPTION_EXISTS = "subscription already exists"
     NOT_A_QUEUE = "not a queue"
     JOURNAL_UNAVAILABLE = "journal unavailable"  # nothing is acked as persisted
+    BAD_SOW_KEY = "bad sow key"  # a SOW publish without its key, or an unusable k / sow_keys
+    BAD_ORDER_BY = "bad order by"  # an order_by that does not parse

@@ -16,6 +16,7 @@ from .outbox import Outbox
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay_engine import ReplayEngine
+from .sow import SowManager
 from .subscription_table import LiveIndex
 from .topics import TopicPolicy
 
@@ -57,3 +58,4 @@ class SessionServices:
         default=lambda text, done: done(compile_now(text))
     )
     guard: Guard = field(default_factory=Guard)  # logons, entitlements (server/guard.py)
+    sow: SowManager | None = None  # State of the World topics (server/sow/); None without any

@@ -39,7 +39,9 @@ from .security.authenticator import AuthFailure, Identity, certificate_identity
 from .security.entitlements import Entitlements
 from .services import SessionServices
 from .session_publish import PublishCommands
+from .session_sow import SowCommands
 from .session_subscribe import SubscribeCommands
+from .sow import SowQuery
 from .subscription_table import SubscriptionTable
 from .subscriptions import ack_types
 
@@ -51,7 +53,7 @@ _json = msgspec.json.encode
 _ids = itertools.count(1)
 
 
-class Session(SubscribeCommands, PublishCommands):
+class Session(SubscribeCommands, PublishCommands, SowCommands):
     def __init__(
         self,
         out: Outbox,
@@ -87,6 +89,7 @@ class Session(SubscribeCommands, PublishCommands):
         self._persist_pending = 0
         self._ack_timer: asyncio.TimerHandle | None = None
         self._sub_counter = 0
+        self._queries: dict[str, SowQuery] = {}  # SOW answers still sending (server/session_sow.py)
         self.received = 0
 
     def describe(self) -> str:
@@ -187,6 +190,8 @@ class Session(SubscribeCommands, PublishCommands):
         """The connection is gone: drop every subscription and the client name."""
         if self._ack_timer is not None:
             self._ack_timer.cancel()
+        if self._queries:
+            self.stop_queries()
         self.table.remove_all()
         names = self.svc.names
         if self.client_name and names.get(self.client_name) is self:
@@ -200,7 +205,7 @@ class Session(SubscribeCommands, PublishCommands):
         self.svc.counters.refused += 1
         acks = ack_types(header.a)
         kind = "processed" if "processed" in acks or not acks else sorted(acks)[0]
-        if acks or header.c in ("logon", "subscribe", "unsubscribe", "sow_delete"):
+        if acks or header.c in _ALWAYS_ANSWERED:
             self.out.send_ack(
                 kind, header.cid, "failure", reason, detail=detail, sub_id=header.sub_id, s=header.s
             )
@@ -387,6 +392,15 @@ class Session(SubscribeCommands, PublishCommands):
 
     def cmd_unsubscribe(self, h: Header, body: bytes) -> None:
         ids = (h.sub_id or "").strip()
+        if h.query_id or (self._queries and ids):
+            # a SOW query still sending, by its query_id or the sub_id of a sow_and_subscribe
+            names = [x.strip() for x in (h.query_id or "").split(",") if x.strip()]
+            names += [x.strip() for x in ids.split(",") if x.strip()] if ids != "all" else []
+            self.stop_queries(None if ids == "all" else names)
+            if not ids:
+                if "processed" in ack_types(h.a):
+                    self.out.send_ack("processed", h.cid, query_id=h.query_id)
+                return
         if not ids:
             self.fail(
                 h, Failure.INVALID_OPTIONS, "unsubscribe needs sub_id (an id, a comma list, or all)"
@@ -417,10 +431,14 @@ class Session(SubscribeCommands, PublishCommands):
         self.svc.pipeline.add_flush(self, h.cid, sorted(ack_types(h.a)))
 
     def cmd_sow_delete(self, h: Header, body: bytes) -> None:
-        """Queue acknowledgements: bookmarks (the normal, batched case) or a filter."""
+        """Queue acknowledgements: bookmarks (the normal, batched case) or a filter; on a SOW
+        topic, deleted records (server/session_sow.py)."""
         if h.f and not h.bm and not self.filter_ready(h, body):
             return
         q = self.svc.queues.queues.get(h.t or "")  # one dict lookup: a consumer's ack each read
+        if q is None and self.svc.sow is not None and self.svc.sow.is_sow(h.t or ""):
+            self.sow_delete_records(h, body, self.svc.sow)
+            return
         if q is None:
             self.fail(
                 h,
@@ -537,4 +555,11 @@ _HANDLERS: dict[str, Callable[[Session, Header, Any], None]] = {
     "heartbeat": Session.cmd_heartbeat,
     "flush": Session.cmd_flush,
     "sow_delete": Session.cmd_sow_delete,
+    "sow": Session.cmd_sow,
+    "sow_and_subscribe": Session.cmd_sow_and_subscribe,
+    "delta_publish": Session.cmd_delta_publish,
 }
+# commands refused with a failure ack even when the client asked for no ack
+_ALWAYS_ANSWERED = frozenset(
+    ("logon", "subscribe", "unsubscribe", "sow_delete", "sow", "sow_and_subscribe")
+)

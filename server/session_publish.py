@@ -22,10 +22,12 @@ from protocol.framing import RAW_RUN, FrameError, RawFrames, expand, frame_end
 from protocol.headers import Header
 
 from .outbox import Outbox
-from .pipeline import ABOVE_GAP, DUPLICATE
+from .pipeline import ABOVE_GAP, DUPLICATE, STORED
 from .reasons import Disconnect, Failure
 from .security.entitlements import Entitlements
 from .services import SessionServices
+from .sow import BadSowKey
+from .sow.keys import k_fragment
 from .subscriptions import ack_types
 
 __all__ = ["PublishCommands"]
@@ -112,6 +114,16 @@ class PublishCommands:
             self.bind_name()
         self.is_publisher = True
         self.received += 1
+        hdr = b',"x":' + _json(h.x) if h.x is not None else b""
+        sow = svc.sow
+        k = None
+        if sow is not None and sow.is_sow(topic):
+            try:
+                k = sow.key(topic, body, h.k)  # the record's key, `k` (server/sow/)
+            except BadSowKey as exc:
+                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+                return
+            hdr += k_fragment(k)
         try:
             seq, outcome = svc.pipeline.publish(
                 self,
@@ -119,7 +131,7 @@ class PublishCommands:
                 h.s,
                 topic,
                 body,
-                b',"x":' + _json(h.x) if h.x is not None else b"",
+                hdr,
                 h.e,
             )
         except RecordFieldError as exc:
@@ -128,6 +140,8 @@ class PublishCommands:
         if outcome == ABOVE_GAP:
             self._refuse_above_gap(h, seq)
             return
+        if k is not None and outcome == STORED:
+            sow.accepted(topic, k, self.pub if h.s is not None else self.server_pub, seq, body)  # type: ignore[union-attr]
         if a is not None and ("processed" in a or "received" in a):
             for kind in ack_types(a) & {"received", "processed"}:
                 self.out.send_ack(
@@ -215,12 +229,15 @@ class PublishCommands:
     def _publish_leading(self, run: list[tuple[Header, bytes]]) -> None:
         pipeline = self.svc.pipeline
         publish_topic = self.svc.topics.publish_topic
+        # a SOW topic's publishes take the ordinary path (their key is computed there): the
+        # run stops before them, rather than be rebuilt after each one (quadratic in the run)
+        keyed = self.svc.sow.is_sow if self.svc.sow is not None else None
         i, n = 0, len(run)
         while i < n:
             items: list[tuple[int, str, bytes]] = []
             for h, body in run[i:]:
                 topic = publish_topic(h.t) if h.t else None
-                if not topic:
+                if not topic or (keyed is not None and keyed(topic)):
                     break
                 if h.a is not None and not self.wants_persisted:
                     if items:  # the ack bookkeeping changes here: a new run

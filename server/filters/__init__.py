@@ -41,6 +41,7 @@ from .api import (
     cached_filter,
     compile_body_filter,
     compile_filter,
+    compile_path,
     compiled,
 )
 from .errors import MAX_FILTER_DEPTH, MAX_FILTER_TEXT, FilterError
@@ -55,5 +56,6 @@ __all__ = [
     "cached_filter",
     "compile_body_filter",
     "compile_filter",
+    "compile_path",
     "compiled",
 ]

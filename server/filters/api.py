@@ -22,8 +22,9 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from .compiler import always_false, always_true, condition
+from .compiler import always_false, always_true, condition, path_getter
 from .errors import MAX_FILTER_TEXT, FilterError
+from .lexer import lex
 from .parser import parse
 from .program import build_program, equality, fields_read, subset_decoder
 
@@ -34,6 +35,7 @@ __all__ = [
     "cached_filter",
     "compile_body_filter",
     "compile_filter",
+    "compile_path",
     "compiled",
 ]
 
@@ -309,3 +311,18 @@ def compile_body_filter(text: str) -> Callable[[bytes], bool]:
     if isinstance(text, str) and len(text) <= 4096:
         return _compile_body(text)
     return _compile_body.__wrapped__(text)
+
+
+@functools.lru_cache(maxsize=256)
+def compile_path(text: str) -> Callable[[Any], Any]:
+    """A lone field path (`/a`, `/a/b`, `/arr[0]`, as in a filter) to a getter over a decoded
+    body: the value there, or None where the body has none. Raises :class:`FilterError` for
+    text that is not exactly one path (SOW `<Key>` paths use this: the same rules as filters)."""
+    toks = lex(text)
+    if len(toks) != 2 or toks[0].kind != "path":
+        raise FilterError(
+            text,
+            toks[0].end if toks[0].kind == "path" else 0,
+            "expected one field path such as /sym",
+        )
+    return path_getter(toks[0].value)  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ from .tree import (
     Unary,
 )
 
-__all__ = ["Condition", "ValueFn", "always_false", "always_true", "condition"]
+__all__ = ["Condition", "ValueFn", "always_false", "always_true", "condition", "path_getter"]
 
 ValueFn = Callable[[Any], Any]
 """A closure from a decoded body to a value (None = NULL)."""
@@ -50,6 +50,11 @@ def always_true(body: Any) -> bool:
 
 def always_false(body: Any) -> bool:
     return False
+
+
+def path_getter(steps: tuple[str | int, ...]) -> ValueFn:
+    """The value at a field path of a decoded body, None where there is none."""
+    return _getter(steps)
 
 
 def _getter(steps: tuple[str | int, ...]) -> ValueFn:

@@ -31,6 +31,7 @@ from journal.journal import Journal
 from journal.queue_events import WIRE_MAGIC
 from journal.record import (
     KIND_MESSAGE,
+    KIND_QUEUE_EVENT,
     RawTuple,
     encode_record,
     raw_origin,
@@ -145,7 +146,8 @@ def select(
         if pos > run_start:
             out.append(buf[run_start:pos])
         run_start = pos = nxt
-        if rec[1] != KIND_MESSAGE and translate is not None and flt.keeps(rec):
+        # queue events go in their wire form; other records (SOW deletes) are not sent
+        if rec[1] == KIND_QUEUE_EVENT and translate is not None and flt.keeps(rec):
             wire = event_record(rec, translate)
             if wire is not None:
                 out.append(wire)

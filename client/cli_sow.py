@@ -1,0 +1,65 @@
+"""`tickertape sow`: query a SOW topic and print its records (docs/sow.md), one JSON line each:
+the body as-is, or with --headers `{"k": ..., "bm": ..., "t": ..., "body": ...}`. Exit 0 once
+the answer is printed; the statuses of client/cli.py otherwise.
+
+`tickertape sub --sow` is `sow_and_subscribe`: the records of the answer, then the live
+messages, with no gap and no duplicate between them (client/cli_sub.py uses `stream_sow`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import IO
+
+import msgspec
+
+from .cli_common import Usage, checked_servers, connect, ha_client
+from .cli_sub import _run_printing
+from .client import Client
+from .message import Message
+
+__all__ = ["render", "run_sow"]
+
+_json_decode = msgspec.json.decode
+_json_encode = msgspec.json.encode
+
+
+def run_sow(
+    args: argparse.Namespace, *, stdout: IO[bytes] | None = None, stderr: IO[str] | None = None
+) -> int:
+    """`tickertape sow`: returns the exit status."""
+    return _run_printing("sow", _sow, args, stdout, stderr)
+
+
+def render(msg: Message, headers: bool) -> bytes:
+    if not headers:
+        return msg.body + b"\n"
+    try:
+        body = _json_decode(msg.body)
+    except msgspec.DecodeError:
+        body = msg.body.decode("utf-8", "replace")
+    k = msg.header.k
+    return _json_encode({"k": k, "bm": msg.bookmark, "t": msg.topic, "body": body}) + b"\n"
+
+
+async def _sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
+    checked_servers(args)
+    if args.top_n is not None and args.top_n < 0:
+        raise Usage("--top-n must be 0 or more")
+    ha = ha_client("sow", args, stderr)
+    try:
+        await connect(ha, args)
+        client = ha.client
+        assert isinstance(client, Client)
+        records = await client.sow(
+            args.topic, filter=args.filter, top_n=args.top_n, order_by=args.order_by
+        )
+        try:
+            for msg in records:
+                stdout.write(render(msg, args.headers))
+            stdout.flush()
+        except BrokenPipeError:
+            return -1
+        return 0
+    finally:
+        await ha.close()

@@ -1,0 +1,147 @@
+"""The State of the World part of `Client` (docs/protocol.md §14; docs/sow.md).
+
+- `sow(topic, ...)`: a query; returns the records of the answer (`Message`s whose
+  `header.c` is `"sow"` and `header.k` the record's key), once the `completed` ack arrived.
+  Every query carries a `query_id` (generated here), which routes its `sow` frames.
+- `sow_and_subscribe(topic, ...)`: a query and a subscription in one command; the returned
+  `Subscription` yields the answer's records first (`header.c == "sow"`), then the live
+  messages, with no gap and no duplicate between them (the server's guarantee).
+- `sow_delete(topic, keys=... | filter=... | data=...)` (client/client_commands.py) deletes
+  records of a SOW topic and returns how many.
+
+`ClientSow` is a base of `Client`; it uses the command and subscription parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from protocol.headers import Header
+
+from .client_commands import DEFAULT_TIMEOUT, _opts_text
+from .client_subscribe import ClientSubscriptions
+from .errors import CommandError, CommandTimeout
+from .message import Message
+from .subscription import Subscription
+
+__all__ = ["ClientSow"]
+
+
+def _keys_text(keys: str | Iterable[str] | None) -> str | None:
+    if keys is None or isinstance(keys, str):
+        return keys
+    return ",".join(keys)
+
+
+class ClientSow(ClientSubscriptions):
+    """Queries of SOW topics (see the module docstring). Part of `Client`."""
+
+    def _init_sow(self) -> None:
+        self._answers: dict[str, list[Message]] = {}
+
+    async def sow(
+        self,
+        topic: str,
+        *,
+        filter: str | None = None,
+        top_n: int | None = None,
+        order_by: str | None = None,
+        skip_n: int | None = None,
+        sow_keys: str | Iterable[str] | None = None,
+        options: str | Iterable[str] | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> list[Message]:
+        """The records of SOW topic `topic` (a pattern: of every SOW topic it matches) that
+        match `filter`, in `order_by` order (`/field [ASC|DESC], ...`), at most `top_n`
+        after skipping `skip_n`. Raises CommandError with the server's reason (`invalid
+        topic`, `bad filter`, `bad order by`, ...)."""
+        if self._state != "logged_on":
+            raise self._not_ready("sow")
+        opts = [o for o in (_opts_text(options) or "").split(",") if o]
+        if skip_n is not None:
+            opts.append(f"skip_n={skip_n}")
+        query_id = f"q{self._new_id()}"
+        answer: list[Message] = []
+        self._answers[query_id] = answer
+        header = Header(
+            c="sow", t=topic, f=filter, top_n=top_n, order_by=order_by,
+            sow_keys=_keys_text(sow_keys), o=",".join(opts) or None, query_id=query_id,
+            a="completed",
+        )  # fmt: skip
+        try:
+            await self._request(header, "completed", timeout)
+        except (CommandTimeout, asyncio.CancelledError):
+            self._send_quietly(Header(c="unsubscribe", query_id=query_id))
+            raise
+        finally:
+            self._answers.pop(query_id, None)
+        return answer
+
+    async def sow_and_subscribe(
+        self,
+        topic: str,
+        *,
+        filter: str | None = None,
+        top_n: int | None = None,
+        order_by: str | None = None,
+        options: str | Iterable[str] | None = None,
+        sub_id: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> Subscription:
+        """Query `topic` and subscribe to what changes after the answer; returns the
+        Subscription, whose iterator yields the answer's records and then live messages."""
+        if self._state != "logged_on":
+            raise self._not_ready("sow_and_subscribe")
+        opts = _opts_text(options)
+        replace = opts is not None and "replace" in (o.strip() for o in opts.split(","))
+        existing = self._subs.get(sub_id) if sub_id is not None else None
+        if existing is not None and not replace:
+            raise CommandError(
+                "subscription already exists",
+                f"sub_id {sub_id!r} is active on this client; unsubscribe it or pass "
+                "options='replace'",
+            )
+        if sub_id is None:
+            sub_id = self._new_sub_id()
+        cid = self._new_id()
+        sub = existing or Subscription(
+            self,
+            sub_id,
+            topic,
+            None,
+            max_messages=self.max_buffered_messages,
+            max_bytes=self.max_buffered_bytes,
+            on_full=self._sub_full,
+            on_drained=self._sub_drained,
+        )
+        self._subs[sub_id] = sub  # registered before sending: the answer may come first
+        header = Header(
+            c="sow_and_subscribe", cid=cid, t=topic, sub_id=sub_id, f=filter, top_n=top_n,
+            order_by=order_by, o=opts, a="processed",
+        )  # fmt: skip
+        try:
+            await self._request(header, "processed", timeout)
+        except BaseException as exc:
+            if existing is None:
+                self._drop_sub(sub)
+                sub._end_stop(drop=True)
+                if isinstance(exc, (CommandTimeout, asyncio.CancelledError)):
+                    self._send_quietly(Header(c="unsubscribe", sub_id=sub_id))
+            raise
+        return sub
+
+    def _on_sow(self, header: Header, body: bytes) -> None:
+        """One record of an answer: to its query's list, or its subscription's stream."""
+        msg = Message(header.t, body, header.bm, header.sub_id, header.sub_id, header.ts,
+                      header.x, None, header)  # fmt: skip
+        if header.sub_id is not None:
+            sub = self._subs.get(header.sub_id)
+            if sub is not None:
+                sub._push(msg)
+                return
+        answer = self._answers.get(header.query_id or "")
+        if answer is not None:
+            answer.append(msg)
+        else:
+            self.stray_messages += 1

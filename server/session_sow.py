@@ -1,0 +1,451 @@
+"""The State of the World commands of a session (docs/protocol.md §14; docs/sow.md): `sow`,
+`sow_and_subscribe`, and `sow_delete` on a SOW topic.
+
+Each command is checked completely (topic, options, filter, order_by, sow_keys, rights) before
+anything starts, so a refused one leaves no trace. A query's answer is a `SowQuery`
+(server/sow/query.py) streaming from one snapshot of the store; the session keeps its running
+queries by `query_id` (or `sub_id`, or `cid`) so `unsubscribe` and a disconnect stop them.
+
+`sow_and_subscribe` is atomic with live delivery: in one loop step it takes the snapshot, whose
+point is the pipeline's `delivered_end` P, and registers the subscription in the replaying
+state, which the live fan-out passes by. When the answer has gone out, the subscription replays
+the journal from P and joins the live stream as any bookmark subscription does
+(server/replay.py): the first message after the answer is the first one after P, none missing,
+none twice, however fast publishers run meanwhile (the journal is the buffer, not memory).
+
+`SowCommands` is mixed into `Session` (server/session.py), which provides the attributes
+declared here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from protocol.bookmarks import InvalidBookmark, Now, parse_bookmark
+from protocol.headers import MAX_SUB_ID_BYTES, Header
+from protocol.options import InvalidOptions, SubscribeOptions, sow_options, subscribe_options
+from protocol.patterns import PatternError, compile_pattern
+
+from .filters import FilterError, compile_filter
+from .matching import Predicate
+from .outbox import Outbox
+from .reasons import Failure
+from .replay_plan import Plan
+from .router import is_pattern
+from .security.entitlements import Entitlements
+from .services import SessionServices
+from .sow import BadOrderBy, BadSowKey, SowManager, SowQuery, parse_order_by
+from .sow.keys import check_key
+from .sow.query import QueryPlan
+from .sow.records import BY_FILTER, BY_KEYS
+from .subscription_table import SubscriptionTable
+from .subscriptions import Subscription, SubState, ack_types
+
+__all__ = ["SowCommands"]
+
+log = logging.getLogger("tickertape.connection")
+
+
+class SowCommands:
+    # provided by Session
+    id: int
+    out: Outbox
+    svc: SessionServices
+    table: SubscriptionTable
+    peer: str
+    user_id: str | None
+    _sub_counter: int
+    _ent: Entitlements | None
+    _queries: dict[str, SowQuery]
+
+    def fail(self, header: Header, reason: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def cmd_publish(self, h: Header, body: bytes) -> None:
+        raise NotImplementedError
+
+    def not_entitled(self, h: Header, right: str, topic: str) -> None:
+        raise NotImplementedError
+
+    # -- checks shared by the query commands -----------------------------------------------------
+
+    def _sow_manager(self, h: Header) -> SowManager | None:
+        sow = self.svc.sow
+        if sow is None or not h.t:
+            self.fail(
+                h,
+                Failure.INVALID_TOPIC,
+                f"{h.c} needs a SOW topic (t); {h.t!r} is not one (<SOW><Topic>)",
+            )
+            return None
+        return sow
+
+    def _query_plan(
+        self, h: Header, sow: SowManager, top_n: int | None, skip_n: int | None, **kw: Any
+    ) -> tuple[QueryPlan, Any, Predicate | None] | None:
+        """The checked plan of a query on `h.t`, with the topic pattern and the user's own
+        filter; None when refused (the failure ack is sent)."""
+        topic = h.t or ""
+        regex = None
+        if is_pattern(topic):
+            try:
+                regex = compile_pattern(topic)
+            except PatternError as exc:
+                self.fail(h, Failure.BAD_REGEX_TOPIC, str(exc))
+                return None
+            topics = sorted(t for t in sow.topics() if regex.fullmatch(t) and sow.is_sow(t))
+        elif not sow.is_sow(topic):
+            self.fail(
+                h,
+                Failure.INVALID_TOPIC,
+                f"topic {topic!r} is not a SOW topic (<SOW><Topic>, recorded in the "
+                "transaction log)",
+            )
+            return None
+        else:
+            topics = [topic]
+        filt: Predicate | None = None
+        if h.f:
+            try:
+                filt = compile_filter(h.f)
+            except FilterError as exc:
+                self.fail(h, Failure.BAD_FILTER, str(exc))
+                return None
+        order = None
+        if h.order_by:
+            try:
+                order = parse_order_by(h.order_by)
+            except BadOrderBy as exc:
+                self.fail(h, Failure.BAD_ORDER_BY, str(exc))
+                return None
+        keys = None
+        if h.sow_keys is not None:
+            try:
+                keys = [check_key(k.strip()) for k in h.sow_keys.split(",") if k.strip()]
+            except BadSowKey as exc:
+                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+                return None
+        grant = self.svc.guard.grant(
+            self.peer, self.user_id, "subscribe", topic, regex is not None, filt, h.c or "sow"
+        )
+        if grant is None:
+            self.not_entitled(h, "subscribe", topic)
+            return None
+        if grant.topics is not None:
+            topics = [t for t in topics if grant.topics(t)]
+        plan = QueryPlan(
+            topics=topics,
+            filters=dict.fromkeys(topics, grant.filter),
+            keys=keys,
+            order=order,
+            top_n=h.top_n if h.top_n is not None else top_n,
+            skip_n=skip_n or 0,
+            query_id=h.query_id,
+            cid=h.cid,
+            **kw,
+        )
+        return plan, regex, filt
+
+    def _run_query(self, plan: QueryPlan, name: str, then: Any = None) -> SowQuery:
+        """Start the answer from a snapshot taken now; `then(point)` once it is all sent."""
+        sow = self.svc.sow
+        assert sow is not None
+        reader, point, last_bm = sow.snapshot()
+        queries = self._queries
+
+        def done(q: SowQuery, finished: bool) -> None:
+            if queries.get(name) is q:
+                del queries[name]
+            if finished and then is not None:
+                then(point)
+
+        return self._start(plan, name, reader, last_bm, done)
+
+    def _start(
+        self,
+        plan: QueryPlan,
+        name: str,
+        reader: Any,
+        point_bm: tuple[int, int] | None,
+        done: Any = None,
+    ) -> SowQuery:
+        queries = self._queries
+
+        def forget(q: SowQuery, finished: bool) -> None:
+            if queries.get(name) is q:
+                del queries[name]
+
+        old = queries.pop(name, None)
+        if old is not None:
+            old.cancel()
+        q = SowQuery(self.out, reader, point_bm, plan, done or forget)
+        queries[name] = q
+        q.start()
+        self.out.flush()
+        return q
+
+    def stop_queries(self, names: list[str] | None = None) -> int:
+        """Stop the named running queries (all with None); how many were stopped."""
+        queries = self._queries
+        targets = list(queries) if names is None else [n for n in names if n in queries]
+        for n in targets:
+            queries.pop(n).cancel()
+        return len(targets)
+
+    # -- sow ------------------------------------------------------------------------------------------
+
+    def cmd_sow(self, h: Header, body: bytes) -> None:
+        sow = self._sow_manager(h)
+        if sow is None:
+            return
+        try:
+            opts = sow_options(h.o)
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return
+        point = None
+        if h.bm:
+            try:
+                point = parse_bookmark(h.bm)
+            except InvalidBookmark as exc:
+                self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                return
+            if isinstance(point, Now):
+                point = None  # NOW: the current state
+        got = self._query_plan(
+            h,
+            sow,
+            opts.top_n,
+            opts.skip_n,
+            acks=ack_types(h.a),
+            no_sowkey=opts.no_sowkey,
+            timestamp=opts.timestamp,
+        )
+        if got is None:
+            return
+        plan = got[0]
+        if "processed" in plan.acks:
+            self.out.send_ack("processed", h.cid, query_id=h.query_id)
+        name = h.query_id or h.cid or f"q{id(plan)}"
+        if point is None:
+            self._run_query(plan, name)
+            return
+        # historical: the checkpoint and the journal after it are read off the event loop
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self.svc.replays.readers, sow.historical, point)
+
+        def answer(f: asyncio.Future[Any]) -> None:
+            if self.out.closing:
+                if f.exception() is None:
+                    f.result()[0].close()
+                return
+            exc = f.exception()
+            if exc is not None:
+                if isinstance(exc, InvalidBookmark):
+                    self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                else:
+                    log.error("historical SOW query failed: %r", exc)
+                    self.fail(h, Failure.BAD_FRAME, "internal error reading the history")
+                self.out.flush()
+                return
+            reader, bm = f.result()
+            self._start(plan, name, reader, bm)
+
+        fut.add_done_callback(answer)
+
+    # -- sow_and_subscribe --------------------------------------------------------------------------
+
+    def cmd_sow_and_subscribe(self, h: Header, body: bytes) -> None:
+        svc = self.svc
+        table = self.table
+        sow = self._sow_manager(h)
+        if sow is None:
+            return
+        try:
+            opts = subscribe_options(h.o, h.c or "sow_and_subscribe")
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return
+        refused = [n for n in ("live", "pause", "resume", "rate", "conflation") if getattr(opts, n)]
+        if opts.max_backlog is not None:
+            refused.append("max_backlog")
+        if refused:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                f"options {', '.join(refused)} are not served on sow_and_subscribe",
+            )
+            return
+        if h.bm:
+            self.fail(
+                h,
+                Failure.INVALID_BOOKMARK,
+                "sow_and_subscribe from a bookmark (a historical query) is not served yet; "
+                "give no bm",
+            )
+            return
+        sub_id = h.sub_id
+        if sub_id is None:
+            self._sub_counter += 1
+            sub_id = f"{self.id}.{self._sub_counter}"
+        elif len(sub_id.encode()) > MAX_SUB_ID_BYTES or "," in sub_id:
+            self.fail(
+                h, Failure.BAD_FRAME, f"sub_id is over {MAX_SUB_ID_BYTES} bytes or has a comma"
+            )
+            return
+        existing = table.get(sub_id)
+        if existing is not None and not opts.replace:
+            self.fail(
+                h,
+                Failure.SUBSCRIPTION_EXISTS,
+                f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option",
+            )
+            return
+        acks = ack_types(h.a)
+        got = self._query_plan(
+            h,
+            sow,
+            opts.top_n,
+            opts.skip_n,
+            acks=acks,
+            sub_id=sub_id,
+            no_sowkey=opts.no_sowkey,
+            timestamp=opts.timestamp,
+        )
+        if got is None:
+            return
+        plan, regex, filt = got
+        topic = h.t or ""
+        grant = svc.guard.grant(
+            self.peer, self.user_id, "subscribe", topic, regex is not None, filt, "subscribe"
+        )
+        if grant is None:  # pragma: no cover - the query's grant was the same check
+            self.not_entitled(h, "subscribe", topic)
+            return
+        # the replay after the answer must not send a second `completed`: the answer's is the one
+        sub_acks = acks - {"completed"}
+        live_opts = SubscribeOptions(
+            timestamp=opts.timestamp, oof=opts.oof, no_sowkey=opts.no_sowkey
+        )
+        sub = Subscription(
+            table, self.out, sub_id, topic, regex, filt, h.f, live_opts, sub_acks, h.cid, None
+        )
+        sub.journal_fed = svc.topics.journal_fed(topic, regex, True)
+        grant.apply(sub)
+
+        def go_live(point: int) -> None:
+            if sub.state is not SubState.REMOVED:
+                table.start_replay(sub, Plan(("at", point)))
+
+        if existing is not None:
+            # replace: the live part takes the new filter at once; the query sends only the
+            # records that came into scope (they match the new filter, not the old one)
+            old = existing.filter
+            answering = existing.state is SubState.REPLAYING and existing.replay is None
+            table.replace(existing, sub)
+            if old is not None:
+                new = plan.filters
+                plan.filters = {t: _came_into_scope(f, old) for t, f in new.items()}
+            if "processed" in acks:
+                self.out.send_ack("processed", h.cid, sub_id=sub_id)
+            # a subscription still in its first answer goes live after this one
+            self._run_query(plan, sub_id, go_live if answering else None)
+            return
+        table.add_replay(sub)
+        if "processed" in acks:
+            self.out.send_ack("processed", h.cid, sub_id=sub_id)
+        self._run_query(plan, sub_id, go_live)
+
+    # -- delta_publish ------------------------------------------------------------------------------
+
+    def cmd_delta_publish(self, h: Header, body: bytes) -> None:
+        """A publish whose body is merged into the record with its key (§14); on a topic that
+        is not a SOW topic, a plain publish."""
+        sow = self.svc.sow
+        topic = self.svc.topics.publish_topic(h.t) if h.t else None
+        if sow is not None and topic and sow.is_sow(topic):
+            try:
+                body = sow.merge_delta(topic, body, h.k)
+            except BadSowKey as exc:
+                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+                return
+            except ValueError as exc:
+                self.fail(h, Failure.BAD_FRAME, str(exc))
+                return
+        self.cmd_publish(h, body)
+
+    # -- sow_delete on a SOW topic ------------------------------------------------------------------
+
+    def sow_delete_records(self, h: Header, body: bytes, sow: SowManager) -> None:
+        topic = h.t or ""
+        ent = self._ent
+        if ent is not None and not ent.check(
+            self.peer, self.user_id or "", "publish", topic, "sow_delete"
+        ):
+            self.not_entitled(h, "publish", topic)
+            return
+        if h.sow_keys is not None:
+            try:
+                keys = [check_key(k.strip()) for k in h.sow_keys.split(",") if k.strip()]
+            except BadSowKey as exc:
+                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+                return
+            form, payload = BY_KEYS, ",".join(keys)
+        elif h.f:
+            try:
+                compile_filter(h.f)
+            except FilterError as exc:
+                self.fail(h, Failure.BAD_FILTER, str(exc))
+                return
+            form, payload = BY_FILTER, h.f
+        elif body:
+            spec = sow.spec(topic)
+            assert spec is not None
+            try:
+                k = sow.maker(spec).key(body, h.k)
+            except BadSowKey as exc:
+                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+                return
+            form, payload = BY_KEYS, k
+        else:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                "sow_delete on a SOW topic needs sow_keys, f (a filter) or a body (the record's "
+                "message)",
+            )
+            return
+        acks = sorted(ack_types(h.a))
+        out = self.out
+
+        def reply(n: int, err: BaseException | None) -> None:
+            if out.closing or not acks:
+                return
+            for kind in acks:
+                if err is not None:
+                    out.send_ack(
+                        kind,
+                        h.cid,
+                        "failure",
+                        getattr(err, "reason", Failure.JOURNAL_UNAVAILABLE),
+                        detail=str(err),
+                    )
+                else:
+                    out.send_ack(kind, h.cid, records_deleted=n)
+            out.flush()
+
+        sow.delete(topic, form, payload, reply)
+
+
+def _came_into_scope(new: Predicate | None, old: Predicate) -> Predicate | None:
+    from .matching import TopicFilter
+
+    if new is None or isinstance(new, TopicFilter) or isinstance(old, TopicFilter):
+        return new
+
+    def into_scope(doc: Any) -> bool:
+        return bool(new(doc)) and not old(doc)
+
+    return into_scope

@@ -1,0 +1,566 @@
+"""`SowManager`: the SOW store kept from the journal (docs/sow.md "How the store is kept").
+
+The journal is the one source of truth. The store (server/sow/store.py) is a fold of it: for
+each SOW topic, key -> the latest message, with the journal position it reflects written in the
+same LMDB transaction.
+
+- **Publish**: the session asks `key_fragment` for the record's key (or a `BadSowKey`) and
+  publishes with `,"k":...` in the header fragment; the message is acknowledged `persisted` by
+  the journal's rule, as any other.
+- **Commit**: `before_flush` (a pipeline hook, called with the batch about to be committed)
+  notes the batch's SOW messages and deletes; when the batch is durable, `_committed` applies
+  them in journal order in one write transaction that also writes the batch's end position.
+  A batch with no SOW work writes nothing, except the position at most once a second (so a
+  restart reads little journal). Nothing here runs for an instance without SOW topics.
+- **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
+  once, so it keeps its place among the publishes around it; it is applied at its commit, and
+  its reply (with `records_deleted`) goes out then.
+- **Start** (`recover`, off the loop, before connections): from the position the store
+  reflects to the journal's end, the same fold. A store missing, unreadable, ahead of the
+  journal, or behind the journal's start is rebuilt from the journal's start, and the log says
+  why.
+- **Consistency point**: between two loop callbacks the store reflects exactly the journal up
+  to `Pipeline.delivered_end` (the fold runs inside the commit's completion, before the
+  pipeline moves `delivered_end`), so a query's snapshot and that position are one point.
+
+States of the store: opening -> catching up (recover) -> live (attached to the pipeline).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+import msgspec
+
+from config.model import Config, SowTopicSpec
+from journal.journal import Journal
+from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
+from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, Timestamp
+
+from ..filters import FilterError, compile_filter
+from ..matching import body_matches
+from ..router import Router
+from .history import Checkpoints, HistoricalReader
+from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
+from .oof import OofNotices, send_notices
+from .records import BY_KEYS, decode_delete, encode_delete
+from .store import Reader, SowStore, decode_value, encode_value
+
+__all__ = ["Commits", "SowManager"]
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.encode
+
+log = logging.getLogger("tickertape.sow")
+
+MAX_RECENT = 100_000  # accepted publishes remembered for delta_publish until applied
+POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
+CATCH_UP_TXN = 4096  # records applied per write transaction during catch-up
+
+
+class Commits(Protocol):
+    """What the SOW manager uses of the pipeline."""
+
+    delivered_end: int
+    last_ts: int
+    last_bm: tuple[int, int] | None
+    before_flush: list[Callable[[Any], None]]
+    batch: Any
+
+    def schedule(self) -> None: ...
+
+
+Reply = Callable[[int, BaseException | None], None]
+"""f(records_deleted, err) once a delete is committed (err None) or failed."""
+
+
+def _EXPIRED(n: int, err: BaseException | None) -> None:
+    """The reply of the deletes `tick` journals for expired records (nobody to answer)."""
+
+
+class SowManager:
+    def __init__(self, config: Config, journal: Journal | None) -> None:
+        self.config = config
+        self.journal = journal
+        self.store: SowStore | None = None
+        self.commits: Commits | None = None
+        self._makers: dict[str, KeyMaker] = {}
+        self._specs: dict[str, SowTopicSpec | None] = {}
+        self.counts: dict[str, int] = {}  # records per topic
+        self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
+        self._pending_batch: Any = None
+        # (topic, key) -> (pub, seq, body) of publishes accepted and not yet applied (delta)
+        self._recent: dict[tuple[str, str], tuple[int, int, bytes]] = {}
+        self._last_position_write = 0.0
+        self.checkpoints: Checkpoints | None = None
+        self.oof: OofNotices | None = None  # out-of-focus notices (attach)
+        # (expires at µs, topic, key, position) of records of topics with <Expiration>; an
+        # entry whose record was updated since (another position) is stale and skipped
+        self._expiry: list[tuple[int, str, str, int]] = []
+        self._expiring = any(t.expiration for t in config.sow_topics)
+        windows = [t.history_window for t in config.sow_topics]
+        # checkpoints are kept for the longest window (None: as far as the journal holds)
+        self.window = None if not windows or None in windows else max(windows)  # type: ignore[type-var]
+        self.caught_up = 0  # records read from the journal by the last recover
+        self.rebuilt: str | None = None  # why the last start rebuilt the store, if it did
+
+    # -- topics and keys -----------------------------------------------------------------------
+
+    def spec(self, topic: str) -> SowTopicSpec | None:
+        """The `<SOW><Topic>` of `topic` when it is a SOW topic (recorded in the journal)."""
+        try:
+            return self._specs[topic]
+        except KeyError:
+            pass
+        spec = self.config.sow_topic(topic)
+        if spec is not None and not self.config.records_topic(topic):
+            spec = None
+        if len(self._specs) > 65536:
+            self._specs.clear()
+        self._specs[topic] = spec
+        return spec
+
+    def is_sow(self, topic: str) -> bool:
+        return self.spec(topic) is not None
+
+    def maker(self, spec: SowTopicSpec) -> KeyMaker:
+        m = self._makers.get(spec.name)
+        if m is None:
+            m = self._makers[spec.name] = KeyMaker(spec.keys)
+        return m
+
+    def key(self, topic: str, body: bytes, given: str | None) -> str:
+        """The key of a publish to SOW topic `topic` (raises BadSowKey)."""
+        spec = self.spec(topic)
+        assert spec is not None
+        return self.maker(spec).key(body, given)
+
+    def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
+        """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
+        return k_fragment(self.key(topic, body, given))
+
+    # -- delta_publish --------------------------------------------------------------------------
+
+    def accepted(self, topic: str, k: str, pub: int, seq: int, body: bytes) -> None:
+        """A publish to a SOW topic was accepted (not yet durable): a delta_publish that
+        follows it merges into it, not into the older record of the store."""
+        recent = self._recent
+        if len(recent) >= MAX_RECENT:
+            recent.clear()  # a bound: merges then read the store (what is durable)
+        recent[(topic, k)] = (pub, seq, body)
+
+    def current(self, topic: str, k: str) -> bytes | None:
+        """The latest body of record `k`: accepted, else in the store; None when none."""
+        got = self._recent.get((topic, k))
+        if got is not None:
+            return got[2]
+        store = self.store
+        if store is None:
+            return None
+        reader = store.reader(0)
+        try:
+            rec = reader.get(topic, k)
+        finally:
+            reader.close()
+        return None if rec is None else rec[5]
+
+    def merge_delta(self, topic: str, delta: bytes, given: str | None) -> bytes:
+        """The message a delta_publish stores: `delta` (a JSON object) merged into the record
+        with its key (fields replace fields, nested objects merge, arrays are replaced whole),
+        or `delta` itself when there is no record. Raises BadSowKey, or ValueError for a delta
+        that is not a JSON object."""
+        try:
+            doc = _decode(delta)
+        except (ValueError, RecursionError):
+            raise ValueError("a delta_publish body must be a JSON object") from None
+        if not isinstance(doc, dict):
+            raise ValueError("a delta_publish body must be a JSON object")
+        spec = self.spec(topic)
+        assert spec is not None
+        k = self.maker(spec).key(delta, given)
+        old = self.current(topic, k)
+        if old is None:
+            return delta
+        try:
+            base = _decode(old)
+        except (ValueError, RecursionError):
+            return delta
+        if not isinstance(base, dict):
+            return delta
+        return _encode(_merge(base, doc))
+
+    def topics(self) -> list[str]:
+        """Topics that hold records now."""
+        return [t for t, n in self.counts.items() if n > 0]
+
+    # -- start -----------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Open the store and fold the journal into it from the position it reflects (runs off
+        the loop, before the server accepts connections)."""
+        journal = self.journal
+        assert journal is not None
+        path = os.path.join(journal.directory, "sow")
+        existed = os.path.exists(path)
+        store = self.store = SowStore(path)
+        start = journal.start_position
+        end = journal.end_position
+        position = store.position
+        why = None
+        if store.rebuilt is not None:
+            why = f"the store was unreadable ({store.rebuilt})"
+        elif position is None:
+            why = "there was no store" if not existed else "the store had no position"
+        elif position > end:
+            why = f"the store reflects position {position}, past the journal's end {end}"
+        elif position < start:
+            why = f"the store reflects position {position}, before the journal's start {start}"
+        if why is not None:
+            store.clear()
+            position = start
+            self.rebuilt = why
+            log.warning("SOW store rebuilt from the journal's start (%d): %s", start, why)
+        assert position is not None
+        self.counts = store.topics()
+        self.checkpoints = Checkpoints(
+            os.path.join(journal.directory, "sow-checkpoints"),
+            lambda: self.store.env if self.store is not None else None,
+        )
+        began = time.monotonic()
+        self.caught_up = self._catch_up(position, end)
+        if self._expiring:
+            self._load_expiry()
+        log.info(
+            "SOW store at journal position %d: %d records read from %d in %.2fs; %d records in "
+            "%d topics",
+            end,
+            self.caught_up,
+            position,
+            time.monotonic() - began,
+            sum(self.counts.values()),
+            len(self.counts),
+        )
+
+    def _catch_up(self, position: int, end: int) -> int:
+        store = self.store
+        journal = self.journal
+        assert store is not None and journal is not None
+        n = 0
+        txn = store.write()
+        try:
+            for recs in journal.raw_batches(position, end):
+                for pos, kind, pub, seq, ts, tb, body, extra in recs:
+                    n += 1
+                    if kind == KIND_MESSAGE:
+                        topic = tb.decode("utf-8", "replace")
+                        if self.is_sow(topic):
+                            self._put(
+                                txn, topic, pos, pub, seq, ts, extra[1] if extra else b"", body
+                            )
+                    elif kind == KIND_SOW_DELETE:
+                        self._delete(txn, tb.decode("utf-8", "replace"), body)
+                    if n % CATCH_UP_TXN == 0:
+                        # the record at `pos` is applied: a restart re-applies it, which
+                        # changes nothing (a put of the same value, a delete of what is gone)
+                        store.set_position(txn, pos)
+                        txn.commit()
+                        txn = store.write()
+            store.set_position(txn, end)
+            txn.commit()
+        except BaseException:
+            txn.abort()
+            raise
+        return n
+
+    # -- expiration -----------------------------------------------------------------------------
+
+    def _load_expiry(self) -> None:
+        """The expiry heap from the store (at start): every record of a topic that expires."""
+        store = self.store
+        assert store is not None
+        heap = []
+        with store.env.begin() as txn:
+            for topic in list(self.counts):
+                spec = self.spec(topic)
+                if spec is None or not spec.expiration:
+                    continue
+                ttl = int(spec.expiration * 1e6)
+                for k, rec in store.topic_records(txn, topic):
+                    heap.append((rec[3] + ttl, topic, k, rec[0]))
+        heapq.heapify(heap)
+        self._expiry = heap
+
+    def _note_expiry(self, topic: str, k: str, pos: int, ts: int) -> None:
+        spec = self.spec(topic)
+        if spec is not None and spec.expiration:
+            heap = self._expiry
+            heapq.heappush(heap, (ts + int(spec.expiration * 1e6), topic, k, pos))
+            if len(heap) > 2 * max(1, sum(self.counts.values())) + 1024:
+                self._load_expiry()  # drop the stale entries: a bound on the heap
+
+    def tick(self) -> None:
+        """Journal a delete of the records past their topic's <Expiration> (one delete record
+        per topic and tick); applied at its commit like any delete."""
+        heap = self._expiry
+        if not heap or self.commits is None:
+            return
+        now = int(time.time() * 1e6)
+        if heap[0][0] > now:
+            return
+        due: dict[str, list[str]] = {}
+        store = self.store
+        assert store is not None
+        reader = store.reader(0)
+        try:
+            while heap and heap[0][0] <= now:
+                _at, topic, k, pos = heapq.heappop(heap)
+                rec = reader.get(topic, k)
+                if rec is not None and rec[0] == pos:  # not updated since
+                    due.setdefault(topic, []).append(k)
+        finally:
+            reader.close()
+        for topic, keys in due.items():
+            log.debug("SOW %s: %d records expired", topic, len(keys))
+            self.delete(topic, BY_KEYS, ",".join(keys), _EXPIRED)
+
+    # -- the fold ---------------------------------------------------------------------------------
+
+    def _put(
+        self, txn: Any, topic: str, pos: int, pub: int, seq: int, ts: int, hdr: bytes, body: bytes
+    ) -> str | None:
+        store = self.store
+        assert store is not None
+        k = key_from_fragment(hdr) if hdr else None
+        if k is None:  # recorded before the topic was a SOW topic, or by another instance
+            spec = self.spec(topic)
+            assert spec is not None
+            try:
+                k = self.maker(spec).key(body, None)
+            except BadSowKey:
+                return None  # not a record of this SOW topic: it had no key
+            hdr = hdr + k_fragment(k)
+        value = encode_value(pos, pub, seq, ts, hdr, body)
+        oof = self.oof
+        subs = oof.watching(topic) if oof is not None else None
+        if subs:
+            old = store.replace(txn, topic, k, value)
+            oof.changed(subs, topic, k, decode_value(old)[5] if old else None, body)  # type: ignore[union-attr]
+            replaced = old is not None
+        else:
+            replaced = store.put(txn, topic, k, value)
+        if not replaced:
+            self.counts[topic] = self.counts.get(topic, 0) + 1
+        if self._expiring and self.commits is not None:
+            self._note_expiry(topic, k, pos, ts)
+        return k
+
+    def _delete(self, txn: Any, topic: str, body: bytes, reason: str = "deleted") -> int:
+        store = self.store
+        assert store is not None
+        got = decode_delete(body)
+        if got is None:
+            return 0
+        form, payload = got
+        if form == BY_KEYS:
+            keys = [k for k in payload.split(",") if k]
+        else:
+            try:
+                f = compile_filter(payload)
+            except FilterError:
+                return 0
+            keys = [k for k, rec in store.topic_records(txn, topic) if body_matches(f, rec[5])]
+        n = 0
+        oof = self.oof
+        subs = oof.watching(topic) if oof is not None else None
+        for k in keys:
+            if subs:
+                old = store.pop(txn, topic, k)
+                if old is not None:
+                    n += 1
+                    oof.left(subs, topic, k, decode_value(old)[5], reason)  # type: ignore[union-attr]
+            elif store.delete(txn, topic, k):
+                n += 1
+        if n:
+            self.counts[topic] = self.counts.get(topic, 0) - n
+        return n
+
+    # -- live: the pipeline's commits ------------------------------------------------------------
+
+    def attach(self, commits: Commits, router: Router | None = None) -> None:
+        self.commits = commits
+        if router is not None:
+            self.oof = OofNotices(router)
+        commits.before_flush.append(self.before_flush)
+
+    def before_flush(self, batch: Any) -> None:
+        """The batch is about to be committed: note its SOW messages and deletes."""
+        is_sow = self.is_sow
+        puts = [m for m in batch.msgs if m[5] >= 0 and is_sow(m[0])]
+        deletes: list[tuple[int, str, bytes, str, Reply | None]] = []
+        if self._pending:
+            deletes, self._pending = self._pending, []
+            if self._pending_batch is not batch:  # the batch they were in failed unsent
+                for *_, reply in deletes:
+                    if reply is not None:
+                        reply(0, RuntimeError("the commit holding this delete failed"))
+                deletes = []
+            self._pending_batch = None
+        now = time.monotonic()
+        if not puts and not deletes:
+            if now - self._last_position_write < POSITION_EVERY or not batch.data:
+                return
+        self._last_position_write = now
+        batch.durable.append(partial(self._committed, batch, puts, deletes))
+
+    def _committed(
+        self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
+    ) -> None:
+        """The batch is durable (err None) or failed: apply it. A failure here is logged and
+        costs the store its live updates until a restart catches up from the journal; it
+        never reaches the pipeline, whose acks and deliveries of this batch come next."""
+        try:
+            self._apply(batch, puts, deletes, end, err)
+        except Exception as exc:
+            log.exception("SOW store: applying a commit failed; queries may lag until restart")
+            for *_, reply in deletes:
+                if reply is not None:
+                    try:
+                        reply(0, exc)
+                    except Exception:
+                        log.exception("SOW delete reply failed")
+
+    def _apply(
+        self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
+    ) -> None:
+        recent = self._recent
+        if err is not None:
+            for m in puts:
+                hdr = m[6]
+                k = key_from_fragment(hdr) if hdr else None
+                if k is not None and recent.get((m[0], k), (0, 0))[:2] == (m[1], m[2]):
+                    del recent[(m[0], k)]
+            for *_, reply in deletes:
+                if reply is not None:
+                    reply(0, err)
+            return
+        store = self.store
+        assert store is not None
+        base = end - len(batch.data)
+        work: list[tuple[int, Any]] = [(m[5], m) for m in puts]
+        work += [(d[0], d) for d in deletes]
+        work.sort(key=lambda w: w[0])
+        replies: list[tuple[Reply, int]] = []
+        with store.write() as txn:
+            for off, item in work:
+                if len(item) == 8:  # a message (topic, pub, seq, ts, body, off, hdr, exp)
+                    topic, pub, seq, ts, body, _off, hdr, _exp = item
+                    k = self._put(txn, topic, base + off, pub, seq, ts, hdr, body)
+                    if (
+                        k is not None
+                        and recent
+                        and recent.get((topic, k), (0, 0))[:2] == (pub, seq)
+                    ):
+                        del recent[(topic, k)]  # the store has it now
+                else:
+                    _off, topic, form, payload, reply = item
+                    reason = "expired" if reply is _EXPIRED else "deleted"
+                    n = self._delete(txn, topic, encode_delete(form, payload), reason)
+                    if reply is _EXPIRED:
+                        continue
+                    if reply is not None:
+                        replies.append((reply, n))
+            store.set_position(txn, end)
+        for reply, n in replies:
+            reply(n, None)
+        if self.oof is not None and self.oof.pending:
+            batch.after.append(partial(send_notices, self.oof.take()))
+        if self.checkpoints is not None:
+            self.checkpoints.maybe_make(end, self.window)
+
+    def delete(self, topic: str, form: bytes, payload: str, reply: Reply | None) -> None:
+        """Journal a delete on SOW topic `topic` (form BY_KEYS or BY_FILTER) in the open batch;
+        `reply(records_deleted, err)` at its commit."""
+        commits = self.commits
+        assert commits is not None
+        batch = commits.batch
+        off = len(batch.data)
+        batch.data += encode_record(
+            KIND_SOW_DELETE,
+            0,
+            0,
+            commits.last_ts,
+            topic.encode("utf-8"),
+            encode_delete(form, payload),
+        )
+        self._pending.append((off, topic, form, payload, reply))
+        self._pending_batch = batch
+        commits.schedule()
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[Reader, int, tuple[int, int] | None]:
+        """A read snapshot of the store, the journal position it reflects (every message
+        before it, none after), and the (publisher, seq) of the newest message there."""
+        commits = self.commits
+        store = self.store
+        assert commits is not None and store is not None
+        end = commits.delivered_end
+        return store.reader(end), end, commits.last_bm
+
+    def historical(self, point: BookmarkSpec) -> tuple[HistoricalReader, tuple[int, int] | None]:
+        """The state as of `point` (a bookmark: that message included; a timestamp: every
+        message recorded at or before it) and the point's bookmark when known; runs off the
+        loop (it reads the journal). Raises InvalidBookmark for a point it cannot answer."""
+        journal = self.journal
+        assert journal is not None and self.checkpoints is not None
+        bm = None
+        if isinstance(point, Epoch):
+            end, ts = journal.start_position, None
+        elif isinstance(point, Bookmark):
+            pos = journal.locate(point.publisher_id, point.seq)
+            if pos is None:
+                raise InvalidBookmark(
+                    f"bookmark {point} is not in the journal (or no longer): a historical "
+                    "query needs a message the journal holds"
+                )
+            recs, _ = journal.read_raw(pos, 4096)
+            ts = recs[0][4] if recs else None
+            end = journal.after(pos)
+            bm = (point.publisher_id, point.seq)
+        elif isinstance(point, Timestamp):
+            end, ts = journal.locate_time(point.micros), point.micros
+        else:
+            raise InvalidBookmark(
+                "a historical query takes one bookmark or one timestamp, not a list or a range"
+            )
+        if self.window is not None and ts is not None and time.time() - ts / 1e6 > self.window:
+            raise InvalidBookmark(
+                f"the point is older than <History><Window> ({self.window:g}s); query a later one"
+            )
+        end = min(end, self.commits.delivered_end if self.commits is not None else end)
+        reader = self.checkpoints.reader(
+            journal, end, self.is_sow, lambda t: self.maker(s) if (s := self.spec(t)) else None
+        )
+        return reader, bm
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+def _merge(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """delta_publish's merge: fields replace fields, nested objects merge, arrays are replaced."""
+    for key, v in delta.items():
+        old = base.get(key)
+        if isinstance(v, dict) and isinstance(old, dict):
+            _merge(old, v)
+        else:
+            base[key] = v
+    return base

@@ -1,0 +1,238 @@
+"""The SOW store: LMDB, the only SOW module that imports lmdb.
+
+The store is derived data: everything in it is a fold of the journal, so it is written without
+fsync (`sync=False`); what a crash loses, catch-up reads again from the journal. It lives in
+`<JournalDirectory>/sow/`.
+
+Databases (topic and key as UTF-8; integers big-endian):
+
+- `rec`:  topic | 0x00 | key  ->  value (below): the latest message of each record
+- `meta`: b"position" -> u64: the journal position the store reflects (every record before it
+          is applied, none after it); b"format" -> b"1"
+
+Record value:
+
+```
+offset size  field
+0      8     u64 journal position of the message
+8      8     u64 publisher id
+16     8     u64 publisher sequence
+24     8     u64 receive time, µs since the Unix epoch
+32     2     u16 header fragment length H (journal/record.py: wire-ready members, `k` last)
+34     H     header fragment
+34+H   ...   body
+```
+
+`apply` writes one batch of changes and the new position in one write transaction, so the
+position on disk always describes the records on disk. Reads open their own read transaction
+(`reader`): a snapshot that later writes never change, and that never blocks them.
+
+At open, a data file LMDB cannot read, a failed full read, or an unknown format moves the store
+aside as `sow.unreadable-<time>` and starts an empty one (`rebuilt` says why): the manager then
+folds the whole journal again and logs it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Iterator
+
+import lmdb
+
+__all__ = ["DEFAULT_MAP_SIZE", "Reader", "SowStore", "StoreFull", "Stored"]
+
+DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
+FORMAT = b"1"
+_HEAD = struct.Struct(">QQQQH")
+_Q = struct.Struct(">Q")
+
+Stored = tuple[int, int, int, int, bytes, bytes]
+"""(position, publisher id, seq, receive time µs, header fragment, body) of a record."""
+
+
+class StoreFull(RuntimeError):
+    def __init__(self, map_size: int) -> None:
+        super().__init__(
+            f"the SOW store reached its map size of {map_size} bytes; the store cannot grow: "
+            "delete records or move <JournalDirectory> to a larger disk"
+        )
+
+
+def encode_value(position: int, pub: int, seq: int, ts: int, hdr: bytes, body: bytes) -> bytes:
+    return _HEAD.pack(position, pub, seq, ts, len(hdr)) + hdr + body
+
+
+def decode_value(v: bytes | memoryview) -> Stored:
+    position, pub, seq, ts, h = _HEAD.unpack_from(v, 0)
+    at = _HEAD.size
+    return position, pub, seq, ts, bytes(v[at : at + h]), bytes(v[at + h :])
+
+
+def record_key(topic: str, k: str) -> bytes:
+    return topic.encode("utf-8") + b"\x00" + k.encode("utf-8")
+
+
+class Reader:
+    """One read snapshot of the store; close it when done (it pins LMDB pages)."""
+
+    def __init__(self, txn: lmdb.Transaction, db: lmdb._Database, position: int) -> None:
+        self._txn = txn
+        self._db = db
+        self.position = position
+
+    def get(self, topic: str, k: str) -> Stored | None:
+        v = self._txn.get(record_key(topic, k), db=self._db)
+        return None if v is None else decode_value(v)
+
+    def keys(self, topic: str, after: str | None = None) -> Iterator[tuple[str, Stored]]:
+        """The records of `topic` in key order, from the first key after `after`."""
+        prefix = topic.encode("utf-8") + b"\x00"
+        cur = self._txn.cursor(db=self._db)
+        start = prefix + (after.encode("utf-8") + b"\x00" if after is not None else b"")
+        if not cur.set_range(start):
+            return
+        n = len(prefix)
+        for key, value in cur:
+            if not bytes(key).startswith(prefix):
+                return
+            yield bytes(key[n:]).decode("utf-8"), decode_value(value)
+
+    def close(self) -> None:
+        if self._txn is not None:
+            try:
+                self._txn.abort()
+            except lmdb.Error:  # the store closed first (shutdown): nothing left to release
+                pass
+            self._txn = None  # type: ignore[assignment]
+
+
+class SowStore:
+    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.map_size = map_size
+        self.rebuilt: str | None = None
+        try:
+            self._open()
+            problem = self._check()
+        except lmdb.Error as exc:
+            problem = f"LMDB cannot read it: {exc}"
+        if problem is not None:
+            try:
+                self.env.close()
+            except Exception:
+                pass
+            aside = (
+                f"{path}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"
+            )
+            os.rename(path, aside)
+            os.makedirs(path)
+            self.rebuilt = f"{problem}; moved to {aside}"
+            self._open()
+            with self.env.begin(write=True) as txn:
+                txn.put(b"format", FORMAT, db=self._meta)
+
+    def _open(self) -> None:
+        self.env = lmdb.open(
+            self.path,
+            map_size=self.map_size,
+            max_dbs=4,
+            sync=False,
+            metasync=False,
+            writemap=False,  # as journal/index.py: a full disk is an error, not SIGBUS
+            max_readers=512,
+        )
+        self._rec = self.env.open_db(b"rec")
+        self._meta = self.env.open_db(b"meta")
+
+    def _check(self) -> str | None:
+        """Read everything once, so damage surfaces now and not in a query."""
+        with self.env.begin() as txn:
+            fmt = txn.get(b"format", db=self._meta)
+            count = 0
+            for _ in txn.cursor(db=self._rec).iternext(keys=True, values=True):
+                count += 1
+        if fmt is None:
+            if count:
+                return "the store has records but no format mark"
+            with self.env.begin(write=True) as txn:
+                txn.put(b"format", FORMAT, db=self._meta)
+            return None
+        if bytes(fmt) != FORMAT:
+            return f"unknown store format {bytes(fmt)!r} (this version writes {FORMAT!r})"
+        return None
+
+    @property
+    def position(self) -> int | None:
+        """The journal position the store reflects; None for a store never written."""
+        with self.env.begin() as txn:
+            v = txn.get(b"position", db=self._meta)
+        return None if v is None else _Q.unpack(v)[0]
+
+    def reader(self, position: int) -> Reader:
+        return Reader(self.env.begin(buffers=False), self._rec, position)
+
+    def write(self) -> lmdb.Transaction:
+        """A write transaction for `put` / `delete` / `set_position` (use it in `with`)."""
+        return self.env.begin(write=True)
+
+    def put(self, txn: lmdb.Transaction, topic: str, k: str, value: bytes) -> bool:
+        """Store a record; True when it replaced one."""
+        try:
+            old = txn.replace(record_key(topic, k), value, db=self._rec)
+        except lmdb.MapFullError:
+            raise StoreFull(self.map_size) from None
+        return old is not None
+
+    def replace(self, txn: lmdb.Transaction, topic: str, k: str, value: bytes) -> bytes | None:
+        """Store a record; the value it replaced, or None."""
+        try:
+            old = txn.replace(record_key(topic, k), value, db=self._rec)
+        except lmdb.MapFullError:
+            raise StoreFull(self.map_size) from None
+        return None if old is None else bytes(old)
+
+    def pop(self, txn: lmdb.Transaction, topic: str, k: str) -> bytes | None:
+        """Delete a record; its value, or None when there was none."""
+        old = txn.pop(record_key(topic, k), db=self._rec)
+        return None if old is None else bytes(old)
+
+    def delete(self, txn: lmdb.Transaction, topic: str, k: str) -> bool:
+        return bool(txn.delete(record_key(topic, k), db=self._rec))
+
+    def topic_records(self, txn: lmdb.Transaction, topic: str) -> Iterator[tuple[str, Stored]]:
+        prefix = topic.encode("utf-8") + b"\x00"
+        cur = txn.cursor(db=self._rec)
+        if not cur.set_range(prefix):
+            return
+        n = len(prefix)
+        for key, value in cur:
+            if not bytes(key).startswith(prefix):
+                return
+            yield bytes(key[n:]).decode("utf-8"), decode_value(value)
+
+    def topics(self) -> dict[str, int]:
+        """Record counts per topic (a full scan: at open)."""
+        counts: dict[str, int] = {}
+        with self.env.begin() as txn:
+            for key in txn.cursor(db=self._rec).iternext(keys=True, values=False):
+                t = bytes(key).split(b"\x00", 1)[0].decode("utf-8")
+                counts[t] = counts.get(t, 0) + 1
+        return counts
+
+    def set_position(self, txn: lmdb.Transaction, position: int) -> None:
+        try:
+            txn.put(b"position", _Q.pack(position), db=self._meta)
+        except lmdb.MapFullError:
+            raise StoreFull(self.map_size) from None
+
+    def clear(self) -> None:
+        """Drop every record and the position (a rebuild from the journal's start)."""
+        with self.env.begin(write=True) as txn:
+            txn.drop(self._rec, delete=False)
+            txn.delete(b"position", db=self._meta)
+
+    def close(self) -> None:
+        self.env.close()
