@@ -22,6 +22,9 @@ class GatedJournal:
     def publishers(self) -> dict:
         return {}
 
+    def publisher_owners(self) -> dict:
+        return {}
+
     def commit_inline(self, data, entries, done, meta, on_written=None) -> bool:
         return False  # everything goes through submit, like a busy journal
 
