@@ -58,7 +58,14 @@ class AckGate(Protocol):
     release: Callable[[Any], None]  # set by attach_gate: hands a held batch back, in order
     wake: Callable[[], None]  # set by attach_gate: the durable end moved
 
+    has_sync: bool  # a sync destination is configured: durable means acked by it too
+
     def committed(self, batch: Any, end: int) -> bool: ...
+
+    @property
+    def durable_end(self) -> int: ...
+
+    def durable_bm(self) -> tuple[int, int] | None: ...
 
 
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
