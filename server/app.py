@@ -30,6 +30,7 @@ from functools import partial
 from config.model import Config
 from journal.fileio import io_from_env
 from journal.journal import Journal
+from protocol.security.tls import ServerTls, server_context
 
 from . import frames, splice
 from .admin import AdminEndpoint
@@ -49,7 +50,6 @@ from .replication.receiver import Receiver
 from .replication.sender import Sender
 from .replication.sync import SyncGate, UnknownDestination
 from .router import Router
-from .security.tls import ServerTls, server_context
 from .services import SessionServices
 from .session_rights import recheck
 from .stats import Stats

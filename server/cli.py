@@ -240,10 +240,10 @@ async def _reload(server: Server, path: str) -> None:
 
 async def _run(cfg: Config, daemon: Daemon | None, path: str | None = None) -> int:
     from journal.journal import JournalError
+    from protocol.security.passwords import PasswordFileError
+    from protocol.security.tls import TlsError
 
     from .app import Server
-    from .security.passwords import PasswordFileError
-    from .security.tls import TlsError
 
     server = Server(cfg)
     try:

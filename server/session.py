@@ -25,12 +25,12 @@ from typing import Any
 import msgspec
 
 from protocol.bookmarks import format_bookmark
+from protocol.filters import FilterError, compile_filter
 from protocol.framing import FrameError, RawFrames
 from protocol.headers import FieldError, Header, check_fields
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
 
 from . import frames
-from .filters import FilterError, compile_filter
 from .ids import publisher_id, server_publisher_id
 from .outbox import Outbox
 from .reasons import Disconnect, Failure

@@ -11,12 +11,12 @@ declared here.
 from __future__ import annotations
 
 from protocol.bookmarks import BookmarkSpec, InvalidBookmark, Now, parse_bookmark
+from protocol.filters import FilterError, compile_filter
 from protocol.headers import MAX_SUB_ID_BYTES, Header
 from protocol.options import InvalidOptions, SubscribeOptions, subscribe_options
 from protocol.patterns import PatternError, compile_pattern
 
 from .conflation import LiveConflation
-from .filters import FilterError, compile_filter
 from .matching import Predicate
 from .outbox import Outbox
 from .queue import Queue

@@ -1,4 +1,4 @@
-"""server.filters: the filter language of docs/protocol.md §7 (golden cases, NULL logic, malformed text).
+"""protocol.filters: the filter language of docs/protocol.md §7 (golden cases, NULL logic, malformed text).
 
 Golden cases are ``(filter, body, expected)``: the predicate must return exactly ``expected``
 (a real ``bool``). Malformed cases are ``(filter, position, words in the detail)``.
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from server.filters import (
+from protocol.filters import (
     MAX_FILTER_DEPTH,
     MAX_FILTER_TEXT,
     FilterError,

@@ -70,7 +70,7 @@ def _doc_rooms(text: str) -> tuple[dict[str, tuple[int, str]], set[tuple[str, st
 def test_the_architecture_page_matches_the_imports():
     """Every server module is in one room of docs/architecture.md; it imports only its own room
     or rooms below; and the drawing has exactly the arrows between rooms the code has."""
-    top = fold(_graph(), 2)  # a subpackage (server/filters/...) is one name
+    top = fold(_graph(), 2)  # a subpackage (protocol/filters/...) is one name
     top.pop("server", None)
     rooms, drawn = _doc_rooms(DOC.read_text())
     assert set(rooms) == set(top), set(rooms) ^ set(top)

@@ -21,9 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from journal.record import KIND_MESSAGE, record_length_at, scan_records
+from protocol.filters.api import CompiledFilter
 from server.splice import splice_at
-
-from .api import CompiledFilter
 
 __all__ = ["ACCELERATED", "filter_frames", "scan", "scan_py"]
 
