@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_client_commands(sub)
-    from .maintenance_cli import add_maintenance_commands  # archive, compact (journal/batch.py)
+    from .maintenance_cli import (
+        add_maintenance_commands,  # archive, compact (journal/spark/batch.py)
+    )
 
     add_maintenance_commands(sub)
     from .security.passwd_cli import add_passwd_command

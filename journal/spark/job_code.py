@@ -53,7 +53,7 @@ def package_dir() -> str:
 
 def accelerator_path() -> str | None:
     """The record checks' compiled extension the driver loaded, if any."""
-    from . import record
+    from .. import record
 
     if not record.VERIFY_ACCELERATED:
         return None
@@ -135,7 +135,7 @@ def bootstrap() -> bool:
                         sys.modules["journal._verify"] = mod
             except (ImportError, OSError):  # e.g. its shared library (ISA-L) is not there
                 pass
-    from . import record
+    from .. import record
 
     return bool(record.VERIFY_ACCELERATED)
 
