@@ -18,6 +18,9 @@ import pytest
 from tests.support.import_graph import ROOT, find_circle, fold, graph
 
 LAYERS = {"protocol": 0, "journal": 1, "client": 1, "config": 2, "server": 3}
+# subpackages that stand above the rest of their package: the Spark job uses the storage
+# engine's format readers, the storage engine never imports the job
+ABOVE_ITS_PACKAGE = ("journal.spark",)
 
 
 def layer_breaches(g: dict[str, set[str]]) -> list[str]:
@@ -29,6 +32,21 @@ def layer_breaches(g: dict[str, set[str]]) -> list[str]:
             if theirs != mine and LAYERS[theirs] >= LAYERS[mine]:
                 out.append(f"{m} (layer {LAYERS[mine]}) imports {d} (layer {LAYERS[theirs]})")
     return out
+
+
+def test_the_storage_engine_does_not_import_the_spark_job():
+    g = graph()
+    for top in ABOVE_ITS_PACKAGE:
+        pkg = top.split(".")[0]
+        inside = [m for m in g if m == top or m.startswith(top + ".")]
+        users = sorted(
+            f"{m} imports {d}"
+            for m, deps in g.items()
+            if m.split(".")[0] == pkg and m not in inside
+            for d in deps
+            if d in inside
+        )
+        assert inside and users == []
 
 
 def test_every_package_has_a_layer():

@@ -40,10 +40,11 @@ if (
     __name__ == "__main__" and not __package__
 ):  # run as a file (spark-submit journal/spark/batch.py)
     _here = os.path.dirname(os.path.abspath(__file__))
+    _root = os.path.dirname(os.path.dirname(_here))  # the directory that holds `journal`
     if sys.path and os.path.abspath(sys.path[0] or ".") == _here:
-        sys.path[0] = os.path.dirname(_here)  # journal/journal.py must not shadow the package
+        sys.path[0] = _root  # this directory's modules must not shadow packages of that name
     else:
-        sys.path.insert(0, os.path.dirname(_here))
+        sys.path.insert(0, _root)
 
 import argparse
 import atexit
