@@ -32,11 +32,11 @@ fallback (also used when TICKERTAPE_PURE_PYTHON=1).
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 from typing import Any
 
+from journal.accelerators import load
 from journal.record import KIND_MESSAGE, encode_record
 from protocol.headers import (
     FAST_PUBLISH_ACK,
@@ -168,19 +168,9 @@ def publish_records_py(
     return b"".join(out), entries, msgs, pos, highest, asked, unknown
 
 
-try:
-    if os.environ.get("TICKERTAPE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("TICKERTAPE_PURE_PYTHON is set")  # to compare, or to rule the C out
-    from server._publish import (  # type: ignore[import-not-found]
-        configure,
-        publish_records,
-        publish_span,
-    )
-
-    configure(MAX_TOPIC_BYTES, MAX_CID_BYTES, MAX_SEQ, _ACK, MEMBERS)
-
-    ACCELERATED = True
-except ImportError:  # no compiler at install time: same results, slower
-    publish_span = publish_span_py
-    publish_records = publish_records_py
-    ACCELERATED = False
+_c = load("server._publish")  # None without a compiler at install time: same results, slower
+if _c is not None:
+    _c.configure(MAX_TOPIC_BYTES, MAX_CID_BYTES, MAX_SEQ, _ACK, MEMBERS)
+publish_span = _c.publish_span if _c else publish_span_py
+publish_records = _c.publish_records if _c else publish_records_py
+ACCELERATED = _c is not None
