@@ -11,6 +11,7 @@ under TYPE_CHECKING count. No circle between modules, nor between (sub)packages 
 bench/ and tests/ stand above everything and are free.
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,14 @@ def test_the_checks_see_what_they_must(tmp_path):
     ]
     assert find_circle(g) is None  # module by module there is none
     assert find_circle(fold(g, 2)) == ["server.p", "server.q", "server.p"]
+
+
+def test_the_architecture_page_draws_these_layers():
+    """docs/architecture.md's table of packages: each package in its layer, and the packages
+    each imports are the ones the code imports."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d) \| `(\w+)` \|[^|]*\| ([^|]*) \|$", text, re.M)
+    assert {pkg: int(layer) for layer, pkg, _ in rows} == LAYERS
+    uses = {pkg: {d.strip() for d in deps.split(",")} - {"—"} for _, pkg, deps in rows}
+    actual = fold(graph(), 1)
+    assert uses == {pkg: actual[pkg] for pkg in LAYERS}
