@@ -1,4 +1,4 @@
-"""Journal archive and compaction on Spark (journal/batch.py): throughput on a standalone cluster
+"""Journal archive and compaction on Spark (journal/spark/batch.py): throughput on a standalone cluster
 against local[*] in the same run, and bytes on disk.
 
     ./run bench bench_archive                          # 5M records, local[*] and a standalone cluster
@@ -144,8 +144,8 @@ def median_range(xs: list[float], fmt: str = "{:,.0f}") -> str:
 
 def run_master(args: argparse.Namespace) -> dict:
     """Every job --reps times on one master; returns the measurements (JSON for the parent)."""
-    from journal.batch import _shipped, run_job
-    from journal.spark_env import build_session, check_executors, is_local
+    from journal.spark.batch import _shipped, run_job
+    from journal.spark.spark_env import build_session, check_executors, is_local
 
     src = args.src
     work = tempfile.mkdtemp(prefix="archive-work-", dir=args.data)
@@ -233,7 +233,7 @@ def _replay(jr: Journal) -> tuple[int, float]:
 def replay_compared(j: Journal, src: str, work: str, segment_size: int, spark) -> dict:
     """Replay rate from the plain segments, and from a copy of the journal compacted (nothing
     dropped) with the same session."""
-    from journal.batch import run_job
+    from journal.spark.batch import run_job
 
     n_plain, s_plain = _replay(j)
     copy = os.path.join(work, "journal-compacted")

@@ -57,6 +57,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Self
 
+from protocol.bookmarks import publisher_bookmark
+
 from .errors import StoreClosed
 from .message import Message
 
@@ -66,24 +68,12 @@ __all__ = [
     "NOW",
     "BookmarkStore",
     "MemoryBookmarkStore",
-    "parse_bookmark",
 ]
 
 EPOCH = "0"
 NOW = "0|1|"
 MOST_RECENT = "recent"
 MAX_LIST = 9_999  # the server accepts lists of up to 10,000 items (protocol.bookmarks)
-
-
-def parse_bookmark(bm: str) -> tuple[int, int] | None:
-    """`(publisher_id, seq)` of `<publisher_id>|<seq>|`, or None for anything else."""
-    parts = bm.split("|")
-    if len(parts) < 2 or len(parts) > 3 or (len(parts) == 3 and parts[2]):
-        return None
-    p, s = parts[0], parts[1]
-    if not (p.isdigit() and s.isdigit()) or p == "0":
-        return None
-    return int(p), int(s)
 
 
 def _text(pub: int, seq: int) -> str:
@@ -344,12 +334,10 @@ class MemoryBookmarkStore(BookmarkStore):
         state = self._subs.get(sub_id)
         if state is None:
             return True
-        parts = bm.split("|")
-        try:
-            pub, seq = int(parts[0]), int(parts[1])
-        except (ValueError, IndexError):
+        point = publisher_bookmark(bm)
+        if point is None:
             return True  # not a publisher bookmark: nothing to track
-        return state.log(pub, seq, bm)
+        return state.log(*point, bm)
 
     def discard_bookmark(self, sub_id: str, bookmark: str) -> bool:
         self._check()
@@ -361,7 +349,7 @@ class MemoryBookmarkStore(BookmarkStore):
     def persisted(self, sub_id: str, bookmark: str) -> None:
         self._check()
         state = self._subs.get(sub_id)
-        key = parse_bookmark(bookmark)
+        key = publisher_bookmark(bookmark)
         if state is not None and key is not None:
             state.mark(*key)
 

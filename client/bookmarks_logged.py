@@ -41,6 +41,8 @@ import os
 import struct
 import zlib
 
+from protocol.bookmarks import publisher_bookmark
+
 from .bookmarks import EPOCH, MOST_RECENT, MemoryBookmarkStore, _canonical, _SubState
 from .errors import CorruptStore, StoreClosed
 from .message import Message
@@ -238,11 +240,10 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
         state = self._subs.get(sub_id)
         if state is None:
             return True
-        parts = bm.split("|")
-        try:
-            pub, seq = int(parts[0]), int(parts[1])
-        except (ValueError, IndexError):
+        point = publisher_bookmark(bm)
+        if point is None:
             return True
+        pub, seq = point
         redelivered = state.redeliver and bm in state.redeliver
         if not state.log(pub, seq, bm):
             return False
@@ -270,10 +271,10 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
     def persisted(self, sub_id: str, bookmark: str) -> None:
         self._check()
         state = self._subs.get(sub_id)
-        parts = bookmark.split("|")
-        if state is None or len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+        point = publisher_bookmark(bookmark)
+        if state is None or point is None:
             return
-        pub, seq = int(parts[0]), int(parts[1])
+        pub, seq = point
         if state.mark(pub, seq):
             self._write_now(_record(_KEYED.pack(MARK, self._sid(sub_id), pub, seq)))
 

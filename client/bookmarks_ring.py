@@ -38,6 +38,8 @@ import os
 import struct
 import zlib
 
+from protocol.bookmarks import publisher_bookmark
+
 from .bookmarks import EPOCH, MOST_RECENT, NOW, BookmarkStore
 from .errors import CorruptStore, StoreClosed, StoreFull
 from .message import Message
@@ -217,11 +219,10 @@ class RingBookmarkStore(BookmarkStore):
         ring = self._subs.get(sub_id)
         if ring is None:
             return True
-        parts = bm.split("|")
-        try:
-            pub, seq = int(parts[0]), int(parts[1])
-        except (ValueError, IndexError):
+        point = publisher_bookmark(bm)
+        if point is None:
             return True
+        pub, seq = point
         highest = ring.highest
         h = highest.get(pub)
         if h is not None and seq <= h:
@@ -241,10 +242,8 @@ class RingBookmarkStore(BookmarkStore):
         if ring is None:
             return False
         point = bookmark
-        parts = bookmark.split("|")
-        try:
-            key = (int(parts[0]), int(parts[1]))
-        except (ValueError, IndexError):
+        key = publisher_bookmark(bookmark)
+        if key is None:
             return False
         mark = ring.mark
         if mark is not None and mark[0] == key:

@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, Literal, Self
 
 from .errors import ClientError, Disconnected
 from .message import Message, PersistedBookmark
-from .subscription import _STOP, _End, _Ending
+from .subscription import _STOP, Unsubscriber, _End, _Ending
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bookmarks import BookmarkStore
-    from .ha import HAClient
     from .submanager import SubscriptionSpec
     from .subscription import Subscription
 
@@ -53,7 +52,7 @@ class HASubscription:
 
     def __init__(
         self,
-        ha: HAClient,
+        ha: Unsubscriber,  # the HAClient
         spec: SubscriptionSpec,
         store: BookmarkStore | None,
         max_window: int,

@@ -24,15 +24,21 @@ import asyncio
 import enum
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, Literal, Self
+from typing import TYPE_CHECKING, Final, Literal, Protocol, Self
 
 from .errors import Disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .client_subscribe import ClientSubscriptions
     from .message import Message, PersistedBookmark
 
-__all__ = ["Subscription"]
+__all__ = ["Subscription", "Unsubscriber"]
+
+
+class Unsubscriber(Protocol):
+    """What a subscription sees of its owner (the client's or the HA client's subscriptions,
+    which import this module): the one call `unsubscribe()` makes."""
+
+    async def unsubscribe(self, sub_id: str, *, timeout: float | None = ...) -> None: ...
 
 
 class _End(enum.Enum):
@@ -75,7 +81,7 @@ class Subscription:
 
     def __init__(
         self,
-        client: ClientSubscriptions,
+        client: Unsubscriber,
         sub_id: str,
         topic: str,
         bookmark: str | None,

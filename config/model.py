@@ -374,7 +374,7 @@ class Authentication(msgspec.Struct, frozen=True, kw_only=True):
     """`<Authentication>`: how a logon proves who it is (docs/security.md)."""
 
     password_file: str | None = None
-    """The file `tickertape passwd` writes (server/security/passwords.py); None = no passwords."""
+    """The file `tickertape passwd` writes (protocol/security/passwords.py); None = no passwords."""
     logon_timeout: float | None = None
     """As written here; the loader folds it into `Limits.logon_timeout`, which is what applies."""
     allow_anonymous: bool = False

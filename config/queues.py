@@ -42,7 +42,7 @@ _PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as server/router.py: a lone `.`
 def _filter_expression(text: str) -> str:
     """A `<Filter>` or `<BarrierExpression>`: checked here, so a bad one is a configuration
     problem with its line, not a failure when the server starts the queue."""
-    from server.filters import FilterError, compile_filter  # the server's own filter compiler
+    from protocol.filters import FilterError, compile_filter  # the server's own filter compiler
 
     try:
         compile_filter(text)

@@ -264,7 +264,7 @@ def _address(checker: Checker, node: Node) -> ReplicationAddress | None:
             if t.has(element) and not t.has(other):
                 t.missing(other, " (a client certificate needs its key)")
         if ca_file is not None or (certificate is not None and private_key is not None):
-            from server.security.tls import TlsError, client_context
+            from protocol.security.tls import TlsError, client_context
 
             try:
                 client_context(ca_file, certificate, private_key, check_hostname=False)

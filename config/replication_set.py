@@ -194,7 +194,7 @@ def _listener(transports: list[Transport], host: str, port: int) -> Transport | 
 
 
 def _unknown_user(path: str, user: str) -> str | None:
-    from server.security.passwords import PasswordFileError, load_password_file
+    from protocol.security.passwords import PasswordFileError, load_password_file
 
     try:
         users = load_password_file(path)

@@ -6,11 +6,11 @@ docs/configuration.md describes the elements and docs/security.md what they mean
 - TLS: the certificate, key and CA files must exist and load together (a key that does not
   belong to its certificate, a PEM without a certificate, an encrypted key...), `<Ciphers>` must
   select a cipher, `<MinimumVersion>` is TLSv1.2 or TLSv1.3; the checks are those of
-  `server.security.tls`, imported when a file has a TLS section, so a problem found here is the
+  `protocol.security.tls`, imported when a file has a TLS section, so a problem found here is the
   one the server would hit.
-- `<PasswordFile>` must load (`server.security.passwords`: a damaged line is named by number);
+- `<PasswordFile>` must load (`protocol.security.passwords`: a damaged line is named by number);
   topic regexes must compile in RE2; `<Filter><Expression>`s must compile in the filter language
-  (`server.filters`).
+  (`protocol.filters`).
 - Safe defaults: a transport or the admin endpoint on an address that is not loopback needs an
   `<Authentication>` section; `<Authentication><AllowAnonymous>true</AllowAnonymous>` is how a
   file says "open to the network" in so many words.
@@ -31,7 +31,7 @@ from .txlog import topic_pattern
 from .xmltree import Node
 
 if TYPE_CHECKING:
-    from server.security.tls import ServerTls
+    from protocol.security.tls import ServerTls
 
 __all__ = [
     "RIGHT_ELEMENTS",
@@ -115,7 +115,7 @@ def user_list(text: str) -> tuple[str, ...]:
 
 
 def _expression(text: str) -> str:
-    from server.filters import FilterError, compile_filter  # the server's own filter compiler
+    from protocol.filters import FilterError, compile_filter  # the server's own filter compiler
 
     try:
         compile_filter(text)
@@ -131,7 +131,7 @@ def _expression(text: str) -> str:
 def check_tls(checker: Checker, sec: Section, tls: ServerTls) -> None:
     """Report every problem of the TLS settings `tls` read from `sec`, at the element it
     comes from."""
-    from server.security.tls import check
+    from protocol.security.tls import check
 
     for error in check(tls):
         message = f"{error.path}: {error.reason}" if error.path else error.reason
@@ -145,7 +145,7 @@ def read_authentication(checker: Checker, node: Node | None) -> Authentication |
     sec = Section(checker, node, AUTHENTICATION)
     password_file = sec.text("PasswordFile")
     if password_file is not None:
-        from server.security.passwords import PasswordFileError, load_password_file
+        from protocol.security.passwords import PasswordFileError, load_password_file
 
         try:
             load_password_file(password_file)

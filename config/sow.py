@@ -23,7 +23,7 @@ __all__ = ["read_sow_topics"]
 
 
 def _key_path(text: str) -> str:
-    from server.filters import FilterError, compile_path  # the filter engine's path reader
+    from protocol.filters import FilterError, compile_path  # the filter engine's path reader
 
     try:
         compile_path(text)

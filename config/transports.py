@@ -30,7 +30,7 @@ from .values import parse_inet_addr
 from .xmltree import Node
 
 if TYPE_CHECKING:
-    from server.security.tls import ServerTls
+    from protocol.security.tls import ServerTls
 
 __all__ = [
     "LOG_LEVELS",
@@ -188,7 +188,7 @@ def _server_tls(
     version: str = "TLSv1.2",
     ciphers: str | None = None,
 ) -> ServerTls:
-    from server.security.tls import ServerTls
+    from protocol.security.tls import ServerTls
 
     return ServerTls(certificate, private_key, ca_file, verify_client, version, ciphers)
 

@@ -50,7 +50,8 @@ from .reading import JournalReader
 from .record import RECORD_HEADER_SIZE
 from .recovery import JournalRecovery
 from .segments import DEFAULT_SEGMENT_SIZE, READ_BLOCK, Segment, segment_name
-from .writer import CommitStats, DoneCallback, JournalWriter
+from .state import CommitStats, DoneCallback
+from .writer import JournalWriter
 
 log = logging.getLogger("tickertape.journal")
 

@@ -7,7 +7,7 @@ results waiting for an answer; requests that never got a result.
 then it commits the new manifest (archive state by position range, compacted segments in place
 of the ones they replace) and writes the answer `_maint/applied/<id>.json`. Answering twice
 gives the same answer. `apply_if_free` does it when no server holds the journal
-(`python -m journal.batch` after a spark-submit run).
+(`python -m journal.spark.batch` after a spark-submit run).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Queue event records and queue checkpoints: the on-disk state of message queues. This module
 owns these bytes; the server's queues (server/queues.py) write them, recovery and the journal
-jobs (journal/maintenance.py, journal/jobs.py) read them.
+jobs (journal/maintenance.py, journal/spark/jobs.py) read them.
 
 Every queue state change that must survive a restart is an *event*. The events of one queue in
 one group commit are one journal record (journal/record.py) of kind 2 (`KIND_QUEUE_EVENT`),

@@ -71,6 +71,8 @@ import zlib
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final, NamedTuple
 
+from .accelerators import load
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -574,14 +576,8 @@ def resync_py(buf: BytesLike, start: int) -> int:
     return -1
 
 
-try:  # the C twin (journal/_verify.c), built when a compiler and zlib's headers are there
-    import os as _os
-
-    if _os.environ.get("TICKERTAPE_PURE_PYTHON"):
-        raise ImportError
-    from ._verify import resync, verified_prefix
-
-    VERIFY_ACCELERATED = True
-except ImportError:
-    verified_prefix, resync = verified_prefix_py, resync_py
-    VERIFY_ACCELERATED = False
+# the C twin (journal/_verify.c), built when a compiler and zlib's headers are there
+_verify = load("journal._verify")
+verified_prefix = _verify.verified_prefix if _verify else verified_prefix_py
+resync = _verify.resync if _verify else resync_py
+VERIFY_ACCELERATED = _verify is not None

@@ -51,14 +51,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 from .errors import JournalClosed, JournalUnavailable
 from .index import IndexEntry
 from .record import SEGMENT_HEADER_SIZE, encode_segment_header
 from .segments import Segment, segment_name
-from .state import JournalState
+from .state import Batch, DoneCallback, IndexMeta, JournalState, _Control
 
 log = logging.getLogger("tickertape.journal")
 
@@ -70,45 +69,6 @@ RUNWAY_LOW = 1024 * 1024  # extend when fewer than this are left
 RUNWAY_RETRY_S = 10.0  # after a failed extension (disk full), wait this long before another
 
 T = TypeVar("T")
-
-
-class _Control:
-    """A maintenance call queued on the writer thread (run_in_writer)."""
-
-    __slots__ = ("fn", "future")
-
-    def __init__(self, fn: Callable[[], Any], future: concurrent.futures.Future[Any]):
-        self.fn = fn
-        self.future = future
-
-    def run(self) -> None:
-        if not self.future.set_running_or_notify_cancel():
-            return
-        try:
-            self.future.set_result(self.fn())
-        except BaseException as exc:  # handed to the caller
-            self.future.set_exception(exc)
-
-
-@dataclass
-class CommitStats:
-    commits: int = 0
-    records: int = 0
-    bytes: int = 0
-    last_latency_s: float = 0.0
-    failures: int = 0
-    unavailable_since: float = 0.0  # time.time() when it became unavailable; 0 while available
-    recoveries: int = 0
-
-
-DoneCallback = Callable[[int | None, BaseException | None], None]
-IndexMeta = dict[bytes, bytes]
-
-# what waits for the writer thread: a batch of records, a fence, or a maintenance call
-Batch = tuple[bytes, list[IndexEntry], DoneCallback, IndexMeta | None]
-Fence = tuple[None, list[IndexEntry], None, None]
-Control = tuple[_Control, list[IndexEntry], None, None]
-Pending = Batch | Fence | Control
 
 
 class JournalWriter(JournalState):

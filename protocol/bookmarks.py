@@ -70,6 +70,7 @@ __all__ = [
     "format_timestamp",
     "parse_bookmark",
     "parse_timestamp",
+    "publisher_bookmark",
     "split_bookmark_key",
 ]
 
@@ -315,6 +316,25 @@ def _point(text: str) -> Point:
     if len(text) >= 9 and text[8] == "T" and text[:8].isdigit():
         return parse_timestamp(text)
     raise InvalidBookmark(f"{_short(text)} is not a bookmark; {_FORMS}")
+
+
+def publisher_bookmark(text: str) -> tuple[int, int] | None:
+    """``(publisher_id, seq)`` when ``text`` is the bookmark of one message
+    (``<publisher_id>|<seq>|``: what :func:`parse_bookmark` reads as a :class:`Bookmark`); None
+    for any other text (epoch, now, a timestamp, a list, a range, not a bookmark). For the paths
+    that see one per message: the common text raises and catches nothing."""
+    parts = text.strip().split("|")
+    if len(parts) == 3 and not parts[2]:
+        parts.pop()
+    if len(parts) != 2:
+        return None
+    p, s = parts
+    if len(p) > 20 or len(s) > 20 or not (_DECIMAL_RE.fullmatch(p) and _DECIMAL_RE.fullmatch(s)):
+        return None
+    publisher_id, seq = int(p), int(s)
+    if publisher_id == 0 or publisher_id > MAX_U64 or seq > MAX_U64:
+        return None
+    return publisher_id, seq
 
 
 def _side(text: str, where: str) -> Point | BookmarkList:

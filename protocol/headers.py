@@ -21,7 +21,11 @@ from __future__ import annotations
 import msgspec
 
 __all__ = [
+    "FAST_PUBLISH_ACK",
+    "FAST_PUBLISH_FIELDS",
     "LONG_NAMES",
+    "PUBLISH_FIELDS",
+    "SLOW_PUBLISH_FIELDS",
     "FieldError",
     "Header",
     "HeaderError",
@@ -104,6 +108,45 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     records_returned: int | None = None
     topic_matches: int | None = None
 
+
+# What a publish does with each Header field, for the publish fast path. Every field is here
+# (tests/protocol/test_publish_fields.py fails until a new one is): a field cmd_publish acts on
+# must be "slow" unless the fast path does the same with it.
+#   fast    read by the fast path: the byte scanner (server/publish_scan.py, server/_publish.c)
+#           takes a header of only these members, the run predicate (server/session.py) takes
+#           decoded headers with them; a only as FAST_PUBLISH_ACK, the sizes of check_fields
+#   slow    acted on by cmd_publish alone: a publish that has one goes the ordinary way
+#   unused  no part of a publish: the run predicate lets them ride (cmd_publish ignores them
+#           too), the byte scanner takes no member outside "fast"
+PUBLISH_FIELDS: dict[str, str] = {
+    "c": "fast",
+    "cid": "fast",
+    "t": "fast",
+    "s": "fast",
+    "a": "fast",
+    "x": "slow",
+    "e": "slow",
+    "sub_id": "unused",
+    "sids": "unused",
+    "bm": "unused",
+    "o": "unused",
+    "f": "unused",
+    "ts": "unused",
+    "lp": "unused",
+    "l": "unused",
+    "client_name": "unused",
+    "user_id": "unused",
+    "pw": "unused",
+    "v": "unused",
+    "status": "unused",
+    "reason": "unused",
+    "matches": "unused",
+    "records_deleted": "unused",
+    "max_backlog": "unused",
+}
+FAST_PUBLISH_FIELDS = frozenset(k for k, v in PUBLISH_FIELDS.items() if v == "fast")
+SLOW_PUBLISH_FIELDS = frozenset(k for k, v in PUBLISH_FIELDS.items() if v == "slow")
+FAST_PUBLISH_ACK = "persisted"  # the one ack type (`a`) a publish on the fast path asks for
 
 LONG_NAMES: dict[str, str] = {
     "cmd": "c",

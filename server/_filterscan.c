@@ -1,9 +1,9 @@
-/* Content filters evaluated over a block of journal records: the C twin of server/filters/scan.py.
+/* Content filters evaluated over a block of journal records: the C twin of server/filter_scan.py.
  *
  * scan(buf, base, start, end, topic, program) walks the whole records at the start of `buf`
  * (journal/record.py's layout, as server/_splice.c walks them) and, for every message (kind 1)
  * on exactly `topic` at a position in [start, end), evaluates `program` (a filter compiled by
- * server/filters/program.py) on its body. It returns
+ * protocol/filters/program.py) on its body. It returns
  *
  *     (matched, unsure, stop_offset, last_pub, last_seq, at_end)
  *
@@ -691,7 +691,7 @@ done:
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buf, base, start, end, topic, program) -> (matched, unsure, stop_offset, last_pub, "
-     "last_seq, at_end); see server/filters/scan.py"},
+     "last_seq, at_end); see server/filter_scan.py"},
     {NULL, NULL, 0, NULL},
 };
 

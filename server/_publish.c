@@ -10,8 +10,8 @@
  *     -> (records, entries, msgs, stop, highest, asked, unknown)
  *     Walks the frames of `raw` from `pos` while each is a plain publish: a header of exactly
  *     the members c ("publish"), t, s and optionally a ("persisted") and cid, each once, in any
- *     order, no white space; strings of printable ASCII without `"` or `\`; t of 1..65535
- *     bytes, cid of at most 1024; s a decimal integer 1..2^63-1 without leading zeros and above
+ *     order, no white space; strings of printable ASCII without `"` or `\`; t of 1..max_topic
+ *     bytes, cid of at most max_cid; s a decimal integer 1..max_seq without leading zeros and above
  *     the sequence before it (`highest` for the first); the topic a key of `known` (bytes ->
  *     topic str). For each it appends the journal record (journal/record.py: kind 1, flags 0,
  *     u32 LE length, crc32, topic, body) to `records`, (pub, seq, ts, base + offset) to
@@ -32,9 +32,17 @@
 #define RECORD_CRC
 #include "../journal/_record.h"
 
-#define MAX_TOPIC 65535
-#define MAX_CID 1024
-#define MAX_SEQ 0x7FFFFFFFFFFFFFFFULL
+/* The limits and the ack type come from protocol/headers.py through configure(), which
+   server/publish_scan.py calls at import: they are typed once, there. Until then no frame is
+   taken (a topic of at most 0 bytes). */
+static Py_ssize_t max_topic = 0, max_cid = 0;
+static uint64_t max_seq = 0;
+static int max_seq_digits = 0; /* the digits of max_seq (at most 19: the value fits in 64 bits) */
+static char fast_ack[32];
+static Py_ssize_t fast_ack_len = -1;
+/* the members parse_header reads, sorted: protocol/headers.py's "fast" publish fields */
+static const char *const MEMBERS[] = {"a", "c", "cid", "s", "t"};
+#define N_MEMBERS 5
 
 static const char PUBLISH_PREFIX[] = "{\"c\":\"publish\"";
 #define PUBLISH_PREFIX_LEN 14
@@ -112,12 +120,12 @@ static Py_ssize_t parse_header(const unsigned char *h, Py_ssize_t n, Fields *f) 
             uint64_t v = 0;
             int digits = 0;
             while (p < end && *p >= '0' && *p <= '9') {
-                if (++digits > 19)
+                if (++digits > max_seq_digits)
                     return 0;
                 v = v * 10 + (uint64_t)(*p - '0');
                 p++;
             }
-            if (v > MAX_SEQ)
+            if (v > max_seq)
                 return 0;
             f->seq = v;
             f->has_s = 1;
@@ -134,17 +142,17 @@ static Py_ssize_t parse_header(const unsigned char *h, Py_ssize_t n, Fields *f) 
                     return 0;
                 f->has_c = 1;
             } else if (klen == 1 && key[0] == 't') {
-                if (f->has_t || vlen < 1 || vlen > MAX_TOPIC)
+                if (f->has_t || vlen < 1 || vlen > max_topic)
                     return 0;
                 f->topic = val;
                 f->tlen = vlen;
                 f->has_t = 1;
             } else if (klen == 1 && key[0] == 'a') {
-                if (f->has_a || vlen != 9 || memcmp(val, "persisted", 9) != 0)
+                if (f->has_a || vlen != fast_ack_len || memcmp(val, fast_ack, (size_t)vlen) != 0)
                     return 0;
                 f->has_a = 1;
             } else if (klen == 3 && memcmp(key, "cid", 3) == 0) {
-                if (f->has_cid || vlen > MAX_CID)
+                if (f->has_cid || vlen > max_cid)
                     return 0;
                 f->cid = val;
                 f->clen = vlen;
@@ -282,7 +290,52 @@ done:
     return result;
 }
 
+static PyObject *
+configure(PyObject *self, PyObject *args)
+{
+    Py_ssize_t topic, cid;
+    unsigned long long seq;
+    const char *ack;
+    Py_ssize_t ack_len;
+    PyObject *fields;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "nnKy#O!", &topic, &cid, &seq, &ack, &ack_len, &PyTuple_Type,
+                          &fields))
+        return NULL;
+    if (ack_len < 0 || (size_t)ack_len > sizeof(fast_ack)) {
+        PyErr_SetString(PyExc_ValueError, "the fast publish ack type is too long");
+        return NULL;
+    }
+    int same = PyTuple_GET_SIZE(fields) == N_MEMBERS;
+    for (Py_ssize_t i = 0; same && i < N_MEMBERS; i++) {
+        PyObject *name = PyTuple_GET_ITEM(fields, i);
+        same = PyBytes_Check(name) && strcmp(PyBytes_AS_STRING(name), MEMBERS[i]) == 0;
+    }
+    if (!same) {
+        PyErr_SetString(PyExc_ValueError,
+                        "server/_publish.c reads the members a, c, cid, s, t; protocol/headers.py "
+                        "classifies other publish fields as fast: teach parse_header the new ones");
+        return NULL;
+    }
+    max_topic = topic;
+    max_cid = cid;
+    if (seq > 9999999999999999999ULL) {
+        PyErr_SetString(PyExc_ValueError, "max_seq must have at most 19 digits");
+        return NULL;
+    }
+    max_seq = (uint64_t)seq;
+    max_seq_digits = 0;
+    for (uint64_t v = max_seq; v > 0; v /= 10)
+        max_seq_digits++;
+    memcpy(fast_ack, ack, (size_t)ack_len);
+    fast_ack_len = ack_len;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(max_topic, max_cid, max_seq, ack, fields): the limits, the ack type and the "
+     "sorted member names of protocol/headers.py's fast publish; see server/publish_scan.py"},
     {"publish_span", publish_span, METH_VARARGS,
      "publish_span(buf, pos, max_size) -> end; see server/publish_scan.py"},
     {"publish_records", publish_records, METH_VARARGS,

@@ -31,75 +31,32 @@ from typing import Any
 from config.model import Config
 from journal.fileio import io_from_env
 from journal.journal import Journal
+from protocol.security.tls import ServerTls, server_context
 
 from . import frames, splice
 from .admin import AdminEndpoint
 from .admission import Admission
 from .connection import Connection, ConnectionEnv, Connections
-from .counters import Counters
-from .fanout import Fanout
+from .core import build_core
 from .guard import Guard, build_guard
-from .intake import Intake
 from .maintenance import Maintenance
 from .pipeline import Pipeline
-from .queues import QueueManager
 from .reasons import Disconnect
-from .replay_engine import ReplayEngine
 from .replication import AckSink, MemoryAckSink
 from .replication.receiver import Receiver
 from .replication.sender import Sender
 from .replication.sync import SyncGate, UnknownDestination
-from .router import Router
-from .security.tls import ServerTls, server_context
-from .services import SessionServices, compile_now
+from .services import compile_now
 from .session_rights import recheck
 from .sow import SowManager
 from .stats import Stats
-from .subscription_table import LiveIndex
 from .tls_accept import TlsAcceptor
-from .topics import TopicPolicy, never
+from .topics import never
 
 log = logging.getLogger("tickertape.server")
 
 HEARTBEAT_TICK = 0.2
 SHUTDOWN_TIMEOUT = 10.0
-
-
-class IdlePoller:
-    """Network input arrived: keep the loop polling for <IdlePoll> before it sleeps.
-
-    While a callback is ready the event loop polls its sockets without blocking, so a reply
-    that comes back within the window (a queue consumer's next ack, a request/response client)
-    is read at once; a sleeping CPU takes tens of microseconds to wake on a virtual machine,
-    more than the server's own work per round trip. Go runtimes spin the same way. A commit in
-    flight needs the GIL back when its fdatasync returns (`busy`): then the loop sleeps.
-    """
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, window: float, busy: Callable[[], bool]
-    ) -> None:
-        self.loop = loop
-        self.window = window
-        self.busy = busy
-        self.rounds = 0  # loop iterations spent polling instead of sleeping (stats)
-        self._polling = False
-        self._input_at = 0.0
-
-    def input_seen(self, now: float) -> None:
-        # The window runs from the end of the read's work, not `now` (its start): an inline
-        # commit outlasts the window, and a loop that sleeps right after it misses the next
-        # publish of a one-in-flight publisher by a wake-up.
-        self._input_at = time.monotonic()
-        if not self._polling and self.window:
-            self._polling = True
-            self.loop.call_soon(self._poll)
-
-    def _poll(self) -> None:
-        if not self.busy() and time.monotonic() - self._input_at < self.window:
-            self.rounds += 1
-            self.loop.call_soon(self._poll)
-        else:
-            self._polling = False
 
 
 def _read_password(path: str | None) -> str | None:
@@ -162,72 +119,28 @@ class Server:
             )
             recorded = tl.records_topic
         journal = self.journal
-        self.counters = Counters()
-        self.intake = Intake(config.limits)
-        self.fanout = Fanout(Router())
-        self.pipeline = Pipeline(
+        core = build_core(
+            config,
             journal,
             recorded,
             loop,
-            self.fanout,
-            self.connections.backlog,
-            config.limits.publish_memory_limit,
-        )
-        dests = config.replication.destinations
-        if dests and journal is not None:
-            pipeline = self.pipeline
-            self.gate = SyncGate(
-                ((d.name, d.sync, d.downgrade_after) for d in dests),
-                lambda: pipeline.delivered_end,
-                loop.call_later,
-            )
-            pipeline.attach_gate(self.gate)
-            self.gate.start()
-            self.repl_sink = self.gate
-        gate = self.gate
-        self.replays = ReplayEngine(
-            journal,
             self.readers,
-            self.pipeline,
-            (lambda: gate.durable_end) if gate is not None and gate.has_sync else None,
-        )
-        self.queues = QueueManager(
-            config.queues if journal is not None else (),
-            self.name,
-            journal,
-            loop,
-            self.pipeline,
-            config.replication,
-        )
-        await loop.run_in_executor(None, self.queues.recover)
-        if self.queues.queues:  # without queues, committed messages need no Message objects
-            self.queues.attach(self.pipeline)
-        if config.sow_topics and journal is not None:  # State of the World (server/sow/)
-            self.sow = SowManager(config, journal)
-            await loop.run_in_executor(None, self.sow.recover)
-            self.sow.attach(self.pipeline, self.fanout.router)
-            self.pipeline.keyed = self.sow.is_sow
-        self.index = LiveIndex(self.fanout.router, self.fanout, self.pipeline)
-        self.poller = IdlePoller(
-            loop, config.limits.idle_poll, lambda: self.pipeline.inflight_batches > 0
-        )
-        services = SessionServices(
-            instance=self.name,
-            has_journal=journal is not None,
-            max_subscriptions=config.limits.client_max_subscriptions,
-            names={},
-            pipeline=self.pipeline,
-            queues=self.queues,
-            replays=self.replays,
-            index=self.index,
-            topics=TopicPolicy(config, journal is not None),
-            counters=self.counters,
-            limit_counts=self.intake.counts,
-            call_later=loop.call_later,
-            guard=self.guard,
+            self.guard,
+            self.connections.backlog,
             compile_later=self._compile_later,
-            sow=self.sow,
         )
+        self.counters, self.intake, self.fanout = core.counters, core.intake, core.fanout
+        self.pipeline, self.gate, self.replays = core.pipeline, core.gate, core.replays
+        self.queues, self.index, self.poller = core.queues, core.index, core.poller
+        services = core.services
+        if self.gate is not None:
+            self.repl_sink = self.gate
+        await loop.run_in_executor(None, self.queues.recover)
+        if core.sow is not None:  # State of the World (server/sow/)
+            await loop.run_in_executor(None, core.sow.recover)
+        core.attach_recovered()
+        self.sow = core.sow
+        gate = self.gate
         env = ConnectionEnv(
             registry=self.connections,
             intake=self.intake,

@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_client_commands(sub)
-    from .maintenance_cli import add_maintenance_commands  # archive, compact (journal/batch.py)
+    from .maintenance_cli import (
+        add_maintenance_commands,  # archive, compact (journal/spark/batch.py)
+    )
 
     add_maintenance_commands(sub)
     from .security.passwd_cli import add_passwd_command
@@ -253,10 +255,10 @@ async def _reload(server: Server, path: str) -> None:
 
 async def _run(cfg: Config, daemon: Daemon | None, path: str | None = None) -> int:
     from journal.journal import JournalError
+    from protocol.security.passwords import PasswordFileError
+    from protocol.security.tls import TlsError
 
     from .app import Server
-    from .security.passwords import PasswordFileError
-    from .security.tls import TlsError
 
     server = Server(cfg)
     try:

@@ -14,14 +14,14 @@ is too generous costs a filter call, never a wrong delivery. Safe because the su
 filter is its own text's filter, or that ANDed with content entitlements (server/guard.py):
 FALSE for its own equality means never TRUE.
 
-Keys follow the equality rules of the filter language (server/filters/kernels.py): booleans
+Keys follow the equality rules of the filter language (protocol/filters/kernels.py): booleans
 equal only booleans; numbers equal numbers and numeric strings; strings equal strings. So a
 value has the key `("b", v)`, `("n", v)` or `("s", v)`, and a numeric string also `("n",
 number)` (`'12' = 12` is TRUE); an array has its scalar elements' keys (a comparison on an
 array holds for any element). NULL, objects and empty arrays have none (never equal).
 
 Only equalities on a path of names (`/a/b`, not `/a[0]`) are indexed; the filter text is read
-with the filter package's parser (`server.filters.parser.parse`), once per distinct text.
+with the filter package's parser (`protocol.filters.parser.parse`), once per distinct text.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 
 import msgspec
 
-from .filters import FilterError
-from .filters.kernels import to_num
-from .filters.parser import parse
-from .filters.tree import Compare, Const, Field, In, Junction, Node, Unary
+from protocol.filters import FilterError
+from protocol.filters.kernels import to_num
+from protocol.filters.parser import parse
+from protocol.filters.tree import Compare, Const, Field, In, Junction, Node, Unary
 
 __all__ = ["INDEX_MIN", "TopicIndex", "equality_of", "value_keys"]
 

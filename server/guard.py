@@ -30,12 +30,12 @@ from functools import partial
 from typing import Any
 
 from config.model import Config
+from protocol.filters import FilterError, cached_filter, compiled
+from protocol.security.tls import ServerTls, TlsError, reload_server_context, server_context
 
-from .filters import FilterError, cached_filter, compiled
 from .matching import Predicate, TopicFilter
 from .security.authenticator import AuthFailure, Identity, LogonChecker, build_authenticator
 from .security.entitlements import Access, Entitlements, ReadFilter
-from .security.tls import ServerTls, TlsError, reload_server_context, server_context
 from .subscriptions import Subscription
 
 __all__ = ["Grant", "Guard", "TopicGate", "build_guard"]

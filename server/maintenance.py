@@ -3,7 +3,7 @@ process, orders from `tickertape archive|compact`, and applying results.
 
 The server is the journal's owner, so it is the one that changes the manifest and the index
 (journal/maintenance.py): it writes requests, applies results, and removes segments. The Spark
-job itself (journal/batch.py) always runs in another process: a child started here for a
+job itself (journal/spark/batch.py) always runs in another process: a child started here for a
 scheduled action, or the CLI. Nothing here runs on the event loop but bookkeeping: file work
 runs in the default executor, the job in a child process, and the layout swap on the journal's
 writer thread between two group commits.
@@ -324,14 +324,14 @@ class Maintenance:
         )
 
     async def _run_child(self, req_path: str) -> tuple[int, str]:
-        """`python -m journal.batch --request ...` in its own process group; its output is logged."""
+        """`python -m journal.spark.batch --request ...` in its own process group; its output is logged."""
         root = os.path.dirname(os.path.dirname(os.path.abspath(jm.__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "journal.batch",
+            "journal.spark.batch",
             "--request",
             req_path,
             "--driver-memory",

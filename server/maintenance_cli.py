@@ -1,4 +1,4 @@
-"""`tickertape archive` and `tickertape compact`: run the journal job (journal/batch.py) by hand.
+"""`tickertape archive` and `tickertape compact`: run the journal job (journal/spark/batch.py) by hand.
 
     tickertape archive --config FILE [--older-than 1d] [--archive-dir DIR] [--master local[*]]
     tickertape compact --config FILE [--retention 7d] [--older-than 1h] [--recompact]
@@ -50,7 +50,7 @@ APPLY_WAIT_S = 120.0
 
 
 def add_maintenance_commands(sub: argparse._SubParsersAction) -> None:
-    from journal.batch import add_spark_arguments
+    from journal.spark.batch import add_spark_arguments
 
     for kind, helptext in (
         ("archive", "archive sealed journal segments to Parquet (Spark job)"),
@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
     from journal.journal import Journal, JournalError, JournalLocked
     from journal.maintenance import MaintenanceError, make_request, write_request
     from journal.maintenance_apply import apply_result, pending_results
-    from journal.spark_env import parse_conf
+    from journal.spark.spark_env import parse_conf
     from protocol.units import parse_interval
 
     from .router import is_pattern
@@ -272,7 +272,7 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
         import pyarrow  # noqa: F401
         import pyspark  # noqa: F401
 
-        from journal import batch
+        from journal.spark import batch
     except ImportError as exc:
         _err(
             f"the Spark job needs the 'spark' extra ({exc}): pip install 'tickertape[spark]' (./run test installs it)"
@@ -393,7 +393,7 @@ def _submit_hint(args: argparse.Namespace, req_path: str) -> str:
     """How to run a written request with spark-submit, with this installation's paths."""
     import shlex
 
-    from journal import batch
+    from journal.spark import batch
 
     try:
         import pyspark

@@ -1,9 +1,9 @@
-"""Content filters (server/filters.py) applied to message bodies as stored.
+"""Content filters (protocol/filters.py) applied to message bodies as stored.
 
 A filter is a predicate over the decoded JSON body. Every path that filters (live fan-out,
 replay, queues, sow_delete) goes through here, so they agree on what a body that is not JSON
 means: it matches no filter. `body_matches` is the one-filter case: it uses the filter's
-`match_raw` (server/filters/api.py), which decodes only the fields the filter reads. `Body`
+`match_raw` (protocol/filters/api.py), which decodes only the fields the filter reads. `Body`
 serves many filters of one message: it decodes the fields of each set of fields once.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from .filters import NOT_JSON, CompiledFilter
+from protocol.filters import NOT_JSON, CompiledFilter
 
 __all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches", "decode_body"]
 

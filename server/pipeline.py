@@ -38,7 +38,7 @@ import struct
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from journal.index import OWNER_KEY
 from journal.journal import Journal
@@ -52,10 +52,25 @@ from .subscriptions import Subscription
 
 _U64BE = struct.Struct(">Q")
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .replication.sync import SyncGate
-
 log = logging.getLogger("tickertape.pipeline")
+
+
+class AckGate(Protocol):
+    """What the pipeline sees of the sync gate (`SyncGate`, server/replication/sync.py): the
+    replication package imports the pipeline, so the pipeline names only this much of it."""
+
+    release: Callable[[Any], None]  # set by attach_gate: hands a held batch back, in order
+    wake: Callable[[], None]  # set by attach_gate: the durable end moved
+
+    has_sync: bool  # a sync destination is configured: durable means acked by it too
+
+    def committed(self, batch: Any, end: int) -> bool: ...
+
+    @property
+    def durable_end(self) -> int: ...
+
+    def durable_bm(self) -> tuple[int, int] | None: ...
+
 
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 # flush(): a batch up to this size with no commit in flight is committed on the event loop
@@ -181,9 +196,9 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self._repl_topics: dict[bytes, str] = {}
         self._repl_meta_pending: dict[bytes, bytes] = {}
         # sync replication (server/replication/sync.py): holds acks; None without destinations
-        self.gate: SyncGate | None = None
+        self.gate: AckGate | None = None
 
-    def attach_gate(self, gate: SyncGate) -> None:
+    def attach_gate(self, gate: AckGate) -> None:
         """Committed batches go through `gate`: it may hold their acks (then `_release`s them
         in order) and wakes the tailing replays when its durable end moves."""
         self.gate = gate

@@ -12,9 +12,9 @@ not one). The frame decoder (protocol/framing.py) hands such a run to the sessio
     -> (records, entries, msgs, stop, highest, asked, unknown)`: walks the frames of `raw` from
 `pos` while each is a *plain publish*: a header of exactly the members c ("publish"), t, s and
 optionally a ("persisted") and cid, each once, in any order, without white space; strings of
-printable ASCII without `"` or `\\`; t of 1..65535 bytes and cid of at most 1024; s a decimal
-integer in 1..2^63-1 without leading zeros, above the sequence before it (`highest` for the
-first); its topic a key of `known` (topic bytes -> the topic str, the ones the caller checked
+printable ASCII without `"` or `\\`; t of 1..MAX_TOPIC_BYTES and cid of at most MAX_CID_BYTES;
+s a decimal integer in 1..MAX_SEQ without leading zeros, above the sequence before it
+(`highest` for the first); its topic a key of `known` (topic bytes -> the topic str, the ones the caller checked
 are stored as they are). For each it appends the journal record (journal/record.py: kind
 message, flags 0) to `records`, `(pub, seq, ts, base + offset)` to `entries` and
 `(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/pipeline.py's Batch
@@ -32,12 +32,19 @@ fallback (also used when TICKERTAPE_PURE_PYTHON=1).
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 from typing import Any
 
+from journal.accelerators import load
 from journal.record import KIND_MESSAGE, encode_record
+from protocol.headers import (
+    FAST_PUBLISH_ACK,
+    FAST_PUBLISH_FIELDS,
+    MAX_CID_BYTES,
+    MAX_SEQ,
+    MAX_TOPIC_BYTES,
+)
 
 __all__ = [
     "ACCELERATED",
@@ -48,13 +55,25 @@ __all__ = [
 ]
 
 PUBLISH_PREFIX = b'{"c":"publish"'
-MAX_SEQ = (1 << 63) - 1
+_ACK = FAST_PUBLISH_ACK.encode()
 _unpack_len = struct.Struct(">I").unpack_from
 # one member: a key, then a plain string or a decimal integer without a leading zero
 _MEMBER = re.compile(
     rb'"([\x20\x21\x23-\x5b\x5d-\x7e]*)":(?:"([\x20\x21\x23-\x5b\x5d-\x7e]*)"|([1-9][0-9]*))'
 )
-_STRINGS = {b"c", b"t", b"a", b"cid"}
+# The members a plain publish header may have: the string ones with their longest value, and the
+# sequence. They are protocol/headers.py's "fast" publish fields, with its limits: a field
+# classified there as fast that the scanners do not read stops the import (and the C twin's
+# configure), rather than pass through unread.
+_STRINGS = {b"c": len(b"publish"), b"t": MAX_TOPIC_BYTES, b"a": len(_ACK), b"cid": MAX_CID_BYTES}
+_SEQ = b"s"
+_SEQ_DIGITS = len(str(MAX_SEQ))
+MEMBERS = tuple(sorted(f.encode() for f in FAST_PUBLISH_FIELDS))
+if MEMBERS != tuple(sorted([*_STRINGS, _SEQ])):
+    raise RuntimeError(
+        f"protocol/headers.py's fast publish fields are {MEMBERS}; server/publish_scan.py reads "
+        f"{sorted([*_STRINGS, _SEQ])}: teach it (and server/_publish.c) the new ones"
+    )
 
 Rows = tuple[
     bytes, list[tuple[int, int, int, int]], list[tuple[Any, ...]], int, int, bool, bytes | None
@@ -88,11 +107,11 @@ def _header(frame: bytes) -> tuple[int, bytes, int, bool] | None:
         key, text, number = m.group(1), m.group(2), m.group(3)
         if key in got:
             return None
-        if key == b"s":
-            if number is None or len(number) > 19 or int(number) > MAX_SEQ:
+        if key == _SEQ:
+            if number is None or len(number) > _SEQ_DIGITS or int(number) > MAX_SEQ:
                 return None
             got[key] = number
-        elif key in _STRINGS and text is not None:
+        elif key in _STRINGS and text is not None and len(text) <= _STRINGS[key]:
             got[key] = text
         else:
             return None
@@ -104,14 +123,12 @@ def _header(frame: bytes) -> tuple[int, bytes, int, bool] | None:
         if frame[p] != 0x2C:  # ,
             return None
         p += 1
-    t, c, a, cid = got.get(b"t"), got.get(b"c"), got.get(b"a"), got.get(b"cid")
-    if c != b"publish" or not t or len(t) > 65535 or b"s" not in got:
+    t, a = got.get(b"t"), got.get(b"a")
+    if got.get(b"c") != b"publish" or not t or _SEQ not in got:
         return None
-    if a is not None and a != b"persisted":
+    if a is not None and a != _ACK:
         return None
-    if cid is not None and len(cid) > 1024:
-        return None
-    return p + 1, t, int(got[b"s"]), a is not None
+    return p + 1, t, int(got[_SEQ]), a is not None
 
 
 def publish_records_py(
@@ -151,13 +168,9 @@ def publish_records_py(
     return b"".join(out), entries, msgs, pos, highest, asked, unknown
 
 
-try:
-    if os.environ.get("TICKERTAPE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("TICKERTAPE_PURE_PYTHON is set")  # to compare, or to rule the C out
-    from server._publish import publish_records, publish_span  # type: ignore[import-not-found]
-
-    ACCELERATED = True
-except ImportError:  # no compiler at install time: same results, slower
-    publish_span = publish_span_py
-    publish_records = publish_records_py
-    ACCELERATED = False
+_c = load("server._publish")  # None without a compiler at install time: same results, slower
+if _c is not None:
+    _c.configure(MAX_TOPIC_BYTES, MAX_CID_BYTES, MAX_SEQ, _ACK, MEMBERS)
+publish_span = _c.publish_span if _c else publish_span_py
+publish_records = _c.publish_records if _c else publish_records_py
+ACCELERATED = _c is not None

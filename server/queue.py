@@ -40,7 +40,7 @@ from itertools import repeat
 from typing import Any
 
 from journal.queue_events import MAX_RUN, QueueOp
-from protocol.bookmarks import format_bookmark
+from protocol.bookmarks import format_bookmark, publisher_bookmark
 
 from . import frames
 from .fanout import Message
@@ -410,11 +410,10 @@ class Queue(QueueState):
             if item in by_bm:
                 out.append(item)
                 continue
-            parts = item.strip().split("|")
-            try:
-                out.append(format_bookmark(int(parts[0]), int(parts[1])))
-            except (ValueError, IndexError):
-                raise ValueError(item.strip()) from None
+            point = publisher_bookmark(item)
+            if point is None:
+                raise ValueError(item.strip())
+            out.append(format_bookmark(*point))
         return out
 
     def ack(

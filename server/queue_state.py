@@ -22,9 +22,9 @@ from typing import Any, Final, Protocol
 
 from config.model import QueueSpec
 from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
+from protocol.filters import compile_filter
 from protocol.patterns import compile_pattern
 
-from .filters import compile_filter
 from .ids import publisher_id
 from .matching import body_matches
 from .router import is_pattern

@@ -50,10 +50,10 @@ from typing import Any, Protocol
 
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE
+from protocol.filters import CompiledFilter, compiled
 from protocol.options import Rate
 
-from .filters import CompiledFilter, compiled
-from .filters.scan import filter_frames
+from .filter_scan import filter_frames
 from .frames import STORED, pack_len, timestamp_part, topic_member
 from .matching import Body, TopicFilter, body_matches
 from .outbox import Outbox
@@ -394,7 +394,7 @@ class Replay:
 
     def _plain_cursor(self) -> tuple[Cursor, bytes, CompiledFilter | None] | None:
         """(cursor, frame head, its filter) when the one cursor is plain: a literal topic, no
-        filter or a compiled one (server/filters), no timestamp, no rate, no range or
+        filter or a compiled one (protocol/filters), no timestamp, no rate, no range or
         conflation (the frames can be spliced from the journal's bytes); else None."""
         if self.rate is not None or len(self.cursors) != 1:
             return None

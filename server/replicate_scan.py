@@ -34,10 +34,10 @@ call per record; the `_py` functions are the reference both are tested against a
 
 from __future__ import annotations
 
-import os
 import struct
 from typing import Any
 
+from journal.accelerators import load
 from journal.record import (
     FLAG_ORIGIN,
     KIND_MESSAGE,
@@ -175,16 +175,7 @@ def kept_span_py(buf: bytes, pos: int, topics: dict[bytes, bool]) -> tuple[int, 
     return pos, None
 
 
-try:
-    if os.environ.get("TICKERTAPE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("TICKERTAPE_PURE_PYTHON is set")  # to compare, or to rule the C out
-    from server._replicate import (  # type: ignore[import-not-found]
-        kept_span,
-        replicate_records,
-    )
-
-    ACCELERATED = True
-except ImportError:  # no compiler at install time: same results, slower
-    kept_span = kept_span_py
-    replicate_records = replicate_records_py
-    ACCELERATED = False
+_c = load("server._replicate")  # None without a compiler at install time: same results, slower
+kept_span = _c.kept_span if _c else kept_span_py
+replicate_records = _c.replicate_records if _c else replicate_records_py
+ACCELERATED = _c is not None

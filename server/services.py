@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from protocol.filters import FilterError, compile_filter
+
 from .counters import Counters
-from .filters import FilterError, compile_filter
 from .guard import Guard
 from .outbox import Outbox
 from .pipeline import Pipeline

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import operator
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -26,7 +27,13 @@ import msgspec
 
 from protocol.bookmarks import format_bookmark
 from protocol.framing import FrameError, RawFrames
-from protocol.headers import FieldError, Header, check_fields
+from protocol.headers import (
+    FAST_PUBLISH_ACK,
+    SLOW_PUBLISH_FIELDS,
+    FieldError,
+    Header,
+    check_fields,
+)
 from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
 
 from . import frames
@@ -51,6 +58,9 @@ log = logging.getLogger("tickertape.connection")
 
 _json = msgspec.json.encode
 _ids = itertools.count(1)
+# a publish with a field that only cmd_publish acts on is not one for a run (protocol/headers.py)
+_slow_fields = operator.attrgetter(*sorted(SLOW_PUBLISH_FIELDS))
+_NO_SLOW_FIELDS = _slow_fields(Header())
 
 
 class Session(SubscribeCommands, PublishCommands, SowCommands):
@@ -132,9 +142,8 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                 and header.c == "publish"
                 and type(body) is bytes
                 and header.s is not None
-                and header.x is None
-                and header.e is None
-                and (header.a is None or header.a == "persisted")
+                and _slow_fields(header) == _NO_SLOW_FIELDS
+                and (header.a is None or header.a == FAST_PUBLISH_ACK)
                 and check_fields(header) is None
             ):
                 run.append((header, body))

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from .filters import compile_filter
+from protocol.filters import compile_filter
+
 from .reasons import Failure
 from .session import Session
 from .subscriptions import Subscription

@@ -24,11 +24,11 @@ import logging
 from typing import Any
 
 from protocol.bookmarks import InvalidBookmark, Now, parse_bookmark
+from protocol.filters import FilterError, compile_filter
 from protocol.headers import MAX_SUB_ID_BYTES, Header
 from protocol.options import InvalidOptions, SubscribeOptions, sow_options, subscribe_options
 from protocol.patterns import PatternError, compile_pattern
 
-from .filters import FilterError, compile_filter
 from .matching import Predicate
 from .outbox import Outbox
 from .reasons import Failure

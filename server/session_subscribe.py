@@ -15,12 +15,12 @@ from functools import partial
 from typing import Any
 
 from protocol.bookmarks import BookmarkSpec, InvalidBookmark, Now, parse_bookmark
+from protocol.filters import FilterError, cached_filter, compile_filter
 from protocol.headers import MAX_SUB_ID_BYTES, Header
 from protocol.options import InvalidOptions, SubscribeOptions, subscribe_options
 from protocol.patterns import PatternError, compile_pattern
 
 from .conflation import LiveConflation
-from .filters import FilterError, cached_filter, compile_filter
 from .matching import Predicate
 from .outbox import Outbox
 from .queue import Queue

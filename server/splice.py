@@ -30,9 +30,9 @@ one it runs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
+from journal.accelerators import load
 from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
 from protocol.bookmarks import format_bookmark
 
@@ -93,13 +93,7 @@ def splice_at_py(
     return b"".join(out), bms, len(bms)
 
 
-try:
-    if os.environ.get("TICKERTAPE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("TICKERTAPE_PURE_PYTHON is set")  # to compare, or to rule the C out
-    from server._splice import splice_at, splice_frames  # type: ignore[import-not-found]
-
-    ACCELERATED = True
-except ImportError:  # no compiler at install time: same bytes, slower
-    splice_frames = splice_frames_py
-    splice_at = splice_at_py
-    ACCELERATED = False
+_c = load("server._splice")  # None without a compiler at install time: same bytes, slower
+splice_frames = _c.splice_frames if _c else splice_frames_py
+splice_at = _c.splice_at if _c else splice_at_py
+ACCELERATED = _c is not None

@@ -24,9 +24,10 @@ import logging
 import ssl
 from typing import Any
 
+from protocol.security.tls import describe_handshake_error
+
 from .connection import Connection, ConnectionEnv, peer_of
 from .security.authenticator import peer_address
-from .security.tls import describe_handshake_error
 
 __all__ = ["TlsAcceptor"]
 

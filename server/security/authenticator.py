@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from config.model import Authentication
+from protocol.security.passwords import ANONYMOUS, PasswordFile, load_password_file
 
 from . import audit
-from .passwords import ANONYMOUS, PasswordFile, load_password_file
 
 __all__ = [
     "ANONYMOUS",

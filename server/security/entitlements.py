@@ -57,9 +57,9 @@ from typing import Any, Literal
 
 from config.model import Entitlement, Role
 from protocol.patterns import compile_pattern
+from protocol.security.passwords import ANONYMOUS
 
 from . import audit
-from .passwords import ANONYMOUS
 
 __all__ = [
     "RIGHTS",
@@ -95,15 +95,15 @@ class ReadFilter:
 
     @property
     def match(self) -> Callable[[bytes], bool]:
-        """predicate(raw JSON body) -> bool (server.filters.compile_body_filter, cached there)."""
-        from server.filters import compile_body_filter
+        """predicate(raw JSON body) -> bool (protocol.filters.compile_body_filter, cached there)."""
+        from protocol.filters import compile_body_filter
 
         return compile_body_filter(self.text)
 
     @property
     def match_value(self) -> Callable[[object], bool]:
         """predicate(decoded JSON body) -> bool."""
-        from server.filters import compile_filter
+        from protocol.filters import compile_filter
 
         return compile_filter(self.text)
 

@@ -23,7 +23,7 @@ import getpass
 import sys
 from typing import Any, TextIO
 
-from .passwords import (
+from protocol.security.passwords import (
     MAX_PASSWORD_BYTES,
     PasswordFileError,
     delete_user,

@@ -28,8 +28,8 @@ import lmdb
 
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE
+from protocol.filters import FilterError, compile_filter
 
-from ..filters import FilterError, compile_filter
 from ..matching import body_matches
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_KEYS, decode_delete

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from ..filters import compile_path
+from protocol.filters import compile_path
 
 __all__ = ["MAX_KEY_BYTES", "BadSowKey", "KeyMaker", "check_key", "k_fragment", "key_from_fragment"]
 

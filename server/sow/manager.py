@@ -42,8 +42,8 @@ from config.model import Config, SowTopicSpec
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
 from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, Timestamp
+from protocol.filters import FilterError, compile_filter
 
-from ..filters import FilterError, compile_filter
 from ..matching import body_matches
 from ..router import Router
 from .history import Checkpoints, HistoricalReader

@@ -29,8 +29,9 @@ from typing import Any
 
 import msgspec
 
+from protocol.filters import FilterError, compile_path
+
 from .. import frames
-from ..filters import FilterError, compile_path
 from ..matching import Predicate, TopicFilter, body_matches
 from ..outbox import Outbox
 from ..reasons import Failure

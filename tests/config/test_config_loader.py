@@ -30,7 +30,7 @@ from config import (
     security,
     verify_config,
 )
-from server.security.passwords import ScryptParams, set_password
+from protocol.security.passwords import ScryptParams, set_password
 from tests.security.certs import make_pki
 
 CONFIG_DIR = Path(config.__file__).parent

@@ -8,8 +8,8 @@ import pytest
 import config
 from config import load_config, load_config_text
 from config.replication_set import check_set, describe_links
+from protocol.security.passwords import ScryptParams, set_password
 from server.cli import main
-from server.security.passwords import ScryptParams, set_password
 
 EXAMPLES = Path(config.__file__).parent / "examples"
 

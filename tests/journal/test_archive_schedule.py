@@ -10,9 +10,9 @@ import pytest
 
 from journal import maintenance as jm
 from journal import maintenance_apply as jma
-from journal.batch import run_in_process
 from journal.journal import Journal
 from journal.manifest import read_json
+from journal.spark.batch import run_in_process
 from tests.support.journal_data import build
 
 

@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from journal import jobs
 from journal import maintenance as jm
 from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.manifest import result_path, staging_dir
+from journal.spark import jobs
 from tests.support.journal_data import all_raw, build, queue_event, submit
 from tests.support.proc import ServerProcess, make_config
 from tests.support.raw import Raw, publish_many
@@ -35,7 +35,7 @@ def spark():
             pytest.fail(why)  # in CI a skipped Spark test would hide a broken job
         pytest.skip(why)
     pytest.importorskip("pyspark")
-    from journal.batch import build_session
+    from journal.spark.batch import build_session
 
     # short-lived JVMs (this session, the server's and the tests' job processes): C1 only starts faster
     os.environ.setdefault(
@@ -59,7 +59,7 @@ def _sha_tree(root):
 
 
 def test_archive_holds_every_record_and_a_rerun_writes_the_same_files(spark, tmp_path):
-    from journal.batch import run_job
+    from journal.spark.batch import run_job
 
     d, root = str(tmp_path / "j"), str(tmp_path / "archive")
     j = build(d, batches=20, per_batch=60, topics=("orders/us", "orders/eu", "md.x", "ünï=*"))
@@ -314,7 +314,7 @@ def test_a_scheduled_action_archives_compacts_and_removes_in_a_child_process(spa
 
 
 def test_a_job_killed_mid_run_leaves_the_journal_consistent_and_can_run_again(spark, tmp_path):
-    from journal.batch import run_job
+    from journal.spark.batch import run_job
 
     d = str(tmp_path / "j")
     j = build(d, batches=80, per_batch=60)
@@ -327,7 +327,7 @@ def test_a_job_killed_mid_run_leaves_the_journal_consistent_and_can_run_again(sp
         [
             sys.executable,
             "-m",
-            "journal.batch",
+            "journal.spark.batch",
             "--request",
             os.path.join(d, "_maint", "requests", req["id"] + ".json"),
             "--master",
@@ -365,8 +365,8 @@ def test_a_job_killed_mid_run_leaves_the_journal_consistent_and_can_run_again(sp
 
 
 def test_a_damaged_record_is_skipped_and_reported_not_archived(spark, tmp_path):
-    from journal.batch import run_job
     from journal.record import SEGMENT_HEADER_SIZE
+    from journal.spark.batch import run_job
 
     d, root = str(tmp_path / "j"), str(tmp_path / "archive")
     j = build(d, batches=40, per_batch=60)

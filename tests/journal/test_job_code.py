@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 
-from journal import job_code
-from journal.spark_env import (
+from journal.spark import job_code
+from journal.spark.spark_env import (
     ExecutorMismatch,
     check_executors,
     executor_python,
@@ -28,7 +28,7 @@ def test_the_zip_is_the_same_bytes_for_the_same_code(tmp_path):
     b, note2 = job_code.build_zip(str(again))
     assert note == note2 and open(a, "rb").read() == open(b, "rb").read()
     names = zipfile.ZipFile(a).namelist()
-    assert "journal/jobs.py" in names and "journal/job_code.py" in names
+    assert "journal/spark/jobs.py" in names and "journal/spark/job_code.py" in names
     assert f"journal/{job_code.BUILD_FILE}" in names
     assert not [n for n in names if n.endswith((".so", ".pyc"))]
     assert note["fingerprint"] in os.path.basename(a)
@@ -40,7 +40,7 @@ def test_a_python_without_tickertape_imports_the_job_from_the_zip(tmp_path):
     path, note = job_code.build_zip(str(tmp_path))
     code = (
         "import json, sys; sys.path.insert(1, sys.argv[1]);"
-        "import journal.job_code as c; print(json.dumps(c.probe()))"
+        "import journal.spark.job_code as c; print(json.dumps(c.probe()))"
     )
     r = subprocess.run(
         [sys.executable, "-S", "-c", code, path],

@@ -25,6 +25,7 @@ from protocol.bookmarks import (
     format_timestamp,
     parse_bookmark,
     parse_timestamp,
+    publisher_bookmark,
     split_bookmark_key,
 )
 
@@ -410,3 +411,35 @@ def test_module_docstring_documents_the_format():
     doc = bookmarks.__doc__
     for fragment in ("0|1|", "YYYYmmdd", "trailing ``|`` is optional", "16 bytes", "big-endian"):
         assert fragment in doc
+
+
+# -- publisher_bookmark: the one reader of a message's bookmark on the per-message paths ----------
+
+
+def _as_point(text: str):
+    try:
+        spec = parse_bookmark(text)
+    except InvalidBookmark:
+        return None
+    return (spec.publisher_id, spec.seq) if isinstance(spec, Bookmark) else None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "12|34|", "12|34", " 12|34| ", "1|0|", f"{MAX_U64}|{MAX_U64}|", f"1|{MAX_U64 + 1}|",
+        "0|1|", "0|2|", "0", "", "|", "||", "1||", "|1|", "012|3|", "12|03|", "+1|2|", "-1|2|",
+        "1 |2|", "1| 2|", "1|2|x", "1|2|3|", "1|2|,3|4|", "[1|2|:3|4|]", "20261121T204005Z",
+        "1|2|\n", "a|b|", "١|٢|", "1_0|2|", "1|2| |",
+    ],
+)  # fmt: skip
+def test_publisher_bookmark_reads_what_parse_bookmark_reads_as_one_bookmark(text):
+    assert publisher_bookmark(text) == _as_point(text)
+
+
+def test_publisher_bookmark_agrees_with_parse_bookmark_on_random_text():
+    rng = random.Random(7)
+    alphabet = "0123456789||| ,:[]()T.Z-+x"
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        assert publisher_bookmark(text) == _as_point(text), text

@@ -22,8 +22,8 @@ import ssl
 import time
 from pathlib import Path
 
-from server.security.passwords import ScryptParams, set_password, set_token
-from server.security.tls import client_context
+from protocol.security.passwords import ScryptParams, set_password, set_token
+from protocol.security.tls import client_context
 from tests.support.proc import ServerProcess
 from tests.support.raw import Raw
 

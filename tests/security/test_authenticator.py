@@ -11,6 +11,13 @@ import time
 import pytest
 
 from config import Authentication
+from protocol.security.passwords import (
+    PasswordFileError,
+    ScryptParams,
+    set_password,
+    set_token,
+)
+from protocol.security.tls import ServerTls, client_context, server_context
 from server.security.authenticator import (
     ANONYMOUS,
     AuthFailure,
@@ -24,13 +31,6 @@ from server.security.authenticator import (
     parse_authorization,
     peer_address,
 )
-from server.security.passwords import (
-    PasswordFileError,
-    ScryptParams,
-    set_password,
-    set_token,
-)
-from server.security.tls import ServerTls, client_context, server_context
 
 FAST = ScryptParams(n=1 << 10)
 

@@ -15,7 +15,7 @@ import pytest
 import config
 from config import ConfigError, load_config, load_config_text, security
 from config.security import is_loopback
-from server.security.passwords import ScryptParams, set_password
+from protocol.security.passwords import ScryptParams, set_password
 
 EXAMPLES = Path(config.__file__).parent / "examples"
 TICKERTAPE = os.path.join(os.path.dirname(sys.executable), "tickertape")

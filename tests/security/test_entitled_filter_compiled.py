@@ -1,7 +1,7 @@
 """An entitled subscriber's own filter and the role's are one compiled filter, so the
 fields-only decode and the replay's block scanner serve entitled subscribers too."""
 
-from server.filters import compile_filter, compiled
+from protocol.filters import compile_filter, compiled
 from server.guard import _and
 from server.security.entitlements import ReadFilter
 

@@ -5,9 +5,9 @@ behaviour of a topic-dependent filter."""
 from __future__ import annotations
 
 from config.model import ContentFilter, Entitlement, Rights, Role
+from protocol.filters import compile_filter
 from protocol.options import subscribe_options
 from protocol.patterns import compile_pattern
-from server.filters import compile_filter
 from server.guard import Grant, Guard, TopicGate
 from server.matching import TopicFilter
 from server.outbox import Outbox

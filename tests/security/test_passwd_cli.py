@@ -12,7 +12,7 @@ import sys
 import time
 import warnings
 
-from server.security.passwords import load_password_file
+from protocol.security.passwords import load_password_file
 
 TICKERTAPE = os.path.join(os.path.dirname(sys.executable), "tickertape")
 

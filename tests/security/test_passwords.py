@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from server.security import passwords
-from server.security.passwords import (
+from protocol.security import passwords
+from protocol.security.passwords import (
     PasswordFileError,
     ScryptParams,
     delete_user,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import struct
 
 import pytest
 
@@ -132,6 +133,30 @@ def test_publish(ent_server, pki):
     )
     alice.close()
     bob.close()
+
+
+def test_a_run_of_plain_publishes_needs_the_publish_right(ent_server, pki):
+    """Plain publishes sent in one write (the fast path's shape: c, t, s only, compact, taken
+    from the bytes as a run) by a user without the publish right are refused like any other:
+    nothing of them is stored, the connection stays open."""
+    feeder = User(ent_server, pki, "feeder")
+    feeder.publish_all("orders.run", [{"desk": "A", "n": 99}])  # the topic is a known one now
+    bob = User(ent_server, pki, "bob")
+    assert bob.still_open()  # a read after the logon: the decoder leaves runs whole from here
+    run = b""
+    for i in range(1, 21):
+        h = json.dumps({"c": "publish", "t": "orders.run", "s": bob.seq + i}, separators=(",", ":"))
+        body = json.dumps({"desk": "A", "n": i}).encode()
+        run += struct.pack(">I", len(h) + len(body)) + h.encode() + body
+    bob.conn.send_raw(run)
+    assert bob.still_open()
+    alice = User(ent_server, pki, "alice")
+    ack = alice.request({"c": "subscribe", "t": "orders.run", "bm": "0"}, ack="completed")
+    assert ack["status"] == "success"
+    assert [d["n"] for d in alice.bodies(1)] == [99]  # the one message stored
+    assert alice.nothing_more()
+    for u in (bob, feeder, alice):
+        u.close()
 
 
 def test_live_subscribe(ent_server, pki):

@@ -14,7 +14,7 @@ import struct
 
 import pytest
 
-from server.security.tls import client_context
+from protocol.security.tls import client_context
 from tests.security.servers import (
     TlsRaw,
     admin_get,

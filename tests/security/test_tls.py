@@ -13,7 +13,7 @@ import ssl
 
 import pytest
 
-from server.security.tls import (
+from protocol.security.tls import (
     ServerTls,
     TlsError,
     client_context,

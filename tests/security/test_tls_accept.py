@@ -11,10 +11,10 @@ import struct
 import pytest
 import uvloop
 
+from protocol.security.tls import ServerTls, client_context, server_context
 from server.admission import Admission
 from server.connection import ConnectionEnv, Connections
 from server.intake import Intake
-from server.security.tls import ServerTls, client_context, server_context
 from server.tls_accept import TlsAcceptor, _Handshake
 from tests.server.core_harness import Core
 

@@ -1,5 +1,6 @@
-"""An in-process server core for tests: the engines and sessions wired as server/app.py wires
-them, over a real Journal in tmp_path and the running event loop, with no socket.
+"""An in-process server core for tests: the engines and sessions wired by the server's own
+`build_core` (server/core.py), over a real Journal in tmp_path and the running event loop, with
+no socket.
 
 A `Client` is a Session whose Outbox writes into a `FakeTransport`; commands go in as Header
 objects, and what the server sent comes back as frames (`Frame`: header dict, raw header bytes,
@@ -17,17 +18,10 @@ from typing import Any
 from config.loader import load_config_text
 from journal.journal import Journal
 from protocol.headers import Header
-from server.counters import Counters
-from server.fanout import Fanout
+from server.core import build_core
+from server.guard import build_guard
 from server.outbox import Outbox
-from server.pipeline import Pipeline
-from server.queues import QueueManager
-from server.replay_engine import ReplayEngine
-from server.router import Router
-from server.services import SessionServices
 from server.session import Session
-from server.subscription_table import LiveIndex
-from server.topics import TopicPolicy
 from tests.support.proc import make_config
 
 
@@ -132,7 +126,7 @@ class Client:
 
 
 class Core:
-    """The server's parts, as Server.start builds them, minus listeners and the tick."""
+    """The server's parts, built by Server.start's build_core, minus listeners and the tick."""
 
     def __init__(
         self,
@@ -150,33 +144,32 @@ class Core:
         self.loop = loop
         self.closed = False
         self.journal = Journal(tl.journal_directory, durability="write")
-        self.counters = Counters()
-        self.fanout = Fanout(Router())
         self.backlog: list[bool] = []
-        self.pipeline = Pipeline(
-            self.journal, tl.records_topic, loop, self.fanout, self.backlog.append
-        )
         self.readers = ThreadPoolExecutor(2, thread_name_prefix="test-reader")
-        self.replays = ReplayEngine(self.journal, self.readers, self.pipeline)
-        self.queues = QueueManager(self.config.queues, "core", self.journal, loop, self.pipeline)
-        self.queues.recover()
-        self.queues.attach(self.pipeline)
-        self.index = LiveIndex(self.fanout.router, self.fanout, self.pipeline)
-        self.limit_counts = {"subscriptions_refused": 0}
-        self.services = SessionServices(
+        self.core = build_core(
+            self.config,
+            self.journal,
+            tl.records_topic,
+            loop,
+            self.readers,
+            build_guard(self.config),
+            self.backlog.append,
             instance="core",
-            has_journal=True,
-            max_subscriptions=self.config.limits.client_max_subscriptions,
-            names={},
-            pipeline=self.pipeline,
-            queues=self.queues,
-            replays=self.replays,
-            index=self.index,
-            topics=TopicPolicy(self.config, True),
-            counters=self.counters,
-            limit_counts=self.limit_counts,
-            call_later=loop.call_later,
         )
+        self.counters, self.fanout, self.pipeline = (
+            self.core.counters,
+            self.core.fanout,
+            self.core.pipeline,
+        )
+        self.replays, self.queues, self.index = (
+            self.core.replays,
+            self.core.queues,
+            self.core.index,
+        )
+        self.services = self.core.services
+        self.limit_counts = self.core.intake.counts
+        self.queues.recover()
+        self.core.attach_recovered()
 
     def client(self, name: str | None = None, **outbox: int) -> Client:
         c = Client(self, **outbox)

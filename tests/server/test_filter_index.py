@@ -9,8 +9,8 @@ import random
 
 import pytest
 
+from protocol.filters import compile_filter
 from server.filter_index import INDEX_MIN, TopicIndex, equality_of, value_keys
-from server.filters import compile_filter
 
 
 @pytest.mark.parametrize(

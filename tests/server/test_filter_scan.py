@@ -17,9 +17,9 @@ import msgspec
 import pytest
 
 from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, encode_record
-from server.filters import compile_body_filter, compile_filter, compiled
-from server.filters import scan as scanmod
-from server.filters.scan import filter_frames, scan_py
+from protocol.filters import compile_body_filter, compile_filter, compiled
+from server import filter_scan as scanmod
+from server.filter_scan import filter_frames, scan_py
 from server.matching import Body, body_matches
 from server.splice import splice_frames_py
 

@@ -1,4 +1,4 @@
-"""server.filters: the filter language of docs/protocol.md §7 (golden cases, NULL logic, malformed text).
+"""protocol.filters: the filter language of docs/protocol.md §7 (golden cases, NULL logic, malformed text).
 
 Golden cases are ``(filter, body, expected)``: the predicate must return exactly ``expected``
 (a real ``bool``). Malformed cases are ``(filter, position, words in the detail)``.
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from server.filters import (
+from protocol.filters import (
     MAX_FILTER_DEPTH,
     MAX_FILTER_TEXT,
     FilterError,
@@ -1026,8 +1026,8 @@ def test_compiled_filters_are_cached_and_shared():
 
 
 def test_the_compile_cache_is_bounded_in_text_and_answers_cheaply():
-    from server.filters import CHEAP_TEXT, cached_filter
-    from server.filters.api import CACHE_TEXT
+    from protocol.filters import CHEAP_TEXT, cached_filter
+    from protocol.filters.api import CACHE_TEXT
 
     compile_filter.cache_clear()
     big = [" OR ".join(f"/a{n} = {i}" for i in range(2000)) for n in range(3)]

@@ -5,54 +5,18 @@ Every import counts: at the top, inside functions, and under `if TYPE_CHECKING:`
 that only the type checker follows is still a circle a reader has to untangle).
 """
 
-import ast
 from pathlib import Path
+
+import pytest
+
+from tests.support.import_graph import find_circle, fold, graph, imports
 
 SERVER = Path(__file__).resolve().parents[2] / "server"
 ENTRY_POINTS = {"server.cli", "server.daemon"}
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(SERVER.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _server_modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in SERVER.rglob("*.py")}
-
-
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The server modules `name` imports (`from . import x` counts as server.x)."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
-        for t in targets:
-            # the longest known module named by the import (a name inside it maps to it)
-            while t and t not in known:
-                t = t.rpartition(".")[0]
-            if t and t != name and t != "server":
-                found.add(t)
-    return found
-
-
 def _graph() -> dict[str, set[str]]:
-    mods = _server_modules()
-    known = set(mods)
-    return {name: _imports(name, path, known) for name, path in mods.items()}
+    return graph(SERVER.parent, ("server",))
 
 
 def test_only_the_entry_points_import_the_server():
@@ -62,25 +26,8 @@ def test_only_the_entry_points_import_the_server():
 
 
 def test_the_import_graph_has_no_circle():
-    graph = _graph()
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    path: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        path.append(m)
-        for dep in sorted(graph.get(m, ())):
-            if state.get(dep) == 1:
-                circle = path[path.index(dep) :] + [dep]
-                raise AssertionError("import circle: " + " -> ".join(circle))
-            if dep not in state:
-                visit(dep)
-        path.pop()
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
+    circle = find_circle(_graph())
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
 
 
 def test_the_graph_sees_relative_and_type_checking_imports(tmp_path):
@@ -93,24 +40,24 @@ def test_the_graph_sees_relative_and_type_checking_imports(tmp_path):
     (pkg / "b.py").write_text("from . import a\nimport server.c\n")
     (pkg / "c.py").write_text("def f():\n    from server.a import x\n")
     known = {"server.a", "server.b", "server.c"}
-    assert _imports("server.a", pkg / "a.py", known) == {"server.b"}
-    assert _imports("server.b", pkg / "b.py", known) == {"server.a", "server.c"}
-    assert _imports("server.c", pkg / "c.py", known) == {"server.a"}
+    assert imports("server.a", pkg / "a.py", known) == {"server.b"}
+    assert imports("server.b", pkg / "b.py", known) == {"server.a", "server.c"}
+    assert imports("server.c", pkg / "c.py", known) == {"server.a"}
 
 
 DOC = SERVER.parent / "docs" / "architecture.md"
 
 
-def _doc_rooms() -> tuple[dict[str, tuple[int, str]], set[tuple[str, str]]]:
+def _doc_rooms(text: str) -> tuple[dict[str, tuple[int, str]], set[tuple[str, str]]]:
     """The layer table (module -> (layer, room)) and the room graph drawn in the doc."""
-    text = DOC.read_text()
     table = text.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
     rooms: dict[str, tuple[int, str]] = {}
     for line in table[1:]:
         layer, room, *modules = line.split()
         for m in modules:
-            assert m not in rooms, f"{m} is listed twice in docs/architecture.md"
-            rooms["server." + m] = (int(layer), room)
+            name = "server." + m
+            assert name not in rooms, f"{m} is listed twice in docs/architecture.md"
+            rooms[name] = (int(layer), room)
     drawing = text.split("```mermaid\n", 1)[1].split("```", 1)[0]
     edges = {
         tuple(part.strip() for part in line.split("-->"))
@@ -120,28 +67,27 @@ def _doc_rooms() -> tuple[dict[str, tuple[int, str]], set[tuple[str, str]]]:
     return rooms, edges  # type: ignore[return-value]
 
 
-def _top_level(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The graph with a subpackage (server/filters/...) folded into its top-level name."""
-    top: dict[str, set[str]] = {}
-    for m, deps in graph.items():
-        key = ".".join(m.split(".")[:2])
-        top.setdefault(key, set()).update(".".join(d.split(".")[:2]) for d in deps)
-    for key, deps in top.items():
-        deps.discard(key)
-    return top
-
-
 def test_the_architecture_page_matches_the_imports():
     """Every server module is in one room of docs/architecture.md; it imports only its own room
     or rooms below; and the drawing has exactly the arrows between rooms the code has."""
-    graph = _top_level(_graph())
-    graph.pop("server", None)
-    rooms, drawn = _doc_rooms()
-    assert set(rooms) == set(graph), set(rooms) ^ set(graph)
+    top = fold(_graph(), 2)  # a subpackage (protocol/filters/...) is one name
+    top.pop("server", None)
+    rooms, drawn = _doc_rooms(DOC.read_text())
+    assert set(rooms) == set(top), set(rooms) ^ set(top)
     actual = set()
-    for m, deps in graph.items():
+    for m, deps in top.items():
         for d in deps:
             assert rooms[d][0] <= rooms[m][0], f"{m} (layer {rooms[m][0]}) imports {d} above it"
             if rooms[d][1] != rooms[m][1]:
                 actual.add((rooms[m][1], rooms[d][1]))
     assert drawn == actual, (sorted(drawn - actual), sorted(actual - drawn))
+
+
+def test_a_module_listed_twice_in_the_page_is_refused():
+    """The test of the test: the page's table names each module once."""
+    text = "```text\nlayer room modules\n2 b x y\n1 a y\n```\n```mermaid\nb --> a\n```\n"
+    with pytest.raises(AssertionError, match="y is listed twice"):
+        _doc_rooms(text)
+    rooms, edges = _doc_rooms(text.replace("1 a y", "1 a z"))
+    assert rooms == {"server.x": (2, "b"), "server.y": (2, "b"), "server.z": (1, "a")}
+    assert edges == {("b", "a")}

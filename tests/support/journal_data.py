@@ -111,7 +111,7 @@ def all_raw(j: Journal) -> list[tuple]:
 def run_without_spark(req: dict, parallelism: int = 2) -> dict:
     """Run a request's tasks in this process (jobs.*_group) and write the result file as the
     Spark driver does for compaction. Archive requests need batch.py (Spark) to publish."""
-    from journal import jobs
+    from journal.spark import jobs
 
     assert req["kind"] == "compact"
     segs = req["segments"]

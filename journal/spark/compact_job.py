@@ -27,10 +27,10 @@ import re
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from .compacted import CompactedReader, CompactedWriter, compacted_name
+from ..compacted import CompactedReader, CompactedWriter, compacted_name
+from ..manifest import file_sha256
+from ..record import KIND_MESSAGE, KIND_QUEUE_EVENT, BytesLike
 from .job_input import Columns, binary_column, read_segment
-from .manifest import file_sha256
-from .record import KIND_MESSAGE, KIND_QUEUE_EVENT, BytesLike
 
 if TYPE_CHECKING:
     import numpy as np

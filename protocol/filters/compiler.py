@@ -8,10 +8,10 @@ Field paths are resolved with precomputed key tuples, the common shapes (``/a = 
 ``/n > 5``, ``/a IN (...)``, ``BETWEEN`` with constant bounds) have specialised closures with
 a type-checked fast path, and nodes that do not depend on the body are folded at compile
 time. Where a fast path cannot decide, the closures call the three-valued kernels of
-:mod:`server.filters.kernels`, which define the semantics.
+:mod:`protocol.filters.kernels`, which define the semantics.
 
 A closure may raise on a body that is not what ``msgspec.json.decode`` returns; the caller
-(:func:`server.filters.api.compile_filter`) turns that into False.
+(:func:`protocol.filters.api.compile_filter`) turns that into False.
 """
 
 from __future__ import annotations

@@ -29,10 +29,10 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..manifest import file_sha256
+from ..record import FLAG_EXPIRATION, KIND_MESSAGE
 from .compact_job import compact_group, keep_mask
 from .job_input import SegmentChanged, binary_column, read_segment
-from .manifest import file_sha256
-from .record import FLAG_EXPIRATION, KIND_MESSAGE
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -15,15 +15,14 @@ the splice accelerator.
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections.abc import Callable
 from typing import Any
 
+from journal.accelerators import load
 from journal.record import KIND_MESSAGE, record_length_at, scan_records
+from protocol.filters.api import CompiledFilter
 from server.splice import splice_at
-
-from .api import CompiledFilter
 
 __all__ = ["ACCELERATED", "filter_frames", "scan", "scan_py"]
 
@@ -53,15 +52,9 @@ def scan_py(
     return hits.tobytes(), b"", stop, lp, ls, at_end
 
 
-try:
-    if os.environ.get("TICKERTAPE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("TICKERTAPE_PURE_PYTHON is set")
-    from server._filterscan import scan  # type: ignore[import-not-found]
-
-    ACCELERATED = True
-except ImportError:  # no compiler at install time: same answers, slower
-    scan = None
-    ACCELERATED = False
+_c = load("server._filterscan")  # None without a compiler at install time: same answers, slower
+scan = _c.scan if _c else None
+ACCELERATED = _c is not None
 
 
 def _positions(raw: bytes) -> array[int]:

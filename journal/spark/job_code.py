@@ -5,7 +5,7 @@ zip (it must load before anything else of the job), the driver imports it to bui
 Executors need only a Python with the job's runtime needs (EXECUTOR_NEEDS: pyarrow, numpy,
 zstandard); Tickertape itself is not installed there. The driver (batch.py / spark_env.py)
 builds `tickertape-job-<fingerprint>.zip` from the installed `journal` package (its .py files,
-no compiled parts, names sorted and dates fixed, so the same code gives the same bytes) plus
+this `spark` subpackage's included; no compiled parts, names sorted and dates fixed, so the same code gives the same bytes) plus
 BUILD_FILE, a JSON note of what was built:
 
     {"fingerprint": "<sha256 of the zipped sources, 16 hex>", "tickertape": "0.1.0",
@@ -48,16 +48,27 @@ _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
 def package_dir() -> str:
-    return os.path.dirname(os.path.abspath(__file__))
+    """The `journal` package's directory (this module is in its `spark` subpackage)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sources(src: str) -> list[str]:
+    """The package's .py files, subpackages included, as sorted paths relative to `src`."""
+    names = []
+    for d, dirs, files in os.walk(src):
+        dirs[:] = [x for x in dirs if not x.startswith(("__pycache__", "."))]
+        rel = os.path.relpath(d, src)
+        names += [n if rel == "." else f"{rel}/{n}" for n in files if n.endswith(".py")]
+    return sorted(names)
 
 
 def accelerator_path() -> str | None:
     """The record checks' compiled extension the driver loaded, if any."""
-    from . import record
+    from .. import record
 
     if not record.VERIFY_ACCELERATED:
         return None
-    mod = sys.modules.get(f"{__package__}._verify")
+    mod = sys.modules.get("journal._verify")
     path = getattr(mod, "__file__", None)
     return path if path and os.path.isfile(path) else None
 
@@ -74,7 +85,7 @@ def tickertape_version() -> str:
 def build_zip(dest_dir: str) -> tuple[str, dict[str, Any]]:
     """Write the job's zip into dest_dir; return its path and its build note (BUILD_FILE)."""
     src = package_dir()
-    names = sorted(n for n in os.listdir(src) if n.endswith(".py"))
+    names = _sources(src)
     h = hashlib.sha256()
     files = []
     for n in names:
@@ -107,7 +118,7 @@ def build_note() -> dict[str, Any] | None:
     """The BUILD_FILE of the zip this package was imported from; None when it was not (the
     driver, local mode, an installed Tickertape)."""
     try:
-        raw = pkgutil.get_data(__package__ or "journal", BUILD_FILE)
+        raw = pkgutil.get_data("journal", BUILD_FILE)
     except OSError:
         return None
     return json.loads(raw) if raw else None
@@ -135,7 +146,7 @@ def bootstrap() -> bool:
                         sys.modules["journal._verify"] = mod
             except (ImportError, OSError):  # e.g. its shared library (ISA-L) is not there
                 pass
-    from . import record
+    from .. import record
 
     return bool(record.VERIFY_ACCELERATED)
 

@@ -16,8 +16,8 @@ import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .compacted import CompactedReader
-from .record import (
+from ..compacted import CompactedReader
+from ..record import (
     SEGMENT_HEADER_SIZE,
     BytesLike,
     CorruptRecord,
@@ -25,7 +25,7 @@ from .record import (
     record_columns,
     record_offsets,
 )
-from .walk import BufferRecords, good_runs
+from ..walk import BufferRecords, good_runs
 
 if TYPE_CHECKING:
     import numpy as np

@@ -2,7 +2,7 @@
 imports pyspark.
 
     tickertape archive|compact --config F [--master spark://HOST:7077]    (server/maintenance_cli.py)
-    python -m journal.batch --request <JournalDirectory>/_maint/requests/<id>.json [--master M]
+    python -m journal.spark.batch --request <JournalDirectory>/_maint/requests/<id>.json [--master M]
     spark-submit --master spark://HOST:7077 <this file> --request ...      (docs/batch.md)
 
 The driver reads a request (maintenance.make_request), plans groups of consecutive segments
@@ -36,12 +36,15 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__" and not __package__:  # run as a file (spark-submit journal/batch.py)
+if (
+    __name__ == "__main__" and not __package__
+):  # run as a file (spark-submit journal/spark/batch.py)
     _here = os.path.dirname(os.path.abspath(__file__))
+    _root = os.path.dirname(os.path.dirname(_here))  # the directory that holds `journal`
     if sys.path and os.path.abspath(sys.path[0] or ".") == _here:
-        sys.path[0] = os.path.dirname(_here)  # journal/journal.py must not shadow the package
+        sys.path[0] = _root  # this directory's modules must not shadow packages of that name
     else:
-        sys.path.insert(0, os.path.dirname(_here))
+        sys.path.insert(0, _root)
 
 import argparse
 import atexit
@@ -52,18 +55,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from journal import job_code, jobs
-from journal.job_commit import (
+from journal.maintenance import plan_groups
+from journal.manifest import read_json, result_path, staging_dir, write_json_atomic
+from journal.spark import job_code, jobs
+from journal.spark.job_commit import (
     VerificationFailed,
     existing_catalog,
     publish_archive,
     verify_archive,
     verify_compaction,
 )
-from journal.job_progress import Progress
-from journal.maintenance import plan_groups
-from journal.manifest import read_json, result_path, staging_dir, write_json_atomic
-from journal.spark_env import (
+from journal.spark.job_progress import Progress
+from journal.spark.spark_env import (
     ExecutorMismatch,
     build_session,
     check_executors,
@@ -336,7 +339,7 @@ def _run(
 def _task_error(exc: BaseException) -> str:
     text = str(exc)
     for line in text.splitlines():
-        if "SegmentChanged" in line or ("journal.jobs." in line and "Error" in line):
+        if "SegmentChanged" in line or ("journal.spark.jobs." in line and "Error" in line):
             return line.strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
     tail = [ln for ln in lines if "Error" in ln or "Exception" in ln]
@@ -435,7 +438,7 @@ def exit_code(summary: Json) -> int:
 
 
 def add_spark_arguments(p: argparse.ArgumentParser, driver_memory: str = "2g") -> None:
-    """The Spark options `python -m journal.batch` and `tickertape archive|compact` share."""
+    """The Spark options `python -m journal.spark.batch` and `tickertape archive|compact` share."""
     p.add_argument(
         "--master",
         default=None,
@@ -475,14 +478,15 @@ def spark_log_path(journal_dir: str, req_id: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m journal.batch` (also the spark-submit entry point): run one request, print its
+    """`python -m journal.spark.batch` (also the spark-submit entry point): run one request, print its
     summary, and apply its result when no process holds the journal (else its owner, the
     server, applies it within a second)."""
     from journal.maintenance_apply import apply_if_free
-    from journal.spark_env import parse_conf
+    from journal.spark.spark_env import parse_conf
 
     p = argparse.ArgumentParser(
-        prog="python -m journal.batch", description="Run one journal archive / compaction request"
+        prog="python -m journal.spark.batch",
+        description="Run one journal archive / compaction request",
     )
     p.add_argument(
         "--request",
@@ -508,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         conf = parse_conf(args.conf)
         req = read_json(args.request)
     except (ValueError, OSError) as exc:
-        print(f"journal.batch: {exc}", file=sys.stderr)
+        print(f"journal.spark.batch: {exc}", file=sys.stderr)
         return EXIT_ERROR
     log_path = None if args.verbose else spark_log_path(req["journal"], req["id"])
     summary = run_job(

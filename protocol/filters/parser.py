@@ -30,7 +30,7 @@ and a condition is also a value (TRUE, FALSE or NULL): ``(/a > 1) = /flag``. ``N
 looser than comparisons (``NOT /a = 1`` is ``NOT (/a = 1)``) and tighter than ``AND``.
 
 Nesting (parentheses, ``NOT``, unary signs, ``IN`` lists) deeper than
-:data:`~server.filters.errors.MAX_FILTER_DEPTH` fails. Every failure is a :class:`FilterError`
+:data:`~protocol.filters.errors.MAX_FILTER_DEPTH` fails. Every failure is a :class:`FilterError`
 with the position of the offending token and a detail that names it. ``LIKE`` patterns are
 compiled here (through ``protocol.patterns``), so a bad pattern fails at parse time.
 """

@@ -9,7 +9,7 @@ large filters off its event loop.
 Every predicate :func:`compile_filter` returns carries a :class:`CompiledFilter`
 (:func:`compiled`): the text, the top-level fields it reads, ``match_raw`` (the raw-body
 evaluator every path uses: it decodes only those fields), the block scanner's program
-(server/filters/scan.py) and, for ``/field = constant``, the pair an index can look up.
+(server/filter_scan.py) and, for ``/field = constant``, the pair an index can look up.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class CompiledFilter:
     - ``decode(body: bytes)``: the body as ``match_raw`` decodes it (only ``fields``), or
       :data:`NOT_JSON`; filters with the same ``fields`` can share it, and the predicate
       evaluates it. Never raises.
-    - ``program``: the block scanner's program (server/filters/program.py), None when the
+    - ``program``: the block scanner's program (protocol/filters/program.py), None when the
       filter has a shape the scanner does not take.
     - ``equals``: ``(field, value)`` when the filter is exactly ``/field = constant``.
 

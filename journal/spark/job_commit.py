@@ -10,8 +10,8 @@ import shutil
 import time
 from typing import Any
 
+from ..manifest import read_json, write_json_atomic
 from . import jobs
-from .manifest import read_json, write_json_atomic
 
 Json = dict[str, Any]
 
