@@ -32,7 +32,7 @@ def test_every_header_field_is_classified_for_the_publish_fast_path():
     )
     assert set(PUBLISH_FIELDS.values()) == {"fast", "slow", "unused"}
     assert FAST_PUBLISH_FIELDS == {"c", "cid", "t", "s", "a"}
-    assert SLOW_PUBLISH_FIELDS == {"x", "e"}
+    assert SLOW_PUBLISH_FIELDS == {"x", "e", "k"}
 
 
 def _frame(header: dict, body: bytes = b"{}") -> bytes:
