@@ -45,6 +45,8 @@ from .queues import QueueManager
 from .reasons import Disconnect
 from .replay_engine import ReplayEngine
 from .replication import AckSink, MemoryAckSink
+from .replication.catchup import CatchUp
+from .replication.identity import journal_identity
 from .replication.receiver import Receiver
 from .replication.sender import Sender
 from .replication.sync import SyncGate, UnknownDestination
@@ -100,6 +102,10 @@ class IdlePoller:
             self._polling = False
 
 
+def _nothing() -> str | None:
+    return None
+
+
 def _read_password(path: str | None) -> str | None:
     """A replication link's password: the first line of its file (read at each connect)."""
     if path is None:
@@ -120,6 +126,8 @@ class Server:
         self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
         self.admin: AdminEndpoint | None = None
         self.gate: SyncGate | None = None  # with <Replication> destinations (and a journal)
+        self.jid: str | None = None  # the journal's identity, with replication
+        self.catch_up: CatchUp | None = None  # a new journal with sync destinations
         self.maintenance: Maintenance | None = None
         self.readers = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="journal-reader"
@@ -170,6 +178,14 @@ class Server:
             self.gate.start()
             self.repl_sink = self.gate
         gate = self.gate
+        if (
+            journal is not None
+            and tl is not None
+            and (dests or any(t.type == "replication" for t in config.transports))
+        ):
+            jid, _ = await loop.run_in_executor(None, journal_identity, tl.journal_directory)
+            self.jid = jid
+            self.catch_up = CatchUp(jid, self._close_clients)
         self.replays = ReplayEngine(
             journal,
             self.readers,
@@ -205,6 +221,7 @@ class Server:
             limit_counts=self.intake.counts,
             call_later=loop.call_later,
             guard=self.guard,
+            logons_refused=self.catch_up.reason if self.catch_up is not None else _nothing,
         )
         env = ConnectionEnv(
             registry=self.connections,
@@ -300,7 +317,15 @@ class Server:
         if journal is None:
             log.error("replication is configured but there is no <TransactionLog>: not started")
             return
-        self.receiver = Receiver(self.name, self.pipeline, journal, self.guard, self.queues)
+        self.receiver = Receiver(
+            self.name,
+            self.pipeline,
+            journal,
+            self.guard,
+            self.queues,
+            self.jid,
+            self.catch_up,
+        )
         self.stats.replication_sources = self.receiver.snapshot
         for t in inbound:
             ctx = server_context(ServerTls.of(t)) if t.certificate and t.private_key else None
@@ -328,6 +353,7 @@ class Server:
                 self.gate if self.gate is not None else self.repl_sink,
                 partial(_read_password, dest.password_file),
                 self.queues.translate_out,
+                self.jid,
             )
             sender.start()
             self.senders.append(sender)
@@ -411,6 +437,13 @@ class Server:
             f" ({len(problems)} problem(s) above)" if problems else "",
             ended,
         )
+
+    def _close_clients(self) -> None:
+        """A replaced journal begins catching up (CatchUp): every client goes (and comes back,
+        or goes to another instance, once it has)."""
+        for conn in list(self.connections):
+            if not conn.closing:
+                conn.close(Disconnect.CATCHING_UP)
 
     def _disconnect_client(self, conn_id: int) -> str | None:
         """The console's action: close connection `conn_id` (reason `admin`); what it was, or

@@ -25,6 +25,7 @@ class Disconnect(StrEnum):
     AUTH_FAILURE = "auth failure"
     SHUTDOWN = "shutdown"
     ADMIN = "admin"  # a user with admin disconnected it (the web console's action)
+    CATCHING_UP = "catching up"  # a logon refused while a new journal catches up (replication)
     # the root limits of server/intake.py
     LOGON_TIMEOUT = "logon timeout"
     INPUT_MEMORY_LIMIT = "input memory limit"
@@ -49,3 +50,5 @@ class Failure(StrEnum):
     SUBSCRIPTION_EXISTS = "subscription already exists"
     NOT_A_QUEUE = "not a queue"
     JOURNAL_UNAVAILABLE = "journal unavailable"  # nothing is acked as persisted
+    # a new journal in a replicated set, before its peers sent it what they hold
+    CATCHING_UP = "catching up"

@@ -43,3 +43,5 @@ class SessionServices:
     limit_counts: dict[str, int]  # the intake's refusal counts (server/intake.py)
     call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle]
     guard: Guard = field(default_factory=Guard)  # logons, entitlements (server/guard.py)
+    # why logons are refused now (a new journal catching up, server/replication/catchup.py)
+    logons_refused: Callable[[], str | None] = lambda: None

