@@ -6,7 +6,7 @@ body`), from a *source* instance that sends its journal to a *destination* that 
 ```
 source -> dest  {"c":"repl_logon","name":N,"group":G,"dest":D,"v":1[,"user":U,"pw":P]
                  [,"jid":J][,"seen":S]}
-dest -> source  {"c":"repl_ack","status":"success","pos":P[,"jid":J]}
+dest -> source  {"c":"repl_ack","status":"success","pos":P[,"jid":J][,"seen":S]}
                                                                   resume point: the source
                                                                   position the destination holds
                                                                   everything below (0: new source)
@@ -24,8 +24,9 @@ configured (a mismatch is refused), U/P the link's credentials when the destinat
 <Authentication>. J (optional) is the identity of the sender's journal on a logon, of the
 destination's on the logon's answer: 32 hex digits, new with every new journal
 (server/replication/identity.py), so a resume point is never applied to a journal it was not
-taken from. S (optional, on a logon) is the destination's journal identity as the source last
-saw it: a destination whose journal is not that one was replaced. Positions are u64 journal positions of the *source*. A batch's `from` is the
+taken from. S (optional) is the other end's journal identity as this end last saw it (on a
+logon, the destination's as the source saw it; on its answer, the source's as the destination
+saw it): an instance whose journal is not that one lost its journal (it was replaced). Positions are u64 journal positions of the *source*. A batch's `from` is the
 previous batch's `to` on the same link (or the resume point): the link is a gap-free walk of
 the source journal; records filtered out by the source just leave nothing in the body.
 
@@ -116,6 +117,7 @@ class ReplAck(
     status: str | None = None  # "success" | "failure" on the logon's answer; absent on a batch's
     reason: str | None = None
     jid: str | None = None  # on the logon's answer: the destination's journal identity
+    seen: str | None = None  # on the logon's answer: the source's, as the destination saw it
 
 
 class ReplBatch(msgspec.Struct, tag_field="c", tag="repl_batch", forbid_unknown_fields=True):
@@ -182,6 +184,7 @@ def check_header(h: LinkHeader, body: bytes) -> None:
     elif isinstance(h, ReplAck):
         _check_pos("pos", h.pos)
         _check_jid(h.jid)
+        _check_jid(h.seen)
         if h.status not in (None, "success", "failure"):
             raise BadLinkFrame(f"repl_ack status {h.status!r} is not success or failure")
         if h.status == "failure":
@@ -276,16 +279,18 @@ def encode_logon(
     return _frame(h)
 
 
-def encode_ack(pos: int, resume: bool = False, jid: str | None = None) -> bytes:
+def encode_ack(
+    pos: int, resume: bool = False, jid: str | None = None, seen: str | None = None
+) -> bytes:
     """A batch ack (`{"c":"repl_ack","pos":P}`), or with resume the logon's success answer
-    (with the destination's journal identity `jid` when given)."""
+    (with the destination's journal identity `jid` and the source's as it saw it, `seen`, when
+    given)."""
     _check_pos("pos", pos)
     if resume:
-        if jid is not None:
-            _check_jid(jid)
-            return frame_bytes(
-                b'{"c":"repl_ack","status":"success","pos":%d,"jid":"%s"}' % (pos, jid.encode())
-            )
+        if jid is not None or seen is not None:
+            h = ReplAck(pos=pos, status="success", jid=jid, seen=seen)
+            check_header(h, b"")
+            return _frame(h)
         return frame_bytes(b'{"c":"repl_ack","status":"success","pos":%d}' % pos)
     return frame_bytes(b'{"c":"repl_ack","pos":%d}' % pos)
 

@@ -183,9 +183,11 @@ class Server:
             and tl is not None
             and (dests or any(t.type == "replication" for t in config.transports))
         ):
-            jid, _ = await loop.run_in_executor(None, journal_identity, tl.journal_directory)
+            jid, made = await loop.run_in_executor(None, journal_identity, tl.journal_directory)
             self.jid = jid
-            self.catch_up = CatchUp(jid, self._close_clients)
+            new = made and journal.end_position == journal.start_position
+            first = [d.name for d in dests] if new else []
+            self.catch_up = CatchUp(jid, first, self._close_clients, loop.call_later)
         self.replays = ReplayEngine(
             journal,
             self.readers,
@@ -288,6 +290,10 @@ class Server:
                 ", TLS" if t.type == "tcps" else "",
             )
         await self._start_replication()
+        if self.catch_up is not None:
+            # a journal made at this start: whether a peer knew another journal of this
+            # instance is known before the server says it is ready
+            await self.catch_up.first_answers()
         if config.admin is not None:
             self.admin = AdminEndpoint(
                 self.stats,
@@ -354,6 +360,7 @@ class Server:
                 partial(_read_password, dest.password_file),
                 self.queues.translate_out,
                 self.jid,
+                self.catch_up.answered if self.catch_up is not None else None,
             )
             sender.start()
             self.senders.append(sender)

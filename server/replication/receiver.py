@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -51,6 +52,7 @@ from .identity import REPL_JID
 from .link import DEAD_AFTER, Link, LinkClosed
 
 log = logging.getLogger("tickertape.replication")
+_JID = re.compile(r"[0-9a-f]{32}")
 
 __all__ = ["QueueDoor", "Receiver"]
 
@@ -156,8 +158,9 @@ class Receiver:
                 self.queues.source_up(source)
             if self.catch_up is not None:
                 self.catch_up.source_knew(source, h.seen)
+            seen = self._known_jid(source)
             resume = self._resume_for(source, h.jid)
-            link.send(encode_ack(resume, resume=True, jid=self.jid))
+            link.send(encode_ack(resume, resume=True, jid=self.jid, seen=seen))
             log.info(
                 "replication link from %s (group %s, %s): resuming at %d",
                 source,
@@ -179,6 +182,14 @@ class Receiver:
                 if self.queues is not None:
                     self.queues.source_down(source)
 
+    def _known_jid(self, source: str) -> str | None:
+        """The journal identity of `source` its resume point belongs to (None: not known)."""
+        known = self.jids.get(source)
+        if known is None:
+            raw = self.journal.index.get_meta(REPL_JID + source.encode())
+            known = raw.decode("ascii", "replace") if raw is not None else None
+        return known if known is None or _JID.fullmatch(known) else None
+
     def _resume_for(self, source: str, jid: str | None) -> int:
         """The resume point of `source` for its journal `jid`: 0 when the point belongs to
         another journal of that name (the source's journal was replaced: its positions now
@@ -186,10 +197,7 @@ class Receiver:
         resume = self.resume_point(source)
         if jid is None:
             return resume  # a source that does not say (an older version): as before
-        known = self.jids.get(source)
-        if known is None:
-            raw = self.journal.index.get_meta(REPL_JID + source.encode())
-            known = raw.decode("ascii", "replace") if raw is not None else None
+        known = self._known_jid(source)
         if known is not None and known != jid and resume:
             log.warning(
                 "replication link from %s: its journal was replaced (identity %s, the resume "

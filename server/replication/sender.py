@@ -186,9 +186,13 @@ class Sender:
         password: Callable[[], str | None] = lambda: None,
         translate: Callable[[bytes], bytes] | None = None,
         jid: str | None = None,
+        answered: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.dest = dest
         self.jid = jid  # this journal's identity (sent at logon)
+        # each logon's outcome: the destination's `seen` (the identity it knew of this journal),
+        # None when it could not be reached (server/replication/catchup.py)
+        self.answered = answered
         self.name = name
         self.group = group
         self.journal = journal
@@ -241,6 +245,8 @@ class Sender:
                     return
                 link = await self._connect(addr)
                 if link is None:
+                    if self.answered is not None:
+                        self.answered(self.dest.name, None)
                     continue
                 try:
                     await self._session(link)
@@ -309,8 +315,12 @@ class Sender:
             raise LinkClosed(f"expected the logon's repl_ack, got {type(h).__name__}")
         if h.status == "failure":
             log.error("replication to %s refused: %s", self.dest.name, h.reason)
+            if self.answered is not None:
+                self.answered(self.dest.name, None)
             raise LinkClosed(f"refused: {h.reason}")
         resume = h.pos or 0
+        if self.answered is not None:
+            self.answered(self.dest.name, h.seen)
         log.info(
             "replication to %s: connected to %s, resuming at %d", self.dest.name, link.peer, resume
         )

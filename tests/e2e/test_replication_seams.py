@@ -70,3 +70,56 @@ def test_a_sync_destination_with_a_full_disk_is_downgraded_though_it_reconnects(
         pub.close()
     finally:
         cl.close()
+
+
+def logon_when_served(inst, name: str, timeout: float = 30.0) -> tuple[Raw, dict]:
+    """Log on to `inst`, again while it refuses logons (`catching up`): (connection, ack)."""
+    deadline = time.monotonic() + timeout
+    refused = None
+    while time.monotonic() < deadline:
+        c = Raw(inst.port)
+        try:
+            ack = c.logon(name)
+        except (ConnectionError, TimeoutError) as exc:
+            refused = exc
+            c.close()
+            time.sleep(0.1)
+            continue
+        if ack.get("status") == "success":
+            return c, ack
+        refused = ack
+        c.close()
+        time.sleep(0.1)
+    raise AssertionError(f"{inst.name} never accepted a logon: {refused}")
+
+
+def test_a_replica_that_lost_its_journal_is_rebuilt_and_acks_nothing_only_it_holds(tmp_path):
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"]).start()  # sync both ways
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        wait_until(lambda: dest_stats(a, "tt-b").get("connected"), 20, "link a -> b")
+        wait_until(lambda: dest_stats(b, "tt-a").get("connected"), 20, "link b -> a")
+        publish_many(a.port, "orders", bodies(0, 300), name="pa").close()
+        publish_many(b.port, "orders", bodies(1000, 1300), name="pb").close()
+        both = a.replay("orders")
+        assert len(both) == 600
+        wait_until(lambda: len(b.replay("orders")) == 600, 20, "tt-b has all 600")
+        assert b.stop() == 0
+        os.rename(tmp_path / "tt-b" / "journal", tmp_path / "tt-b" / "journal.lost")
+        b.start()
+        # tt-a knew another journal of tt-b: tt-b serves no client before it has it all back,
+        # including the 300 first published on it
+        pb, ack = logon_when_served(b, "pb")
+        assert b.wait_for_log("knew another journal of this instance", 1)
+        assert ack["s"] == 300, ack  # pb's highest is known again: no sequence is reused
+        assert sorted(b.replay("orders")) == sorted(both)
+        # what tt-b acknowledges now is on tt-a too, under the same bookmarks
+        publish_many(b.port, "orders", bodies(1300, 1500), name="pb", start_seq=301, conn=pb)
+        got_a = dict(a.replay("orders"))
+        got_b = dict(b.replay("orders"))
+        assert len(got_b) == 800
+        missing = {bm for bm in got_b if got_a.get(bm) != got_b[bm]}
+        assert not missing, f"{len(missing)} acknowledged on tt-b, not on tt-a"
+        pb.close()
+    finally:
+        cl.close()
