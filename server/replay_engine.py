@@ -63,7 +63,7 @@ class ReplayEngine:
             start = plan.start[1]
         Replay(
             self,
-            [Cursor(sub, start, plan.end)],
+            [Cursor(sub, start, plan.end, skip=plan.skip, skip_until=plan.skip_until)],
             start,
             paused=opts.pause,
             wait_until=wait,

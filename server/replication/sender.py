@@ -258,6 +258,8 @@ class Sender:
                 finally:
                     link.end("session ended")
                     self.link = None
+                    if self.answered is not None:
+                        self.answered(self.dest.name, None)  # (no answer, if none came)
                 backoff = BACKOFF_MIN
             await asyncio.sleep(backoff)
             backoff = min(BACKOFF_MAX, backoff * 2)

@@ -6,10 +6,12 @@ stream (docs/replication.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 
+from client import MOST_RECENT, HAClient, MemoryBookmarkStore
 from tests.e2e.test_replication_partition import dest_stats
 from tests.support.cluster import Cluster, wait_until
 from tests.support.disk import fill, small_disk  # noqa: F401  (a fixture)
@@ -129,3 +131,59 @@ def test_a_replica_that_lost_its_journal_is_rebuilt_and_acks_nothing_only_it_hol
         pb.close()
     finally:
         cl.close()
+
+
+async def test_a_subscriber_that_fails_over_gets_every_publisher_once(tmp_path):
+    """After a partition tt-a holds X 1..300 then Y 1..300, tt-b Y's then X's. A subscriber
+    that processed X 1..150 on tt-a resumes on tt-b: it gets Y 1..300 (which lie before X|150
+    there) and X 151..300, each once (after the client's per-publisher dedup)."""
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=False).start()
+    sub = None
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        wait_until(lambda: dest_stats(a, "tt-b").get("connected"), 20, "link a -> b")
+        wait_until(lambda: dest_stats(b, "tt-a").get("connected"), 20, "link b -> a")
+        cl.cut("tt-a", "tt-b")
+        publish_many(a.port, "orders", bodies(0, 300), name="X").close()
+        publish_many(b.port, "orders", bodies(1000, 1300), name="Y").close()
+        cl.heal()
+        for inst in (a, b):
+            wait_until(lambda i=inst: len(i.replay("orders")) == 600, 30, f"{inst.name}: 600")
+        order_a = [bm for bm, _ in a.replay("orders")]
+        order_b = [bm for bm, _ in b.replay("orders")]
+        x150 = order_a[149]
+        assert order_b.index(x150) > 300  # on tt-b every Y message lies before X|150
+        sub = HAClient("sub", servers=cl.addresses(), bookmark_store=MemoryBookmarkStore())
+        await sub.connect_and_logon(timeout=10)
+        # paced, so that what tt-a sends past X|150 before it dies is a handful, not all
+        hs = await sub.subscribe("orders", bookmark=MOST_RECENT, sub_id="s", options="rate=100")
+        processed: list[str] = []
+        while len(processed) < 150:
+            m = await hs.next(timeout=10)
+            processed.append(m.bookmark)
+            hs.discard(m)
+        assert processed == order_a[:150]
+        await asyncio.to_thread(a.kill)
+        while len(processed) < 600:
+            m = await hs.next(timeout=30)
+            processed.append(m.bookmark)
+            hs.discard(m)
+        assert sub.current_uri == cl.addresses()[1]
+        assert sorted(processed) == sorted(order_a), "not every message once"
+        with_a_duplicate = await _more(hs)
+        assert not with_a_duplicate, with_a_duplicate
+    finally:
+        if sub is not None:
+            await sub.close()
+        cl.close()
+
+
+async def _more(hs, wait: float = 1.0) -> list[str]:
+    """What else the subscription delivers within `wait` seconds (nothing is expected)."""
+    got = []
+    try:
+        while True:
+            m = await hs.next(timeout=wait)
+            got.append(m.bookmark)
+    except TimeoutError:
+        return got
