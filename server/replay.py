@@ -126,21 +126,15 @@ class Cursor:
     )
 
     def __init__(
-        self,
-        sub: Subscription,
-        start: int,
-        end: End | None,
-        lagging: bool = False,
-        skip: dict[int, int] | None = None,
-        skip_until: int = 0,
+        self, sub: Subscription, start: int, end: End | None, lagging: bool = False
     ) -> None:
         self.sub = sub
         self.start = start
         self.end = end
         # a bookmark list's publishers: their messages at or below these sequences are not
-        # delivered, below skip_until (server/replay_plan.py)
-        self.skip = skip
-        self.skip_until = skip_until
+        # delivered, below skip_until (server/replay_plan.py; set by the engine)
+        self.skip: dict[int, int] | None = None
+        self.skip_until = 0
         o = sub.opts
         self.conflater = Conflater(o.conflation, o.conflation_key) if o.conflation else None
         # a live subscription that lags reads the journal unasked: no `completed` when it rejoins
