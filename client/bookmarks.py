@@ -30,9 +30,11 @@ Events:
   feeds marks in stream order with the messages, so a mark never overtakes a message. A mark
   that comes while a replay is re-sending messages already delivered (the newest message was a
   duplicate) lies behind what was seen, and is ignored.
-- `most_recent(sub_id)`: the bookmark (list) to resubscribe with, on this instance or on
-  another one of a replicated set (bookmarks are the same on every instance; only the order
-  across publishers differs, docs/protocol.md §5 "a list starts after its oldest"):
+- `most_recent(sub_id, elsewhere=False)`: the bookmark (list) to resubscribe with, on this
+  instance or on another one of a replicated set (bookmarks are the same on every instance;
+  only the order across publishers differs, docs/protocol.md §5 "a list starts after its
+  oldest"; the server leaves out, per publisher the list names, what it says the subscriber
+  has):
     * nothing processed yet (no `recovery`): `base`; if `base` is NOW, the oldest undiscarded
       message's own bookmark (nothing earlier is known; that one message would only be lost if
       the process dies before the first discard or mark);
@@ -43,9 +45,16 @@ Events:
       unprocessed message, and `log` drops per publisher what was already delivered. A
       publisher with undiscarded messages and none processed adds `base` (unless NOW), the
       only point known to lie before its first message everywhere.
-    Limits: at most MAX_LIST items (the oldest-seen publishers are left out first), and a
-    message of a publisher this subscription has never seen can still be passed over by a
-    failover to an instance that recorded it before the resume point.
+    * `elsewhere` (the subscription resumes on another instance than the one it last received
+      from): `base` too (unless NOW), whatever was processed: a publisher this subscription
+      has never seen may have its messages before the resume point on that instance (the
+      order across publishers differs), and only `base` lies before them everywhere. The
+      replay there starts at `base`, and the server leaves out each listed publisher's
+      messages up to its point.
+    Limits: at most MAX_LIST items (the oldest-seen publishers are left out first: the server
+    then sends them again from the oldest point, and `log` drops them), and a subscription
+    that started at NOW has no point before an unseen publisher's messages on another instance
+    (its failover can pass over those).
 Bounds: the window is bounded by the application's discards (HASubscription stops handing out
 messages while a subscription's window holds `max_window` entries); `highest` and `passed` hold
 at most `max_publishers` publishers each (the least recently seen is forgotten first).
@@ -189,7 +198,7 @@ class _SubState:
             window.append(_Entry(pub, seq, text, True, True))
         return True
 
-    def most_recent(self) -> str:
+    def most_recent(self, elsewhere: bool = False) -> str:
         window = self.window
         if self.recovery is None:
             if window and self.base == NOW:
@@ -206,7 +215,8 @@ class _SubState:
                 pending.add(e.pub)
         items = [self.recovery]
         seen = {self.recovery}
-        if any(pub not in points for pub in pending) and self.base != NOW:
+        unseen = elsewhere or any(pub not in points for pub in pending)
+        if unseen and self.base != NOW and self.base not in seen:
             items.append(self.base)  # a publisher with nothing processed: from the start
             seen.add(self.base)
         for pub in reversed(points):  # newest first: the oldest-seen are cut by MAX_LIST
@@ -272,8 +282,9 @@ class BookmarkStore(ABC):
         """A periodic persisted ack of the subscription (see module doc)."""
 
     @abstractmethod
-    def most_recent(self, sub_id: str) -> str:
-        """Where to resume `sub_id` (EPOCH if unknown)."""
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        """Where to resume `sub_id` (EPOCH if unknown); `elsewhere`: on another instance than
+        the one it last received from (module doc)."""
 
     @abstractmethod
     def window_size(self, sub_id: str) -> int:
@@ -353,10 +364,10 @@ class MemoryBookmarkStore(BookmarkStore):
         if state is not None and key is not None:
             state.mark(*key)
 
-    def most_recent(self, sub_id: str) -> str:
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
         self._check()
         state = self._subs.get(sub_id)
-        return EPOCH if state is None else state.most_recent()
+        return EPOCH if state is None else state.most_recent(elsewhere)
 
     def window_size(self, sub_id: str) -> int:
         state = self._subs.get(sub_id)

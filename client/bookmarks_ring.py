@@ -265,7 +265,10 @@ class RingBookmarkStore(BookmarkStore):
         else:
             ring.mark = (ring.last, bookmark)
 
-    def most_recent(self, sub_id: str) -> str:
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        """One point, not a list: `elsewhere` changes nothing (a failover to an instance with
+        another order of publishers can pass over messages; the memory and logged stores do
+        not)."""
         self._check()
         ring = self._subs.get(sub_id)
         if ring is None:

@@ -538,9 +538,16 @@ class HAClient:
         if store is not None:
             assert bookmark is not None, "a store tracks bookmark subscriptions only"
             recent = bookmark == MOST_RECENT or not first
-            bookmark = (
-                store.start(spec.sub_id, bookmark) if first else store.most_recent(spec.sub_id)
-            )
+            # resumed on another server than the one it last received from (or, first placed
+            # from a stored state, on one not known): the list then says where unseen
+            # publishers start (client/bookmarks.py `elsewhere`)
+            elsewhere = recent and hs._placed_uri != self.current_uri
+            if first:
+                bookmark = store.start(spec.sub_id, bookmark)
+                if recent and elsewhere:
+                    bookmark = store.most_recent(spec.sub_id, elsewhere=True)
+            else:
+                bookmark = store.most_recent(spec.sub_id, elsewhere)
             if recent and self.bookmark_not_found and "bookmark_not_found" not in (options or ""):
                 nf = f"bookmark_not_found={self.bookmark_not_found}"
                 options = f"{options},{nf}" if options else nf
@@ -549,6 +556,7 @@ class HAClient:
         sub = await client.subscribe(spec.topic, filter=spec.filter, bookmark=bookmark,
                                      options=options, sub_id=spec.sub_id, timeout=timeout,
                                      marks=store is not None)  # fmt: skip
+        hs._placed_uri = self.current_uri
         hs._attach(sub)
 
     async def restore_subscriptions(self, timeout: float | None = DEFAULT_TIMEOUT

@@ -72,6 +72,7 @@ class HASubscription:
         self._count = 0
         self._placed_once = False  # the first placement succeeded (re-entries are the HAClient's)
         self._placed_on: object = None  # the Client of the newest placement
+        self._placed_uri: str | None = None  # the server of the newest placement
 
     def __repr__(self) -> str:
         return f"<HASubscription {self.sub_id} {self.topic!r} {self.state}>"

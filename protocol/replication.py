@@ -4,8 +4,10 @@ A link carries frames in the client framing (protocol/framing.py: `u32 BE length
 body`), from a *source* instance that sends its journal to a *destination* that records it:
 
 ```
-source -> dest  {"c":"repl_logon","name":N,"group":G,"dest":D,"v":1[,"user":U,"pw":P]}
-dest -> source  {"c":"repl_ack","status":"success","pos":P}      resume point: the source
+source -> dest  {"c":"repl_logon","name":N,"group":G,"dest":D,"v":1[,"user":U,"pw":P]
+                 [,"jid":J][,"seen":S]}
+dest -> source  {"c":"repl_ack","status":"success","pos":P[,"jid":J][,"seen":S]}
+                                                                  resume point: the source
                                                                   position the destination holds
                                                                   everything below (0: new source)
 dest -> source  {"c":"repl_ack","status":"failure","reason":R}   then the destination closes
@@ -19,7 +21,12 @@ either way      {"c":"heartbeat"}                                after 1 s idle
 
 N and G are the source instance's name and group, D the destination's name as the source has it
 configured (a mismatch is refused), U/P the link's credentials when the destination has
-<Authentication>. Positions are u64 journal positions of the *source*. A batch's `from` is the
+<Authentication>. J (optional) is the identity of the sender's journal on a logon, of the
+destination's on the logon's answer: 32 hex digits, new with every new journal
+(server/replication/identity.py), so a resume point is never applied to a journal it was not
+taken from. S (optional) is the other end's journal identity as this end last saw it (on a
+logon, the destination's as the source saw it; on its answer, the source's as the destination
+saw it): an instance whose journal is not that one lost its journal (it was replaced). Positions are u64 journal positions of the *source*. A batch's `from` is the
 previous batch's `to` on the same link (or the resume point): the link is a gap-free walk of
 the source journal; records filtered out by the source just leave nothing in the body.
 
@@ -99,6 +106,8 @@ class ReplLogon(
     v: int
     user: str | None = None
     pw: str | None = None
+    jid: str | None = None
+    seen: str | None = None
 
 
 class ReplAck(
@@ -107,6 +116,8 @@ class ReplAck(
     pos: int | None = None
     status: str | None = None  # "success" | "failure" on the logon's answer; absent on a batch's
     reason: str | None = None
+    jid: str | None = None  # on the logon's answer: the destination's journal identity
+    seen: str | None = None  # on the logon's answer: the source's, as the destination saw it
 
 
 class ReplBatch(msgspec.Struct, tag_field="c", tag="repl_batch", forbid_unknown_fields=True):
@@ -136,6 +147,14 @@ def _check_name(what: str, value: str, empty_ok: bool = False) -> None:
         raise BadLinkFrame(f"repl_logon `{what}` must be 1..{MAX_NAME} bytes of UTF-8 (got {n})")
 
 
+_JID = re.compile(r"[0-9a-f]{32}")
+
+
+def _check_jid(jid: str | None) -> None:
+    if jid is not None and not _JID.fullmatch(jid):
+        raise BadLinkFrame(f"journal identity {jid[:40]!r} is not 32 lowercase hex digits")
+
+
 def _check_pos(what: str, value: int | None) -> None:
     if value is not None and not 0 <= value <= MAX_U64:
         raise BadLinkFrame(f"`{what}` {value} is not a journal position (0..2^64-1)")
@@ -160,8 +179,12 @@ def check_header(h: LinkHeader, body: bytes) -> None:
         _check_name("group", h.group, empty_ok=True)
         if h.v < 1:
             raise BadLinkFrame(f"repl_logon version {h.v} is not a link version")
+        _check_jid(h.jid)
+        _check_jid(h.seen)
     elif isinstance(h, ReplAck):
         _check_pos("pos", h.pos)
+        _check_jid(h.jid)
+        _check_jid(h.seen)
         if h.status not in (None, "success", "failure"):
             raise BadLinkFrame(f"repl_ack status {h.status!r} is not success or failure")
         if h.status == "failure":
@@ -241,17 +264,33 @@ def _frame(header: LinkHeader, body: bytes = b"") -> bytes:
 
 
 def encode_logon(
-    name: str, group: str, dest: str, user: str | None = None, pw: str | None = None
+    name: str,
+    group: str,
+    dest: str,
+    user: str | None = None,
+    pw: str | None = None,
+    jid: str | None = None,
+    seen: str | None = None,
 ) -> bytes:
-    h = ReplLogon(name=name, group=group, dest=dest, v=LINK_VERSION, user=user, pw=pw)
+    h = ReplLogon(
+        name=name, group=group, dest=dest, v=LINK_VERSION, user=user, pw=pw, jid=jid, seen=seen
+    )
     check_header(h, b"")
     return _frame(h)
 
 
-def encode_ack(pos: int, resume: bool = False) -> bytes:
-    """A batch ack (`{"c":"repl_ack","pos":P}`), or with resume the logon's success answer."""
+def encode_ack(
+    pos: int, resume: bool = False, jid: str | None = None, seen: str | None = None
+) -> bytes:
+    """A batch ack (`{"c":"repl_ack","pos":P}`), or with resume the logon's success answer
+    (with the destination's journal identity `jid` and the source's as it saw it, `seen`, when
+    given)."""
     _check_pos("pos", pos)
     if resume:
+        if jid is not None or seen is not None:
+            h = ReplAck(pos=pos, status="success", jid=jid, seen=seen)
+            check_header(h, b"")
+            return _frame(h)
         return frame_bytes(b'{"c":"repl_ack","status":"success","pos":%d}' % pos)
     return frame_bytes(b'{"c":"repl_ack","pos":%d}' % pos)
 

@@ -17,7 +17,7 @@
  *     record that is not whole or whose fields do not fit it): the caller's ordinary path
  *     takes it. pubs: pub -> (first seq taken, last seq taken, its offset) for this call.
  *
- * kept_span(buf, pos, topics) -> (stop, unknown)
+ * kept_span(buf, pos, topics) -> (stop, unknown, count)
  *     The source's filter, for the common run: the end of the whole records from `pos` that
  *     are messages without an origin block whose topic maps to True in `topics` (bytes ->
  *     bool, the Filter's cache). stop is the first record that is not one; unknown is its
@@ -369,7 +369,7 @@ kept_span(PyObject *self, PyObject *args)
     const unsigned char *buf = (const unsigned char *)in.buf;
     Py_ssize_t n = in.len;
     const unsigned char *last_topic = NULL;
-    Py_ssize_t last_tlen = 0;
+    Py_ssize_t last_tlen = 0, count = 0;
     if (pos < 0 || pos > n) {
         PyBuffer_Release(&in);
         PyErr_SetString(PyExc_ValueError, "pos is outside buf");
@@ -404,9 +404,10 @@ kept_span(PyObject *self, PyObject *args)
             last_tlen = r.tlen;
         }
         pos += r.total;
+        count++;
     }
     PyBuffer_Release(&in);
-    return Py_BuildValue("(nN)", pos, unknown ? unknown : (Py_INCREF(Py_None), Py_None));
+    return Py_BuildValue("(nNn)", pos, unknown ? unknown : (Py_INCREF(Py_None), Py_None), count);
 fail:
     PyBuffer_Release(&in);
     return NULL;
@@ -417,7 +418,7 @@ static PyMethodDef methods[] = {
      "replicate_records(body, pos, highest, known, name, group, ts, base, first_msg, origins) "
      "-> (records, entries, msgs, stop, dups, unknown, pubs); see server/replicate_scan.py"},
     {"kept_span", kept_span, METH_VARARGS,
-     "kept_span(buf, pos, topics) -> (stop, unknown); see server/replicate_scan.py"},
+     "kept_span(buf, pos, topics) -> (stop, unknown, count); see server/replicate_scan.py"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -43,6 +43,8 @@ from .maintenance import Maintenance
 from .pipeline import Pipeline
 from .reasons import Disconnect
 from .replication import AckSink, MemoryAckSink
+from .replication.catchup import CatchUp
+from .replication.identity import journal_identity
 from .replication.receiver import Receiver
 from .replication.sender import Sender
 from .replication.sync import SyncGate, UnknownDestination
@@ -57,6 +59,10 @@ log = logging.getLogger("tickertape.server")
 
 HEARTBEAT_TICK = 0.2
 SHUTDOWN_TIMEOUT = 10.0
+
+
+def _nothing() -> str | None:
+    return None
 
 
 def _read_password(path: str | None) -> str | None:
@@ -79,6 +85,8 @@ class Server:
         self.addresses: list[tuple[str, str, int]] = []  # (transport name, host, port)
         self.admin: AdminEndpoint | None = None
         self.gate: SyncGate | None = None  # with <Replication> destinations (and a journal)
+        self.jid: str | None = None  # the journal's identity, with replication
+        self.catch_up: CatchUp | None = None  # a new journal with sync destinations
         self.maintenance: Maintenance | None = None
         self.readers = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="journal-reader"
@@ -119,6 +127,17 @@ class Server:
             )
             recorded = tl.records_topic
         journal = self.journal
+        dests = config.replication.destinations
+        if (
+            journal is not None
+            and tl is not None
+            and (dests or any(t.type == "replication" for t in config.transports))
+        ):
+            jid, made = await loop.run_in_executor(None, journal_identity, tl.journal_directory)
+            self.jid = jid
+            new = made and journal.end_position == journal.start_position
+            first = [d.name for d in dests] if new else []
+            self.catch_up = CatchUp(jid, first, self._close_clients, loop.call_later)
         core = build_core(
             config,
             journal,
@@ -128,6 +147,7 @@ class Server:
             self.guard,
             self.connections.backlog,
             compile_later=self._compile_later,
+            logons_refused=self.catch_up.reason if self.catch_up is not None else _nothing,
         )
         self.counters, self.intake, self.fanout = core.counters, core.intake, core.fanout
         self.pipeline, self.gate, self.replays = core.pipeline, core.gate, core.replays
@@ -207,6 +227,10 @@ class Server:
                 ", TLS" if t.type == "tcps" else "",
             )
         await self._start_replication()
+        if self.catch_up is not None:
+            # a journal made at this start: whether a peer knew another journal of this
+            # instance is known before the server says it is ready
+            await self.catch_up.first_answers()
         if config.admin is not None:
             self.admin = AdminEndpoint(
                 self.stats,
@@ -237,7 +261,15 @@ class Server:
         if journal is None:
             log.error("replication is configured but there is no <TransactionLog>: not started")
             return
-        self.receiver = Receiver(self.name, self.pipeline, journal, self.guard, self.queues)
+        self.receiver = Receiver(
+            self.name,
+            self.pipeline,
+            journal,
+            self.guard,
+            self.queues,
+            self.jid,
+            self.catch_up,
+        )
         self.stats.replication_sources = self.receiver.snapshot
         for t in inbound:
             ctx = server_context(ServerTls.of(t)) if t.certificate and t.private_key else None
@@ -265,6 +297,8 @@ class Server:
                 self.gate if self.gate is not None else self.repl_sink,
                 partial(_read_password, dest.password_file),
                 self.queues.translate_out,
+                self.jid,
+                self.catch_up.answered if self.catch_up is not None else None,
             )
             sender.start()
             self.senders.append(sender)
@@ -363,6 +397,13 @@ class Server:
             f" ({len(problems)} problem(s) above)" if problems else "",
             ended,
         )
+
+    def _close_clients(self) -> None:
+        """A replaced journal begins catching up (CatchUp): every client goes (and comes back,
+        or goes to another instance, once it has)."""
+        for conn in list(self.connections):
+            if not conn.closing:
+                conn.close(Disconnect.CATCHING_UP)
 
     def _disconnect_client(self, conn_id: int) -> str | None:
         """The console's action: close connection `conn_id` (reason `admin`); what it was, or

@@ -180,6 +180,11 @@ class ReplicatedIntake:
         self._taken(stored, dups, ts, source_name, end_position, on_durable)
         return received, stored, dups
 
+    def remember_meta(self, key: bytes, value: bytes) -> None:
+        """Journal metadata for the replication links (server/replication/identity.py),
+        committed with the next replication batch that adds records, like the resume points."""
+        self._repl_meta_pending[key] = value
+
     def _repl_topic(self, tb: bytes) -> str:
         topics = self._repl_topics
         topic = topics.get(tb)

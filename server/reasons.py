@@ -25,6 +25,7 @@ class Disconnect(StrEnum):
     AUTH_FAILURE = "auth failure"
     SHUTDOWN = "shutdown"
     ADMIN = "admin"  # a user with admin disconnected it (the web console's action)
+    CATCHING_UP = "catching up"  # a logon refused while a new journal catches up (replication)
     # the root limits of server/intake.py
     LOGON_TIMEOUT = "logon timeout"
     INPUT_MEMORY_LIMIT = "input memory limit"
@@ -51,3 +52,5 @@ class Failure(StrEnum):
     JOURNAL_UNAVAILABLE = "journal unavailable"  # nothing is acked as persisted
     BAD_SOW_KEY = "bad sow key"  # a SOW publish without its key, or an unusable k / sow_keys
     BAD_ORDER_BY = "bad order by"  # an order_by that does not parse
+    # a new journal in a replicated set, before its peers sent it what they hold
+    CATCHING_UP = "catching up"

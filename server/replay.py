@@ -118,6 +118,8 @@ class Cursor:
         "end",
         "lagging",
         "last_bm",
+        "skip",
+        "skip_until",
         "start",
         "sub",
         "tail_only",
@@ -129,6 +131,10 @@ class Cursor:
         self.sub = sub
         self.start = start
         self.end = end
+        # a bookmark list's publishers: their messages at or below these sequences are not
+        # delivered, below skip_until (server/replay_plan.py; set by the engine)
+        self.skip: dict[int, int] | None = None
+        self.skip_until = 0
         o = sub.opts
         self.conflater = Conflater(o.conflation, o.conflation_key) if o.conflation else None
         # a live subscription that lags reads the journal unasked: no `completed` when it rejoins
@@ -400,6 +406,10 @@ class Replay:
             return None
         c = self.cursors[0]
         sub = c.sub
+        if c.skip is not None:
+            if self.position < c.skip_until:
+                return None  # the tuple paths leave out what the list says the subscriber has
+            c.skip = None
         if c.tail_only or sub.timestamp or sub.regex is not None:
             return None
         flt = None
@@ -442,6 +452,7 @@ class Replay:
         matches = sub.matches_topic_bytes
         f = sub.filter
         start = cursor.start
+        skip, skip_until = cursor.skip, cursor.skip_until
         prefix = sub.prefix
         ts_part = sub.timestamp
         sent = 0
@@ -453,6 +464,8 @@ class Replay:
                 break
             last = rec
             if pos < start or kind != KIND_MESSAGE or not matches(tb):
+                continue
+            if skip is not None and pos < skip_until and seq <= skip.get(pub, 0):
                 continue
             if f is not None:
                 g = f.at(tb) if f.__class__ is TopicFilter else f  # content entitlements by topic
@@ -501,6 +514,8 @@ class Replay:
                 if pos < c.start:
                     continue
                 c.last_bm = (pub, seq)
+                if c.skip is not None and pos < c.skip_until and seq <= c.skip.get(pub, 0):
+                    continue
                 deliver = True
                 stop = False
                 if c.end is not None:

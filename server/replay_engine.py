@@ -61,9 +61,11 @@ class ReplayEngine:
             start, wait = end, plan.start[1]
         else:
             start = plan.start[1]
+        cursor = Cursor(sub, start, plan.end)
+        cursor.skip, cursor.skip_until = plan.skip, plan.skip_until
         Replay(
             self,
-            [Cursor(sub, start, plan.end)],
+            [cursor],
             start,
             paused=opts.pause,
             wait_until=wait,

@@ -2,7 +2,12 @@
 
 Pure planning over the journal's index (docs/protocol.md §5, §6): `plan_replay` turns a parsed
 bookmark (protocol/bookmarks.py) into a `Plan`: a start position (or a begin time still in the
-future, or NOW) and, for a range, an `End`. `Conflater` keeps the latest message per key per
+future, or NOW) and, for a range, an `End`. A list of bookmarks starts after its oldest member
+and also says, per publisher it names, what the subscriber has: the plan's `skip` (publisher ->
+the lowest sequence the list names for it) leaves out that publisher's messages at or below it,
+up to `skip_until` (past it, no such message is left). That is what makes a list the resume
+point of a subscriber that moves to another instance of a replicated set, where publishers'
+messages interleave in another order (docs/replication.md "Clients across a set"). `Conflater` keeps the latest message per key per
 interval on the records' own timeline. server/replay.py runs the pass.
 """
 
@@ -57,7 +62,11 @@ def now_us() -> int:
 
 
 def _point_position(
-    journal: Journal, point: BookmarkSpec, inclusive: bool, not_found: str | None
+    journal: Journal,
+    point: BookmarkSpec,
+    inclusive: bool,
+    not_found: str | None,
+    memo: dict[tuple[int, int], int | None] | None = None,
 ) -> Start:
     """Position where a replay beginning at `point` starts, or None for NOW.
 
@@ -82,6 +91,8 @@ def _point_position(
         for item in point.items:
             if isinstance(item, Bookmark):
                 pos = journal.locate(item.publisher_id, item.seq)
+                if memo is not None:
+                    memo[(item.publisher_id, item.seq)] = pos
                 if pos is not None:
                     found.append(pos if inclusive else journal.after(pos))
                 continue
@@ -182,14 +193,48 @@ def resolve_end(journal: Journal, point: BookmarkSpec, inclusive: bool, end_now:
     raise InvalidBookmark(f"{type(point).__name__} cannot be an end point")
 
 
+NO_END = 1 << 64  # a skip that lasts the whole replay
+
+
+def _skip_end(
+    journal: Journal, points: dict[int, int], memo: dict[tuple[int, int], int | None]
+) -> int:
+    """The position past which no message of a listed publisher at or below its point is left
+    (the skip can end there)."""
+    until = 0
+    highest: dict[int, tuple[int, int]] | None = None
+    for pub, seq in points.items():
+        pos = memo[(pub, seq)] if (pub, seq) in memo else journal.locate(pub, seq)
+        if pos is None:  # not here (never received, or removed): where do its messages end?
+            if highest is None:
+                highest = journal.publishers()
+            h = highest.get(pub)
+            if h is None:
+                continue  # no message of it here at all
+            if h[0] > seq:
+                return NO_END  # some of it above the point, some maybe below: to the end
+            pos = h[1]
+        until = max(until, pos + 1)
+    return until
+
+
 class Plan:
-    """Resolved bookmark: start ("at", pos) / ("wait", micros) / None (NOW), and an optional End."""
+    """Resolved bookmark: start ("at", pos) / ("wait", micros) / None (NOW), an optional End,
+    and for a list the per-publisher `skip` up to `skip_until` (module docstring)."""
 
-    __slots__ = ("end", "start")
+    __slots__ = ("end", "skip", "skip_until", "start")
 
-    def __init__(self, start: Start, end: End | None = None) -> None:
+    def __init__(
+        self,
+        start: Start,
+        end: End | None = None,
+        skip: dict[int, int] | None = None,
+        skip_until: int = 0,
+    ) -> None:
         self.start = start
         self.end = end
+        self.skip = skip
+        self.skip_until = skip_until
 
 
 def plan_replay(journal: Journal, spec: BookmarkSpec, not_found: str | None, end_now: int) -> Plan:
@@ -199,6 +244,16 @@ def plan_replay(journal: Journal, spec: BookmarkSpec, not_found: str | None, end
         if start is None:
             start = ("at", end_now)
         return Plan(start, resolve_end(journal, spec.end, spec.end_inclusive, end_now))
+    if isinstance(spec, BookmarkList):
+        memo: dict[tuple[int, int], int | None] = {}
+        start = _point_position(journal, spec, False, not_found, memo)
+        points: dict[int, int] = {}
+        for item in spec.items:
+            if isinstance(item, Bookmark) and item.seq < points.get(item.publisher_id, NO_END):
+                points[item.publisher_id] = item.seq
+        if not points or start is None or start[0] != "at":
+            return Plan(start)
+        return Plan(start, skip=points, skip_until=_skip_end(journal, points, memo))
     return Plan(_point_position(journal, spec, False, not_found))
 
 

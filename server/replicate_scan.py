@@ -21,11 +21,12 @@ None), or a record that is not whole or whose fields do not fit it; the caller's
 takes it. `pubs`: pub -> (first seq, last seq, offset of the last) of the records taken.
 The records are already verified (the receiver's `verified_prefix`): no crc is checked here.
 
-`kept_span(buf, pos, topics) -> (stop, unknown)`: the source's filter
+`kept_span(buf, pos, topics) -> (stop, unknown, count)`: the source's filter
 (server/replication/sender.py `select`) for the common run: the end of the whole records from
 `pos` that are messages without an origin block whose topic maps to True in `topics` (the
 Filter's cache, bytes -> bool); `unknown` the topic at `stop` when the only reason it stopped is
-that the topic is not in `topics` yet, else None.
+that the topic is not in `topics` yet, else None; `count` the records walked (the sender's
+`sent_messages` statistic).
 
 The C version (server/_replicate.c, built when a compiler is there) does it without a Python
 call per record; the `_py` functions are the reference both are tested against and the fallback
@@ -158,21 +159,23 @@ def replicate_records_py(
     return b"".join(out), entries, msgs, pos, dups, unknown, pubs
 
 
-def kept_span_py(buf: bytes, pos: int, topics: dict[bytes, bool]) -> tuple[int, bytes | None]:
+def kept_span_py(buf: bytes, pos: int, topics: dict[bytes, bool]) -> tuple[int, bytes | None, int]:
     if not 0 <= pos <= len(buf):
         raise ValueError("pos is outside buf")
     n = len(buf)
+    count = 0
     while pos < n:
         got = _whole(buf, pos)
         if got is None or got[1] != KIND_MESSAGE or got[2] & FLAG_ORIGIN:
             break
         ok = topics.get(got[3])
         if ok is None:
-            return pos, got[3]
+            return pos, got[3], count
         if not ok:
             break
         pos += got[0]
-    return pos, None
+        count += 1
+    return pos, None, count
 
 
 _c = load("server._replicate")  # None without a compiler at install time: same results, slower

@@ -60,3 +60,5 @@ class SessionServices:
     )
     guard: Guard = field(default_factory=Guard)  # logons, entitlements (server/guard.py)
     sow: SowManager | None = None  # State of the World topics (server/sow/); None without any
+    # why logons are refused now (a new journal catching up, server/replication/catchup.py)
+    logons_refused: Callable[[], str | None] = lambda: None

@@ -289,6 +289,11 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                 "this connection is already logged on; open a new connection",
             )
             return
+        why = svc.logons_refused()
+        if why is not None:
+            self.fail(h, Failure.CATCHING_UP, why)
+            self.out.close(Disconnect.CATCHING_UP)
+            return
         name = h.client_name
         if not name and svc.has_journal:
             self.fail(

@@ -37,8 +37,11 @@ class AckSink(Protocol):
     def acked(self, dest: str, position: int) -> None:
         """The destination durably holds everything below `position`."""
 
-    def sent(self, dest: str, position: int) -> None:
-        """Everything below `position` has been sent (or filtered out) to the destination."""
+    def sent(
+        self, dest: str, position: int, messages: int | None = None, size: int | None = None
+    ) -> None:
+        """Everything below `position` has been sent (or filtered out) to the destination:
+        `messages` more records, `size` more bytes of them."""
 
 
 @dataclass
@@ -75,6 +78,8 @@ class MemoryAckSink:
         st.acked = max(st.acked, position)
         st.last_ack_at = time.time()
 
-    def sent(self, dest: str, position: int) -> None:
+    def sent(
+        self, dest: str, position: int, messages: int | None = None, size: int | None = None
+    ) -> None:
         st = self._of(dest)
         st.sent = max(st.sent, position)

@@ -8,12 +8,20 @@ The logon is refused (a failure repl_ack, then close) for a link version it does
 `dest` that is not this instance's name, a source with this instance's own name, and bad
 credentials or a user without admin rights when <Authentication> is configured. The resume point
 is the source position this instance durably holds everything below (`repl-from:<source>` in
-the journal's metadata, committed with the records). Each batch must start where the last one
+the journal's metadata, committed with the records), for the source journal whose identity
+goes with it (`repl-jid:<source>`, server/replication/identity.py): a source that logs on with
+another journal identity (its journal was replaced) resumes from 0. The answer carries this
+instance's own journal identity. Each batch starts where the last one ended, or before it (a
+source that rewinds, finding the resume point past its journal's end: what it sends again is
+dropped as duplicates); one that starts after it is a gap, and closes the link. Each batch must start where the last one
 ended; every record in it is checked (length, flags, crc) and a damaged one closes the link
 with an ERROR: the source re-sends from the durable point. The batch's body goes to
 `Pipeline.replicate_block` (runs of records in C, server/replicate_scan.py); once they are
 durable here the link gets one ack per group commit, sent from the commit's callback.
 A commit failure closes the link. A second link from the same source replaces the first.
+A heartbeat from a source (it sends them only when it has nothing more to send) is reported as
+that source being *synced* (to the queues, and to `catch_up`, which also hears which journal
+of this instance each source last saw: a replaced journal catches up before serving clients).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -39,9 +48,11 @@ from ..guard import Guard
 from ..pipeline import Pipeline
 from ..security.authenticator import Identity
 from . import REPL_FROM, U64
+from .identity import REPL_JID
 from .link import DEAD_AFTER, Link, LinkClosed
 
 log = logging.getLogger("tickertape.replication")
+_JID = re.compile(r"[0-9a-f]{32}")
 
 __all__ = ["QueueDoor", "Receiver"]
 
@@ -55,6 +66,13 @@ class QueueDoor(Protocol):
     def source_down(self, name: str) -> None: ...
 
 
+class CatchUpDoor(Protocol):
+    """What the receiver tells server/replication/catchup.py's CatchUp."""
+
+    def source_knew(self, source: str, seen: str | None) -> None: ...
+    def synced(self, source: str) -> None: ...
+
+
 class Receiver:
     def __init__(
         self,
@@ -63,8 +81,13 @@ class Receiver:
         journal: Journal,
         guard: Guard,
         queues: QueueDoor | None = None,
+        jid: str | None = None,
+        catch_up: CatchUpDoor | None = None,
     ) -> None:
         self.name = name
+        self.jid = jid  # this instance's journal identity, sent to every source
+        self.catch_up = catch_up
+        self.jids: dict[str, str] = {}  # source -> its journal identity (this run)
         self.queues = queues
         self.pipeline = pipeline
         self.journal = journal
@@ -133,8 +156,11 @@ class Receiver:
             self.links[source] = link
             if self.queues is not None and old is None:
                 self.queues.source_up(source)
-            resume = self.resume_point(source)
-            link.send(encode_ack(resume, resume=True))
+            if self.catch_up is not None:
+                self.catch_up.source_knew(source, h.seen)
+            seen = self._known_jid(source)
+            resume = self._resume_for(source, h.jid)
+            link.send(encode_ack(resume, resume=True, jid=self.jid, seen=seen))
             log.info(
                 "replication link from %s (group %s, %s): resuming at %d",
                 source,
@@ -155,6 +181,40 @@ class Receiver:
                 del self.links[source]
                 if self.queues is not None:
                     self.queues.source_down(source)
+
+    def _known_jid(self, source: str) -> str | None:
+        """The journal identity of `source` its resume point belongs to (None: not known)."""
+        known = self.jids.get(source)
+        if known is None:
+            raw = self.journal.index.get_meta(REPL_JID + source.encode())
+            known = raw.decode("ascii", "replace") if raw is not None else None
+        return known if known is None or _JID.fullmatch(known) else None
+
+    def _resume_for(self, source: str, jid: str | None) -> int:
+        """The resume point of `source` for its journal `jid`: 0 when the point belongs to
+        another journal of that name (the source's journal was replaced: its positions now
+        name other records, and it must send everything; duplicates are dropped here)."""
+        resume = self.resume_point(source)
+        if jid is None:
+            return resume  # a source that does not say (an older version): as before
+        known = self._known_jid(source)
+        if known is not None and known != jid and resume:
+            log.warning(
+                "replication link from %s: its journal was replaced (identity %s, the resume "
+                "point %d belongs to journal %s): resuming from its start; what this instance "
+                "already has is dropped as duplicates",
+                source,
+                jid,
+                resume,
+                known,
+            )
+            resume = 0
+            self.durable_from[source] = 0
+            self.pipeline.remember_meta(REPL_FROM + source.encode(), U64.pack(0))
+        if known != jid:
+            self.jids[source] = jid
+            self.pipeline.remember_meta(REPL_JID + source.encode(), jid.encode())
+        return resume
 
     async def _check_logon(self, h: ReplLogon, link: Link) -> str | None:
         if h.v != LINK_VERSION:
@@ -241,12 +301,14 @@ class Receiver:
             for h, body in frames:
                 if not isinstance(h, ReplBatch):
                     if type(h).__name__ == "Heartbeat":
+                        # a source sends heartbeats only when it has nothing to send
                         if self.queues is not None:
-                            # a source sends heartbeats only when it has nothing to send
                             self.queues.source_synced(source)
+                        if self.catch_up is not None:
+                            self.catch_up.synced(source)
                         continue
                     raise LinkClosed(f"unexpected {type(h).__name__} on a replication link")
-                if h.from_ != expected:
+                if h.from_ > expected:
                     raise LinkClosed(f"batch from {h.from_}, expected {expected}: a gap")
                 received = stored = dups = 0
                 if body:

@@ -11,7 +11,14 @@ their original bytes), filters it (`Filter`), and sends `repl_batch` frames of a
 records, every source position covered once, with at most MAX_UNACKED bytes of journal sent and
 not yet acknowledged. At the durable end it waits for the pipeline's next commit: the commit
 (or the link's end) resolves the future it awaits, so a committed batch goes out in the next
-loop iteration, never on a timer. Acks go to the AckSink at once (a sync gate releases the
+loop iteration, never on a timer.
+
+The logon carries this journal's identity and the answer the destination's
+(server/replication/identity.py): a destination seen with a new journal identity (it lost its
+journal, or is seen for the first time) is sent back, below this journal's end at that moment,
+the records that came from it, which loop prevention leaves out otherwise; the duplicate check
+there drops those it still has. A resume point past this journal's end names no record here (a
+peer that kept a replaced journal's position): the sender starts from the journal's start. Acks go to the AckSink at once (a sync gate releases the
 publishers' acks in that call), and every second at most to the journal's metadata
 (`repl-acked:<dest>`).
 """
@@ -43,6 +50,7 @@ from protocol.replication import MAX_BATCH_BODY, ReplAck, encode_batch, encode_l
 from ..pipeline import Pipeline
 from ..replicate_scan import kept_span
 from . import U64, AckSink, repl_acked_key
+from .identity import REPL_PEER, pack_peer, unpack_peer
 from .link import DEAD_AFTER, Link, LinkClosed
 
 log = logging.getLogger("tickertape.replication")
@@ -70,7 +78,8 @@ class Filter:
     """Which records a destination carries (docs/replication.md §3), one decision per record:
 
     - a message's topic (a queue event's: the queue's name) full-matches one of its topic regexes;
-    - a record whose origin instance is the destination is never sent (loop prevention);
+    - a record whose origin instance is the destination is never sent (loop prevention), except
+      below `own_below` (a destination that lost its journal gets its own records back);
     - a record from another origin is sent only if its origin group full-matches pass_through
       (absent: never);
     - a record published here (no origin) always, given its topic.
@@ -80,6 +89,7 @@ class Filter:
         self.dest = dest.name.encode()
         self.topics = [re.compile(t.name) for t in dest.topics]
         self.pass_through = re.compile(dest.pass_through) if dest.pass_through else None
+        self.own_below = 0
         self._topic_ok: dict[bytes, bool] = {}
         self._group_ok: dict[bytes, bool] = {}
 
@@ -107,7 +117,11 @@ class Filter:
         if not self.topic(rec[5]):
             return False
         origin = raw_origin(rec[7])
-        return origin is None or self.origin(origin[1], origin[2])
+        if origin is None:
+            return True
+        if origin[1] == self.dest:
+            return rec[0] < self.own_below
+        return self.origin(origin[1], origin[2])
 
 
 def select(
@@ -116,9 +130,9 @@ def select(
     flt: Filter,
     dest: str,
     translate: Callable[[bytes], bytes] | None = None,
-) -> tuple[bytes, int]:
-    """(the bytes to send of the whole records at the start of buf, the offset after them).
-    Messages kept are sent as stored; a queue event kept as `event_record` makes it (left out
+) -> tuple[bytes, int, int]:
+    """(the bytes to send of the whole records at the start of buf, the offset after them,
+    how many records they are). Messages kept are sent as stored; a queue event kept as `event_record` makes it (left out
     without `translate`). Runs of messages published here on kept topics are walked by
     server/replicate_scan.py's `kept_span` (C when built); the others one at a time."""
     out: list[bytes] = []
@@ -126,8 +140,10 @@ def select(
     end = len(buf)
     run_start = 0  # start offset of the current run of kept records
     pos = 0
+    count = 0
     while True:
-        stop, unknown = kept_span(buf, pos, cache)
+        stop, unknown, n = kept_span(buf, pos, cache)
+        count += n
         if unknown is not None:
             flt.topic(unknown)  # now in the cache: the walk goes on from the same record
             pos = stop
@@ -142,6 +158,7 @@ def select(
         rec = one[0]
         if rec[1] == KIND_MESSAGE and flt.keeps(rec):
             pos = nxt
+            count += 1
             continue
         if pos > run_start:
             out.append(buf[run_start:pos])
@@ -151,11 +168,12 @@ def select(
             wire = event_record(rec, translate)
             if wire is not None:
                 out.append(wire)
+                count += 1
     if run_start == 0:
-        return buf[:pos], pos  # everything kept: the block as read
+        return buf[:pos], pos, count  # everything kept: the block as read
     if pos > run_start:
         out.append(buf[run_start:pos])
-    return b"".join(out), pos
+    return b"".join(out), pos, count
 
 
 class Sender:
@@ -169,8 +187,14 @@ class Sender:
         sink: AckSink,
         password: Callable[[], str | None] = lambda: None,
         translate: Callable[[bytes], bytes] | None = None,
+        jid: str | None = None,
+        answered: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.dest = dest
+        self.jid = jid  # this journal's identity (sent at logon)
+        # each logon's outcome: the destination's `seen` (the identity it knew of this journal),
+        # None when it could not be reached (server/replication/catchup.py)
+        self.answered = answered
         self.name = name
         self.group = group
         self.journal = journal
@@ -193,6 +217,9 @@ class Sender:
         stored = journal.index.get_meta(repl_acked_key(dest.name))
         if stored is not None:
             self.acked = U64.unpack(stored)[0]
+        self.peer_jid, self.filter.own_below = unpack_peer(
+            journal.index.get_meta(REPL_PEER + dest.name.encode())
+        )
 
     def describe(self) -> str:
         addrs = ", ".join(
@@ -220,6 +247,8 @@ class Sender:
                     return
                 link = await self._connect(addr)
                 if link is None:
+                    if self.answered is not None:
+                        self.answered(self.dest.name, None)
                     continue
                 try:
                     await self._session(link)
@@ -231,6 +260,8 @@ class Sender:
                 finally:
                     link.end("session ended")
                     self.link = None
+                    if self.answered is not None:
+                        self.answered(self.dest.name, None)  # (no answer, if none came)
                 backoff = BACKOFF_MIN
             await asyncio.sleep(backoff)
             backoff = min(BACKOFF_MAX, backoff * 2)
@@ -271,18 +302,34 @@ class Sender:
         self.link = link
         link.start_keepalive()
         user = self.dest.user
-        link.send(encode_logon(self.name, self.group, self.dest.name, user, self.password()))
+        link.send(
+            encode_logon(
+                self.name,
+                self.group,
+                self.dest.name,
+                user,
+                self.password(),
+                self.jid,
+                self.peer_jid,
+            )
+        )
         frames = await asyncio.wait_for(link.read_frames(), DEAD_AFTER)
         h = frames[0][0]
         if not isinstance(h, ReplAck) or h.status is None:
             raise LinkClosed(f"expected the logon's repl_ack, got {type(h).__name__}")
         if h.status == "failure":
             log.error("replication to %s refused: %s", self.dest.name, h.reason)
+            if self.answered is not None:
+                self.answered(self.dest.name, None)
             raise LinkClosed(f"refused: {h.reason}")
         resume = h.pos or 0
+        if self.answered is not None:
+            self.answered(self.dest.name, h.seen)
         log.info(
             "replication to %s: connected to %s, resuming at %d", self.dest.name, link.peer, resume
         )
+        if h.jid is not None and h.jid != self.peer_jid:
+            self._new_peer_journal(h.jid)
         self.acked = resume
         self.sent_pos = resume
         self.sink.link_up(self.dest.name)
@@ -293,6 +340,28 @@ class Sender:
         finally:
             acks.cancel()
             self.sink.link_down(self.dest.name)
+
+    def _new_peer_journal(self, jid: str) -> None:
+        """The destination answers with a journal this sender has not seen: what came from it
+        and is in this journal so far is sent back to it (it may have lost it)."""
+        end = self.journal.end_position
+        if self.peer_jid is not None:
+            log.warning(
+                "replication to %s: its journal is new (identity %s, was %s): the records that "
+                "came from it, below position %d, are sent back to it",
+                self.dest.name,
+                jid,
+                self.peer_jid,
+                end,
+            )
+        self.peer_jid = jid
+        self.filter.own_below = end
+        batch = self.pipeline.batch
+        if batch.meta is None:
+            batch.meta = {}
+        # with the next commit that has records; lost in a crash before it, the next logon
+        # does this again (the duplicate check there drops what it has)
+        batch.meta[REPL_PEER + self.dest.name.encode()] = pack_peer(jid, end)
 
     async def _read_acks(self, link: Link, first: list) -> None:
         frames = first
@@ -326,6 +395,7 @@ class Sender:
 
     async def _stream(self, link: Link, pos: int) -> None:
         journal = self.journal
+        name = self.dest.name
         start = journal.start_position
         if pos < start:
             log.warning(
@@ -338,14 +408,15 @@ class Sender:
             pos = start
         elif pos > journal.end_position:
             log.error(
-                "replication to %s: it resumes at %d, past this journal's end %d "
-                "(was this journal replaced?); sending from the end",
+                "replication to %s: it resumes at %d, past this journal's end %d: that position "
+                "is not this journal's (was it replaced?); sending from the journal's start",
                 self.dest.name,
                 pos,
                 journal.end_position,
             )
-            pos = journal.end_position
-        name = self.dest.name
+            pos = start
+            self.acked = self.sent_pos = pos
+            self.sink.acked(name, pos)
         while True:
             if link.closed:
                 raise LinkClosed(link.reason or "closed")
@@ -355,7 +426,7 @@ class Sender:
             while pos - self.acked > MAX_UNACKED and not link.closed:
                 self._acked_event.clear()
                 await self._acked_event.wait()
-            body, nxt = self._read(pos)
+            body, nxt, count = self._read(pos)
             if nxt <= pos:  # nothing readable here yet (a record still being made durable)
                 await asyncio.sleep(0.001)
                 continue
@@ -363,7 +434,7 @@ class Sender:
             self.batches_sent += 1
             self.bytes_sent += len(body)
             self.sent_pos = pos = nxt
-            self.sink.sent(name, nxt)
+            self.sink.sent(name, nxt, count, len(body))
             await link.drain()
 
     async def _next_commit(self) -> None:
@@ -382,14 +453,14 @@ class Sender:
             timer.cancel()
             self._idle = None
 
-    def _read(self, pos: int) -> tuple[bytes, int]:
-        """(bytes to send, the position after the records read) from pos."""
+    def _read(self, pos: int) -> tuple[bytes, int, int]:
+        """(bytes to send, the position after the records read, how many records) from pos."""
         journal = self.journal
         blk = journal.read_block(pos, MAX_BATCH_BODY)
         if blk is None:  # a compacted segment: its records re-encode to their stored bytes
             recs, nxt = journal.read_raw(pos, MAX_BATCH_BODY)
             if not recs:
-                return b"", journal.next_position(nxt)
+                return b"", journal.next_position(nxt), 0
             out = []
             for r in recs:
                 if r[1] == KIND_MESSAGE:
@@ -405,12 +476,12 @@ class Sender:
                     wire = event_record(r, self.translate)
                     if wire is not None:
                         out.append(wire)
-            return b"".join(out), nxt
+            return b"".join(out), nxt, len(out)
         buf, p = blk
         if not buf:  # the end of a segment (or damage skipped to it)
-            return b"", journal.next_position(p)
-        body, stop = select(buf, p, self.filter, self.dest.name, self.translate)
-        return body, p + stop
+            return b"", journal.next_position(p), 0
+        body, stop, count = select(buf, p, self.filter, self.dest.name, self.translate)
+        return body, p + stop, count
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -14,14 +14,22 @@ States of one destination (`Destination.mode`):
     async      <SyncType>async: never holds anything
     sync       holds publishers' acks until it acks
     downgraded a sync destination acting as async:
-        sync --down for <DowngradeAfter> s (timer), or admin `downgrade`--> downgraded
+        sync --silent for <DowngradeAfter> s (timer), or admin `downgrade`--> downgraded
         downgraded --connected and caught up (acked within UPGRADE_WITHIN bytes of the local
                      durable end), or admin `upgrade`--> sync
 
 A destination downgraded by the admin while connected is upgraded automatically only after its
 link has gone down and come back (a reconnect): the operator took it out on purpose, so its next
 ack does not undo that; one downgraded by the timer (or by the admin while down) is upgraded as
-soon as it has caught up. A sync destination starts down: the timer starts with the gate.
+soon as it has caught up.
+
+*Silent* is how long a destination has not been acknowledging: since its acked position last
+moved (or the gate started), while its link is down or it lacks something committed here; when
+it lacks only what was committed after that, since the oldest such commit. A link that comes up
+and goes down again without an ack that moves (a destination whose commits fail, reconnecting
+every 100 ms) stays silent: reconnects do not restart the count. A connected destination that
+lacks nothing is not silent. The timer looks at the count when it may have run out, and again
+after that.
 
 `durable_end` is the position below which everything is durable here and acked by every active
 sync destination (monotonic); `durable_bm()` the bookmark of the newest message below it:
@@ -72,12 +80,12 @@ class Destination:
         "acked",
         "auto_upgrade",
         "connected",
-        "down_since",
         "downgrade_after",
         "downgraded",
         "downgrades",
         "last_ack_time",
         "name",
+        "progress_at",
         "sent_bytes",
         "sent_messages",
         "sent_position",
@@ -98,7 +106,7 @@ class Destination:
         self.sent_bytes = 0
         self.sent_messages = 0
         self.last_ack_time: float | None = None  # wall clock
-        self.down_since: float | None = None  # monotonic
+        self.progress_at = 0.0  # monotonic: when `acked` last moved (or the gate started)
         self.timer: Handle | None = None
         self.downgrades = 0
         self.upgrades = 0
@@ -165,7 +173,7 @@ class SyncGate:
         """Every destination starts down: arm the downgrade timers of the sync ones."""
         now = self.monotonic()
         for d in self.dests.values():
-            d.down_since = now
+            d.progress_at = now
             self._arm(d)
 
     def stop(self) -> None:
@@ -200,26 +208,24 @@ class SyncGate:
         if d.connected:
             return
         d.connected = True
-        d.down_since = None
         d.auto_upgrade = True
-        if d.timer is not None:
-            d.timer.cancel()
-            d.timer = None
 
     def link_down(self, dest: str) -> None:
         d = self._dest(dest)
         if not d.connected:
             return
         d.connected = False
-        d.down_since = self.monotonic()
         self._arm(d)
 
     def acked(self, dest: str, source_position: int) -> None:
         d = self._dest(dest)
+        if source_position > d.acked:
+            d.progress_at = self.monotonic()
         d.acked = source_position
         d.last_ack_time = self.wall()
         if d.downgraded and d.auto_upgrade and d.connected and self._caught_up(d):
             self._set_downgraded(d, False, "caught up")
+            self._arm(d)
         self._prune()
         if d.active:
             self._release_ready()
@@ -256,9 +262,8 @@ class SyncGate:
         if not d.downgraded:
             return False
         self._set_downgraded(d, False, f"upgraded by {by}")
-        if not d.connected:
-            d.down_since = self.monotonic()
-            self._arm(d)
+        d.progress_at = self.monotonic()  # its silence counts from now
+        self._arm(d)
         return True
 
     # -- reading ---------------------------------------------------------------------------------
@@ -337,15 +342,34 @@ class SyncGate:
     def _caught_up(self, d: Destination) -> bool:
         return d.acked + UPGRADE_WITHIN >= self.local_end()
 
-    def _arm(self, d: Destination) -> None:
+    def _arm(self, d: Destination, delay: float | None = None) -> None:
         if d.active and d.downgrade_after is not None and d.timer is None:
-            d.timer = self.call_later(d.downgrade_after, lambda: self._timed_out(d))
+            wait = d.downgrade_after if delay is None else delay
+            d.timer = self.call_later(wait, lambda: self._timed_out(d))
+
+    def silent_for(self, d: Destination) -> float:
+        """Seconds `d` has not been acknowledging (module docstring)."""
+        since = self.monotonic() - d.progress_at
+        if not d.connected:
+            return since
+        if d.acked >= self.local_end():
+            return 0.0
+        return min(since, self.lag(d)[2])
 
     def _timed_out(self, d: Destination) -> None:
         d.timer = None
-        if d.active and not d.connected:
-            d.auto_upgrade = True
-            self._set_downgraded(d, True, f"down for {d.downgrade_after:g}s (<DowngradeAfter>)")
+        after = d.downgrade_after
+        if not d.active or after is None:
+            return
+        silent = self.silent_for(d)
+        if silent < after:
+            self._arm(d, after - silent)  # not yet: look again when it may have run out
+            return
+        d.auto_upgrade = True
+        state = "down" if not d.connected else "connected, not acknowledging"
+        self._set_downgraded(
+            d, True, f"silent for {silent:.1f}s ({state}; <DowngradeAfter> {after:g}s)"
+        )
 
     def _set_downgraded(self, d: Destination, downgraded: bool, why: str) -> None:
         d.downgraded = downgraded

@@ -127,6 +127,27 @@ def test_out_of_order_discards_resolve_to_the_right_list(exact):
     assert s.most_recent("s") == ",".join([bm(2, 3), bm(1, 3)]) and s.window_size("s") == 0
 
 
+def test_elsewhere_adds_the_start_for_publishers_never_seen(exact):
+    """On another instance a publisher this subscription has not seen may lie before the
+    resume point: the list then holds the subscription's start too (the server leaves out, per
+    publisher listed, what the subscriber has)."""
+    s = exact
+    s.start("s", EPOCH)
+    for n in range(1, 4):
+        assert s.log(msg(1, n))
+        s.discard(msg(1, n))
+    assert s.most_recent("s") == bm(1, 3)  # the same instance: its order is the one seen
+    assert s.most_recent("s", elsewhere=True) == ",".join([bm(1, 3), EPOCH])
+    s.start("t", NOW)  # a NOW start is no point before anything: nothing to add
+    s.log(msg(1, 9, "t"))
+    s.discard(msg(1, 9, "t"))
+    assert s.most_recent("t", elsewhere=True) == bm(1, 9)
+    s.start("u", bm(1, 1))  # a bookmark start is added once
+    s.log(msg(2, 5, "u"))
+    s.discard(msg(2, 5, "u"))
+    assert s.most_recent("u", elsewhere=True) == ",".join([bm(2, 5), bm(1, 1)])
+
+
 def test_now_start_resolves_to_the_first_message(exact):
     exact.start("s", NOW)
     exact.log(msg(3, 10))

@@ -145,7 +145,7 @@ def test_downgrade_after_releases_the_acks_by_itself(tmp_path):
         started = time.monotonic()
         assert flushed(pub, 10)
         assert time.monotonic() - started > 0.3  # held until the timer ran out
-        assert a.wait_for_log("downgraded to async .*down for 1s")
+        assert a.wait_for_log(r"downgraded to async \(silent for .*s \(down; <DowngradeAfter> 1s")
         snap = stats(a)["destinations"]["tt-b"]
         assert snap["mode"] == "downgraded" and snap["downgrades"] == 1
         pub.close()

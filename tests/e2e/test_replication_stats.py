@@ -32,6 +32,13 @@ def test_sources_totals_and_queue_counters_in_stats_and_metrics(tmp_path):
         q = b.admin_get("/stats")["queues"]["work-q"]
         assert q["held_for_others"] == 50  # published at tt-a: tt-a's to lease
         assert {"taken_over", "done_elsewhere", "released"} <= set(q)
+        # the sender counts what it sent: the 50 messages, in as many bytes as b received
+        sent = dest_stats(a, "tt-b")
+        assert sent["sent_messages"] == 50, sent
+        assert sent["sent_bytes"] == src["received_bytes"]
+        assert 'tickertape_replication_sent_messages_total{destination="tt-b"} 50' in a.admin_get(
+            "/metrics"
+        )
         metrics = b.admin_get("/metrics")
         for line in (
             'tickertape_replication_source_connected{source="tt-a"} 1',

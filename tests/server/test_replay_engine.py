@@ -166,3 +166,27 @@ async def test_filtered_replay_delivers_what_live_delivery_does(core, text):
     delivered = [f.body for f in live.take() if f["c"] == "p"]
     assert replayed == delivered
     assert 0 < len(replayed) < len(bodies)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"f": "/n > 0"}, {"o": "timestamp"}, {"o": "rate=100000"}],
+    ids=["spliced", "filtered", "timestamp", "paced"],
+)
+async def test_a_list_leaves_out_per_publisher_what_it_names(core, extra):
+    """`X|15|,0`: from EPOCH (the oldest), without X's messages up to 15; Y (not named) all."""
+    x, y = core.client("x"), core.client("y")
+    _publish(x, 1, 10)
+    await core.settle()
+    _publish(y, 101, 120)
+    await core.settle()
+    _publish(x, 11, 20)
+    await core.settle()
+    sub = core.client("sub")
+    pid = publisher_id("x")
+    sub.send("subscribe", t="orders", sub_id="r", bm=f"{pid}|15|,0", a="processed", **extra)
+    s = sub.session.table.get("r")
+    await core.until(lambda: s.state is SubState.LIVE)
+    _publish(x, 21, 22)  # live: past the list's publishers' points
+    await core.settle()
+    assert _numbers(sub.take()) == list(range(101, 121)) + list(range(16, 23))

@@ -110,13 +110,14 @@ def test_kept_span(impl):
     relayed = rec(7, 3, origin=(1, b"tt-z", b"tokyo"))
     event = encode_record(KIND_QUEUE_EVENT, 0, 0, 0, b"orders", b"e")
     ok = {b"orders": True}
-    assert impl(a + a, 0, ok) == (2 * len(a), None)
-    assert impl(a + b + a, 0, ok) == (len(a), b"t/2")
-    assert impl(a + b + a, 0, {b"orders": True, b"t/2": False}) == (len(a), None)
-    assert impl(a + relayed, 0, ok) == (len(a), None)
-    assert impl(a + event, 0, ok) == (len(a), None)
-    assert impl(a + a[:-1], 0, ok) == (len(a), None)
-    assert impl(a + a, len(a), ok) == (2 * len(a), None)
+    assert impl(a + a, 0, ok) == (2 * len(a), None, 2)
+    assert impl(a + b + a, 0, ok) == (len(a), b"t/2", 1)
+    assert impl(a + b + a, 0, {b"orders": True, b"t/2": False}) == (len(a), None, 1)
+    assert impl(a + relayed, 0, ok) == (len(a), None, 1)
+    assert impl(a + event, 0, ok) == (len(a), None, 1)
+    assert impl(a + a[:-1], 0, ok) == (len(a), None, 1)
+    assert impl(a + a, len(a), ok) == (2 * len(a), None, 1)
+    assert impl(event + a, 0, ok) == (0, None, 0)
     with pytest.raises(ValueError):
         impl(a, -1, ok)
 

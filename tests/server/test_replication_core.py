@@ -43,20 +43,20 @@ def block():
 def test_filter_topics_loop_prevention_and_pass_through():
     recs, buf = block()
     # no pass-through: local records on a carried topic only
-    body, stop = select(buf, 1000, Filter(dest()), "tt-b")
+    body, stop, count = select(buf, 1000, Filter(dest()), "tt-b")
     assert stop == len(buf)
-    assert body == recs[0] + recs[5]
+    assert body == recs[0] + recs[5] and count == 2
     # pass-through of ldn: tt-c's record too; tt-b's own record never goes back to it
-    body, _ = select(buf, 1000, Filter(dest(pass_through="ldn|tokyo")), "tt-b")
-    assert body == recs[0] + recs[3] + recs[5]
-    body, _ = select(buf, 1000, Filter(dest(pass_through=".*")), "tt-b")
+    body, _, count = select(buf, 1000, Filter(dest(pass_through="ldn|tokyo")), "tt-b")
+    assert body == recs[0] + recs[3] + recs[5] and count == 3
+    body, _, _ = select(buf, 1000, Filter(dest(pass_through=".*")), "tt-b")
     assert body == recs[0] + recs[3] + recs[5]
     # everything carried: the block as read, not a copy
     only_local = recs[0] + recs[5]
-    body, _ = select(only_local, 0, Filter(dest()), "tt-b")
-    assert body == only_local
+    body, _, count = select(only_local, 0, Filter(dest()), "tt-b")
+    assert body == only_local and count == 2
     # a partial record at the end is left for the next read
-    body, stop = select(buf[:-3], 0, Filter(dest(topics=(".*",))), "tt-b")
+    body, stop, _ = select(buf[:-3], 0, Filter(dest(topics=(".*",))), "tt-b")
     assert stop == len(buf) - len(recs[5])
 
 
@@ -135,11 +135,11 @@ def test_queue_events_go_in_the_wire_form_and_never_back_to_where_they_happened(
         return WIRE_MAGIC + body if body else WIRE_MAGIC  # nothing it can name: left out
 
     # without the queues' translation queue events are left out
-    assert select(buf, 0, Filter(qdest), "tt-b") == (b"", len(buf))
-    body, stop = select(
+    assert select(buf, 0, Filter(qdest), "tt-b") == (b"", len(buf), 0)
+    body, stop, count = select(
         buf, 0, Filter(dest(topics=("work-q",), pass_through="ny")), "tt-b", translate
     )
-    assert stop == len(buf) and seen == [b"local event", b"c's event", b""]
+    assert stop == len(buf) and seen == [b"local event", b"c's event", b""] and count == 2
     got = scan_records(body, 0)[0]
     assert [(r[1], r[5], r[6], raw_origin(r[7])) for r in got] == [
         (KIND_QUEUE_EVENT, b"work-q", WIRE_MAGIC + b"local event", None),
@@ -184,7 +184,7 @@ def test_the_sender_reads_compacted_segments_as_the_records_they_hold(tmp_path):
             s = Sender(dest(topics=topics), "tt-a", "ny", j, None, MemoryAckSink())  # type: ignore[arg-type]
             pos, sent = j.start_position, []
             while pos < j.end_position:
-                body, nxt = s._read(pos)
+                body, nxt, _ = s._read(pos)
                 assert nxt > pos
                 sent += scan_records(body, 0)[0]
                 pos = nxt

@@ -72,6 +72,19 @@ async def test_a_gap_closes_the_link(journal):
         await r._batches(FakeLink(), "tt-a", "ny", 0, [(ReplBatch(from_=5, to=9), body)])
 
 
+async def test_a_source_that_rewinds_is_taken_and_its_repeats_dropped(journal):
+    """A batch from before the expected point (a source that found the resume point past its
+    journal's end sends from its start) is no gap: what comes again is dropped as duplicates."""
+    p = make_pipeline(journal)
+    r = Receiver("tt-b", p, journal, Guard())
+    body = records(1, [1, 2, 3])
+    link = FakeLink()
+    with pytest.raises(LinkClosed, match="test over"):
+        await r._batches(link, "tt-a", "ny", 5000, [(ReplBatch(from_=0, to=len(body)), body)])
+    assert (r.received, r.stored, r.duplicates) == (3, 3, 0)
+    assert link.sent == [encode_ack(len(body))]
+
+
 async def test_batches_of_one_commit_get_one_ack_at_its_end(journal):
     p = make_pipeline(journal)
     r = Receiver("tt-b", p, journal, Guard())

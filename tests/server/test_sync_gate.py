@@ -138,14 +138,44 @@ def test_downgrade_after_the_timer_releases_and_upgrade_when_caught_up(caplog):
     assert released == ["one", "three"]
 
 
-def test_the_timer_starts_at_start_and_stops_when_the_link_comes_up():
+def test_the_timer_counts_silence_not_time_since_the_last_connect():
     gate, local, clock, released, _ = make([("b", True, 2.0)])
-    assert clock.pending == 1  # never connected yet: down since the start
+    assert clock.pending == 1  # never connected yet: silent since the start
     gate.link_up("b")
-    assert clock.pending == 0
-    commit(gate, local, "one", 100)
+    gate.acked("b", 0)
     clock.advance(10)
-    assert gate.dests["b"].mode == "sync" and released == []  # up: never downgraded
+    assert gate.dests["b"].mode == "sync"  # up, nothing to acknowledge: not silent
+    commit(gate, local, "one", 100)
+    clock.advance(1.5)
+    gate.acked("b", 100)  # acks within the time: stays sync
+    assert released == ["one"] and gate.dests["b"].mode == "sync"
+    commit(gate, local, "two", 200)
+    # a destination whose commits fail: its link comes up and goes down every 100 ms, and it
+    # answers each logon with the same resume point; the reconnects do not restart the count
+    for _ in range(19):
+        gate.link_down("b")
+        clock.advance(0.05)
+        gate.link_up("b")
+        gate.acked("b", 100)
+        clock.advance(0.05)
+    assert gate.dests["b"].mode == "sync" and released == ["one"]
+    gate.link_down("b")
+    clock.advance(0.2)
+    assert gate.dests["b"].mode == "downgraded" and released == ["one", "two"]
+
+
+def test_a_connected_destination_that_does_not_acknowledge_is_downgraded(caplog):
+    caplog.set_level(logging.WARNING, "tickertape.replication")
+    gate, local, clock, released, _ = make([("b", True, 2.0)])
+    gate.link_up("b")
+    gate.acked("b", 0)
+    clock.advance(5)
+    commit(gate, local, "one", 100)  # the oldest batch it lacks is from now
+    clock.advance(1.9)
+    assert gate.dests["b"].mode == "sync"
+    clock.advance(0.2)
+    assert gate.dests["b"].mode == "downgraded" and released == ["one"]
+    assert "connected, not acknowledging" in caplog.text
 
 
 def test_never_downgraded_without_downgrade_after():
