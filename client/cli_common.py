@@ -9,7 +9,8 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Coroutine
+import sys
+from collections.abc import Callable, Coroutine
 from typing import IO, Any
 
 from .address import DEFAULT_ADDRESS, parse_address
@@ -131,3 +132,23 @@ def report_recovery(command: str, store: object, stderr: IO[str]) -> None:
     if report is not None and not report.clean:
         print(f"tickertape {command}: store damaged, recovered what was valid: {report}",
               file=stderr)  # fmt: skip
+
+
+def run_printing(
+    command: str,
+    fn: Callable[[argparse.Namespace, IO[bytes], IO[str]], Coroutine[Any, Any, int]],
+    args: argparse.Namespace,
+    stdout: IO[bytes] | None,
+    stderr: IO[str] | None,
+) -> int:
+    """run_command() for a command that prints messages; a closed stdout (`| head`) is exit 0."""
+    stderr = stderr or sys.stderr
+    real_stdout = stdout is None
+    stdout = stdout or sys.stdout.buffer
+    status = run_command(command, fn(args, stdout, stderr), stderr)
+    if status == -1:  # the reader went away (`| head`): that is a normal way to stop
+        if real_stdout:
+            # keep the interpreter's final flush of stdout from failing again at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return status

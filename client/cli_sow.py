@@ -13,8 +13,7 @@ from typing import IO
 
 import msgspec
 
-from .cli_common import Usage, checked_servers, connect, ha_client
-from .cli_sub import _run_printing
+from .cli_common import Usage, checked_servers, connect, ha_client, run_printing
 from .client import Client
 from .message import Message
 
@@ -28,7 +27,7 @@ def run_sow(
     args: argparse.Namespace, *, stdout: IO[bytes] | None = None, stderr: IO[str] | None = None
 ) -> int:
     """`tickertape sow`: returns the exit status."""
-    return _run_printing("sow", _sow, args, stdout, stderr)
+    return run_printing("sow", _sow, args, stdout, stderr)
 
 
 def render(msg: Message, headers: bool) -> bytes:

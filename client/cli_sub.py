@@ -15,17 +15,14 @@ queue: consume a queue (docs/protocol.md §8): one line per message (the body), 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from collections.abc import Callable, Coroutine
-from typing import IO, Any
+from typing import IO
 
 import msgspec
 
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .bookmarks_logged import LoggedBookmarkStore
 from .bookmarks_ring import RingBookmarkStore
-from .cli_common import Usage, checked_servers, connect, ha_client, report_recovery, run_command
+from .cli_common import Usage, checked_servers, connect, ha_client, report_recovery, run_printing
 from .hasub import HASubscription
 from .message import Message
 
@@ -42,27 +39,7 @@ def run_sub(
     stderr: IO[str] | None = None,
 ) -> int:
     """`tickertape sub`: returns the exit status (see the module docstring)."""
-    return _run_printing("sub", _sub, args, stdout, stderr)
-
-
-def _run_printing(
-    command: str,
-    fn: Callable[[argparse.Namespace, IO[bytes], IO[str]], Coroutine[Any, Any, int]],
-    args: argparse.Namespace,
-    stdout: IO[bytes] | None,
-    stderr: IO[str] | None,
-) -> int:
-    """run_command() for a command that prints messages; a closed stdout (`| head`) is exit 0."""
-    stderr = stderr or sys.stderr
-    real_stdout = stdout is None
-    stdout = stdout or sys.stdout.buffer
-    status = run_command(command, fn(args, stdout, stderr), stderr)
-    if status == -1:  # the reader went away (`| head`): that is a normal way to stop
-        if real_stdout:
-            # keep the interpreter's final flush of stdout from failing again at exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    return status
+    return run_printing("sub", _sub, args, stdout, stderr)
 
 
 def _sub_options(args: argparse.Namespace) -> str | None:
@@ -209,7 +186,7 @@ def run_queue(
     stderr: IO[str] | None = None,
 ) -> int:
     """`tickertape queue`: returns the exit status (see the module docstring)."""
-    return _run_printing("queue", _queue, args, stdout, stderr)
+    return run_printing("queue", _queue, args, stdout, stderr)
 
 
 async def _queue(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:

@@ -36,11 +36,11 @@ from .actions import read_actions
 from .errors import ConfigError, Problem
 from .limits import LIMIT_ELEMENTS
 from .model import DEFAULT_CLIENT_MAX_BUFFER_SIZE, DEFAULT_IDLE_POLL, MAX_IDLE_POLL, Config, Limits
-from .queues import read_sow
 from .replication import read_replication
 from .rules import Checker, Section, human, instance_name
 from .schema import ROOT
 from .security import check_security, read_authentication, read_entitlement
+from .sow import read_sow
 from .transports import read_admin, read_logging, read_transports
 from .txlog import read_transaction_log
 from .values import parse_interval, parse_size

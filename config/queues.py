@@ -26,15 +26,14 @@ from .model import (
     MessageType,
     QueueSpec,
     Semantics,
-    SowTopicSpec,
     TransactionLog,
 )
 from .rules import Checker, Section, at_least, enum, literal_topic, message_type, positive_interval
-from .schema import QUEUE, SOW
+from .schema import QUEUE
 from .values import parse_count
 from .xmltree import Node
 
-__all__ = ["is_topic_pattern", "read_queue", "read_sow"]
+__all__ = ["is_topic_pattern", "read_queue"]
 
 _PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as server/router.py: a lone `.` is literal
 
@@ -65,36 +64,6 @@ def underlying_topic(text: str) -> str:
     except PatternError as exc:
         raise ValueError(str(exc)) from None
     return text
-
-
-def read_sow(
-    checker: Checker, node: Node | None, tlog: TransactionLog | None, tlog_node: Node | None
-) -> tuple[list[QueueSpec], list[SowTopicSpec]]:
-    """The queues and the SOW topics (config.sow) of `<SOW>` (none without it); queue names
-    are unique.
-
-    `tlog` and `tlog_node` are the transaction log and its element, or None without one.
-    """
-    if node is None:
-        return [], []
-    sec = Section(checker, node, SOW)
-    queues = []
-    names: dict[str, Node] = {}
-    for qnode in sec.many("Queue"):
-        queue = read_queue(checker, qnode, tlog, tlog_node)
-        if queue is None:
-            continue
-        if queue.name in names:
-            checker.report(
-                qnode,
-                f"queue name {queue.name!r} is already used at line "
-                f"{names[queue.name].line}; give each queue its own <Name>",
-            )
-        names.setdefault(queue.name, qnode)
-        queues.append(queue)
-    from .sow import read_sow_topics  # config.sow reuses this module's topic rules
-
-    return queues, read_sow_topics(checker, sec.many("Topic"), tlog, tlog_node, queues)
 
 
 def read_queue(

@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import cast
 
 from .model import MessageType, QueueSpec, SowTopicSpec, TransactionLog
-from .queues import is_topic_pattern, underlying_topic
+from .queues import is_topic_pattern, read_queue, underlying_topic
 from .rules import Checker, Section, message_type, positive_interval
-from .schema import SOW_HISTORY, SOW_TOPIC
+from .schema import SOW, SOW_HISTORY, SOW_TOPIC
 from .xmltree import Node
 
-__all__ = ["read_sow_topics"]
+__all__ = ["read_sow", "read_sow_topics"]
 
 
 def _key_path(text: str) -> str:
@@ -125,3 +125,31 @@ def _read_topic(
         expiration=expiration,
         history_window=window,
     )
+
+
+def read_sow(
+    checker: Checker, node: Node | None, tlog: TransactionLog | None, tlog_node: Node | None
+) -> tuple[list[QueueSpec], list[SowTopicSpec]]:
+    """The queues and the SOW topics (config.sow) of `<SOW>` (none without it); queue names
+    are unique.
+
+    `tlog` and `tlog_node` are the transaction log and its element, or None without one.
+    """
+    if node is None:
+        return [], []
+    sec = Section(checker, node, SOW)
+    queues = []
+    names: dict[str, Node] = {}
+    for qnode in sec.many("Queue"):
+        queue = read_queue(checker, qnode, tlog, tlog_node)
+        if queue is None:
+            continue
+        if queue.name in names:
+            checker.report(
+                qnode,
+                f"queue name {queue.name!r} is already used at line "
+                f"{names[queue.name].line}; give each queue its own <Name>",
+            )
+        names.setdefault(queue.name, qnode)
+        queues.append(queue)
+    return queues, read_sow_topics(checker, sec.many("Topic"), tlog, tlog_node, queues)

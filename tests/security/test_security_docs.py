@@ -58,7 +58,7 @@ def test_the_token_format_is_the_one_issued():
     the page's example user part is right."""
     import base64
 
-    from server.security.passwords import issue_token, parse_token, verify_secret
+    from protocol.security.passwords import issue_token, parse_token, verify_secret
 
     assert "`tt1.<user>.<secret>`" in TEXT
     example = re.search(r"`root` is `([A-Za-z0-9_-]+)`", TEXT)
