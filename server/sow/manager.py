@@ -49,7 +49,7 @@ from ..router import Router
 from .history import Checkpoints, HistoricalReader
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .oof import OofNotices, send_notices
-from .records import BY_KEYS, decode_delete, encode_delete
+from .records import BY_EXPIRY, BY_FILTER, decode_delete, encode_delete
 from .store import Reader, SowStore, decode_value, encode_value
 
 __all__ = ["Commits", "SowManager"]
@@ -72,6 +72,7 @@ class Commits(Protocol):
     last_bm: tuple[int, int] | None
     before_flush: list[Callable[[Any], None]]
     batch: Any
+    replicated_delete: Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None
 
     def schedule(self) -> None: ...
 
@@ -327,7 +328,7 @@ class SowManager:
             reader.close()
         for topic, keys in due.items():
             log.debug("SOW %s: %d records expired", topic, len(keys))
-            self.delete(topic, BY_KEYS, ",".join(keys), _EXPIRED)
+            self.delete(topic, BY_EXPIRY, ",".join(keys), _EXPIRED)
 
     # -- the fold ---------------------------------------------------------------------------------
 
@@ -360,14 +361,15 @@ class SowManager:
             self._note_expiry(topic, k, pos, ts)
         return k
 
-    def _delete(self, txn: Any, topic: str, body: bytes, reason: str = "deleted") -> int:
+    def _delete(self, txn: Any, topic: str, body: bytes) -> int:
         store = self.store
         assert store is not None
         got = decode_delete(body)
         if got is None:
             return 0
         form, payload = got
-        if form == BY_KEYS:
+        reason = "expired" if form == BY_EXPIRY else "deleted"
+        if form != BY_FILTER:
             keys = [k for k in payload.split(",") if k]
         else:
             try:
@@ -397,6 +399,7 @@ class SowManager:
         if router is not None:
             self.oof = OofNotices(router)
         commits.before_flush.append(self.before_flush)
+        commits.replicated_delete = self.replicated_delete
 
     def before_flush(self, batch: Any) -> None:
         """The batch is about to be committed: note its SOW messages and deletes."""
@@ -469,8 +472,7 @@ class SowManager:
                         del recent[(topic, k)]  # the store has it now
                 else:
                     _off, topic, form, payload, reply = item
-                    reason = "expired" if reply is _EXPIRED else "deleted"
-                    n = self._delete(txn, topic, encode_delete(form, payload), reason)
+                    n = self._delete(txn, topic, encode_delete(form, payload))
                     if reply is _EXPIRED:
                         continue
                     if reply is not None:
@@ -483,9 +485,18 @@ class SowManager:
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 
-    def delete(self, topic: str, form: bytes, payload: str, reply: Reply | None) -> None:
-        """Journal a delete on SOW topic `topic` (form BY_KEYS or BY_FILTER) in the open batch;
-        `reply(records_deleted, err)` at its commit."""
+    def delete(
+        self,
+        topic: str,
+        form: bytes,
+        payload: str,
+        reply: Reply | None,
+        ts: int | None = None,
+        origin: tuple[int, bytes, bytes] | None = None,
+    ) -> None:
+        """Journal a delete on SOW topic `topic` (form BY_KEYS, BY_FILTER or BY_EXPIRY) in the
+        open batch; `reply(records_deleted, err)` at its commit. `ts` and `origin`: a delete
+        received by replication (`replicated_delete`)."""
         commits = self.commits
         assert commits is not None
         batch = commits.batch
@@ -494,13 +505,26 @@ class SowManager:
             KIND_SOW_DELETE,
             0,
             0,
-            commits.last_ts,
+            commits.last_ts if ts is None else ts,
             topic.encode("utf-8"),
             encode_delete(form, payload),
+            origin=origin,
         )
         self._pending.append((off, topic, form, payload, reply))
         self._pending_batch = batch
         commits.schedule()
+
+    def replicated_delete(
+        self, topic: str, body: bytes, ts: int, origin: tuple[int, bytes, bytes]
+    ) -> None:
+        """A delete record received by replication (server/pipeline_replicate.py): journaled
+        here as this instance's own, with its origin, in its place among the replicated
+        messages around it, and applied at its commit like any delete. A body this version
+        cannot read, or a topic that is not a SOW topic here, is left out."""
+        got = decode_delete(body)
+        if got is None or not self.is_sow(topic):
+            return
+        self.delete(topic, got[0], got[1], None, ts, origin)
 
     # -- queries ----------------------------------------------------------------------------------
 
