@@ -12,6 +12,9 @@ state, which the live fan-out passes by. When the answer has gone out, the subsc
 the journal from P and joins the live stream as any bookmark subscription does
 (server/replay.py): the first message after the answer is the first one after P, none missing,
 none twice, however fast publishers run meanwhile (the journal is the buffer, not memory).
+With `bm`, the answer is the historical state at that point (`SowManager.historical`, read off
+the loop) and the replay starts from that point; the subscription waits in the replaying state
+from the command on.
 
 `SowCommands` is mixed into `Session` (server/session.py), which provides the attributes
 declared here.
@@ -278,14 +281,15 @@ class SowCommands:
                 f"options {', '.join(refused)} are not served on sow_and_subscribe",
             )
             return
+        point = None
         if h.bm:
-            self.fail(
-                h,
-                Failure.INVALID_BOOKMARK,
-                "sow_and_subscribe from a bookmark (a historical query) is not served yet; "
-                "give no bm",
-            )
-            return
+            try:
+                point = parse_bookmark(h.bm)
+            except InvalidBookmark as exc:
+                self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                return
+            if isinstance(point, Now):
+                point = None  # NOW: the current state, then live
         sub_id = h.sub_id
         if sub_id is None:
             self._sub_counter += 1
@@ -301,6 +305,13 @@ class SowCommands:
                 h,
                 Failure.SUBSCRIPTION_EXISTS,
                 f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option",
+            )
+            return
+        if existing is not None and point is not None:
+            self.fail(
+                h,
+                Failure.INVALID_BOOKMARK,
+                "replace re-runs the query on the current state: give no bm with replace",
             )
             return
         acks = ack_types(h.a)
@@ -356,7 +367,42 @@ class SowCommands:
         table.add_replay(sub)
         if "processed" in acks:
             self.out.send_ack("processed", h.cid, sub_id=sub_id)
-        self._run_query(plan, sub_id, go_live)
+        if point is None:
+            self._run_query(plan, sub_id, go_live)
+            return
+        # from a point of the journal: the state there (read off the loop, as `sow` with bm),
+        # then the journal replayed from that point, then live; the subscription waits in the
+        # replaying state meanwhile, so nothing published in between is missed
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(svc.replays.readers, sow.historical, point)
+
+        def answer(f: asyncio.Future[Any]) -> None:
+            exc = f.exception()
+            if self.out.closing or sub.state is SubState.REMOVED:
+                if exc is None:
+                    f.result()[0].close()
+                return
+            if exc is not None:
+                table.remove(sub)
+                if isinstance(exc, InvalidBookmark):
+                    self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                else:
+                    log.error("historical SOW query failed: %r", exc)
+                    self.fail(h, Failure.BAD_FRAME, "internal error reading the history")
+                self.out.flush()
+                return
+            reader, bm = f.result()
+            queries = self._queries
+
+            def done(q: SowQuery, finished: bool) -> None:
+                if queries.get(sub_id) is q:
+                    del queries[sub_id]
+                if finished:
+                    go_live(reader.position)
+
+            self._start(plan, sub_id, reader, bm, done)
+
+        fut.add_done_callback(answer)
 
     # -- delta_publish ------------------------------------------------------------------------------
 
