@@ -365,14 +365,15 @@ class SowCommands:
             self._run_query(plan, sub_id, go_live if answering else None)
             return
         table.add_replay(sub)
-        if "processed" in acks:
-            self.out.send_ack("processed", h.cid, sub_id=sub_id)
         if point is None:
+            if "processed" in acks:
+                self.out.send_ack("processed", h.cid, sub_id=sub_id)
             self._run_query(plan, sub_id, go_live)
             return
         # from a point of the journal: the state there (read off the loop, as `sow` with bm),
         # then the journal replayed from that point, then live; the subscription waits in the
-        # replaying state meanwhile, so nothing published in between is missed
+        # replaying state meanwhile, so nothing published in between is missed; `processed`
+        # comes once the point is read (a point the journal cannot answer is refused instead)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(svc.replays.readers, sow.historical, point)
 
@@ -392,6 +393,8 @@ class SowCommands:
                 self.out.flush()
                 return
             reader, bm = f.result()
+            if "processed" in acks:  # the point is known good: a refusal comes instead
+                self.out.send_ack("processed", h.cid, sub_id=sub_id)
             queries = self._queries
 
             def done(q: SowQuery, finished: bool) -> None:
