@@ -69,6 +69,9 @@ class SowCommands:
     def cmd_publish(self, h: Header, body: bytes) -> None:
         raise NotImplementedError
 
+    def cmd_subscribe(self, h: Header, body: bytes) -> None:
+        raise NotImplementedError
+
     def not_entitled(self, h: Header, right: str, topic: str) -> None:
         raise NotImplementedError
 
@@ -338,7 +341,11 @@ class SowCommands:
         # the replay after the answer must not send a second `completed`: the answer's is the one
         sub_acks = acks - {"completed"}
         live_opts = SubscribeOptions(
-            timestamp=opts.timestamp, oof=opts.oof, no_sowkey=opts.no_sowkey
+            timestamp=opts.timestamp,
+            oof=opts.oof,
+            no_sowkey=opts.no_sowkey,
+            no_empties=opts.no_empties,  # for sow_and_delta_subscribe (server/sow/delta.py)
+            send_keys=opts.send_keys,
         )
         sub = Subscription(
             table, self.out, sub_id, topic, regex, filt, h.f, live_opts, sub_acks, h.cid, None
@@ -406,6 +413,72 @@ class SowCommands:
             self._start(plan, sub_id, reader, bm, done)
 
         fut.add_done_callback(answer)
+
+    # -- delta_subscribe, sow_and_delta_subscribe ------------------------------------------------
+
+    def cmd_delta_subscribe(self, h: Header, body: bytes) -> None:
+        """A subscribe to a SOW topic whose live changes to records it was sent arrive as only
+        the fields that changed (server/sow/delta.py)."""
+        sow = self._delta_checks(h)
+        if sow is not None:
+            before = self.table.get(h.sub_id or "")
+            self.cmd_subscribe(h, body)
+            self._make_delta(h, sow, before)
+
+    def cmd_sow_and_delta_subscribe(self, h: Header, body: bytes) -> None:
+        """sow_and_subscribe whose live changes arrive as deltas (server/sow/delta.py)."""
+        sow = self._delta_checks(h)
+        if sow is not None:
+            before = self.table.get(h.sub_id or "")
+            self.cmd_sow_and_subscribe(h, body)
+            self._make_delta(h, sow, before)
+
+    def _delta_checks(self, h: Header) -> SowManager | None:
+        """What a delta subscription needs beyond its plain command's checks: a SOW topic, no
+        bookmark replay (delta_subscribe), no option that holds or reorders messages. Gives
+        the command a sub_id (to find its subscription after)."""
+        sow = self._sow_manager(h)
+        if sow is None:
+            return None
+        topic = h.t or ""
+        if not is_pattern(topic) and not sow.is_sow(topic):
+            self.fail(
+                h,
+                Failure.INVALID_TOPIC,
+                f"{h.c} needs a SOW topic (<SOW><Topic>, recorded); {topic!r} is not one",
+            )
+            return None
+        if h.bm and h.c == "delta_subscribe":
+            self.fail(
+                h,
+                Failure.INVALID_BOOKMARK,
+                "delta_subscribe takes no bm (a replay sends whole messages); use "
+                "sow_and_delta_subscribe with bm for the state at a point, then changes",
+            )
+            return None
+        try:
+            opts = subscribe_options(h.o, h.c or "delta_subscribe")
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return None
+        refused = [n for n in ("live", "conflation") if getattr(opts, n)]
+        if refused:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                f"options {', '.join(refused)} are not served on {h.c}",
+            )
+            return None
+        if h.sub_id is None:
+            self._sub_counter += 1
+            h.sub_id = f"{self.id}.{self._sub_counter}"
+        return sow
+
+    def _make_delta(self, h: Header, sow: SowManager, before: Subscription | None) -> None:
+        """The subscription the command made (not one it refused to replace) gets its feed."""
+        sub = self.table.get(h.sub_id or "")
+        if sub is not None and sub is not before and sub.conflation is None:
+            sub.conflation = sow.delta_feed(sub)
 
     # -- delta_publish ------------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, T
 from ..filters import FilterError, compile_filter
 from ..matching import body_matches
 from ..router import Router
+from .delta import DeltaFeed
 from .history import Checkpoints, HistoricalReader
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .oof import OofNotices, send_notices
@@ -108,6 +109,11 @@ class SowManager:
         windows = [t.history_window for t in config.sow_topics]
         # checkpoints are kept for the longest window (None: as far as the journal holds)
         self.window = None if not windows or None in windows else max(windows)  # type: ignore[type-var]
+        # delta subscriptions (server/sow/delta.py): while any exists, the body each put of a
+        # commit replaced, by journal position, until the commit's deliveries are done
+        self.delta_feeds = 0
+        self._replaced: dict[int, bytes] = {}
+        self._replaced_now: list[int] = []
         self.caught_up = 0  # records read from the journal by the last recover
         self.rebuilt: str | None = None  # why the last start rebuilt the store, if it did
 
@@ -349,10 +355,16 @@ class SowManager:
         value = encode_value(pos, pub, seq, ts, hdr, body)
         oof = self.oof
         subs = oof.watching(topic) if oof is not None else None
-        if subs:
+        if subs or self.delta_feeds:
             old = store.replace(txn, topic, k, value)
-            oof.changed(subs, topic, k, decode_value(old)[5] if old else None, body)  # type: ignore[union-attr]
             replaced = old is not None
+            if old is not None:
+                old_body = decode_value(old)[5]
+                if subs:
+                    oof.changed(subs, topic, k, old_body, body)  # type: ignore[union-attr]
+                if self.delta_feeds:
+                    self._replaced[pos] = old_body
+                    self._replaced_now.append(pos)
         else:
             replaced = store.put(txn, topic, k, value)
         if not replaced:
@@ -482,6 +494,9 @@ class SowManager:
             reply(n, None)
         if self.oof is not None and self.oof.pending:
             batch.after.append(partial(send_notices, self.oof.take()))
+        if self._replaced_now:
+            batch.after.append(partial(self._forget, self._replaced_now))
+            self._replaced_now = []
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 
@@ -525,6 +540,28 @@ class SowManager:
         if got is None or not self.is_sow(topic):
             return
         self.delete(topic, got[0], got[1], None, ts, origin)
+
+    # -- delta subscriptions --------------------------------------------------------------------
+
+    def delta_feed(self, sub: Any) -> DeltaFeed:
+        """The live fan-out hook that makes `sub` a delta subscription (server/sow/delta.py)."""
+        self.delta_feeds += 1
+        return DeltaFeed(sub, self._replaced.get, self.key_paths, self._feed_closed)
+
+    def _feed_closed(self) -> None:
+        self.delta_feeds -= 1
+        if not self.delta_feeds:
+            self._replaced.clear()
+
+    def key_paths(self, topic: str) -> tuple[str, ...]:
+        spec = self.spec(topic)
+        return tuple(spec.keys) if spec is not None else ()
+
+    def _forget(self, positions: list[int], err: BaseException | None = None) -> None:
+        """The commit's deliveries are done: its replaced bodies are not needed any more."""
+        replaced = self._replaced
+        for p in positions:
+            replaced.pop(p, None)
 
     # -- queries ----------------------------------------------------------------------------------
 
