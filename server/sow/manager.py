@@ -36,8 +36,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-import msgspec
-
 from config.model import Config, SowTopicSpec
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
@@ -46,7 +44,7 @@ from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, T
 from ..filters import FilterError, compile_filter
 from ..matching import body_matches
 from ..router import Router
-from .delta import DeltaFeed
+from .deltas import Deltas
 from .history import Checkpoints, HistoricalReader
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .oof import OofNotices, send_notices
@@ -55,12 +53,9 @@ from .store import Reader, SowStore, decode_value, encode_value
 
 __all__ = ["Commits", "SowManager"]
 
-_decode = msgspec.json.Decoder().decode
-_encode = msgspec.json.encode
 
 log = logging.getLogger("tickertape.sow")
 
-MAX_RECENT = 100_000  # accepted publishes remembered for delta_publish until applied
 POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
 CATCH_UP_TXN = 4096  # records applied per write transaction during catch-up
 
@@ -86,7 +81,7 @@ def _EXPIRED(n: int, err: BaseException | None) -> None:
     """The reply of the deletes `tick` journals for expired records (nobody to answer)."""
 
 
-class SowManager:
+class SowManager(Deltas):
     def __init__(self, config: Config, journal: Journal | None) -> None:
         self.config = config
         self.journal = journal
@@ -151,56 +146,6 @@ class SowManager:
     def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
         """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
         return k_fragment(self.key(topic, body, given))
-
-    # -- delta_publish --------------------------------------------------------------------------
-
-    def accepted(self, topic: str, k: str, pub: int, seq: int, body: bytes) -> None:
-        """A publish to a SOW topic was accepted (not yet durable): a delta_publish that
-        follows it merges into it, not into the older record of the store."""
-        recent = self._recent
-        if len(recent) >= MAX_RECENT:
-            recent.clear()  # a bound: merges then read the store (what is durable)
-        recent[(topic, k)] = (pub, seq, body)
-
-    def current(self, topic: str, k: str) -> bytes | None:
-        """The latest body of record `k`: accepted, else in the store; None when none."""
-        got = self._recent.get((topic, k))
-        if got is not None:
-            return got[2]
-        store = self.store
-        if store is None:
-            return None
-        reader = store.reader(0)
-        try:
-            rec = reader.get(topic, k)
-        finally:
-            reader.close()
-        return None if rec is None else rec[5]
-
-    def merge_delta(self, topic: str, delta: bytes, given: str | None) -> bytes:
-        """The message a delta_publish stores: `delta` (a JSON object) merged into the record
-        with its key (fields replace fields, nested objects merge, arrays are replaced whole),
-        or `delta` itself when there is no record. Raises BadSowKey, or ValueError for a delta
-        that is not a JSON object."""
-        try:
-            doc = _decode(delta)
-        except (ValueError, RecursionError):
-            raise ValueError("a delta_publish body must be a JSON object") from None
-        if not isinstance(doc, dict):
-            raise ValueError("a delta_publish body must be a JSON object")
-        spec = self.spec(topic)
-        assert spec is not None
-        k = self.maker(spec).key(delta, given)
-        old = self.current(topic, k)
-        if old is None:
-            return delta
-        try:
-            base = _decode(old)
-        except (ValueError, RecursionError):
-            return delta
-        if not isinstance(base, dict):
-            return delta
-        return _encode(_merge(base, doc))
 
     def topics(self) -> list[str]:
         """Topics that hold records now."""
@@ -541,28 +486,6 @@ class SowManager:
             return
         self.delete(topic, got[0], got[1], None, ts, origin)
 
-    # -- delta subscriptions --------------------------------------------------------------------
-
-    def delta_feed(self, sub: Any) -> DeltaFeed:
-        """The live fan-out hook that makes `sub` a delta subscription (server/sow/delta.py)."""
-        self.delta_feeds += 1
-        return DeltaFeed(sub, self._replaced.get, self.key_paths, self._feed_closed)
-
-    def _feed_closed(self) -> None:
-        self.delta_feeds -= 1
-        if not self.delta_feeds:
-            self._replaced.clear()
-
-    def key_paths(self, topic: str) -> tuple[str, ...]:
-        spec = self.spec(topic)
-        return tuple(spec.keys) if spec is not None else ()
-
-    def _forget(self, positions: list[int], err: BaseException | None = None) -> None:
-        """The commit's deliveries are done: its replaced bodies are not needed any more."""
-        replaced = self._replaced
-        for p in positions:
-            replaced.pop(p, None)
-
     # -- queries ----------------------------------------------------------------------------------
 
     def snapshot(self) -> tuple[Reader, int, tuple[int, int] | None]:
@@ -614,14 +537,3 @@ class SowManager:
         if self.store is not None:
             self.store.close()
             self.store = None
-
-
-def _merge(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
-    """delta_publish's merge: fields replace fields, nested objects merge, arrays are replaced."""
-    for key, v in delta.items():
-        old = base.get(key)
-        if isinstance(v, dict) and isinstance(old, dict):
-            _merge(old, v)
-        else:
-            base[key] = v
-    return base
