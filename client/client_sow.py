@@ -50,11 +50,13 @@ class ClientSow(ClientSubscriptions):
         skip_n: int | None = None,
         sow_keys: str | Iterable[str] | None = None,
         options: str | Iterable[str] | None = None,
+        bookmark: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> list[Message]:
         """The records of SOW topic `topic` (a pattern: of every SOW topic it matches) that
         match `filter`, in `order_by` order (`/field [ASC|DESC], ...`), at most `top_n`
-        after skipping `skip_n`. Raises CommandError with the server's reason (`invalid
+        after skipping `skip_n`; with `bookmark` (a bookmark, a timestamp or "0"), as they
+        were at that point of the journal. Raises CommandError with the server's reason (`invalid
         topic`, `bad filter`, `bad order by`, ...)."""
         if self._state != "logged_on":
             raise self._not_ready("sow")
@@ -67,7 +69,7 @@ class ClientSow(ClientSubscriptions):
         header = Header(
             c="sow", t=topic, f=filter, top_n=top_n, order_by=order_by,
             sow_keys=_keys_text(sow_keys), o=",".join(opts) or None, query_id=query_id,
-            a="completed",
+            bm=bookmark, a="completed",
         )  # fmt: skip
         try:
             await self._request(header, "completed", timeout)
@@ -87,10 +89,12 @@ class ClientSow(ClientSubscriptions):
         order_by: str | None = None,
         options: str | Iterable[str] | None = None,
         sub_id: str | None = None,
+        bookmark: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> Subscription:
         """Query `topic` and subscribe to what changes after the answer; returns the
-        Subscription, whose iterator yields the answer's records and then live messages."""
+        Subscription, whose iterator yields the answer's records and then live messages.
+        With `bookmark`: the state at that point, then every change after it, then live."""
         if self._state != "logged_on":
             raise self._not_ready("sow_and_subscribe")
         opts = _opts_text(options)
@@ -118,7 +122,7 @@ class ClientSow(ClientSubscriptions):
         self._subs[sub_id] = sub  # registered before sending: the answer may come first
         header = Header(
             c="sow_and_subscribe", cid=cid, t=topic, sub_id=sub_id, f=filter, top_n=top_n,
-            order_by=order_by, o=opts, a="processed",
+            order_by=order_by, o=opts, bm=bookmark, a="processed",
         )  # fmt: skip
         try:
             await self._request(header, "processed", timeout)

@@ -16,6 +16,7 @@ from typing import Any
 
 from journal.record import (
     KIND_MESSAGE,
+    KIND_SOW_DELETE,
     MAX_ORIGIN_NAME,
     RawTuple,
     encode_record,
@@ -48,6 +49,8 @@ class ReplicatedIntake:
     _repl_topics: dict[bytes, str]
     _repl_known: dict[bytes, str]  # replicate_block: topics that are recorded
     _repl_meta_pending: dict[bytes, bytes]
+    # the SOW manager's intake of replicated delete records (server/sow/manager.py), if any
+    replicated_delete: Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None = None
 
     def topic_info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
         raise NotImplementedError
@@ -85,7 +88,8 @@ class ReplicatedIntake:
         highest is a duplicate (dropped, counted); the others are re-encoded with an origin
         block (the source record's own, else the source instance, group and receive time) and
         this instance's receive time, then committed, fanned out and fed to queues exactly like
-        a publish. Queue-event records go through `translate_in` (bytes of the local record, or
+        a publish. SOW delete records go to `replicated_delete` (the SOW manager journals them
+        in this batch, in their place). Queue-event records go through `translate_in` (bytes of the local record, or
         None to leave it out). `repl-from:<source>` = end_position is committed in the same
         batch, and on_durable(end, err) runs at the local commit (never held for this instance's
         own sync destinations: an ack there would wait on the source's ack of us), or err.
@@ -215,6 +219,13 @@ class ReplicatedIntake:
         stored = dups = 0
         for rec in records:
             pos, kind, pub, seq, src_ts, tb, body, extra = rec
+            if kind == KIND_SOW_DELETE:
+                # journaled here by the SOW manager, where it stands among the messages
+                sow_delete = self.replicated_delete
+                if sow_delete is not None and journal is not None:
+                    origin = raw_origin(extra) or (src_ts, source_name, source_group)
+                    sow_delete(self._repl_topic(tb), bytes(body), ts, origin)
+                continue
             if kind != KIND_MESSAGE:
                 if translate_in is not None and journal is not None:
                     local = translate_in(rec)

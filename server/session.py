@@ -571,9 +571,20 @@ _HANDLERS: dict[str, Callable[[Session, Header, Any], None]] = {
     "sow_delete": Session.cmd_sow_delete,
     "sow": Session.cmd_sow,
     "sow_and_subscribe": Session.cmd_sow_and_subscribe,
+    "delta_subscribe": Session.cmd_delta_subscribe,
+    "sow_and_delta_subscribe": Session.cmd_sow_and_delta_subscribe,
     "delta_publish": Session.cmd_delta_publish,
 }
 # commands refused with a failure ack even when the client asked for no ack
 _ALWAYS_ANSWERED = frozenset(
-    ("logon", "subscribe", "unsubscribe", "sow_delete", "sow", "sow_and_subscribe")
+    (
+        "logon",
+        "subscribe",
+        "unsubscribe",
+        "sow_delete",
+        "sow",
+        "sow_and_subscribe",
+        "delta_subscribe",
+        "sow_and_delta_subscribe",
+    )
 )

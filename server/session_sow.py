@@ -12,6 +12,9 @@ state, which the live fan-out passes by. When the answer has gone out, the subsc
 the journal from P and joins the live stream as any bookmark subscription does
 (server/replay.py): the first message after the answer is the first one after P, none missing,
 none twice, however fast publishers run meanwhile (the journal is the buffer, not memory).
+With `bm`, the answer is the historical state at that point (`SowManager.historical`, read off
+the loop) and the replay starts from that point; the subscription waits in the replaying state
+from the command on.
 
 `SowCommands` is mixed into `Session` (server/session.py), which provides the attributes
 declared here.
@@ -64,6 +67,9 @@ class SowCommands:
         raise NotImplementedError
 
     def cmd_publish(self, h: Header, body: bytes) -> None:
+        raise NotImplementedError
+
+    def cmd_subscribe(self, h: Header, body: bytes) -> None:
         raise NotImplementedError
 
     def not_entitled(self, h: Header, right: str, topic: str) -> None:
@@ -278,14 +284,15 @@ class SowCommands:
                 f"options {', '.join(refused)} are not served on sow_and_subscribe",
             )
             return
+        point = None
         if h.bm:
-            self.fail(
-                h,
-                Failure.INVALID_BOOKMARK,
-                "sow_and_subscribe from a bookmark (a historical query) is not served yet; "
-                "give no bm",
-            )
-            return
+            try:
+                point = parse_bookmark(h.bm)
+            except InvalidBookmark as exc:
+                self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                return
+            if isinstance(point, Now):
+                point = None  # NOW: the current state, then live
         sub_id = h.sub_id
         if sub_id is None:
             self._sub_counter += 1
@@ -301,6 +308,13 @@ class SowCommands:
                 h,
                 Failure.SUBSCRIPTION_EXISTS,
                 f"sub_id {sub_id!r} is in use; unsubscribe first or add the replace option",
+            )
+            return
+        if existing is not None and point is not None:
+            self.fail(
+                h,
+                Failure.INVALID_BOOKMARK,
+                "replace re-runs the query on the current state: give no bm with replace",
             )
             return
         acks = ack_types(h.a)
@@ -327,7 +341,11 @@ class SowCommands:
         # the replay after the answer must not send a second `completed`: the answer's is the one
         sub_acks = acks - {"completed"}
         live_opts = SubscribeOptions(
-            timestamp=opts.timestamp, oof=opts.oof, no_sowkey=opts.no_sowkey
+            timestamp=opts.timestamp,
+            oof=opts.oof,
+            no_sowkey=opts.no_sowkey,
+            no_empties=opts.no_empties,  # for sow_and_delta_subscribe (server/sow/delta.py)
+            send_keys=opts.send_keys,
         )
         sub = Subscription(
             table, self.out, sub_id, topic, regex, filt, h.f, live_opts, sub_acks, h.cid, None
@@ -354,9 +372,113 @@ class SowCommands:
             self._run_query(plan, sub_id, go_live if answering else None)
             return
         table.add_replay(sub)
-        if "processed" in acks:
-            self.out.send_ack("processed", h.cid, sub_id=sub_id)
-        self._run_query(plan, sub_id, go_live)
+        if point is None:
+            if "processed" in acks:
+                self.out.send_ack("processed", h.cid, sub_id=sub_id)
+            self._run_query(plan, sub_id, go_live)
+            return
+        # from a point of the journal: the state there (read off the loop, as `sow` with bm),
+        # then the journal replayed from that point, then live; the subscription waits in the
+        # replaying state meanwhile, so nothing published in between is missed; `processed`
+        # comes once the point is read (a point the journal cannot answer is refused instead)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(svc.replays.readers, sow.historical, point)
+
+        def answer(f: asyncio.Future[Any]) -> None:
+            exc = f.exception()
+            if self.out.closing or sub.state is SubState.REMOVED:
+                if exc is None:
+                    f.result()[0].close()
+                return
+            if exc is not None:
+                table.remove(sub)
+                if isinstance(exc, InvalidBookmark):
+                    self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                else:
+                    log.error("historical SOW query failed: %r", exc)
+                    self.fail(h, Failure.BAD_FRAME, "internal error reading the history")
+                self.out.flush()
+                return
+            reader, bm = f.result()
+            if "processed" in acks:  # the point is known good: a refusal comes instead
+                self.out.send_ack("processed", h.cid, sub_id=sub_id)
+            queries = self._queries
+
+            def done(q: SowQuery, finished: bool) -> None:
+                if queries.get(sub_id) is q:
+                    del queries[sub_id]
+                if finished:
+                    go_live(reader.position)
+
+            self._start(plan, sub_id, reader, bm, done)
+
+        fut.add_done_callback(answer)
+
+    # -- delta_subscribe, sow_and_delta_subscribe ------------------------------------------------
+
+    def cmd_delta_subscribe(self, h: Header, body: bytes) -> None:
+        """A subscribe to a SOW topic whose live changes to records it was sent arrive as only
+        the fields that changed (server/sow/delta.py)."""
+        sow = self._delta_checks(h)
+        if sow is not None:
+            before = self.table.get(h.sub_id or "")
+            self.cmd_subscribe(h, body)
+            self._make_delta(h, sow, before)
+
+    def cmd_sow_and_delta_subscribe(self, h: Header, body: bytes) -> None:
+        """sow_and_subscribe whose live changes arrive as deltas (server/sow/delta.py)."""
+        sow = self._delta_checks(h)
+        if sow is not None:
+            before = self.table.get(h.sub_id or "")
+            self.cmd_sow_and_subscribe(h, body)
+            self._make_delta(h, sow, before)
+
+    def _delta_checks(self, h: Header) -> SowManager | None:
+        """What a delta subscription needs beyond its plain command's checks: a SOW topic, no
+        bookmark replay (delta_subscribe), no option that holds or reorders messages. Gives
+        the command a sub_id (to find its subscription after)."""
+        sow = self._sow_manager(h)
+        if sow is None:
+            return None
+        topic = h.t or ""
+        if not is_pattern(topic) and not sow.is_sow(topic):
+            self.fail(
+                h,
+                Failure.INVALID_TOPIC,
+                f"{h.c} needs a SOW topic (<SOW><Topic>, recorded); {topic!r} is not one",
+            )
+            return None
+        if h.bm and h.c == "delta_subscribe":
+            self.fail(
+                h,
+                Failure.INVALID_BOOKMARK,
+                "delta_subscribe takes no bm (a replay sends whole messages); use "
+                "sow_and_delta_subscribe with bm for the state at a point, then changes",
+            )
+            return None
+        try:
+            opts = subscribe_options(h.o, h.c or "delta_subscribe")
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return None
+        refused = [n for n in ("live", "conflation") if getattr(opts, n)]
+        if refused:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                f"options {', '.join(refused)} are not served on {h.c}",
+            )
+            return None
+        if h.sub_id is None:
+            self._sub_counter += 1
+            h.sub_id = f"{self.id}.{self._sub_counter}"
+        return sow
+
+    def _make_delta(self, h: Header, sow: SowManager, before: Subscription | None) -> None:
+        """The subscription the command made (not one it refused to replace) gets its feed."""
+        sub = self.table.get(h.sub_id or "")
+        if sub is not None and sub is not before and sub.conflation is None:
+            sub.conflation = sow.delta_feed(sub)
 
     # -- delta_publish ------------------------------------------------------------------------------
 

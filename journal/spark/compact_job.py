@@ -10,6 +10,9 @@ Compaction keeps a record if any of these holds (policy, see maintenance.make_re
   position a configured destination has not acked, maintenance.destination_floor);
 - it is the newest message of its publisher (`keep_positions`, from the index's highest sequence
   per publisher), so dedup state survives even an index rebuild;
+- it is a SOW delete record (kind 3, server/sow/records.py): a message kept for one of the rules
+  above may be one a delete removed, and a SOW store rebuilt from the compacted journal must
+  not bring it back (deletes are small and few beside the messages);
 - the journal is archived (policy `archived` is a list, not null) and the archive does not hold
   it: its position is in none of the `archived` [from, to) ranges (maintenance.archive_held, from
   the manifest). Compaction drops only what the archive holds; the records kept for this alone
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..compacted import CompactedReader, CompactedWriter, compacted_name
 from ..manifest import file_sha256
-from ..record import KIND_MESSAGE, KIND_QUEUE_EVENT, BytesLike
+from ..record import KIND_MESSAGE, KIND_QUEUE_EVENT, KIND_SOW_DELETE, BytesLike
 from .job_input import Columns, binary_column, read_segment
 
 if TYPE_CHECKING:
@@ -65,6 +68,7 @@ def keep_mask(
     kind = cols["kind"]
     msg = kind == KIND_MESSAGE
     keep = msg & (cols["ts"] >= cutoff)
+    keep |= kind == KIND_SOW_DELETE
     if cutoff_position is not None:
         keep |= positions >= cutoff_position
     repl_floor = policy.get("replication_floor")

@@ -39,6 +39,7 @@ from journal.queue_events import WIRE_MAGIC
 from journal.record import (
     KIND_MESSAGE,
     KIND_QUEUE_EVENT,
+    KIND_SOW_DELETE,
     RawTuple,
     encode_record,
     raw_origin,
@@ -49,6 +50,7 @@ from protocol.replication import MAX_BATCH_BODY, ReplAck, encode_batch, encode_l
 
 from ..pipeline import Pipeline
 from ..replicate_scan import kept_span
+from ..sow.records import replicated
 from . import U64, AckSink, repl_acked_key
 from .identity import REPL_PEER, pack_peer, unpack_peer
 from .link import DEAD_AFTER, Link, LinkClosed
@@ -132,8 +134,9 @@ def select(
     translate: Callable[[bytes], bytes] | None = None,
 ) -> tuple[bytes, int, int]:
     """(the bytes to send of the whole records at the start of buf, the offset after them,
-    how many records they are). Messages kept are sent as stored; a queue event kept as `event_record` makes it (left out
-    without `translate`). Runs of messages published here on kept topics are walked by
+    how many records they are). Messages and SOW deletes (not expirations) kept are sent as
+    stored; a queue event kept as `event_record` makes it (left out without `translate`). Runs
+    of messages published here on kept topics are walked by
     server/replicate_scan.py's `kept_span` (C when built); the others one at a time."""
     out: list[bytes] = []
     cache = flt._topic_ok
@@ -156,14 +159,14 @@ def select(
         if not one:
             break  # a partial record: the next read starts there
         rec = one[0]
-        if rec[1] == KIND_MESSAGE and flt.keeps(rec):
+        if (rec[1] == KIND_MESSAGE or _sow_delete(rec)) and flt.keeps(rec):
             pos = nxt
             count += 1
             continue
         if pos > run_start:
             out.append(buf[run_start:pos])
         run_start = pos = nxt
-        # queue events go in their wire form; other records (SOW deletes) are not sent
+        # queue events go in their wire form; expirations of SOW records are not sent
         if rec[1] == KIND_QUEUE_EVENT and translate is not None and flt.keeps(rec):
             wire = event_record(rec, translate)
             if wire is not None:
@@ -463,7 +466,7 @@ class Sender:
                 return b"", journal.next_position(nxt), 0
             out = []
             for r in recs:
-                if r[1] == KIND_MESSAGE:
+                if r[1] == KIND_MESSAGE or _sow_delete(r):
                     if self.filter.keeps(r):
                         extra = r[7]
                         exp, hdr = (None, b"") if extra is None else (extra[0], extra[1])
@@ -482,6 +485,12 @@ class Sender:
             return b"", journal.next_position(p), 0
         body, stop, count = select(buf, p, self.filter, self.dest.name, self.translate)
         return body, p + stop, count
+
+
+def _sow_delete(rec: RawTuple) -> bool:
+    """A SOW delete record replication sends as stored (server/sow/records.py: not the
+    expirations, which each instance journals for itself)."""
+    return rec[1] == KIND_SOW_DELETE and replicated(bytes(rec[6]))
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -32,7 +32,7 @@ from protocol.filters import FilterError, compile_filter
 
 from ..matching import body_matches
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
-from .records import BY_KEYS, decode_delete
+from .records import BY_FILTER, decode_delete
 from .store import Reader, Stored
 
 __all__ = ["CHECKPOINT_EVERY", "Checkpoints", "HistoricalReader"]
@@ -202,7 +202,7 @@ class Checkpoints:
                     if got is None:
                         continue
                     form, payload = got
-                    if form == BY_KEYS:
+                    if form != BY_FILTER:  # by keys (K, or E: expired)
                         for k in payload.split(","):
                             if k:
                                 overlay[(topic, k)] = None

@@ -36,8 +36,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-import msgspec
-
 from config.model import Config, SowTopicSpec
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
@@ -46,20 +44,18 @@ from protocol.filters import FilterError, compile_filter
 
 from ..matching import body_matches
 from ..router import Router
+from .deltas import Deltas
 from .history import Checkpoints, HistoricalReader
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .oof import OofNotices, send_notices
-from .records import BY_KEYS, decode_delete, encode_delete
+from .records import BY_EXPIRY, BY_FILTER, decode_delete, encode_delete
 from .store import Reader, SowStore, decode_value, encode_value
 
 __all__ = ["Commits", "SowManager"]
 
-_decode = msgspec.json.Decoder().decode
-_encode = msgspec.json.encode
 
 log = logging.getLogger("tickertape.sow")
 
-MAX_RECENT = 100_000  # accepted publishes remembered for delta_publish until applied
 POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
 CATCH_UP_TXN = 4096  # records applied per write transaction during catch-up
 
@@ -72,6 +68,7 @@ class Commits(Protocol):
     last_bm: tuple[int, int] | None
     before_flush: list[Callable[[Any], None]]
     batch: Any
+    replicated_delete: Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None
 
     def schedule(self) -> None: ...
 
@@ -84,7 +81,7 @@ def _EXPIRED(n: int, err: BaseException | None) -> None:
     """The reply of the deletes `tick` journals for expired records (nobody to answer)."""
 
 
-class SowManager:
+class SowManager(Deltas):
     def __init__(self, config: Config, journal: Journal | None) -> None:
         self.config = config
         self.journal = journal
@@ -107,6 +104,11 @@ class SowManager:
         windows = [t.history_window for t in config.sow_topics]
         # checkpoints are kept for the longest window (None: as far as the journal holds)
         self.window = None if not windows or None in windows else max(windows)  # type: ignore[type-var]
+        # delta subscriptions (server/sow/delta.py): while any exists, the body each put of a
+        # commit replaced, by journal position, until the commit's deliveries are done
+        self.delta_feeds = 0
+        self._replaced: dict[int, bytes] = {}
+        self._replaced_now: list[int] = []
         self.caught_up = 0  # records read from the journal by the last recover
         self.rebuilt: str | None = None  # why the last start rebuilt the store, if it did
 
@@ -144,56 +146,6 @@ class SowManager:
     def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
         """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
         return k_fragment(self.key(topic, body, given))
-
-    # -- delta_publish --------------------------------------------------------------------------
-
-    def accepted(self, topic: str, k: str, pub: int, seq: int, body: bytes) -> None:
-        """A publish to a SOW topic was accepted (not yet durable): a delta_publish that
-        follows it merges into it, not into the older record of the store."""
-        recent = self._recent
-        if len(recent) >= MAX_RECENT:
-            recent.clear()  # a bound: merges then read the store (what is durable)
-        recent[(topic, k)] = (pub, seq, body)
-
-    def current(self, topic: str, k: str) -> bytes | None:
-        """The latest body of record `k`: accepted, else in the store; None when none."""
-        got = self._recent.get((topic, k))
-        if got is not None:
-            return got[2]
-        store = self.store
-        if store is None:
-            return None
-        reader = store.reader(0)
-        try:
-            rec = reader.get(topic, k)
-        finally:
-            reader.close()
-        return None if rec is None else rec[5]
-
-    def merge_delta(self, topic: str, delta: bytes, given: str | None) -> bytes:
-        """The message a delta_publish stores: `delta` (a JSON object) merged into the record
-        with its key (fields replace fields, nested objects merge, arrays are replaced whole),
-        or `delta` itself when there is no record. Raises BadSowKey, or ValueError for a delta
-        that is not a JSON object."""
-        try:
-            doc = _decode(delta)
-        except (ValueError, RecursionError):
-            raise ValueError("a delta_publish body must be a JSON object") from None
-        if not isinstance(doc, dict):
-            raise ValueError("a delta_publish body must be a JSON object")
-        spec = self.spec(topic)
-        assert spec is not None
-        k = self.maker(spec).key(delta, given)
-        old = self.current(topic, k)
-        if old is None:
-            return delta
-        try:
-            base = _decode(old)
-        except (ValueError, RecursionError):
-            return delta
-        if not isinstance(base, dict):
-            return delta
-        return _encode(_merge(base, doc))
 
     def topics(self) -> list[str]:
         """Topics that hold records now."""
@@ -327,7 +279,7 @@ class SowManager:
             reader.close()
         for topic, keys in due.items():
             log.debug("SOW %s: %d records expired", topic, len(keys))
-            self.delete(topic, BY_KEYS, ",".join(keys), _EXPIRED)
+            self.delete(topic, BY_EXPIRY, ",".join(keys), _EXPIRED)
 
     # -- the fold ---------------------------------------------------------------------------------
 
@@ -348,10 +300,16 @@ class SowManager:
         value = encode_value(pos, pub, seq, ts, hdr, body)
         oof = self.oof
         subs = oof.watching(topic) if oof is not None else None
-        if subs:
+        if subs or self.delta_feeds:
             old = store.replace(txn, topic, k, value)
-            oof.changed(subs, topic, k, decode_value(old)[5] if old else None, body)  # type: ignore[union-attr]
             replaced = old is not None
+            if old is not None:
+                old_body = decode_value(old)[5]
+                if subs:
+                    oof.changed(subs, topic, k, old_body, body)  # type: ignore[union-attr]
+                if self.delta_feeds:
+                    self._replaced[pos] = old_body
+                    self._replaced_now.append(pos)
         else:
             replaced = store.put(txn, topic, k, value)
         if not replaced:
@@ -360,14 +318,15 @@ class SowManager:
             self._note_expiry(topic, k, pos, ts)
         return k
 
-    def _delete(self, txn: Any, topic: str, body: bytes, reason: str = "deleted") -> int:
+    def _delete(self, txn: Any, topic: str, body: bytes) -> int:
         store = self.store
         assert store is not None
         got = decode_delete(body)
         if got is None:
             return 0
         form, payload = got
-        if form == BY_KEYS:
+        reason = "expired" if form == BY_EXPIRY else "deleted"
+        if form != BY_FILTER:
             keys = [k for k in payload.split(",") if k]
         else:
             try:
@@ -397,6 +356,7 @@ class SowManager:
         if router is not None:
             self.oof = OofNotices(router)
         commits.before_flush.append(self.before_flush)
+        commits.replicated_delete = self.replicated_delete
 
     def before_flush(self, batch: Any) -> None:
         """The batch is about to be committed: note its SOW messages and deletes."""
@@ -469,8 +429,7 @@ class SowManager:
                         del recent[(topic, k)]  # the store has it now
                 else:
                     _off, topic, form, payload, reply = item
-                    reason = "expired" if reply is _EXPIRED else "deleted"
-                    n = self._delete(txn, topic, encode_delete(form, payload), reason)
+                    n = self._delete(txn, topic, encode_delete(form, payload))
                     if reply is _EXPIRED:
                         continue
                     if reply is not None:
@@ -480,12 +439,24 @@ class SowManager:
             reply(n, None)
         if self.oof is not None and self.oof.pending:
             batch.after.append(partial(send_notices, self.oof.take()))
+        if self._replaced_now:
+            batch.after.append(partial(self._forget, self._replaced_now))
+            self._replaced_now = []
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 
-    def delete(self, topic: str, form: bytes, payload: str, reply: Reply | None) -> None:
-        """Journal a delete on SOW topic `topic` (form BY_KEYS or BY_FILTER) in the open batch;
-        `reply(records_deleted, err)` at its commit."""
+    def delete(
+        self,
+        topic: str,
+        form: bytes,
+        payload: str,
+        reply: Reply | None,
+        ts: int | None = None,
+        origin: tuple[int, bytes, bytes] | None = None,
+    ) -> None:
+        """Journal a delete on SOW topic `topic` (form BY_KEYS, BY_FILTER or BY_EXPIRY) in the
+        open batch; `reply(records_deleted, err)` at its commit. `ts` and `origin`: a delete
+        received by replication (`replicated_delete`)."""
         commits = self.commits
         assert commits is not None
         batch = commits.batch
@@ -494,13 +465,26 @@ class SowManager:
             KIND_SOW_DELETE,
             0,
             0,
-            commits.last_ts,
+            commits.last_ts if ts is None else ts,
             topic.encode("utf-8"),
             encode_delete(form, payload),
+            origin=origin,
         )
         self._pending.append((off, topic, form, payload, reply))
         self._pending_batch = batch
         commits.schedule()
+
+    def replicated_delete(
+        self, topic: str, body: bytes, ts: int, origin: tuple[int, bytes, bytes]
+    ) -> None:
+        """A delete record received by replication (server/pipeline_replicate.py): journaled
+        here as this instance's own, with its origin, in its place among the replicated
+        messages around it, and applied at its commit like any delete. A body this version
+        cannot read, or a topic that is not a SOW topic here, is left out."""
+        got = decode_delete(body)
+        if got is None or not self.is_sow(topic):
+            return
+        self.delete(topic, got[0], got[1], None, ts, origin)
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -553,14 +537,3 @@ class SowManager:
         if self.store is not None:
             self.store.close()
             self.store = None
-
-
-def _merge(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
-    """delta_publish's merge: fields replace fields, nested objects merge, arrays are replaced."""
-    for key, v in delta.items():
-        old = base.get(key)
-        if isinstance(v, dict) and isinstance(old, dict):
-            _merge(old, v)
-        else:
-            base[key] = v
-    return base

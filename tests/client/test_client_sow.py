@@ -61,6 +61,30 @@ async def test_sow_and_subscribe_yields_the_answer_then_live(address):
         assert live.header.c == "p" and live.json() == {"sym": f"{p}-2", "v": 2}
 
 
+async def test_sow_and_sow_and_subscribe_from_a_bookmark(address):
+    p = f"H{os.urandom(3).hex()}"
+    async with Client(f"c-sow-{p}", server=address) as c:
+        await c.publish("px", {"sym": f"{p}-1", "v": 1})
+        await c.publish_flush()
+        (rec,) = await c.sow("px", filter=f"/sym = '{p}-1'")
+        point = rec.header.bm
+        await c.publish("px", {"sym": f"{p}-1", "v": 2})
+        await c.publish("px", {"sym": f"{p}-2", "v": 3})
+        await c.publish_flush()
+        mine = f"/sym LIKE '^{p}'"
+        then = await c.sow("px", filter=mine, bookmark=point)
+        assert [m.json() for m in then] == [{"sym": f"{p}-1", "v": 1}]
+        sub = await c.sow_and_subscribe("px", filter=mine, bookmark=point)
+        got = [await sub.next(timeout=5) for _ in range(3)]
+        assert [(m.header.c, m.json()["v"]) for m in got] == [("sow", 1), ("p", 2), ("p", 3)]
+        await c.publish("px", {"sym": f"{p}-3", "v": 4})
+        live = await sub.next(timeout=5)
+        assert (live.header.c, live.json()["v"]) == ("p", 4)
+        with pytest.raises(CommandError) as info:
+            await c.sow_and_subscribe("px", filter=mine, bookmark="123|456|")
+        assert info.value.reason == "invalid bookmark"
+
+
 async def run_cli(*args):
     proc = await asyncio.create_subprocess_exec(
         TICKERTAPE, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE

@@ -72,3 +72,61 @@ def test_historical_queries_answer_the_state_at_each_point(tmp_path):
         assert ack["reason"] == "invalid bookmark"
     finally:
         s.stop()
+
+
+def test_sow_and_subscribe_from_a_point_answers_its_state_then_every_later_change_once(tmp_path):
+    rng = random.Random(11)
+    s = ServerProcess(tmp_path, extra=SOW, env={"TICKERTAPE_SOW_CHECKPOINT_BYTES": "8192"}).start()
+    try:
+        c = Raw(s.port, timeout=30)
+        c.logon("hist-sub")
+        state: dict[int, int] = {}
+        published: list[int] = []  # n in journal order (deletes are not delivered)
+        points = []  # (bookmark, expected state, how many were published up to it)
+        for n in range(1, 601):
+            k = rng.randrange(30)
+            if rng.random() < 0.05 and state:
+                victim = rng.choice(sorted(state))
+                c.send({"c": "sow_delete", "t": "h", "cid": f"d{n}", "a": "stats"},
+                       json.dumps({"k": victim}))  # fmt: skip
+                c.ack("stats", f"d{n}")
+                state.pop(victim)
+            c.send({"c": "publish", "t": "h", "s": n},
+                   json.dumps({"k": k, "n": n}))  # fmt: skip
+            state[k] = n
+            published.append(n)
+            if n % 200 == 100:
+                cid = c.next_cid()
+                c.send({"c": "flush", "cid": cid, "a": "completed"})
+                c.ack("completed", cid)
+                now, bm = answer(c)
+                assert now == state
+                points.append((bm["bm"], dict(state), len(published)))
+        cid = c.next_cid()
+        c.send({"c": "flush", "cid": cid, "a": "completed"})
+        c.ack("completed", cid)
+        for i, (bm, expected, upto) in enumerate(points):
+            sub = Raw(s.port, timeout=30)
+            sub.logon(f"sub{i}")
+            sub.send({"c": "sow_and_subscribe", "t": "h", "cid": "q", "sub_id": f"s{i}",
+                      "a": "completed", "bm": bm})  # fmt: skip
+            frames = sub.recv_until(lambda h, _b: h.get("c") == "ack" and h.get("cid") == "q")
+            assert frames[-1][0]["status"] == "success", frames[-1][0]
+            got = {json.loads(b)["k"]: json.loads(b)["n"] for h, b in frames if h["c"] == "sow"}
+            assert got == expected
+            # then the journal from the point, then live: every later message, once, in order
+            live = 601 + i
+            c.send({"c": "publish", "t": "h", "s": live}, json.dumps({"k": 99, "n": live}))
+            published.append(live)
+            want = published[upto:]
+            msgs = sub.recv_until(
+                lambda h, b, last=live: h.get("c") == "p" and json.loads(b)["n"] == last
+            )
+            ns = [json.loads(b)["n"] for h, b in msgs if h.get("c") == "p"]
+            assert ns == want
+            sub.close()
+        c.send({"c": "sow_and_subscribe", "t": "h", "cid": "bad", "a": "completed",
+                "bm": "123|456|"})  # fmt: skip
+        assert c.ack("completed", "bad")["reason"] == "invalid bookmark"
+    finally:
+        s.stop()

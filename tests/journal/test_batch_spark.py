@@ -20,7 +20,7 @@ from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.manifest import result_path, staging_dir
 from journal.spark import jobs
-from tests.support.journal_data import all_raw, build, queue_event, submit
+from tests.support.journal_data import all_raw, build, queue_event, sow_fold, sow_journal, submit
 from tests.support.proc import ServerProcess, make_config
 from tests.support.raw import Raw, publish_many
 
@@ -522,3 +522,20 @@ def test_the_schedule_after_a_queue_drain_loses_no_acknowledged_message(spark, t
         assert in_journal["work"] == set(), sorted(in_journal["work"])[:10]
     finally:
         srv.stop()
+
+
+def test_compaction_on_spark_keeps_sow_deletes(spark, tmp_path):
+    """A compacted journal folds to the same SOW state: the job keeps every delete record."""
+    from journal.batch import run_job
+
+    j, want, now = sow_journal(str(tmp_path / "j"))
+    before = all_raw(j)
+    req = jm.make_request(j, "compact", retention_s=1.0, now=now)
+    assert req is not None
+    jm.write_request(j.directory, req)
+    assert run_job(req, spark)["status"] == "ok"
+    assert jma.apply_result(j, req["id"])["status"] == "applied"
+    after = all_raw(j)
+    assert len(after) < len(before)
+    assert sow_fold(after, "prices") == want
+    j.close()

@@ -22,6 +22,8 @@ from tests.support.journal_data import (
     mixed_records,
     queue_event,
     run_without_spark,
+    sow_fold,
+    sow_journal,
     submit,
 )
 
@@ -349,3 +351,14 @@ def test_plan_groups_and_schedules():
     )  # 1970-01-01 was a Thursday
     assert weekly == 86400 * 2 + 1800
     assert next_run(ActionTrigger(kind="startup"), 0) is None
+
+
+def test_compaction_keeps_sow_deletes_so_the_journal_folds_to_the_same_state(tmp_path):
+    j, want, now = sow_journal(str(tmp_path / "j"))
+    before = all_raw(j)
+    _req, ans = compact(j, retention_s=1.0, now=now)
+    assert ans["status"] == "applied", ans
+    after = all_raw(j)
+    assert len(after) < len(before)
+    assert sow_fold(after, "prices") == want
+    j.close()

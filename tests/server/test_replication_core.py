@@ -194,3 +194,20 @@ def test_the_sender_reads_compacted_segments_as_the_records_they_hold(tmp_path):
             ]
     finally:
         j.close()
+
+
+def test_sow_deletes_are_sent_as_stored_but_not_expirations():
+    from journal.record import KIND_SOW_DELETE
+    from server.sow.records import BY_EXPIRY, BY_FILTER, BY_KEYS, encode_delete
+
+    msg = encode_record(KIND_MESSAGE, 7, 1, 5, b"orders.x", b"{}")
+    by_keys = encode_record(KIND_SOW_DELETE, 0, 0, 6, b"orders.x", encode_delete(BY_KEYS, "k1"))
+    by_filter = encode_record(
+        KIND_SOW_DELETE, 0, 0, 6, b"orders.x", encode_delete(BY_FILTER, "1=1")
+    )
+    expired = encode_record(KIND_SOW_DELETE, 0, 0, 6, b"orders.x", encode_delete(BY_EXPIRY, "k1"))
+    other = encode_record(KIND_SOW_DELETE, 0, 0, 6, b"elsewhere", encode_delete(BY_KEYS, "k1"))
+    buf = msg + by_keys + expired + by_filter + other + msg
+    body, stop = select(buf, 0, Filter(dest()), "tt-b")
+    assert stop == len(buf)
+    assert body == msg + by_keys + by_filter + msg

@@ -133,3 +133,77 @@ def run_without_spark(req: dict, parallelism: int = 2) -> dict:
     res = {"id": req["id"], "status": "ok", "kind": "compact", "outputs": metas}
     write_json_atomic(result_path(req["journal"], req["id"]), res)
     return res
+
+
+def sow_fold(records, topic: str) -> dict[str, bytes]:
+    """The SOW state of `topic` (key -> body) a fold of these raw records gives (the rule of
+    server/sow: a message puts its record, a delete removes by keys or by filter)."""
+    from server.filters import compile_filter
+
+    from journal.record import KIND_SOW_DELETE
+    from server.matching import body_matches
+    from server.sow.keys import key_from_fragment
+    from server.sow.records import BY_FILTER, decode_delete
+
+    state: dict[str, bytes] = {}
+    for r in records:
+        if r[5] != topic.encode():
+            continue
+        if r[1] == KIND_MESSAGE:
+            state[key_from_fragment(r[7][1])] = r[6]
+        elif r[1] == KIND_SOW_DELETE:
+            form, payload = decode_delete(r[6])
+            if form == BY_FILTER:
+                f = compile_filter(payload)
+                for k in [k for k, b in state.items() if body_matches(f, b)]:
+                    del state[k]
+            else:
+                for k in payload.split(","):
+                    state.pop(k, None)
+    return state
+
+
+def sow_journal(d: str) -> tuple[Journal, dict[str, bytes], int]:
+    """A journal whose SOW topic `prices` has old records that are each the newest message of
+    their publisher (compaction keeps them) and old deletes of two of them (by key, by filter),
+    then old messages compaction drops and newer ones in sealed segments. Returns (journal, its
+    fold of `prices`, a "now" at which a 1 s retention drops the old messages)."""
+    from journal.record import KIND_SOW_DELETE
+    from server.sow.keys import KeyMaker, k_fragment
+    from server.sow.records import BY_FILTER, BY_KEYS, encode_delete
+
+    keys = KeyMaker(("/sym",))
+
+    def sow(pub: int, ts: int, body: dict) -> dict:
+        raw = json.dumps(body).encode()
+        hdr = k_fragment(keys.key(raw, None))
+        return {"pub": pub, "seq": 1, "ts": ts, "topic": "prices", "body": raw, "hdr": hdr}
+
+    def delete(ts: int, form: bytes, payload: str) -> dict:
+        body = encode_delete(form, payload)
+        return {
+            "kind": KIND_SOW_DELETE,
+            "pub": 0,
+            "seq": 0,
+            "ts": ts,
+            "topic": "prices",
+            "body": body,
+        }
+
+    j = Journal(d, segment_size=4096)
+    submit(
+        j,
+        [
+            sow(21, TS0 + 1000, {"sym": "X", "px": 1}),
+            sow(23, TS0 + 2000, {"sym": "Y", "px": 50}),
+            sow(24, TS0 + 2500, {"sym": "Z", "px": 3}),
+        ],
+    )
+    x = keys.key(b'{"sym":"X"}', None)
+    submit(j, [delete(TS0 + 3000, BY_KEYS, x), delete(TS0 + 4000, BY_FILTER, "/px > 10")])
+    submit(j, mixed_records(40, start_seq=1, ts0=TS0 + 5000, pubs=(22,)))  # old: dropped
+    for seq in range(41, 41 + 12 * 40, 40):  # newer: segments sealed past the cutoff
+        submit(j, mixed_records(40, start_seq=seq, ts0=TS0 + 10_000_000, pubs=(22,)))
+    want = sow_fold(all_raw(j), "prices")
+    assert list(want) == [keys.key(b'{"sym":"Z"}', None)]
+    return j, want, TS0 + 11_000_000

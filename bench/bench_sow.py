@@ -1,0 +1,305 @@
+"""State of the World topics (issue 25): publish into a SOW topic, query it, restart with it.
+
+    ./run bench bench_sow [--count 1000000] [--keys 100000] [--reps 3] [--quick]
+
+Tickertape only so far (the JetStream KV and Redis hash rows of the issue are not written yet:
+see bench/RESULTS.md). Per repetition, fresh servers, rows interleaved:
+
+  plain publish   `--count` persisted publishes of 100 B bodies to a recorded topic (no SOW)
+  SOW publish     the same bodies to a SOW topic keyed on /key: `--keys` keys, each updated
+                  count/keys times (the body carries `"key":N`, N = seq mod keys); published in
+                  two halves by two publishers, the time between them noted for the historical
+                  query
+  query all       `sow` of the whole topic (`--keys` records), from the command to `completed`:
+                  records/s and server CPU µs per record
+  query filtered  `sow` with `/key < keys/10` (a tenth of the records): the same figures, and the
+                  CPU ratio to the unfiltered query
+  historical      `sow` with `bm` = the time between the halves (the state then: every key, from
+                  the first half): seconds, records
+  restart         a clean stop and start: seconds to `listening on`, and the store's catch-up
+                  from the server log (`SOW store at journal position ...`)
+  rebuild         the store directory removed, then a start: the store rebuilt from the whole
+                  journal (`--count` records): seconds to `listening on`
+  RSS             server VmRSS after the SOW publish, after the restart, and the plain server's
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import sys
+import time
+
+import benchlib
+import loadgen
+import peers
+
+from protocol.bookmarks import format_timestamp
+
+SOW_TOPIC = "bench.sow"
+PLAIN_TOPIC = "bench.plain"
+SOW_XML = f"""  <SOW>
+    <Topic><Name>{SOW_TOPIC}</Name><Key>/key</Key></Topic>
+  </SOW>
+"""
+_CAUGHT_UP = re.compile(
+    r"SOW store at journal position (\d+): (\d+) records read from \d+ in ([0-9.]+)s"
+)
+
+
+def keyed_frames(keys: int):
+    """loadgen.build_publish_frames with a key in each body: {"seq":S,"key":S mod keys,...}."""
+
+    def build(proto: str, dest: str, n: int, size: int, inbox: str = "", start: int = 1):
+        assert proto == "tickertape"
+        t = dest.encode()
+        parts = []
+        for s in range(start, start + n):
+            head = b'{"seq":%d,"key":%d,"pad":"' % (s, s % keys)  # strict JSON: no zero padding
+            body = head + b"x" * max(0, size - len(head) - 2) + b'"}'
+            h = b'{"c":"publish","t":"%s","s":%d,"a":"persisted"}' % (t, s - start + 1)
+            parts.append(loadgen._U32.pack(len(h) + len(body)) + h + body)
+        return loadgen.Frames(parts)
+
+    return build
+
+
+def publish(peer, topic: str, n: int, args, tag: str, start: int = 1) -> dict:
+    """n keyed publishes (seq start..start+n-1 in the bodies): msgs/s and server CPU µs/msg."""
+    build = keyed_frames(args.keys)
+    loadgen.build_publish_frames = lambda proto, dest, n, size, inbox="": build(
+        proto, dest, n, size, inbox, start
+    )
+    cpu0 = [0.0]
+
+    def on_start():
+        cpu0[0] = peer.cpu_seconds()
+
+    r = loadgen.run_sync(
+        "tickertape",
+        peer.host,
+        peer.port,
+        n=n,
+        pub_dest=topic,
+        body_size=args.size,
+        window=args.window,
+        timeout=args.timeout,
+        tag=tag,
+        on_start=on_start,
+    )
+    if r["timed_out"] or r["errors"] or r["acked"] < n:
+        raise RuntimeError(f"publish: {r['acked']}/{n} acked, errors {r['errors']}")
+    return {"rate": n / r["pub_seconds"], "cpu_us": (peer.cpu_seconds() - cpu0[0]) / n * 1e6}
+
+
+def _frame(h: dict) -> bytes:
+    b = json.dumps(h, separators=(",", ":")).encode()
+    return len(b).to_bytes(4, "big") + b
+
+
+def query(peer, timeout: float, **fields) -> dict:
+    """One `sow` on a fresh connection: records, seconds from the command to `completed`,
+    server CPU seconds over that time."""
+    with socket.create_connection((peer.host, peer.port), timeout=timeout) as s:
+        s.sendall(_frame({"c": "logon", "cid": "l", "client_name": f"q{time.monotonic_ns()}"}))
+        cpu0 = peer.cpu_seconds()
+        t0 = time.perf_counter()
+        s.sendall(_frame({"c": "sow", "t": SOW_TOPIC, "cid": "q", "a": "completed", **fields}))
+        buf = bytearray()
+        records = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            data = s.recv(1 << 20)
+            if not data:
+                raise RuntimeError("server closed the query connection")
+            buf += data
+            pos = 0
+            while len(buf) - pos >= 4:
+                n = int.from_bytes(buf[pos : pos + 4], "big")
+                if len(buf) - pos - 4 < n:
+                    break
+                start, pos = pos + 4, pos + 4 + n
+                if buf[start : start + 10] == b'{"c":"sow"':
+                    records += 1
+                    continue
+                h, _ = json.JSONDecoder().raw_decode(
+                    bytes(buf[start:pos]).decode("utf-8", "replace")
+                )
+                if h.get("c") == "ack" and h.get("cid") == "q":
+                    if h.get("status") == "failure":
+                        raise RuntimeError(f"query refused: {h}")
+                    secs = time.perf_counter() - t0
+                    return {"records": records, "s": secs, "cpu": peer.cpu_seconds() - cpu0}
+            del buf[:pos]
+    raise RuntimeError(f"query did not complete in {timeout}s")
+
+
+def _timed_start(peer, restart: bool, timeout: float) -> float:
+    t0 = time.monotonic()
+    if restart:
+        peer.restart(timeout=timeout)
+    else:
+        peer.start(timeout=timeout)
+    return time.monotonic() - t0
+
+
+def one_rep(args, r: int) -> dict:
+    out: dict = {}
+    n, keys = args.count, args.keys
+    plain = peers.make_peer("tickertape")
+    try:
+        plain.start(timeout=args.timeout)
+        got = publish(plain, PLAIN_TOPIC, n, args, f"plain{r}")
+        out["plain_rate"], out["plain_cpu"] = got["rate"], got["cpu_us"]
+        out["plain_rss"] = plain.rss_bytes()
+    finally:
+        plain.cleanup()
+    sow = peers.make_peer("tickertape")
+    sow.extra["config_xml"] = SOW_XML
+    try:
+        sow.start(timeout=args.timeout)
+        half = n // 2
+        a = publish(sow, SOW_TOPIC, half, args, f"sowa{r}")
+        time.sleep(0.05)
+        mid = int(time.time() * 1e6)
+        time.sleep(0.05)
+        b = publish(sow, SOW_TOPIC, n - half, args, f"sowb{r}", start=half + 1)
+        out["sow_rate"] = n / (half / a["rate"] + (n - half) / b["rate"])
+        out["sow_cpu"] = (a["cpu_us"] * half + b["cpu_us"] * (n - half)) / n
+        out["sow_rss"] = sow.rss_bytes()
+        q = query(sow, args.timeout)
+        if q["records"] != keys:
+            raise RuntimeError(f"query all: {q['records']} records, expected {keys}")
+        out["q_rate"], out["q_cpu_us"] = q["records"] / q["s"], q["cpu"] / q["records"] * 1e6
+        out["q_s"] = q["s"]
+        f = query(sow, args.timeout, f=f"/key < {keys // 10}")
+        if f["records"] != keys // 10:
+            raise RuntimeError(f"filtered: {f['records']} records, expected {keys // 10}")
+        out["qf_s"], out["qf_cpu"] = f["s"], f["cpu"]
+        out["qf_cpu_ratio"] = f["cpu"] / q["cpu"] if q["cpu"] else None
+        h = query(sow, args.timeout, bm=format_timestamp(mid))
+        expected_then = min(keys, half)
+        if h["records"] != expected_then:
+            raise RuntimeError(f"historical: {h['records']} records, expected {expected_then}")
+        out["hist_s"] = h["s"]
+        out["restart_s"] = _timed_start(sow, True, args.timeout)
+        m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
+        out["restart_catchup_s"] = float(m[-1][2]) if m else None
+        benchlib.settle(0.5)
+        out["restart_rss"] = sow.rss_bytes()
+        sow.stop()
+        shutil.rmtree(os.path.join(sow.journal_dir(), "sow"))
+        out["rebuild_s"] = _timed_start(sow, True, args.timeout)
+        m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
+        out["rebuild_records"] = int(m[-1][1]) if m else None
+        out["rebuild_fold_s"] = float(m[-1][2]) if m else None
+        q2 = query(sow, args.timeout)
+        if q2["records"] != keys:
+            raise RuntimeError(f"after the rebuild: {q2['records']} records, expected {keys}")
+    finally:
+        sow.cleanup()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--count", type=int, default=1_000_000, help="publishes (updates)")
+    p.add_argument("--keys", type=int, default=100_000, help="SOW keys (records)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
+    p.add_argument("--window", type=int, default=1000, help="most unacked publishes")
+    p.add_argument("--size", type=int, default=100, help="body bytes (JSON)")
+    p.add_argument("--timeout", type=float, default=600.0, help="longest step")
+    p.add_argument("--no-results", action="store_true", help="print only")
+    p.add_argument("--quick", action="store_true", help="50k updates over 5k keys, 1 repetition")
+    args = p.parse_args()
+    if args.quick:
+        args.count, args.keys, args.reps = min(args.count, 50_000), min(args.keys, 5_000), 1
+    ok, why = peers.available("tickertape")
+    if not ok:
+        sys.exit(f"tickertape is not runnable: {why}")
+    reps, problems = [], []
+    for r in range(args.reps):
+        try:
+            m = one_rep(args, r)
+            reps.append(m)
+            print(
+                f"  rep {r + 1}/{args.reps}: publish plain {m['plain_rate']:,.0f}/s, SOW "
+                f"{m['sow_rate']:,.0f}/s; query all {m['q_s']:.2f}s; filtered {m['qf_s']:.2f}s; "
+                f"historical {m['hist_s']:.2f}s; restart {m['restart_s']:.2f}s; rebuild "
+                f"{m['rebuild_s']:.2f}s",
+                flush=True,
+            )
+        except Exception as e:
+            problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
+            print(f"  rep {r + 1}/{args.reps}: FAILED {e}", flush=True)
+            if os.environ.get("BENCH_DEBUG"):
+                raise
+
+    def med(k):
+        v = [m[k] for m in reps if m.get(k) is not None]
+        return statistics.median(v) if v else None
+
+    def cell(k, f, scale=1.0):
+        v = [m[k] * scale for m in reps if m.get(k) is not None]
+        if not v:
+            return "—"
+        s = f.format(statistics.median(v))
+        return s + (f" ({f.format(min(v))}–{f.format(max(v))})" if len(v) > 1 else "")
+
+    def ratio(a, b):
+        x, y = med(a), med(b)
+        return f"{x / y:.2f}" if x and y else "—"
+
+    n, keys = args.count, args.keys
+    mib = 1 / 2**20
+    lines = [
+        "| measure | figure |",
+        "|---|---:|",
+        f"| publish, plain recorded topic, msgs/s | {cell('plain_rate', '{:,.0f}')} |",
+        f"| publish, SOW topic ({keys:,} keys), msgs/s | {cell('sow_rate', '{:,.0f}')} |",
+        f"| ratio SOW ÷ plain (msgs/s) | {ratio('sow_rate', 'plain_rate')} |",
+        f"| server CPU µs/msg, plain | {cell('plain_cpu', '{:.1f}')} |",
+        f"| server CPU µs/msg, SOW | {cell('sow_cpu', '{:.1f}')} |",
+        f"| query all {keys:,} records, s | {cell('q_s', '{:.2f}')} |",
+        f"| query all, records/s | {cell('q_rate', '{:,.0f}')} |",
+        f"| query all, server CPU µs/record | {cell('q_cpu_us', '{:.1f}')} |",
+        f"| query `/key < {keys // 10}` ({keys // 10:,} records), s | {cell('qf_s', '{:.2f}')} |",
+        f"| filtered ÷ unfiltered server CPU | {cell('qf_cpu_ratio', '{:.2f}')} |",
+        f"| historical query (state at mid-run, {min(keys, n // 2):,} records), s | "
+        f"{cell('hist_s', '{:.2f}')} |",
+        f"| restart (clean stop, start), s to listening | {cell('restart_s', '{:.2f}')} |",
+        f"| store rebuilt from {n:,} journal records, s to listening | {cell('rebuild_s', '{:.2f}')} |",
+        f"| of which the fold (server log), s | {cell('rebuild_fold_s', '{:.2f}')} |",
+        f"| RSS MiB, plain server after publish | {cell('plain_rss', '{:.1f}', mib)} |",
+        f"| RSS MiB, SOW server after publish | {cell('sow_rss', '{:.1f}', mib)} |",
+        f"| RSS MiB, SOW server after restart | {cell('restart_rss', '{:.1f}', mib)} |",
+    ]
+    notes = [
+        f"{n:,} persisted publishes of {args.size} B over {keys:,} keys, window {args.window}; "
+        f"median of {len(reps)} repetitions (range in brackets); fresh servers per repetition",
+        "Tickertape only: the JetStream KV (last-per-subject of a 100k-key bucket) and Redis "
+        "(100k hashes, pipelined HGETALL) rows of the issue are not written yet",
+        "the machine is shared with other jobs: figures are indicative",
+    ]
+    if args.quick:
+        notes.append("--quick: small counts, one repetition")
+    text = benchlib.header_block(
+        "bench_sow: State of the World topics", ["bench_sow"] + sys.argv[1:], notes
+    )
+    text += "\n\n" + "\n".join(lines) + "\n"
+    if problems:
+        text += "\n" + "\n".join(f"- {x}" for x in problems) + "\n"
+    print("\n" + text)
+    if not args.no_results:
+        benchlib.update_results("bench_sow", text)
+
+
+if __name__ == "__main__":
+    main()
