@@ -526,7 +526,7 @@ def test_the_schedule_after_a_queue_drain_loses_no_acknowledged_message(spark, t
 
 def test_compaction_on_spark_keeps_sow_deletes(spark, tmp_path):
     """A compacted journal folds to the same SOW state: the job keeps every delete record."""
-    from journal.batch import run_job
+    from journal.spark.batch import run_job
 
     j, want, now = sow_journal(str(tmp_path / "j"))
     before = all_raw(j)

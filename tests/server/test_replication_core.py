@@ -208,6 +208,7 @@ def test_sow_deletes_are_sent_as_stored_but_not_expirations():
     expired = encode_record(KIND_SOW_DELETE, 0, 0, 6, b"orders.x", encode_delete(BY_EXPIRY, "k1"))
     other = encode_record(KIND_SOW_DELETE, 0, 0, 6, b"elsewhere", encode_delete(BY_KEYS, "k1"))
     buf = msg + by_keys + expired + by_filter + other + msg
-    body, stop = select(buf, 0, Filter(dest()), "tt-b")
+    body, stop, count = select(buf, 0, Filter(dest()), "tt-b")
     assert stop == len(buf)
     assert body == msg + by_keys + by_filter + msg
+    assert count == 4

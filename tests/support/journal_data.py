@@ -138,9 +138,8 @@ def run_without_spark(req: dict, parallelism: int = 2) -> dict:
 def sow_fold(records, topic: str) -> dict[str, bytes]:
     """The SOW state of `topic` (key -> body) a fold of these raw records gives (the rule of
     server/sow: a message puts its record, a delete removes by keys or by filter)."""
-    from server.filters import compile_filter
-
     from journal.record import KIND_SOW_DELETE
+    from protocol.filters import compile_filter
     from server.matching import body_matches
     from server.sow.keys import key_from_fragment
     from server.sow.records import BY_FILTER, decode_delete
