@@ -37,7 +37,7 @@ The connect sequence (`connect_and_logon()`, and again after every lost connecti
    consumes: bookmark subscriptions at MOST_RECENT from the bookmark store (with
    `bookmark_not_found=epoch`, so a server that does not know the bookmark replays all it has
    and the store drops what was seen), the others as first placed. A refused one fails its
-   HASubscription; the others continue.
+   HASubscription; the others continue (client/haplace.py's `Placer`).
 9. `connected`: waiting calls proceed. A connection lost during 6-8 restarts at 1.
 
 Publishing: `publish()` stores the message (waiting for room while the store is full), then
