@@ -37,7 +37,7 @@ The connect sequence (`connect_and_logon()`, and again after every lost connecti
    consumes: bookmark subscriptions at MOST_RECENT from the bookmark store (with
    `bookmark_not_found=epoch`, so a server that does not know the bookmark replays all it has
    and the store drops what was seen), the others as first placed. A refused one fails its
-   HASubscription; the others continue.
+   HASubscription; the others continue (client/haplace.py's `Placer`).
 9. `connected`: waiting calls proceed. A connection lost during 6-8 restarts at 1.
 
 Publishing: `publish()` stores the message (waiting for room while the store is full), then
@@ -77,6 +77,7 @@ from .errors import (
     PublishFailed,
     ReconnectGaveUp,
 )
+from .haplace import Placer
 from .hapublisher import Publisher
 from .hasub import HASubscription
 from .message import LogonResult, Message
@@ -87,10 +88,6 @@ __all__ = ["HAClient"]
 
 log = logging.getLogger("tickertape.client.ha")
 _T = TypeVar("_T")
-
-
-def _is_range(bookmark: str) -> bool:
-    return bookmark.lstrip()[:1] in ("[", "(")
 
 
 class HAClient:
@@ -164,7 +161,7 @@ class HAClient:
         self._publisher = Publisher(self.publish_store, self._check_publish)
         self._supervisor: asyncio.Task | None = None
         self._ready: asyncio.Event | None = None
-        self._subs: dict[str, HASubscription] = {}
+        self._placer = Placer(self, self._report)  # the subscriptions, across connections
         self._failure: BaseException | None = None
         self._logged_on_once = False
 
@@ -346,20 +343,7 @@ class HAClient:
         if again:
             log.info("republished %d message(s) to %s after seq %d", again, uri, logon.seq)
         self.republished += again
-        for hs in list(self._subs.values()):  # step 8
-            if not hs.active or not hs._placed_once:
-                continue  # a first placement in progress is subscribe()'s to retry
-            try:
-                await self._place(hs, client, first=False)
-            except CommandError as exc:
-                log.warning("re-entering subscription %s refused: %s", hs.sub_id, exc)
-                hs._fail(exc)
-                self._subs.pop(hs.sub_id, None)
-                self.subscription_manager.remove(hs.sub_id)
-                self._report(exc)
-            except CommandTimeout as exc:
-                client.abort("timeout", f"re-entering subscription {hs.sub_id}: {exc}")
-                raise Disconnected("timeout", str(exc)) from None
+        await self._placer.reenter(client)  # step 8
         if self._client is not client or not client.connected:
             raise client.closed_reason or Disconnected("connection lost")
         self._set_state("connected")
@@ -389,7 +373,7 @@ class HAClient:
         log.error("HAClient %s stops: %s", self.name, exc)
         self._failure = exc
         self._set_state("failed")
-        for hs in self._subs.values():
+        for hs in self._placer.subs.values():
             hs._fail(exc)
         self._publisher.fail(exc)
         self._report(exc)
@@ -400,7 +384,7 @@ class HAClient:
         if self._state == "closed":
             return
         self._set_state("closed")
-        for hs in self._subs.values():
+        for hs in self._placer.subs.values():
             hs._stop()
         self._publisher.fail(Disconnected("closed by client"))
         sup, self._supervisor = self._supervisor, None
@@ -499,65 +483,29 @@ class HAClient:
         """
         if sub_id is None:
             sub_id = f"ha-{os.urandom(6).hex()}"
-        existing = self._subs.get(sub_id)
+        existing = self._placer.subs.get(sub_id)
         if existing is not None and existing.active:
             raise CommandError("subscription already exists",
                                f"sub_id {sub_id!r} is active on this client")  # fmt: skip
         spec = SubscriptionSpec(sub_id, topic, filter, _opts_text(options),
                                 None if bookmark is None else str(bookmark))  # fmt: skip
-        hs = HASubscription(self, spec, self._tracking_store(spec), self.max_window)
-        self._subs[sub_id] = hs
+        hs = HASubscription(self, spec, self._placer.tracking_store(spec), self.max_window)
+        self._placer.subs[sub_id] = hs
         try:
             while True:
                 client = await self._connected_client(timeout)
                 try:
-                    await self._place(hs, client, first=True, timeout=timeout)
+                    await self._placer.place(hs, client, first=True, timeout=timeout)
                     break
                 except Disconnected:
                     await self._after_loss(client)  # placed again on the next connection
         except BaseException:
-            if self._subs.get(sub_id) is hs:
-                del self._subs[sub_id]
+            if self._placer.subs.get(sub_id) is hs:
+                del self._placer.subs[sub_id]
             hs._stop()
             raise
         self.subscription_manager.add(spec)
         return hs
-
-    def _tracking_store(self, spec: SubscriptionSpec) -> BookmarkStore | None:
-        if spec.bookmark is None or _is_range(spec.bookmark):
-            return None
-        return self.bookmark_store
-
-    async def _place(self, hs: HASubscription, client: Client, *, first: bool,
-                     timeout: float | None = DEFAULT_TIMEOUT) -> None:  # fmt: skip
-        """Subscribe `hs` on `client`; a bookmark subscription through the bookmark store."""
-        spec = hs.spec
-        bookmark = spec.bookmark
-        options = spec.options
-        store = hs._store
-        if store is not None:
-            assert bookmark is not None, "a store tracks bookmark subscriptions only"
-            recent = bookmark == MOST_RECENT or not first
-            # resumed on another server than the one it last received from (or, first placed
-            # from a stored state, on one not known): the list then says where unseen
-            # publishers start (client/bookmarks.py `elsewhere`)
-            elsewhere = recent and hs._placed_uri != self.current_uri
-            if first:
-                bookmark = store.start(spec.sub_id, bookmark)
-                if recent and elsewhere:
-                    bookmark = store.most_recent(spec.sub_id, elsewhere=True)
-            else:
-                bookmark = store.most_recent(spec.sub_id, elsewhere)
-            if recent and self.bookmark_not_found and "bookmark_not_found" not in (options or ""):
-                nf = f"bookmark_not_found={self.bookmark_not_found}"
-                options = f"{options},{nf}" if options else nf
-        elif bookmark == MOST_RECENT:
-            bookmark = "0"
-        sub = await client.subscribe(spec.topic, filter=spec.filter, bookmark=bookmark,
-                                     options=options, sub_id=spec.sub_id, timeout=timeout,
-                                     marks=store is not None)  # fmt: skip
-        hs._placed_uri = self.current_uri
-        hs._attach(sub)
 
     async def restore_subscriptions(self, timeout: float | None = DEFAULT_TIMEOUT
                                     ) -> list[HASubscription]:  # fmt: skip
@@ -565,7 +513,7 @@ class HAClient:
         process (after a restart, with a persistent manager); bookmark ones at MOST_RECENT."""
         out = []
         for spec in self.subscription_manager.specs():
-            if spec.sub_id in self._subs:
+            if spec.sub_id in self._placer.subs:
                 continue
             out.append(await self.subscribe(
                 spec.topic, filter=spec.filter, options=spec.options, sub_id=spec.sub_id,
@@ -574,11 +522,11 @@ class HAClient:
         return out
 
     def subscriptions(self) -> list[HASubscription]:
-        return list(self._subs.values())
+        return list(self._placer.subs.values())
 
     async def unsubscribe(self, sub_id: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
         """Stop `sub_id` for good (also after reconnects); its iterator ends at once."""
-        hs = self._subs.pop(sub_id, None)
+        hs = self._placer.subs.pop(sub_id, None)
         self.subscription_manager.remove(sub_id)
         if hs is not None:
             hs._stop()

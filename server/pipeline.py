@@ -27,6 +27,7 @@ up to half of it (`on_backlog(False)`).
 
 Narrow doors: the journal it submits to, the loop it schedules on, the fan-out it delivers
 through, `on_backlog`; a publishing client is anything with the `Publisher` methods (a session).
+What one batch holds, and the `AckGate` door to the sync gate, are in server/pipeline_batch.py.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import struct
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from journal.index import OWNER_KEY
 from journal.journal import Journal
@@ -46,6 +47,7 @@ from journal.record import KIND_MESSAGE, encode_record
 
 from . import frames
 from .fanout import Fanout, Message
+from .pipeline_batch import AckGate, Batch
 from .pipeline_publish import TOPIC_CACHE_LIMIT, BatchedIntake, Publisher
 from .pipeline_replicate import REPL_FROM, ReplicatedIntake
 from .subscriptions import Subscription
@@ -53,24 +55,6 @@ from .subscriptions import Subscription
 _U64BE = struct.Struct(">Q")
 
 log = logging.getLogger("tickertape.pipeline")
-
-
-class AckGate(Protocol):
-    """What the pipeline sees of the sync gate (`SyncGate`, server/replication/sync.py): the
-    replication package imports the pipeline, so the pipeline names only this much of it."""
-
-    release: Callable[[Any], None]  # set by attach_gate: hands a held batch back, in order
-    wake: Callable[[], None]  # set by attach_gate: the durable end moved
-
-    has_sync: bool  # a sync destination is configured: durable means acked by it too
-
-    def committed(self, batch: Any, end: int) -> bool: ...
-
-    @property
-    def durable_end(self) -> int: ...
-
-    def durable_bm(self) -> tuple[int, int] | None: ...
-
 
 STORED, DUPLICATE, ABOVE_GAP = 0, 1, 2  # publish() outcomes
 # flush(): a batch up to this size with no commit in flight is committed on the event loop
@@ -85,54 +69,6 @@ __all__ = ["ABOVE_GAP", "DUPLICATE", "REPL_FROM", "STORED", "Batch", "Pipeline",
 
 def _never(topic: str) -> bool:
     return False
-
-
-class Batch:
-    __slots__ = (
-        "acks",
-        "after",
-        "data",
-        "doomed",
-        "durable",
-        "entries",
-        "first_seq",
-        "flushes",
-        "last",
-        "meta",
-        "msgs",
-        "origins",
-    )
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.entries: list[tuple[int, int, int, int]] = []  # (pub, seq, ts, offset in data)
-        # (topic, pub, seq, ts, body, offset or -1, header fragment, expiration)
-        self.msgs: list[tuple[str, int, int, int, bytes, int, bytes, Any]] = []
-        # index in msgs -> origin block, for replicated messages only (replicate())
-        self.origins: dict[int, tuple[int, bytes, bytes]] | None = None
-        self.acks: dict[Publisher, int] = {}  # highest seq to ack as persisted
-        # (publisher, cid, ack types) waiting for everything before them
-        self.flushes: list[tuple[Publisher, Any, list[str]]] = []
-        self.first_seq: dict[int, int] = {}  # pub -> lowest seq in this batch (for rollback)
-        self.last: dict[int, tuple[int, int]] = {}  # pub -> (highest seq, offset in data or -1)
-        # callables(err) once this batch is durable (err None) or failed
-        self.after: list[Callable[[BaseException | None], None]] = []
-        self.meta: dict[bytes, bytes] | None = None  # index metadata committed with this batch
-        self.doomed = False  # failed with an earlier batch (Pipeline._failed): rolled back already
-        # f(end, err) at the local commit (end: journal position after the batch) or failure;
-        # never held back for replication acks: a replication link's own ack (replicate())
-        self.durable: list[Callable[[int, BaseException | None], None]] = []
-
-    def empty(self) -> bool:
-        return not (
-            self.data
-            or self.msgs
-            or self.acks
-            or self.flushes
-            or self.after
-            or self.durable
-            or self.meta
-        )
 
 
 class Pipeline(BatchedIntake, ReplicatedIntake):

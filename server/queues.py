@@ -1,10 +1,11 @@
 """Message queues (docs/protocol.md §8): every queue of the instance, its recovery, its timers, and
 where it meets the pipeline. One queue's state machine is server/queue.py's `Queue`.
 
-`QueueManager` is each queue's `QueueHost`: it reads messages back from the journal (through a
-one-block cache, so a run of deliveries costs one read; the frames of a run are spliced from
-that block), keeps one loop timer for every lease heap, adds the queues' events to the batch
-being committed (and their checkpoints, at most once a second), and publishes dead letters.
+`QueueManager` is each queue's `QueueHost`: it reads messages back from the journal (through
+server/queue_reader.py's `QueueReader`, a one-block cache, so a run of deliveries costs one read;
+the frames of a run are spliced from that block), keeps one loop timer for every lease heap,
+adds the queues' events to the batch being committed (and their checkpoints, at most once a
+second), and publishes dead letters.
 
 Narrow doors: the journal it reads, the loop it sets timers on, and `Commits` (the pipeline:
 committed messages in, events and dead letters out). Recovery (`recover`) runs before the
@@ -41,31 +42,21 @@ from journal.queue_events import (
     from_wire,
     to_wire,
 )
-from journal.record import (
-    KIND_MESSAGE,
-    KIND_QUEUE_EVENT,
-    RECORD_HEADER_SIZE,
-    encode_record,
-    record_length_at,
-    scan_records,
-)
+from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, encode_record
 
 from . import frames
 from .fanout import Message
 from .pipeline import Batch, Publisher
 from .queue import Queue
+from .queue_reader import QueueReader
 from .queue_repl import CatchUp, Failover, QueueReplication, message_origin, record_origin
 from .queue_state import QueueState, StoredMessage, now_us
-from .splice import splice_at
 
 __all__ = ["Commits", "QueueManager"]
 
 log = logging.getLogger("tickertape.queues")
 
 EVENT_FLUSH_DELAY = 0.005
-CACHE_BLOCK = 256 * 1024
-LOCATE_SPAN = 64 * 1024  # journal bytes whose messages one replicated-event lookup remembers
-LOCATE_MEMO = 65_536  # most (publisher, seq) -> position entries remembered
 
 
 class Commits(Protocol):
@@ -120,8 +111,7 @@ class QueueManager:
         self._timer: asyncio.TimerHandle | None = None
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
-        self._block: tuple[bytes, int] | None = None  # journal bytes of the last read (_block_at)
-        self._compacted: dict[int, StoredMessage] = {}  # the last compacted block read
+        self.reads = QueueReader(journal)  # messages read back (a one-block cache)
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
         self._checkpoints: dict[str, int] = {}  # queue name -> the checkpoint last committed
@@ -132,7 +122,6 @@ class QueueManager:
         # replicated entries about messages not here yet: [(queue, (origin, group), wire, tries)]
         self._pending: list[tuple[Queue, tuple[str, str], bytes, int]] = []
         self.repl_stats = {"events_in": 0, "unresolved_dropped": 0, "unnamed_dropped": 0}
-        self._located: dict[tuple[int, int], int] = {}  # _locate's memo, cleared every tick
         if replication is not None and replication.destinations:
             self.enable_replication(
                 [d.name for d in replication.destinations], replication.queue_owner_failover
@@ -280,7 +269,7 @@ class QueueManager:
         """Expire waiting messages whose time is up (the server's periodic tick); take over
         the queue messages of a peer lost for <QueueOwnerFailover>."""
         now = now_us()
-        self._located.clear()  # a memo for one burst of events, never stale for long
+        self.reads.forget()
         for q in self.queues.values():
             q.expire_due(now)
         if self.failover is not None:
@@ -362,7 +351,7 @@ class QueueManager:
             return
         self.repl_stats["events_in"] += 1
         who = (origin, group if group is not None else origin)
-        local, left = from_wire(wire, self._locate)
+        local, left = from_wire(wire, self.reads.locate)
         if local:
             self._apply_replicated(q, who, local)
         if left is not None:
@@ -398,7 +387,7 @@ class QueueManager:
 
         def locate(pub: int, seq: int) -> int | None:
             pos = committed.get((pub, seq))
-            return pos if pos is not None else self._locate(pub, seq)
+            return pos if pos is not None else self.reads.locate(pub, seq)
 
         pending, self._pending = self._pending, []
         for q, origin, wire, tries in pending:
@@ -419,103 +408,22 @@ class QueueManager:
             else:
                 self._pending.append((q, origin, left, tries + 1))
 
-    def _locate(self, pub: int, seq: int) -> int | None:
-        """The position here of the message (pub, seq) named by a replicated event. A peer's
-        events name runs of neighbouring messages (its acks, in order), and each journal lookup
-        scans up to a few hundred KB (1,000 single acks caught up after a heal held the loop
-        for 12 s): the messages of the span after each one found are remembered."""
-        journal = self.journal
-        assert journal is not None
-        pos = self._located.get((pub, seq))
-        if pos is not None and pos >= journal.start_position:
-            return pos
-        pos = journal.locate(pub, seq)
-        if pos is not None:
-            blk = self._block_at(pos)
-            if blk is not None:  # (not a compacted segment)
-                buf, base = blk
-                recs, _ = scan_records(buf[pos - base : pos - base + LOCATE_SPAN], pos)
-                if len(self._located) + len(recs) > LOCATE_MEMO:
-                    self._located.clear()
-                self._located.update(((r[2], r[3]), r[0]) for r in recs if r[1] == KIND_MESSAGE)
-        return pos
-
-    def origin_at(self, position: int) -> tuple[tuple[str, int] | None, int, Any] | None:
-        """(origin or None, receive time, `e`) of the message at position, read back."""
-        journal = self.journal
-        if journal is None or position < journal.start_position:
-            return None
-        recs, _ = journal.read_raw(position, 64 * 1024)
-        if not recs or recs[0][0] != position or recs[0][1] != KIND_MESSAGE:
-            return None
-        r = recs[0]
-        extra = r[7]
-        return record_origin(extra, r[4]), r[4], extra[0] if extra else None
-
-    # -- reads -----------------------------------------------------------------------------------
-
-    def _block_at(self, position: int) -> tuple[bytes, int] | None:
-        """The journal block (bytes, base) holding the whole record at position: the cached one,
-        else the block read from there (and kept). None where the bytes are not stored as
-        written (a compacted segment) or no longer stored."""
-        blk = self._block
-        if blk is not None:
-            buf, base = blk
-            off = position - base
-            if 0 <= off <= len(buf) - RECORD_HEADER_SIZE and off + record_length_at(
-                buf, off
-            ) <= len(buf):
-                return blk
-        journal = self.journal
-        if journal is None or position < journal.start_position:
-            return None
-        got = journal.read_block(position, CACHE_BLOCK)
-        if got is None or got[1] != position or not got[0]:
-            return None
-        self._block = got
-        return got
-
-    def splice_run(
-        self, positions: array.array, head: bytes, tail: bytes
-    ) -> tuple[bytes, list[str], int] | None:
-        """splice_at over the journal block holding positions[0], or None where the bytes are
-        not stored as written (compacted, removed): the caller then reads record by record."""
-        blk = self._block_at(positions[0])
-        if blk is None:
-            return None
-        try:
-            return splice_at(blk[0], blk[1], positions, head, tail)  # the first record is whole
-        except ValueError:
-            log.exception("queue delivery from the journal block at %d", blk[1])
-            self._block = None
-            return None
+    # -- reads (server/queue_reader.py) ------------------------------------------------------------
 
     def read(self, position: int) -> StoredMessage | None:
         """(position, pub, seq, ts, topic_b, body, header fragment) of the message at position,
         or None if the journal no longer holds one there."""
-        journal = self.journal
-        if journal is None or position < journal.start_position:
-            return None
-        blk = self._block_at(position)
-        if blk is not None:
-            buf, base = blk
-            off = position - base
-            r = scan_records(buf[off : off + record_length_at(buf, off)], position)[0][0]
-            if r[1] != KIND_MESSAGE:
-                return None
-            return (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"")
-        rec = self._compacted.get(
-            position
-        )  # a compacted segment: its retained records, by position
-        if rec is not None:
-            return rec
-        recs, _ = journal.read_raw(position, CACHE_BLOCK)
-        self._compacted = {
-            r[0]: (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"")
-            for r in recs
-            if r[1] == KIND_MESSAGE
-        }
-        return self._compacted.get(position)
+        return self.reads.read(position)
+
+    def splice_run(
+        self, positions: array.array, head: bytes, tail: bytes
+    ) -> tuple[bytes, list[str], int] | None:
+        """The frames of a run spliced from one journal block, or None: read one by one."""
+        return self.reads.splice_run(positions, head, tail)
+
+    def origin_at(self, position: int) -> tuple[tuple[str, int] | None, int, Any] | None:
+        """(origin or None, receive time, `e`) of the message at position, read back."""
+        return self.reads.origin_at(position)
 
     # -- recovery --------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ stream. Where a replay starts and ends is planned in server/replay_plan.py.
 
 A `Replay` is one pass over the journal that feeds one or more subscriptions of one connection
 (several when they were resumed together, so they stay in step). Each subscription has a
-`Cursor`: where it starts (records before are skipped), where it ends (ranges), and its
+`Cursor` (server/replay_cursor.py): where it starts (records before are skipped), where it ends (ranges), and its
 conflation state. `ReplayEngine` (server/replay_engine.py) starts, pauses and resumes them and
 knows the ones running.
 
@@ -58,7 +58,8 @@ from .frames import STORED, pack_len, timestamp_part, topic_member
 from .matching import Body, TopicFilter, body_matches
 from .outbox import Outbox
 from .reasons import Disconnect
-from .replay_plan import Conflater, End, Pacer, now_us
+from .replay_cursor import Cursor
+from .replay_plan import Pacer, now_us
 from .splice import ACCELERATED as SPLICE_ACCELERATED
 from .splice import splice_frames
 from .subscriptions import Subscription
@@ -108,44 +109,6 @@ def _read_spliced(
     if flt is not None:
         return pos, filter_frames(buf, pos, start, end, topic, head, flt)
     return pos, splice_frames(buf, pos, start, end, topic, head)
-
-
-class Cursor:
-    __slots__ = (
-        "completed_sent",
-        "conflater",
-        "durable_only",
-        "end",
-        "lagging",
-        "last_bm",
-        "skip",
-        "skip_until",
-        "start",
-        "sub",
-        "tail_only",
-    )
-
-    def __init__(
-        self, sub: Subscription, start: int, end: End | None, lagging: bool = False
-    ) -> None:
-        self.sub = sub
-        self.start = start
-        self.end = end
-        # a bookmark list's publishers: their messages at or below these sequences are not
-        # delivered, below skip_until (server/replay_plan.py; set by the engine)
-        self.skip: dict[int, int] | None = None
-        self.skip_until = 0
-        o = sub.opts
-        self.conflater = Conflater(o.conflation, o.conflation_key) if o.conflation else None
-        # a live subscription that lags reads the journal unasked: no `completed` when it rejoins
-        self.lagging = lagging
-        self.completed_sent = lagging
-        self.last_bm: tuple[int, int] | None = None
-        # ranges and conflation never hand over to the live path: they keep reading the journal
-        self.tail_only = end is not None or self.conflater is not None
-        # fully_durable under sync replication (set by the Replay): reads only below the
-        # durable end, never joins the live stream
-        self.durable_only = False
 
 
 class Replay:
