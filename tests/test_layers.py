@@ -115,3 +115,18 @@ def test_the_architecture_page_draws_these_layers():
     uses = {pkg: {d.strip() for d in deps.split(",")} - {"—"} for _, pkg, deps in rows}
     actual = fold(graph(), 1)
     assert uses == {pkg: actual[pkg] for pkg in LAYERS}
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_of_the_product_is_over_600_lines():
+    """Small modules with names that explain themselves: a module past this is split by its
+    objects (a collaborator with a narrow door), not cut in two files of one object."""
+    big = {
+        str(p.relative_to(ROOT)): n
+        for pkg in ("protocol", "journal", "config", "server", "client")
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert big == {}, f"modules over {MAX_MODULE_LINES} lines: {big}"
