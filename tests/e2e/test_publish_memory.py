@@ -74,7 +74,7 @@ def test_a_burst_from_one_connection_is_bounded_in_memory(tmp_path):
         )
         # generous: a few copies of the bound (decoded, batched, handed to the writer) and the
         # allocator's slack; before the bound it grew by 60-100 MB
-        assert grown < 8 * limit, f"RssAnon grew by {grown / 1e6:.0f} MB"
+        assert grown < 12 * limit, f"RssAnon grew by {grown / 1e6:.0f} MB"
         # every message is stored: a replay from the start finds all of them
         r = Raw(srv.port, timeout=60)
         r.logon("reader")
