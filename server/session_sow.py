@@ -202,6 +202,18 @@ class SowCommands:
 
     # -- sow ------------------------------------------------------------------------------------------
 
+    def _query_point(self, h: Header) -> tuple[bool, Any]:
+        """(False, None) after refusing a bad `bm`; else (True, the point of the journal the
+        answer is taken at: None for the current state, without `bm` or with NOW)."""
+        if not h.bm:
+            return True, None
+        try:
+            point = parse_bookmark(h.bm)
+        except InvalidBookmark as exc:
+            self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+            return False, None
+        return True, None if isinstance(point, Now) else point
+
     def cmd_sow(self, h: Header, body: bytes) -> None:
         sow = self._sow_manager(h)
         if sow is None:
@@ -211,15 +223,9 @@ class SowCommands:
         except InvalidOptions as exc:
             self.fail(h, Failure.INVALID_OPTIONS, str(exc))
             return
-        point = None
-        if h.bm:
-            try:
-                point = parse_bookmark(h.bm)
-            except InvalidBookmark as exc:
-                self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
-                return
-            if isinstance(point, Now):
-                point = None  # NOW: the current state
+        ok, point = self._query_point(h)
+        if not ok:
+            return
         got = self._query_plan(
             h,
             sow,
@@ -284,15 +290,9 @@ class SowCommands:
                 f"options {', '.join(refused)} are not served on sow_and_subscribe",
             )
             return
-        point = None
-        if h.bm:
-            try:
-                point = parse_bookmark(h.bm)
-            except InvalidBookmark as exc:
-                self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
-                return
-            if isinstance(point, Now):
-                point = None  # NOW: the current state, then live
+        ok, point = self._query_point(h)
+        if not ok:
+            return
         sub_id = h.sub_id
         if sub_id is None:
             self._sub_counter += 1
