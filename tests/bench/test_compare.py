@@ -1,0 +1,143 @@
+"""bench/compare.py: the figures read back from a benchmark's printed tables, their medians and
+the after ÷ before table (pure); and one tiny real run of bench_publish on both sides (slow)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.join(ROOT, "bench"))  # last: its module names shadow nothing
+
+import compare  # noqa: E402
+
+PRINTED = """\
+## Queue consume-and-ack, one consumer (bench_queue)
+
+- date: 2026-11-27
+
+Backlog 1:
+
+| peer | msgs/s | srv CPU µs/msg | msgs/ack write |
+|---|---:|---:|---:|
+| tickertape | 12,345 (11,000–13,000) | 4.50 | — |
+| jetstream (push) | 9,000 | 12.25 | 1.0 |
+
+| tickertape ÷ peer | msgs/s (higher is better) |
+|---|---:|
+| jetstream (push) | 1.37× |
+
+Backlog 10:
+
+| peer | msgs/s | srv CPU µs/msg | msgs/ack write |
+|---|---:|---:|---:|
+| tickertape | 40,000 | 2.00 | 9.5 |
+"""
+
+
+def test_number_reads_the_leading_figure_of_a_cell():
+    assert compare.number("12,345 (11,000–13,000)") == 12345.0
+    assert compare.number("4.50") == 4.5
+    assert compare.number("-0.25") == -0.25
+    assert compare.number("—") is None
+    assert compare.number("yes") is None
+
+
+def test_figures_reads_every_peer_table_named_by_its_caption():
+    figs = compare.figures(PRINTED)
+    assert figs[("Backlog 1:", "tickertape", "msgs/s")] == 12345.0
+    assert figs[("Backlog 1:", "jetstream (push)", "srv CPU µs/msg")] == 12.25
+    assert figs[("Backlog 1:", "tickertape", "msgs/ack write")] is None
+    assert figs[("Backlog 10:", "tickertape", "msgs/ack write")] == 9.5
+    # the ratio table is not a figure table
+    assert not [k for k in figs if k[2].startswith("msgs/s (")]
+    assert len(figs) == 9
+
+
+def test_figures_numbers_tables_that_share_a_caption():
+    two = "Rows:\n\n| peer | a |\n|---|---:|\n| x | 1 |\n\n| peer | a |\n|---|---:|\n| x | 2 |\n"
+    assert compare.figures(two) == {("Rows:", "x", "a"): 1.0, ("Rows: #2", "x", "a"): 2.0}
+
+
+def test_compare_table_takes_medians_and_marks_what_got_worse():
+    k_rate = ("", "tickertape", "msgs/s")
+    k_cpu = ("", "tickertape", "srv CPU µs/msg")
+    k_rss = ("", "tickertape", "peak RSS MiB")
+    runs = {
+        "publish": {
+            "before": [
+                {k_rate: 100.0, k_cpu: 10.0, k_rss: 50.0},
+                {k_rate: 300.0, k_cpu: 10.0, k_rss: 50.0},
+                {k_rate: 200.0, k_cpu: 10.0, k_rss: 50.0},
+            ],
+            "after": [
+                {k_rate: 180.0, k_cpu: 9.0, k_rss: 60.0},
+                {k_rate: 1000.0, k_cpu: 9.0, k_rss: None},
+                {k_rate: 185.0, k_cpu: 9.0, k_rss: 60.0},
+            ],
+        }
+    }
+    better = {"publish": {"msgs/s": "higher", "srv CPU µs/msg": "lower", "peak RSS MiB": "lower"}}
+    rows = {
+        line.split("|")[4].strip(): line
+        for line in compare.compare_table(runs, better).splitlines()[2:]
+    }
+    # medians 200 -> 185: 0.93x, below 0.95 with higher better
+    assert "| 200 | 185 | 0.93× | **worse** |" in rows["msgs/s"]
+    # lower is better: 10 -> 9 is better, not marked
+    assert "| 10.00 | 9.00 | 0.90× |  |" in rows["srv CPU µs/msg"]
+    # the missing figure of rep 2 is left out of the median, not counted as zero
+    assert "| 50.00 | 60.00 | 1.20× | **worse** |" in rows["peak RSS MiB"]
+
+
+def test_verdict_within_tolerance_and_without_a_direction():
+    assert compare.verdict(100.0, 96.0, "higher") == ""
+    assert compare.verdict(100.0, 94.0, "higher") == "**worse**"
+    assert compare.verdict(100.0, 104.0, "lower") == ""
+    assert compare.verdict(100.0, 110.0, "lower") == "**worse**"
+    assert compare.verdict(100.0, 10.0, None) == ""
+    assert compare.verdict(None, 10.0, "higher") == ""
+
+
+def test_better_by_title_reads_the_benchmarks_metrics():
+    b = compare.better_by_title("publish")
+    assert b["msgs/s"] == "higher"
+    assert b["srv CPU µs/msg"] == "lower"
+
+
+@pytest.mark.slow
+def test_compare_runs_publish_on_both_sides(tmp_path):
+    """One real comparison with tiny counts, this checkout on both sides (--before-tree: no
+    worktree, no second install), one run a side: both must print their figures."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "compare.py"),
+            "--before",
+            "HEAD",
+            "--benches",
+            "publish",
+            "--reps",
+            "1",
+            "--arg",
+            "publish=--count 2000 --per-send 0",
+            "--before-tree",
+            ROOT,
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    row = [
+        line
+        for line in r.stdout.splitlines()
+        if line.startswith("| publish |") and "| msgs/s |" in line
+    ]
+    assert row, r.stdout[-2000:]
+    assert "—" not in row[0].split("|")[5:7], row[0]
