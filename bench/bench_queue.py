@@ -36,6 +36,7 @@ import benchlib
 import consumers
 import loadgen
 import peers
+import queue_consumers
 from benchlib import Metric, Variant
 
 QUEUE = "benchq"
@@ -72,7 +73,7 @@ def one_rep(args, peer, v, rep) -> dict:
     tag = f"q{rep}b{backlog}"
     if peer.kind == "tickertape":
         consumers.preload(peer, TT_TOPIC, n, args.size, args.load_window, args.timeout, tag)
-        factory = lambda: consumers.TtQueue(f"bench-q-{tag}", QUEUE, backlog)
+        factory = lambda: queue_consumers.TtQueue(f"bench-q-{tag}", QUEUE, backlog)
     elif peer.kind == "nats":
         peer.create_stream(NATS_STREAM, ["wq.>"], retention="workqueue")
         consumers.preload(peer, NATS_SUBJECT, n, args.size, args.load_window, args.timeout, tag)
@@ -88,11 +89,11 @@ def one_rep(args, peer, v, rep) -> dict:
                     "max_waiting": 16,
                 },
             )
-            factory = lambda: consumers.NatsQueuePull(
+            factory = lambda: queue_consumers.NatsQueuePull(
                 NATS_STREAM, "work", NATS_SUBJECT, backlog, tag
             )
         else:
-            factory = lambda: consumers.NatsQueuePush(
+            factory = lambda: queue_consumers.NatsQueuePush(
                 NATS_STREAM, "work", NATS_SUBJECT, backlog, tag
             )
     else:
@@ -102,7 +103,7 @@ def one_rep(args, peer, v, rep) -> dict:
         )
         if r != b"+OK":
             raise RuntimeError(f"XGROUP CREATE: {r!r}")
-        factory = lambda: consumers.RedisQueue(REDIS_KEY, REDIS_GROUP, backlog)
+        factory = lambda: queue_consumers.RedisQueue(REDIS_KEY, REDIS_GROUP, backlog)
     benchlib.settle(0.3)
     cpu0 = peer.cpu_seconds()
     ccpu = loadgen._Cpu()
