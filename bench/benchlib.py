@@ -169,7 +169,17 @@ def summary(m: dict) -> str:
     return " ".join(parts)
 
 
-def medians(results: list[dict], metrics: list[Metric]) -> dict:
+def medians(results: list[dict], metrics: list[Metric] | None = None) -> dict:
+    """Median of each metric over the repetitions (without metrics: of every numeric figure);
+    with Metric.spread also its range, under key + "~"."""
+    if metrics is None:
+        keys = {
+            k
+            for r in results
+            for k, v in r.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        metrics = [Metric(k, k) for k in sorted(keys)]
     out = {}
     for m in metrics:
         vals = [r[m.key] for r in results if r.get(m.key) is not None]
