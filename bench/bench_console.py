@@ -19,14 +19,10 @@ open (page open ÷ no page ≥ 0.98).
 
 from __future__ import annotations
 
-import argparse
-import os
 import socket
-import sys
 import threading
 
 import benchlib
-import loadgen
 import peers
 from benchlib import Metric, Variant
 
@@ -75,59 +71,22 @@ def variants(admin_port: int) -> list[Variant]:
 
 
 def one_rep(args, admin_port: int, peer, v, rep) -> dict:
-    st = {}
     fan = v.opts["kind"] == "fan-out"
     n = args.fan_count if fan else args.count
     pages = [Page(admin_port) for _ in range(args.pages)] if v.opts["page"] else []
-
-    def on_start():
-        st["cpu0"] = peer.cpu_seconds()
-
     try:
-        r = loadgen.run_sync(
-            "tickertape",
-            peer.host,
-            peer.port,
-            n=n,
-            pub_dest=TOPIC,
-            sub_dests=[TOPIC] * args.subs if fan else [],
-            body_size=args.size,
-            window=args.window,
-            timeout=args.timeout,
-            tag=f"c{rep}",
-            on_start=on_start,
-        )
-        cpu = peer.cpu_seconds() - st["cpu0"]
+        out, problem = benchlib.publish_or_fanout(args, peer, TOPIC, n, fan, f"c{rep}")
     finally:
         for p in pages:
             p.close()
-    got = r["received"] if fan else r["acked"]
-    seconds = r["seconds"] if fan else r["pub_seconds"]
-    out = {
-        "rate": got / seconds if seconds else None,
-        "cpu_us": cpu / (got or 1) * 1e6,
-        "events": sum(p.events for p in pages),
-    }
-    want = n * args.subs if fan else n
-    problem = []
-    if r["timed_out"]:
-        problem.append(f"timed out after {args.timeout}s: {got}/{want}")
-    if r["errors"] or r["pub_errors"]:
-        problem.append(f"errors: {r['errors'][:2]} pub errors {r['pub_errors']}")
-    if got != want:
-        problem.append(f"got {got} of {want}")
+    out["events"] = sum(p.events for p in pages)
     if pages and out["events"] < len(pages):
         problem.append("a page read no event")
-    if problem:
-        out["problem"] = "; ".join(problem)
-        out["valid"] = False
-    return out
+    return benchlib.judged(out, problem)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=2_000_000, help="messages per publish repetition")
     p.add_argument("--fan-count", type=int, default=500_000, help="messages per fan-out repetition")
     p.add_argument("--subs", type=int, default=4, help="fan-out subscribers")
@@ -136,20 +95,16 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.count, args.fan_count, args.reps = 300_000, 100_000, 1
-    ok, why = peers.available("tickertape")
-    if not ok:
-        raise SystemExit(f"tickertape is not available: {why}")
+    benchlib.tickertape_only()
     admin_port = peers.free_port()
     vs = variants(admin_port)
     print(
         f"console: publish {args.count} msgs, fan-out {args.fan_count} msgs x {args.subs} subs, "
         f"{args.pages} page(s) open, {args.reps} reps (interleaved)"
     )
-    by_label = benchlib.run_interleaved(
-        vs, args.reps, lambda peer, v, rep: one_rep(args, admin_port, peer, v, rep)
+    rows, problems = benchlib.run_rows(
+        vs, args.reps, lambda peer, v, rep: one_rep(args, admin_port, peer, v, rep), METRICS
     )
-    rows = [(v.label, benchlib.medians(by_label[v.label][0], METRICS)) for v in vs]
-    problems = {label: probs for label, (_r, probs) in by_label.items() if probs}
     rate = {label: med.get("rate") for label, med in rows}
 
     def ratio(a: str, b: str) -> float | None:
@@ -185,24 +140,18 @@ def main() -> None:
             "before the load starts; a browser would also draw, on its own CPU"
         ),
     ]
-    extra = [f"{label} {p}" for label, ps in problems.items() for p in ps]
-    text = (
-        benchlib.header_block(
-            "Console: the cost of an open page (bench_console)",
-            ["bench_console", *sys.argv[1:]],
-            notes,
-        )
-        + "\n\n"
-        + benchlib.table(rows, METRICS)[0]
-        + "\n\n"
-        + targets
-        + "\n"
-        + ("\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else "")
+    benchlib.report(
+        "bench_console",
+        "Console: the cost of an open page (bench_console)",
+        rows,
+        METRICS,
+        [],
+        problems,
+        notes,
+        args.no_results,
+        targets,
+        ratios=False,
     )
-    print("\n" + text)
-    if not args.no_results:
-        benchlib.update_results("bench_console", text)
-        print(f"(section `bench_console` updated in {os.path.relpath(benchlib.RESULTS)})")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ Per peer (median of repetitions, fresh server each; rep 1 of every peer, then re
 
 from __future__ import annotations
 
-import argparse
-
 import benchlib
 import loadgen
 from benchlib import Metric
@@ -85,26 +83,11 @@ def one_rep(args, peer, v, rep) -> dict:
         "client_pct": r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None,
         "received": r["received"],
     }
-    problem = []
-    if r["timed_out"]:
-        problem.append(
-            f"timed out after {args.timeout}s: {r['received']}/{want} delivered, "
-            f"{r['acked']}/{args.count} acked"
-        )
-    if r["errors"] or r["pub_errors"]:
-        problem.append(f"errors: {r['errors'][:2]}")
-    if r["received"] != want:
-        problem.append(f"received {r['received']} of {want}")
-    if problem:
-        out["problem"] = "; ".join(problem)
-        out["valid"] = False
-    return out
+    return benchlib.judged(out, benchlib.load_problems(r, args.timeout, r["received"], want))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=50_000, help="messages published per repetition")
     p.add_argument("--subs", type=int, default=10, help="subscribers")
     benchlib.common_args(p)
@@ -112,9 +95,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.count, args.reps = min(args.count, 5_000), 1
-    names, skipped = benchlib.select_peers(args.peers)
-    for s in skipped:
-        print(f"SKIPPED {s}")
+    names, skipped = benchlib.peers_to_run(args.peers)
     variants = benchlib.variants_for(names, args.nats_sub)
     print(
         f"fan-out: {args.count} msgs x {args.subs} subscribers, {args.reps} reps, peers: "
@@ -122,11 +103,9 @@ def main() -> None:
     )
     # repetition-major (rep 1 of every peer, then rep 2, ...): a rep takes well under a second,
     # so a noisy spell on a shared machine would otherwise land on one peer's reps alone
-    got = benchlib.run_interleaved(
-        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
+    rows, problems = benchlib.run_rows(
+        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
     )
-    rows = [(v.label, benchlib.medians(got[v.label][0], METRICS)) for v in variants]
-    problems = {label: ps for label, (_, ps) in got.items() if ps}
     notes = [
         (
             f"1 publisher ({args.count} messages of {args.size} B, persisted acks, window "

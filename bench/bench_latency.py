@@ -21,7 +21,6 @@ server CPU % at that rate.
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import benchlib
@@ -47,6 +46,18 @@ def pct(sorted_vals, q: float) -> float:
     return sorted_vals[i] / 1e3
 
 
+def figures(r: dict, lat_ns, cpu: float) -> dict:
+    """Percentiles (µs) of the latencies, the achieved rate and the CPU shares of one run."""
+    lat = sorted(lat_ns)
+    out = {"samples": len(lat)}
+    if lat:
+        out.update(p50=pct(lat, 0.50), p99=pct(lat, 0.99), p999=pct(lat, 0.999), max=lat[-1] / 1e3)
+    out["rate"] = r["acked"] / r["pub_seconds"] if r["pub_seconds"] else None
+    out["cpu_pct"] = cpu / r["seconds"] * 100 if r["seconds"] else None
+    out["client_pct"] = r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None
+    return out
+
+
 def roundtrip_rep(args, peer, v, rep) -> dict:
     """--roundtrip: one message in flight; latency = send -> the ack that covers it."""
     proto = peer.kind
@@ -69,18 +80,8 @@ def roundtrip_rep(args, peer, v, rep) -> dict:
         on_start=on_start,
         ack_latency=True,
     )
-    cpu = peer.cpu_seconds() - st["cpu0"]
-    lat = sorted(r.get("ack_latency_ns", [])[args.skip :])
-    out = {"samples": len(lat)}
-    if lat:
-        out.update(p50=pct(lat, 0.50), p99=pct(lat, 0.99), p999=pct(lat, 0.999), max=lat[-1] / 1e3)
-    out["rate"] = r["acked"] / r["pub_seconds"] if r["pub_seconds"] else None
-    out["cpu_pct"] = cpu / r["seconds"] * 100 if r["seconds"] else None
-    out["client_pct"] = r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None
-    if r["timed_out"] or r["errors"] or r["acked"] != n:
-        out["problem"] = f"acked {r['acked']} of {n}; errors {r['errors'][:2]}"
-        out["valid"] = False
-    return out
+    out = figures(r, r.get("ack_latency_ns", [])[args.skip :], peer.cpu_seconds() - st["cpu0"])
+    return benchlib.judged(out, benchlib.load_problems(r, args.timeout or 120, r["acked"], n))
 
 
 def one_rep(args, peer, v, rep) -> dict:
@@ -114,34 +115,17 @@ def one_rep(args, peer, v, rep) -> dict:
         on_start=on_start,
         redis_count=1000,
     )
-    cpu = peer.cpu_seconds() - st["cpu0"]
-    lat = sorted(r["latency_ns"])
-    out = {"samples": len(lat)}
-    if lat:
-        out.update(p50=pct(lat, 0.50), p99=pct(lat, 0.99), p999=pct(lat, 0.999), max=lat[-1] / 1e3)
-    out["rate"] = r["acked"] / r["pub_seconds"] if r["pub_seconds"] else None
-    out["cpu_pct"] = cpu / r["seconds"] * 100 if r["seconds"] else None
-    out["client_pct"] = r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None
-    problem = []
-    if r["timed_out"]:
-        problem.append(f"timed out: {r['received']}/{n} delivered, {r['acked']}/{n} acked")
-    if r["errors"] or r["pub_errors"]:
-        problem.append(f"errors: {r['errors'][:2]}")
-    if r["received"] != n:
-        problem.append(f"received {r['received']} of {n}")
+    out = figures(r, r["latency_ns"], peer.cpu_seconds() - st["cpu0"])
+    broken = benchlib.load_problems(r, args.timeout or args.seconds + 60, r["received"], n)
+    slow = []
     if out["rate"] and out["rate"] < 0.95 * args.rate:
-        problem.append(f"could not sustain {args.rate:.0f} msg/s (achieved {out['rate']:.0f})")
-    if problem:
-        out["problem"] = "; ".join(problem)
-        # an unsustained rate is a result (latencies show the queueing); a broken run is not
-        out["valid"] = not (r["timed_out"] or r["errors"] or r["received"] != n)
-    return out
+        slow.append(f"could not sustain {args.rate:.0f} msg/s (achieved {out['rate']:.0f})")
+    # an unsustained rate is a result (latencies show the queueing); a broken run is not
+    return benchlib.judged(out, broken + slow, valid=not broken)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--rate", type=float, default=5000.0, help="messages per second, paced")
     p.add_argument("--seconds", type=float, default=10.0, help="publishing time per repetition")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of messages not counted")
@@ -163,16 +147,14 @@ def main() -> None:
     if args.roundtrip:
         roundtrip_main(args)
         return
-    names, skipped = benchlib.select_peers(args.peers)
-    for s in skipped:
-        print(f"SKIPPED {s}")
+    names, skipped = benchlib.peers_to_run(args.peers)
     variants = benchlib.variants_for(names, args.nats_sub)
     print(
         f"latency: {args.rate:.0f} msg/s for {args.seconds}s ({args.warmup}s warm-up), "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    rows, problems = benchlib.run_all(
-        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
+    rows, problems = benchlib.run_rows(
+        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS, False
     )
     notes = [
         (
@@ -200,19 +182,15 @@ def main() -> None:
 
 
 def roundtrip_main(args) -> None:
-    names, skipped = benchlib.select_peers(args.peers)
-    for s in skipped:
-        print(f"SKIPPED {s}")
+    names, skipped = benchlib.peers_to_run(args.peers)
     variants = benchlib.variants_for(names)
     print(
         f"round trip: {args.count} publishes one at a time ({args.skip} not counted), "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    got = benchlib.run_interleaved(
-        variants, args.reps, lambda peer, v, rep: roundtrip_rep(args, peer, v, rep)
+    rows, problems = benchlib.run_rows(
+        variants, args.reps, lambda peer, v, rep: roundtrip_rep(args, peer, v, rep), METRICS
     )
-    rows = [(v.label, benchlib.medians(got[v.label][0], METRICS)) for v in variants]
-    problems = {label: ps for label, (_, ps) in got.items() if ps}
     by = dict(rows)
     tt, rd = (by.get("tickertape") or {}).get("p50"), (by.get("redis-always") or {}).get("p50")
     extra = benchlib.targets_table(

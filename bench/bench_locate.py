@@ -170,9 +170,7 @@ def end_to_end(args, jdir: str, meta: dict, rng: random.Random) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=10_000_000, help="messages in the journal")
     p.add_argument("--pubs", type=int, default=4, help="publishers taking turns")
     p.add_argument("--lookups", type=int, default=2000, help="in-process lookups per kind per rep")

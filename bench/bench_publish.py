@@ -27,7 +27,6 @@ Redis always = fsync'd before the reply; Redis everysec = written, fsync once a 
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import time
@@ -121,25 +120,14 @@ def one_rep(args, peer, v, rep) -> dict:
         "frames_per_send": r["sent"] / r["sends"] if r.get("sends") else None,
         "acked": r["acked"],
     }
-    problem = []
-    if r["timed_out"]:
-        problem.append(f"timed out after {args.timeout}s with {r['acked']}/{args.count} acked")
-    if r["errors"] or r["pub_errors"]:
-        problem.append(f"{r['pub_errors']} failed publishes; {r['errors'][:2]}")
+    problem = benchlib.load_problems(r, args.timeout, r["acked"], args.count)
     if stored is not None and stored != args.count:
         problem.append(f"server holds {stored} messages, expected {args.count}")
-    if r["acked"] != args.count:
-        problem.append(f"acked {r['acked']} of {args.count}")
-    if problem:
-        out["problem"] = "; ".join(problem)
-        out["valid"] = False
-    return out
+    return benchlib.judged(out, problem)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=200_000, help="messages per repetition")
     p.add_argument(
         "--no-verify",
@@ -171,12 +159,10 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.count, args.reps = min(args.count, 20_000), 1
-    names, skipped = benchlib.select_peers(args.peers)
+    names, skipped = benchlib.peers_to_run(args.peers)
     if args.sender == "c" and (why := pubsend.available()):
         print(f"C sender unavailable, Tickertape rows use the Python load generator: {why}")
         args.sender = "python"
-    for s in skipped:
-        print(f"SKIPPED {s}")
     variants = benchlib.variants_for(names)
     if args.per_send:
         k = args.per_send
@@ -189,13 +175,13 @@ def main() -> None:
         f"persisted publish: {args.count} msgs of {args.size} B, window {args.window}, "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    run = lambda peer, v, rep: one_rep(args, peer, v, rep)
-    if args.interleave:
-        got = benchlib.run_interleaved(variants, args.reps, run)
-        rows = [(v.label, benchlib.medians(got[v.label][0], METRICS)) for v in variants]
-        problems = {label: ps for label, (_, ps) in got.items() if ps}
-    else:
-        rows, problems = benchlib.run_all(variants, args.reps, run, METRICS)
+    rows, problems = benchlib.run_rows(
+        variants,
+        args.reps,
+        lambda peer, v, rep: one_rep(args, peer, v, rep),
+        METRICS,
+        interleave=args.interleave,
+    )
     notes = [
         (
             f"{args.count} messages of {args.size} B JSON per repetition, one publisher, "

@@ -28,13 +28,11 @@ fsyncs the AOF (XREADGROUP and XACK are both logged) before replying, redis-ever
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import benchlib
 import consumers
-import loadgen
 import peers
 import queue_consumers
 from benchlib import Metric, Variant
@@ -105,34 +103,12 @@ def one_rep(args, peer, v, rep) -> dict:
             raise RuntimeError(f"XGROUP CREATE: {r!r}")
         factory = lambda: queue_consumers.RedisQueue(REDIS_KEY, REDIS_GROUP, backlog)
     benchlib.settle(0.3)
-    cpu0 = peer.cpu_seconds()
-    ccpu = loadgen._Cpu()
-    conn, timed_out = consumers.consume_sync(factory, peer.host, peer.port, want, args.timeout)
-    client_cpu = ccpu.seconds()
-    cpu = peer.cpu_seconds() - cpu0
-    peak = peer.peak_rss_bytes()
-    secs = (conn.t_last - conn.t_start) / 1e9
-    got = conn.received
+    conn, out, problem = consumers.measured(peer, factory, want, args.timeout)
     writes = getattr(conn, "ack_frames", None) or getattr(conn, "ack_writes", None)
     writes = writes or getattr(conn, "_xacks_sent", 0)
-    out = {
-        "msgs_s": got / secs if secs > 0 else None,
-        "cpu_us": cpu / max(got, 1) * 1e6,
-        "cpu_pct": cpu / secs * 100 if secs > 0 else None,
-        "peak_rss_mib": peak / 2**20,
-        "per_write": got / writes if writes else None,
-        "client_pct": client_cpu / secs * 100 if secs > 0 else None,
-        "received": got,
-        "seconds": secs,
-    }
-    problem = []
-    if timed_out:
-        problem.append(f"timed out after {args.timeout}s with {got}/{want} received")
-    if conn.error:
-        problem.append(conn.error)
-    if got != want:
-        problem.append(f"received {got} of {want}")
-    if not timed_out and not conn.error and peer.kind == "nats":
+    out["per_write"] = out["received"] / writes if writes else None
+    broken = bool(problem)
+    if not broken and peer.kind == "nats":
         # acked messages leave a work-queue stream; acks are applied asynchronously
         left = None
         for _ in range(40):
@@ -142,18 +118,13 @@ def one_rep(args, peer, v, rep) -> dict:
             time.sleep(0.05)
         if left != n - want:
             problem.append(f"stream still holds {left} messages, expected {n - want}")
-    if not timed_out and not conn.error and peer.kind == "redis" and conn.acked_total != want:
+    if not broken and peer.kind == "redis" and conn.acked_total != want:
         problem.append(f"XACK acknowledged {conn.acked_total} of {want}")
-    if problem:
-        out["problem"] = "; ".join(problem)
-        out["valid"] = False
-    return out
+    return benchlib.judged(out, problem)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=100_000, help="messages waiting at the start")
     p.add_argument(
         "--consume", type=int, default=0, help="messages to take and ack (default: all waiting)"
@@ -169,9 +140,7 @@ def main() -> None:
     if args.quick:
         args.count, args.reps = min(args.count, 10_000), 1
     backlogs = [int(x) for x in args.backlogs.split(",") if x.strip()]
-    names, skipped = benchlib.select_peers(args.peers)
-    for s in skipped:
-        print(f"SKIPPED {s}")
+    names, skipped = benchlib.peers_to_run(args.peers)
     kinds = [k.strip() for k in args.nats_consumer.split(",") if k.strip()]
     want = min(args.consume or args.count, args.count)
     print(
@@ -193,16 +162,11 @@ def main() -> None:
                     variants.append(Variant(f"{n} ({k})", n, {"backlog": b, "nats": k}))
             else:
                 variants.append(Variant(n, n, {"backlog": b}))
-        rows = []
         print(f"backlog {b}:", flush=True)
-        runs = benchlib.run_interleaved(
-            variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
+        rows, probs = benchlib.run_rows(
+            variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
         )
-        for v in variants:
-            results, probs = runs[v.label]
-            rows.append((v.label, benchlib.medians(results, METRICS)))
-            if probs:
-                problems_all[f"backlog {b}, {v.label}"] = probs
+        problems_all.update({f"backlog {b}, {label}": ps for label, ps in probs.items()})
         by_backlog[b] = dict(rows)
         figures, ratios = benchlib.table(rows, METRICS)
         sections.append(f"### backlog {b}\n\n{figures}\n\n{ratios}")

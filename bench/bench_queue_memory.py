@@ -112,9 +112,7 @@ def one_rep(args, jdir: str) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=1_000_000, help="messages waiting in the queue")
     p.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
     p.add_argument("--settle", type=float, default=1.0, help="seconds after start before RSS")

@@ -31,7 +31,6 @@ each time; growth = highest sample - VmRSS before the subscribe (target < 50 MB)
 
 from __future__ import annotations
 
-import argparse
 import socket
 import statistics
 import time
@@ -91,40 +90,15 @@ def one_rep(args, peer, v, rep) -> dict:
         factory = lambda: consumers.RedisReplay(REDIS_KEY, args.redis_count)
     benchlib.settle(0.5)
     rss0 = peer.rss_bytes()
-    cpu0 = peer.cpu_seconds()
-    ccpu = loadgen._Cpu()
-    conn, timed_out = consumers.consume_sync(factory, peer.host, peer.port, want, args.timeout)
-    client_cpu = ccpu.seconds()
-    cpu = peer.cpu_seconds() - cpu0
-    peak = peer.peak_rss_bytes()
-    secs = (conn.t_last - conn.t_start) / 1e9
-    got = conn.received
-    out = {
-        "msgs_s": got / secs if secs > 0 else None,
-        "scan_s": n / secs if secs > 0 else None,
-        "cpu_us": cpu / max(got, 1) * 1e6,
-        "cpu_pct": cpu / secs * 100 if secs > 0 else None,
-        "rss0_mib": rss0 / 2**20,
-        "peak_rss_mib": peak / 2**20,
-        "client_pct": client_cpu / secs * 100 if secs > 0 else None,
-        "received": got,
-        "seconds": secs,
-    }
+    conn, out, problems = consumers.measured(peer, factory, want, args.timeout)
+    secs = out["seconds"]
+    out["scan_s"] = n / secs if secs > 0 else None
+    out["rss0_mib"] = rss0 / 2**20
     if load_s is not None:
         out["load_s"] = load_s
     if getattr(conn, "fc_replies", None) is not None:
         out["fc_replies"] = conn.fc_replies
-    problem = []
-    if timed_out:
-        problem.append(f"timed out after {args.timeout}s with {got}/{want} received")
-    if conn.error:
-        problem.append(conn.error)
-    if got != want:
-        problem.append(f"received {got} of {want}")
-    if problem:
-        out["problem"] = "; ".join(problem)
-        out["valid"] = False
-    return out
+    return benchlib.judged(out, problems)
 
 
 def slow_reader(args, jdir: str) -> dict:
@@ -167,9 +141,7 @@ def slow_reader(args, jdir: str) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=1_000_000, help="messages stored and replayed")
     p.add_argument("--redis-count", type=int, default=1000, help="XREAD COUNT")
     p.add_argument(
@@ -185,15 +157,13 @@ def main() -> None:
             1,
             min(args.slow_seconds, 3.0),
         )
-    names, skipped = benchlib.select_peers(args.peers)
-    if "jetstream-sync" in names:
-        names.remove("jetstream-sync")
-        skipped.append(
-            "jetstream-sync: loading it takes an fsync per message (~6k msgs/s); its replay "
+    names, skipped = benchlib.peers_to_run(
+        args.peers,
+        drop={
+            "jetstream-sync": "loading it takes an fsync per message (~6k msgs/s); its replay "
             "reads the same store as jetstream"
-        )
-    for s in skipped:
-        print(f"SKIPPED {s}")
+        },
+    )
     jdir = None
     variants = []
     for n in names:
@@ -212,15 +182,9 @@ def main() -> None:
         f"replay: {args.count} stored msgs of {args.size} B from the start, {args.reps} reps, "
         f"peers: {', '.join(v.label for v in variants)}"
     )
-    rows, problems = [], {}
-    runs = benchlib.run_interleaved(
-        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep)
+    rows, problems = benchlib.run_rows(
+        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
     )
-    for v in variants:
-        results, probs = runs[v.label]
-        rows.append((v.label, benchlib.medians(results, METRICS)))
-        if probs:
-            problems[v.label] = probs
     slow = []
     if jdir and args.slow_seconds > 0:
         for r in range(args.reps):

@@ -297,9 +297,7 @@ def fmt_us(v: float | None) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=100_000, help="throughput publishes per rep")
     p.add_argument("--rate", type=float, default=5000.0, help="paced latency run, msg/s")
     p.add_argument("--seconds", type=float, default=10.0, help="paced run length")

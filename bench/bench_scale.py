@@ -404,9 +404,7 @@ def _median_runs(peer_name: str, reps: int, fn) -> tuple[dict, list[str]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=20_000, help="messages per curve point")
     p.add_argument("--subs", default="1,100,1000,10000")
     p.add_argument("--topics", default="1,1000")

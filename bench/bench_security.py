@@ -22,14 +22,11 @@ rules within run-to-run noise of none (here: at least 95 % of the anonymous row)
 
 from __future__ import annotations
 
-import argparse
 import os
 import ssl
 import subprocess
-import sys
 
 import benchlib
-import loadgen
 import peers
 from benchlib import Metric, Variant
 
@@ -105,53 +102,14 @@ def variants(args) -> list[Variant]:
 
 
 def one_rep(args, client_tls: ssl.SSLContext, peer, v, rep) -> dict:
-    st = {}
     fan = v.opts["kind"] == "fanout"
     n = args.fan_count if fan else args.count
-
-    def on_start():
-        st["cpu0"] = peer.cpu_seconds()
-
-    r = loadgen.run_sync(
-        "tickertape",
-        peer.host,
-        peer.port,
-        n=n,
-        pub_dest=TOPIC,
-        sub_dests=[TOPIC] * args.subs if fan else [],
-        body_size=args.size,
-        window=args.window,
-        timeout=args.timeout,
-        tag=f"s{rep}",
-        on_start=on_start,
-        ssl=client_tls if v.opts.get("tls") else None,
-    )
-    cpu = peer.cpu_seconds() - st["cpu0"]
-    got = r["received"] if fan else r["acked"]
-    seconds = r["seconds"] if fan else r["pub_seconds"]
-    out = {
-        "rate": got / seconds if seconds else None,
-        "cpu_us": cpu / (got or 1) * 1e6,
-        "client_pct": r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None,
-    }
-    want = n * args.subs if fan else n
-    problem = []
-    if r["timed_out"]:
-        problem.append(f"timed out after {args.timeout}s: {got}/{want}")
-    if r["errors"] or r["pub_errors"]:
-        problem.append(f"errors: {r['errors'][:2]} pub errors {r['pub_errors']}")
-    if got != want:
-        problem.append(f"got {got} of {want}")
-    if problem:
-        out["problem"] = "; ".join(problem)
-        out["valid"] = False
-    return out
+    tls = client_tls if v.opts.get("tls") else None
+    return benchlib.judged(*benchlib.publish_or_fanout(args, peer, TOPIC, n, fan, f"s{rep}", tls))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=50_000, help="messages per publish repetition")
     p.add_argument("--fan-count", type=int, default=20_000, help="messages per fan-out repetition")
     p.add_argument("--subs", type=int, default=4, help="fan-out subscribers")
@@ -160,9 +118,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.count, args.fan_count, args.reps = 5_000, 2_000, 1
-    ok, why = peers.available("tickertape")
-    if not ok:
-        raise SystemExit(f"tickertape is not available: {why}")
+    benchlib.tickertape_only()
     ca, _cert, _key = certificates()
     client_tls = ssl.create_default_context(cafile=ca)
     vs = variants(args)
@@ -170,11 +126,9 @@ def main() -> None:
         f"security: publish {args.count} msgs, fan-out {args.fan_count} msgs x {args.subs} subs, "
         f"{args.rules} rules, {args.reps} reps (interleaved)"
     )
-    by_label = benchlib.run_interleaved(
-        vs, args.reps, lambda peer, v, rep: one_rep(args, client_tls, peer, v, rep)
+    rows, problems = benchlib.run_rows(
+        vs, args.reps, lambda peer, v, rep: one_rep(args, client_tls, peer, v, rep), METRICS
     )
-    rows = [(v.label, benchlib.medians(by_label[v.label][0], METRICS)) for v in vs]
-    problems = {label: probs for label, (_r, probs) in by_label.items() if probs}
     rate = {label: med.get("rate") for label, med in rows}
 
     def ratio(a: str, b: str) -> float | None:
@@ -209,24 +163,18 @@ def main() -> None:
             "authentication and no <Entitlement>"
         ),
     ]
-    extra = [f"{label} {p}" for label, ps in problems.items() for p in ps]
-    text = (
-        benchlib.header_block(
-            "Security: TLS and entitlements (bench_security)",
-            ["bench_security", *sys.argv[1:]],
-            notes,
-        )
-        + "\n\n"
-        + benchlib.table(rows, METRICS)[0]  # rows of one server: no peer ratios
-        + "\n\n"
-        + targets
-        + "\n"
-        + ("\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else "")
+    benchlib.report(
+        "bench_security",
+        "Security: TLS and entitlements (bench_security)",
+        rows,
+        METRICS,
+        [],
+        problems,
+        notes,
+        args.no_results,
+        targets,
+        ratios=False,
     )
-    print("\n" + text)
-    if not args.no_results:
-        benchlib.update_results("bench_security", text)
-        print(f"(section `bench_security` updated in {os.path.relpath(benchlib.RESULTS)})")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,14 @@ class Metric:
     spread: bool = False  # also show the repetitions' range: "median (min–max)"
 
 
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's option parser: the first paragraph of its docstring says what it runs."""
+    return argparse.ArgumentParser(
+        description=(doc or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peers",
@@ -86,6 +94,26 @@ def select_peers(arg: str) -> tuple[list[str], list[str]]:
         else:
             skipped.append(f"{n}: {why}")
     return run, skipped
+
+
+def peers_to_run(arg: str, drop: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """select_peers, less the peers in drop (name -> why this benchmark skips it), with every
+    skipped peer printed."""
+    names, skipped = select_peers(arg)
+    for n, why in (drop or {}).items():
+        if n in names:
+            names.remove(n)
+            skipped.append(f"{n}: {why}")
+    for s in skipped:
+        print(f"SKIPPED {s}")
+    return names, skipped
+
+
+def tickertape_only() -> None:
+    """For the benchmarks of Tickertape alone: stop with the reason when it cannot run."""
+    ok, why = peers.available("tickertape")
+    if not ok:
+        raise SystemExit(f"tickertape is not available: {why}")
 
 
 def variants_for(names: list[str], nats_sub: str | None = None) -> list[Variant]:
@@ -149,15 +177,71 @@ def run_interleaved(
     return out
 
 
-def run_all(variants: list[Variant], reps: int, one_rep, metrics: list[Metric]):
-    """Run every variant (variant-major) and return (rows of (label, medians), problems by label)."""
-    rows, problems = [], {}
-    for v in variants:
-        results, probs = run_variant(v, reps, one_rep)
-        rows.append((v.label, medians(results, metrics)))
-        if probs:
-            problems[v.label] = probs
-    return rows, problems
+def run_rows(
+    variants: list[Variant], reps: int, one_rep, metrics: list[Metric], interleave: bool = True
+) -> tuple[list[tuple[str, dict]], dict[str, list[str]]]:
+    """Every variant `reps` times (interleaved, or variant-major) -> (rows of (label, medians),
+    problems by label)."""
+    if interleave:
+        runs = run_interleaved(variants, reps, one_rep)
+    else:
+        runs = {v.label: run_variant(v, reps, one_rep) for v in variants}
+    rows = [(v.label, medians(runs[v.label][0], metrics)) for v in variants]
+    return rows, {label: ps for label, (_, ps) in runs.items() if ps}
+
+
+def load_problems(r: dict, timeout: float, got: int, want: int) -> list[str]:
+    """What went wrong in a loadgen run (r from loadgen.run): a time-out, errors, a count short
+    (got of want: acked or delivered, as the benchmark counts)."""
+    problem = []
+    if r["timed_out"]:
+        problem.append(f"timed out after {timeout}s: {got}/{want}, {r['acked']} acked")
+    if r["errors"] or r["pub_errors"]:
+        problem.append(f"errors: {r['errors'][:2]}, {r['pub_errors']} failed publishes")
+    if got != want:
+        problem.append(f"got {got} of {want}")
+    return problem
+
+
+def publish_or_fanout(
+    args, peer, topic: str, n: int, fan: bool, tag: str, ssl=None
+) -> tuple[dict, list[str]]:
+    """One Tickertape run of n persisted publishes on topic (to args.subs subscribers when fan)
+    -> (figures, problems): rate = acked msgs/s, or deliveries/s when fan; server CPU µs per
+    message (per delivery when fan); client CPU %."""
+    st = {}
+    r = loadgen.run_sync(
+        "tickertape",
+        peer.host,
+        peer.port,
+        n=n,
+        pub_dest=topic,
+        sub_dests=[topic] * args.subs if fan else [],
+        body_size=args.size,
+        window=args.window,
+        timeout=args.timeout,
+        tag=tag,
+        on_start=lambda: st.setdefault("cpu0", peer.cpu_seconds()),
+        ssl=ssl,
+    )
+    cpu = peer.cpu_seconds() - st["cpu0"]
+    got = r["received"] if fan else r["acked"]
+    seconds = r["seconds"] if fan else r["pub_seconds"]
+    out = {
+        "rate": got / seconds if seconds else None,
+        "cpu_us": cpu / (got or 1) * 1e6,
+        "client_pct": r["client_cpu"] / r["seconds"] * 100 if r["seconds"] else None,
+    }
+    return out, load_problems(r, args.timeout, got, n * args.subs if fan else n)
+
+
+def judged(out: dict, problems: list[str], valid: bool | None = None) -> dict:
+    """A repetition's figures with its problems: one with a problem is reported and, unless
+    valid says otherwise, not counted in the medians."""
+    if problems:
+        out["problem"] = "; ".join(problems)
+        out["valid"] = bool(valid)
+    return out
 
 
 def summary(m: dict) -> str:
@@ -329,9 +413,13 @@ def report(
     notes: list[str],
     no_results: bool,
     extra_text: str = "",
+    ratios: bool = True,
 ) -> None:
-    """extra_text: more markdown after the ratio table (e.g. targets_table())."""
-    figures, ratios = table(rows, metrics)
+    """extra_text: more markdown after the ratio table (e.g. targets_table()); ratios=False: no
+    ratio table (rows that are all Tickertape, e.g. with and without a feature)."""
+    figures, ratio_table = table(rows, metrics)
+    if not ratios:
+        ratio_table = ""
     extra = [f"skipped {s}" for s in skipped]
     for label, ps in problems.items():
         extra += [f"{label} {p}" for p in ps]
@@ -339,8 +427,7 @@ def report(
         header_block(title, [name] + sys.argv[1:], notes)
         + "\n\n"
         + figures
-        + "\n\n"
-        + ratios
+        + ("\n\n" + ratio_table if ratio_table else "")
         + "\n"
         + ("\n" + extra_text.rstrip() + "\n" if extra_text else "")
         + ("\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else "")

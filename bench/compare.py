@@ -207,9 +207,7 @@ def run_compare(args, before: str, log) -> dict[str, dict[str, list[dict[Key, fl
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = benchlib.parser(__doc__)
     p.add_argument("--before", required=True, help="the commit to compare against (any git ref)")
     p.add_argument("--benches", default=",".join(BENCH_ARGS), help="comma list of benchmarks")
     p.add_argument("--reps", type=int, default=3, help="runs per side per benchmark (median)")

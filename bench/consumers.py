@@ -338,6 +338,31 @@ def consume_sync(*args, **kw):
         loop.close()
 
 
+def measured(peer, factory, want: int, timeout: float) -> tuple[object, dict, list[str]]:
+    """consume_sync of `want` messages with the server's CPU and peak RSS and this process's
+    CPU around it: (the consumer, the figures every consuming benchmark shows, its problems)."""
+    cpu0, ccpu = peer.cpu_seconds(), loadgen._Cpu()
+    conn, timed_out = consume_sync(factory, peer.host, peer.port, want, timeout)
+    client_cpu, cpu = ccpu.seconds(), peer.cpu_seconds() - cpu0
+    secs = (conn.t_last - conn.t_start) / 1e9
+    got = conn.received
+    out = {
+        "msgs_s": got / secs if secs > 0 else None,
+        "cpu_us": cpu / max(got, 1) * 1e6,
+        "cpu_pct": cpu / secs * 100 if secs > 0 else None,
+        "peak_rss_mib": peer.peak_rss_bytes() / 2**20,
+        "client_pct": client_cpu / secs * 100 if secs > 0 else None,
+        "received": got,
+        "seconds": secs,
+    }
+    problems = [f"timed out after {timeout}s with {got}/{want} received"] if timed_out else []
+    if conn.error:
+        problems.append(conn.error)
+    if got != want:
+        problems.append(f"received {got} of {want}")
+    return conn, out, problems
+
+
 class RedisReplay(loadgen.RedisConn):
     """loadgen's XREAD reader (COUNT c, from 0-0) with the start(expect) of the others."""
 
