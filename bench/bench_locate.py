@@ -22,7 +22,6 @@ The journal is in the page cache (it was just built or read): these are warm loo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -175,13 +174,9 @@ def main() -> None:
     p.add_argument("--pubs", type=int, default=4, help="publishers taking turns")
     p.add_argument("--lookups", type=int, default=2000, help="in-process lookups per kind per rep")
     p.add_argument("--e2e", type=int, default=200, help="end-to-end lookups per kind (one server)")
-    p.add_argument("--reps", type=int, default=3, help="in-process repetitions")
     p.add_argument("--seed", type=int, default=0, help="random seed (0: time-based)")
     p.add_argument("--rebuild", action="store_true", help="build the journal even if cached")
-    p.add_argument("--timeout", type=float, default=120.0, help="server start / e2e time bound")
-    p.add_argument("--size", type=int, default=100, help="body bytes (JSON)")
-    p.add_argument("--no-results", action="store_true", help="print only")
-    p.add_argument("--quick", action="store_true", help="1M messages, fewer lookups, 1 rep")
+    benchlib.run_args(p, quick="1M messages, fewer lookups, 1 repetition")
     args = p.parse_args()
     if args.quick:
         args.count, args.lookups, args.e2e, args.reps = min(args.count, 1_000_000), 500, 50, 1
@@ -293,23 +288,15 @@ def main() -> None:
             "fresh connection each; time from writing the subscribe to reading the first "
             "delivered message (the server locates, reads a block, sends), first message checked"
         )
-    text = (
-        benchlib.header_block(
-            "Locate a bookmark / a timestamp in 10M messages (bench_locate)",
-            ["bench_locate"] + sys.argv[1:],
-            notes,
-        )
-        + "\n\n"
-        + "\n".join(lines)
-        + "\n\nTargets (issue 3):\n\n"
-        + benchlib.targets_table(targets)
-        + "\n"
-        + ("\n" + "\n".join(f"- {x}" for x in problems) + "\n" if problems else "")
+    body = "\n".join(lines) + "\n\nTargets (issue 3):\n\n" + benchlib.targets_table(targets)
+    benchlib.write_section(
+        "bench_locate",
+        "Locate a bookmark / a timestamp in 10M messages (bench_locate)",
+        notes,
+        body,
+        problems,
+        args.no_results,
     )
-    print("\n" + text)
-    if not args.no_results:
-        benchlib.update_results("bench_locate", text)
-        print("(section `bench_locate` updated in bench/RESULTS.md)")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ fsyncs the AOF (XREADGROUP and XACK are both logged) before replying, redis-ever
 
 from __future__ import annotations
 
-import sys
 import time
 
 import benchlib
@@ -227,25 +226,16 @@ def main() -> None:
         ),
     ]
     extra = [f"skipped {s}" for s in skipped]
-    for label, ps in problems_all.items():
-        extra += [f"{label}: {p}" for p in ps]
-    text = (
-        benchlib.header_block(
-            "Queue consume-and-ack, one consumer (bench_queue)",
-            ["bench_queue"] + sys.argv[1:],
-            notes,
-        )
-        + "\n\n"
-        + "\n\n".join(sections)
-        + "\n\nTargets (issue 4):\n\n"
-        + benchlib.targets_table(targets)
-        + "\n"
-        + ("\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else "")
+    extra += [f"{label}: {p}" for label, ps in problems_all.items() for p in ps]
+    body = "\n\n".join(sections) + "\n\nTargets (issue 4):\n\n" + benchlib.targets_table(targets)
+    benchlib.write_section(
+        "bench_queue",
+        "Queue consume-and-ack, one consumer (bench_queue)",
+        notes,
+        body,
+        extra,
+        args.no_results,
     )
-    print("\n" + text)
-    if not args.no_results:
-        benchlib.update_results("bench_queue", text)
-        print("(section `bench_queue` updated in bench/RESULTS.md)")
 
 
 if __name__ == "__main__":

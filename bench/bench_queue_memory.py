@@ -25,10 +25,8 @@ Targets (issue 4): < 200 B per waiting message; rebuild < 5 s with 1M waiting.
 
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
-import sys
 import time
 
 import benchlib
@@ -111,39 +109,25 @@ def one_rep(args, jdir: str) -> dict:
     return out
 
 
+def shown(m: dict) -> str:
+    return (
+        f"RSS no queue {m['rss_noq'] / 2**20:.1f} MiB, queue {m['rss_q'] / 2**20:.1f} MiB -> "
+        f"{m['b_per_msg']:.1f} B/msg (peak {m['b_per_msg_peak']:.1f}); rebuild "
+        f"{m['rebuild_s']:.2f}s, after restart {m['rebuild2_s']:.2f}s ({m['scanned2']} records)"
+    )
+
+
 def main() -> None:
     p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=1_000_000, help="messages waiting in the queue")
-    p.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
     p.add_argument("--settle", type=float, default=1.0, help="seconds after start before RSS")
-    p.add_argument("--timeout", type=float, default=120.0, help="longest server start")
-    p.add_argument("--size", type=int, default=100, help="body bytes (JSON)")
-    p.add_argument("--no-results", action="store_true", help="print only")
-    p.add_argument("--quick", action="store_true", help="100k messages, 1 repetition")
+    benchlib.run_args(p, quick="100k messages, 1 repetition")
     args = p.parse_args()
     if args.quick:
         args.count, args.reps = min(args.count, 100_000), 1
-    ok, why = peers.available("tickertape")
-    if not ok:
-        sys.exit(f"tickertape is not runnable: {why}")
+    benchlib.tickertape_only()
     jdir, _meta = journaldata.cached_journal(args.count, TOPIC, args.size)
-    reps, problems = [], []
-    for r in range(args.reps):
-        try:
-            m = one_rep(args, jdir)
-            reps.append(m)
-            if m.get("problem"):
-                problems.append(f"rep {r + 1}: {m['problem']}")
-            print(
-                f"  rep {r + 1}/{args.reps}: RSS no queue {m['rss_noq'] / 2**20:.1f} MiB, "
-                f"queue {m['rss_q'] / 2**20:.1f} MiB -> {m['b_per_msg']:.1f} B/msg "
-                f"(peak {m['b_per_msg_peak']:.1f}); rebuild {m['rebuild_s']:.2f}s, after "
-                f"restart {m['rebuild2_s']:.2f}s ({m['scanned2']} records)",
-                flush=True,
-            )
-        except Exception as e:
-            problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
-            print(f"  rep {r + 1}/{args.reps}: FAILED {e}", flush=True)
+    reps, problems = benchlib.repeat("", args.reps, lambda _r: one_rep(args, jdir), show=shown)
 
     def med(k):
         v = [m[k] for m in reps if m.get(k) is not None]
@@ -198,23 +182,15 @@ def main() -> None:
         ),
         "rebuild time is the server's own log line `queues: recovery scanned N records in S s`",
     ]
-    text = (
-        benchlib.header_block(
-            "Queue memory and rebuild with 1M waiting (bench_queue_memory)",
-            ["bench_queue_memory"] + sys.argv[1:],
-            notes,
-        )
-        + "\n\n"
-        + "\n".join(lines)
-        + "\n\nTargets (issue 4):\n\n"
-        + benchlib.targets_table(targets)
-        + "\n"
-        + ("\n" + "\n".join(f"- {x}" for x in problems) + "\n" if problems else "")
+    body = "\n".join(lines) + "\n\nTargets (issue 4):\n\n" + benchlib.targets_table(targets)
+    benchlib.write_section(
+        "bench_queue_memory",
+        "Queue memory and rebuild with 1M waiting (bench_queue_memory)",
+        notes,
+        body,
+        problems,
+        args.no_results,
     )
-    print("\n" + text)
-    if not args.no_results:
-        benchlib.update_results("bench_queue_memory", text)
-        print("(section `bench_queue_memory` updated in bench/RESULTS.md)")
 
 
 def _mib(v) -> str:

@@ -187,14 +187,9 @@ def main() -> None:
     )
     slow = []
     if jdir and args.slow_seconds > 0:
-        for r in range(args.reps):
-            try:
-                m = slow_reader(args, jdir)
-                slow.append(m)
-                print(f"  slow reader rep {r + 1}/{args.reps}: " + benchlib.summary(m), flush=True)
-            except Exception as e:
-                problems.setdefault("slow reader", []).append(f"rep {r + 1}: {e}")
-                print(f"  slow reader rep {r + 1}/{args.reps}: FAILED {e}", flush=True)
+        slow, probs = benchlib.repeat("slow reader", args.reps, lambda _r: slow_reader(args, jdir))
+        if probs:
+            problems["slow reader"] = probs
     med = dict(rows)
     tt = med.get("tickertape", {}).get("msgs_s")
     ttf = med.get(f"tickertape (filter {FILTER})", {}).get("msgs_s")

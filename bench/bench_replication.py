@@ -35,7 +35,6 @@ or not).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import math
@@ -302,13 +301,8 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=5000.0, help="paced latency run, msg/s")
     p.add_argument("--seconds", type=float, default=10.0, help="paced run length")
     p.add_argument("--resync", type=int, default=1_000_000, help="messages missed, then resynced")
-    p.add_argument("--size", type=int, default=100, help="JSON body bytes")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--window", type=int, default=1000)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--no-results", action="store_true")
-    p.add_argument("--peers", default="tickertape", help="tickertape and/or tickertape-base")
+    benchlib.common_args(p)
+    p.set_defaults(peers="tickertape")  # tickertape and/or tickertape-base
     args = p.parse_args()
     if args.quick:
         args.count, args.seconds, args.reps, args.resync = 20_000, 3.0, 1, 100_000
@@ -324,14 +318,16 @@ def main() -> None:
     try:
         for rep in range(args.reps):
             for peer, mode in keys:
-                label = label_of(peer, mode)
-                try:
-                    r = one_rep(args, mode, rep, peer)
-                    print(f"rep {rep + 1} {label}: {benchlib.summary(r)}")
-                    results[peer, mode].append(r)
-                except Exception as exc:  # a broken rep is reported, the others still run
-                    problems.setdefault(label, []).append(f"rep {rep + 1}: {exc!r}")
-                    print(f"rep {rep + 1} {label}: FAILED {exc!r}")
+                got, probs = benchlib.repeat(
+                    label_of(peer, mode),
+                    1,
+                    lambda r, p=peer, m=mode: one_rep(args, m, r, p),
+                    first_rep=rep,
+                    of=args.reps,
+                )
+                results[peer, mode] += got
+                if probs:
+                    problems.setdefault(label_of(peer, mode), []).extend(probs)
         resync = None
         try:
             resync = resync_time(args)

@@ -35,7 +35,6 @@ Writes the `bench_scale` section of RESULTS.md and draws bench/scale.png.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import struct
@@ -493,12 +492,9 @@ def main() -> None:
         print(f"  {name:28} memory: {benchlib.summary(med)}", flush=True)
     elapsed = time.time() - t_start
     text = scale_report.report(args, SUB_CONNS, curve, pubs, mem, problems, skipped, elapsed)
-    print("\n" + text)
+    benchlib.emit("bench_scale", text, args.no_results)
     if not args.no_plot:
         scale_report.plot(curve, pubs, mem, args)
-    if not args.no_results:
-        benchlib.update_results("bench_scale", text)
-        print("(section `bench_scale` updated in bench/RESULTS.md)")
 
 
 async def _idle_only_async(peer, args, tag: str) -> dict:

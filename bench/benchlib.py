@@ -52,25 +52,31 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
 
 
 def common_args(p: argparse.ArgumentParser) -> None:
+    """The options of a benchmark that runs peers side by side: run_args, --peers, --window."""
     p.add_argument(
         "--peers",
         default="all",
         help="comma list of peers: " + ",".join(peers.ALL_PEERS) + " (default: all "
         "that are installed; the ones that are not are listed as skipped)",
     )
-    p.add_argument("--reps", type=int, default=3, help="repetitions per peer (median reported)")
+    p.add_argument("--window", type=int, default=1000, help="most unacked messages in flight")
+    run_args(p)
+
+
+def run_args(p: argparse.ArgumentParser, quick: str = "small counts, 1 repetition") -> None:
+    """The options every benchmark takes: --reps, --timeout, --size, --no-results, --quick."""
+    p.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
     p.add_argument(
         "--timeout",
         type=float,
         default=120.0,
         help="seconds one repetition may take before it is cut off",
     )
-    p.add_argument("--window", type=int, default=1000, help="most unacked messages in flight")
     p.add_argument("--size", type=int, default=100, help="body bytes (JSON)")
     p.add_argument(
         "--no-results", action="store_true", help="print only; do not update bench/RESULTS.md"
     )
-    p.add_argument("--quick", action="store_true", help="small counts, 1 repetition")
+    p.add_argument("--quick", action="store_true", help=quick)
 
 
 def nats_sub_arg(p: argparse.ArgumentParser) -> None:
@@ -130,36 +136,51 @@ def variants_for(names: list[str], nats_sub: str | None = None) -> list[Variant]
     return out
 
 
-def run_variant(
-    v: Variant, reps: int, one_rep, first_rep: int = 0, of: int | None = None
+def repeat(
+    label: str, reps: int, fn, first_rep: int = 0, of: int | None = None, show=None
 ) -> tuple[list[dict], list[str]]:
-    """Run one_rep(peer, variant, rep) `reps` times, each on a fresh server.
-
-    first_rep / of: number the repetitions first_rep+1 .. of `of` (run_interleaved)."""
+    """fn(rep) for rep in first_rep .. first_rep+reps-1, each printed (show(figures), default
+    summary) and numbered of `of`: (the figures of the repetitions that count, problems). A
+    repetition that raises, or returns a "problem", is reported, never silently dropped; one
+    with valid=False is left out of the figures."""
     results, problems = [], []
     of = of or reps
     for r in range(first_rep, first_rep + reps):
-        peer = peers.make_peer(v.peer)
-        peer.extra.update(v.opts.get("peer_extra") or {})
         try:
-            peer.start()
-            m = one_rep(peer, v, r)
+            m = fn(r)
             if m.get("problem"):
                 problems.append(f"rep {r + 1}: {m['problem']}")
             if m.get("valid", True):
                 results.append(m)
-            print(f"  {v.label:24} rep {r + 1}/{of}: " + summary(m), flush=True)
+            print(f"  {label:24} rep {r + 1}/{of}: " + (show or summary)(m), flush=True)
         except Exception as e:
             problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
-            print(f"  {v.label:24} rep {r + 1}/{of}: FAILED {type(e).__name__}: {e}", flush=True)
+            print(f"  {label:24} rep {r + 1}/{of}: FAILED {type(e).__name__}: {e}", flush=True)
             if os.environ.get("BENCH_DEBUG"):
                 traceback.print_exc()
+    return results, problems
+
+
+def run_variant(
+    v: Variant, reps: int, one_rep, first_rep: int = 0, of: int | None = None
+) -> tuple[list[dict], list[str]]:
+    """Run one_rep(peer, variant, rep) `reps` times, each on a fresh server (repeat)."""
+
+    def on_fresh_peer(r: int) -> dict:
+        peer = peers.make_peer(v.peer)
+        peer.extra.update(v.opts.get("peer_extra") or {})
+        try:
+            peer.start()
+            return one_rep(peer, v, r)
+        except Exception:
             tail = peer.log_tail(8) if peer.log_path else ""
             if tail:
                 print("    server log tail:\n    " + tail.replace("\n", "\n    "), flush=True)
+            raise
         finally:
             peer.cleanup()
-    return results, problems
+
+    return repeat(v.label, reps, on_fresh_peer, first_rep, of)
 
 
 def run_interleaved(
@@ -420,18 +441,28 @@ def report(
     figures, ratio_table = table(rows, metrics)
     if not ratios:
         ratio_table = ""
+    body = figures + ("\n\n" + ratio_table if ratio_table else "")
+    if extra_text:
+        body += "\n\n" + extra_text.rstrip()
     extra = [f"skipped {s}" for s in skipped]
-    for label, ps in problems.items():
-        extra += [f"{label} {p}" for p in ps]
-    text = (
-        header_block(title, [name] + sys.argv[1:], notes)
-        + "\n\n"
-        + figures
-        + ("\n\n" + ratio_table if ratio_table else "")
-        + "\n"
-        + ("\n" + extra_text.rstrip() + "\n" if extra_text else "")
-        + ("\n" + "\n".join(f"- {x}" for x in extra) + "\n" if extra else "")
-    )
+    extra += [f"{label} {p}" for label, ps in problems.items() for p in ps]
+    write_section(name, title, notes, body, extra, no_results)
+
+
+def write_section(
+    name: str, title: str, notes: list[str], body: str, problems: list[str], no_results: bool
+) -> None:
+    """A benchmark's section: the header (machine, versions, date, command, notes), its
+    markdown body and a list of what was skipped or went wrong; printed, and written unless
+    no_results."""
+    text = header_block(title, [name, *sys.argv[1:]], notes) + "\n\n" + body.rstrip() + "\n"
+    if problems:
+        text += "\n" + "\n".join(f"- {x}" for x in problems) + "\n"
+    emit(name, text, no_results)
+
+
+def emit(name: str, text: str, no_results: bool) -> None:
+    """Print a benchmark's section and, unless no_results, write it into RESULTS.md."""
     print("\n" + text)
     if not no_results:
         update_results(name, text)

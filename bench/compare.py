@@ -18,7 +18,6 @@ the machine, the versions, the date and both commits.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import re
@@ -270,10 +269,7 @@ def main() -> None:
         "Before and after (bench/compare.py)", ["compare", *sys.argv[1:]], notes
     )
     text += "\n\n" + table + "\n"
-    print("\n" + text)
-    if args.results:
-        benchlib.update_results("bench_compare", text)
-        print(f"(section `bench_compare` updated in {os.path.relpath(benchlib.RESULTS)})")
+    benchlib.emit("bench_compare", text, no_results=not args.results)
 
 
 if __name__ == "__main__":
