@@ -26,6 +26,7 @@ import struct
 
 import loadgen
 from loadgen import ProtocolError, _Conn, _now_ns, tickertape_frame
+from loadwire import TtLogon
 
 _U32 = struct.Struct(">I")
 _P = b'{"c":"p"'
@@ -51,26 +52,11 @@ class _Counting(_Conn):
 # ---- Tickertape ----------------------------------------------------------------------------
 
 
-class _TtBase(_Counting):
+class _TtBase(TtLogon, _Counting):
     def __init__(self, client_name: str) -> None:
         super().__init__()
         self.client_name = client_name
         self._stage = "logon"
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        transport.write(
-            tickertape_frame(
-                {"c": "logon", "cid": "logon", "a": "processed", "client_name": self.client_name}
-            )
-        )
-
-    def _header(self, pos: int, end: int) -> dict:
-        raw = bytes(self.buf[pos:end]).decode("utf-8", "replace")
-        try:
-            return json.JSONDecoder().raw_decode(raw)[0]
-        except ValueError:
-            raise ProtocolError(f"undecodable header {raw[:120]!r}") from None
 
     def _control(self, h: dict) -> None:
         if h.get("c") != "ack":

@@ -22,8 +22,6 @@ Client cost per delivery, parsing only (bench machine): tickertape ~0.17 µs, re
 
 from __future__ import annotations
 
-import json
-
 from loadwire import (
     _ONE_FIELD_D,
     _U32,
@@ -31,6 +29,7 @@ from loadwire import (
     ProtocolError,
     Publisher,
     Subscriber,
+    TtLogon,
     _Conn,
     _now_ns,
     resp_command,
@@ -40,7 +39,7 @@ from loadwire import (
 # ---- Tickertape ----------------------------------------------------------------------------
 
 
-class TickertapeConn(_Conn, Publisher, Subscriber):
+class TickertapeConn(TtLogon, _Conn, Publisher, Subscriber):
     def __init__(
         self, client_name: str, topic: str = "", sub_id: str = "", body_size: int = 100
     ) -> None:
@@ -52,22 +51,6 @@ class TickertapeConn(_Conn, Publisher, Subscriber):
         self.role = "pub"
         self.logon_s = None
         self._stage = "logon"
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        transport.write(
-            tickertape_frame(
-                {"c": "logon", "cid": "logon", "a": "processed", "client_name": self.client_name}
-            )
-        )
-
-    def _header(self, pos: int, end: int) -> dict:
-        raw = bytes(self.buf[pos:end])
-        try:
-            obj, _ = json.JSONDecoder().raw_decode(raw.decode("utf-8", "replace"))
-        except ValueError:
-            raise ProtocolError(f"undecodable header {raw[:120]!r}") from None
-        return obj
 
     def _setup_frame(self, h: dict) -> None:
         if h.get("c") != "ack":
@@ -272,16 +255,8 @@ class RedisConn(_Conn, Publisher, Subscriber):
     def data_received(self, data) -> None:
         buf = self.buf
         buf += data
-        if not self.ready.done():
-            eol = buf.find(b"\r\n")
-            if eol < 0:
-                return
-            line = bytes(buf[:eol])
-            del buf[: eol + 2]
-            if line != b"+PONG":
-                self._fail(f"unexpected reply to PING: {line!r}")
-                return
-            self.ready.set_result(None)
+        if not self._pong_ready():
+            return
         if self.role == "pub":
             self._pub_replies()
         elif self.running and buf.endswith(b"\r\n"):

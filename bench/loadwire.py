@@ -140,6 +140,22 @@ class _Conn(asyncio.Protocol):
         if not self.done.done():
             self.done.set_result(None)
 
+    def _pong_ready(self) -> bool:
+        """Redis: take the setup PING's +PONG off the buffer; True once the connection is ready
+        (False: the reply is not complete yet, or it was not +PONG and the connection failed)."""
+        if self.ready.done():
+            return True
+        eol = self.buf.find(b"\r\n")
+        if eol < 0:
+            return False
+        line = bytes(self.buf[:eol])
+        del self.buf[: eol + 2]
+        if line != b"+PONG":
+            self._fail(f"unexpected reply to PING: {line!r}")
+            return False
+        self.ready.set_result(None)
+        return True
+
     def close(self) -> None:
         self.closing = True
         for f in (self.ready, self.done):
@@ -149,6 +165,29 @@ class _Conn(asyncio.Protocol):
                 f.cancel()
         if self.transport is not None:
             self.transport.close()
+
+
+class TtLogon:
+    """Tickertape, before _Conn in the bases: logon on connect (client_name, ack processed) and
+    a frame header decoded from the receive buffer."""
+
+    client_name: str
+    buf: bytearray
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        transport.write(
+            tickertape_frame(
+                {"c": "logon", "cid": "logon", "a": "processed", "client_name": self.client_name}
+            )
+        )
+
+    def _header(self, pos: int, end: int) -> dict:
+        raw = bytes(self.buf[pos:end]).decode("utf-8", "replace")
+        try:
+            return json.JSONDecoder().raw_decode(raw)[0]
+        except ValueError:
+            raise ProtocolError(f"undecodable header {raw[:120]!r}") from None
 
 
 class Publisher:

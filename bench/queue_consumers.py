@@ -273,16 +273,8 @@ class RedisQueue(_Counting):
     def data_received(self, data) -> None:
         buf = self.buf
         buf += data
-        if not self.ready.done():
-            eol = buf.find(b"\r\n")
-            if eol < 0:
-                return
-            line = bytes(buf[:eol])
-            del buf[: eol + 2]
-            if line != b"+PONG":
-                self._fail(f"unexpected reply to PING: {line!r}")
-                return
-            self.ready.set_result(None)
+        if not self._pong_ready():
+            return
         while buf and self.running:
             c = buf[0]
             if c == 58:  # ':' XACK reply
