@@ -23,7 +23,6 @@ Per peer (median of repetitions, fresh server each; rep 1 of every peer, then re
 from __future__ import annotations
 
 import benchlib
-import loadgen
 from benchlib import Metric
 
 DEST = {"tickertape": "bench.fan", "nats": "bench.fan", "redis": "bench:fan"}
@@ -50,27 +49,10 @@ def subscriber_dests(args, peer, v) -> list[str]:
 
 
 def one_rep(args, peer, v, rep) -> dict:
-    proto = peer.kind
-    st = {}
     subs = subscriber_dests(args, peer, v)
-
-    def on_start():
-        st["cpu0"] = peer.cpu_seconds()
-
-    r = loadgen.run_sync(
-        proto,
-        peer.host,
-        peer.port,
-        n=args.count,
-        pub_dest=DEST[proto],
-        sub_dests=subs,
-        body_size=args.size,
-        window=args.window,
-        timeout=args.timeout,
-        tag=f"f{rep}",
-        on_start=on_start,
+    r, cpu = benchlib.timed_load(
+        peer, args, n=args.count, pub_dest=DEST[peer.kind], sub_dests=subs, tag=f"f{rep}"
     )
-    cpu = peer.cpu_seconds() - st["cpu0"]
     peak = peer.peak_rss_bytes()
     want = args.count * args.subs
     got = r["received"] or 1

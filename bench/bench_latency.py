@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 
 import benchlib
-import loadgen
 from benchlib import Metric
 
 DEST = {"tickertape": "bench.lat", "nats": "bench.lat", "redis": "bench:lat"}
@@ -60,27 +59,18 @@ def figures(r: dict, lat_ns, cpu: float) -> dict:
 
 def roundtrip_rep(args, peer, v, rep) -> dict:
     """--roundtrip: one message in flight; latency = send -> the ack that covers it."""
-    proto = peer.kind
     n = args.count
-    st = {}
-
-    def on_start():
-        st["cpu0"] = peer.cpu_seconds()
-
-    r = loadgen.run_sync(
-        proto,
-        peer.host,
-        peer.port,
+    r, cpu = benchlib.timed_load(
+        peer,
+        args,
         n=n,
-        pub_dest=DEST[proto],
-        body_size=args.size,
+        pub_dest=DEST[peer.kind],
         window=1,
         timeout=args.timeout or 120,
         tag=f"r{rep}",
-        on_start=on_start,
         ack_latency=True,
     )
-    out = figures(r, r.get("ack_latency_ns", [])[args.skip :], peer.cpu_seconds() - st["cpu0"])
+    out = figures(r, r.get("ack_latency_ns", [])[args.skip :], cpu)
     return benchlib.judged(out, benchlib.load_problems(r, args.timeout or 120, r["acked"], n))
 
 
@@ -93,29 +83,19 @@ def one_rep(args, peer, v, rep) -> dict:
     else:
         subs = [dest]
     n = int(args.rate * args.seconds)
-    warm = int(args.rate * args.warmup)
-    st = {}
-
-    def on_start():
-        st["cpu0"] = peer.cpu_seconds()
-
-    r = loadgen.run_sync(
-        proto,
-        peer.host,
-        peer.port,
+    r, cpu = benchlib.timed_load(
+        peer,
+        args,
         n=n,
         pub_dest=dest,
         sub_dests=subs,
-        body_size=args.size,
-        window=args.window,
         rate=args.rate,
-        warmup_msgs=warm,
+        warmup_msgs=int(args.rate * args.warmup),
         timeout=args.timeout or args.seconds + 60,
         tag=f"l{rep}",
-        on_start=on_start,
         redis_count=1000,
     )
-    out = figures(r, r["latency_ns"], peer.cpu_seconds() - st["cpu0"])
+    out = figures(r, r["latency_ns"], cpu)
     broken = benchlib.load_problems(r, args.timeout or args.seconds + 60, r["received"], n)
     slow = []
     if out["rate"] and out["rate"] < 0.95 * args.rate:

@@ -63,39 +63,11 @@ ACK_MEANING = [
 def one_rep(args, peer, v, rep) -> dict:
     proto = peer.kind
     dest = DEST[proto]
-    st = {}
-
-    def on_start():
-        st["cpu0"] = peer.cpu_seconds()
-
-    if proto == "tickertape" and args.sender == "c":
-        r = pubsend.run(
-            peer.host,
-            peer.port,
-            n=args.count,
-            pub_dest=dest,
-            body_size=args.size,
-            window=args.window,
-            per_send=v.opts.get("per_send", 0),
-            timeout=args.timeout,
-            tag=f"p{rep}",
-            on_start=on_start,
-        )
-    else:
-        r = loadgen.run_sync(
-            proto,
-            peer.host,
-            peer.port,
-            n=args.count,
-            pub_dest=dest,
-            body_size=args.size,
-            window=args.window,
-            timeout=args.timeout,
-            tag=f"p{rep}",
-            on_start=on_start,
-            per_send=v.opts.get("per_send", 0),
-        )
-    cpu = peer.cpu_seconds() - st["cpu0"]
+    sender = pubsend.run if proto == "tickertape" and args.sender == "c" else None
+    per_send = v.opts.get("per_send", 0)
+    r, cpu = benchlib.timed_load(
+        peer, args, sender, n=args.count, pub_dest=dest, per_send=per_send, tag=f"p{rep}"
+    )
     peak = peer.peak_rss_bytes()
     stored = None
     if args.no_verify:

@@ -224,28 +224,28 @@ def load_problems(r: dict, timeout: float, got: int, want: int) -> list[str]:
     return problem
 
 
+def timed_load(peer, args, sender=None, **kw) -> tuple[dict, float]:
+    """One load run against peer (loadgen.run_sync in its protocol, or sender(host, port, ...),
+    e.g. pubsend.run) with args' body size, window and time bound unless kw names them:
+    (its result, the server's CPU seconds from the first send to the end)."""
+    st: dict = {}
+    kw = {"body_size": args.size, "window": args.window, "timeout": args.timeout, **kw}
+    kw["on_start"] = lambda: st.setdefault("cpu0", peer.cpu_seconds())
+    if sender is None:
+        r = loadgen.run_sync(peer.kind, peer.host, peer.port, **kw)
+    else:
+        r = sender(peer.host, peer.port, **kw)
+    return r, peer.cpu_seconds() - st["cpu0"]
+
+
 def publish_or_fanout(
     args, peer, topic: str, n: int, fan: bool, tag: str, ssl=None
 ) -> tuple[dict, list[str]]:
     """One Tickertape run of n persisted publishes on topic (to args.subs subscribers when fan)
     -> (figures, problems): rate = acked msgs/s, or deliveries/s when fan; server CPU µs per
     message (per delivery when fan); client CPU %."""
-    st = {}
-    r = loadgen.run_sync(
-        "tickertape",
-        peer.host,
-        peer.port,
-        n=n,
-        pub_dest=topic,
-        sub_dests=[topic] * args.subs if fan else [],
-        body_size=args.size,
-        window=args.window,
-        timeout=args.timeout,
-        tag=tag,
-        on_start=lambda: st.setdefault("cpu0", peer.cpu_seconds()),
-        ssl=ssl,
-    )
-    cpu = peer.cpu_seconds() - st["cpu0"]
+    subs = [topic] * args.subs if fan else []
+    r, cpu = timed_load(peer, args, n=n, pub_dest=topic, sub_dests=subs, tag=tag, ssl=ssl)
     got = r["received"] if fan else r["acked"]
     seconds = r["seconds"] if fan else r["pub_seconds"]
     out = {
