@@ -254,12 +254,7 @@ async def _curve_async(peer, mode: str, s: int, t: int, args, tag: str) -> dict:
         await asyncio.sleep(0)
 
 
-def run_async(coro_fn, *a):
-    loop = loadgen.new_loop()
-    try:
-        return loop.run_until_complete(coro_fn(*a))
-    finally:
-        loop.close()
+run_async = loadgen.in_new_loop
 
 
 # ---- 1,000 publishers ----------------------------------------------------------------------

@@ -317,11 +317,7 @@ async def consume(factory, host: str, port: int, expect: int, timeout: float, be
 
 
 def consume_sync(*args, **kw):
-    loop = loadgen.new_loop()
-    try:
-        return loop.run_until_complete(consume(*args, **kw))
-    finally:
-        loop.close()
+    return loadgen.in_new_loop(consume, *args, **kw)
 
 
 def measured(peer, factory, want: int, timeout: float) -> tuple[object, dict, list[str]]:

@@ -204,9 +204,14 @@ async def run(
         await asyncio.sleep(0)
 
 
-def run_sync(*args, **kw) -> dict:
+def in_new_loop(coro_fn, *args, **kw):
+    """coro_fn(*args, **kw) to completion on a fresh client loop (new_loop), closed after."""
     loop = new_loop()
     try:
-        return loop.run_until_complete(run(*args, **kw))
+        return loop.run_until_complete(coro_fn(*args, **kw))
     finally:
         loop.close()
+
+
+def run_sync(*args, **kw) -> dict:
+    return in_new_loop(run, *args, **kw)

@@ -71,40 +71,24 @@ def disk_bytes(path: str) -> int:
     return total
 
 
+SERVER_PARTS = ("server", "journal", "protocol", "config")  # what tickertape_rev calls edits
+
+
 def tickertape_rev(repo: str = REPO) -> str:
     """`git <short rev>`, plus a note when the server's parts have uncommitted edits.
 
     Read-only git only: GIT_OPTIONAL_LOCKS=0 keeps `git status` from rewriting the index."""
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, timeout=10, cwd=repo, env=env,
+            check=False,
+        ).stdout.strip()  # fmt: skip
+
     try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=repo,
-            env=env,
-            check=False,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            [
-                "git",
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                "server",
-                "journal",
-                "protocol",
-                "config",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=repo,
-            env=env,
-            check=False,
-        ).stdout.strip()
+        rev = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *SERVER_PARTS)
     except (OSError, subprocess.TimeoutExpired):
         return "git unknown"
     return f"git {rev or 'unknown'}" + (" + uncommitted edits" if dirty else "")

@@ -55,33 +55,13 @@ class Stub(asyncio.Protocol):
             h, end = json.JSONDecoder().raw_decode(raw.decode())
             body = raw[end:]
             c = h["c"]
+            ok = {"c": "ack", "a": "processed", "cid": h.get("cid"), "status": "success"}
             if c == "logon":
                 self.name = h["client_name"]
-                out.append(
-                    frame(
-                        {
-                            "c": "ack",
-                            "a": "processed",
-                            "cid": h.get("cid"),
-                            "status": "success",
-                            "s": 0,
-                            "bm": "0",
-                        }
-                    )
-                )
+                out.append(frame({**ok, "s": 0, "bm": "0"}))
             elif c == "subscribe":
                 Stub.subs.setdefault(h["t"], []).append((self, h["sub_id"]))
-                out.append(
-                    frame(
-                        {
-                            "c": "ack",
-                            "a": "processed",
-                            "cid": h.get("cid"),
-                            "status": "success",
-                            "sub_id": h["sub_id"],
-                        }
-                    )
-                )
+                out.append(frame({**ok, "sub_id": h["sub_id"]}))
             elif c == "publish":
                 assert self.name, "publish before logon"
                 assert h["a"] == "persisted" and int(h["s"]) == self.last + 1, h
