@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 
+import benchlib
 import peers
 
 sys.path.insert(0, peers.REPO)
@@ -250,9 +251,7 @@ def main() -> None:
     logging.getLogger("tickertape.client").addHandler(logging.NullHandler())
     if args.quick:
         args.count, args.reps, args.restarts = 10_000, 1, 2
-    ok, why = peers.available("tickertape")
-    if not ok:
-        sys.exit(f"tickertape is not runnable: {why}")
+    benchlib.tickertape_only()
     n, body = args.count, body_of(args.size)
     print(f"bench_ha: {n} messages of {len(body)} bytes, {args.reps} rep(s), loop {LOOP}, "
           f"{os.cpu_count()} CPU(s), Python {sys.version.split()[0]}")  # fmt: skip

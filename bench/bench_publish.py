@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import time
 
 import benchlib
@@ -234,9 +235,7 @@ def null_floor(args) -> tuple[float, float]:
             finally:
                 sink.stop()
             into.append(r["acked"] / r["pub_seconds"] if r["pub_seconds"] else 0.0)
-    whole.sort()
-    split.sort()
-    return whole[len(whole) // 2], split[len(split) // 2]
+    return statistics.median(whole), statistics.median(split)
 
 
 def send_ceiling(frame_size: int, k: int, n: int = 200_000) -> tuple[float, float]:
@@ -285,10 +284,7 @@ def targets(
 ) -> list:
     """Issue 15's publish targets, measured from this run's medians."""
     tt, js = by.get("tickertape") or {}, by.get("jetstream") or {}
-
-    def ratio(a, b):
-        return a / b if a and b else None
-
+    ratio = benchlib.ratio
     out = [
         (
             "throughput ÷ jetstream ≥ 1.2",

@@ -181,9 +181,7 @@ def main() -> None:
         ]
         return max(vals) if vals else None
 
-    def ratio(a, c):
-        return a / c if a and c else None
-
+    ratio = benchlib.ratio
     targets = [
         (
             "backlog 100: tickertape ÷ best jetstream ≥ 2×",

@@ -130,9 +130,7 @@ def main() -> None:
         vs, args.reps, lambda peer, v, rep: one_rep(args, client_tls, peer, v, rep), METRICS
     )
     rate = {label: med.get("rate") for label, med in rows}
-
-    def ratio(a: str, b: str) -> float | None:
-        return rate[a] / rate[b] if rate.get(a) and rate.get(b) else None
+    ratio = lambda a, b: benchlib.ratio(rate.get(a), rate.get(b))
 
     targets = benchlib.targets_table(
         [

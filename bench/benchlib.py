@@ -469,6 +469,11 @@ def emit(name: str, text: str, no_results: bool) -> None:
         print(f"(section `{name}` updated in {os.path.relpath(RESULTS)})")
 
 
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing (or b is zero): a target not measured."""
+    return a / b if a and b else None
+
+
 def settle(seconds: float = 0.3) -> None:
     time.sleep(seconds)
 

@@ -290,41 +290,19 @@ class NatsPeer(Peer):
             return False
 
     def _after_start(self) -> None:
-        cfg = {
-            "name": STREAM,
-            "subjects": ["bench.>"],
-            "storage": "file",
-            "retention": "limits",
-            "discard": "old",
-            "num_replicas": 1,
-            "max_msgs": -1,
-            "max_bytes": -1,
-            "max_age": 0,
-            "duplicate_window": 0,
-        }
-        r = nats_request(self.host, self.port, f"$JS.API.STREAM.CREATE.{STREAM}", cfg)
-        if "error" in r:
-            raise RuntimeError(f"stream create failed: {r}")
+        self.create_stream(STREAM, ["bench.>"])
 
     def create_push_consumer(self, durable: str, deliver_subject: str, filter_subject: str) -> None:
         """A durable push consumer, ack none, delivering every message of filter_subject."""
-        cfg = {
-            "stream_name": STREAM,
-            "config": {
-                "durable_name": durable,
-                "deliver_subject": deliver_subject,
-                "deliver_policy": "all",
-                "ack_policy": "none",
-                "replay_policy": "instant",
-                "filter_subject": filter_subject,
-                "max_ack_pending": -1,
-            },
+        config = {
+            "deliver_subject": deliver_subject,
+            "deliver_policy": "all",
+            "ack_policy": "none",
+            "replay_policy": "instant",
+            "filter_subject": filter_subject,
+            "max_ack_pending": -1,
         }
-        r = nats_request(
-            self.host, self.port, f"$JS.API.CONSUMER.DURABLE.CREATE.{STREAM}.{durable}", cfg
-        )
-        if "error" in r:
-            raise RuntimeError(f"consumer create failed: {r}")
+        self.create_durable(STREAM, durable, config)
 
     def stream_info(self, stream: str = STREAM) -> dict:
         return nats_request(self.host, self.port, f"$JS.API.STREAM.INFO.{stream}", None)
