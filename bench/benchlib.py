@@ -1,5 +1,6 @@
-"""What the three benchmarks share: options, repetitions and medians, the printed table with
-ratios, and the section each one keeps up to date in bench/RESULTS.md.
+"""The one runner every benchmark uses: options, repetitions and medians, one load run with the
+server's CPU around it, the printed tables with ratios, and the section each benchmark keeps
+up to date in bench/RESULTS.md (bench/README.md, "One runner", says which piece does what).
 
 A benchmark is a list of variants (a label, the peer server to start, and options for the load)
 and a function that runs one repetition of one variant against a freshly started peer and returns
