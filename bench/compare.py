@@ -63,17 +63,19 @@ def _cells(line: str) -> list[str]:
 def figures(text: str) -> dict[Key, float | None]:
     """Every figure of every `| peer | ...` table in a benchmark's output.
 
-    A table is named by the nearest line above it that is neither blank nor a table row (a
-    benchmark with one table per backlog, e.g. bench_queue, heads each), and numbered when two
-    share a name."""
+    A table is named by the heading above it within the section (`### backlog 10`, or a line
+    ending in a colon, e.g. "Backlog 1:"; a benchmark with one table per case heads each), and
+    numbered when two share a name."""
     out: dict[Key, float | None] = {}
     lines = text.splitlines()
     caption, seen = "", {}
     i = 0
     while i < len(lines):
-        line = lines[i]
-        if line.strip() and not line.startswith("|"):
-            caption = line.strip()
+        line = lines[i].strip()
+        if line.startswith("## "):
+            caption = ""
+        elif line.startswith("#") or (line.endswith(":") and not line.startswith(("-", "|"))):
+            caption = line.lstrip("#").strip()
         if line.startswith("| peer |") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
             head = _cells(line)[1:]
             seen[caption] = seen.get(caption, 0) + 1
@@ -90,7 +92,9 @@ def figures(text: str) -> dict[Key, float | None]:
 
 
 def better_by_title(bench: str) -> dict[str, str]:
-    """Column title -> "higher" | "lower" from the benchmark module's Metric lists."""
+    """Column title -> "higher" | "lower" from the benchmark module's Metric lists, for the
+    figures it compares (ratio=True); the others (client CPU, frames per send) are shown, not
+    judged."""
     try:
         mod = importlib.import_module(f"bench_{bench}")
     except ImportError:
@@ -98,7 +102,7 @@ def better_by_title(bench: str) -> dict[str, str]:
     out = {}
     for val in vars(mod).values():
         if isinstance(val, list) and val and all(isinstance(m, benchlib.Metric) for m in val):
-            out.update({m.title: m.better for m in val})
+            out.update({m.title: m.better for m in val if m.ratio})
     return out
 
 

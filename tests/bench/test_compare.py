@@ -16,6 +16,7 @@ PRINTED = """\
 ## Queue consume-and-ack, one consumer (bench_queue)
 
 - date: 2026-11-27
+- one consumer; the notes above a table are not its name:
 
 Backlog 1:
 
@@ -28,11 +29,19 @@ Backlog 1:
 |---|---:|
 | jetstream (push) | 1.37× |
 
-Backlog 10:
+### backlog 10
 
 | peer | msgs/s | srv CPU µs/msg | msgs/ack write |
 |---|---:|---:|---:|
 | tickertape | 40,000 | 2.00 | 9.5 |
+
+## Next section
+
+- a note:
+
+| peer | msgs/s |
+|---|---:|
+| tickertape | 7 |
 """
 
 
@@ -49,10 +58,11 @@ def test_figures_reads_every_peer_table_named_by_its_caption():
     assert figs[("Backlog 1:", "tickertape", "msgs/s")] == 12345.0
     assert figs[("Backlog 1:", "jetstream (push)", "srv CPU µs/msg")] == 12.25
     assert figs[("Backlog 1:", "tickertape", "msgs/ack write")] is None
-    assert figs[("Backlog 10:", "tickertape", "msgs/ack write")] == 9.5
+    assert figs[("backlog 10", "tickertape", "msgs/ack write")] == 9.5
+    assert figs[("", "tickertape", "msgs/s")] == 7.0  # a new section, no heading
     # the ratio table is not a figure table
     assert not [k for k in figs if k[2].startswith("msgs/s (")]
-    assert len(figs) == 9
+    assert len(figs) == 10
 
 
 def test_figures_numbers_tables_that_share_a_caption():
@@ -104,6 +114,7 @@ def test_better_by_title_reads_the_benchmarks_metrics():
     b = compare.better_by_title("publish")
     assert b["msgs/s"] == "higher"
     assert b["srv CPU µs/msg"] == "lower"
+    assert "client CPU %" not in b  # shown by the benchmark without a ratio: not judged
 
 
 @pytest.mark.slow
