@@ -32,17 +32,9 @@ import time
 import benchlib
 import journaldata
 import peers
+from bench_queue import QUEUE, QUEUE_XML  # the queue bench_queue consumes, the same config
+from bench_queue import TT_TOPIC as TOPIC
 
-TOPIC = "bench.wq"
-QUEUE = "benchq"
-QUEUE_XML = f"""  <SOW>
-    <Queue>
-      <Name>{QUEUE}</Name>
-      <UnderlyingTopic>{TOPIC}</UnderlyingTopic>
-      <MaxPerSubscriptionBacklog>1000</MaxPerSubscriptionBacklog>
-    </Queue>
-  </SOW>
-"""
 _SCANNED = re.compile(r"queues: recovery scanned (\d+) records in ([0-9.]+)s")
 _WAITING = re.compile(r"queue (\S+): recovered (\d+) waiting messages")
 
