@@ -160,16 +160,20 @@ def _git(*args: str, cwd: str = peers.REPO) -> str:
     return r.stdout.strip()
 
 
-def before_tree(ref: str, workdir: str) -> str:
-    """A worktree of `ref` under workdir with its own installed .venv (reused when present)."""
+def before_path(ref: str, workdir: str) -> str:
+    """Where the worktree of `ref` goes: workdir/before-<sha>."""
     sha = _git("rev-parse", "--verify", f"{ref}^{{commit}}")
-    path = os.path.join(workdir, f"before-{sha[:12]}")
+    return os.path.join(workdir, f"before-{sha[:12]}")
+
+
+def before_tree(path: str) -> str:
+    """The worktree at path (made when missing) with its own installed .venv."""
+    sha = os.path.basename(path).removeprefix("before-")
     if not os.path.isdir(path):
         _git("worktree", "add", "--detach", path, sha)
-    py = os.path.join(path, ".venv", "bin", "python")
-    print(f"compare: installing {ref} ({sha[:12]}) in {path} (./run install)", flush=True)
+    print(f"compare: installing {sha} in {path} (./run install)", flush=True)
     r = subprocess.run([os.path.join(path, "run"), "install"], cwd=path, check=False)
-    if r.returncode or not os.access(py, os.X_OK):
+    if r.returncode or not os.access(os.path.join(path, ".venv", "bin", "python"), os.X_OK):
         raise CompareError(f"./run install failed in {path}: see its output above")
     return path
 
@@ -245,8 +249,8 @@ def main() -> None:
     log_path = os.path.join(workdir, "compare.log")
     tree = None
     try:
-        before = args.before_tree or before_tree(args.before, workdir)
-        tree = None if args.before_tree else before
+        tree = None if args.before_tree else before_path(args.before, workdir)
+        before = args.before_tree or before_tree(tree)
         with open(log_path, "a") as log:
             runs = run_compare(args, before, log)
         before_rev = peers.tickertape_rev(before)
@@ -254,7 +258,7 @@ def main() -> None:
         raise SystemExit(f"compare: {e}") from None
     finally:
         if not args.workdir:  # a throwaway: keep only the log, under bench/.data
-            if tree:
+            if tree and os.path.isdir(tree):
                 _git("worktree", "remove", "--force", tree)
             if os.path.exists(log_path):
                 os.makedirs(peers.DATA_ROOT, exist_ok=True)
