@@ -31,10 +31,8 @@ import argparse
 import asyncio
 import logging
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import benchlib
@@ -185,18 +183,13 @@ async def restart_to_first_message(peer, workdir: str, rate: int) -> dict:
 # ---------------------------------------------------------------------------------- driver
 
 
-def fresh_peer():
-    return peers.make_peer("tickertape").start()
-
-
 def run_rep(fn, *args):
-    peer = fresh_peer()
-    workdir = tempfile.mkdtemp(prefix="ha-", dir=peers.DATA_ROOT)
+    """fn(peer, workdir, *args) on a fresh server; the client stores go in its work dir."""
+    peer = peers.make_peer("tickertape").start()
     try:
-        return run_loop(fn(peer, workdir, *args))
+        return run_loop(fn(peer, peer.workdir, *args))
     finally:
         peer.cleanup()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 LOOP = "uvloop"
