@@ -167,8 +167,8 @@ def check_header(h: LinkHeader, body: bytes) -> None:
         _check_pos("to", h.to)
         if h.to < h.from_:
             raise BadLinkFrame(f"repl_batch `to` {h.to} is before `from` {h.from_}")
-        if body and h.to == h.from_:
-            raise BadLinkFrame("repl_batch of an empty range carries records")
+        # a batch of an empty range may carry records: a handoff (records of a publisher that
+        # moved to the sender, from earlier in its journal; docs/replication.md)
         return
     if body:
         raise BadLinkFrame(f"a {type(h).__name__} frame carries a body of {len(body)} bytes")
