@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import re
 import ssl
@@ -48,7 +49,15 @@ from journal.record import (
     record_length_at,
     scan_records,
 )
-from protocol.replication import MAX_BATCH_BODY, ReplAck, encode_batch, encode_logon
+from protocol.replication import (
+    MAX_BATCH_BODY,
+    MAX_OWNERS,
+    MAX_USER,
+    ReplAck,
+    encode_batch,
+    encode_logon,
+    encode_owners,
+)
 
 from ..pipeline import Pipeline
 from ..replicate_scan import kept_span
@@ -225,6 +234,7 @@ class Sender:
         # past that position says the destination committed them
         self._handoffs: list[list] = []
         self._handoff_bytes = 0
+        self._owners_sent = 0  # client-name bindings sent on this link (pipeline.owners grows)
         stored = journal.index.get_meta(repl_acked_key(dest.name))
         if stored is not None:
             self.acked = U64.unpack(stored)[0]
@@ -433,6 +443,21 @@ class Sender:
                 h[1] = pos
                 self.sink.sent(self.dest.name, pos, None, len(h[0]))
 
+    def _send_owners(self, link: Link) -> None:
+        """The client-name bindings made since the last call (all of them on a new link), ahead
+        of the journal records read after them: a name's binding reaches the destination before
+        its first message (docs/security.md). The destination binds each name it has not
+        bound; bindings only grow, so the dict's order says which are new."""
+        owners = self.pipeline.owners
+        new = [
+            (pub, user)
+            for pub, user in itertools.islice(owners.items(), self._owners_sent, None)
+            if 0 < len(user.encode()) <= MAX_USER
+        ]
+        self._owners_sent = len(owners)
+        for i in range(0, len(new), MAX_OWNERS):
+            link.send(encode_owners(new[i : i + MAX_OWNERS]))
+
     def _handoffs_acked(self, pos: int) -> None:
         """An ack past where they were sent: committed on the destination with (or before) the
         journal records after them."""
@@ -483,9 +508,12 @@ class Sender:
             self.sink.acked(name, pos)
         for h in self._handoffs:
             h[1] = None  # a new link: what the last one may not have committed goes again
+        self._owners_sent = 0  # and every client-name binding
         while True:
             if link.closed:
                 raise LinkClosed(link.reason or "closed")
+            if len(self.pipeline.owners) > self._owners_sent:
+                self._send_owners(link)
             if self._handoffs:
                 self._send_handoffs(link, pos)
             if pos >= journal.end_position:

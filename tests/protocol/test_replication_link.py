@@ -13,11 +13,13 @@ from protocol.replication import (
     ReplAck,
     ReplBatch,
     ReplLogon,
+    ReplOwners,
     encode_ack,
     encode_batch,
     encode_failure,
     encode_heartbeat,
     encode_logon,
+    encode_owners,
 )
 
 
@@ -78,6 +80,16 @@ def test_batch_golden_and_body():
     assert LinkDecoder().feed(f) == [(ReplBatch(from_=500, to=500), body)]
 
 
+def test_owners_golden():
+    f = encode_owners([(7, "alice"), ((1 << 64) - 1, 'b}"o')])
+    assert f == raw(b'{"c":"repl_owners","owners":[[7,"alice"],[18446744073709551615,"b}\\"o"]]}')
+    assert LinkDecoder().feed(f) == [
+        (ReplOwners(owners=[(7, "alice"), ((1 << 64) - 1, 'b}"o')]), b"")
+    ]
+    with pytest.raises(BadLinkFrame):
+        encode_owners([(1, "u")] * 1001)
+
+
 def test_every_split_of_a_stream():
     stream = b"".join(g[0] for g in GOLDEN) + encode_batch(5, 9, b"abcd") + b"\x00\x00\x00\x00"
     whole = LinkDecoder().feed(stream)
@@ -118,6 +130,11 @@ BAD = [
     (raw(b'{"c":"repl_ack","status":"failure"}'), BadLinkFrame, "no `reason`"),
     (raw(b'{"c":"repl_batch","from":5}'), BadLinkFrame, "to"),
     (raw(b'{"c":"repl_batch","from":9,"to":5}'), BadLinkFrame, "before `from`"),
+    (raw(b'{"c":"repl_owners","owners":[]}'), BadLinkFrame, "1..1000 bindings"),
+    (raw(b'{"c":"repl_owners","owners":[[-1,"alice"]]}'), BadLinkFrame, "not a u64"),
+    (raw(b'{"c":"repl_owners","owners":[[1,""]]}'), BadLinkFrame, "1..1024 bytes"),
+    (raw(b'{"c":"repl_owners","owners":[[1,"a","b"]]}'), BadLinkFrame, "not a replication"),
+    (raw(b'{"c":"repl_owners","owners":[[1,"a"]]}', b"x"), BadLinkFrame, "carries a body"),
     (raw(b'{"c":"heartbeat"}', b"x"), BadLinkFrame, "carries a body"),
     (raw(b'{"c":"repl_ack","pos":1}', b"x"), BadLinkFrame, "carries a body"),
     (raw(b"[1,2]"), BadLinkFrame, "JSON object"),
