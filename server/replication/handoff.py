@@ -22,12 +22,26 @@ the publisher's former instance had not yet sent.
 
 from __future__ import annotations
 
-from journal.journal import Journal
-from journal.record import KIND_MESSAGE, RawTuple, raw_origin
+import logging
+from collections.abc import Callable
 
-__all__ = ["HANDOFF_MAX_BYTES", "foreign_tail"]
+from journal.journal import Journal
+from journal.record import (
+    KIND_MESSAGE,
+    OriginTuple,
+    RawExtra,
+    RawTuple,
+    encode_record,
+    raw_origin,
+)
+from protocol.replication import MAX_BATCH_BODY, encode_batch
+
+__all__ = ["HANDOFF_MAX_BYTES", "Handoffs", "foreign_tail"]
+
+log = logging.getLogger("tickertape.replication")
 
 HANDOFF_MAX_BYTES = 8 * 1024 * 1024  # sender.py's MAX_UNACKED: what a peer can lag behind
+PENDING_MAX_BYTES = 4 * HANDOFF_MAX_BYTES  # per destination, while its link is down
 _READ = 256 * 1024
 
 
@@ -83,3 +97,73 @@ def foreign_tail(journal: Journal, pub: int, seq: int) -> list[RawTuple]:
         r = out.pop(0)
         size -= len(r[5]) + len(r[6]) + 64
     return out
+
+
+class Handoffs:
+    """One destination's handed-off records (Sender.hand_off), as link batches of at most
+    MAX_BATCH_BODY: each [body, the position it was sent at on the current link or None], kept
+    until an ack past that position says the destination committed it (its pipeline commits in
+    link order), and sent again on a new link. At most PENDING_MAX_BYTES wait; past that the
+    oldest go (WARNING)."""
+
+    def __init__(self, dest: str) -> None:
+        self.dest = dest
+        self.pending: list[list] = []
+        self.size = 0
+
+    def add(self, records: list[RawTuple], keeps: Callable[[RawTuple], bool]) -> bool:
+        """The records `keeps` says the destination carries; True when any were queued."""
+        chunk: list[bytes] = []
+        size = 0
+        before = len(self.pending)
+        for r in records:
+            if not keeps(r):
+                continue
+            rec = encode_record(r[1], r[2], r[3], r[4], r[5], r[6], *_extra(r[7]))
+            if chunk and size + len(rec) > MAX_BATCH_BODY:
+                self.pending.append([b"".join(chunk), None])
+                chunk, size = [], 0
+            chunk.append(rec)
+            size += len(rec)
+            self.size += len(rec)
+        if chunk:
+            self.pending.append([b"".join(chunk), None])
+        while self.size > PENDING_MAX_BYTES and len(self.pending) > 1:
+            old = self.pending.pop(0)
+            self.size -= len(old[0])
+            log.warning(
+                "replication to %s: more than %d bytes of moved publishers' records wait for "
+                "the link; the oldest (%d bytes) are not sent",
+                self.dest,
+                PENDING_MAX_BYTES,
+                len(old[0]),
+            )
+        return len(self.pending) > before
+
+    def new_link(self) -> None:
+        for h in self.pending:
+            h[1] = None  # what the last link may not have committed goes again
+
+    def send(self, send: Callable[[bytes], None], pos: int) -> list[int]:
+        """The batches not yet sent on this link, as [pos, pos) (no position moves: the
+        destination's resume point stays); the sizes of those sent."""
+        sizes = []
+        for h in self.pending:
+            if h[1] is None:
+                send(encode_batch(pos, pos, h[0]))
+                h[1] = pos
+                sizes.append(len(h[0]))
+        return sizes
+
+    def acked(self, pos: int) -> None:
+        keep = [h for h in self.pending if h[1] is None or h[1] >= pos]
+        if len(keep) != len(self.pending):
+            self.pending = keep
+            self.size = sum(len(h[0]) for h in keep)
+
+
+def _extra(extra: RawExtra | None) -> tuple[int | None, bytes, OriginTuple | None]:
+    """(expiration, header fragment, origin) of a raw record's extra member, for encode_record."""
+    if extra is None:
+        return None, b"", None
+    return extra[0], extra[1], raw_origin(extra)

@@ -41,8 +41,6 @@ from journal.record import (
     KIND_MESSAGE,
     KIND_QUEUE_EVENT,
     KIND_SOW_DELETE,
-    OriginTuple,
-    RawExtra,
     RawTuple,
     encode_record,
     raw_origin,
@@ -63,7 +61,7 @@ from ..pipeline import Pipeline
 from ..replicate_scan import kept_span
 from ..sow.records import replicated
 from . import U64, AckSink, repl_acked_key
-from .handoff import HANDOFF_MAX_BYTES
+from .handoff import Handoffs
 from .identity import REPL_PEER, pack_peer, unpack_peer
 from .link import DEAD_AFTER, Link, LinkClosed
 
@@ -229,11 +227,8 @@ class Sender:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._tls_errors: set[tuple[str, int, str]] = set()
-        # records of a publisher that moved here (handoff.py), each [bytes, the position it was
-        # sent at on the current link or None]: sent ahead of the journal, kept until an ack
-        # past that position says the destination committed them
-        self._handoffs: list[list] = []
-        self._handoff_bytes = 0
+        # records of a publisher that moved here (handoff.py): sent ahead of the journal
+        self.handoffs = Handoffs(dest.name)
         self._owners_sent = 0  # client-name bindings sent on this link (pipeline.owners grows)
         stored = journal.index.get_meta(repl_acked_key(dest.name))
         if stored is not None:
@@ -404,44 +399,13 @@ class Sender:
         """A publisher moved here (handoff.py): its `records` from other instances go to this
         destination ahead of anything committed after this call, except those that came from
         the destination itself (it has them, loop prevention) or on topics it does not carry."""
-        chunk: list[bytes] = []
-        size = 0
-        for r in records:
-            origin = raw_origin(r[7])
-            if not self.filter.topic(r[5]) or (
-                origin is not None and origin[1] == self.filter.dest
-            ):
-                continue
-            rec = encode_record(r[1], r[2], r[3], r[4], r[5], r[6], *_extra(r[7]))
-            if chunk and size + len(rec) > MAX_BATCH_BODY:
-                self._handoffs.append([b"".join(chunk), None])
-                chunk, size = [], 0
-            chunk.append(rec)
-            size += len(rec)
-            self._handoff_bytes += len(rec)
-        if chunk:
-            self._handoffs.append([b"".join(chunk), None])
-        while self._handoff_bytes > 4 * HANDOFF_MAX_BYTES and len(self._handoffs) > 1:
-            old = self._handoffs.pop(0)
-            self._handoff_bytes -= len(old[0])
-            log.warning(
-                "replication to %s: more than %d bytes of moved publishers' records wait for "
-                "the link; the oldest (%d bytes) are not sent",
-                self.dest.name,
-                4 * HANDOFF_MAX_BYTES,
-                len(old[0]),
-            )
-        if self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)  # an idle streamer sends them now
 
-    def _send_handoffs(self, link: Link, pos: int) -> None:
-        """The records handed off and not yet sent on this link, as batches [pos, pos): no
-        journal position moves, so the destination's resume point stays where it is."""
-        for h in self._handoffs:
-            if h[1] is None:
-                link.send(encode_batch(pos, pos, h[0]))
-                h[1] = pos
-                self.sink.sent(self.dest.name, pos, None, len(h[0]))
+        def keeps(r: RawTuple) -> bool:
+            origin = raw_origin(r[7])
+            return self.filter.topic(r[5]) and (origin is None or origin[1] != self.filter.dest)
+
+        if self.handoffs.add(records, keeps) and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)  # an idle streamer sends them now
 
     def _send_owners(self, link: Link) -> None:
         """The client-name bindings made since the last call (all of them on a new link), ahead
@@ -458,17 +422,9 @@ class Sender:
         for i in range(0, len(new), MAX_OWNERS):
             link.send(encode_owners(new[i : i + MAX_OWNERS]))
 
-    def _handoffs_acked(self, pos: int) -> None:
-        """An ack past where they were sent: committed on the destination with (or before) the
-        journal records after them."""
-        keep = [h for h in self._handoffs if h[1] is None or h[1] >= pos]
-        if len(keep) != len(self._handoffs):
-            self._handoffs = keep
-            self._handoff_bytes = sum(len(h[0]) for h in keep)
-
     def _ack(self, pos: int) -> None:
-        if self._handoffs:
-            self._handoffs_acked(pos)
+        if self.handoffs.pending:
+            self.handoffs.acked(pos)
         if pos > self.acked:
             self.acked = pos
             self.sink.acked(self.dest.name, pos)
@@ -506,16 +462,16 @@ class Sender:
             pos = start
             self.acked = self.sent_pos = pos
             self.sink.acked(name, pos)
-        for h in self._handoffs:
-            h[1] = None  # a new link: what the last one may not have committed goes again
+        self.handoffs.new_link()  # what the last link may not have committed goes again
         self._owners_sent = 0  # and every client-name binding
         while True:
             if link.closed:
                 raise LinkClosed(link.reason or "closed")
             if len(self.pipeline.owners) > self._owners_sent:
                 self._send_owners(link)
-            if self._handoffs:
-                self._send_handoffs(link, pos)
+            if self.handoffs.pending:
+                for size in self.handoffs.send(link.send, pos):
+                    self.sink.sent(name, pos, None, size)
             if pos >= journal.end_position:
                 await self._next_commit()
                 continue
@@ -578,13 +534,6 @@ class Sender:
             return b"", journal.next_position(p), 0
         body, stop, count = select(buf, p, self.filter, self.dest.name, self.translate)
         return body, p + stop, count
-
-
-def _extra(extra: RawExtra | None) -> tuple[int | None, bytes, OriginTuple | None]:
-    """(expiration, header fragment, origin) of a raw record's extra member, for encode_record."""
-    if extra is None:
-        return None, b"", None
-    return extra[0], extra[1], raw_origin(extra)
 
 
 def _sow_delete(rec: RawTuple) -> bool:
