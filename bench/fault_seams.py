@@ -313,7 +313,7 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
         for i in cl:
             try:
                 have = await stored_ids(i.port)
-            except (OSError, ConnectionError, TimeoutError, Violation):
+            except (OSError, ConnectionError, TimeoutError, EOFError, Violation):
                 return False
             if not want <= have | archive_ids(os.path.join(i.directory, "archive")):
                 return False
