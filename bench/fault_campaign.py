@@ -201,6 +201,10 @@ class Publisher:
         self.body = body or payload
         self.logon = logon or {}
         self.acked = 0  # highest persisted success
+        # (stored, acked) at each logon whose instance had less than this publisher was acked
+        # for: it goes on after `acked`, so that instance lacks (stored, acked] unless
+        # replication brings them first (docs/replication.md, "Duplicates")
+        self.skipped: list[tuple[int, int]] = []
         self.target = 0
         self.window = rng.choice([1, 20, 200])
 
@@ -215,6 +219,8 @@ class Publisher:
             except (OSError, ConnectionError, asyncio.IncompleteReadError):
                 await asyncio.sleep(0.1)
                 continue
+            if stored < self.acked:
+                self.skipped.append((stored, self.acked))
             self.acked = max(self.acked, stored)  # stored by the server: the logon says so
             sent = self.acked
             try:

@@ -62,7 +62,15 @@ from seams_clients import (
     login,
     stored_ids,
 )
-from seams_oracle import archive_ids, check_desks, check_ha, check_queues, check_stored, journal_ids
+from seams_oracle import (
+    archive_ids,
+    check_desks,
+    check_ha,
+    check_queues,
+    check_stored,
+    journal_ids,
+    skipped_ids,
+)
 
 from server.ids import publisher_id
 from tests.support.cluster import Cluster
@@ -305,7 +313,7 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
         for i in cl:
             try:
                 have = await stored_ids(i.port)
-            except (OSError, ConnectionError, TimeoutError, Violation):
+            except (OSError, ConnectionError, TimeoutError, EOFError, Violation):
                 return False
             if not want <= have | archive_ids(os.path.join(i.directory, "archive")):
                 return False
@@ -318,7 +326,7 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
     await asyncio.sleep(0.5)  # queue consumers take what is left
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    return {"acked": acked, "ledger": ledger, "windows": faults.windows, "ha": ha,
+    return {"acked": acked, "skipped": {publisher_id(p.name): p.skipped for p in pubs}, "ledger": ledger, "windows": faults.windows, "ha": ha,
             "desks": desks, "desk_consumers": desk_consumers, "deleter": deleter if "filter-delete" in kinds else None, "problems": problems,
             "maint_runs": maintenance_runs(cl)}  # fmt: skip
 
@@ -341,8 +349,10 @@ def check(cl: Cluster, out: dict) -> tuple[dict, list[str]]:
         stored[i.name] = (jids, archive_ids(os.path.join(i.directory, "archive")), bad)
     stats = {"acked": sum(acked.values())}
     violations = list(out["problems"])
-    for part in (check_stored(acked, stored), check_queues(out["ledger"], out["windows"]),
-                 check_ha(out["ha"].seen, out["ha"].errors, acked),
+    skipped = skipped_ids(out["skipped"])
+    held = {k for k in skipped if any(k in j or k in a for j, a, _ in stored.values())}
+    for part in (check_stored(acked, stored, skipped), check_queues(out["ledger"], out["windows"]),
+                 check_ha(out["ha"].seen, out["ha"].errors, acked, held),
                  check_desks(out["desks"], out["desk_consumers"], out["deleter"])):  # fmt: skip
         stats.update(part[0])
         violations += part[1]
@@ -426,6 +436,7 @@ SEAMS = Mode(
     stat_keys=(
         "acked",
         "lost",
+        "lost_async",
         "duplicated",
         "archived",
         "queue_delivered",
@@ -436,6 +447,7 @@ SEAMS = Mode(
         "ha_delivered",
         "ha_twice",
         "ha_missed",
+        "ha_missed_async",
         "desk_delivered",
         "entitlement_breaches",
         "failovers",

@@ -16,6 +16,9 @@ source -> dest  {"c":"repl_batch","from":P0,"to":P1}  body       raw journal rec
                                                                   destination carries, back to
                                                                   back, crc included (may be empty)
 dest -> source  {"c":"repl_ack","pos":P1}                        durable on the destination
+source -> dest  {"c":"repl_owners","owners":[[ID,U],...]}        client-name bindings: publisher
+                                                                  id ID (u64) is bound to user U
+                                                                  (docs/security.md)
 either way      {"c":"heartbeat"}                                after 1 s idle
 ```
 
@@ -28,7 +31,10 @@ taken from. S (optional) is the other end's journal identity as this end last sa
 logon, the destination's as the source saw it; on its answer, the source's as the destination
 saw it): an instance whose journal is not that one lost its journal (it was replaced). Positions are u64 journal positions of the *source*. A batch's `from` is the
 previous batch's `to` on the same link (or the resume point): the link is a gap-free walk of
-the source journal; records filtered out by the source just leave nothing in the body.
+the source journal; records filtered out by the source just leave nothing in the body. A
+batch of an empty range (`from` = `to`) may carry records: a handoff of records from earlier in
+the source journal (a publisher that moved to the source; server/replication/handoff.py).
+`repl_owners` carries at most MAX_OWNERS entries, each user 1..MAX_USER bytes of UTF-8.
 
 Everything here is pure: `LinkDecoder.feed(bytes) -> [LinkFrame]` and the `encode_*` functions.
 Every field is checked when decoded; a bad frame raises LinkError (a subclass per cause), and
@@ -59,11 +65,13 @@ __all__ = [
     "ReplAck",
     "ReplBatch",
     "ReplLogon",
+    "ReplOwners",
     "encode_ack",
     "encode_batch",
     "encode_failure",
     "encode_heartbeat",
     "encode_logon",
+    "encode_owners",
 ]
 
 LINK_VERSION = 1
@@ -72,6 +80,8 @@ MAX_BATCH_BODY = 1024 * 1024  # what a sender puts in one batch (one larger reco
 MAX_LINK_FRAME = 64 * 1024 * 1024
 MAX_NAME = 255  # bytes of an instance or group name (the origin block's limit, record.py)
 MAX_U64 = (1 << 64) - 1
+MAX_OWNERS = 1000  # client-name bindings per repl_owners frame
+MAX_USER = 1024  # bytes of a user name in a binding
 
 
 class LinkError(ValueError):
@@ -125,11 +135,15 @@ class ReplBatch(msgspec.Struct, tag_field="c", tag="repl_batch", forbid_unknown_
     to: int
 
 
+class ReplOwners(msgspec.Struct, tag_field="c", tag="repl_owners", forbid_unknown_fields=True):
+    owners: list[tuple[int, str]]
+
+
 class Heartbeat(msgspec.Struct, tag_field="c", tag="heartbeat", forbid_unknown_fields=True):
     pass
 
 
-LinkHeader = ReplLogon | ReplAck | ReplBatch | Heartbeat
+LinkHeader = ReplLogon | ReplAck | ReplBatch | ReplOwners | Heartbeat
 LinkFrame = tuple[LinkHeader, bytes]
 """(header, body); the body is empty except for a repl_batch."""
 
@@ -167,8 +181,8 @@ def check_header(h: LinkHeader, body: bytes) -> None:
         _check_pos("to", h.to)
         if h.to < h.from_:
             raise BadLinkFrame(f"repl_batch `to` {h.to} is before `from` {h.from_}")
-        if body and h.to == h.from_:
-            raise BadLinkFrame("repl_batch of an empty range carries records")
+        # a batch of an empty range may carry records: a handoff (records of a publisher that
+        # moved to the sender, from earlier in its journal; docs/replication.md)
         return
     if body:
         raise BadLinkFrame(f"a {type(h).__name__} frame carries a body of {len(body)} bytes")
@@ -181,6 +195,14 @@ def check_header(h: LinkHeader, body: bytes) -> None:
             raise BadLinkFrame(f"repl_logon version {h.v} is not a link version")
         _check_jid(h.jid)
         _check_jid(h.seen)
+    elif isinstance(h, ReplOwners):
+        if not 0 < len(h.owners) <= MAX_OWNERS:
+            raise BadLinkFrame(f"repl_owners must carry 1..{MAX_OWNERS} bindings")
+        for pub, user in h.owners:
+            if not 0 <= pub <= MAX_U64:
+                raise BadLinkFrame(f"repl_owners publisher id {pub} is not a u64")
+            if not 0 < len(user.encode()) <= MAX_USER:
+                raise BadLinkFrame(f"repl_owners user must be 1..{MAX_USER} bytes of UTF-8")
     elif isinstance(h, ReplAck):
         _check_pos("pos", h.pos)
         _check_jid(h.jid)
@@ -293,6 +315,13 @@ def encode_ack(
             return _frame(h)
         return frame_bytes(b'{"c":"repl_ack","status":"success","pos":%d}' % pos)
     return frame_bytes(b'{"c":"repl_ack","pos":%d}' % pos)
+
+
+def encode_owners(owners: list[tuple[int, str]]) -> bytes:
+    """Client-name bindings (publisher id, user): at most MAX_OWNERS per frame."""
+    h = ReplOwners(owners=owners)
+    check_header(h, b"")
+    return _frame(h)
 
 
 def encode_failure(reason: str) -> bytes:

@@ -31,6 +31,7 @@ from typing import Any
 from config.model import Config
 from journal.fileio import io_from_env
 from journal.journal import Journal
+from journal.record import raw_origin
 from protocol.security.tls import ServerTls, server_context
 
 from . import frames, splice
@@ -44,6 +45,7 @@ from .pipeline import Pipeline
 from .reasons import Disconnect
 from .replication import AckSink, MemoryAckSink
 from .replication.catchup import CatchUp
+from .replication.handoff import foreign_tail
 from .replication.identity import journal_identity
 from .replication.receiver import Receiver
 from .replication.sender import Sender
@@ -148,6 +150,7 @@ class Server:
             self.connections.backlog,
             compile_later=self._compile_later,
             logons_refused=self.catch_up.reason if self.catch_up is not None else _nothing,
+            publisher_logon=self._publisher_logon,
         )
         self.counters, self.intake, self.fanout = core.counters, core.intake, core.fanout
         self.pipeline, self.gate, self.replays = core.pipeline, core.gate, core.replays
@@ -309,6 +312,25 @@ class Server:
                 group,
                 "; ".join(s.describe() for s in self.senders),
             )
+
+    def _publisher_logon(self, pub: int, seq: int) -> None:
+        """A publisher whose newest message here came from another instance moved here: its
+        records from there go to every destination ahead of what it publishes now
+        (server/replication/handoff.py)."""
+        if not self.senders or self.journal is None:
+            return
+        records = foreign_tail(self.journal, pub, seq)
+        if records:
+            log.info(
+                "replication: publisher %d moved here (its newest, seq %d, came from %s): %d of "
+                "its records from other instances go to the destinations first",
+                pub,
+                seq,
+                (raw_origin(records[-1][7]) or (0, b"?", b""))[1].decode(errors="replace"),
+                len(records),
+            )
+            for sender in self.senders:
+                sender.hand_off(records)
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

@@ -112,13 +112,16 @@ def build_core(
     instance: str | None = None,
     compile_later: Callable[[str, Callable[[Any], None]], None] | None = None,
     logons_refused: Callable[[], str | None] | None = None,
+    publisher_logon: Callable[[int, int], None] | None = None,
 ) -> Core:
     """The core for `config` over `journal` (None: nothing is recorded). `recorded`: whether a
     topic is stored; `readers`: the executor replays read on; `on_backlog`: told when the
     journal falls behind and catches up; `instance`: the name (the configuration's by default);
     `compile_later`: compiles a large filter off the loop (the server's filter thread; by
     default at once, on the caller's thread); `logons_refused`: why logons are refused now (a
-    new journal catching up from its replication peers), None while they are served."""
+    new journal catching up from its replication peers), None while they are served;
+    `publisher_logon(pub, seq)`: a client logged on, told `seq` (replication's handoff of a
+    publisher that moved here)."""
     name = config.name if instance is None else instance
     counters = Counters()
     intake = Intake(config.limits)
@@ -170,6 +173,7 @@ def build_core(
         compile_later=compile_later or (lambda text, done: done(compile_now(text))),
         sow=sow,
         logons_refused=logons_refused or (lambda: None),
+        publisher_logon=publisher_logon or (lambda pub, seq: None),
     )
     return Core(
         journal,

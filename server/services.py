@@ -62,3 +62,6 @@ class SessionServices:
     sow: SowManager | None = None  # State of the World topics (server/sow/); None without any
     # why logons are refused now (a new journal catching up, server/replication/catchup.py)
     logons_refused: Callable[[], str | None] = lambda: None
+    # a client logged on under publisher id `pub`, told its highest stored `seq`: replication
+    # hands off what it published on other instances (server/replication/handoff.py)
+    publisher_logon: Callable[[int, int], None] = lambda pub, seq: None

@@ -395,6 +395,8 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
         self.on_logon()
         seq = svc.pipeline.durable.get(self.pub, 0)
         log.info("logon: %s user=%s last_seq=%d", self.describe(), self.user_id or "-", seq)
+        if seq:
+            svc.publisher_logon(self.pub, seq)
         if "processed" in acks or not acks:
             self.out.send_ack(
                 "processed",

@@ -65,9 +65,17 @@ class Link:
                 self.send(_HEARTBEAT)
 
     def send(self, data: bytes) -> None:
+        """LinkClosed on a link already ended. A transport that closed under the link (the
+        peer went, and the loop refuses writes to a closed handle) ends it without raising:
+        a send from a commit's callback (the receiver's ack) must not break the commit's other
+        callbacks; the link's owner sees it closed at its next step."""
         if self.reason is not None:
             raise LinkClosed(self.reason)
-        self.writer.write(data)
+        try:
+            self.writer.write(data)
+        except (RuntimeError, ConnectionError, OSError) as exc:
+            self.end(f"write failed: {exc}")
+            return
         self.bytes_out += len(data)
         self.last_send = time.monotonic()
 

@@ -40,6 +40,7 @@ from protocol.replication import (
     LINK_VERSION,
     ReplBatch,
     ReplLogon,
+    ReplOwners,
     encode_ack,
     encode_failure,
 )
@@ -102,6 +103,7 @@ class Receiver:
         # per source since start: [messages received, bytes received, duplicates dropped]
         self.per_source: dict[str, list[int]] = {}
         self._conns: set[Link] = set()
+        self._conflicts: set[tuple[str, int]] = set()  # (source, publisher) bound differently
 
     def resume_point(self, source: str) -> int:
         pos = self.durable_from.get(source)
@@ -238,6 +240,27 @@ class Receiver:
             return f"user {outcome.user!r} may not replicate (needs admin rights)"
         return None
 
+    def _bind(self, source: str, owners: list[tuple[int, str]]) -> None:
+        """Client-name bindings made on (or passed on by) `source`: bound here too, durably with
+        the next commit, so another user's logon under the name is refused `name in use` here
+        as well. A name bound here to another user keeps its binding (both were bound before
+        either instance heard of the other's: a partition); said once per name and source."""
+        pipeline = self.pipeline
+        for pub, user in owners:
+            if not pipeline.bind_owner(pub, user):
+                key = (source, pub)
+                if key not in self._conflicts and len(self._conflicts) < 10_000:
+                    self._conflicts.add(key)
+                    log.warning(
+                        "replication link from %s: publisher id %d is bound to user %r there and "
+                        "to %r here (each bound it before hearing of the other); this instance "
+                        "keeps its own",
+                        source,
+                        pub,
+                        user,
+                        pipeline.owners.get(pub),
+                    )
+
     def _queue_events(self, source: str, group: str, rec: RawTuple) -> None:
         """A queue-event record received (translate_in of Pipeline.replicate): to the queues,
         which apply it and journal it as their own record (nothing to add to the batch here).
@@ -300,6 +323,9 @@ class Receiver:
         while True:
             for h, body in frames:
                 if not isinstance(h, ReplBatch):
+                    if isinstance(h, ReplOwners):
+                        self._bind(source, h.owners)
+                        continue
                     if type(h).__name__ == "Heartbeat":
                         # a source sends heartbeats only when it has nothing to send
                         if self.queues is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import re
 import ssl
@@ -46,12 +47,21 @@ from journal.record import (
     record_length_at,
     scan_records,
 )
-from protocol.replication import MAX_BATCH_BODY, ReplAck, encode_batch, encode_logon
+from protocol.replication import (
+    MAX_BATCH_BODY,
+    MAX_OWNERS,
+    MAX_USER,
+    ReplAck,
+    encode_batch,
+    encode_logon,
+    encode_owners,
+)
 
 from ..pipeline import Pipeline
 from ..replicate_scan import kept_span
 from ..sow.records import replicated
 from . import U64, AckSink, repl_acked_key
+from .handoff import Handoffs
 from .identity import REPL_PEER, pack_peer, unpack_peer
 from .link import DEAD_AFTER, Link, LinkClosed
 
@@ -217,6 +227,9 @@ class Sender:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._tls_errors: set[tuple[str, int, str]] = set()
+        # records of a publisher that moved here (handoff.py): sent ahead of the journal
+        self.handoffs = Handoffs(dest.name)
+        self._owners_sent = 0  # client-name bindings sent on this link (pipeline.owners grows)
         stored = journal.index.get_meta(repl_acked_key(dest.name))
         if stored is not None:
             self.acked = U64.unpack(stored)[0]
@@ -382,7 +395,36 @@ class Sender:
             if self._idle is not None and not self._idle.done():
                 self._idle.set_result(None)
 
+    def hand_off(self, records: list[RawTuple]) -> None:
+        """A publisher moved here (handoff.py): its `records` from other instances go to this
+        destination ahead of anything committed after this call, except those that came from
+        the destination itself (it has them, loop prevention) or on topics it does not carry."""
+
+        def keeps(r: RawTuple) -> bool:
+            origin = raw_origin(r[7])
+            return self.filter.topic(r[5]) and (origin is None or origin[1] != self.filter.dest)
+
+        if self.handoffs.add(records, keeps) and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)  # an idle streamer sends them now
+
+    def _send_owners(self, link: Link) -> None:
+        """The client-name bindings made since the last call (all of them on a new link), ahead
+        of the journal records read after them: a name's binding reaches the destination before
+        its first message (docs/security.md). The destination binds each name it has not
+        bound; bindings only grow, so the dict's order says which are new."""
+        owners = self.pipeline.owners
+        new = [
+            (pub, user)
+            for pub, user in itertools.islice(owners.items(), self._owners_sent, None)
+            if 0 < len(user.encode()) <= MAX_USER
+        ]
+        self._owners_sent = len(owners)
+        for i in range(0, len(new), MAX_OWNERS):
+            link.send(encode_owners(new[i : i + MAX_OWNERS]))
+
     def _ack(self, pos: int) -> None:
+        if self.handoffs.pending:
+            self.handoffs.acked(pos)
         if pos > self.acked:
             self.acked = pos
             self.sink.acked(self.dest.name, pos)
@@ -420,9 +462,16 @@ class Sender:
             pos = start
             self.acked = self.sent_pos = pos
             self.sink.acked(name, pos)
+        self.handoffs.new_link()  # what the last link may not have committed goes again
+        self._owners_sent = 0  # and every client-name binding
         while True:
             if link.closed:
                 raise LinkClosed(link.reason or "closed")
+            if len(self.pipeline.owners) > self._owners_sent:
+                self._send_owners(link)
+            if self.handoffs.pending:
+                for size in self.handoffs.send(link.send, pos):
+                    self.sink.sent(name, pos, None, size)
             if pos >= journal.end_position:
                 await self._next_commit()
                 continue

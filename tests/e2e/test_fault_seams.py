@@ -5,13 +5,13 @@ rounds (each check must be able to fail), and 50 rounds against a replicated set
 starting servers); --time-limit stops the run after 480 s, and then at least 20 rounds must
 have run. The CI rounds leave out `maint` (a local Spark job per run is tens of seconds: the
 bench runs it on a share of its rounds). TT_SEAMS_FAULTS picks the classes (default: every
-other one but `kill`), TT_FAULT_SEED the seed, TT_SEAMS_ROUNDS the number of rounds.
+other one), TT_FAULT_SEED the seed, TT_SEAMS_ROUNDS the number of rounds.
 
-`kill` is left out of the CI default while its known violation is open (issue 23): on the merged
-build of 2026-11-27, seed 1 round 3 (drop+kill+filter-delete) left tt-b without 5 acknowledged
-messages of a peer's publisher, in neither its journal nor its archive, and the HA subscriber
-never got them (`./run bench fault_campaign --seams --seed 1 --first-round 3 --rounds 1`). Put
-it back in the default once that round and a 500-round run with `kill` pass."""
+`kill` is in the default again (issue 23): its violation, a killed instance's unsent messages
+dropped as duplicates on a third instance after their publisher moved, is fixed by the handoff
+(docs/replication.md, "A publisher that moves"); what async replication loses by design when a
+publisher moves past messages its new instance lacks is counted (`lost_async`), not judged,
+and only while another instance holds them."""
 
 import json
 import os
@@ -25,7 +25,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.append(os.path.join(ROOT, "bench"))  # last: its module names shadow nothing
 
 from seams_clients import ALO_QUEUE, AMO_QUEUE, Ledger, body, body_ok, desk_of  # noqa: E402
-from seams_oracle import check_desks, check_ha, check_queues, check_stored  # noqa: E402
+from seams_oracle import (  # noqa: E402
+    check_desks,
+    check_ha,
+    check_queues,
+    check_stored,
+    skipped_ids,
+)
 
 from server.ids import publisher_id  # noqa: E402
 
@@ -54,6 +60,32 @@ def test_stored_oracle_finds_a_message_missing_on_one_instance_and_one_stored_tw
     twice = Counter({(P, 1): 2, (P, 2): 1, (P, 3): 1})
     stats, v = check_stored(acked, {"tt-a": (twice, set(), [])})
     assert stats["duplicated"] == 1 and "stored twice" in v[0]
+
+
+def test_stored_oracle_counts_what_a_publisher_went_past_on_failover_only_while_held():
+    from collections import Counter
+
+    # acked 1..3 by tt-a (async), then on tt-b, told 1, it went on at 4: tt-b lacks 2 and 3
+    acked = {P: 5}
+    skipped = skipped_ids({P: [(1, 3)]})
+    assert skipped == {(P, 2), (P, 3)}
+    full = Counter({(P, s): 1 for s in range(1, 6)})
+    part = Counter({(P, 1): 1, (P, 4): 1, (P, 5): 1})
+    stats, v = check_stored(acked, {"tt-a": (full, set(), []), "tt-b": (part, set(), [])}, skipped)
+    assert v == [] and (stats["lost"], stats["lost_async"]) == (0, 2)
+    # nobody holds them: lost all the same
+    stats, v = check_stored(acked, {"tt-a": (part, set(), []), "tt-b": (part, set(), [])}, skipped)
+    assert (stats["lost"], stats["lost_async"]) == (4, 0) and len(v) == 2
+    # a message missing that the publisher did not go past is lost, skipped or not elsewhere
+    gap = Counter({(P, s): 1 for s in (1, 2, 3, 5)})
+    stats, v = check_stored(acked, {"tt-a": (full, set(), []), "tt-b": (gap, set(), [])}, skipped)
+    assert stats["lost"] == 1 and "tt-b: 1 acknowledged" in v[0]
+    # the HA subscriber: missing an excused one is counted apart
+    seen = [f"{P}|{s}|" for s in (1, 4, 5)]
+    stats, v = check_ha(seen, [], acked, {(P, 2), (P, 3)})
+    assert v == [] and (stats["ha_missed"], stats["ha_missed_async"]) == (0, 2)
+    stats, v = check_ha(seen, [], acked)
+    assert stats["ha_missed"] == 2 and v
 
 
 def _ledger(delivered, acked=()):
@@ -109,7 +141,7 @@ def test_desk_oracle_flags_the_other_desk():
 def test_fifty_seams_rounds_keep_the_promise(tmp_path):
     seed = os.environ.get("TT_FAULT_SEED", "1")
     rounds = int(os.environ.get("TT_SEAMS_ROUNDS", "50"))
-    faults = os.environ.get("TT_SEAMS_FAULTS", "drop,stall,delay,disk-full,filter-delete")
+    faults = os.environ.get("TT_SEAMS_FAULTS", "drop,stall,delay,kill,disk-full,filter-delete")
     out = tmp_path / "totals.json"
     started = time.monotonic()
     proc = subprocess.run(

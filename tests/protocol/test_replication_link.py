@@ -13,11 +13,13 @@ from protocol.replication import (
     ReplAck,
     ReplBatch,
     ReplLogon,
+    ReplOwners,
     encode_ack,
     encode_batch,
     encode_failure,
     encode_heartbeat,
     encode_logon,
+    encode_owners,
 )
 
 
@@ -72,6 +74,20 @@ def test_batch_golden_and_body():
     assert (h, b) == (ReplBatch(from_=100, to=140), body)
     # an all-filtered range: an empty body, the end still moves
     assert LinkDecoder().feed(encode_batch(140, 500)) == [(ReplBatch(from_=140, to=500), b"")]
+    # a handoff: records of an empty range (a publisher that moved to the sender)
+    f = encode_batch(500, 500, body)
+    assert f == raw(b'{"c":"repl_batch","from":500,"to":500}', body)
+    assert LinkDecoder().feed(f) == [(ReplBatch(from_=500, to=500), body)]
+
+
+def test_owners_golden():
+    f = encode_owners([(7, "alice"), ((1 << 64) - 1, 'b}"o')])
+    assert f == raw(b'{"c":"repl_owners","owners":[[7,"alice"],[18446744073709551615,"b}\\"o"]]}')
+    assert LinkDecoder().feed(f) == [
+        (ReplOwners(owners=[(7, "alice"), ((1 << 64) - 1, 'b}"o')]), b"")
+    ]
+    with pytest.raises(BadLinkFrame):
+        encode_owners([(1, "u")] * 1001)
 
 
 def test_every_split_of_a_stream():
@@ -114,7 +130,11 @@ BAD = [
     (raw(b'{"c":"repl_ack","status":"failure"}'), BadLinkFrame, "no `reason`"),
     (raw(b'{"c":"repl_batch","from":5}'), BadLinkFrame, "to"),
     (raw(b'{"c":"repl_batch","from":9,"to":5}'), BadLinkFrame, "before `from`"),
-    (raw(b'{"c":"repl_batch","from":5,"to":5}', b"rec"), BadLinkFrame, "empty range"),
+    (raw(b'{"c":"repl_owners","owners":[]}'), BadLinkFrame, "1..1000 bindings"),
+    (raw(b'{"c":"repl_owners","owners":[[-1,"alice"]]}'), BadLinkFrame, "not a u64"),
+    (raw(b'{"c":"repl_owners","owners":[[1,""]]}'), BadLinkFrame, "1..1024 bytes"),
+    (raw(b'{"c":"repl_owners","owners":[[1,"a","b"]]}'), BadLinkFrame, "not a replication"),
+    (raw(b'{"c":"repl_owners","owners":[[1,"a"]]}', b"x"), BadLinkFrame, "carries a body"),
     (raw(b'{"c":"heartbeat"}', b"x"), BadLinkFrame, "carries a body"),
     (raw(b'{"c":"repl_ack","pos":1}', b"x"), BadLinkFrame, "carries a body"),
     (raw(b"[1,2]"), BadLinkFrame, "JSON object"),
