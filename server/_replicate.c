@@ -37,65 +37,10 @@
 
 #define MAX_NAME 255
 
-/* One record's fields, offsets relative to its start. */
-typedef struct {
-    Py_ssize_t total;             /* 4 + length */
-    int kind, flags;
-    Py_ssize_t tlen, topic;       /* topic at [topic, topic + tlen); the body follows */
-    Py_ssize_t hdr, hlen;         /* header fragment, when flags & 2 */
-    Py_ssize_t origin, olen;      /* origin block (u64 time, N, name, G, group), when flags & 4 */
-    uint32_t exp;
-    uint64_t pub, seq, ts;
-} Rec;
-
-/* Parse the record at p (at most `left` bytes there): 1 when it is whole and its optional
-   fields and topic fit in it, else 0. */
-static int parse(const unsigned char *p, Py_ssize_t left, Rec *r) {
-    if (left < RECORD_HEADER)
-        return 0;
-    Py_ssize_t length = (Py_ssize_t)rd32(p);
-    r->total = 4 + length;
-    if (length < RECORD_HEADER - 4 || r->total > left)
-        return 0;
-    r->kind = p[8];
-    r->flags = p[9];
-    r->tlen = (Py_ssize_t)rd16(p + 10);
-    r->pub = rd64(p + 12);
-    r->seq = rd64(p + 20);
-    r->ts = rd64(p + 28);
-    if (r->flags & ~KNOWN_FLAGS)
-        return 0;
-    Py_ssize_t at = RECORD_HEADER, end = r->total;
-    r->exp = 0;
-    r->hdr = r->hlen = r->origin = r->olen = 0;
-    if (r->flags & FLAG_EXPIRATION) {
-        if (at + 4 > end)
-            return 0;
-        r->exp = rd32(p + at);
-        at += 4;
-    }
-    if (r->flags & FLAG_HEADER) {
-        if (at + 2 > end)
-            return 0;
-        r->hlen = (Py_ssize_t)rd16(p + at);
-        r->hdr = at + 2;
-        at += 2 + r->hlen;
-    }
-    if (r->flags & FLAG_ORIGIN) {
-        if (at + 9 > end)
-            return 0;
-        r->origin = at;
-        Py_ssize_t o = at + 9 + p[at + 8];
-        if (o + 1 > end)
-            return 0;
-        o += 1 + p[o];
-        r->olen = o - at;
-        at = o;
-    }
-    if (at + r->tlen > end)
-        return 0;
-    r->topic = at;
-    return 1;
+/* The record at p (at most `left` bytes there): 1 when it is whole, its optional fields and
+   topic fit in it and its flags are known, else 0. */
+static int parse(const unsigned char *p, Py_ssize_t left, RecordFields *r) {
+    return record_next(p, left, r) == RECORD_WHOLE && !(r->flags & ~KNOWN_FLAGS);
 }
 
 /* The running state of one publisher between switches (the dicts are written at a switch). */
@@ -214,7 +159,7 @@ replicate_records(PyObject *self, PyObject *args)
     unsigned char *o = o0;
     while (pos < n) {
         const unsigned char *p = buf + pos;
-        Rec r;
+        RecordFields r;
         if (!parse(p, n - pos, &r) || r.kind != KIND_MESSAGE)
             break;
         if (cur.pub_o == NULL || r.pub != cur.pub) {
@@ -377,7 +322,7 @@ kept_span(PyObject *self, PyObject *args)
     }
     while (pos < n) {
         const unsigned char *p = buf + pos;
-        Rec r;
+        RecordFields r;
         if (!parse(p, n - pos, &r) || r.kind != KIND_MESSAGE || (r.flags & FLAG_ORIGIN))
             break;
         if (last_topic == NULL || r.tlen != last_tlen ||
