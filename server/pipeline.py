@@ -47,7 +47,7 @@ from journal.record import KIND_MESSAGE, encode_record
 
 from . import frames
 from .fanout import Fanout, Message
-from .pipeline_batch import AckGate, Batch
+from .pipeline_batch import AckGate, Batch, new_row
 from .pipeline_publish import TOPIC_CACHE_LIMIT, BatchedIntake, Publisher
 from .pipeline_replicate import REPL_FROM, ReplicatedIntake
 from .subscriptions import Subscription
@@ -211,7 +211,7 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self.highest[pub] = seq
         if pub not in batch.first_seq:
             batch.first_seq[pub] = seq
-        batch.msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
+        batch.msgs.append(new_row((topic, pub, seq, ts, body, off, hdr, exp)))
         batch.last[pub] = (seq, off)
         if self.fanout.early:
             self.fanout.deliver(

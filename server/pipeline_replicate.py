@@ -25,6 +25,7 @@ from journal.record import (
     scan_records,
 )
 
+from .pipeline_batch import new_row
 from .pipeline_publish import TOPIC_CACHE_LIMIT
 from .replicate_scan import replicate_records
 
@@ -255,7 +256,7 @@ class ReplicatedIntake:
             if batch.origins is None:
                 batch.origins = {}
             batch.origins[len(msgs)] = origin
-            msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
+            msgs.append(new_row((topic, pub, seq, ts, body, off, hdr, exp)))
             last[pub] = (seq, off)
             if early:
                 self.fanout.deliver(
