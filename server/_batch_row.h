@@ -1,4 +1,4 @@
-/* The batch row built in C: server/pipeline_batch.py's BatchRow, a NamedTuple defined once in
+/* The batch row built in C: server/batch_row.py's BatchRow, a NamedTuple defined once in
  * Python. server/_publish.c and server/_replicate.c get the type from their configure() (called
  * by server/publish_scan.py and server/replicate_scan.py at import) and make its instances the
  * way tuple.__new__ does, without a Python call per row.
@@ -36,7 +36,7 @@ static PyTypeObject *batch_row_type(PyObject *type, const char *who) {
     if (!same) {
         PyErr_Format(PyExc_ValueError,
                      "%s fills the batch row fields (topic, pub, seq, ts, body, offset, hdr, exp); "
-                     "server/pipeline_batch.py's BatchRow has %R: teach the C the new fields",
+                     "server/batch_row.py's BatchRow has %R: teach the C the new fields",
                      who, fields);
         Py_DECREF(fields);
         return NULL;

@@ -16,7 +16,7 @@
  *     topic str). For each it appends the journal record (journal/record.py: kind 1, flags 0,
  *     u32 LE length, crc32, topic, body) to `records`, (pub, seq, ts, base + offset) to
  *     `entries` and BatchRow(topic, pub, seq, ts, body, base + offset, b"", None) to `msgs`
- *     (server/pipeline_batch.py's row type, given to configure()).
+ *     (server/batch_row.py's row type, given to configure()).
  *     stop: where it stopped (len(raw), or the first frame it did not take; anything unusual
  *     there is for the Python path); highest: the last sequence taken (`highest` if none);
  *     asked: whether a taken frame had a="persisted"; unknown: the topic at `stop` when it
@@ -45,7 +45,7 @@ static Py_ssize_t fast_ack_len = -1;
 /* the members parse_header reads, sorted: protocol/headers.py's "fast" publish fields */
 static const char *const MEMBERS[] = {"a", "c", "cid", "s", "t"};
 #define N_MEMBERS 5
-static PyTypeObject *row_type = NULL; /* server/pipeline_batch.py's BatchRow */
+static PyTypeObject *row_type = NULL; /* server/batch_row.py's BatchRow */
 
 static const char PUBLISH_PREFIX[] = "{\"c\":\"publish\"";
 #define PUBLISH_PREFIX_LEN 14
@@ -345,7 +345,7 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(max_topic, max_cid, max_seq, ack, fields, row_type): the limits, the ack type, "
      "the sorted member names of protocol/headers.py's fast publish and the batch row type "
-     "(server/pipeline_batch.py's BatchRow); see server/publish_scan.py"},
+     "(server/batch_row.py's BatchRow); see server/publish_scan.py"},
     {"publish_span", publish_span, METH_VARARGS,
      "publish_span(buf, pos, max_size) -> end; see server/publish_scan.py"},
     {"publish_records", publish_records, METH_VARARGS,

@@ -11,7 +11,7 @@
  *     re-encoded with an origin block and this instance's receive time `ts` (the source
  *     record's own origin block kept, else (its receive time, name, group)) into `records`,
  *     with (pub, seq, ts, base + offset) in `entries`, BatchRow(topic, pub, seq, ts, body, base
- *     + offset, header fragment, expiration or None) in `msgs` (server/pipeline_batch.py's row
+ *     + offset, header fragment, expiration or None) in `msgs` (server/batch_row.py's row
  *     type, given to configure(row_type) at import), its origin tuple in
  *     `origins[first_msg + i]`, and `highest[pub] = seq`. stop: the first record not walked
  *     (len(body), or a queue event, a topic not in `known` (then `unknown` is that topic), a
@@ -37,7 +37,7 @@
 #include "../journal/_record.h"
 #include "_batch_row.h"
 
-static PyTypeObject *row_type = NULL; /* server/pipeline_batch.py's BatchRow, from configure() */
+static PyTypeObject *row_type = NULL; /* server/batch_row.py's BatchRow, from configure() */
 
 #define MAX_NAME 255
 
@@ -377,7 +377,7 @@ configure(PyObject *self, PyObject *type)
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_O,
-     "configure(row_type): the batch row type (server/pipeline_batch.py's BatchRow) to build"},
+     "configure(row_type): the batch row type (server/batch_row.py's BatchRow) to build"},
     {"replicate_records", replicate_records, METH_VARARGS,
      "replicate_records(body, pos, highest, known, name, group, ts, base, first_msg, origins) "
      "-> (records, entries, msgs, stop, dups, unknown, pubs); see server/replicate_scan.py"},

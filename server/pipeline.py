@@ -46,8 +46,9 @@ from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 
 from . import frames
+from .batch_row import new_row
 from .fanout import Fanout, Message
-from .pipeline_batch import AckGate, Batch, new_row
+from .pipeline_batch import AckGate, Batch
 from .pipeline_publish import TOPIC_CACHE_LIMIT, BatchedIntake, Publisher
 from .pipeline_replicate import REPL_FROM, ReplicatedIntake
 from .subscriptions import Subscription

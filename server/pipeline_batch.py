@@ -11,32 +11,13 @@ a committed batch's acks until the sync destinations have it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .batch_row import BatchRow
 
 if TYPE_CHECKING:
     from .pipeline_publish import Publisher
-
-
-class BatchRow(NamedTuple):
-    """One message of a batch, to fan out once durable: the one shape of the rows the Python
-    paths and the C scanners (server/_publish.c, _replicate.c, which get this type from their
-    configure() and refuse one whose fields they do not fill) append to `Batch.msgs`."""
-
-    topic: str
-    pub: int
-    seq: int
-    ts: int  # receive time, µs
-    body: bytes
-    offset: int  # of its record in the journal (Batch.data's base + offset), or -1
-    hdr: bytes  # header fragment (b"": none)
-    exp: Any  # the publish's expiration `e`, or None
-
-
-# Rows from a tuple of their fields without a Python call (BatchRow(...) is one): the paths
-# that make a row per message use this.
-new_row: Callable[[Iterable[Any]], BatchRow] = partial(tuple.__new__, BatchRow)
 
 
 class AckGate(Protocol):

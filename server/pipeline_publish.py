@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
 
-from .pipeline_batch import new_row
+from .batch_row import new_row
 from .publish_scan import publish_records
 
 TOPIC_CACHE_LIMIT = 50_000  # the pipeline's topic caches are cleared past this many entries

@@ -25,7 +25,7 @@ from journal.record import (
     scan_records,
 )
 
-from .pipeline_batch import new_row
+from .batch_row import new_row
 from .pipeline_publish import TOPIC_CACHE_LIMIT
 from .replicate_scan import replicate_records
 

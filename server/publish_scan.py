@@ -17,8 +17,8 @@ s a decimal integer in 1..MAX_SEQ without leading zeros, above the sequence befo
 (`highest` for the first); its topic a key of `known` (topic bytes -> the topic str, the ones the caller checked
 are stored as they are). For each it appends the journal record (journal/record.py: kind
 message, flags 0) to `records`, `(pub, seq, ts, base + offset)` to `entries` and
-`BatchRow(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/pipeline_batch.py's
-row type, which the C twin gets from its configure()). `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
+`BatchRow(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/batch_row.py's row
+type, which the C twin gets from its configure()). `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
 hands to the ordinary path (anything unusual: other members, escapes, white space, a duplicate
 sequence, ...); `highest` the last sequence taken; `asked` whether a taken frame had
 `a="persisted"`; `unknown` the topic at `stop` when that is the only reason it stopped, else
@@ -46,7 +46,7 @@ from protocol.headers import (
     MAX_TOPIC_BYTES,
 )
 
-from .pipeline_batch import BatchRow, new_row
+from .batch_row import BatchRow, new_row
 
 __all__ = [
     "ACCELERATED",

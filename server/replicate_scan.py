@@ -49,7 +49,7 @@ from journal.record import (
     scan_records,
 )
 
-from .pipeline_batch import BatchRow, new_row
+from .batch_row import BatchRow, new_row
 
 __all__ = [
     "ACCELERATED",

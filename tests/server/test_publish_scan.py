@@ -13,7 +13,7 @@ import pytest
 from journal.record import KIND_MESSAGE, encode_record
 from protocol.framing import RAW_RUN, FrameDecoder, FrameError, RawFrames, expand, frame_bytes
 from server import publish_scan
-from server.pipeline_batch import BatchRow
+from server.batch_row import BatchRow
 from server.publish_scan import publish_records_py, publish_span_py
 
 RECORDS = [pytest.param(publish_records_py, id="python")]

@@ -10,7 +10,7 @@ import pytest
 
 from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, encode_record
 from server import replicate_scan
-from server.pipeline_batch import BatchRow
+from server.batch_row import BatchRow
 from server.replicate_scan import kept_span_py, replicate_records_py
 
 INTAKES = [pytest.param(replicate_records_py, id="python")]
