@@ -15,8 +15,8 @@
  *     the sequence before it (`highest` for the first); the topic a key of `known` (bytes ->
  *     topic str). For each it appends the journal record (journal/record.py: kind 1, flags 0,
  *     u32 LE length, crc32, topic, body) to `records`, (pub, seq, ts, base + offset) to
- *     `entries` and BatchRow(topic, pub, seq, ts, body, base + offset, b"", None) to `msgs`
- *     (server/batch_row.py's row type, given to configure()).
+ *     `entries` and (topic, pub, seq, ts, body, base + offset, b"", None) to `msgs`
+ *     (server/batch_row.py's BatchRow as a tuple; configure() checks its fields).
  *     stop: where it stopped (len(raw), or the first frame it did not take; anything unusual
  *     there is for the Python path); highest: the last sequence taken (`highest` if none);
  *     asked: whether a taken frame had a="persisted"; unknown: the topic at `stop` when it
@@ -45,7 +45,6 @@ static Py_ssize_t fast_ack_len = -1;
 /* the members parse_header reads, sorted: protocol/headers.py's "fast" publish fields */
 static const char *const MEMBERS[] = {"a", "c", "cid", "s", "t"};
 #define N_MEMBERS 5
-static PyTypeObject *row_type = NULL; /* server/batch_row.py's BatchRow */
 
 static const char PUBLISH_PREFIX[] = "{\"c\":\"publish\"";
 #define PUBLISH_PREFIX_LEN 14
@@ -263,7 +262,7 @@ publish_records(PyObject *self, PyObject *args)
             entry = PyTuple_Pack(4, pub_o, seq_o, ts_o, off_o);
             PyObject *const row[BATCH_ROW_FIELDS] = {topic_str, pub_o, seq_o, ts_o,
                                                      body_o,    off_o, empty, Py_None};
-            msg = batch_row(row_type, row);
+            msg = batch_row(row);
         }
         Py_XDECREF(seq_o);
         Py_XDECREF(off_o);
@@ -307,10 +306,8 @@ configure(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "nnKy#O!O", &topic, &cid, &seq, &ack, &ack_len, &PyTuple_Type,
                           &fields, &row))
         return NULL;
-    PyTypeObject *rt = batch_row_type(row, "server/_publish.c");
-    if (rt == NULL)
+    if (batch_row_check(row, "server/_publish.c") < 0)
         return NULL;
-    Py_XSETREF(row_type, rt);
     if (ack_len < 0 || (size_t)ack_len > sizeof(fast_ack)) {
         PyErr_SetString(PyExc_ValueError, "the fast publish ack type is too long");
         return NULL;
@@ -345,7 +342,7 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(max_topic, max_cid, max_seq, ack, fields, row_type): the limits, the ack type, "
      "the sorted member names of protocol/headers.py's fast publish and the batch row type "
-     "(server/batch_row.py's BatchRow); see server/publish_scan.py"},
+     "(server/batch_row.py's BatchRow, whose fields it checks); see server/publish_scan.py"},
     {"publish_span", publish_span, METH_VARARGS,
      "publish_span(buf, pos, max_size) -> end; see server/publish_scan.py"},
     {"publish_records", publish_records, METH_VARARGS,

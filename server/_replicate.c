@@ -10,9 +10,9 @@
  *     pub -> seq, missing = 0) is a duplicate, counted in `dups` and left out; any other is
  *     re-encoded with an origin block and this instance's receive time `ts` (the source
  *     record's own origin block kept, else (its receive time, name, group)) into `records`,
- *     with (pub, seq, ts, base + offset) in `entries`, BatchRow(topic, pub, seq, ts, body, base
- *     + offset, header fragment, expiration or None) in `msgs` (server/batch_row.py's row
- *     type, given to configure(row_type) at import), its origin tuple in
+ *     with (pub, seq, ts, base + offset) in `entries`, (topic, pub, seq, ts, body, base +
+ *     offset, header fragment, expiration or None) in `msgs` (server/batch_row.py's BatchRow
+ *     as a tuple; configure(BatchRow) checks its fields at import), its origin tuple in
  *     `origins[first_msg + i]`, and `highest[pub] = seq`. stop: the first record not walked
  *     (len(body), or a queue event, a topic not in `known` (then `unknown` is that topic), a
  *     record that is not whole or whose fields do not fit it): the caller's ordinary path
@@ -37,7 +37,6 @@
 #include "../journal/_record.h"
 #include "_batch_row.h"
 
-static PyTypeObject *row_type = NULL; /* server/batch_row.py's BatchRow, from configure() */
 
 #define MAX_NAME 255
 
@@ -257,7 +256,7 @@ replicate_records(PyObject *self, PyObject *args)
             entry = PyTuple_Pack(4, cur.pub_o, seq_o, ts_o, off_o);
             PyObject *const row[BATCH_ROW_FIELDS] = {topic_str, cur.pub_o, seq_o, ts_o,
                                                      body_o,    off_o,     hdr_o, exp_o};
-            msg = batch_row(row_type, row);
+            msg = batch_row(row);
             idx = PyLong_FromSsize_t(first_msg + PyList_GET_SIZE(msgs));
         }
         int bad = entry == NULL || msg == NULL || idx == NULL ||
@@ -368,16 +367,14 @@ static PyObject *
 configure(PyObject *self, PyObject *type)
 {
     (void)self;
-    PyTypeObject *t = batch_row_type(type, "server/_replicate.c");
-    if (t == NULL)
+    if (batch_row_check(type, "server/_replicate.c") < 0)
         return NULL;
-    Py_XSETREF(row_type, t);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_O,
-     "configure(row_type): the batch row type (server/batch_row.py's BatchRow) to build"},
+     "configure(row_type): checks server/batch_row.py's BatchRow against the fields it fills"},
     {"replicate_records", replicate_records, METH_VARARGS,
      "replicate_records(body, pos, highest, known, name, group, ts, base, first_msg, origins) "
      "-> (records, entries, msgs, stop, dups, unknown, pubs); see server/replicate_scan.py"},

@@ -46,7 +46,6 @@ from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 
 from . import frames
-from .batch_row import new_row
 from .fanout import Fanout, Message
 from .pipeline_batch import AckGate, Batch
 from .pipeline_publish import TOPIC_CACHE_LIMIT, BatchedIntake, Publisher
@@ -212,7 +211,7 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self.highest[pub] = seq
         if pub not in batch.first_seq:
             batch.first_seq[pub] = seq
-        batch.msgs.append(new_row((topic, pub, seq, ts, body, off, hdr, exp)))
+        batch.msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
         batch.last[pub] = (seq, off)
         if self.fanout.early:
             self.fanout.deliver(

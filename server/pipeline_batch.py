@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .batch_row import BatchRow
+from .batch_row import BatchTuple
 
 if TYPE_CHECKING:
     from .pipeline_publish import Publisher
@@ -56,7 +56,7 @@ class Batch:
     def __init__(self) -> None:
         self.data = bytearray()
         self.entries: list[tuple[int, int, int, int]] = []  # (pub, seq, ts, offset in data)
-        self.msgs: list[BatchRow] = []
+        self.msgs: list[BatchTuple] = []  # server/batch_row.py
         # index in msgs -> origin block, for replicated messages only (replicate())
         self.origins: dict[int, tuple[int, bytes, bytes]] | None = None
         self.acks: dict[Publisher, int] = {}  # highest seq to ack as persisted

@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
 
-from .batch_row import new_row
 from .publish_scan import publish_records
 
 TOPIC_CACHE_LIMIT = 50_000  # the pipeline's topic caches are cleared past this many entries
@@ -85,7 +84,7 @@ class BatchedIntake:
             off = len(data)
             entries.append((pub, seq, ts, off))
             data += rec
-            msgs.append(new_row((topic, pub, seq, ts, body, off, b"", None)))
+            msgs.append((topic, pub, seq, ts, body, off, b"", None))
             highest = seq
             took += 1
         if not took:

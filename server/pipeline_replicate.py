@@ -25,7 +25,6 @@ from journal.record import (
     scan_records,
 )
 
-from .batch_row import new_row
 from .pipeline_publish import TOPIC_CACHE_LIMIT
 from .replicate_scan import replicate_records
 
@@ -256,7 +255,7 @@ class ReplicatedIntake:
             if batch.origins is None:
                 batch.origins = {}
             batch.origins[len(msgs)] = origin
-            msgs.append(new_row((topic, pub, seq, ts, body, off, hdr, exp)))
+            msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
             last[pub] = (seq, off)
             if early:
                 self.fanout.deliver(

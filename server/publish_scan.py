@@ -17,8 +17,8 @@ s a decimal integer in 1..MAX_SEQ without leading zeros, above the sequence befo
 (`highest` for the first); its topic a key of `known` (topic bytes -> the topic str, the ones the caller checked
 are stored as they are). For each it appends the journal record (journal/record.py: kind
 message, flags 0) to `records`, `(pub, seq, ts, base + offset)` to `entries` and
-`BatchRow(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/batch_row.py's row
-type, which the C twin gets from its configure()). `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
+`(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/batch_row.py's BatchRow,
+whose fields the C twin checks at its configure()). `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
 hands to the ordinary path (anything unusual: other members, escapes, white space, a duplicate
 sequence, ...); `highest` the last sequence taken; `asked` whether a taken frame had
 `a="persisted"`; `unknown` the topic at `stop` when that is the only reason it stopped, else
@@ -46,7 +46,7 @@ from protocol.headers import (
     MAX_TOPIC_BYTES,
 )
 
-from .batch_row import BatchRow, new_row
+from .batch_row import BatchRow, BatchTuple
 
 __all__ = [
     "ACCELERATED",
@@ -77,7 +77,7 @@ if MEMBERS != tuple(sorted([*_STRINGS, _SEQ])):
         f"{sorted([*_STRINGS, _SEQ])}: teach it (and server/_publish.c) the new ones"
     )
 
-Rows = tuple[bytes, list[tuple[int, int, int, int]], list[BatchRow], int, int, bool, bytes | None]
+Rows = tuple[bytes, list[tuple[int, int, int, int]], list[BatchTuple], int, int, bool, bytes | None]
 
 
 def publish_span_py(buf: bytes | bytearray, pos: int, max_size: int) -> int:
@@ -138,7 +138,7 @@ def publish_records_py(
         raise ValueError("pos is outside raw")
     out: list[bytes] = []
     entries: list[tuple[int, int, int, int]] = []
-    msgs: list[BatchRow] = []
+    msgs: list[BatchTuple] = []
     n = len(raw)
     size = base
     asked = False
@@ -160,7 +160,7 @@ def publish_records_py(
         rec = encode_record(KIND_MESSAGE, pub, seq, ts, tb, body)
         out.append(rec)
         entries.append((pub, seq, ts, size))
-        msgs.append(new_row((topic, pub, seq, ts, body, size, b"", None)))
+        msgs.append((topic, pub, seq, ts, body, size, b"", None))
         size += len(rec)
         highest = seq
         asked |= a

@@ -49,7 +49,7 @@ from journal.record import (
     scan_records,
 )
 
-from .batch_row import BatchRow, new_row
+from .batch_row import BatchRow, BatchTuple
 
 __all__ = [
     "ACCELERATED",
@@ -65,7 +65,7 @@ _u16 = struct.Struct("<H").unpack_from
 Intake = tuple[
     bytes,
     list[tuple[int, int, int, int]],
-    list[BatchRow],
+    list[BatchTuple],
     int,
     int,
     bytes | None,
@@ -122,7 +122,7 @@ def replicate_records_py(
         raise ValueError("name and group must each be at most 255 bytes")
     out: list[bytes] = []
     entries: list[tuple[int, int, int, int]] = []
-    msgs: list[BatchRow] = []
+    msgs: list[BatchTuple] = []
     pubs: dict[int, tuple[int, int, int]] = {}
     size = base
     dups = 0
@@ -152,7 +152,7 @@ def replicate_records_py(
         out.append(new)
         entries.append((pub, seq, ts, size))
         origins[first_msg + len(msgs)] = origin
-        msgs.append(new_row((topic, pub, seq, ts, data, size, hdr, exp)))
+        msgs.append((topic, pub, seq, ts, data, size, hdr, exp))
         first = pubs[pub][0] if pub in pubs else seq
         pubs[pub] = (first, seq, size)
         highest[pub] = seq
