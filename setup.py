@@ -39,10 +39,11 @@ _ISAL = os.environ.get("TICKERTAPE_NO_ISAL") != "1" and _links(
 )
 
 
-RECORD_H = "journal/_record.h"  # the record layout and crc every extension shares
+RECORD_H = "journal/_record.h"  # the record layout, walk and crc every extension shares
+BATCH_ROW_H = "server/_batch_row.h"  # the batch row the publish and replication intakes build
 
 
-def _with_crc(name: str, source: str) -> Extension:
+def _with_crc(name: str, source: str, depends: tuple[str, ...] = ()) -> Extension:
     """An extension that computes record crc32s: with ISA-L's when it links, else zlib's."""
     if _ISAL:
         return Extension(
@@ -50,10 +51,10 @@ def _with_crc(name: str, source: str) -> Extension:
             [source],
             define_macros=[("HAVE_ISAL", "1")],
             libraries=["isal"],
-            depends=[RECORD_H],
+            depends=[RECORD_H, *depends],
             optional=True,
         )
-    return Extension(name, [source], libraries=["z"], depends=[RECORD_H], optional=True)
+    return Extension(name, [source], libraries=["z"], depends=[RECORD_H, *depends], optional=True)
 
 
 setup(
@@ -63,7 +64,7 @@ setup(
             "server._filterscan", ["server/_filterscan.c"], depends=[RECORD_H], optional=True
         ),
         _with_crc("journal._verify", "journal/_verify.c"),
-        _with_crc("server._publish", "server/_publish.c"),
-        _with_crc("server._replicate", "server/_replicate.c"),
+        _with_crc("server._publish", "server/_publish.c", (BATCH_ROW_H,)),
+        _with_crc("server._replicate", "server/_replicate.c", (BATCH_ROW_H,)),
     ]
 )

@@ -1,5 +1,6 @@
 /* The journal record's layout for the C accelerators (journal/record.py owns the format and
- * documents it): header size, kinds, flags, the little-endian fields, and the record crc32.
+ * documents it): header size, kinds, flags, the little-endian fields, the one walk of a record
+ * (record_next), and the record crc32.
  *
  * Included by journal/_verify.c and server/_publish.c, _replicate.c, _splice.c, _filterscan.c.
  * A module that computes crcs defines RECORD_CRC before including it and links ISA-L (with
@@ -33,6 +34,74 @@ static inline void wr32(unsigned char *p, uint32_t v) {
 static inline void wr64(unsigned char *p, uint64_t v) {
     wr32(p, (uint32_t)v);
     wr32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* One record's fields, as offsets from its start (journal/record.py's layout). */
+typedef struct {
+    Py_ssize_t total;         /* 4 + length: where the next record starts */
+    unsigned kind, flags;
+    Py_ssize_t tlen, topic;   /* topic at [topic, topic + tlen); the body runs from there to total */
+    Py_ssize_t hdr, hlen;     /* header fragment (flags & FLAG_HEADER), else 0, 0 */
+    Py_ssize_t origin, olen;  /* origin block (u64 time, N, name, G, group; flags & FLAG_ORIGIN) */
+    uint32_t exp;             /* expiration seconds (flags & FLAG_EXPIRATION), else 0 */
+    uint64_t pub, seq, ts;
+} RecordFields;
+
+#define RECORD_SHORT (-1) /* the record runs past the bytes there: a caller reads more */
+#define RECORD_BAD 0      /* its length cannot hold its header, or its fields run past it */
+#define RECORD_WHOLE 1
+
+/* The one walk of a record for every C accelerator: the record at p, with `avail` bytes there.
+ * RECORD_WHOLE with *r filled when it is whole and its optional fields and topic fit in its
+ * length. Kind and unknown flag bits are the caller's to judge (the checks on read refuse them;
+ * the walks after those checks need not look again). */
+static inline int record_next(const unsigned char *p, Py_ssize_t avail, RecordFields *r) {
+    if (avail < RECORD_HEADER)
+        return RECORD_SHORT;
+    Py_ssize_t total = 4 + (Py_ssize_t)rd32(p);
+    if (total > avail)
+        return RECORD_SHORT;
+    if (total < RECORD_HEADER)
+        return RECORD_BAD;
+    unsigned flags = p[9];
+    Py_ssize_t at = RECORD_HEADER;
+    r->total = total;
+    r->kind = p[8];
+    r->flags = flags;
+    r->tlen = (Py_ssize_t)rd16(p + 10);
+    r->pub = rd64(p + 12);
+    r->seq = rd64(p + 20);
+    r->ts = rd64(p + 28);
+    r->exp = 0;
+    r->hdr = r->hlen = r->origin = r->olen = 0;
+    if (flags & FLAG_EXPIRATION) {
+        if (at + 4 > total)
+            return RECORD_BAD;
+        r->exp = rd32(p + at);
+        at += 4;
+    }
+    if (flags & FLAG_HEADER) {
+        if (at + 2 > total)
+            return RECORD_BAD;
+        r->hlen = (Py_ssize_t)rd16(p + at);
+        r->hdr = at + 2;
+        at += 2 + r->hlen;
+    }
+    if (flags & FLAG_ORIGIN) {
+        if (at + 9 > total)
+            return RECORD_BAD;
+        Py_ssize_t o = at + 9 + p[at + 8];
+        if (o + 1 > total)
+            return RECORD_BAD;
+        o += 1 + p[o];
+        r->origin = at;
+        r->olen = o - at;
+        at = o;
+    }
+    if (at + r->tlen > total)
+        return RECORD_BAD;
+    r->topic = at;
+    return RECORD_WHOLE;
 }
 
 /* The crc32 (zlib's polynomial and conventions) of one record. zlib's own crc32 walks a short

@@ -20,38 +20,24 @@
 #define RECORD_CRC
 #include "_record.h"
 
-/* 1: good record of `total` bytes at p; 0: damaged; -1: runs past `avail` (need more bytes) */
+/* 1: good record of `total` bytes at p; 0: damaged; -1: runs past `avail` (need more bytes).
+   A length too short for its own topic, a kind or a flag this format does not have is damage
+   even when the record runs past `avail` (a damaged length reads as a long record). */
 static int check(const unsigned char *p, Py_ssize_t avail, Py_ssize_t *total) {
     if (avail < RECORD_HEADER)
         return -1;
     uint32_t length = rd32(p);
     unsigned kind = p[8], flags = p[9];
-    uint16_t tlen = rd16(p + 10);
-    Py_ssize_t t = (Py_ssize_t)length + 4;
-    if (length < RECORD_HEADER - 4 + (uint32_t)tlen || (kind < 1 || kind > 3) || (flags & ~KNOWN_FLAGS))
+    if (length < RECORD_HEADER - 4 + (uint32_t)rd16(p + 10) || (kind < 1 || kind > 3) ||
+        (flags & ~KNOWN_FLAGS))
         return 0;
-    if (t > avail)
-        return -1;
-    Py_ssize_t need = RECORD_HEADER + (flags & FLAG_EXPIRATION ? 4 : 0); /* where the fragment's length is */
-    if (flags & FLAG_HEADER) {
-        if (need + 2 > t)
-            return 0;
-        need += 2 + rd16(p + need);
-    }
-    if (flags & FLAG_ORIGIN) { /* u64 time, u8 N + name, u8 G + group */
-        if (need + 9 > t)
-            return 0;
-        need += 9 + p[need + 8];
-        if (need + 1 > t)
-            return 0;
-        need += 1 + p[need];
-    }
-    need += tlen;
-    if (need > t)
+    RecordFields r;
+    int got = record_next(p, avail, &r);
+    if (got != RECORD_WHOLE)
+        return got == RECORD_SHORT ? -1 : 0;
+    if (record_crc(p + 8, r.total - 8) != rd32(p + 4))
         return 0;
-    if (record_crc(p + 8, t - 8) != rd32(p + 4))
-        return 0;
-    *total = t;
+    *total = r.total;
     return 1;
 }
 

@@ -620,36 +620,27 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     while (n - off >= RECORD_HEADER) {
         const unsigned char *r = in + off;
-        Py_ssize_t nxt = off + 4 + (Py_ssize_t)rd32(r);
-        if (nxt > n)
+        RecordFields f;
+        int got = record_next(r, n - off, &f);
+        if (got == RECORD_SHORT)
             break;
-        if (nxt - off < RECORD_HEADER) {
-            bad = 1;
+        if (got == RECORD_BAD && (Py_ssize_t)rd32(r) + 4 < RECORD_HEADER) {
+            bad = 1; /* a length that cannot hold the header: no record ends there */
             break;
         }
         if (base + off >= end) {
             at_end = 1;
             break;
         }
-        unsigned flags = r[9];
-        Py_ssize_t tlen = rd16(r + 10), t = off + RECORD_HEADER;
-        last_pub = rd64(r + 12);
-        last_seq = rd64(r + 20);
-        have_last = 1;
-        if (flags & FLAG_EXPIRATION)
-            t += 4;
-        if (flags & FLAG_HEADER) {
-            if (t + 2 > nxt) {
-                bad = 1;
-                break;
-            }
-            t += 2 + rd16(in + t);
-        }
-        if (t + tlen > nxt) {
+        if (got == RECORD_BAD) {
             bad = 1;
             break;
         }
-        if (r[8] == KIND_MESSAGE && tlen == topic.len && base + off >= start &&
+        last_pub = f.pub;
+        last_seq = f.seq;
+        have_last = 1;
+        Py_ssize_t tlen = f.tlen, t = off + f.topic, nxt = off + f.total;
+        if (f.kind == KIND_MESSAGE && tlen == topic.len && base + off >= start &&
             memcmp(in + t, topic.buf, (size_t)tlen) == 0) {
             int x = scan_body(pg, in + t + tlen, in + nxt, vals) ? run(pg, vals) : T_UNSURE;
             if ((x == T_TRUE && !push(&hit, (uint64_t)(base + off))) ||

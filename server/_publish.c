@@ -15,7 +15,8 @@
  *     the sequence before it (`highest` for the first); the topic a key of `known` (bytes ->
  *     topic str). For each it appends the journal record (journal/record.py: kind 1, flags 0,
  *     u32 LE length, crc32, topic, body) to `records`, (pub, seq, ts, base + offset) to
- *     `entries` and (topic, pub, seq, ts, body, base + offset, b"", None) to `msgs`.
+ *     `entries` and (topic, pub, seq, ts, body, base + offset, b"", None) to `msgs`
+ *     (server/batch_row.py's BatchRow as a tuple; configure() checks its fields).
  *     stop: where it stopped (len(raw), or the first frame it did not take; anything unusual
  *     there is for the Python path); highest: the last sequence taken (`highest` if none);
  *     asked: whether a taken frame had a="persisted"; unknown: the topic at `stop` when it
@@ -31,6 +32,7 @@
 #include <string.h>
 #define RECORD_CRC
 #include "../journal/_record.h"
+#include "_batch_row.h"
 
 /* The limits and the ack type come from protocol/headers.py through configure(), which
    server/publish_scan.py calls at import: they are typed once, there. Until then no frame is
@@ -258,7 +260,9 @@ publish_records(PyObject *self, PyObject *args)
         PyObject *entry = NULL, *msg = NULL;
         if (seq_o && off_o && body_o) {
             entry = PyTuple_Pack(4, pub_o, seq_o, ts_o, off_o);
-            msg = PyTuple_Pack(8, topic_str, pub_o, seq_o, ts_o, body_o, off_o, empty, Py_None);
+            PyObject *const row[BATCH_ROW_FIELDS] = {topic_str, pub_o, seq_o, ts_o,
+                                                     body_o,    off_o, empty, Py_None};
+            msg = batch_row(row);
         }
         Py_XDECREF(seq_o);
         Py_XDECREF(off_o);
@@ -297,10 +301,12 @@ configure(PyObject *self, PyObject *args)
     unsigned long long seq;
     const char *ack;
     Py_ssize_t ack_len;
-    PyObject *fields;
+    PyObject *fields, *row;
     (void)self;
-    if (!PyArg_ParseTuple(args, "nnKy#O!", &topic, &cid, &seq, &ack, &ack_len, &PyTuple_Type,
-                          &fields))
+    if (!PyArg_ParseTuple(args, "nnKy#O!O", &topic, &cid, &seq, &ack, &ack_len, &PyTuple_Type,
+                          &fields, &row))
+        return NULL;
+    if (batch_row_check(row, "server/_publish.c") < 0)
         return NULL;
     if (ack_len < 0 || (size_t)ack_len > sizeof(fast_ack)) {
         PyErr_SetString(PyExc_ValueError, "the fast publish ack type is too long");
@@ -334,8 +340,9 @@ configure(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(max_topic, max_cid, max_seq, ack, fields): the limits, the ack type and the "
-     "sorted member names of protocol/headers.py's fast publish; see server/publish_scan.py"},
+     "configure(max_topic, max_cid, max_seq, ack, fields, row_type): the limits, the ack type, "
+     "the sorted member names of protocol/headers.py's fast publish and the batch row type "
+     "(server/batch_row.py's BatchRow, whose fields it checks); see server/publish_scan.py"},
     {"publish_span", publish_span, METH_VARARGS,
      "publish_span(buf, pos, max_size) -> end; see server/publish_scan.py"},
     {"publish_records", publish_records, METH_VARARGS,

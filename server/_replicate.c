@@ -11,7 +11,8 @@
  *     re-encoded with an origin block and this instance's receive time `ts` (the source
  *     record's own origin block kept, else (its receive time, name, group)) into `records`,
  *     with (pub, seq, ts, base + offset) in `entries`, (topic, pub, seq, ts, body, base +
- *     offset, header fragment, expiration or None) in `msgs`, its origin tuple in
+ *     offset, header fragment, expiration or None) in `msgs` (server/batch_row.py's BatchRow
+ *     as a tuple; configure(BatchRow) checks its fields at import), its origin tuple in
  *     `origins[first_msg + i]`, and `highest[pub] = seq`. stop: the first record not walked
  *     (len(body), or a queue event, a topic not in `known` (then `unknown` is that topic), a
  *     record that is not whole or whose fields do not fit it): the caller's ordinary path
@@ -34,68 +35,15 @@
 #include <string.h>
 #define RECORD_CRC
 #include "../journal/_record.h"
+#include "_batch_row.h"
+
 
 #define MAX_NAME 255
 
-/* One record's fields, offsets relative to its start. */
-typedef struct {
-    Py_ssize_t total;             /* 4 + length */
-    int kind, flags;
-    Py_ssize_t tlen, topic;       /* topic at [topic, topic + tlen); the body follows */
-    Py_ssize_t hdr, hlen;         /* header fragment, when flags & 2 */
-    Py_ssize_t origin, olen;      /* origin block (u64 time, N, name, G, group), when flags & 4 */
-    uint32_t exp;
-    uint64_t pub, seq, ts;
-} Rec;
-
-/* Parse the record at p (at most `left` bytes there): 1 when it is whole and its optional
-   fields and topic fit in it, else 0. */
-static int parse(const unsigned char *p, Py_ssize_t left, Rec *r) {
-    if (left < RECORD_HEADER)
-        return 0;
-    Py_ssize_t length = (Py_ssize_t)rd32(p);
-    r->total = 4 + length;
-    if (length < RECORD_HEADER - 4 || r->total > left)
-        return 0;
-    r->kind = p[8];
-    r->flags = p[9];
-    r->tlen = (Py_ssize_t)rd16(p + 10);
-    r->pub = rd64(p + 12);
-    r->seq = rd64(p + 20);
-    r->ts = rd64(p + 28);
-    if (r->flags & ~KNOWN_FLAGS)
-        return 0;
-    Py_ssize_t at = RECORD_HEADER, end = r->total;
-    r->exp = 0;
-    r->hdr = r->hlen = r->origin = r->olen = 0;
-    if (r->flags & FLAG_EXPIRATION) {
-        if (at + 4 > end)
-            return 0;
-        r->exp = rd32(p + at);
-        at += 4;
-    }
-    if (r->flags & FLAG_HEADER) {
-        if (at + 2 > end)
-            return 0;
-        r->hlen = (Py_ssize_t)rd16(p + at);
-        r->hdr = at + 2;
-        at += 2 + r->hlen;
-    }
-    if (r->flags & FLAG_ORIGIN) {
-        if (at + 9 > end)
-            return 0;
-        r->origin = at;
-        Py_ssize_t o = at + 9 + p[at + 8];
-        if (o + 1 > end)
-            return 0;
-        o += 1 + p[o];
-        r->olen = o - at;
-        at = o;
-    }
-    if (at + r->tlen > end)
-        return 0;
-    r->topic = at;
-    return 1;
+/* The record at p (at most `left` bytes there): 1 when it is whole, its optional fields and
+   topic fit in it and its flags are known, else 0. */
+static int parse(const unsigned char *p, Py_ssize_t left, RecordFields *r) {
+    return record_next(p, left, r) == RECORD_WHOLE && !(r->flags & ~KNOWN_FLAGS);
 }
 
 /* The running state of one publisher between switches (the dicts are written at a switch). */
@@ -214,7 +162,7 @@ replicate_records(PyObject *self, PyObject *args)
     unsigned char *o = o0;
     while (pos < n) {
         const unsigned char *p = buf + pos;
-        Rec r;
+        RecordFields r;
         if (!parse(p, n - pos, &r) || r.kind != KIND_MESSAGE)
             break;
         if (cur.pub_o == NULL || r.pub != cur.pub) {
@@ -306,7 +254,9 @@ replicate_records(PyObject *self, PyObject *args)
         }
         if (seq_o && off_o && body_o && hdr_o && exp_o && origin) {
             entry = PyTuple_Pack(4, cur.pub_o, seq_o, ts_o, off_o);
-            msg = PyTuple_Pack(8, topic_str, cur.pub_o, seq_o, ts_o, body_o, off_o, hdr_o, exp_o);
+            PyObject *const row[BATCH_ROW_FIELDS] = {topic_str, cur.pub_o, seq_o, ts_o,
+                                                     body_o,    off_o,     hdr_o, exp_o};
+            msg = batch_row(row);
             idx = PyLong_FromSsize_t(first_msg + PyList_GET_SIZE(msgs));
         }
         int bad = entry == NULL || msg == NULL || idx == NULL ||
@@ -377,7 +327,7 @@ kept_span(PyObject *self, PyObject *args)
     }
     while (pos < n) {
         const unsigned char *p = buf + pos;
-        Rec r;
+        RecordFields r;
         if (!parse(p, n - pos, &r) || r.kind != KIND_MESSAGE || (r.flags & FLAG_ORIGIN))
             break;
         if (last_topic == NULL || r.tlen != last_tlen ||
@@ -413,7 +363,18 @@ fail:
     return NULL;
 }
 
+static PyObject *
+configure(PyObject *self, PyObject *type)
+{
+    (void)self;
+    if (batch_row_check(type, "server/_replicate.c") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"configure", configure, METH_O,
+     "configure(row_type): checks server/batch_row.py's BatchRow against the fields it fills"},
     {"replicate_records", replicate_records, METH_VARARGS,
      "replicate_records(body, pos, highest, known, name, group, ts, base, first_msg, origins) "
      "-> (records, entries, msgs, stop, dups, unknown, pubs); see server/replicate_scan.py"},

@@ -108,38 +108,6 @@ static inline char *emit_frame(char *o, const char *head, Py_ssize_t hlen, const
     return o;
 }
 
-/* The fields of the record at in[off..nxt): the header fragment and where the topic starts.
-   0 when its optional fields run past its length. */
-static inline int record_fields(const unsigned char *in, Py_ssize_t off, Py_ssize_t nxt,
-                                const unsigned char **frag, Py_ssize_t *flen, Py_ssize_t *topic)
-{
-    unsigned flags = in[off + 9];
-    Py_ssize_t t = off + RECORD_HEADER;
-    *frag = NULL;
-    *flen = 0;
-    if (flags & FLAG_EXPIRATION)
-        t += 4;
-    if (flags & FLAG_HEADER) {
-        if (t + 2 > nxt)
-            return 0;
-        *flen = rd16(in + t);
-        *frag = in + t + 2;
-        t += 2 + *flen;
-    }
-    if (flags & FLAG_ORIGIN) {
-        if (t + 9 > nxt)
-            return 0;
-        t += 9 + in[t + 8];
-        if (t + 1 > nxt)
-            return 0;
-        t += 1 + in[t];
-    }
-    if (t + (Py_ssize_t)rd16(in + off + 10) > nxt)
-        return 0;
-    *topic = t;
-    return 1;
-}
-
 static PyObject *
 splice_frames(PyObject *self, PyObject *args)
 {
@@ -165,35 +133,32 @@ splice_frames(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     while (n - off >= RECORD_HEADER) {
         const unsigned char *r = in + off;
-        Py_ssize_t nxt = off + 4 + (Py_ssize_t)rd32(r);
-        if (nxt > n)
+        RecordFields f;
+        int got = record_next(r, n - off, &f);
+        if (got == RECORD_SHORT)
             break;
-        if (nxt - off < RECORD_HEADER) {
-            bad = 1;
+        if (got == RECORD_BAD && (Py_ssize_t)rd32(r) + 4 < RECORD_HEADER) {
+            bad = 1; /* a length that cannot hold the header: no record ends there */
             break;
         }
         if (base + off >= end) {
             at_end = 1;
             break;
         }
-        unsigned kind = r[8];
-        Py_ssize_t tlen = rd16(r + 10);
-        uint64_t pub = rd64(r + 12), seq = rd64(r + 20);
-        last_pub = pub;
-        last_seq = seq;
-        have_last = 1;
-        const unsigned char *frag;
-        Py_ssize_t flen, t;
-        if (!record_fields(in, off, nxt, &frag, &flen, &t)) {
+        if (got == RECORD_BAD) {
             bad = 1;
             break;
         }
-        if (kind == KIND_MESSAGE && tlen == topic.len && base + off >= start &&
-            memcmp(in + t, topic.buf, (size_t)tlen) == 0) {
+        last_pub = f.pub;
+        last_seq = f.seq;
+        have_last = 1;
+        Py_ssize_t t = off + f.topic, nxt = off + f.total;
+        if (f.kind == KIND_MESSAGE && f.tlen == topic.len && base + off >= start &&
+            memcmp(in + t, topic.buf, (size_t)f.tlen) == 0) {
             char bm[42];
-            Py_ssize_t bml = format_bm(bm, &pt, pub, seq);
-            o = emit_frame(o, head.buf, head.len, frag, flen, bm, bml, NULL, 0, in + t + tlen,
-                           nxt - (t + tlen));
+            Py_ssize_t bml = format_bm(bm, &pt, f.pub, f.seq);
+            o = emit_frame(o, head.buf, head.len, r + f.hdr, f.hlen, bm, bml, NULL, 0,
+                           in + t + f.tlen, nxt - (t + f.tlen));
             sent++;
         }
         off = nxt;
@@ -267,24 +232,21 @@ splice_at(PyObject *self, PyObject *args)
         if (off < 0 || off + RECORD_HEADER > n)
             break;
         const unsigned char *r = in + off;
-        Py_ssize_t nxt = (Py_ssize_t)off + 4 + (Py_ssize_t)rd32(r);
-        if (nxt > n)
+        RecordFields f;
+        int got = record_next(r, n - (Py_ssize_t)off, &f);
+        if (got == RECORD_SHORT)
             break;
-        const unsigned char *frag;
-        Py_ssize_t flen, t;
-        if (nxt - off < RECORD_HEADER || r[8] != KIND_MESSAGE ||
-            !record_fields(in, (Py_ssize_t)off, nxt, &frag, &flen, &t)) {
+        if (got == RECORD_BAD || f.kind != KIND_MESSAGE) {
             PyErr_Format(PyExc_ValueError, "no message record at position %llu",
                          (unsigned long long)p);
             goto done;
         }
+        Py_ssize_t t = (Py_ssize_t)off + f.topic, nxt = (Py_ssize_t)off + f.total;
         min_off = nxt;
-        uint64_t pb = rd64(r + 12), sq = rd64(r + 20);
-        Py_ssize_t tl = rd16(r + 10);
         char bm[42];
-        Py_ssize_t bml = format_bm(bm, &pt, pb, sq);
-        o = emit_frame(o, head.buf, head.len, frag, flen, bm, bml, tail.buf, tail.len,
-                       in + t + tl, nxt - (t + tl));
+        Py_ssize_t bml = format_bm(bm, &pt, f.pub, f.seq);
+        o = emit_frame(o, head.buf, head.len, r + f.hdr, f.hlen, bm, bml, tail.buf, tail.len,
+                       in + t + f.tlen, nxt - (t + f.tlen));
         PyObject *s = PyUnicode_FromStringAndSize(bm, bml);
         if (s == NULL || PyList_Append(bms, s) < 0) {
             Py_XDECREF(s);

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .batch_row import BatchTuple
+
 if TYPE_CHECKING:
     from .pipeline_publish import Publisher
 
@@ -54,8 +56,7 @@ class Batch:
     def __init__(self) -> None:
         self.data = bytearray()
         self.entries: list[tuple[int, int, int, int]] = []  # (pub, seq, ts, offset in data)
-        # (topic, pub, seq, ts, body, offset or -1, header fragment, expiration)
-        self.msgs: list[tuple[str, int, int, int, bytes, int, bytes, Any]] = []
+        self.msgs: list[BatchTuple] = []  # server/batch_row.py
         # index in msgs -> origin block, for replicated messages only (replicate())
         self.origins: dict[int, tuple[int, bytes, bytes]] | None = None
         self.acks: dict[Publisher, int] = {}  # highest seq to ack as persisted

@@ -17,8 +17,8 @@ s a decimal integer in 1..MAX_SEQ without leading zeros, above the sequence befo
 (`highest` for the first); its topic a key of `known` (topic bytes -> the topic str, the ones the caller checked
 are stored as they are). For each it appends the journal record (journal/record.py: kind
 message, flags 0) to `records`, `(pub, seq, ts, base + offset)` to `entries` and
-`(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/pipeline.py's Batch
-rows). `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
+`(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/batch_row.py's BatchRow,
+whose fields the C twin checks at its configure()). `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
 hands to the ordinary path (anything unusual: other members, escapes, white space, a duplicate
 sequence, ...); `highest` the last sequence taken; `asked` whether a taken frame had
 `a="persisted"`; `unknown` the topic at `stop` when that is the only reason it stopped, else
@@ -45,6 +45,8 @@ from protocol.headers import (
     MAX_SEQ,
     MAX_TOPIC_BYTES,
 )
+
+from .batch_row import BatchRow, BatchTuple
 
 __all__ = [
     "ACCELERATED",
@@ -75,9 +77,7 @@ if MEMBERS != tuple(sorted([*_STRINGS, _SEQ])):
         f"{sorted([*_STRINGS, _SEQ])}: teach it (and server/_publish.c) the new ones"
     )
 
-Rows = tuple[
-    bytes, list[tuple[int, int, int, int]], list[tuple[Any, ...]], int, int, bool, bytes | None
-]
+Rows = tuple[bytes, list[tuple[int, int, int, int]], list[BatchTuple], int, int, bool, bytes | None]
 
 
 def publish_span_py(buf: bytes | bytearray, pos: int, max_size: int) -> int:
@@ -138,7 +138,7 @@ def publish_records_py(
         raise ValueError("pos is outside raw")
     out: list[bytes] = []
     entries: list[tuple[int, int, int, int]] = []
-    msgs: list[tuple[Any, ...]] = []
+    msgs: list[BatchTuple] = []
     n = len(raw)
     size = base
     asked = False
@@ -170,7 +170,7 @@ def publish_records_py(
 
 _c = load("server._publish")  # None without a compiler at install time: same results, slower
 if _c is not None:
-    _c.configure(MAX_TOPIC_BYTES, MAX_CID_BYTES, MAX_SEQ, _ACK, MEMBERS)
+    _c.configure(MAX_TOPIC_BYTES, MAX_CID_BYTES, MAX_SEQ, _ACK, MEMBERS, BatchRow)
 publish_span = _c.publish_span if _c else publish_span_py
 publish_records = _c.publish_records if _c else publish_records_py
 ACCELERATED = _c is not None

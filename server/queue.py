@@ -47,16 +47,7 @@ from .fanout import Message
 from .frames import STORED, pack_len
 from .matching import Body, Predicate, body_matches
 from .outbox import Outbox
-from .queue_state import (
-    L_BM,
-    L_COUNTS,
-    L_HOLDER,
-    QueueState,
-    QueueSub,
-    StoredMessage,
-    lease_counts,
-    now_us,
-)
+from .queue_state import Lease, QueueState, QueueSub, StoredMessage, new_lease, now_us
 from .subscriptions import Subscription, SubscriptionOwner
 
 __all__ = ["Queue"]
@@ -90,12 +81,12 @@ class Queue(QueueState):
         self.subs.remove(qs)
         if sub.filter is not None:
             self._filtered -= 1
-        returned = sorted(p for p, lease in self.leased.items() if lease[L_HOLDER] is qs)
+        returned = sorted(p for p, lease in self.leased.items() if lease.holder is qs)
         for p in returned:
             lease = self.leased.pop(p)
-            self.by_bm.pop(lease[L_BM], None)
+            self.by_bm.pop(lease.bm, None)
             if not self.at_most_once:
-                self.counts[p] = lease_counts(lease)
+                self.counts[p] = lease.delivery_counts()
                 self._return(p, "disconnect")
         self.pump()
 
@@ -206,10 +197,12 @@ class Queue(QueueState):
         deadline = time.monotonic() + self.lease_period
         if n == 1:  # backlog 1: one round trip a message, so no iterator machinery
             bm = bms[0]
-            self.leased[positions[0]] = (qs, gen, bm, None)
+            # new_lease: Lease(...) is a Python call, new_lease((...)) is not (the hot path)
+            self.leased[positions[0]] = new_lease((qs, gen, bm, None))
             self.by_bm[bm] = positions[0]
         else:
-            self.leased.update(zip(positions, zip(repeat(qs), repeat(gen), bms, repeat(None))))
+            leases = map(new_lease, zip(repeat(qs), repeat(gen), bms, repeat(None)))
+            self.leased.update(zip(positions, leases))
             self.by_bm.update(zip(bms, positions))
         qs.outstanding += n
         self.stats["delivered"] += n
@@ -351,12 +344,12 @@ class Queue(QueueState):
         sub = qs.sub
         if self.at_most_once:
             self.event(QueueOp.DELIVERED_AT_MOST_ONCE, position)
-            self.leased[position] = (qs, 0, bm, counts)
+            self.leased[position] = new_lease((qs, 0, bm, counts))
             lp = b""
         else:
             self.gen += 1
             deadline = time.monotonic() + self.lease_period
-            self.leased[position] = (qs, self.gen, bm, counts)
+            self.leased[position] = new_lease((qs, self.gen, bm, counts))
             heapq.heappush(self.lease_heap, (deadline, self.gen, (position,)))
             self.host.arm(deadline)
             self.event(QueueOp.LEASED, position, counts[0])
@@ -440,7 +433,7 @@ class Queue(QueueState):
             lease = self.leased.get(pos)
             if lease is None:
                 continue
-            if strict and lease[L_HOLDER].sub.owner is not client:
+            if strict and lease.holder.sub.owner is not client:
                 refused.append(f"{bm} is leased to another client (Leasing strict)")
                 continue
             if visible is not None and not self._shows(visible, pos):
@@ -449,20 +442,18 @@ class Queue(QueueState):
             if extend is not None and not self.at_most_once:
                 self.gen += 1
                 deadline = time.monotonic() + extend
-                self.leased[pos] = (lease[L_HOLDER], self.gen, bm, lease[L_COUNTS])
+                self.leased[pos] = Lease(lease.holder, self.gen, bm, lease.counts)
                 heapq.heappush(self.lease_heap, (deadline, self.gen, (pos,)))
                 self.host.arm(deadline)
                 done += 1
                 continue
-            del self.leased[pos]
-            del self.by_bm[bm]
-            lease[L_HOLDER].outstanding -= 1
+            self.end_lease(pos)
             done += 1
             if self.at_most_once:
                 self._forget(pos)
                 continue
             if cancel or expire:
-                self.counts[pos] = lease_counts(lease)
+                self.counts[pos] = lease.delivery_counts()
             if cancel:
                 counts = self.counts[pos]
                 counts[1] += 1
@@ -497,8 +488,7 @@ class Queue(QueueState):
             pos = by_bm.get(bm)
             if pos is None:
                 continue
-            lease = leased[pos]
-            holder = lease[L_HOLDER]
+            holder = leased[pos].holder
             if strict and holder.sub.owner is not client:
                 refused.append(f"{bm} is leased to another client (Leasing strict)")
                 continue
@@ -568,7 +558,7 @@ class Queue(QueueState):
         for pos, lease in list(self.leased.items()):
             rec = self.host.read(pos)
             if rec is not None and body_matches(f, rec[5]):
-                bms.append(lease[L_BM])
+                bms.append(lease.bm)
         done, refused = self.ack(client, bms, cancel=cancel, expire=expire, extend=extend)
         return n + done, refused
 

@@ -15,7 +15,22 @@ import logging
 from typing import Any
 
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
+from journal.record import (
+    KIND_MESSAGE,
+    R_BODY,
+    R_EXTRA,
+    R_KIND,
+    R_POSITION,
+    R_PUBLISHER,
+    R_SEQ,
+    R_TIMESTAMP,
+    R_TOPIC,
+    RECORD_HEADER_SIZE,
+    RawRecord,
+    RawTuple,
+    record_length_at,
+    scan_records,
+)
 
 from .queue_repl import record_origin
 from .queue_state import StoredMessage
@@ -61,7 +76,11 @@ class QueueReader:
                 recs, _ = scan_records(buf[pos - base : pos - base + LOCATE_SPAN], pos)
                 if len(self.located) + len(recs) > LOCATE_MEMO:
                     self.located.clear()
-                self.located.update(((r[2], r[3]), r[0]) for r in recs if r[1] == KIND_MESSAGE)
+                self.located.update(
+                    ((r[R_PUBLISHER], r[R_SEQ]), r[R_POSITION])
+                    for r in recs
+                    if r[R_KIND] == KIND_MESSAGE
+                )
         return pos
 
     def origin_at(self, position: int) -> tuple[tuple[str, int] | None, int, Any] | None:
@@ -70,11 +89,11 @@ class QueueReader:
         if journal is None or position < journal.start_position:
             return None
         recs, _ = journal.read_raw(position, 64 * 1024)
-        if not recs or recs[0][0] != position or recs[0][1] != KIND_MESSAGE:
+        r = RawRecord._make(recs[0]) if recs else None  # after a takeover only: not hot
+        if r is None or r.position != position or r.kind != KIND_MESSAGE:
             return None
-        r = recs[0]
-        extra = r[7]
-        return record_origin(extra, r[4]), r[4], extra[0] if extra else None
+        extra = r.extra
+        return record_origin(extra, r.timestamp_us), r.timestamp_us, extra[0] if extra else None
 
     def block_at(self, position: int) -> tuple[bytes, int] | None:
         """The journal block (bytes, base) holding the whole record at position: the cached one,
@@ -123,17 +142,27 @@ class QueueReader:
             buf, base = blk
             off = position - base
             r = scan_records(buf[off : off + record_length_at(buf, off)], position)[0][0]
-            if r[1] != KIND_MESSAGE:
+            if r[R_KIND] != KIND_MESSAGE:
                 return None
-            return (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"")
+            return _stored(r)
         # a compacted segment: its retained records, by position
         rec = self.compacted.get(position)
         if rec is not None:
             return rec
         recs, _ = journal.read_raw(position, CACHE_BLOCK)
-        self.compacted = {
-            r[0]: (r[0], r[2], r[3], r[4], r[5], r[6], r[7][1] if r[7] else b"")
-            for r in recs
-            if r[1] == KIND_MESSAGE
-        }
+        self.compacted = {r[R_POSITION]: _stored(r) for r in recs if r[R_KIND] == KIND_MESSAGE}
         return self.compacted.get(position)
+
+
+def _stored(r: RawTuple) -> StoredMessage:
+    """A message record read back as a queue keeps it (its header fragment, b"" for none)."""
+    extra = r[R_EXTRA]
+    return (
+        r[R_POSITION],
+        r[R_PUBLISHER],
+        r[R_SEQ],
+        r[R_TIMESTAMP],
+        r[R_TOPIC],
+        r[R_BODY],
+        extra[1] if extra else b"",
+    )

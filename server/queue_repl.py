@@ -34,7 +34,6 @@ States of a message here, besides those of server/queue.py:
 
 from __future__ import annotations
 
-import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -42,8 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 from journal.queue_events import QueueOp, append_owner, iter_events
 from journal.record import raw_origin
-
-from .queue_state import L_BM, L_HOLDER, lease_counts
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -117,6 +114,10 @@ class QueueReplication:
     def holds_for(self, owner: str) -> bool:
         return bool(self.held.get(owner))
 
+    def is_held(self, pos: int) -> bool:
+        """Whether the message at `pos` is held here for another owner."""
+        return any(pos in msgs for msgs in self.held.values())
+
     def place(self, position: int, ts: int, exp: Any, origin: tuple[str, int] | None) -> bool:
         """A message on the queue's topic: True if another instance owns it (held here), False
         if this instance does (the caller makes it waiting)."""
@@ -141,10 +142,7 @@ class QueueReplication:
         cut = self.cut_for(former)
         buf = bytearray()
         append_owner(buf, former, self.me, cut)
-        q = self.q
-        q.events += buf
-        q.checkpoint_dirty = True
-        q.host.events_added()
+        self.q.add_events(buf)
         self.apply_owner(former, self.me, cut)
         self.stats["taken_over"] += 1
 
@@ -170,11 +168,7 @@ class QueueReplication:
             if not msgs:
                 self.held.pop(owner, None)
         for pos, (_, _, ts, exp) in gained:
-            heapq.heappush(q.returned, pos)
-            if exp is not None:
-                dl = q.deadline_for(ts, exp)
-                q.expiry[pos] = dl
-                heapq.heappush(q.exp_heap, (dl, pos))
+            q.return_first(pos, ts, exp)
         if gained:
             log.info(
                 "queue %s: %d message(s) of %s taken over by %s", q.name, len(gained), former, new
@@ -195,11 +189,7 @@ class QueueReplication:
         read_origin = getattr(q.host, "origin_at", None)
         if read_origin is None:
             return
-        mine: list[int] = []
-        q._advance_head()
-        mine += [p for p in q.avail_pos[q.head :] if p not in q.gone]
-        mine += list(q.returned) + list(q.parked) + list(q.leased)
-        for pos in mine:
+        for pos in q.waiting_or_leased():
             got = read_origin(pos)
             if got is None:
                 continue
@@ -208,13 +198,7 @@ class QueueReplication:
             owner = self.owner_of(name, otime)
             if owner == self.me:
                 continue
-            lease = q.leased.pop(pos, None)
-            if lease is not None:
-                q.by_bm.pop(lease[L_BM], None)
-                lease[L_HOLDER].outstanding -= 1
-                q.counts[pos] = lease_counts(lease)
-            else:
-                q._take_waiting(pos)
+            q.release(pos)
             self.held.setdefault(owner, {})[pos] = (name, otime, ts, exp)
             self.stats["released"] += 1
 
@@ -240,46 +224,23 @@ class QueueReplication:
         if op in DONE_OPS:
             if holder is not None:
                 del self.held[holder][pos]
-                q.counts.pop(pos, None)
+                q.forget_counts(pos)
                 self.stats["done_elsewhere"] += 1
-                return
-            lease = q.leased.pop(pos, None)
-            if lease is not None:  # both sides delivered it (a partition): done all the same
-                q.by_bm.pop(lease[L_BM], None)
-                lease[L_HOLDER].outstanding -= 1
-                q._forget(pos)
-                self.stats["done_elsewhere"] += 1
-            elif self._waiting(pos):
-                q._take_waiting(pos)
-                q._forget(pos)
+            # leased here too (both sides delivered it, a partition) or waiting: done all the same
+            elif q.apply_done(pos):
                 self.stats["done_elsewhere"] += 1
             return
-        if holder is None and pos not in q.counts:
-            return  # about a message this instance owns and has not delivered: nothing to keep
-        counts = q.counts.setdefault(pos, [0, 0])
-        if op == QueueOp.LEASED_RUN:
-            counts[0] = max(counts[0], 1)
-        elif op == QueueOp.LEASED:
-            counts[0] = max(counts[0], value)
-        elif op == QueueOp.CANCELLED:
-            counts[1] = max(counts[1], value)
-
-    def _waiting(self, pos: int) -> bool:
-        return self.q.is_waiting(pos)
+        q.apply_count(op, value, pos, holder is not None)
 
     def forget_done(self, done: set[int]) -> None:
-        """Recovery: drop the held and returned messages that events made done."""
+        """Recovery: drop the held messages that events made done (the queue drops the
+        waiting ones: QueueState.recovered)."""
         for owner in list(self.held):
             msgs = self.held[owner]
             for pos in [p for p in msgs if p in done]:
                 del msgs[pos]
             if not msgs:
                 del self.held[owner]
-        q = self.q
-        q.gone.difference_update(done)  # the caller took done ones out of the waiting arrays
-        if q.returned and done:
-            q.returned = [p for p in q.returned if p not in done]
-            heapq.heapify(q.returned)
 
     def snapshot(self) -> dict[str, int]:
         return {

@@ -17,8 +17,9 @@ import collections
 import heapq
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, NamedTuple, Protocol
 
 from config.model import QueueSpec
 from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
@@ -31,10 +32,7 @@ from .router import is_pattern
 from .subscriptions import Subscription
 
 __all__ = [
-    "L_BM",
-    "L_COUNTS",
-    "L_GEN",
-    "L_HOLDER",
+    "Lease",
     "QueueHost",
     "QueueState",
     "QueueSub",
@@ -78,20 +76,27 @@ class QueueSub:
         self.head: tuple[bytes | None, bytes] = (None, b"")  # (sub.prefix, prefix + topic member)
 
 
-# A lease is a tuple (holder QueueSub, generation, bookmark str, counts): a batch of deliveries
-# makes them without a Python call each. The generation names the lease-heap entry that ends it
-# (an extension makes a new one); counts is [deliveries, cancels], or None for a first delivery
-# never cancelled ([1, 0]); it goes back to Queue.counts if the message returns.
-L_HOLDER: Final = 0
-L_GEN: Final = 1
-L_BM: Final = 2
-L_COUNTS: Final = 3
-Lease = tuple[QueueSub, int, str, list[int] | None]
+class Lease(NamedTuple):
+    """One leased message: who holds it, and what its end and a return need.
+
+    A NamedTuple rather than a slotted class: a run of deliveries makes its leases in C
+    (`new_leases`), and reading a field is a C getter either way."""
+
+    holder: QueueSub
+    gen: int  # names the lease-heap entry that ends it (an extension makes a new one)
+    bm: str  # its bookmark, the key of QueueState.by_bm
+    # [deliveries, cancels], or None for a first delivery never cancelled ([1, 0]); it goes
+    # back to QueueState.counts if the message returns
+    counts: list[int] | None
+
+    def delivery_counts(self) -> list[int]:
+        c = self.counts
+        return [1, 0] if c is None else c
 
 
-def lease_counts(lease: Lease) -> list[int]:
-    c = lease[L_COUNTS]
-    return [1, 0] if c is None else c
+# Leases from iterables of their fields, without a Python call each (a run of deliveries):
+# tuple.__new__ makes the NamedTuple straight from the fields, in order.
+new_lease: Callable[[Iterable[Any]], Lease] = partial(tuple.__new__, Lease)
 
 
 def now_us() -> int:
@@ -135,7 +140,7 @@ class QueueState:
         self.counts: dict[int, list[int]] = {}  # position -> [deliveries, cancels]
         self.expiry: dict[int, int] = {}  # position -> deadline (us) from the message's own `e`
         self.exp_heap: list[tuple[int, int]] = []  # (deadline, position): messages with an `e`
-        self.leased: dict[int, Lease] = {}  # position -> lease tuple (L_HOLDER, L_GEN, ...)
+        self.leased: dict[int, Lease] = {}  # position -> its lease
         self.by_bm: dict[str, int] = {}  # "pub|seq|" -> position, for leased / outstanding
         self.subs: list[QueueSub] = []
         self._filtered = 0  # subscriptions with a content filter
@@ -226,7 +231,7 @@ class QueueState:
     def keep_waiting(self, pos: int, ts: int) -> None:
         """A committed message whose way into the queue failed midway: it waits (without an
         expiration) unless it got somewhere already (leased, waiting, held for its owner)."""
-        held = self.repl is not None and any(pos in h for h in self.repl.held.values())
+        held = self.repl is not None and self.repl.is_held(pos)
         if pos not in self.leased and not held and not self.is_waiting(pos):
             self.add_waiting(pos, ts, None)
 
@@ -284,6 +289,93 @@ class QueueState:
         if self.leased:
             lo = min(lo, min(self.leased))
         return lo
+
+    # -- what replication and recovery do (server/queue_repl.py, server/queues.py) -----------
+    # They change the state only through these, so that its invariants (a lease is in `leased`
+    # and `by_bm` and counted in its holder's `outstanding`; a message waits in one place) are
+    # kept here.
+
+    def end_lease(self, pos: int) -> Lease | None:
+        """The message at `pos` leaves its lease, if it has one (a place in its holder's
+        backlog frees); the caller says where the message goes. None: it was not leased."""
+        lease = self.leased.pop(pos, None)
+        if lease is not None:
+            self.by_bm.pop(lease.bm, None)
+            lease.holder.outstanding -= 1
+        return lease
+
+    def waiting_or_leased(self) -> list[int]:
+        """The positions of the messages that wait or are leased here."""
+        self._advance_head()
+        out = [p for p in self.avail_pos[self.head :] if p not in self.gone]
+        out += list(self.returned) + list(self.parked) + list(self.leased)
+        return out
+
+    def release(self, pos: int) -> None:
+        """The message at `pos` (waiting or leased here) is no longer this instance's to
+        deliver: its lease is dropped, its delivery counts kept; or it stops waiting."""
+        lease = self.end_lease(pos)
+        if lease is not None:
+            self.counts[pos] = lease.delivery_counts()
+        else:
+            self._take_waiting(pos)
+
+    def apply_done(self, pos: int) -> bool:
+        """The message at `pos` was made done elsewhere (acked, expired, delivered at most
+        once): it leaves its lease or its place in line. False: it was neither here."""
+        if self.end_lease(pos) is None:
+            if not self.is_waiting(pos):
+                return False
+            self._take_waiting(pos)
+        self._forget(pos)
+        return True
+
+    def apply_count(self, op: int, value: int, pos: int, held: bool) -> None:
+        """A LEASED, LEASED_RUN or CANCELLED event from elsewhere: the message's counts keep
+        the highest seen. Only for a message held for its owner, or delivered here before."""
+        if not held and pos not in self.counts:
+            return  # a message this instance owns and has not delivered: nothing to keep
+        counts = self.counts.setdefault(pos, [0, 0])
+        if op == QueueOp.LEASED_RUN:
+            counts[0] = max(counts[0], 1)
+        elif op == QueueOp.LEASED:
+            counts[0] = max(counts[0], value)
+        elif op == QueueOp.CANCELLED:
+            counts[1] = max(counts[1], value)
+
+    def forget_counts(self, pos: int) -> None:
+        """A message held for another owner is done: its counts go."""
+        self.counts.pop(pos, None)
+
+    def return_first(self, pos: int, ts: int, exp: float | None) -> None:
+        """A message held for another owner becomes this instance's (a takeover): it waits
+        first in line, with its expiration."""
+        heapq.heappush(self.returned, pos)
+        if exp is not None:
+            dl = self.deadline_for(ts, exp)
+            self.expiry[pos] = dl
+            heapq.heappush(self.exp_heap, (dl, pos))
+
+    def add_events(self, body: bytes | bytearray) -> None:
+        """Encoded events (journal/queue_events.py), e.g. an OWNER event, to commit."""
+        self.events += body
+        self.checkpoint_dirty = True
+        self.host.events_added()
+
+    def recovered(self, done: set[int], counts: dict[int, list[int]]) -> None:
+        """Recovery read every event: the messages they made `done` stop waiting, and the
+        delivery counts of the others are `counts`."""
+        if done:
+            keep = [(p, t) for p, t in zip(self.avail_pos, self.avail_ts) if p not in done]
+            self.avail_pos = array.array("Q", (p for p, _ in keep))
+            self.avail_ts = array.array("Q", (t for _, t in keep))
+            for p in done:
+                self.expiry.pop(p, None)
+            self.gone.difference_update(done)
+            if self.returned:
+                self.returned = [p for p in self.returned if p not in done]
+                heapq.heapify(self.returned)
+        self.counts = {p: c for p, c in counts.items() if p not in done}
 
     # -- leaving a lease, expiring ---------------------------------------------------------
 
@@ -380,16 +472,13 @@ class QueueState:
             ended = 0
             for pos in positions:
                 lease = leased.get(pos)
-                if lease is None or lease[L_GEN] != gen:
+                if lease is None or lease.gen != gen:
                     continue
-                del leased[pos]
-                self.by_bm.pop(lease[L_BM], None)
-                holder = lease[L_HOLDER]
-                holder.outstanding -= 1
+                self.end_lease(pos)
                 if not ended:
-                    first = (lease[L_BM], holder.sub.owner.describe())
+                    first = (lease.bm, lease.holder.sub.owner.describe())
                 ended += 1
-                self.counts[pos] = lease_counts(lease)
+                self.counts[pos] = lease.delivery_counts()
                 self._return(pos, "lease")
             if ended:
                 changed = True

@@ -483,13 +483,7 @@ class QueueManager:
             pos = journal.next_position(nxt)
         for q in qlist:
             d = done[q.name_b]
-            if d:
-                keep = [(p, t) for p, t in zip(q.avail_pos, q.avail_ts) if p not in d]
-                q.avail_pos = array.array("Q", (p for p, _ in keep))
-                q.avail_ts = array.array("Q", (t for _, t in keep))
-                for p in d:
-                    q.expiry.pop(p, None)
-            q.counts = {p: c for p, c in counts[q.name_b].items() if p not in d}
+            q.recovered(d, counts[q.name_b])
             if q.repl is not None:
                 q.repl.forget_done(d)
         self.loading = False

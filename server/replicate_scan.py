@@ -49,6 +49,8 @@ from journal.record import (
     scan_records,
 )
 
+from .batch_row import BatchRow, BatchTuple
+
 __all__ = [
     "ACCELERATED",
     "kept_span",
@@ -63,7 +65,7 @@ _u16 = struct.Struct("<H").unpack_from
 Intake = tuple[
     bytes,
     list[tuple[int, int, int, int]],
-    list[tuple[Any, ...]],
+    list[BatchTuple],
     int,
     int,
     bytes | None,
@@ -120,7 +122,7 @@ def replicate_records_py(
         raise ValueError("name and group must each be at most 255 bytes")
     out: list[bytes] = []
     entries: list[tuple[int, int, int, int]] = []
-    msgs: list[tuple[Any, ...]] = []
+    msgs: list[BatchTuple] = []
     pubs: dict[int, tuple[int, int, int]] = {}
     size = base
     dups = 0
@@ -179,6 +181,8 @@ def kept_span_py(buf: bytes, pos: int, topics: dict[bytes, bool]) -> tuple[int, 
 
 
 _c = load("server._replicate")  # None without a compiler at install time: same results, slower
+if _c is not None:
+    _c.configure(BatchRow)
 kept_span = _c.kept_span if _c else kept_span_py
 replicate_records = _c.replicate_records if _c else replicate_records_py
 ACCELERATED = _c is not None

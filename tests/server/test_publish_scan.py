@@ -13,6 +13,7 @@ import pytest
 from journal.record import KIND_MESSAGE, encode_record
 from protocol.framing import RAW_RUN, FrameDecoder, FrameError, RawFrames, expand, frame_bytes
 from server import publish_scan
+from server.batch_row import BatchRow
 from server.publish_scan import publish_records_py, publish_span_py
 
 RECORDS = [pytest.param(publish_records_py, id="python")]
@@ -58,7 +59,31 @@ def test_golden_records_entries_and_rows(impl):
         (t, 7, s, 1000, b, o, b"", None)
         for t, s, b, o in zip(topics, seqs, bodies, offs, strict=True)
     ]
+    assert {type(m) for m in msgs} == {tuple}  # BatchRow's shape as a plain tuple, C and Python
+    named = [BatchRow._make(m) for m in msgs]
+    assert [(m.topic, m.seq, m.offset) for m in named] == list(zip(topics, seqs, offs, strict=True))
     assert (stop, highest, asked, unknown) == (len(raw), (1 << 63) - 1, True, None)
+
+
+@pytest.mark.skipif(not publish_scan.ACCELERATED, reason="the C accelerator is not built")
+def test_c_refuses_a_row_type_with_fields_it_does_not_fill():
+    """A field added to BatchRow without the C filling it stops the import (configure), rather
+    than rows one field short."""
+    from typing import NamedTuple
+
+    from protocol.headers import MAX_CID_BYTES, MAX_SEQ, MAX_TOPIC_BYTES
+    from server import _publish
+
+    Grown = NamedTuple("Grown", [(f, object) for f in (*BatchRow._fields, "extra")])
+    args = (MAX_TOPIC_BYTES, MAX_CID_BYTES, MAX_SEQ, publish_scan._ACK, publish_scan.MEMBERS)
+    try:
+        with pytest.raises(ValueError, match="teach the C the new fields"):
+            _publish.configure(*args, Grown)
+        with pytest.raises(TypeError, match="NamedTuple"):
+            _publish.configure(*args, dict)
+    finally:
+        _publish.configure(*args, BatchRow)
+    assert len(_c_records(pub(1), 0, 7, 1000, 0, KNOWN, 0)[2][0]) == len(BatchRow._fields)
 
 
 # headers the fast path leaves to the ordinary path (each at the stop)

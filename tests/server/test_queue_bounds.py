@@ -38,7 +38,7 @@ async def test_max_per_subscription_backlog_caps_the_subscribers_max_backlog(mak
     assert _ns(c.take()) == [1, 2]
     q = core.queues.get("capq")
     assert len(q.leased) == 2 and q.snapshot()["depth"] >= 3
-    c.send("sow_delete", t="capq", bm=q.leased[min(q.leased)][2], a="processed", cid="x")
+    c.send("sow_delete", t="capq", bm=q.leased[min(q.leased)].bm, a="processed", cid="x")
     await core.settle()
     assert _ns(c.take()) == [3]  # one acked: room for one more, not for the rest
 

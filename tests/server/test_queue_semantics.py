@@ -81,7 +81,7 @@ async def test_lease_extend_by_filter_keeps_the_lease(make_core):
     assert [a["records_deleted"] for a in _acks(c.take())] == [1]
     assert q.stats["acked"] == 0 and len(q.leased) == 2
     (pos1,) = [p for p, lease in before.items() if lease[2].endswith("|1|")]
-    assert q.leased[pos1][1] != before[pos1][1]  # a new lease generation: the extended end
+    assert q.leased[pos1].gen != before[pos1].gen  # a new lease generation: the extended end
 
 
 async def test_expire_by_filter_dead_letters_leased_and_waiting(make_core):

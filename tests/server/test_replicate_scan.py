@@ -10,6 +10,7 @@ import pytest
 
 from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, encode_record
 from server import replicate_scan
+from server.batch_row import BatchRow
 from server.replicate_scan import kept_span_py, replicate_records_py
 
 INTAKES = [pytest.param(replicate_records_py, id="python")]
@@ -65,6 +66,9 @@ def test_golden_intake_records_rows_and_origins(impl):
         ("orders", 8, 5, 1000, b"", offs[2], b"", None),
         ("orders", 7, 3, 1000, b"x" * 300, offs[3], b"", None),
     ]
+    assert {type(m) for m in msgs} == {tuple}  # BatchRow's shape as a plain tuple, C and Python
+    second, third = BatchRow._make(msgs[1]), BatchRow._make(msgs[2])
+    assert (second.hdr, second.exp, third.pub) == (b',"x":"c"', 30, 8)
     assert (stop, dups, unknown) == (len(body), 1, None)
     assert highest == {7: 3, 8: 5}
     assert pubs == {7: (1, 3, offs[3]), 8: (5, 5, offs[2])}
@@ -244,3 +248,25 @@ async def test_replicate_block_builds_the_batch_replicate_builds(
 
 def _noop(end, err):
     return None
+
+
+@pytest.mark.skipif(not replicate_scan.ACCELERATED, reason="the C accelerator is not built")
+def test_c_refuses_a_row_type_with_fields_it_does_not_fill():
+    """A field added to BatchRow without the C filling it stops the import (configure), rather
+    than rows one field short."""
+    from typing import NamedTuple
+
+    from server import _replicate
+
+    Grown = NamedTuple("Grown", [(f, object) for f in (*BatchRow._fields, "extra")])
+    Renamed = NamedTuple(
+        "Renamed", [(f.replace("hdr", "header"), object) for f in BatchRow._fields]
+    )
+    try:
+        for bad in (Grown, Renamed):
+            with pytest.raises(ValueError, match="teach the C the new fields"):
+                _replicate.configure(bad)
+    finally:
+        _replicate.configure(BatchRow)
+    (_, _, msgs, *_), _, _ = run(_c_records, rec(7, 1))
+    assert len(msgs[0]) == len(BatchRow._fields)
