@@ -42,6 +42,7 @@ from .services import SessionServices
 from .sow import BadOrderBy, BadSowKey, SowManager, SowQuery, parse_order_by
 from .sow.keys import check_key
 from .sow.query import QueryPlan
+from .sow.query_queue import WaitingReader
 from .sow.records import BY_FILTER, BY_KEYS
 from .subscription_table import SubscriptionTable
 from .subscriptions import Subscription, SubState, ack_types
@@ -215,13 +216,17 @@ class SowCommands:
         return True, None if isinstance(point, Now) else point
 
     def cmd_sow(self, h: Header, body: bytes) -> None:
-        sow = self._sow_manager(h)
-        if sow is None:
-            return
         try:
             opts = sow_options(h.o)
         except InvalidOptions as exc:
             self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return
+        queue = self.svc.queues.get(h.t) if h.t else None
+        if queue is not None:
+            self._sow_queue(h, queue, opts)
+            return
+        sow = self._sow_manager(h)
+        if sow is None:
             return
         ok, point = self._query_point(h)
         if not ok:
@@ -266,6 +271,64 @@ class SowCommands:
             self._start(plan, name, reader, bm)
 
         fut.add_done_callback(answer)
+
+    def _sow_queue(self, h: Header, queue: Any, opts: Any) -> None:
+        """`sow` on a queue: the messages it holds available now (server/sow/query_queue.py),
+        with the filter, sow_keys, order and paging of any query, and the content entitlement
+        of a consumer of the queue (the right to consume it, the filters on it and on its
+        underlying topic)."""
+        if h.bm:
+            self.fail(
+                h,
+                Failure.INVALID_BOOKMARK,
+                f"a queue has no history to query: give no bm with sow on {queue.name!r}",
+            )
+            return
+        filt: Predicate | None = None
+        order = None
+        try:
+            filt = compile_filter(h.f) if h.f else None
+            order = parse_order_by(h.order_by) if h.order_by else None
+        except FilterError as exc:
+            self.fail(h, Failure.BAD_FILTER, str(exc))
+            return
+        except BadOrderBy as exc:
+            self.fail(h, Failure.BAD_ORDER_BY, str(exc))
+            return
+        grant = self.svc.guard.grant(
+            self.peer,
+            self.user_id,
+            "consume",
+            queue.name,
+            False,
+            filt,
+            "sow",
+            (queue.spec.underlying_topic,),
+        )
+        if grant is None:
+            self.not_entitled(h, "consume", queue.name)
+            return
+        keys = None
+        if h.sow_keys is not None:
+            keys = [k.strip() for k in h.sow_keys.split(",") if k.strip()]
+        plan = QueryPlan(
+            topics=[queue.name],
+            filters={queue.name: grant.filter},
+            keys=keys,
+            order=order,
+            top_n=h.top_n if h.top_n is not None else opts.top_n,
+            skip_n=opts.skip_n or 0,
+            query_id=h.query_id,
+            cid=h.cid,
+            acks=ack_types(h.a),
+            no_sowkey=opts.no_sowkey,
+            timestamp=opts.timestamp,
+        )
+        if "processed" in plan.acks:
+            self.out.send_ack("processed", h.cid, query_id=h.query_id)
+        reader = WaitingReader(queue.waiting(), self.svc.queues.read)
+        name = h.query_id or h.cid or f"q{id(plan)}"
+        self._start(plan, name, reader, self.svc.pipeline.last_bm)
 
     # -- sow_and_subscribe --------------------------------------------------------------------------
 
