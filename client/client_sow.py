@@ -21,7 +21,7 @@ from protocol.headers import Header
 
 from .client_commands import DEFAULT_TIMEOUT, _opts_text
 from .client_subscribe import ClientSubscriptions
-from .errors import CommandError, CommandTimeout
+from .errors import CommandTimeout
 from .message import Message
 from .subscription import Subscription
 
@@ -98,41 +98,12 @@ class ClientSow(ClientSubscriptions):
         if self._state != "logged_on":
             raise self._not_ready("sow_and_subscribe")
         opts = _opts_text(options)
-        replace = opts is not None and "replace" in (o.strip() for o in opts.split(","))
-        existing = self._subs.get(sub_id) if sub_id is not None else None
-        if existing is not None and not replace:
-            raise CommandError(
-                "subscription already exists",
-                f"sub_id {sub_id!r} is active on this client; unsubscribe it or pass "
-                "options='replace'",
-            )
-        if sub_id is None:
-            sub_id = self._new_sub_id()
-        cid = self._new_id()
-        sub = existing or Subscription(
-            self,
-            sub_id,
-            topic,
-            None,
-            max_messages=self.max_buffered_messages,
-            max_bytes=self.max_buffered_bytes,
-            on_full=self._sub_full,
-            on_drained=self._sub_drained,
-        )
-        self._subs[sub_id] = sub  # registered before sending: the answer may come first
+        sub, existing = self._open_sub(sub_id, topic, None, opts)
         header = Header(
-            c="sow_and_subscribe", cid=cid, t=topic, sub_id=sub_id, f=filter, top_n=top_n,
-            order_by=order_by, o=opts, bm=bookmark, a="processed",
+            c="sow_and_subscribe", cid=self._new_id(), t=topic, sub_id=sub.sub_id, f=filter,
+            top_n=top_n, order_by=order_by, o=opts, bm=bookmark, a="processed",
         )  # fmt: skip
-        try:
-            await self._request(header, "processed", timeout)
-        except BaseException as exc:
-            if existing is None:
-                self._drop_sub(sub)
-                sub._end_stop(drop=True)
-                if isinstance(exc, (CommandTimeout, asyncio.CancelledError)):
-                    self._send_quietly(Header(c="unsubscribe", sub_id=sub_id))
-            raise
+        await self._subscribe_request(header, sub, existing, timeout)
         return sub
 
     def _on_sow(self, header: Header, body: bytes) -> None:
