@@ -91,17 +91,22 @@ class ClientSow(ClientSubscriptions):
         sub_id: str | None = None,
         bookmark: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
+        marks: bool = False,
     ) -> Subscription:
         """Query `topic` and subscribe to what changes after the answer; returns the
-        Subscription, whose iterator yields the answer's records and then live messages.
-        With `bookmark`: the state at that point, then every change after it, then live."""
+        Subscription, whose iterator yields the answer's records and then live messages;
+        its `completed` is set when the answer is all in. With `bookmark`: the state at that
+        point, then every change after it, then live. `marks=True` (the HAClient's) also hands
+        out, in order, the answer's point (the `completed` ack's bookmark, right after the
+        answer's records) and the periodic `persisted` acks, as PersistedBookmark items."""
         if self._state != "logged_on":
             raise self._not_ready("sow_and_subscribe")
         opts = _opts_text(options)
-        sub, existing = self._open_sub(sub_id, topic, None, opts)
+        sub, existing = self._open_sub(sub_id, topic, None, opts, marks)
         header = Header(
             c="sow_and_subscribe", cid=self._new_id(), t=topic, sub_id=sub.sub_id, f=filter,
-            top_n=top_n, order_by=order_by, o=opts, bm=bookmark, a="processed",
+            top_n=top_n, order_by=order_by, o=opts, bm=bookmark,
+            a="processed,completed,persisted" if marks else "processed,completed",
         )  # fmt: skip
         await self._subscribe_request(header, sub, existing, timeout)
         return sub
