@@ -98,6 +98,7 @@ class SowManager(Deltas):
         self._makers: dict[str, KeyMaker] = {}
         self._specs: dict[str, SowTopicSpec | None] = {}
         self.counts: dict[str, int] = {}  # records per topic
+        self.updates: dict[str, int] = {}  # puts applied per topic since start (the console)
         self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
         self._pending_batch: Any = None
         # (topic, key) -> (pub, seq, body) of publishes accepted and not yet applied (delta)
@@ -345,6 +346,7 @@ class SowManager(Deltas):
             replaced = store.put(txn, topic, k, value)
         if not replaced:
             self.counts[topic] = self.counts.get(topic, 0) + 1
+        self.updates[topic] = self.updates.get(topic, 0) + 1
         if self._expiring and self.commits is not None:
             self._note_expiry(topic, k, pos, ts, hdr)
         return k
