@@ -318,16 +318,22 @@ def sow_delete_by_bookmark(ctx: Ctx, right: str, topic: str) -> Observed:
     return out
 
 
+def _delete_by_filter(ctx: Ctx, right: str, topic: str, publish_to: str, target: str) -> dict:
+    """The three messages published to `publish_to`, then a sow_delete of `/n > 0` on
+    `target` (a queue or a SOW topic) as the cell's user: its ack."""
+    ctx.publish(publish_to)
+    c = ctx.conn(right, topic)
+    try:
+        return c.request({"c": "sow_delete", "t": target, "f": "/n > 0"})
+    finally:
+        c.close()
+
+
 def sow_delete_by_filter(ctx: Ctx, right: str, topic: str) -> Observed:
     """Three messages waiting (no subscriber); the user acknowledges every one its filter
     matches; the auditor then subscribes and gets what is left."""
     queue, underlying = _queue(topic)
-    ctx.publish(underlying)
-    c = ctx.conn(right, topic)
-    try:
-        ack = c.request({"c": "sow_delete", "t": queue, "f": "/n > 0"})
-    finally:
-        c.close()
+    ack = _delete_by_filter(ctx, right, topic, underlying, queue)
     sub = ctx.auditor.request({"c": "subscribe", "t": queue, "o": "max_backlog=10"})
     assert sub["status"] == "success"
     survivors = ctx.auditor.drained()
@@ -340,10 +346,14 @@ def sow_delete_by_filter(ctx: Ctx, right: str, topic: str) -> Observed:
 
 def publish_slow(ctx: Ctx, right: str, topic: str) -> Observed:
     """Publishes with a `processed` ack each: the ordinary path (Session.cmd_publish)."""
+    return _acked_publishes(ctx, right, topic, "publish")
+
+
+def _acked_publishes(ctx: Ctx, right: str, topic: str, command: str) -> Observed:
     c = ctx.conn(right, topic)
     try:
         acks = [
-            c.request({"c": "publish", "t": topic, "s": i}, json.dumps(doc).encode())
+            c.request({"c": command, "t": topic, "s": i}, json.dumps(doc).encode())
             for i, doc in enumerate(DOCS, start=c.seq + 1)
         ]
         c.request({"c": "flush"}, ack="persisted")
@@ -445,30 +455,12 @@ def sow_on_a_queue(ctx: Ctx, right: str, topic: str) -> Observed:
 
 def delta_publish(ctx: Ctx, right: str, topic: str) -> Observed:
     """delta_publish to a SOW topic (a new key each: inserted whole), with a processed ack."""
-    c = ctx.conn(right, topic)
-    try:
-        acks = [
-            c.request({"c": "delta_publish", "t": topic, "s": i}, json.dumps(doc).encode())
-            for i, doc in enumerate(DOCS, start=c.seq + 1)
-        ]
-        c.request({"c": "flush"}, ack="persisted")
-    finally:
-        c.close()
-    refused = [refusal(a) for a in acks]
-    assert len(set(refused)) == 1, f"some delta publishes refused, some not: {acks}"
-    if refused[0]:
-        ctx.refusals.append((USER[right], "publish", topic))
-    return ("refused" if refused[0] else "accepted"), ctx.stored(topic)
+    return _acked_publishes(ctx, right, topic, "delta_publish")
 
 
 def sow_delete_records(ctx: Ctx, right: str, topic: str) -> Observed:
     """sow_delete by filter on a SOW topic; the auditor's query then shows what is left."""
-    ctx.publish(topic)
-    c = ctx.conn(right, topic)
-    try:
-        ack = c.request({"c": "sow_delete", "t": topic, "f": "/n > 0"})
-    finally:
-        c.close()
+    ack = _delete_by_filter(ctx, right, topic, topic, topic)
     _, survivors = _answer(ctx, ctx.auditor, {"c": "sow", "t": topic})
     out = _deleted(ack, survivors)
     if out[0] == "refused":
