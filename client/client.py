@@ -202,7 +202,7 @@ class Client(ClientSow, ClientPublishing):
                     self._deliver_many(header, body, sids)
             elif c == "ack":
                 self._on_ack(header)
-            elif c == "sow":
+            elif c == "sow" or c == "oof":  # an answer's record, or an out-of-focus notice
                 self._on_sow(header, body)
             elif c == "heartbeat":
                 if self._transport is not None:

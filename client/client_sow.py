@@ -112,7 +112,9 @@ class ClientSow(ClientSubscriptions):
         return sub
 
     def _on_sow(self, header: Header, body: bytes) -> None:
-        """One record of an answer: to its query's list, or its subscription's stream."""
+        """One record of an answer: to its query's list, or its subscription's stream; an
+        out-of-focus notice (`header.c == "oof"`, with `k` and `reason`) to its subscription's
+        stream, in order with the messages."""
         msg = Message(header.t, body, header.bm, header.sub_id, header.sub_id, header.ts,
                       header.x, None, header)  # fmt: skip
         if header.sub_id is not None:
