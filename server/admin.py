@@ -86,6 +86,7 @@ _STATUS = {
     405: "405 Method Not Allowed",
     409: "409 Conflict",
     421: "421 Misdirected Request",
+    500: "500 Internal Server Error",
 }
 
 
@@ -373,7 +374,11 @@ class AdminEndpoint:
         grant = self.guard.grant(peer, user, "subscribe", topic, False, own, "admin sow")
         if grant is None:
             return 403, "text/plain", f"user {user!r} may not read {topic!r}\n".encode()
-        answer = await sow.query(topic, grant.filter, order, top_n)
+        try:
+            answer = await sow.query(topic, grant.filter, order, top_n)
+        except Exception as exc:  # the store closing under it (shutdown), or a bug: not the loop
+            log.exception("admin: SOW query on %s failed", topic)
+            return 500, "text/plain", f"the query failed: {exc!r}\n".encode()
         return 200, "application/json", msgspec.json.encode(answer) + b"\n"
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
