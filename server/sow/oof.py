@@ -93,6 +93,8 @@ def refocus(sow: _Records, sub: Subscription, old: Any) -> int:
     how many were sent."""
     if not sub.opts.oof or sub.state is not SubState.LIVE or sub.out.closing:
         return 0
+    if old is sub.filter:  # the same compiled filter (they are cached by text): nothing left
+        return 0
     regex = sub.regex
     if regex is None:
         topics = [sub.topic] if sow.is_sow(sub.topic) else []
