@@ -243,14 +243,16 @@ class SowManager(Deltas):
 
     def _load_expiry(self) -> None:
         """The expiry heap from the store (at start): every record of a topic that expires,
-        and every record published with its own `e` (its stored fragment says so)."""
+        and every record published with its own `e` (its stored fragment says so; the records
+        of other topics are read only once the store has held such a record)."""
         store = self.store
         assert store is not None
         heap = []
+        any_topic = store.expiring
         with store.env.begin() as txn:
             for topic in list(self.counts):
                 spec = self.spec(topic)
-                if spec is None:
+                if spec is None or not (spec.expiration or any_topic):
                     continue
                 for k, rec in store.topic_records(txn, topic):
                     at = self._expires_at(spec.expiration, rec[3], rec[4])
@@ -329,6 +331,7 @@ class SowManager(Deltas):
         if exp:  # the publish's own `e`, in whole seconds as the journal keeps it
             hdr = with_expiration(hdr, math.ceil(exp))
             self._expiring = True
+            store.note_expiring(txn)
         value = encode_value(pos, pub, seq, ts, hdr, body)
         oof = self.oof
         subs = oof.watching(topic) if oof is not None else None
