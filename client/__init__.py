@@ -13,6 +13,7 @@ High availability (client/ha.py): `HAClient` reconnects and fails over (a `Serve
 from .bookmarks import EPOCH, MOST_RECENT, NOW, BookmarkStore, MemoryBookmarkStore
 from .bookmarks_logged import LoggedBookmarkStore
 from .bookmarks_ring import RingBookmarkStore
+from .bookmarks_sow import SowBookmarkStore
 from .chooser import Authenticator, DefaultAuthenticator, DefaultServerChooser, ServerChooser
 from .client import Client
 from .delay import ExponentialDelayStrategy, FixedDelayStrategy, ReconnectDelayStrategy
@@ -81,6 +82,7 @@ __all__ = [
     "RecoveryReport",
     "RingBookmarkStore",
     "ServerChooser",
+    "SowBookmarkStore",
     "StoreClosed",
     "StoreError",
     "StoreFull",

@@ -202,7 +202,7 @@ class Client(ClientSow, ClientPublishing):
                     self._deliver_many(header, body, sids)
             elif c == "ack":
                 self._on_ack(header)
-            elif c == "sow":
+            elif c == "sow" or c == "oof":  # an answer's record, or an out-of-focus notice
                 self._on_sow(header, body)
             elif c == "heartbeat":
                 if self._transport is not None:
@@ -251,6 +251,10 @@ class Client(ClientSow, ClientPublishing):
             sub = self._subs.get(h.sub_id) if h.sub_id else None
             if sub is None and cid is not None:
                 sub = self._subs_by_cid.get(cid)
+            if sub is not None and h.bm is not None:
+                # a SOW answer's point (only its `completed` carries bm): in order, after the
+                # answer's records and before the first change (client/hasub.py)
+                sub._push_mark(PersistedBookmark(sub.sub_id, h.bm))
             if sub is not None and sub._complete():
                 self._drop_sub(sub)  # a range ended: the server removed the subscription
             return

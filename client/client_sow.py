@@ -21,7 +21,7 @@ from protocol.headers import Header
 
 from .client_commands import DEFAULT_TIMEOUT, _opts_text
 from .client_subscribe import ClientSubscriptions
-from .errors import CommandError, CommandTimeout
+from .errors import CommandTimeout
 from .message import Message
 from .subscription import Subscription
 
@@ -91,52 +91,30 @@ class ClientSow(ClientSubscriptions):
         sub_id: str | None = None,
         bookmark: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
+        marks: bool = False,
     ) -> Subscription:
         """Query `topic` and subscribe to what changes after the answer; returns the
-        Subscription, whose iterator yields the answer's records and then live messages.
-        With `bookmark`: the state at that point, then every change after it, then live."""
+        Subscription, whose iterator yields the answer's records and then live messages;
+        its `completed` is set when the answer is all in. With `bookmark`: the state at that
+        point, then every change after it, then live. `marks=True` (the HAClient's) also hands
+        out, in order, the answer's point (the `completed` ack's bookmark, right after the
+        answer's records) and the periodic `persisted` acks, as PersistedBookmark items."""
         if self._state != "logged_on":
             raise self._not_ready("sow_and_subscribe")
         opts = _opts_text(options)
-        replace = opts is not None and "replace" in (o.strip() for o in opts.split(","))
-        existing = self._subs.get(sub_id) if sub_id is not None else None
-        if existing is not None and not replace:
-            raise CommandError(
-                "subscription already exists",
-                f"sub_id {sub_id!r} is active on this client; unsubscribe it or pass "
-                "options='replace'",
-            )
-        if sub_id is None:
-            sub_id = self._new_sub_id()
-        cid = self._new_id()
-        sub = existing or Subscription(
-            self,
-            sub_id,
-            topic,
-            None,
-            max_messages=self.max_buffered_messages,
-            max_bytes=self.max_buffered_bytes,
-            on_full=self._sub_full,
-            on_drained=self._sub_drained,
-        )
-        self._subs[sub_id] = sub  # registered before sending: the answer may come first
+        sub, existing = self._open_sub(sub_id, topic, None, opts, marks)
         header = Header(
-            c="sow_and_subscribe", cid=cid, t=topic, sub_id=sub_id, f=filter, top_n=top_n,
-            order_by=order_by, o=opts, bm=bookmark, a="processed",
+            c="sow_and_subscribe", cid=self._new_id(), t=topic, sub_id=sub.sub_id, f=filter,
+            top_n=top_n, order_by=order_by, o=opts, bm=bookmark,
+            a="processed,completed,persisted" if marks else "processed,completed",
         )  # fmt: skip
-        try:
-            await self._request(header, "processed", timeout)
-        except BaseException as exc:
-            if existing is None:
-                self._drop_sub(sub)
-                sub._end_stop(drop=True)
-                if isinstance(exc, (CommandTimeout, asyncio.CancelledError)):
-                    self._send_quietly(Header(c="unsubscribe", sub_id=sub_id))
-            raise
+        await self._subscribe_request(header, sub, existing, timeout)
         return sub
 
     def _on_sow(self, header: Header, body: bytes) -> None:
-        """One record of an answer: to its query's list, or its subscription's stream."""
+        """One record of an answer: to its query's list, or its subscription's stream; an
+        out-of-focus notice (`header.c == "oof"`, with `k` and `reason`) to its subscription's
+        stream, in order with the messages."""
         msg = Message(header.t, body, header.bm, header.sub_id, header.sub_id, header.ts,
                       header.x, None, header)  # fmt: skip
         if header.sub_id is not None:

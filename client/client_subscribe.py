@@ -70,6 +70,22 @@ class ClientSubscriptions(ClientCommands):
             raise self._not_ready("subscribe")
         opts = _opts_text(options)
         bm = None if bookmark is None else str(bookmark)
+        sub, existing = self._open_sub(sub_id, topic, bm, opts, marks)
+        cid = self._new_id()
+        self._subs_by_cid[cid] = sub
+        header = Header(
+            c="subscribe", cid=cid, t=topic, sub_id=sub.sub_id, f=filter, bm=bm, o=opts,
+            a="processed,completed,persisted" if marks else "processed,completed",
+        )  # fmt: skip
+        await self._subscribe_request(header, sub, existing, timeout)
+        return sub
+
+    def _open_sub(
+        self, sub_id: str | None, topic: str, bm: str | None, opts: str | None, marks: bool = False
+    ) -> tuple[Subscription, Subscription | None]:
+        """The Subscription a subscribe command is about to make (registered now: a replay or
+        an answer may deliver before the ack arrives), or the one `replace` updates; and that
+        existing one, or None. Raises CommandError for a `sub_id` in use without `replace`."""
         replace = opts is not None and "replace" in (o.strip() for o in opts.split(","))
         existing = self._subs.get(sub_id) if sub_id is not None else None
         if existing is not None and not replace:
@@ -80,7 +96,6 @@ class ClientSubscriptions(ClientCommands):
             )
         if sub_id is None:
             sub_id = self._new_sub_id()
-        cid = self._new_id()
         sub = existing or Subscription(
             self,
             sub_id,
@@ -92,24 +107,30 @@ class ClientSubscriptions(ClientCommands):
             on_drained=self._sub_drained,
             marks=marks,
         )
-        # registered before sending: a replay may deliver before the ack arrives
         self._subs[sub_id] = sub
-        self._subs_by_cid[cid] = sub
-        header = Header(
-            c="subscribe", cid=cid, t=topic, sub_id=sub_id, f=filter, bm=bm, o=opts,
-            a="processed,completed,persisted" if marks else "processed,completed",
-        )  # fmt: skip
+        return sub, existing
+
+    async def _subscribe_request(
+        self,
+        header: Header,
+        sub: Subscription,
+        existing: Subscription | None,
+        timeout: float | None,
+    ) -> None:
+        """Send a subscribe-like command and wait for `processed`; on a refusal, a timeout or
+        a cancel, a new subscription is dropped again (and unsubscribed on the server when its
+        answer may still come)."""
         try:
             await self._request(header, "processed", timeout)
         except BaseException as exc:
-            self._subs_by_cid.pop(cid, None)
+            if header.cid is not None:
+                self._subs_by_cid.pop(header.cid, None)
             if existing is None:
                 self._drop_sub(sub)
                 sub._end_stop(drop=True)
                 if isinstance(exc, (CommandTimeout, asyncio.CancelledError)):
-                    self._send_quietly(Header(c="unsubscribe", sub_id=sub_id))
+                    self._send_quietly(Header(c="unsubscribe", sub_id=sub.sub_id))
             raise
-        return sub
 
     async def unsubscribe(self, sub_id: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
         """Unsubscribe `sub_id` (or `all`). Its iterator stops at once (buffer dropped).

@@ -36,8 +36,9 @@ The connect sequence (`connect_and_logon()`, and again after every lost connecti
 8. Re-enter every subscription of the subscription manager that the application still
    consumes: bookmark subscriptions at MOST_RECENT from the bookmark store (with
    `bookmark_not_found=epoch`, so a server that does not know the bookmark replays all it has
-   and the store drops what was seen), the others as first placed. A refused one fails its
-   HASubscription; the others continue (client/haplace.py's `Placer`).
+   and the store drops what was seen), a `sow_and_subscribe` whose answer is in likewise
+   from its point, the others as first placed. A refused one fails its HASubscription; the
+   others continue (client/haplace.py's `Placer`).
 9. `connected`: waiting calls proceed. A connection lost during 6-8 restarts at 1.
 
 Publishing: `publish()` stores the message (waiting for room while the store is full), then
@@ -61,6 +62,8 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Self, TypeVar
+
+import msgspec
 
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .chooser import DefaultServerChooser, ServerChooser
@@ -481,24 +484,40 @@ class HAClient:
         the store. Give a stable `sub_id` to resume across process restarts. Ranges are
         re-entered as placed. Raises CommandError with the server's reason.
         """
-        if sub_id is None:
-            sub_id = f"ha-{os.urandom(6).hex()}"
+        return await self._place_new(SubscriptionSpec(
+            sub_id or f"ha-{os.urandom(6).hex()}", topic, filter, _opts_text(options),
+            None if bookmark is None else str(bookmark)), timeout)  # fmt: skip
+
+    async def sow_and_subscribe(
+        self,
+        topic: str,
+        *,
+        filter: str | None = None,
+        options: str | Iterable[str] | None = None,
+        sub_id: str | None = None,
+        bookmark: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> HASubscription:
+        """Client.sow_and_subscribe, kept across reconnects and failover: the answer's records
+        (`header.c == "sow"`), then every change after the answer's point once, on whichever
+        server, none lost (client/haplace.py; docs/client.md). Discard each change
+        (`discard(msg)`) as for a bookmark subscription; its state is the bookmark store's."""
+        return await self._place_new(SubscriptionSpec(
+            sub_id or f"ha-{os.urandom(6).hex()}", topic, filter, _opts_text(options),
+            bookmark, sow=True), timeout)  # fmt: skip
+
+    async def _place_new(self, spec: SubscriptionSpec, timeout: float | None) -> HASubscription:
+        sub_id = spec.sub_id
         existing = self._placer.subs.get(sub_id)
         if existing is not None and existing.active:
             raise CommandError("subscription already exists",
                                f"sub_id {sub_id!r} is active on this client")  # fmt: skip
-        spec = SubscriptionSpec(sub_id, topic, filter, _opts_text(options),
-                                None if bookmark is None else str(bookmark))  # fmt: skip
         hs = HASubscription(self, spec, self._placer.tracking_store(spec), self.max_window)
         self._placer.subs[sub_id] = hs
-        try:
-            while True:
-                client = await self._connected_client(timeout)
-                try:
-                    await self._placer.place(hs, client, first=True, timeout=timeout)
-                    break
-                except Disconnected:
-                    await self._after_loss(client)  # placed again on the next connection
+        try:  # placed again on the next connection if this one is lost
+            await self._on_connection(
+                lambda c, t: self._placer.place(hs, c, first=True, timeout=t), timeout
+            )
         except BaseException:
             if self._placer.subs.get(sub_id) is hs:
                 del self._placer.subs[sub_id]
@@ -513,12 +532,10 @@ class HAClient:
         process (after a restart, with a persistent manager); bookmark ones at MOST_RECENT."""
         out = []
         for spec in self.subscription_manager.specs():
-            if spec.sub_id in self._placer.subs:
-                continue
-            out.append(await self.subscribe(
-                spec.topic, filter=spec.filter, options=spec.options, sub_id=spec.sub_id,
-                bookmark=MOST_RECENT if spec.bookmark is not None else None, timeout=timeout,
-            ))  # fmt: skip
+            if spec.sub_id not in self._placer.subs:  # a sow_and_subscribe queries again
+                if spec.bookmark is not None and not spec.sow:
+                    spec = msgspec.structs.replace(spec, bookmark=MOST_RECENT)
+                out.append(await self._place_new(spec, timeout))
         return out
 
     def subscriptions(self) -> list[HASubscription]:

@@ -6,7 +6,13 @@ A bookmark subscription with a bookmark store is placed with the bookmark the st
 one asked for the first time (the store starts `sub_id` from it), MOST_RECENT on every later
 connection, with `bookmark_not_found` added so that a server that does not know the bookmark
 replays all it has (the store drops what was seen). A range and a live subscription are
-re-entered as first placed. A re-entry the server refuses fails its HASubscription and drops
+re-entered as first placed.
+
+A `sow_and_subscribe` is placed as one until its answer is all in (a lost connection before
+that runs the query again). The answer's point (its `completed` bookmark) then starts `sub_id`
+in the bookmark store (client/hasub.py), and every later connection resumes it as a bookmark
+subscription from MOST_RECENT: each change after the point once, none lost, and no second
+answer (docs/client.md says why it is not queried again). A re-entry the server refuses fails its HASubscription and drops
 its spec from the subscription manager; the others go on.
 
 Door: what the HAClient shows as a `PlacerHost` (its stores, options and current server) and
@@ -50,6 +56,14 @@ def _is_range(bookmark: str) -> bool:
     return bookmark.lstrip()[:1] in ("[", "(")
 
 
+def _subscribe_options(options: str | None) -> str | None:
+    """A sow_and_subscribe's options as a subscribe takes them (no paging of the answer)."""
+    if not options:
+        return options
+    kept = [o for o in options.split(",") if o.split("=")[0].strip() not in ("top_n", "skip_n")]
+    return ",".join(kept) or None
+
+
 class Placer:
     """An HAClient's subscriptions and their placement on its connections."""
 
@@ -59,9 +73,21 @@ class Placer:
         self.subs: dict[str, HASubscription] = {}
 
     def tracking_store(self, spec: SubscriptionSpec) -> BookmarkStore | None:
+        if spec.sow:
+            return self.host.bookmark_store
         if spec.bookmark is None or _is_range(spec.bookmark):
             return None
         return self.host.bookmark_store
+
+    async def _place_sow(self, hs: HASubscription, client: Client, timeout: float | None) -> None:
+        """A sow_and_subscribe whose answer has not been all in yet: (again) as one."""
+        spec = hs.spec
+        sub = await client.sow_and_subscribe(
+            spec.topic, filter=spec.filter, options=spec.options, sub_id=spec.sub_id,
+            bookmark=spec.bookmark, timeout=timeout, marks=True,
+        )  # fmt: skip
+        hs._placed_uri = self.host.current_uri
+        hs._attach(sub)
 
     async def place(self, hs: HASubscription, client: Client, *, first: bool,
                     timeout: float | None = DEFAULT_TIMEOUT) -> None:  # fmt: skip
@@ -70,6 +96,12 @@ class Placer:
         bookmark = spec.bookmark
         options = spec.options
         store = hs._store
+        if spec.sow:
+            if hs._sow_point is None:
+                await self._place_sow(hs, client, timeout)
+                return
+            first, bookmark = False, MOST_RECENT  # resumed from the answer's point on
+            options = _subscribe_options(options)
         if store is not None:
             assert bookmark is not None, "a store tracks bookmark subscriptions only"
             recent = bookmark == MOST_RECENT or not first

@@ -13,6 +13,10 @@ failed     re-entering it was refused (CommandError), or the HAClient gave up re
            iteration raises that error
 ```
 
+A `sow_and_subscribe` hands out its answer's records (`header.c == "sow"`) as they come; the
+answer's point, right after them, starts the subscription in the bookmark store, and the
+changes after it are tracked as those of a bookmark subscription (client/haplace.py).
+
 For a bookmark subscription with a bookmark store, every message goes through the store before
 the application sees it: `store.log(message)` drops duplicates after a resubscribe or failover
 and out-of-order messages per publisher, and the subscription's periodic persisted acks reach
@@ -73,6 +77,8 @@ class HASubscription:
         self._placed_once = False  # the first placement succeeded (re-entries are the HAClient's)
         self._placed_on: object = None  # the Client of the newest placement
         self._placed_uri: str | None = None  # the server of the newest placement
+        # a sow_and_subscribe: the bookmark of its answer's point, once the answer is all in
+        self._sow_point: str | None = None
 
     def __repr__(self) -> str:
         return f"<HASubscription {self.sub_id} {self.topic!r} {self.state}>"
@@ -194,8 +200,15 @@ class HASubscription:
             if store is None:
                 return item
             if type(item) is PersistedBookmark:
-                store.persisted(self.sub_id, item.bookmark)
+                if self.spec.sow and self._sow_point is None:
+                    # the answer is all in: the changes after its point are tracked from here
+                    self._sow_point = item.bookmark
+                    store.start(self.sub_id, item.bookmark)
+                else:
+                    store.persisted(self.sub_id, item.bookmark)
                 continue
+            if item.header.c == "sow":
+                return item  # a record of the answer: its bookmark is not in stream order
             if item.bookmark is not None and not store.log(item):
                 self.duplicates += 1
                 continue

@@ -29,13 +29,15 @@ __all__ = [
 
 
 class SubscriptionSpec(msgspec.Struct, frozen=True):
-    """How to place a subscription again. `bookmark` None: a plain (live-only) subscription."""
+    """How to place a subscription again. `bookmark` None: a plain (live-only) subscription.
+    `sow`: a sow_and_subscribe (client/haplace.py says how it is placed again)."""
 
     sub_id: str
     topic: str
     filter: str | None = None
     options: str | None = None
     bookmark: str | None = None
+    sow: bool = False
 
 
 class SubscriptionManager(ABC):

@@ -5,6 +5,11 @@
                      of samples) at once, then `sample` (a sample and Stats.details) each second
     GET /stats       JSON (Stats.snapshot)
     GET /metrics     Prometheus text exposition format 0.0.4
+    GET /sow         JSON: the SOW topics (records, key paths, updates per second) and the
+                     store's size (server/sow/query_console.py)
+    GET /sow/<topic>?filter=<f>&order_by=<o>&top_n=<n>   JSON: a query's records (at most
+                     1,000), read off the event loop; the user also needs the Subscribe right
+                     on the topic (403), and its content entitlement is ANDed to the filter
     POST /clients/<id>/disconnect   the console's action: close that client's connection
                      (disconnect reason `admin`); only with `X-Requested-By: tickertape-console`,
                      a header a page of another origin cannot send without the browser asking
@@ -26,7 +31,7 @@ Security (docs/security.md): first, every request must name in `Host` an IP addr
 the configured listen host or a name of `<AllowedHosts>` (else 421): a page of another site whose
 name was made to resolve to this address (DNS rebinding) names its own host, and is refused even
 where no credentials are asked. The POST actions and `/events` also refuse an `Origin` that is not
-the request's own (`<scheme>://<Host>`) or an allowed host's (403). Then, with `<Authentication>`, every request needs the credentials of a
+the request's own (`<scheme>://<Host>`) or an allowed host's (403), and so do the SOW queries. Then, with `<Authentication>`, every request needs the credentials of a
 user with `admin` (`<Admin>true</Admin>` in a role): HTTP Basic, or `Authorization: Bearer
 <token>` from `tickertape passwd --token`. No or wrong credentials get 401 (with a
 `WWW-Authenticate` challenge), a user without `admin` 403; wrong credentials back off per peer
@@ -47,13 +52,17 @@ import ipaddress
 import logging
 from collections.abc import Callable, Collection
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
+
+from protocol.filters import FilterError, compile_filter
 
 from .guard import Guard
 from .security import audit
 from .security.authenticator import AuthFailure
+from .sow import BadOrderBy, parse_order_by
+from .sow.query_console import MAX_ROWS, SowConsole
 from .stats import Stats
 
 log = logging.getLogger("tickertape.admin")
@@ -70,12 +79,14 @@ STATIC = {
 
 _STATUS = {
     200: "200 OK",
+    400: "400 Bad Request",
     401: "401 Unauthorized",
     403: "403 Forbidden",
     404: "404 Not Found",
     405: "405 Method Not Allowed",
     409: "409 Conflict",
     421: "421 Misdirected Request",
+    500: "500 Internal Server Error",
 }
 
 
@@ -94,14 +105,17 @@ class AdminEndpoint:
         run_action: Callable[[str], str | None] | None = None,
         replication: Callable[[str, str, str], bool | None] | None = None,
         allowed_hosts: Collection[str] = (),
+        sow: SowConsole | None = None,
     ) -> None:
         """`disconnect(id)` closes that client's connection and returns what it was (None: no
         such client); without it the disconnect action answers 404. `run_action(name)` starts
         that journal action now: "started", "running" (already), or None (no such action).
         `replication(name, "downgrade" | "upgrade", who)` changes a destination's mode: True,
         False (it was not in the mode to leave), None (no such destination). `allowed_hosts`:
-        the host names (lowercase) requests may name besides IP addresses and `localhost`."""
+        the host names (lowercase) requests may name besides IP addresses and `localhost`.
+        `sow`: the SOW topics' view and queries (None: no SOW topics, 404)."""
         self.stats = stats
+        self.sow = sow
         self.replication = replication
         self.disconnect = disconnect
         self.run_action = run_action
@@ -155,7 +169,7 @@ class AdminEndpoint:
         lines = head[:MAX_HEAD].split(b"\r\n")
         parts = lines[0].decode("latin-1").split()
         method = parts[0] if parts else ""
-        path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+        path, _, query = parts[1].partition("?") if len(parts) >= 2 else ("", "", "")
         peer = writer.get_extra_info("peername")
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         misdirected = self._check_host(method, path, lines)
@@ -176,6 +190,8 @@ class AdminEndpoint:
                 body = b"credentials of a user with admin are required (Basic or Bearer)\n"
             else:
                 body = b"this user has no admin right\n"
+        elif method == "GET" and path.startswith("/sow/"):
+            code, ctype, body = await self._sow_query(path, query, peer_text, user)
         else:
             code, ctype, body = self._answer(method, path, lines, user)
         if self.guard.checker is not None:
@@ -207,7 +223,9 @@ class AdminEndpoint:
                     "localhost, or list the name in <Admin><AllowedHosts>\n"
                 ).encode()
         origin = _header(lines, b"origin")
-        if origin is None or not (method == "POST" or path == "/events"):
+        if origin is None or not (
+            method == "POST" or path == "/events" or path.startswith("/sow/")
+        ):
             return None
         parts = urlsplit(origin) if origin != "null" else None
         name = _host_name(parts.netloc) if parts is not None else None
@@ -268,6 +286,10 @@ class AdminEndpoint:
             return 200, "text/plain; version=0.0.4", self.stats.prometheus().encode()
         if path == "/events":
             return 200, "text/event-stream", b""
+        if path == "/sow":
+            if self.sow is None:
+                return 404, "text/plain", b"this instance has no SOW topics\n"
+            return 200, "application/json", msgspec.json.encode(self.sow.topics()) + b"\n"
         if path in STATIC:
             name, ctype = STATIC[path]
             return 200, ctype, (CONSOLE / name).read_bytes()
@@ -327,6 +349,37 @@ class AdminEndpoint:
             "application/json",
             msgspec.json.encode({"destination": name, "mode": mode}) + b"\n",
         )
+
+    async def _sow_query(
+        self, path: str, query: str, peer: str, user: str | None
+    ) -> tuple[int, str, bytes]:
+        """`GET /sow/<topic>?filter=&order_by=&top_n=`: the records the user may read."""
+        sow = self.sow
+        topic = unquote(path[len("/sow/") :])
+        if sow is None or not sow.sow.is_sow(topic):
+            return 404, "text/plain", f"{topic!r} is not a SOW topic of this instance\n".encode()
+        args = {k: v[-1] for k, v in parse_qs(query, max_num_fields=8).items()}
+        try:
+            own = compile_filter(args["filter"]) if args.get("filter") else None
+            order = parse_order_by(args["order_by"]) if args.get("order_by") else None
+            top_n = int(args.get("top_n") or 100)
+        except (FilterError, BadOrderBy) as exc:
+            return 400, "text/plain", f"{exc}\n".encode()
+        except ValueError:
+            return (
+                400,
+                "text/plain",
+                f"top_n is a number of records (at most {MAX_ROWS})\n".encode(),
+            )
+        grant = self.guard.grant(peer, user, "subscribe", topic, False, own, "admin sow")
+        if grant is None:
+            return 403, "text/plain", f"user {user!r} may not read {topic!r}\n".encode()
+        try:
+            answer = await sow.query(topic, grant.filter, order, top_n)
+        except Exception as exc:  # the store closing under it (shutdown), or a bug: not the loop
+            log.exception("admin: SOW query on %s failed", topic)
+            return 500, "text/plain", f"the query failed: {exc!r}\n".encode()
+        return 200, "application/json", msgspec.json.encode(answer) + b"\n"
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
         """Serve /events until the page goes, its output backs up, or the endpoint stops."""

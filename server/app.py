@@ -53,6 +53,7 @@ from .replication.sync import SyncGate, UnknownDestination
 from .services import compile_now
 from .session_rights import recheck
 from .sow import SowManager
+from .sow.query_console import SowConsole
 from .stats import Stats
 from .tls_accept import TlsAcceptor
 from .topics import never
@@ -189,6 +190,8 @@ class Server:
             self.replays,
             lambda: self.poller.rounds,
         )
+        if self.sow is not None:  # the console's and /stats' view of the SOW topics
+            self.stats.sow = SowConsole(self.sow, self.replays.readers)
         if gate is not None:
             self.stats.replication = gate.snapshot
             self.stats.held_batches = lambda: gate.held
@@ -245,6 +248,7 @@ class Server:
                 self._run_action,
                 self._replication,
                 config.admin.allowed_hosts,
+                self.stats.sow,
             )
             await self.admin.start()
         self._ticker = loop.create_task(self._tick())

@@ -75,15 +75,19 @@ class TopicGate:
 class Grant:
     """What a subscription may read: `filter` replaces the subscriber's own (it is that AND
     the content entitlements; a `TopicFilter` for a regex whose entitlements vary by topic);
-    `topics`, for a regex allowed only topic by topic, says which topics."""
+    `topics`, for a regex allowed only topic by topic, says which topics; `entitled` is the
+    content entitlement alone (None: none), which tells an out-of-focus `entitlement` from a
+    `match` (server/sow/oof.py)."""
 
     filter: Predicate | None
     topics: Callable[[str], bool] | None = None
+    entitled: Predicate | None = None
 
     def apply(self, sub: Subscription) -> None:
         """Put the grant on `sub`, a new subscription or one re-checked by a reload (then the
         caller has taken it out of the router, whose matches are cached by topic)."""
         sub.filter = self.filter
+        sub.entitled = self.entitled
         regex, regex_b = sub.regex, sub.regex_b
         if isinstance(regex, TopicGate):
             regex = regex.pattern
@@ -181,11 +185,16 @@ class Guard:
             ent.check(peer, user, right, topic, command)  # refused: writes the audit line
             return None
         if not pattern:
-            return Grant(_and(own, ent.read_filter(user, topic, *also)))
+            rf = ent.read_filter(user, topic, *also)
+            return Grant(_and(own, rf), entitled=rf.match_value if rf is not None else None)
         topics = None if access is Access.ALLOW else partial(ent.allows, user, right)
         if not ent.has_filters(user):
             return Grant(own, topics)
-        return Grant(TopicFilter(lambda t: _and(own, ent.read_filter(user, t))), topics)
+        return Grant(
+            TopicFilter(lambda t: _and(own, ent.read_filter(user, t))),
+            topics,
+            TopicFilter(lambda t: _and(None, ent.read_filter(user, t))),
+        )
 
     def may(self, peer: str, user: str | None, right: str, topic: str, command: str) -> bool:
         """Whether `user` may run `command` needing `right` on the literal `topic` (a refusal

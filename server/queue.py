@@ -536,13 +536,7 @@ class Queue(QueueState):
         n = 0
         if not cancel and extend is None:
             # waiting ones first: acking the leased ones pumps, which would lease a waiting match
-            self._advance_head()
-            waiting = (
-                list(self.returned)
-                + list(self.parked)
-                + [p for p in self.avail_pos[self.head :] if p not in self.gone]
-            )
-            for pos in waiting:
+            for pos in self.waiting():
                 rec = self.host.read(pos)
                 if rec is None or not body_matches(f, rec[5]):
                     continue

@@ -235,6 +235,16 @@ class QueueState:
         if pos not in self.leased and not held and not self.is_waiting(pos):
             self.add_waiting(pos, ts, None)
 
+    def waiting(self) -> list[int]:
+        """Positions of the messages that wait for a consumer (returned, parked, in the
+        arrays): neither leased nor done, nor held for another owner."""
+        self._advance_head()
+        return (
+            list(self.returned)
+            + list(self.parked)
+            + [p for p in self.avail_pos[self.head :] if p not in self.gone]
+        )
+
     def is_waiting(self, pos: int) -> bool:
         """Whether the message at `pos` waits here (returned, parked, or in the arrays)."""
         if pos in self.returned or pos in self.parked:

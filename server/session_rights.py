@@ -5,7 +5,8 @@ Each subscription is granted again as if it were made now (`Guard.grant`, server
 - refused now: it is ended with a failure ack (`not entitled`, with its `sub_id`), a log line and
   an audit line; the connection stays open;
 - granted: it takes the new content filter and, for a regex, the new gate on its topics, in
-  place: its state and place in the stream do not change. A queue subscription whose content
+  place: its state and place in the stream do not change. A live `oof` subscription to SOW
+  topics is told `entitlement` for each record the new filter leaves out (server/sow/oof.py). A queue subscription whose content
   filter appears or goes away is ended instead (the queue counts its filtered subscribers when
   they join), and the client subscribes again.
 """
@@ -18,6 +19,7 @@ from protocol.filters import compile_filter
 
 from .reasons import Failure
 from .session import Session
+from .sow.oof import refocus
 from .subscriptions import Subscription
 
 __all__ = ["recheck"]
@@ -61,8 +63,11 @@ def recheck(session: Session) -> int:
                 sub.filter = grant.filter
         else:
             index.remove(sub)  # the router caches matches by topic
+            old = sub.filter
             grant.apply(sub)
             index.add(sub)
+            if sub.opts.oof and session.svc.sow is not None:
+                refocus(session.svc.sow, sub, old)  # records the new filter leaves out
     if ended:
         session.out.flush()
     return ended

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from protocol.bookmarks import InvalidBookmark, Now, parse_bookmark
@@ -38,12 +39,12 @@ from .reasons import Failure
 from .replay_plan import Plan
 from .router import is_pattern
 from .security.entitlements import Entitlements
-from .services import SessionServices
+from .session_delta import DeltaCommands
 from .sow import BadOrderBy, BadSowKey, SowManager, SowQuery, parse_order_by
 from .sow.keys import check_key
 from .sow.query import QueryPlan
+from .sow.query_queue import WaitingReader
 from .sow.records import BY_FILTER, BY_KEYS
-from .subscription_table import SubscriptionTable
 from .subscriptions import Subscription, SubState, ack_types
 
 __all__ = ["SowCommands"]
@@ -51,26 +52,13 @@ __all__ = ["SowCommands"]
 log = logging.getLogger("tickertape.connection")
 
 
-class SowCommands:
-    # provided by Session
-    id: int
+class SowCommands(DeltaCommands):
+    # provided by Session (with those DeltaCommands declares)
     out: Outbox
-    svc: SessionServices
-    table: SubscriptionTable
     peer: str
     user_id: str | None
-    _sub_counter: int
     _ent: Entitlements | None
     _queries: dict[str, SowQuery]
-
-    def fail(self, header: Header, reason: str, detail: str) -> None:
-        raise NotImplementedError
-
-    def cmd_publish(self, h: Header, body: bytes) -> None:
-        raise NotImplementedError
-
-    def cmd_subscribe(self, h: Header, body: bytes) -> None:
-        raise NotImplementedError
 
     def not_entitled(self, h: Header, right: str, topic: str) -> None:
         raise NotImplementedError
@@ -112,27 +100,10 @@ class SowCommands:
             return None
         else:
             topics = [topic]
-        filt: Predicate | None = None
-        if h.f:
-            try:
-                filt = compile_filter(h.f)
-            except FilterError as exc:
-                self.fail(h, Failure.BAD_FILTER, str(exc))
-                return None
-        order = None
-        if h.order_by:
-            try:
-                order = parse_order_by(h.order_by)
-            except BadOrderBy as exc:
-                self.fail(h, Failure.BAD_ORDER_BY, str(exc))
-                return None
-        keys = None
-        if h.sow_keys is not None:
-            try:
-                keys = [check_key(k.strip()) for k in h.sow_keys.split(",") if k.strip()]
-            except BadSowKey as exc:
-                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
-                return None
+        parts = self._query_parts(h)
+        if parts is None:
+            return None
+        filt, order, keys = parts
         grant = self.svc.guard.grant(
             self.peer, self.user_id, "subscribe", topic, regex is not None, filt, h.c or "sow"
         )
@@ -153,6 +124,62 @@ class SowCommands:
             **kw,
         )
         return plan, regex, filt
+
+    def _query_parts(
+        self, h: Header
+    ) -> tuple[Predicate | None, list[Any] | None, list[str] | None] | None:
+        """The query's own filter, order_by and sow_keys, checked; None when refused (the
+        failure ack is sent)."""
+        try:
+            filt = compile_filter(h.f) if h.f else None
+            order = parse_order_by(h.order_by) if h.order_by else None
+            keys = None
+            if h.sow_keys is not None:
+                keys = [check_key(k.strip()) for k in h.sow_keys.split(",") if k.strip()]
+        except FilterError as exc:
+            self.fail(h, Failure.BAD_FILTER, str(exc))
+            return None
+        except BadOrderBy as exc:
+            self.fail(h, Failure.BAD_ORDER_BY, str(exc))
+            return None
+        except BadSowKey as exc:
+            self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+            return None
+        return filt, order, keys
+
+    def _read_history(
+        self,
+        h: Header,
+        sow: SowManager,
+        point: Any,
+        start: Callable[[Any, Any], object],
+        gone: Callable[[], bool] = lambda: False,
+        failed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Read the state at `point` off the event loop (`SowManager.historical`), then on the
+        loop: `start(reader, bm)`; or, for a point the journal cannot answer, `failed()` and
+        the refusal; or nothing (the reader closed) once the client or `gone()` is gone."""
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self.svc.replays.readers, sow.historical, point)
+
+        def answer(f: asyncio.Future[Any]) -> None:
+            exc = f.exception()
+            if self.out.closing or gone():
+                if exc is None:
+                    f.result()[0].close()
+                return
+            if exc is not None:
+                failed()
+                if isinstance(exc, InvalidBookmark):
+                    self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
+                else:
+                    log.error("historical SOW query failed: %r", exc)
+                    self.fail(h, Failure.BAD_FRAME, "internal error reading the history")
+                self.out.flush()
+                return
+            start(*f.result())
+
+        fut.add_done_callback(answer)
 
     def _run_query(self, plan: QueryPlan, name: str, then: Any = None) -> SowQuery:
         """Start the answer from a snapshot taken now; `then(point)` once it is all sent."""
@@ -215,13 +242,17 @@ class SowCommands:
         return True, None if isinstance(point, Now) else point
 
     def cmd_sow(self, h: Header, body: bytes) -> None:
-        sow = self._sow_manager(h)
-        if sow is None:
-            return
         try:
             opts = sow_options(h.o)
         except InvalidOptions as exc:
             self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return
+        queue = self.svc.queues.get(h.t) if h.t else None
+        if queue is not None:
+            self._sow_queue(h, queue, opts)
+            return
+        sow = self._sow_manager(h)
+        if sow is None:
             return
         ok, point = self._query_point(h)
         if not ok:
@@ -245,27 +276,55 @@ class SowCommands:
             self._run_query(plan, name)
             return
         # historical: the checkpoint and the journal after it are read off the event loop
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self.svc.replays.readers, sow.historical, point)
+        self._read_history(h, sow, point, lambda reader, bm: self._start(plan, name, reader, bm))
 
-        def answer(f: asyncio.Future[Any]) -> None:
-            if self.out.closing:
-                if f.exception() is None:
-                    f.result()[0].close()
-                return
-            exc = f.exception()
-            if exc is not None:
-                if isinstance(exc, InvalidBookmark):
-                    self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
-                else:
-                    log.error("historical SOW query failed: %r", exc)
-                    self.fail(h, Failure.BAD_FRAME, "internal error reading the history")
-                self.out.flush()
-                return
-            reader, bm = f.result()
-            self._start(plan, name, reader, bm)
-
-        fut.add_done_callback(answer)
+    def _sow_queue(self, h: Header, queue: Any, opts: Any) -> None:
+        """`sow` on a queue: the messages it holds available now (server/sow/query_queue.py),
+        with the filter, sow_keys, order and paging of any query, and the content entitlement
+        of a consumer of the queue (the right to consume it, the filters on it and on its
+        underlying topic)."""
+        if h.bm:
+            self.fail(
+                h,
+                Failure.INVALID_BOOKMARK,
+                f"a queue has no history to query: give no bm with sow on {queue.name!r}",
+            )
+            return
+        parts = self._query_parts(h)
+        if parts is None:
+            return
+        filt, order, keys = parts
+        grant = self.svc.guard.grant(
+            self.peer,
+            self.user_id,
+            "consume",
+            queue.name,
+            False,
+            filt,
+            "sow",
+            (queue.spec.underlying_topic,),
+        )
+        if grant is None:
+            self.not_entitled(h, "consume", queue.name)
+            return
+        plan = QueryPlan(
+            topics=[queue.name],
+            filters={queue.name: grant.filter},
+            keys=keys,
+            order=order,
+            top_n=h.top_n if h.top_n is not None else opts.top_n,
+            skip_n=opts.skip_n or 0,
+            query_id=h.query_id,
+            cid=h.cid,
+            acks=ack_types(h.a),
+            no_sowkey=opts.no_sowkey,
+            timestamp=opts.timestamp,
+        )
+        if "processed" in plan.acks:
+            self.out.send_ack("processed", h.cid, query_id=h.query_id)
+        reader = WaitingReader(queue.waiting(), self.svc.queues.read)
+        name = h.query_id or h.cid or f"q{id(plan)}"
+        self._start(plan, name, reader, self.svc.pipeline.last_bm)
 
     # -- sow_and_subscribe --------------------------------------------------------------------------
 
@@ -377,29 +436,12 @@ class SowCommands:
                 self.out.send_ack("processed", h.cid, sub_id=sub_id)
             self._run_query(plan, sub_id, go_live)
             return
+
         # from a point of the journal: the state there (read off the loop, as `sow` with bm),
         # then the journal replayed from that point, then live; the subscription waits in the
         # replaying state meanwhile, so nothing published in between is missed; `processed`
         # comes once the point is read (a point the journal cannot answer is refused instead)
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(svc.replays.readers, sow.historical, point)
-
-        def answer(f: asyncio.Future[Any]) -> None:
-            exc = f.exception()
-            if self.out.closing or sub.state is SubState.REMOVED:
-                if exc is None:
-                    f.result()[0].close()
-                return
-            if exc is not None:
-                table.remove(sub)
-                if isinstance(exc, InvalidBookmark):
-                    self.fail(h, Failure.INVALID_BOOKMARK, str(exc))
-                else:
-                    log.error("historical SOW query failed: %r", exc)
-                    self.fail(h, Failure.BAD_FRAME, "internal error reading the history")
-                self.out.flush()
-                return
-            reader, bm = f.result()
+        def answer(reader: Any, bm: Any) -> None:
             if "processed" in acks:  # the point is known good: a refusal comes instead
                 self.out.send_ack("processed", h.cid, sub_id=sub_id)
             queries = self._queries
@@ -412,91 +454,14 @@ class SowCommands:
 
             self._start(plan, sub_id, reader, bm, done)
 
-        fut.add_done_callback(answer)
-
-    # -- delta_subscribe, sow_and_delta_subscribe ------------------------------------------------
-
-    def cmd_delta_subscribe(self, h: Header, body: bytes) -> None:
-        """A subscribe to a SOW topic whose live changes to records it was sent arrive as only
-        the fields that changed (server/sow/delta.py)."""
-        sow = self._delta_checks(h)
-        if sow is not None:
-            before = self.table.get(h.sub_id or "")
-            self.cmd_subscribe(h, body)
-            self._make_delta(h, sow, before)
-
-    def cmd_sow_and_delta_subscribe(self, h: Header, body: bytes) -> None:
-        """sow_and_subscribe whose live changes arrive as deltas (server/sow/delta.py)."""
-        sow = self._delta_checks(h)
-        if sow is not None:
-            before = self.table.get(h.sub_id or "")
-            self.cmd_sow_and_subscribe(h, body)
-            self._make_delta(h, sow, before)
-
-    def _delta_checks(self, h: Header) -> SowManager | None:
-        """What a delta subscription needs beyond its plain command's checks: a SOW topic, no
-        bookmark replay (delta_subscribe), no option that holds or reorders messages. Gives
-        the command a sub_id (to find its subscription after)."""
-        sow = self._sow_manager(h)
-        if sow is None:
-            return None
-        topic = h.t or ""
-        if not is_pattern(topic) and not sow.is_sow(topic):
-            self.fail(
-                h,
-                Failure.INVALID_TOPIC,
-                f"{h.c} needs a SOW topic (<SOW><Topic>, recorded); {topic!r} is not one",
-            )
-            return None
-        if h.bm and h.c == "delta_subscribe":
-            self.fail(
-                h,
-                Failure.INVALID_BOOKMARK,
-                "delta_subscribe takes no bm (a replay sends whole messages); use "
-                "sow_and_delta_subscribe with bm for the state at a point, then changes",
-            )
-            return None
-        try:
-            opts = subscribe_options(h.o, h.c or "delta_subscribe")
-        except InvalidOptions as exc:
-            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
-            return None
-        refused = [n for n in ("live", "conflation") if getattr(opts, n)]
-        if refused:
-            self.fail(
-                h,
-                Failure.INVALID_OPTIONS,
-                f"options {', '.join(refused)} are not served on {h.c}",
-            )
-            return None
-        if h.sub_id is None:
-            self._sub_counter += 1
-            h.sub_id = f"{self.id}.{self._sub_counter}"
-        return sow
-
-    def _make_delta(self, h: Header, sow: SowManager, before: Subscription | None) -> None:
-        """The subscription the command made (not one it refused to replace) gets its feed."""
-        sub = self.table.get(h.sub_id or "")
-        if sub is not None and sub is not before and sub.conflation is None:
-            sub.conflation = sow.delta_feed(sub)
-
-    # -- delta_publish ------------------------------------------------------------------------------
-
-    def cmd_delta_publish(self, h: Header, body: bytes) -> None:
-        """A publish whose body is merged into the record with its key (§14); on a topic that
-        is not a SOW topic, a plain publish."""
-        sow = self.svc.sow
-        topic = self.svc.topics.publish_topic(h.t) if h.t else None
-        if sow is not None and topic and sow.is_sow(topic):
-            try:
-                body = sow.merge_delta(topic, body, h.k)
-            except BadSowKey as exc:
-                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
-                return
-            except ValueError as exc:
-                self.fail(h, Failure.BAD_FRAME, str(exc))
-                return
-        self.cmd_publish(h, body)
+        self._read_history(
+            h,
+            sow,
+            point,
+            answer,
+            gone=lambda: sub.state is SubState.REMOVED,
+            failed=lambda: table.remove(sub),
+        )
 
     # -- sow_delete on a SOW topic ------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from .intake import Intake
 from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay_engine import ReplayEngine
+from .sow.query_console import SowConsole
 from .stats_replication import queue_replication_metrics, replication_metrics
 
 
@@ -63,6 +64,7 @@ class Stats:
         # sources whose links this instance receives (Receiver.snapshot), set with a listener
         self.replication_sources: Callable[[], dict[str, dict[str, Any]]] | None = None
         self.held_batches: Callable[[], int] = lambda: 0
+        self.sow: SowConsole | None = None  # the SOW topics (server/sow/query_console.py)
         self._first_times: dict[str, int | None] = {}  # segment path -> Stats._first_time
         self.publish_rate = 0.0
         self.delivery_rate = 0.0
@@ -81,6 +83,8 @@ class Stats:
         self.publish_rate = (pub - self._last[0]) / elapsed
         self.delivery_rate = (dlv - self._last[1]) / elapsed
         self._last = (pub, dlv)
+        if self.sow is not None:
+            self.sow.sample(elapsed)
         self.history.record(self._row(elapsed))
 
     def _row(self, elapsed: float) -> dict[str, Any]:
@@ -221,6 +225,7 @@ class Stats:
             "segments_total": len(j.segments) if j is not None else 0,
             "segments": segments,
             "actions": self.actions() if self.actions is not None else [],
+            "sow": self.sow.topics() if self.sow is not None else None,
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -255,6 +260,7 @@ class Stats:
             "journal": None,
             "queues": self.queues.snapshot(),
             "queue_recovery_s": round(self.queues.recovery_seconds, 3),
+            "sow": self.sow.topics() if self.sow is not None else None,
             "maintenance": self._maintenance(),
             "limits": {"input_buffered_bytes": self.intake.buffered, **self.intake.counts},
             "refused_above_gap": p.refused_above_gap,

@@ -56,6 +56,7 @@ class Subscription:
         "bookmark",
         "cid",
         "conflation",
+        "entitled",
         "filter",
         "filter_text",
         "journal_fed",
@@ -97,6 +98,8 @@ class Subscription:
         self.regex = regex  # a compiled pattern for a regex topic, else None
         self.filter = filt
         self.filter_text = filter_text
+        # the content entitlement alone (server/guard.py Grant), for out-of-focus reasons
+        self.entitled: Predicate | None = None
         self.opts = _NO_OPTIONS if opts == _NO_OPTIONS else opts
         self.timestamp = opts.timestamp
         self.prefix = frames.sub_prefix(sub_id)

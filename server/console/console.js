@@ -303,6 +303,60 @@ function drawQueues() {
   table(document.getElementById("queues-table"), QUEUE_COLUMNS, rows);
 }
 
+// -- SOW topics: the view from each sample, and queries on demand (GET sow/<topic>) ----------
+
+const SOW_COLUMNS = [
+  { key: "topic", label: "Topic" },
+  { key: "records", label: "Records", num: true, fmt: (n) => count(n, "rec") },
+  { key: "keys", label: "Key", fmt: (k) => k.join(", ") },
+  { key: "updates_per_s", label: "Updates", num: true, fmt: rate },
+  { key: "updates", label: "Since start", num: true, fmt: (n) => count(n, "msg") },
+  { key: "expiration_s", label: "Expiration", fmt: (s) => (s ? secs(s) : "–") },
+];
+
+const RECORD_COLUMNS = [
+  { key: "k", label: "Key" },
+  { key: "bm", label: "Bookmark" },
+  { key: "time_us", label: "Updated", fmt: (t) => when(t / 1e6) },
+  { key: "body", label: "Record", fmt: (b) => JSON.stringify(b) },
+];
+
+function drawSow() {
+  const sow = details.sow || { topics: {}, store_bytes: null };
+  const rows = Object.entries(sow.topics).map(([topic, t]) => ({ topic, ...t }));
+  document.getElementById("sow-store").textContent = rows.length
+    ? "Store: " + bytes(sow.store_bytes) : "No SOW topic holds records.";
+  table(document.getElementById("sow-table"), SOW_COLUMNS, rows);
+  const select = document.getElementById("sow-topic");
+  const names = rows.map((r) => r.topic);
+  if ([...select.options].map((o) => o.value).join() !== names.join()) {
+    const keep = select.value;
+    select.innerHTML = "";
+    for (const n of names) select.add(new Option(n, n, false, n === keep));
+  }
+}
+
+async function querySow(e) {
+  e.preventDefault();
+  const topic = document.getElementById("sow-topic").value;
+  const out = document.getElementById("sow-result");
+  if (!topic) return;
+  const args = new URLSearchParams({
+    filter: document.getElementById("sow-filter").value,
+    order_by: document.getElementById("sow-order").value,
+    top_n: document.getElementById("sow-top").value || "100",
+  });
+  const resp = await fetch("sow/" + encodeURIComponent(topic) + "?" + args);
+  if (!resp.ok) {
+    out.textContent = "Query refused: " + (await resp.text());
+    table(document.getElementById("sow-records"), RECORD_COLUMNS, []);
+    return;
+  }
+  const a = await resp.json();
+  out.textContent = a.returned + " of " + a.matches + " matching records of " + a.topic;
+  table(document.getElementById("sow-records"), RECORD_COLUMNS, a.records);
+}
+
 const ACTION_COLUMNS = [
   { key: "name", label: "Action" },
   { key: "steps", label: "Steps", fmt: (s) => s.join(", ") },
@@ -349,7 +403,7 @@ function drawJournal() {
 
 const DRAW = {
   overview: drawOverview, clients: drawClients, subscriptions: drawSubscriptions,
-  queues: drawQueues, journal: drawJournal,
+  queues: drawQueues, sow: drawSow, journal: drawJournal,
 };
 let view = "overview";
 
@@ -391,5 +445,6 @@ window.addEventListener("hashchange", show);
 window.addEventListener("resize", () => DRAW[view]());
 document.getElementById("client-filter").addEventListener("input", drawClients);
 document.getElementById("sub-filter").addEventListener("input", drawSubscriptions);
+document.getElementById("sow-query").addEventListener("submit", querySow);
 show();
 connect();

@@ -11,6 +11,11 @@ The key goes into the journal with the message: the publish path appends the mem
 `,"k":"<key>"` to the record's header fragment (journal/record.py), so every delivery of the
 message carries `k`, and the store, a restart and a replica read the key from the record rather
 than compute it again. It is always the fragment's last member (`key_from_fragment`).
+
+A record published with `e` (seconds; the journal keeps it in whole seconds, rounded up) has
+the member `,"e":<seconds>` just before `k` in the header fragment the *store* keeps
+(`with_expiration`; the journal keeps `e` in its own field): so the store alone says when each
+record expires, and a restart rebuilds the expiry heap from it (server/sow/manager.py).
 """
 
 from __future__ import annotations
@@ -23,10 +28,20 @@ import msgspec
 
 from protocol.filters import compile_path
 
-__all__ = ["MAX_KEY_BYTES", "BadSowKey", "KeyMaker", "check_key", "k_fragment", "key_from_fragment"]
+__all__ = [
+    "MAX_KEY_BYTES",
+    "BadSowKey",
+    "KeyMaker",
+    "check_key",
+    "expiration_from_fragment",
+    "k_fragment",
+    "key_from_fragment",
+    "with_expiration",
+]
 
 MAX_KEY_BYTES = 1024
 _K = b',"k":'
+_E = b',"e":'
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.encode
 
@@ -121,3 +136,25 @@ def key_from_fragment(hdr: bytes) -> str | None:
     except (msgspec.DecodeError, ValueError):
         return None
     return k if isinstance(k, str) else None
+
+
+def with_expiration(hdr: bytes, seconds: int) -> bytes:
+    """`hdr` with the member `,"e":<seconds>` just before `k` (a fragment without `k` gets it
+    last). A quote inside a JSON string is escaped, so `,"e":` and `,"k":` found in a fragment
+    are members, never text inside a value."""
+    i = hdr.rfind(_K)
+    if i < 0:
+        i = len(hdr)
+    return hdr[:i] + _E + b"%d" % seconds + hdr[i:]
+
+
+def expiration_from_fragment(hdr: bytes) -> int | None:
+    """The `e` (whole seconds) `with_expiration` put in a stored fragment, or None."""
+    end = hdr.rfind(_K)
+    if end < 0:
+        end = len(hdr)
+    i = hdr.rfind(_E, 0, end)
+    if i < 0:
+        return None
+    digits = hdr[i + len(_E) : end]
+    return int(digits) if digits.isdigit() else None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -46,7 +47,14 @@ from ..matching import body_matches
 from ..router import Router
 from .deltas import Deltas
 from .history import Checkpoints, HistoricalReader
-from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
+from .keys import (
+    BadSowKey,
+    KeyMaker,
+    expiration_from_fragment,
+    k_fragment,
+    key_from_fragment,
+    with_expiration,
+)
 from .oof import OofNotices, send_notices
 from .records import BY_EXPIRY, BY_FILTER, decode_delete, encode_delete
 from .store import Reader, SowStore, decode_value, encode_value
@@ -90,6 +98,7 @@ class SowManager(Deltas):
         self._makers: dict[str, KeyMaker] = {}
         self._specs: dict[str, SowTopicSpec | None] = {}
         self.counts: dict[str, int] = {}  # records per topic
+        self.updates: dict[str, int] = {}  # puts applied per topic since start (the console)
         self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
         self._pending_batch: Any = None
         # (topic, key) -> (pub, seq, body) of publishes accepted and not yet applied (delta)
@@ -186,8 +195,9 @@ class SowManager(Deltas):
         )
         began = time.monotonic()
         self.caught_up = self._catch_up(position, end)
-        if self._expiring:
-            self._load_expiry()
+        # records published with their own `e` may be in any SOW topic: the store says which
+        self._load_expiry()
+        self._expiring = self._expiring or bool(self._expiry)
         log.info(
             "SOW store at journal position %d: %d records read from %d in %.2fs; %d records in "
             "%d topics",
@@ -212,9 +222,8 @@ class SowManager(Deltas):
                     if kind == KIND_MESSAGE:
                         topic = tb.decode("utf-8", "replace")
                         if self.is_sow(topic):
-                            self._put(
-                                txn, topic, pos, pub, seq, ts, extra[1] if extra else b"", body
-                            )
+                            hdr, exp = (extra[1], extra[0]) if extra else (b"", None)
+                            self._put(txn, topic, pos, pub, seq, ts, hdr, body, exp)
                     elif kind == KIND_SOW_DELETE:
                         self._delete(txn, tb.decode("utf-8", "replace"), body)
                     if n % CATCH_UP_TXN == 0:
@@ -233,26 +242,39 @@ class SowManager(Deltas):
     # -- expiration -----------------------------------------------------------------------------
 
     def _load_expiry(self) -> None:
-        """The expiry heap from the store (at start): every record of a topic that expires."""
+        """The expiry heap from the store (at start): every record of a topic that expires,
+        and every record published with its own `e` (its stored fragment says so; the records
+        of other topics are read only once the store has held such a record)."""
         store = self.store
         assert store is not None
         heap = []
+        any_topic = store.expiring
         with store.env.begin() as txn:
             for topic in list(self.counts):
                 spec = self.spec(topic)
-                if spec is None or not spec.expiration:
+                if spec is None or not (spec.expiration or any_topic):
                     continue
-                ttl = int(spec.expiration * 1e6)
                 for k, rec in store.topic_records(txn, topic):
-                    heap.append((rec[3] + ttl, topic, k, rec[0]))
+                    at = self._expires_at(spec.expiration, rec[3], rec[4])
+                    if at is not None:
+                        heap.append((at, topic, k, rec[0]))
         heapq.heapify(heap)
         self._expiry = heap
 
-    def _note_expiry(self, topic: str, k: str, pos: int, ts: int) -> None:
+    @staticmethod
+    def _expires_at(topic_ttl: float | None, ts: int, hdr: bytes) -> int | None:
+        """When a record received at `ts` (µs) leaves: the sooner of the topic's
+        <Expiration> and the record's own `e`; None when neither applies."""
+        own = expiration_from_fragment(hdr) if hdr else None
+        ttls = [t for t in (topic_ttl, own) if t]
+        return ts + int(min(ttls) * 1e6) if ttls else None
+
+    def _note_expiry(self, topic: str, k: str, pos: int, ts: int, hdr: bytes) -> None:
         spec = self.spec(topic)
-        if spec is not None and spec.expiration:
+        at = self._expires_at(spec.expiration if spec is not None else None, ts, hdr)
+        if at is not None:
             heap = self._expiry
-            heapq.heappush(heap, (ts + int(spec.expiration * 1e6), topic, k, pos))
+            heapq.heappush(heap, (at, topic, k, pos))
             if len(heap) > 2 * max(1, sum(self.counts.values())) + 1024:
                 self._load_expiry()  # drop the stale entries: a bound on the heap
 
@@ -284,7 +306,16 @@ class SowManager(Deltas):
     # -- the fold ---------------------------------------------------------------------------------
 
     def _put(
-        self, txn: Any, topic: str, pos: int, pub: int, seq: int, ts: int, hdr: bytes, body: bytes
+        self,
+        txn: Any,
+        topic: str,
+        pos: int,
+        pub: int,
+        seq: int,
+        ts: int,
+        hdr: bytes,
+        body: bytes,
+        exp: float | None = None,
     ) -> str | None:
         store = self.store
         assert store is not None
@@ -297,6 +328,10 @@ class SowManager(Deltas):
             except BadSowKey:
                 return None  # not a record of this SOW topic: it had no key
             hdr = hdr + k_fragment(k)
+        if exp:  # the publish's own `e`, in whole seconds as the journal keeps it
+            hdr = with_expiration(hdr, math.ceil(exp))
+            self._expiring = True
+            store.note_expiring(txn)
         value = encode_value(pos, pub, seq, ts, hdr, body)
         oof = self.oof
         subs = oof.watching(topic) if oof is not None else None
@@ -314,8 +349,9 @@ class SowManager(Deltas):
             replaced = store.put(txn, topic, k, value)
         if not replaced:
             self.counts[topic] = self.counts.get(topic, 0) + 1
+        self.updates[topic] = self.updates.get(topic, 0) + 1
         if self._expiring and self.commits is not None:
-            self._note_expiry(topic, k, pos, ts)
+            self._note_expiry(topic, k, pos, ts, hdr)
         return k
 
     def _delete(self, txn: Any, topic: str, body: bytes) -> int:
@@ -419,8 +455,8 @@ class SowManager(Deltas):
         with store.write() as txn:
             for off, item in work:
                 if len(item) == 8:  # a message (topic, pub, seq, ts, body, off, hdr, exp)
-                    topic, pub, seq, ts, body, _off, hdr, _exp = item
-                    k = self._put(txn, topic, base + off, pub, seq, ts, hdr, body)
+                    topic, pub, seq, ts, body, _off, hdr, exp = item
+                    k = self._put(txn, topic, base + off, pub, seq, ts, hdr, body, exp)
                     if (
                         k is not None
                         and recent

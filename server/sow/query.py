@@ -36,6 +36,7 @@ from ..matching import Predicate, TopicFilter, body_matches
 from ..outbox import Outbox
 from ..reasons import Failure
 from .history import HistoricalReader
+from .query_queue import WaitingReader
 from .store import Reader, Stored
 
 __all__ = ["CHUNK", "BadOrderBy", "QueryPlan", "SowQuery", "parse_order_by"]
@@ -115,7 +116,7 @@ class SowQuery:
     def __init__(
         self,
         out: Outbox,
-        reader: Reader | HistoricalReader,
+        reader: Reader | HistoricalReader | WaitingReader,
         point: tuple[int, int] | None,
         plan: QueryPlan,
         on_done: Callable[[SowQuery, bool], None],

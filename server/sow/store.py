@@ -8,7 +8,8 @@ Databases (topic and key as UTF-8; integers big-endian):
 
 - `rec`:  topic | 0x00 | key  ->  value (below): the latest message of each record
 - `meta`: b"position" -> u64: the journal position the store reflects (every record before it
-          is applied, none after it); b"format" -> b"1"
+          is applied, none after it); b"format" -> b"1"; b"expiring" -> b"1" once a record
+          with its own `e` was written (a start then looks for them: server/sow/manager.py)
 
 Record value:
 
@@ -228,11 +229,22 @@ class SowStore:
         except lmdb.MapFullError:
             raise StoreFull(self.map_size) from None
 
+    def note_expiring(self, txn: lmdb.Transaction) -> None:
+        """A record with its own `e` is written in `txn` (see `expiring`)."""
+        txn.put(b"expiring", b"1", db=self._meta)
+
+    @property
+    def expiring(self) -> bool:
+        """Whether a record with its own `e` was ever written here (since the last clear)."""
+        with self.env.begin() as txn:
+            return txn.get(b"expiring", db=self._meta) is not None
+
     def clear(self) -> None:
         """Drop every record and the position (a rebuild from the journal's start)."""
         with self.env.begin(write=True) as txn:
             txn.drop(self._rec, delete=False)
             txn.delete(b"position", db=self._meta)
+            txn.delete(b"expiring", db=self._meta)
 
     def close(self) -> None:
         self.env.close()

@@ -66,7 +66,15 @@ ROLES = rf"""
 """
 USER = {right: f"u-{right.lower()}" for right in RIGHTS}
 PASSWORDS = {user: f"{user}-pw" for user in [*USER.values(), "feeder", "auditor"]}
-QUEUE_PATHS = ("queue delivery", "sow_delete by bookmark", "sow_delete by filter", "queue replay")
+QUEUE_PATHS = (
+    "queue delivery",
+    "sow_delete by bookmark",
+    "sow_delete by filter",
+    "queue replay",
+    "sow on a queue",
+)
+# the SOW topics of the SOW rows: `mx.<path>.<column>`, keyed by /n (three records)
+SOW_TOPICS = r"<Topic><Name>mx\.(sow|delta|adminsow)[a-z]*\.[a-z]+</Name><Key>/n</Key></Topic>"
 
 
 def slug(path: str) -> str:
@@ -310,16 +318,22 @@ def sow_delete_by_bookmark(ctx: Ctx, right: str, topic: str) -> Observed:
     return out
 
 
+def _delete_by_filter(ctx: Ctx, right: str, topic: str, publish_to: str, target: str) -> dict:
+    """The three messages published to `publish_to`, then a sow_delete of `/n > 0` on
+    `target` (a queue or a SOW topic) as the cell's user: its ack."""
+    ctx.publish(publish_to)
+    c = ctx.conn(right, topic)
+    try:
+        return c.request({"c": "sow_delete", "t": target, "f": "/n > 0"})
+    finally:
+        c.close()
+
+
 def sow_delete_by_filter(ctx: Ctx, right: str, topic: str) -> Observed:
     """Three messages waiting (no subscriber); the user acknowledges every one its filter
     matches; the auditor then subscribes and gets what is left."""
     queue, underlying = _queue(topic)
-    ctx.publish(underlying)
-    c = ctx.conn(right, topic)
-    try:
-        ack = c.request({"c": "sow_delete", "t": queue, "f": "/n > 0"})
-    finally:
-        c.close()
+    ack = _delete_by_filter(ctx, right, topic, underlying, queue)
     sub = ctx.auditor.request({"c": "subscribe", "t": queue, "o": "max_backlog=10"})
     assert sub["status"] == "success"
     survivors = ctx.auditor.drained()
@@ -332,10 +346,14 @@ def sow_delete_by_filter(ctx: Ctx, right: str, topic: str) -> Observed:
 
 def publish_slow(ctx: Ctx, right: str, topic: str) -> Observed:
     """Publishes with a `processed` ack each: the ordinary path (Session.cmd_publish)."""
+    return _acked_publishes(ctx, right, topic, "publish")
+
+
+def _acked_publishes(ctx: Ctx, right: str, topic: str, command: str) -> Observed:
     c = ctx.conn(right, topic)
     try:
         acks = [
-            c.request({"c": "publish", "t": topic, "s": i}, json.dumps(doc).encode())
+            c.request({"c": command, "t": topic, "s": i}, json.dumps(doc).encode())
             for i, doc in enumerate(DOCS, start=c.seq + 1)
         ]
         c.request({"c": "flush"}, ack="persisted")
@@ -373,6 +391,94 @@ def publish_fast(ctx: Ctx, right: str, topic: str) -> Observed:
         return "accepted", stored
     ctx.refusals.append((USER[right], "publish", topic))
     return "refused", stored
+
+
+def _answer(ctx: Ctx, c: Conn, header: dict) -> tuple[dict, list[int]]:
+    """Send a query (`sow` family) and read its answer: the ack and the records' `n`s."""
+    cid = c.raw.next_cid()
+    c.raw.send({**header, "cid": cid, "a": "completed"})
+    frames = c.raw.recv_until(lambda h, b: h.get("c") == "ack" and h.get("cid") == cid)
+    return frames[-1][0], sorted(json.loads(b)["n"] for h, b in frames if h["c"] == "sow")
+
+
+def _query(ctx: Ctx, right: str, topic: str, header: dict, need: str, on: str) -> Observed:
+    c = ctx.conn(right, topic)
+    try:
+        ack, got = _answer(ctx, c, header)
+        if refusal(ack):
+            ctx.refusals.append((USER[right], need, on))
+            return "refused", got + c.drained()
+        if header["c"] != "sow":  # the subscription goes on: the next changes, live
+            if "delta" in header["c"]:  # a change to each record (a delta: `v` and its key)
+                for doc in DOCS:
+                    ctx.feeder.seq += 1
+                    ctx.feeder.raw.send({"c": "publish", "t": topic, "s": ctx.feeder.seq},
+                                        json.dumps({**doc, "v": 2}))  # fmt: skip
+                ctx.feeder.request({"c": "flush"}, ack="persisted")
+            else:
+                ctx.publish(topic)
+            live = c.drained(0.3) + c.drained()
+            assert sorted(live) == got, f"live changes {live} after an answer of {got}"
+        return "accepted", got
+    finally:
+        c.close()
+
+
+def sow_query(ctx: Ctx, right: str, topic: str) -> Observed:
+    ctx.publish(topic)
+    return _query(ctx, right, topic, {"c": "sow", "t": topic}, "subscribe", topic)
+
+
+def sow_and_subscribe(ctx: Ctx, right: str, topic: str) -> Observed:
+    ctx.publish(topic)
+    header = {"c": "sow_and_subscribe", "t": topic}
+    return _query(ctx, right, topic, header, "subscribe", topic)
+
+
+def sow_and_delta_subscribe(ctx: Ctx, right: str, topic: str) -> Observed:
+    ctx.publish(topic)
+    # each live delta carries the record's key fields (send_keys): its `n`
+    header = {"c": "sow_and_delta_subscribe", "t": topic, "o": "send_keys"}
+    return _query(ctx, right, topic, header, "subscribe", topic)
+
+
+def delta_subscribe(ctx: Ctx, right: str, topic: str) -> Observed:
+    return _live(ctx, right, topic, {"c": "delta_subscribe", "t": topic})
+
+
+def sow_on_a_queue(ctx: Ctx, right: str, topic: str) -> Observed:
+    """`sow` on a queue's name: its available messages, read as a consumer reads them."""
+    queue, underlying = _queue(topic)
+    ctx.publish(underlying)
+    return _query(ctx, right, topic, {"c": "sow", "t": queue}, "consume", queue)
+
+
+def delta_publish(ctx: Ctx, right: str, topic: str) -> Observed:
+    """delta_publish to a SOW topic (a new key each: inserted whole), with a processed ack."""
+    return _acked_publishes(ctx, right, topic, "delta_publish")
+
+
+def sow_delete_records(ctx: Ctx, right: str, topic: str) -> Observed:
+    """sow_delete by filter on a SOW topic; the auditor's query then shows what is left."""
+    ack = _delete_by_filter(ctx, right, topic, topic, topic)
+    _, survivors = _answer(ctx, ctx.auditor, {"c": "sow", "t": topic})
+    out = _deleted(ack, survivors)
+    if out[0] == "refused":
+        ctx.refusals.append((USER[right], "publish", topic))
+    return out
+
+
+def admin_sow_query(ctx: Ctx, right: str, topic: str) -> Observed:
+    """GET /sow/<topic> on the admin endpoint: admin, and the Subscribe right on the topic."""
+    ctx.publish(topic)
+    user = USER[right]
+    status, _, body = admin_get(ctx.server, f"/sow/{topic}", user, PASSWORDS[user])
+    if status == 403:
+        need, on = ("admin", "") if b"no admin right" in body else ("subscribe", topic)
+        ctx.refusals.append((user, need, on))
+        return "refused", []
+    assert status == 200, (status, body)
+    return "accepted", sorted(r["body"]["n"] for r in json.loads(body)["records"])
 
 
 ACTION_HEADER = {"X-Requested-By": "tickertape-console"}
@@ -414,8 +520,14 @@ RUNNERS: dict[str, Runner] = {
     "publish (slow path)": publish_slow,
     "publish (fast path)": publish_fast,
     "admin over HTTP": admin_http,
-    # SOW topics (another helper builds them): `sow`, `sow_and_subscribe`, `delta_publish` and
-    # `sow_delete` on a SOW topic go here, each with its row in TABLE below.
+    "sow query": sow_query,
+    "sow_and_subscribe": sow_and_subscribe,
+    "sow_and_delta_subscribe": sow_and_delta_subscribe,
+    "delta_subscribe": delta_subscribe,
+    "delta_publish": delta_publish,
+    "sow_delete on a SOW topic": sow_delete_records,
+    "sow on a queue": sow_on_a_queue,
+    "admin SOW query": admin_sow_query,
 }
 PATHS = tuple(RUNNERS)
 
@@ -442,7 +554,17 @@ TABLE: dict[str, tuple[str, ...]] = {
     "publish (slow path)":    (ALL,    R,        R,     R,      R,    R,    ALL),
     "publish (fast path)":    (ALL,    R,        R,     R,      R,    R,    ALL),
     "admin over HTTP":        (R,      R,        R,     R,      ALL,  R,    R),
-    # SOW topics: their rows here (see RUNNERS)
+    "sow query":              (R,      ALL,      R,     R,      R,    R,    A),
+    "sow_and_subscribe":      (R,      ALL,      R,     R,      R,    R,    A),
+    "sow_and_delta_subscribe": (R,     ALL,      R,     R,      R,    R,    A),
+    "delta_subscribe":        (R,      ALL,      R,     R,      R,    R,    A),
+    # content filters limit reading, not writing (as for publish)
+    "delta_publish":          (ALL,    R,        R,     R,      R,    R,    ALL),
+    "sow_delete on a SOW topic": (ALL, R,        R,     R,      R,    R,    ALL),
+    # a queue's available messages, read as its consumers read them
+    "sow on a queue":         (R,      R,        R,     ALL,    R,    R,    A),
+    # admin alone does not read a topic: the console's query needs Subscribe on it too
+    "admin SOW query":        (R,      R,        R,     R,      R,    R,    R),
 }  # fmt: skip
 CELLS = {
     (path, right): outcome
@@ -472,7 +594,7 @@ def ctx(tmp_path_factory, pki):
         authentication=f"<Authentication><PasswordFile>{d}/users.db</PasswordFile>"
         "</Authentication>",
         entitlement=f"<Entitlement>{ROLES}</Entitlement>",
-    ).replace("<SOW>", f"<SOW>{queues_xml()}", 1)
+    ).replace("<SOW>", f"<SOW>{SOW_TOPICS}{queues_xml()}", 1)
     server = start(d, config)
     port = ports(server)["plain"]
     c = Ctx(server, port, Conn(port, "feeder", "feeder"), Conn(port, "auditor", "auditor"))

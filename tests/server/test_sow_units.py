@@ -100,3 +100,30 @@ def test_an_unreadable_store_is_moved_aside(tmp_path):
     assert s.rebuilt is not None and "moved to" in s.rebuilt
     assert s.position is None
     s.close()
+
+
+def test_the_expiration_member_of_a_stored_fragment():
+    """`e` goes just before `k` (k stays last); golden bytes; a fragment without e has none."""
+    from server.sow.keys import expiration_from_fragment, with_expiration
+
+    hdr = b',"x":"c1"' + k_fragment("K1")
+    got = with_expiration(hdr, 30)
+    assert got == b',"x":"c1","e":30,"k":"K1"'
+    assert key_from_fragment(got) == "K1" and expiration_from_fragment(got) == 30
+    assert expiration_from_fragment(hdr) is None and expiration_from_fragment(b"") is None
+    assert with_expiration(b"", 5) == b',"e":5' and expiration_from_fragment(b',"e":5') == 5
+    # a value that only looks like the member is inside a string: quotes there are escaped
+    assert expiration_from_fragment(b',"x":"a\\",\\"e\\":7"' + k_fragment("K")) is None
+
+
+def test_the_store_notes_a_record_with_its_own_e(tmp_path):
+    store = SowStore(str(tmp_path / "sow"))
+    try:
+        assert not store.expiring
+        with store.write() as txn:
+            store.note_expiring(txn)
+        assert store.expiring
+        store.clear()  # a rebuild: the catch-up notes it again if it meets one
+        assert not store.expiring
+    finally:
+        store.close()

@@ -1,0 +1,130 @@
+"""The delta commands of a session (docs/sow.md "delta_publish", "Delta subscriptions"):
+`delta_subscribe`, `sow_and_delta_subscribe` and `delta_publish`.
+
+A delta subscription is the plain command's subscription (`cmd_subscribe`,
+`cmd_sow_and_subscribe`) with a delta feed (server/sow/delta.py) put on it after the command
+made it; `delta_publish` merges its body into the record (`SowManager.merge_delta`) and then
+publishes the merged message. `DeltaCommands` is a base of `SowCommands`
+(server/session_sow.py), mixed into `Session`, which provides the attributes declared here.
+"""
+
+from __future__ import annotations
+
+from protocol.headers import Header
+from protocol.options import InvalidOptions, subscribe_options
+
+from .reasons import Failure
+from .router import is_pattern
+from .services import SessionServices
+from .sow import BadSowKey, SowManager
+from .subscription_table import SubscriptionTable
+from .subscriptions import Subscription
+
+__all__ = ["DeltaCommands"]
+
+
+class DeltaCommands:
+    # provided by Session
+    id: int
+    svc: SessionServices
+    table: SubscriptionTable
+    _sub_counter: int
+
+    def fail(self, header: Header, reason: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def cmd_publish(self, h: Header, body: bytes) -> None:
+        raise NotImplementedError
+
+    def cmd_subscribe(self, h: Header, body: bytes) -> None:
+        raise NotImplementedError
+
+    def cmd_sow_and_subscribe(self, h: Header, body: bytes) -> None:
+        raise NotImplementedError
+
+    def _sow_manager(self, h: Header) -> SowManager | None:
+        raise NotImplementedError
+
+    # -- delta_subscribe, sow_and_delta_subscribe ------------------------------------------------
+
+    def cmd_delta_subscribe(self, h: Header, body: bytes) -> None:
+        """A subscribe to a SOW topic whose live changes to records it was sent arrive as only
+        the fields that changed (server/sow/delta.py)."""
+        sow = self._delta_checks(h)
+        if sow is not None:
+            before = self.table.get(h.sub_id or "")
+            self.cmd_subscribe(h, body)
+            self._make_delta(h, sow, before)
+
+    def cmd_sow_and_delta_subscribe(self, h: Header, body: bytes) -> None:
+        """sow_and_subscribe whose live changes arrive as deltas (server/sow/delta.py)."""
+        sow = self._delta_checks(h)
+        if sow is not None:
+            before = self.table.get(h.sub_id or "")
+            self.cmd_sow_and_subscribe(h, body)
+            self._make_delta(h, sow, before)
+
+    def _delta_checks(self, h: Header) -> SowManager | None:
+        """What a delta subscription needs beyond its plain command's checks: a SOW topic, no
+        bookmark replay (delta_subscribe), no option that holds or reorders messages. Gives
+        the command a sub_id (to find its subscription after)."""
+        sow = self._sow_manager(h)
+        if sow is None:
+            return None
+        topic = h.t or ""
+        if not is_pattern(topic) and not sow.is_sow(topic):
+            self.fail(
+                h,
+                Failure.INVALID_TOPIC,
+                f"{h.c} needs a SOW topic (<SOW><Topic>, recorded); {topic!r} is not one",
+            )
+            return None
+        if h.bm and h.c == "delta_subscribe":
+            self.fail(
+                h,
+                Failure.INVALID_BOOKMARK,
+                "delta_subscribe takes no bm (a replay sends whole messages); use "
+                "sow_and_delta_subscribe with bm for the state at a point, then changes",
+            )
+            return None
+        try:
+            opts = subscribe_options(h.o, h.c or "delta_subscribe")
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return None
+        refused = [n for n in ("live", "conflation") if getattr(opts, n)]
+        if refused:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                f"options {', '.join(refused)} are not served on {h.c}",
+            )
+            return None
+        if h.sub_id is None:
+            self._sub_counter += 1
+            h.sub_id = f"{self.id}.{self._sub_counter}"
+        return sow
+
+    def _make_delta(self, h: Header, sow: SowManager, before: Subscription | None) -> None:
+        """The subscription the command made (not one it refused to replace) gets its feed."""
+        sub = self.table.get(h.sub_id or "")
+        if sub is not None and sub is not before and sub.conflation is None:
+            sub.conflation = sow.delta_feed(sub)
+
+    # -- delta_publish ------------------------------------------------------------------------------
+
+    def cmd_delta_publish(self, h: Header, body: bytes) -> None:
+        """A publish whose body is merged into the record with its key (§14); on a topic that
+        is not a SOW topic, a plain publish."""
+        sow = self.svc.sow
+        topic = self.svc.topics.publish_topic(h.t) if h.t else None
+        if sow is not None and topic and sow.is_sow(topic):
+            try:
+                body = sow.merge_delta(topic, body, h.k)
+            except BadSowKey as exc:
+                self.fail(h, Failure.BAD_SOW_KEY, str(exc))
+                return
+            except ValueError as exc:
+                self.fail(h, Failure.BAD_FRAME, str(exc))
+                return
+        self.cmd_publish(h, body)
