@@ -48,6 +48,7 @@ from journal.record import KIND_MESSAGE, encode_record
 from . import frames
 from .fanout import Fanout, Message
 from .pipeline_batch import AckGate, Batch
+from .pipeline_check import CHECK_COMMITS, CommitChecks
 from .pipeline_publish import TOPIC_CACHE_LIMIT, BatchedIntake, Publisher
 from .pipeline_replicate import REPL_FROM, ReplicatedIntake
 from .subscriptions import Subscription
@@ -133,6 +134,8 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self._repl_meta_pending: dict[bytes, bytes] = {}
         # sync replication (server/replication/sync.py): holds acks; None without destinations
         self.gate: AckGate | None = None
+        # the commit order's invariants, checked at each step (server/pipeline_check.py)
+        self.checks: CommitChecks | None = CommitChecks() if CHECK_COMMITS else None
 
     def attach_gate(self, gate: AckGate) -> None:
         """Committed batches go through `gate`: it may hold their acks (then `_release`s them
@@ -321,27 +324,36 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self.inflight_batches += 1
         self.inflight.append(batch)
         if inline and idle and size <= min(INLINE_COMMIT_BYTES, self.max_inflight):
-            done_now: list[tuple[int | None, BaseException | None]] = []
-            try:
-                inline = self.journal.commit_inline(
-                    bytes(batch.data),
-                    batch.entries,
-                    lambda p, e: done_now.append((p, e)),
-                    batch.meta,
-                    on_written=None if self.gate is not None else partial(self._ack_early, batch),
-                )
-            except Exception as exc:  # closed journal during shutdown
-                self._committed(batch, None, exc, size)
+            if self._commit_inline(batch, size):
                 return
-            if inline:
-                self._committed(batch, *done_now[0], size)
-                return
+        self._submit(batch, size)
+
+    def _commit_inline(self, batch: Batch, size: int) -> bool:
+        """Commit on the loop (the writer is idle): False when the journal says not now."""
+        assert self.journal is not None
+        done_now: list[tuple[int | None, BaseException | None]] = []
+        try:
+            inline = self.journal.commit_inline(
+                bytes(batch.data),
+                batch.entries,
+                lambda p, e: done_now.append((p, e)),
+                batch.meta,
+                on_written=None if self.gate is not None else partial(self._ack_early, batch),
+            )
+        except Exception as exc:  # closed journal during shutdown
+            self._committed(batch, None, exc, size)
+            return True
+        if inline:
+            self._committed(batch, *done_now[0], size)
+        return inline
+
+    def _submit(self, batch: Batch, size: int) -> None:
+        """Queue the batch for the writer thread; its completion comes back on the loop."""
+        assert self.journal is not None
         loop = self.loop
         cb = self._committed
 
-        def done(
-            pos: int | None, err: BaseException | None, batch: Batch = batch, size: int = size
-        ) -> None:
+        def done(pos: int | None, err: BaseException | None) -> None:
             loop.call_soon_threadsafe(cb, batch, pos, err, size)
 
         try:
@@ -364,65 +376,104 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
     def _committed(
         self, batch: Batch, pos: int | None, err: BaseException | None, size: int
     ) -> None:
-        """size = -1 for a batch that never went to the journal (nothing to wait for)."""
+        """A batch is durable (err None) or failed: the commit order, one named step each.
+        size = -1 for a batch that never went to the journal (nothing to wait for).
+
+        Durable: the end moves past it, then its acks (unless the sync gate holds them: they
+        follow at `_release`, in order), then live delivery and the queues, then the tailing
+        replays, then its flush markers and callbacks (unless held). A failure skips them all:
+        `_failed` rolls back and tells the publishers."""
         if size >= 0:
-            self.inflight_bytes -= size
-            self.inflight_batches -= 1
-            self.inflight.popleft()
-            if self.holding and err is None:
-                # the writer is free: hand it the held batch before this one's acks and
-                # deliveries (not inline: that would commit it, and ack it, before this one)
-                self.flush(inline=False)
-            elif self.holding:
-                self.holding = False
-                self._schedule()
-        if self.backlogged and self.inflight_bytes < self.max_inflight // 2:
-            self.backlogged = False
-            self.on_backlog(False)
+            self._retire(size, err)
+        self._ease_backlog()
         if batch.durable:
-            end = (pos if pos is not None else self.delivered_end) + len(batch.data)
-            for on_durable in batch.durable:
-                on_durable(end, err)
+            self._report_local(batch, pos, err)
         if err is not None:
             self._failed(batch, err)
             return
-        fanout = self.fanout
-        # 1. conflated persisted acks, unless a sync destination has not acked this batch yet
-        gate = self.gate
-        held = gate is not None and gate.committed(batch, self._end_after(batch, pos))
-        if not held:
-            for client, seq in batch.acks.items():
-                client.persisted(seq)
-        # 2. sequences now durable (for logon acks): one update per publisher, not per message;
-        # a held batch's sequences only at its release (a reconnecting publisher is told what
-        # its sync destinations hold too, like its `persisted` acks)
         base = pos if pos is not None else self.delivered_end
+        end = self._end_after(batch, pos)
+        if self.checks is not None:
+            self.checks.committed(batch, end)
+        held = self.gate is not None and self.gate.committed(batch, end)
+        self._advance_end(batch, base)
         if not held:
-            self._durable_seqs(batch)
+            self._release_acks(batch)
+        if self.fanout.active or self.on_deliver:
+            self._deliver(batch, base)
+        if self.waiters:
+            self._wake_waiters()
+        if not held:
+            self._answer_flushes(batch)
+
+    def _retire(self, size: int, err: BaseException | None) -> None:
+        """The oldest batch in flight is done: the writer is free, so a held open batch goes
+        to it now, before this batch's acks and deliveries (not inline: that would commit it,
+        and ack it, before this one)."""
+        self.inflight_bytes -= size
+        self.inflight_batches -= 1
+        self.inflight.popleft()
+        if self.holding and err is None:
+            self.flush(inline=False)
+        elif self.holding:
+            self.holding = False
+            self._schedule()
+
+    def _ease_backlog(self) -> None:
+        if self.backlogged and self.inflight_bytes < self.max_inflight // 2:
+            self.backlogged = False
+            self.on_backlog(False)
+
+    def _report_local(self, batch: Batch, pos: int | None, err: BaseException | None) -> None:
+        """Replication links' `on_durable`: the local commit, never held by the gate."""
+        end = (pos if pos is not None else self.delivered_end) + len(batch.data)
+        for on_durable in batch.durable:
+            on_durable(end, err)
+
+    def _advance_end(self, batch: Batch, base: int) -> None:
+        """Move `delivered_end` (and each publisher's durable position) past the batch: just
+        before its fan-out, with nothing flushed in between (a lagging rejoin starts here)."""
         durable_pos = self.durable_pos
         for pub, (_seq, off) in batch.last.items():
             if off >= 0:
                 durable_pos[pub] = base + off
         if self.journal is not None and batch.data:
+            if self.checks is not None:
+                self.checks.advance(self.delivered_end, base, len(batch.data))
             self.delivered_end = base + len(batch.data)
             if batch.entries:
                 pub, seq = batch.entries[-1][:2]
                 self.last_bm = (pub, seq)
-        # 3. fan-out: messages are only materialized for topics someone wants
-        if fanout.active or self.on_deliver:
-            msgs = self._messages(batch, base)
-            if msgs and fanout.active:
-                fanout.deliver(msgs)
-            for consumer in self.on_deliver:
-                try:
-                    consumer(msgs, self.delivered_end)
-                except Exception:  # one consumer's bug must not stop acks and deliveries
-                    log.exception("error in a consumer of committed messages")
-        if self.waiters:
-            self._wake_waiters()
-        if held:
-            return
-        # 4. flush markers: everything before them is processed and durable
+
+    def _release_acks(self, batch: Batch) -> None:
+        """`persisted` acks and the sequences logon acks report (one update per publisher):
+        only for a batch below the durable end (the sync gate's, with one)."""
+        if self.checks is not None:
+            gate = self.gate
+            self.checks.acks(batch, gate.durable_end if gate is not None else self.delivered_end)
+        durable = self.durable
+        for pub, (seq, _off) in batch.last.items():
+            if durable.get(pub, 0) < seq:
+                durable[pub] = seq
+        for client, seq in batch.acks.items():
+            client.persisted(seq)
+
+    def _deliver(self, batch: Batch, base: int) -> None:
+        """Live fan-out and the other consumers (queues): messages are only materialized for
+        topics someone wants."""
+        msgs = self._messages(batch, base)
+        if self.checks is not None:
+            self.checks.deliver(msgs, self.delivered_end)
+        if msgs and self.fanout.active:
+            self.fanout.deliver(msgs)
+        for consumer in self.on_deliver:
+            try:
+                consumer(msgs, self.delivered_end)
+            except Exception:  # one consumer's bug must not stop acks and deliveries
+                log.exception("error in a consumer of committed messages")
+
+    def _answer_flushes(self, batch: Batch) -> None:
+        """Flush markers and `after_commit` callbacks: everything before them is durable."""
         for client, cid, acks in batch.flushes:
             client.flush_done(cid, acks)
         for fn in batch.after:
@@ -434,21 +485,10 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
             return self.delivered_end
         return (pos if pos is not None else self.delivered_end) + len(batch.data)
 
-    def _durable_seqs(self, batch: Batch) -> None:
-        durable = self.durable
-        for pub, (seq, _off) in batch.last.items():
-            if durable.get(pub, 0) < seq:
-                durable[pub] = seq
-
     def _release(self, batch: Batch) -> None:
-        """The sync gate let a held batch through: its acks, flush markers, callbacks."""
-        self._durable_seqs(batch)
-        for client, seq in batch.acks.items():
-            client.persisted(seq)
-        for client, cid, acks in batch.flushes:
-            client.flush_done(cid, acks)
-        for fn in batch.after:
-            fn(None)
+        """The sync gate let a held batch through, in commit order."""
+        self._release_acks(batch)
+        self._answer_flushes(batch)
 
     def _wake_waiters(self) -> None:
         """Tailing replays look at the journal end again."""
