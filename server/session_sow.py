@@ -16,14 +16,15 @@ With `bm`, the answer is the historical state at that point (`SowManager.histori
 the loop) and the replay starts from that point; the subscription waits in the replaying state
 from the command on.
 
-`SowCommands` is mixed into `Session` (server/session.py), which provides the attributes
-declared here.
+`SowCommands` is the object a session builds at logon (server/session_caller.py says what it is
+handed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from protocol.bookmarks import InvalidBookmark, Now, parse_bookmark
@@ -33,17 +34,15 @@ from protocol.options import InvalidOptions, SubscribeOptions, sow_options, subs
 from protocol.patterns import PatternError, compile_pattern
 
 from .matching import Predicate
-from .outbox import Outbox
 from .reasons import Failure
 from .replay_plan import Plan
 from .router import is_pattern
-from .security.entitlements import Entitlements
 from .services import SessionServices
+from .session_caller import Caller, Commands
 from .sow import BadOrderBy, BadSowKey, SowManager, SowQuery, parse_order_by
 from .sow.keys import check_key
 from .sow.query import QueryPlan
 from .sow.records import BY_FILTER, BY_KEYS
-from .subscription_table import SubscriptionTable
 from .subscriptions import Subscription, SubState, ack_types
 
 __all__ = ["SowCommands"]
@@ -51,29 +50,23 @@ __all__ = ["SowCommands"]
 log = logging.getLogger("tickertape.connection")
 
 
-class SowCommands:
-    # provided by Session
-    id: int
-    out: Outbox
-    svc: SessionServices
-    table: SubscriptionTable
-    peer: str
-    user_id: str | None
-    _sub_counter: int
-    _ent: Entitlements | None
-    _queries: dict[str, SowQuery]
+class SowCommands(Commands):
+    """One logged-on session's SOW commands and its running queries. `cmd_subscribe` and
+    `cmd_publish`: the session's (a delta subscribe and a delta publish end as those)."""
 
-    def fail(self, header: Header, reason: str, detail: str) -> None:
-        raise NotImplementedError
+    __slots__ = ("_queries", "cmd_publish", "cmd_subscribe")
 
-    def cmd_publish(self, h: Header, body: bytes) -> None:
-        raise NotImplementedError
-
-    def cmd_subscribe(self, h: Header, body: bytes) -> None:
-        raise NotImplementedError
-
-    def not_entitled(self, h: Header, right: str, topic: str) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        caller: Caller,
+        svc: SessionServices,
+        cmd_subscribe: Callable[[Header, bytes], None],
+        cmd_publish: Callable[[Header, bytes], None],
+    ) -> None:
+        super().__init__(caller, svc)
+        self.cmd_subscribe = cmd_subscribe
+        self.cmd_publish = cmd_publish
+        self._queries: dict[str, SowQuery] = {}  # answers still sending, by name
 
     # -- checks shared by the query commands -----------------------------------------------------
 
@@ -295,8 +288,7 @@ class SowCommands:
             return
         sub_id = h.sub_id
         if sub_id is None:
-            self._sub_counter += 1
-            sub_id = f"{self.id}.{self._sub_counter}"
+            sub_id = self.new_sub_id()
         elif len(sub_id.encode()) > MAX_SUB_ID_BYTES or "," in sub_id:
             self.fail(
                 h, Failure.BAD_FRAME, f"sub_id is over {MAX_SUB_ID_BYTES} bytes or has a comma"
@@ -470,8 +462,7 @@ class SowCommands:
             )
             return None
         if h.sub_id is None:
-            self._sub_counter += 1
-            h.sub_id = f"{self.id}.{self._sub_counter}"
+            h.sub_id = self.new_sub_id()
         return sow
 
     def _make_delta(self, h: Header, sow: SowManager, before: Subscription | None) -> None:
