@@ -89,7 +89,8 @@ class Session:
         out.on_lag = self.table.fall_back  # past <ClientOfflineThreshold>
         self.hb_interval = 0.0
         self._sub_ids = itertools.count(1)
-        # the command handlers, built at logon (server/session_caller.py); _ROUTES names them
+        # the command handlers (server/session_caller.py), each built at its first command after
+        # the logon (publisher, subscribing, sowing); _ROUTES names them
         self._caller: Caller
         self._ack_conflation = 0.0
         self.publishing: PublishCommands | None = None  # built at the first publish (publisher)
