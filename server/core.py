@@ -98,7 +98,7 @@ class Core:
             self.queues.attach(self.pipeline)
         if self.sow is not None:
             self.sow.attach(self.pipeline, self.fanout.router)
-            self.pipeline.keyed = self.sow.is_sow
+            self.pipeline.topics.keyed = self.sow.is_sow
 
 
 def build_core(

@@ -27,7 +27,10 @@ up to half of it (`on_backlog(False)`).
 
 Narrow doors: the journal it submits to, the loop it schedules on, the fan-out it delivers
 through, `on_backlog`; a publishing client is anything with the `Publisher` methods (a session).
-What one batch holds, and the `AckGate` door to the sync gate, are in server/pipeline_batch.py.
+What one batch holds, and the `AckGate` door to the sync gate, are in server/pipeline_batch.py;
+the run and replication intakes (objects handed the open batch, the publishers' `Sequences` and
+the `TopicCache`) in server/pipeline_publish.py and server/pipeline_replicate.py; the commit
+order's invariants, checked at each step when asked, in server/pipeline_check.py.
 """
 
 from __future__ import annotations
@@ -45,11 +48,11 @@ from journal.index import OWNER_KEY
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 
-from . import frames
 from .fanout import Fanout, Message
 from .pipeline_batch import AckGate, Batch
-from .pipeline_publish import TOPIC_CACHE_LIMIT, BatchedIntake, Publisher
-from .pipeline_replicate import REPL_FROM, ReplicatedIntake
+from .pipeline_check import CHECK_COMMITS, CommitChecks
+from .pipeline_publish import Publisher, RunIntake, Sequences, TopicCache
+from .pipeline_replicate import REPL_FROM, ReplicationIntake
 from .subscriptions import Subscription
 
 _U64BE = struct.Struct(">Q")
@@ -67,12 +70,10 @@ HOLD_BYTES = 16 * 1024
 __all__ = ["ABOVE_GAP", "DUPLICATE", "REPL_FROM", "STORED", "Batch", "Pipeline", "Publisher"]
 
 
-def _never(topic: str) -> bool:
-    return False
-
-
-class Pipeline(BatchedIntake, ReplicatedIntake):
-    batch: Batch
+class Pipeline:
+    """The publish path's owner: the open batch and the commit order. Its intakes are objects
+    of their own that it hands the open batch (itself, as an `OpenBatch`), the sequences and
+    the topics: `runs` (publish_run, publish_raw) and `replication` (replicate ...)."""
 
     def __init__(
         self,
@@ -87,9 +88,9 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self.fanout = fanout
         self.on_backlog = on_backlog
         self.journal = journal
-        self.recorded = recorded  # topic -> bool (is it in the transaction log)
         self.max_inflight = max_inflight
-        self.highest: dict[int, int] = {}  # pub -> highest seq accepted (stored or in flight)
+        self.seqs = seqs = Sequences()
+        self.topics = topics = TopicCache(recorded)
         # pub -> highest seq durable (and acked by every active sync destination): logon acks
         self.durable: dict[int, int] = {}
         self.durable_pos: dict[int, int] = {}
@@ -97,7 +98,7 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self.owners: dict[int, str] = {}
         if journal is not None:
             for pub, (seq, pos) in journal.publishers().items():
-                self.highest[pub] = seq
+                seqs.highest[pub] = seq
                 self.durable[pub] = seq
                 self.durable_pos[pub] = pos
             self.owners = journal.publisher_owners()
@@ -108,31 +109,27 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self.holding = False  # the open batch waits for a commit to complete (_flush_soon)
         self.inflight: collections.deque[Batch] = collections.deque()  # submitted, in commit order
         self.backlogged = False  # on_backlog(True) was called last
-        self.gaps: dict[int, int] = {}  # pub -> the sequence it must send next (after a failure)
         self.refused_above_gap = 0
-        self.last_ts = 0
         self.delivered_end = journal.end_position if journal is not None else 0
-        self._topics: dict[str, tuple[bytes, bytes, bool, bool]] = {}
-        # topics whose publishes need the ordinary path (SOW topics: their key is computed
-        # there, server/sow/): the run paths (publish_run, publish_raw) leave them to publish()
-        self.keyed: Callable[[str], bool] = _never
-        # publish_raw(): topic bytes -> topic, for topics stored as they are published
-        self._plain_topics: dict[bytes, str] = {}
         self._lone = True  # the last batch flushed held at most one publisher (read_done)
         self.waiters: list[asyncio.Future[None]] = []  # tailing replays, resolved at every commit
         self.last_bm: tuple[int, int] | None = None  # (pub, seq) of the newest durable record
-        self.published = 0
-        self.duplicates = 0
         # extra consumers of committed messages (queues): f(msgs, delivered_end)
         self.on_deliver: list[Callable[[list[Message], int], None]] = []
         # f(batch): last chance to add records (queue events) to a batch
         self.before_flush: list[Callable[[Batch], None]] = []
-        self.replicated = 0  # messages stored from replication links (also in `published`)
-        self.replicated_duplicates = 0  # replicated messages dropped as duplicates
-        self._repl_topics: dict[bytes, str] = {}
-        self._repl_meta_pending: dict[bytes, bytes] = {}
         # sync replication (server/replication/sync.py): holds acks; None without destinations
         self.gate: AckGate | None = None
+        # the commit order's invariants, checked at each step (server/pipeline_check.py)
+        self.checks: CommitChecks | None = CommitChecks() if CHECK_COMMITS else None
+        journaled = journal is not None
+        self.runs = RunIntake(self, seqs, topics, fanout, journaled)
+        self.replication = ReplicationIntake(self, seqs, topics, fanout, journaled)
+        self.publish_run = self.runs.publish_run
+        self.publish_raw = self.runs.publish_raw
+        self.replicate = self.replication.replicate
+        self.replicate_block = self.replication.replicate_block
+        self.remember_meta = self.replication.remember_meta
 
     def attach_gate(self, gate: AckGate) -> None:
         """Committed batches go through `gate`: it may hold their acks (then `_release`s them
@@ -141,24 +138,29 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         gate.release = self._release
         gate.wake = self._wake_waiters
 
+    # what the stats and the SOW store read of the intakes (`Sequences`, `ReplicationIntake`)
+    highest = property(lambda self: self.seqs.highest)
+    gaps = property(lambda self: self.seqs.gaps)
+    last_ts = property(lambda self: self.seqs.last_ts)
+    published = property(lambda self: self.seqs.published)
+    duplicates = property(lambda self: self.seqs.duplicates)
+    replicated = property(lambda self: self.replication.replicated)
+    replicated_duplicates = property(lambda self: self.replication.duplicates)
+    topics_seen = property(lambda self: len(self.topics.cache))
+
     @property
-    def topics_seen(self) -> int:
-        return len(self._topics)
+    def replicated_delete(
+        self,
+    ) -> Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None:
+        return self.replication.replicated_delete
+
+    @replicated_delete.setter
+    def replicated_delete(
+        self, fn: Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None
+    ) -> None:
+        self.replication.replicated_delete = fn
 
     # -- intake --------------------------------------------------------------------------
-
-    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
-        """(topic bytes, topic member, recorded, plain): plain = recorded and not keyed, what
-        the run paths may store as it comes."""
-        info = self._topics.get(topic)
-        if info is None:
-            if len(self._topics) >= TOPIC_CACHE_LIMIT:
-                self._topics.clear()
-            recorded = self.recorded(topic)
-            plain = recorded and not self.keyed(topic)
-            info = (topic.encode(), frames.topic_member_text(topic), recorded, plain)
-            self._topics[topic] = info
-        return info
 
     def publish(
         self,
@@ -177,12 +179,13 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         hdr: wire-ready header members stored with the message (`,"x":...`); exp: the `e` header.
         client may be None for messages the server publishes itself (dead letters).
         """
-        highest = self.highest.get(pub, 0)
+        seqs = self.seqs
+        highest = seqs.highest.get(pub, 0)
         batch = self.batch
         if seq is None:
             seq = highest + 1
         elif seq <= highest:
-            self.duplicates += 1
+            seqs.duplicates += 1
             if client is not None and client.wants_persisted:
                 # already stored (or in a commit ahead of this batch): ack it with this batch
                 acks = batch.acks
@@ -190,13 +193,13 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
                     acks[client] = seq
                 self._schedule()
             return seq, DUPLICATE
-        if self.gaps and pub in self.gaps:
-            if seq != self.gaps[pub]:
+        gaps = seqs.gaps
+        if gaps and pub in gaps:
+            if seq != gaps[pub]:
                 self.refused_above_gap += 1
                 return seq, ABOVE_GAP
-        ts = int(time.time() * 1_000_000)
-        ts = max(self.last_ts, ts)  # receive times never go backwards in journal order
-        tb, _tj, recorded, _plain = self.topic_info(topic)
+        ts = max(seqs.last_ts, int(time.time() * 1_000_000))  # never back in journal order
+        tb, _tj, recorded, _plain = self.topics.info(topic)
         if recorded and self.journal is not None:
             rec = encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, exp, hdr)
             data = batch.data
@@ -205,21 +208,21 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
             data += rec
         else:
             off = -1
-        if self.gaps:
-            self.gaps.pop(pub, None)
-        self.last_ts = ts
-        self.highest[pub] = seq
+        if gaps:
+            gaps.pop(pub, None)
+        seqs.last_ts = ts
+        seqs.highest[pub] = seq
         if pub not in batch.first_seq:
             batch.first_seq[pub] = seq
         batch.msgs.append((topic, pub, seq, ts, body, off, hdr, exp))
         batch.last[pub] = (seq, off)
         if self.fanout.early:
             self.fanout.deliver(
-                [self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
+                [self.topics.message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
             )
         if client is not None and client.wants_persisted:
             batch.acks[client] = seq
-        self.published += 1
+        seqs.published += 1
         if not self.scheduled:
             self._schedule()
         return seq, STORED
@@ -321,27 +324,36 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self.inflight_batches += 1
         self.inflight.append(batch)
         if inline and idle and size <= min(INLINE_COMMIT_BYTES, self.max_inflight):
-            done_now: list[tuple[int | None, BaseException | None]] = []
-            try:
-                inline = self.journal.commit_inline(
-                    bytes(batch.data),
-                    batch.entries,
-                    lambda p, e: done_now.append((p, e)),
-                    batch.meta,
-                    on_written=None if self.gate is not None else partial(self._ack_early, batch),
-                )
-            except Exception as exc:  # closed journal during shutdown
-                self._committed(batch, None, exc, size)
+            if self._commit_inline(batch, size):
                 return
-            if inline:
-                self._committed(batch, *done_now[0], size)
-                return
+        self._submit(batch, size)
+
+    def _commit_inline(self, batch: Batch, size: int) -> bool:
+        """Commit on the loop (the writer is idle): False when the journal says not now."""
+        assert self.journal is not None
+        done_now: list[tuple[int | None, BaseException | None]] = []
+        try:
+            inline = self.journal.commit_inline(
+                bytes(batch.data),
+                batch.entries,
+                lambda p, e: done_now.append((p, e)),
+                batch.meta,
+                on_written=None if self.gate is not None else partial(self._ack_early, batch),
+            )
+        except Exception as exc:  # closed journal during shutdown
+            self._committed(batch, None, exc, size)
+            return True
+        if inline:
+            self._committed(batch, *done_now[0], size)
+        return inline
+
+    def _submit(self, batch: Batch, size: int) -> None:
+        """Queue the batch for the writer thread; its completion comes back on the loop."""
+        assert self.journal is not None
         loop = self.loop
         cb = self._committed
 
-        def done(
-            pos: int | None, err: BaseException | None, batch: Batch = batch, size: int = size
-        ) -> None:
+        def done(pos: int | None, err: BaseException | None) -> None:
             loop.call_soon_threadsafe(cb, batch, pos, err, size)
 
         try:
@@ -364,65 +376,104 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
     def _committed(
         self, batch: Batch, pos: int | None, err: BaseException | None, size: int
     ) -> None:
-        """size = -1 for a batch that never went to the journal (nothing to wait for)."""
+        """A batch is durable (err None) or failed: the commit order, one named step each.
+        size = -1 for a batch that never went to the journal (nothing to wait for).
+
+        Durable: the end moves past it, then its acks (unless the sync gate holds them: they
+        follow at `_release`, in order), then live delivery and the queues, then the tailing
+        replays, then its flush markers and callbacks (unless held). A failure skips them all:
+        `_failed` rolls back and tells the publishers."""
         if size >= 0:
-            self.inflight_bytes -= size
-            self.inflight_batches -= 1
-            self.inflight.popleft()
-            if self.holding and err is None:
-                # the writer is free: hand it the held batch before this one's acks and
-                # deliveries (not inline: that would commit it, and ack it, before this one)
-                self.flush(inline=False)
-            elif self.holding:
-                self.holding = False
-                self._schedule()
-        if self.backlogged and self.inflight_bytes < self.max_inflight // 2:
-            self.backlogged = False
-            self.on_backlog(False)
+            self._retire(size, err)
+        self._ease_backlog()
         if batch.durable:
-            end = (pos if pos is not None else self.delivered_end) + len(batch.data)
-            for on_durable in batch.durable:
-                on_durable(end, err)
+            self._report_local(batch, pos, err)
         if err is not None:
             self._failed(batch, err)
             return
-        fanout = self.fanout
-        # 1. conflated persisted acks, unless a sync destination has not acked this batch yet
-        gate = self.gate
-        held = gate is not None and gate.committed(batch, self._end_after(batch, pos))
-        if not held:
-            for client, seq in batch.acks.items():
-                client.persisted(seq)
-        # 2. sequences now durable (for logon acks): one update per publisher, not per message;
-        # a held batch's sequences only at its release (a reconnecting publisher is told what
-        # its sync destinations hold too, like its `persisted` acks)
         base = pos if pos is not None else self.delivered_end
+        end = self._end_after(batch, pos)
+        if self.checks is not None:
+            self.checks.committed(batch, end)
+        held = self.gate is not None and self.gate.committed(batch, end)
+        self._advance_end(batch, base)
         if not held:
-            self._durable_seqs(batch)
+            self._release_acks(batch)
+        if self.fanout.active or self.on_deliver:
+            self._deliver(batch, base)
+        if self.waiters:
+            self._wake_waiters()
+        if not held:
+            self._answer_flushes(batch)
+
+    def _retire(self, size: int, err: BaseException | None) -> None:
+        """The oldest batch in flight is done: the writer is free, so a held open batch goes
+        to it now, before this batch's acks and deliveries (not inline: that would commit it,
+        and ack it, before this one)."""
+        self.inflight_bytes -= size
+        self.inflight_batches -= 1
+        self.inflight.popleft()
+        if self.holding and err is None:
+            self.flush(inline=False)
+        elif self.holding:
+            self.holding = False
+            self._schedule()
+
+    def _ease_backlog(self) -> None:
+        if self.backlogged and self.inflight_bytes < self.max_inflight // 2:
+            self.backlogged = False
+            self.on_backlog(False)
+
+    def _report_local(self, batch: Batch, pos: int | None, err: BaseException | None) -> None:
+        """Replication links' `on_durable`: the local commit, never held by the gate."""
+        end = (pos if pos is not None else self.delivered_end) + len(batch.data)
+        for on_durable in batch.durable:
+            on_durable(end, err)
+
+    def _advance_end(self, batch: Batch, base: int) -> None:
+        """Move `delivered_end` (and each publisher's durable position) past the batch: just
+        before its fan-out, with nothing flushed in between (a lagging rejoin starts here)."""
         durable_pos = self.durable_pos
         for pub, (_seq, off) in batch.last.items():
             if off >= 0:
                 durable_pos[pub] = base + off
         if self.journal is not None and batch.data:
+            if self.checks is not None:
+                self.checks.advance(self.delivered_end, base, len(batch.data))
             self.delivered_end = base + len(batch.data)
             if batch.entries:
                 pub, seq = batch.entries[-1][:2]
                 self.last_bm = (pub, seq)
-        # 3. fan-out: messages are only materialized for topics someone wants
-        if fanout.active or self.on_deliver:
-            msgs = self._messages(batch, base)
-            if msgs and fanout.active:
-                fanout.deliver(msgs)
-            for consumer in self.on_deliver:
-                try:
-                    consumer(msgs, self.delivered_end)
-                except Exception:  # one consumer's bug must not stop acks and deliveries
-                    log.exception("error in a consumer of committed messages")
-        if self.waiters:
-            self._wake_waiters()
-        if held:
-            return
-        # 4. flush markers: everything before them is processed and durable
+
+    def _release_acks(self, batch: Batch) -> None:
+        """`persisted` acks and the sequences logon acks report (one update per publisher):
+        only for a batch below the durable end (the sync gate's, with one)."""
+        if self.checks is not None:
+            gate = self.gate
+            self.checks.acks(batch, gate.durable_end if gate is not None else self.delivered_end)
+        durable = self.durable
+        for pub, (seq, _off) in batch.last.items():
+            if durable.get(pub, 0) < seq:
+                durable[pub] = seq
+        for client, seq in batch.acks.items():
+            client.persisted(seq)
+
+    def _deliver(self, batch: Batch, base: int) -> None:
+        """Live fan-out and the other consumers (queues): messages are only materialized for
+        topics someone wants."""
+        msgs = self._messages(batch, base)
+        if self.checks is not None:
+            self.checks.deliver(msgs, self.delivered_end)
+        if msgs and self.fanout.active:
+            self.fanout.deliver(msgs)
+        for consumer in self.on_deliver:
+            try:
+                consumer(msgs, self.delivered_end)
+            except Exception:  # one consumer's bug must not stop acks and deliveries
+                log.exception("error in a consumer of committed messages")
+
+    def _answer_flushes(self, batch: Batch) -> None:
+        """Flush markers and `after_commit` callbacks: everything before them is durable."""
         for client, cid, acks in batch.flushes:
             client.flush_done(cid, acks)
         for fn in batch.after:
@@ -434,21 +485,10 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
             return self.delivered_end
         return (pos if pos is not None else self.delivered_end) + len(batch.data)
 
-    def _durable_seqs(self, batch: Batch) -> None:
-        durable = self.durable
-        for pub, (seq, _off) in batch.last.items():
-            if durable.get(pub, 0) < seq:
-                durable[pub] = seq
-
     def _release(self, batch: Batch) -> None:
-        """The sync gate let a held batch through: its acks, flush markers, callbacks."""
-        self._durable_seqs(batch)
-        for client, seq in batch.acks.items():
-            client.persisted(seq)
-        for client, cid, acks in batch.flushes:
-            client.flush_done(cid, acks)
-        for fn in batch.after:
-            fn(None)
+        """The sync gate let a held batch through, in commit order."""
+        self._release_acks(batch)
+        self._answer_flushes(batch)
 
     def _wake_waiters(self) -> None:
         """Tailing replays look at the journal end again."""
@@ -459,7 +499,7 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
 
     def _messages(self, batch: Batch, base: int) -> list[Message]:
         wanted = self.fanout.router.match if not self.on_deliver else None
-        make = self._message
+        make = self.topics.message
         origins = batch.origins
         if origins:  # replicated messages carry their origin (the queues' ownership)
             out = []
@@ -475,32 +515,11 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
             if wanted is None or wanted(topic)
         ]
 
-    def _message(
-        self,
-        topic: str,
-        pub: int,
-        seq: int,
-        ts: int,
-        body: bytes,
-        off: int,
-        hdr: bytes,
-        exp: Any,
-        base: int,
-    ) -> Message:
-        tj = self.topic_info(topic)[1]
-        if off >= 0:
-            position = base + off
-            suffix = frames.LIVE_SUFFIX % (tj, pub, seq, hdr)
-        else:
-            position = -1
-            suffix = tj + hdr
-        return Message(topic, pub, seq, ts, body, suffix, position, exp, hdr)
-
     def not_yet_durable(self) -> list[Message]:
         """Messages accepted but not yet committed, in journal order (for a `live` join)."""
         out: list[Message] = []
         for batch in (*self.inflight, self.batch):
-            out.extend(self._message(*m, 0) for m in batch.msgs)
+            out.extend(self.topics.message(*m, 0) for m in batch.msgs)
         return out
 
     def join_early(self, sub: Subscription) -> None:
@@ -540,13 +559,13 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         self._notify_failed(batch, err)
 
     def _roll_back(self, batch: Batch) -> None:
-        highest = self.highest
+        highest, gaps = self.seqs.highest, self.seqs.gaps
         for pub, first in batch.first_seq.items():
             if highest.get(pub, 0) >= first:
                 highest[pub] = first - 1
-            gap = self.gaps.get(pub)
+            gap = gaps.get(pub)
             if gap is None or first < gap:
-                self.gaps[pub] = first
+                gaps[pub] = first
 
     def _notify_failed(self, batch: Batch, err: BaseException) -> None:
         reason = getattr(err, "reason", "journal unavailable")

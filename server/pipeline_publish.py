@@ -1,13 +1,17 @@
-"""The publish path's batched intake: `BatchedIntake.publish_run` and `publish_raw`, mixed into
-`Pipeline` (server/pipeline.py), which provides the attributes declared here.
+"""What every intake of the pipeline shares, and the publish path's batched intake.
 
-Both take a run of plain publishes from one client-sequenced publisher and do what
-`Pipeline.publish` does per message (dedup, receive time, record, batch rows) with the
-bookkeeping (time, highest sequence, acks, schedule) done once per run. `publish_raw` takes the
-frames' bytes straight to journal records in one pass (server/publish_scan.py, C when built);
-`publish_run` takes already decoded (seq, topic, body) items. Whatever either does not take
-(a duplicate, a publisher past a gap, a topic that is not recorded or is mapped, a field a
-record cannot hold) is left for `Pipeline.publish` to answer.
+`Sequences` is the per-publisher state every intake checks and moves (the highest sequence
+accepted, the gaps left by a failed commit, the receive clock, the counters); `TopicCache` what
+the pipeline knows of a topic (its bytes, its JSON member, recorded, plain) and how it builds a
+`Message` for the fan-out; `OpenBatch` the door to the batch being filled (the pipeline).
+
+`RunIntake.publish_run` and `publish_raw` take a run of plain publishes from one
+client-sequenced publisher and do what `Pipeline.publish` does per message (dedup, receive
+time, record, batch rows) with the bookkeeping (time, highest sequence, acks, schedule) done
+once per run. `publish_raw` takes the frames' bytes straight to journal records in one pass
+(server/publish_scan.py, C when built); `publish_run` takes already decoded (seq, topic, body)
+items. Whatever either does not take (a duplicate, a publisher past a gap, a topic that is not
+recorded or is mapped, a field a record cannot hold) is left for `Pipeline.publish` to answer.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from typing import Any, Protocol
 
 from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
 
+from . import frames
+from .fanout import Fanout, Message
 from .publish_scan import publish_records
 
 TOPIC_CACHE_LIMIT = 50_000  # the pipeline's topic caches are cleared past this many entries
 
-__all__ = ["TOPIC_CACHE_LIMIT", "BatchedIntake", "Publisher"]
+__all__ = ["TOPIC_CACHE_LIMIT", "OpenBatch", "Publisher", "RunIntake", "Sequences", "TopicCache"]
 
 
 class Publisher(Protocol):
@@ -36,24 +42,101 @@ class Publisher(Protocol):
     def flush_failed(self, cid: Any, acks: list[str], reason: str) -> None: ...
 
 
-class BatchedIntake:
-    # provided by Pipeline
-    batch: Any
-    journal: Any
-    fanout: Any
-    gaps: dict[int, int]
-    highest: dict[int, int]
-    last_ts: int
-    published: int
+class OpenBatch(Protocol):
+    """The pipeline as an intake sees it: the batch being filled (a new one after each flush)
+    and the commit it schedules."""
+
+    batch: Any  # Batch (server/pipeline_batch.py, which names this module's Publisher)
     scheduled: bool
-    _topics: dict[str, tuple[bytes, bytes, bool, bool]]
-    _plain_topics: dict[bytes, str]
 
-    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
-        raise NotImplementedError
+    def schedule(self) -> None: ...
 
-    def _schedule(self) -> None:
-        raise NotImplementedError
+
+class Sequences:
+    """Per publisher: the highest sequence accepted (stored or in flight) and, after a failed
+    commit, the sequence it must send next (the gap rule, Pipeline._failed); the receive clock
+    (never goes back in journal order); what was stored and dropped as duplicates."""
+
+    __slots__ = ("duplicates", "gaps", "highest", "last_ts", "published")
+
+    def __init__(self) -> None:
+        self.highest: dict[int, int] = {}
+        self.gaps: dict[int, int] = {}
+        self.last_ts = 0
+        self.published = 0
+        self.duplicates = 0
+
+    def now(self) -> int:
+        """A receive time for the next records: microseconds, not before the last one."""
+        return max(self.last_ts, int(time.time() * 1_000_000))
+
+
+def _never(topic: str) -> bool:
+    return False
+
+
+class TopicCache:
+    """topic -> (topic bytes, topic member, recorded, plain), bounded; plain = recorded and not
+    keyed: what the run paths may store as it comes."""
+
+    def __init__(self, recorded: Callable[[str], bool]) -> None:
+        self.recorded = recorded  # is the topic in the transaction log
+        # topics whose publishes need the ordinary path (SOW topics: their key is computed
+        # there, server/sow/): the run paths (publish_run, publish_raw) leave them to publish()
+        self.keyed: Callable[[str], bool] = _never
+        self.cache: dict[str, tuple[bytes, bytes, bool, bool]] = {}
+
+    def info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
+        info = self.cache.get(topic)
+        if info is None:
+            if len(self.cache) >= TOPIC_CACHE_LIMIT:
+                self.cache.clear()
+            recorded = self.recorded(topic)
+            plain = recorded and not self.keyed(topic)
+            info = (topic.encode(), frames.topic_member_text(topic), recorded, plain)
+            self.cache[topic] = info
+        return info
+
+    def message(
+        self,
+        topic: str,
+        pub: int,
+        seq: int,
+        ts: int,
+        body: bytes,
+        off: int,
+        hdr: bytes,
+        exp: Any,
+        base: int,
+    ) -> Message:
+        """The fan-out's Message of a batch row (`Batch.msgs`) whose batch starts at `base`."""
+        tj = self.info(topic)[1]
+        if off >= 0:
+            position = base + off
+            suffix = frames.LIVE_SUFFIX % (tj, pub, seq, hdr)
+        else:
+            position = -1
+            suffix = tj + hdr
+        return Message(topic, pub, seq, ts, body, suffix, position, exp, hdr)
+
+
+class RunIntake:
+    """Runs of plain publishes into the open batch, past the per-message path."""
+
+    def __init__(
+        self,
+        open_batch: OpenBatch,
+        seqs: Sequences,
+        topics: TopicCache,
+        fanout: Fanout,
+        journaled: bool,
+    ) -> None:
+        self.open = open_batch
+        self.seqs = seqs
+        self.topics = topics
+        self.fanout = fanout
+        self.journaled = journaled  # there is a journal: without, nothing is a run
+        self.plain_topics: dict[bytes, str] = {}  # publish_raw: topic bytes -> topic
 
     def publish_run(self, client: Publisher, pub: int, items: list[tuple[int, str, bytes]]) -> int:
         """Accept the leading publishes of `items` ((seq, topic, body) from one client-sequenced
@@ -62,19 +145,20 @@ class BatchedIntake:
         publish() does per message (time, highest sequence, acks, schedule) is done once. The
         first one not taken (a duplicate, a publisher past a gap, a topic that is not recorded,
         a field the record cannot hold) is for publish() to answer."""
-        if self.journal is None or self.fanout.early or (self.gaps and pub in self.gaps):
+        seqs = self.seqs
+        if not self.journaled or self.fanout.early or (seqs.gaps and pub in seqs.gaps):
             return 0
-        highest = self.highest.get(pub, 0)
-        ts = max(self.last_ts, int(time.time() * 1_000_000))
-        batch = self.batch
+        highest = seqs.highest.get(pub, 0)
+        ts = seqs.now()
+        batch = self.open.batch
         data, entries, msgs = batch.data, batch.entries, batch.msgs
-        cached = self._topics.get
+        cached = self.topics.cache.get
         took = 0
         off = -1
         for seq, topic, body in items:
             if seq <= highest:
                 break
-            info = cached(topic) or self.topic_info(topic)
+            info = cached(topic) or self.topics.info(topic)
             if not info[3]:  # not recorded, or keyed (a SOW topic)
                 break
             try:
@@ -89,16 +173,16 @@ class BatchedIntake:
             took += 1
         if not took:
             return 0
-        self.last_ts = ts
-        self.highest[pub] = highest
+        seqs.last_ts = ts
+        seqs.highest[pub] = highest
         if pub not in batch.first_seq:
             batch.first_seq[pub] = items[0][0]
         batch.last[pub] = (highest, off)
         if client.wants_persisted:
             batch.acks[client] = highest
-        self.published += took
-        if not self.scheduled:
-            self._schedule()
+        seqs.published += took
+        if not self.open.scheduled:
+            self.open.schedule()
         return took
 
     def publish_raw(
@@ -115,22 +199,23 @@ class BatchedIntake:
         publish to a topic is stored under (None: refused), as the session maps it. Returns
         (stop, taken): the frame at `stop` (if any) was not taken and is for the ordinary path.
         """
-        if self.journal is None or self.fanout.early or (self.gaps and pub in self.gaps):
+        seqs = self.seqs
+        if not self.journaled or self.fanout.early or (seqs.gaps and pub in seqs.gaps):
             return pos, 0
-        known = self._plain_topics
+        known = self.plain_topics
         taken = 0
         while True:
-            batch = self.batch
-            ts = max(self.last_ts, int(time.time() * 1_000_000))
+            batch = self.open.batch
+            ts = seqs.now()
             records, entries, msgs, stop, highest, asked, unknown = publish_records(
-                raw, pos, pub, ts, self.highest.get(pub, 0), known, len(batch.data)
+                raw, pos, pub, ts, seqs.highest.get(pub, 0), known, len(batch.data)
             )
             if entries:
                 batch.data += records
                 batch.entries += entries
                 batch.msgs += msgs
-                self.last_ts = ts
-                self.highest[pub] = highest
+                seqs.last_ts = ts
+                seqs.highest[pub] = highest
                 if pub not in batch.first_seq:
                     batch.first_seq[pub] = entries[0][1]
                 batch.last[pub] = (highest, entries[-1][3])
@@ -138,15 +223,15 @@ class BatchedIntake:
                     client.wants_persisted = True
                 if client.wants_persisted:
                     batch.acks[client] = highest
-                self.published += len(entries)
+                seqs.published += len(entries)
                 taken += len(entries)
-                if not self.scheduled:
-                    self._schedule()
+                if not self.open.scheduled:
+                    self.open.schedule()
             if unknown is None:
                 return stop, taken
             topic = unknown.decode("ascii")  # plain publishes have ASCII topics
             stored = literal(topic)
-            if stored != topic or not self.topic_info(topic)[3]:
+            if stored != topic or not self.topics.info(topic)[3]:
                 return stop, taken  # mapped, a pattern, not recorded, keyed: the ordinary path
             if len(known) >= TOPIC_CACHE_LIMIT:
                 known.clear()

@@ -1,5 +1,5 @@
-"""What a replication link hands the pipeline: `ReplicatedIntake.replicate`, mixed into
-`Pipeline` (server/pipeline.py), which provides the attributes declared here.
+"""What a replication link hands the pipeline: `ReplicationIntake.replicate`, which the
+`Pipeline` (server/pipeline.py) owns and hands the open batch, the sequences and the topics.
 
 A replication batch goes through the publish path's dedup and batching, with two differences:
 each kept record is re-encoded with an origin block (journal/record.py) and this instance's
@@ -10,9 +10,7 @@ committed in the same batch, so a restart resumes the link exactly where the jou
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Callable
-from typing import Any
 
 from journal.record import (
     KIND_MESSAGE,
@@ -25,52 +23,42 @@ from journal.record import (
     scan_records,
 )
 
-from .pipeline_publish import TOPIC_CACHE_LIMIT
+from .fanout import Fanout
+from .pipeline_publish import TOPIC_CACHE_LIMIT, OpenBatch, Sequences, TopicCache
 from .replicate_scan import replicate_records
 
 REPL_FROM = b"repl-from:"  # server/replication/__init__.py: the resume point of a source
 _u64 = struct.Struct("<Q")
 
-__all__ = ["REPL_FROM", "ReplicatedIntake"]
+__all__ = ["REPL_FROM", "ReplicationIntake"]
 
 
-class ReplicatedIntake:
-    # provided by Pipeline
-    batch: Any
-    highest: dict[int, int]
-    journal: Any
-    fanout: Any
-    gaps: dict[int, int]
-    last_ts: int
-    published: int
-    duplicates: int
-    replicated: int
-    replicated_duplicates: int
-    _repl_topics: dict[bytes, str]
-    _repl_known: dict[bytes, str]  # replicate_block: topics that are recorded
-    _repl_meta_pending: dict[bytes, bytes]
-    # the SOW manager's intake of replicated delete records (server/sow/manager.py), if any
-    replicated_delete: Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None = None
+class ReplicationIntake:
+    """Replication links' batches into the open batch, through the publish path's dedup."""
 
-    def topic_info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
-        raise NotImplementedError
-
-    def _message(
+    def __init__(
         self,
-        topic: str,
-        pub: int,
-        seq: int,
-        ts: int,
-        body: bytes,
-        off: int,
-        hdr: bytes,
-        exp: Any,
-        base: int,
-    ) -> Any:
-        raise NotImplementedError
-
-    def _schedule(self) -> None:
-        raise NotImplementedError
+        open_batch: OpenBatch,
+        seqs: Sequences,
+        topics: TopicCache,
+        fanout: Fanout,
+        journaled: bool,
+    ) -> None:
+        self.open = open_batch
+        self.seqs = seqs
+        self.topics = topics
+        self.fanout = fanout
+        self.journaled = journaled
+        self.replicated = 0  # messages stored from replication links (also in `published`)
+        self.duplicates = 0  # replicated messages dropped as duplicates
+        self.topic_names: dict[bytes, str] = {}
+        self.known: dict[bytes, str] = {}  # replicate_block: topics that are recorded
+        # journal metadata waiting for a batch with records (remember_meta, resume points)
+        self.pending: dict[bytes, bytes] = {}
+        # the SOW manager's intake of replicated delete records (server/sow/manager.py), if any
+        self.replicated_delete: (
+            Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None
+        ) = None
 
     def replicate(
         self,
@@ -94,7 +82,7 @@ class ReplicatedIntake:
         batch, and on_durable(end, err) runs at the local commit (never held for this instance's
         own sync destinations: an ack there would wait on the source's ack of us), or err.
         """
-        ts = max(self.last_ts, int(time.time() * 1_000_000))
+        ts = self.seqs.now()
         stored, dups = self._take(records, source_name, source_group, ts, translate_in)
         self._taken(stored, dups, ts, source_name, end_position, on_durable)
         return stored, dups
@@ -115,11 +103,11 @@ class ReplicatedIntake:
         (queue events, topics not recorded, live subscribers that want each message before it
         is durable, publishers past a gap) through replicate()'s loop. The same batch results,
         byte for byte. Returns (records received, stored, duplicates)."""
-        ts = max(self.last_ts, int(time.time() * 1_000_000))
+        ts = self.seqs.now()
         if (
-            self.journal is None
+            not self.journaled
             or self.fanout.early
-            or self.gaps
+            or self.seqs.gaps
             or len(source_name) > MAX_ORIGIN_NAME
             or len(source_group) > MAX_ORIGIN_NAME
         ):
@@ -127,11 +115,9 @@ class ReplicatedIntake:
             stored, dups = self._take(recs, source_name, source_group, ts, translate_in)
             self._taken(stored, dups, ts, source_name, end_position, on_durable)
             return len(recs), stored, dups
-        batch = self.batch
-        known = self.__dict__.get("_repl_known")
-        if known is None:  # Pipeline.__init__ is not this module's: made at the first batch
-            known = self._repl_known = {}
-        highest = self.highest
+        batch = self.open.batch
+        known = self.known
+        highest = self.seqs.highest
         received = stored = dups = pos = 0
         end = len(body)
         while pos < end:
@@ -165,7 +151,7 @@ class ReplicatedIntake:
                 break
             if unknown is not None:
                 topic = self._repl_topic(unknown)
-                if self.topic_info(topic)[2]:
+                if self.topics.info(topic)[2]:
                     if len(known) >= TOPIC_CACHE_LIMIT:
                         known.clear()
                     known[unknown] = topic
@@ -187,10 +173,10 @@ class ReplicatedIntake:
     def remember_meta(self, key: bytes, value: bytes) -> None:
         """Journal metadata for the replication links (server/replication/identity.py),
         committed with the next replication batch that adds records, like the resume points."""
-        self._repl_meta_pending[key] = value
+        self.pending[key] = value
 
     def _repl_topic(self, tb: bytes) -> str:
-        topics = self._repl_topics
+        topics = self.topic_names
         topic = topics.get(tb)
         if topic is None:
             if len(topics) >= TOPIC_CACHE_LIMIT:
@@ -207,9 +193,10 @@ class ReplicatedIntake:
         translate_in: Callable[[RawTuple], bytes | None] | None,
     ) -> tuple[int, int]:
         """replicate()'s loop, one record at a time: (stored, duplicates)."""
-        batch = self.batch
-        highest_of = self.highest
-        journal = self.journal
+        batch = self.open.batch
+        seqs = self.seqs
+        highest_of = seqs.highest
+        journaled = self.journaled
         data = batch.data
         entries = batch.entries
         msgs = batch.msgs
@@ -222,12 +209,12 @@ class ReplicatedIntake:
             if kind == KIND_SOW_DELETE:
                 # journaled here by the SOW manager, where it stands among the messages
                 sow_delete = self.replicated_delete
-                if sow_delete is not None and journal is not None:
+                if sow_delete is not None and journaled:
                     origin = raw_origin(extra) or (src_ts, source_name, source_group)
                     sow_delete(self._repl_topic(tb), bytes(body), ts, origin)
                 continue
             if kind != KIND_MESSAGE:
-                if translate_in is not None and journal is not None:
+                if translate_in is not None and journaled:
                     local = translate_in(rec)
                     if local is not None:
                         data += local
@@ -241,14 +228,14 @@ class ReplicatedIntake:
             else:
                 exp, hdr = extra[0], extra[1]
                 origin = raw_origin(extra) or (src_ts, source_name, source_group)
-            if self.topic_info(topic)[2] and journal is not None:
+            if self.topics.info(topic)[2] and journaled:
                 off = len(data)
                 entries.append((pub, seq, ts, off))
                 data += encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, exp, hdr, origin)
             else:
                 off = -1
-            if self.gaps:
-                self.gaps.pop(pub, None)
+            if seqs.gaps:
+                seqs.gaps.pop(pub, None)
             highest_of[pub] = seq
             if pub not in first_seq:
                 first_seq[pub] = seq
@@ -259,7 +246,7 @@ class ReplicatedIntake:
             last[pub] = (seq, off)
             if early:
                 self.fanout.deliver(
-                    [self._message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
+                    [self.topics.message(topic, pub, seq, ts, body, off, hdr, exp, 0)], early=True
                 )
             stored += 1
         return stored, dups
@@ -274,17 +261,18 @@ class ReplicatedIntake:
         on_durable: Callable[[int, BaseException | None], None],
     ) -> None:
         """The end of a replication batch: counters, the resume point, the durable callback."""
-        batch = self.batch
-        self.last_ts = ts
-        self.published += stored
-        self.duplicates += dups
+        batch = self.open.batch
+        seqs = self.seqs
+        seqs.last_ts = ts
+        seqs.published += stored
+        seqs.duplicates += dups
         self.replicated += stored
-        self.replicated_duplicates += dups
-        if self.journal is not None:
+        self.duplicates += dups
+        if self.journaled:
             # the journal stores metadata only with records: a batch that adds none leaves its
             # resume point for the next one that does (conservative: a restart re-receives
             # records that were all filtered or duplicates, and drops them again)
-            pending = self._repl_meta_pending
+            pending = self.pending
             pending[REPL_FROM + source_name] = _u64.pack(end_position)
             if batch.data:
                 if batch.meta is None:
@@ -292,4 +280,4 @@ class ReplicatedIntake:
                 batch.meta.update(pending)
                 pending.clear()
         batch.durable.append(on_durable)
-        self._schedule()
+        self.open.schedule()

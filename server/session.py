@@ -15,7 +15,6 @@ subscribe, unsubscribe and sow_delete) and a log line. Every close has a reason
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import operator
@@ -26,7 +25,8 @@ from typing import Any
 import msgspec
 
 from protocol.bookmarks import format_bookmark
-from protocol.framing import FrameError, RawFrames
+from protocol.filters import FilterError, cached_filter, compile_filter
+from protocol.framing import RAW_RUN, FrameError, RawFrames, expand
 from protocol.headers import (
     FAST_PUBLISH_ACK,
     SLOW_PUBLISH_FIELDS,
@@ -34,21 +34,20 @@ from protocol.headers import (
     Header,
     check_fields,
 )
-from protocol.options import InvalidOptions, heartbeat_options, logon_options, sow_delete_options
+from protocol.options import InvalidOptions, heartbeat_options, logon_options
 
-from . import frames
 from .ids import publisher_id, server_publisher_id
 from .matching import Predicate
 from .outbox import Outbox
-from .queue import Queue
 from .reasons import Disconnect, Failure
 from .security.authenticator import AuthFailure, Identity, certificate_identity
 from .security.entitlements import Entitlements
 from .services import SessionServices
+from .session_caller import Caller
 from .session_publish import PublishCommands
+from .session_delta import DeltaCommands
 from .session_sow import SowCommands
 from .session_subscribe import SubscribeCommands
-from .sow import SowQuery
 from .subscription_table import SubscriptionTable
 from .subscriptions import ack_types
 
@@ -63,7 +62,7 @@ _slow_fields = operator.attrgetter(*sorted(SLOW_PUBLISH_FIELDS))
 _NO_SLOW_FIELDS = _slow_fields(Header())
 
 
-class Session(SubscribeCommands, PublishCommands, SowCommands):
+class Session:
     def __init__(
         self,
         out: Outbox,
@@ -86,21 +85,27 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
         self._ent: Entitlements | None = None  # what this user may do; None: everything
         self.client_name: str | None = None
         self.user_id: str | None = None
-        self.pub = 0
-        self.server_pub = 0
         self.logged_on = False
         self.table = SubscriptionTable(self.describe, services.index, services.replays)
         out.on_lag = self.table.fall_back  # past <ClientOfflineThreshold>
-        self.wants_persisted = False
-        self._gap_told = 0  # the gap a persisted failure was sent for (_refuse_above_gap)
-        self.is_publisher = False
         self.hb_interval = 0.0
-        self.ack_conflation = 0.0
-        self._persist_pending = 0
-        self._ack_timer: asyncio.TimerHandle | None = None
-        self._sub_counter = 0
-        self._queries: dict[str, SowQuery] = {}  # SOW answers still sending (server/session_sow.py)
-        self.received = 0
+        self._sub_ids = itertools.count(1)
+        # the command handlers (server/session_caller.py), each built at its first command after
+        # the logon (publisher, subscribing, sowing, delta); _ROUTES names them
+        self._caller: Caller
+        self._ack_conflation = 0.0
+        self.publishing: PublishCommands | None = None  # built at the first publish (publisher)
+        self._subscribing: SubscribeCommands | None = None
+        self._sowing: SowCommands | None = None
+        self._delta: DeltaCommands | None = None
+
+    @property
+    def is_publisher(self) -> bool:
+        return self.publishing is not None and self.publishing.is_publisher
+
+    @property
+    def received(self) -> int:
+        return self.publishing.received if self.publishing is not None else 0
 
     def describe(self) -> str:
         return f"connection {self.id} client={self.client_name or '-'} peer={self.peer}"
@@ -111,14 +116,15 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
         """Handle the frames decoded from one read, in order; stop at a close. Frames behind a
         logon that is checked off the event loop wait for its outcome."""
         self._receive(frames_in)
-        if self.is_publisher:
+        p = self.publishing
+        if p is not None and p.is_publisher:
             self.svc.pipeline.read_done()
 
     def _receive(self, frames_in: list[tuple[Header, Any]]) -> None:
         if self._held is not None:
             self._held.extend(frames_in)
             return
-        handlers = _HANDLERS
+        routes = _ROUTES
         out = self.out
         rest = iter(frames_in)
         # consecutive plain publishes (no ack of their own to send) are taken as one run
@@ -129,7 +135,7 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                 break
             if type(body) is RawFrames:
                 if run:
-                    self._publish_run(run)
+                    self.publisher._publish_run(run)
                     run = []
                 self._raw_publishes(body)
                 if self._held is not None:  # a logon inside the run is being checked
@@ -149,7 +155,7 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                 run.append((header, body))
                 continue
             if run:
-                self._publish_run(run)
+                self.publisher._publish_run(run)
                 run = []
                 if out.closing:
                     break
@@ -160,8 +166,8 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                     out.close(problem.reason)
                     break
                 continue
-            handler = handlers.get(header.c or "")
-            if handler is None:
+            route = routes.get(header.c or "")
+            if route is None:
                 self.fail(
                     header,
                     Failure.UNKNOWN_COMMAND,
@@ -169,12 +175,13 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                 )
                 out.close(Disconnect.UNKNOWN_COMMAND)
                 break
+            owner, handler = route
             if not self.logged_on and handler is not Session.cmd_logon:
                 self.fail(header, Failure.LOGON_REQUIRED, "the first command must be logon")
                 out.close(Disconnect.LOGON_REQUIRED)
                 break
             try:
-                handler(self, header, body)
+                handler(getattr(self, owner) if owner else self, header, body)
             except Exception:  # a bug must cost one connection, never the server
                 log.exception("connection %d: error handling %s", self.id, header.c)
                 self.fail(header, Failure.BAD_FRAME, "internal error handling this command")
@@ -185,7 +192,71 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                 break
             plain = self.logged_on and self._ent is None
         if run:
-            self._publish_run(run)
+            self.publisher._publish_run(run)
+
+    def _raw_publishes(self, frames_in: RawFrames) -> None:
+        """Publish frames the decoder left whole: the publisher's fast path once logged on
+        without entitlements to check; what waits behind a check off the loop is held."""
+        raw = frames_in.data
+        if not self.logged_on or self._ent is not None:
+            self._receive_raw(raw)
+            return
+        pos = self.publisher.raw_publishes(raw)
+        if pos < len(raw) and self._held is not None:  # behind a logon being checked
+            self._held.append((RAW_RUN, RawFrames(raw[pos:])))
+
+    def _receive_raw(self, raw: bytes) -> None:
+        try:
+            got = expand(raw)
+        except FrameError as exc:
+            self._receive(exc.frames)
+            self.bad_input(exc)
+            return
+        self._receive(got)
+
+    # -- the filter wait -------------------------------------------------------------------------
+
+    def filter_ready(self, h: Header, body: Any) -> bool:
+        """Whether the command's filter `h.f` can be had now (cached, short, or compiled off
+        the loop for this very command). If not, its compile starts on the server's filter
+        thread, the connection stops reading and its frames wait (as behind a logon), and the
+        command is handled again when the compile is done: a large filter never stalls the
+        event loop, and one connection has at most one compile under way."""
+        done = self._compiled
+        if done is not None and done[0] == h.f:
+            return True
+        try:
+            if cached_filter(h.f or "") is not None:
+                return True
+        except FilterError:
+            return True  # refused by the command, at once
+        self._held = []
+        self.hold(True)
+        self.svc.compile_later(h.f or "", partial(self._filter_compiled, h, body))
+        return False
+
+    def _filter_compiled(self, h: Header, body: Any, result: Predicate | FilterError) -> None:
+        held, self._held = self._held, None
+        if self.out.closing:
+            return
+        self._compiled = (h.f or "", result)
+        self.hold(False)
+        self.receive([(h, body), *(held or ())])
+        self.out.flush()
+
+    def compiled_filter(self, h: Header) -> Predicate | None:
+        """The command's filter `h.f` compiled (from filter_ready's compile, if it made one);
+        refused with `bad filter` (and None) when it does not compile."""
+        done, self._compiled = self._compiled, None
+        try:
+            if done is not None and done[0] == h.f:
+                if isinstance(done[1], FilterError):
+                    raise done[1]
+                return done[1]
+            return compile_filter(h.f or "")
+        except FilterError as exc:
+            self.fail(h, Failure.BAD_FILTER, str(exc))
+            return None
 
     def bad_input(self, error: FrameError) -> None:
         """Input that does not frame: a failure ack, then the connection closes."""
@@ -197,10 +268,10 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
 
     def closed(self) -> None:
         """The connection is gone: drop every subscription and the client name."""
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-        if self._queries:
-            self.stop_queries()
+        if self.publishing is not None:
+            self.publishing.closed()
+        if self._sowing is not None and self._sowing._queries:
+            self._sowing.stop_queries()
         self.table.remove_all()
         names = self.svc.names
         if self.client_name and names.get(self.client_name) is self:
@@ -228,55 +299,6 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
             Failure.NOT_ENTITLED,
             f"user {self.user_id!r} has no {right} right on {topic!r} (<Entitlement>)",
         )
-
-    # Publisher (server/pipeline.py): what the pipeline tells a publishing client
-
-    def persisted(self, seq: int) -> None:
-        """A commit made everything up to `seq` durable: one conflated ack.
-
-        With `ack_conflation` the acks of one interval are conflated on its leading edge: the
-        first ack after a quiet interval goes out at once (a lone publish waits for no timer),
-        and opens an interval; what becomes durable during it is acked once, at its end, which
-        opens the next. So a publisher gets at most about one ack per interval, and none later
-        than the interval (docs/protocol.md §3)."""
-        out = self.out
-        if out.closing:
-            return
-        if self.ack_conflation:
-            if self._ack_timer is not None:
-                self._persist_pending = max(self._persist_pending, seq)
-                return
-            self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
-        out.buf.append(frames.persisted_ack(seq))
-        out.flush()
-
-    def _send_conflated(self) -> None:
-        self._ack_timer = None
-        if self._persist_pending and not self.out.closing:
-            seq, self._persist_pending = self._persist_pending, 0
-            self.out.send_ack("persisted", None, s=seq)
-            self.out.flush()
-            self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
-
-    def persist_failed(self, reason: str, detail: str) -> None:
-        if self.out.closing:
-            return
-        self.out.send_ack("persisted", None, "failure", reason, detail=detail)
-        self.out.flush()
-
-    def flush_done(self, cid: Any, acks: list[str]) -> None:
-        if self.out.closing:
-            return
-        for kind in acks or ("completed",):
-            self.out.send_ack(kind, cid)
-        self.out.flush()
-
-    def flush_failed(self, cid: Any, acks: list[str], reason: str) -> None:
-        if self.out.closing:
-            return
-        for kind in acks or ("completed",):
-            self.out.send_ack(kind, cid, "failure", reason)
-        self.out.flush()
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -388,12 +410,11 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
         self.client_name = name or f"anonymous-{self.id}"
         self.user_id = user
         self._ent = svc.guard.entitlements
-        self.pub = publisher_id(self.client_name)
-        self.server_pub = server_publisher_id(self.client_name, svc.instance)
-        self.ack_conflation = ack_conflation or 0.0
+        pub = publisher_id(self.client_name)
+        self._logged_on(pub, ack_conflation or 0.0)
         self.logged_on = True
         self.on_logon()
-        seq = svc.pipeline.durable.get(self.pub, 0)
+        seq = svc.pipeline.durable.get(pub, 0)
         log.info("logon: %s user=%s last_seq=%d", self.describe(), self.user_id or "-", seq)
         if seq:
             svc.publisher_logon(self.pub, seq)
@@ -402,17 +423,77 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                 "processed",
                 h.cid,
                 s=seq,
-                bm=format_bookmark(self.pub, seq) if seq else "",
+                bm=format_bookmark(pub, seq) if seq else "",
                 client_name=self.client_name,
             )
 
+    def _logged_on(self, pub: int, ack_conflation: float) -> None:
+        """What the command handlers are handed (each is built at its first command: most
+        connections use one or two of them)."""
+        assert self.client_name is not None
+        self._caller = Caller(
+            self.id,
+            self.peer,
+            self.user_id,
+            self._ent,
+            pub,
+            server_publisher_id(self.client_name, self.svc.instance),
+            self.out,
+            self.table,
+            self.describe,
+            self.fail,
+            self.not_entitled,
+            self._new_sub_id,
+            self.filter_ready,
+            self.compiled_filter,
+        )
+        self._ack_conflation = ack_conflation
+
+    @property
+    def publisher(self) -> PublishCommands:
+        p = self.publishing
+        if p is None:
+            p = self.publishing = PublishCommands(
+                self._caller, self.svc, self._receive_raw, self._waiting, self._ack_conflation
+            )
+        return p
+
+    @property
+    def subscribing(self) -> SubscribeCommands:
+        s = self._subscribing
+        if s is None:
+            s = self._subscribing = SubscribeCommands(self._caller, self.svc)
+        return s
+
+    @property
+    def sowing(self) -> SowCommands:
+        s = self._sowing
+        if s is None:
+            s = self._sowing = SowCommands(
+                self._caller, self.svc, self.subscribing.cmd_subscribe, self.publisher.cmd_publish
+            )
+        return s
+
+    @property
+    def delta(self) -> DeltaCommands:
+        d = self._delta
+        if d is None:
+            d = self._delta = DeltaCommands(self._caller, self.svc, self.sowing)
+        return d
+
+    def _waiting(self) -> bool:
+        return self._held is not None
+
+    def _new_sub_id(self) -> str:
+        return f"{self.id}.{next(self._sub_ids)}"
+
     def cmd_unsubscribe(self, h: Header, body: bytes) -> None:
         ids = (h.sub_id or "").strip()
-        if h.query_id or (self._queries and ids):
+        if h.query_id or (self._sowing is not None and self._sowing._queries and ids):
             # a SOW query still sending, by its query_id or the sub_id of a sow_and_subscribe
             names = [x.strip() for x in (h.query_id or "").split(",") if x.strip()]
             names += [x.strip() for x in ids.split(",") if x.strip()] if ids != "all" else []
-            self.stop_queries(None if ids == "all" else names)
+            self.sowing.stop_queries(None if ids == "all" else names)
             if not ids:
                 if "processed" in ack_types(h.a):
                     self.out.send_ack("processed", h.cid, query_id=h.query_id)
@@ -443,9 +524,6 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
         if "processed" in ack_types(h.a):
             self.out.send_ack("processed", h.cid)
 
-    def cmd_flush(self, h: Header, body: bytes) -> None:
-        self.svc.pipeline.add_flush(self, h.cid, sorted(ack_types(h.a)))
-
     def cmd_sow_delete(self, h: Header, body: bytes) -> None:
         """Queue acknowledgements: bookmarks (the normal, batched case) or a filter; on a SOW
         topic, deleted records (server/session_sow.py)."""
@@ -453,7 +531,7 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
             return
         q = self.svc.queues.queues.get(h.t or "")  # one dict lookup: a consumer's ack each read
         if q is None and self.svc.sow is not None and self.svc.sow.is_sow(h.t or ""):
-            self.sow_delete_records(h, body, self.svc.sow)
+            self.sowing.sow_delete_records(h, body, self.svc.sow)
             return
         if q is None:
             self.fail(
@@ -462,120 +540,24 @@ class Session(SubscribeCommands, PublishCommands, SowCommands):
                 f"topic {h.t!r} is not a queue; sow_delete acknowledges queue messages",
             )
             return
-        ent = self._ent
-        if ent is not None and not ent.check(
-            self.peer, self.user_id or "", "consume", q.name, "sow_delete"
-        ):
-            self.not_entitled(h, "consume", q.name)
-            return
-        try:
-            opts = sow_delete_options(h.o)
-        except InvalidOptions as exc:
-            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
-            return
-        if h.bm:
-            try:
-                bms = q.normalize_bookmarks(h.bm.split(","))
-            except ValueError as exc:
-                self.fail(
-                    h,
-                    Failure.INVALID_BOOKMARK,
-                    f"{exc.args[0]!r} is not a bookmark (publisher|seq|)",
-                )
-                return
-            n, refused = q.ack(
-                self.table,
-                bms,
-                cancel=opts.cancel,
-                expire=opts.expire,
-                extend=opts.lease_extend,
-                visible=self._queue_view(q, None),
-            )
-        elif h.f:
-            f = self.compiled_filter(h)
-            if f is None:
-                return
-            n, refused = q.ack_filter(
-                self.table,
-                self._queue_view(q, f) or f,
-                cancel=opts.cancel,
-                expire=opts.expire,
-                extend=opts.lease_extend,
-            )
-        else:
-            self.fail(
-                h,
-                Failure.INVALID_OPTIONS,
-                "sow_delete on a queue needs bm (bookmarks) or f (a filter)",
-            )
-            return
-        acks = [a.strip() for a in (h.a or "").split(",") if a.strip()]
-        if not acks:
-            return
-        if refused:
-            log.warning(
-                "%s: sow_delete on %s refused for %d: %s",
-                self.describe(),
-                q.name,
-                len(refused),
-                refused[0],
-            )
-        out = self.out
-
-        def reply(err: BaseException | None) -> None:
-            if out.closing:
-                return
-            for kind in acks:
-                if err is not None:
-                    out.send_ack(
-                        kind,
-                        h.cid,
-                        "failure",
-                        getattr(err, "reason", Failure.JOURNAL_UNAVAILABLE),
-                        detail=str(err),
-                    )
-                elif refused:
-                    out.send_ack(
-                        kind,
-                        h.cid,
-                        "failure",
-                        Failure.NOT_ENTITLED,
-                        detail="; ".join(refused[:5]),
-                        records_deleted=n,
-                    )
-                else:
-                    out.send_ack(kind, h.cid, records_deleted=n)
-            out.flush()
-
-        self.svc.pipeline.after_commit(reply)  # acked only once the acknowledgement is durable
-
-    def _queue_view(self, q: Queue, own: Predicate | None) -> Predicate | None:
-        """What a sow_delete of this user may act on in `q`: `own` (a filter, None: anything)
-        AND the user's content entitlement on the queue and its topic, the filter a queue
-        subscription of this user reads through. A user acks, cancels or expires only what it
-        could be delivered."""
-        if self._ent is None:
-            return own
-        grant = self.svc.guard.grant(
-            self.peer, self.user_id, "consume", q.name, False, own, "sow_delete",
-            also=(q.spec.underlying_topic,),
-        )  # fmt: skip
-        return own if grant is None else grant.filter
+        self.subscribing.queue_ack(h, q)
 
 
-_HANDLERS: dict[str, Callable[[Session, Header, Any], None]] = {
-    "logon": Session.cmd_logon,
-    "publish": Session.cmd_publish,
-    "subscribe": Session.cmd_subscribe,
-    "unsubscribe": Session.cmd_unsubscribe,
-    "heartbeat": Session.cmd_heartbeat,
-    "flush": Session.cmd_flush,
-    "sow_delete": Session.cmd_sow_delete,
-    "sow": Session.cmd_sow,
-    "sow_and_subscribe": Session.cmd_sow_and_subscribe,
-    "delta_subscribe": Session.cmd_delta_subscribe,
-    "sow_and_delta_subscribe": Session.cmd_sow_and_delta_subscribe,
-    "delta_publish": Session.cmd_delta_publish,
+# command -> (the session's handler attribute that takes it, "" for the session's own; the
+# method): only logon before the logon, after which each is built at its first command
+_ROUTES: dict[str, tuple[str, Callable[[Any, Header, Any], None]]] = {
+    "logon": ("", Session.cmd_logon),
+    "publish": ("publisher", PublishCommands.cmd_publish),
+    "subscribe": ("subscribing", SubscribeCommands.cmd_subscribe),
+    "unsubscribe": ("", Session.cmd_unsubscribe),
+    "heartbeat": ("", Session.cmd_heartbeat),
+    "flush": ("publisher", PublishCommands.cmd_flush),
+    "sow_delete": ("", Session.cmd_sow_delete),
+    "sow": ("sowing", SowCommands.cmd_sow),
+    "sow_and_subscribe": ("sowing", SowCommands.cmd_sow_and_subscribe),
+    "delta_subscribe": ("delta", DeltaCommands.cmd_delta_subscribe),
+    "sow_and_delta_subscribe": ("delta", DeltaCommands.cmd_sow_and_delta_subscribe),
+    "delta_publish": ("delta", DeltaCommands.cmd_delta_publish),
 }
 # commands refused with a failure ack even when the client asked for no ack
 _ALWAYS_ANSWERED = frozenset(

@@ -4,8 +4,8 @@
 A delta subscription is the plain command's subscription (`cmd_subscribe`,
 `cmd_sow_and_subscribe`) with a delta feed (server/sow/delta.py) put on it after the command
 made it; `delta_publish` merges its body into the record (`SowManager.merge_delta`) and then
-publishes the merged message. `DeltaCommands` is a base of `SowCommands`
-(server/session_sow.py), mixed into `Session`, which provides the attributes declared here.
+publishes the merged message. `DeltaCommands` is built by the session at logon beside its
+`SowCommands` (server/session_sow.py), whose query commands it ends in.
 """
 
 from __future__ import annotations
@@ -16,34 +16,23 @@ from protocol.options import InvalidOptions, subscribe_options
 from .reasons import Failure
 from .router import is_pattern
 from .services import SessionServices
+from .session_caller import Caller, Commands
+from .session_sow import SowCommands
 from .sow import BadSowKey, SowManager
-from .subscription_table import SubscriptionTable
 from .subscriptions import Subscription
 
 __all__ = ["DeltaCommands"]
 
 
-class DeltaCommands:
-    # provided by Session
-    id: int
-    svc: SessionServices
-    table: SubscriptionTable
-    _sub_counter: int
+class DeltaCommands(Commands):
+    """One logged-on session's delta commands; `sowing`: its SOW commands, which check the
+    topic and run the plain command a delta one ends as."""
 
-    def fail(self, header: Header, reason: str, detail: str) -> None:
-        raise NotImplementedError
+    __slots__ = ("sowing",)
 
-    def cmd_publish(self, h: Header, body: bytes) -> None:
-        raise NotImplementedError
-
-    def cmd_subscribe(self, h: Header, body: bytes) -> None:
-        raise NotImplementedError
-
-    def cmd_sow_and_subscribe(self, h: Header, body: bytes) -> None:
-        raise NotImplementedError
-
-    def _sow_manager(self, h: Header) -> SowManager | None:
-        raise NotImplementedError
+    def __init__(self, caller: Caller, svc: SessionServices, sowing: SowCommands) -> None:
+        super().__init__(caller, svc)
+        self.sowing = sowing
 
     # -- delta_subscribe, sow_and_delta_subscribe ------------------------------------------------
 
@@ -53,7 +42,7 @@ class DeltaCommands:
         sow = self._delta_checks(h)
         if sow is not None:
             before = self.table.get(h.sub_id or "")
-            self.cmd_subscribe(h, body)
+            self.sowing.cmd_subscribe(h, body)
             self._make_delta(h, sow, before)
 
     def cmd_sow_and_delta_subscribe(self, h: Header, body: bytes) -> None:
@@ -61,14 +50,14 @@ class DeltaCommands:
         sow = self._delta_checks(h)
         if sow is not None:
             before = self.table.get(h.sub_id or "")
-            self.cmd_sow_and_subscribe(h, body)
+            self.sowing.cmd_sow_and_subscribe(h, body)
             self._make_delta(h, sow, before)
 
     def _delta_checks(self, h: Header) -> SowManager | None:
         """What a delta subscription needs beyond its plain command's checks: a SOW topic, no
         bookmark replay (delta_subscribe), no option that holds or reorders messages. Gives
         the command a sub_id (to find its subscription after)."""
-        sow = self._sow_manager(h)
+        sow = self.sowing.sow_manager(h)
         if sow is None:
             return None
         topic = h.t or ""
@@ -101,8 +90,7 @@ class DeltaCommands:
             )
             return None
         if h.sub_id is None:
-            self._sub_counter += 1
-            h.sub_id = f"{self.id}.{self._sub_counter}"
+            h.sub_id = self.new_sub_id()
         return sow
 
     def _make_delta(self, h: Header, sow: SowManager, before: Subscription | None) -> None:
@@ -127,4 +115,4 @@ class DeltaCommands:
             except ValueError as exc:
                 self.fail(h, Failure.BAD_FRAME, str(exc))
                 return
-        self.cmd_publish(h, body)
+        self.sowing.cmd_publish(h, body)

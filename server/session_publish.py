@@ -3,29 +3,33 @@ a run of plain publishes from one read, and a run of publish frames the decoder 
 
 `cmd_publish` handles one decoded publish (topic, entitlement, the pipeline's outcome, its acks;
 a publish past its publisher's gap is refused). `_publish_run` takes the plain publishes of one
-read (no ack of their own) in one `Pipeline.publish_run` call. `_raw_publishes` takes the whole
+read (no ack of their own) in one `Pipeline.publish_run` call. `raw_publishes` takes the whole
 frames the decoder left undecoded (server/publish_scan.py): `Pipeline.publish_raw` stores the
 plain publishes among them straight from the bytes, and any other frame is decoded and handled
-as `Session.receive` handles it. `PublishCommands` is mixed into `Session` (server/session.py),
-which provides the attributes declared here.
+as `Session.receive` handles it. `PublishCommands` is the object a session builds at logon
+(server/session_caller.py says what it is handed); it is also the pipeline's `Publisher` for
+the session: the `persisted` acks (conflated with the logon's `ack_conflation`), flush
+markers and their failures.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from journal.record import RecordFieldError
-from protocol.framing import RAW_RUN, FrameError, RawFrames, expand, frame_end
+from protocol.framing import frame_end
 from protocol.headers import Header
 
-from .outbox import Outbox
+from . import frames
 from .pipeline import ABOVE_GAP, DUPLICATE, STORED
 from .reasons import Disconnect, Failure
-from .security.entitlements import Entitlements
 from .services import SessionServices
+from .session_caller import Caller, Commands
 from .sow import BadSowKey
 from .sow.keys import k_fragment
 from .subscriptions import ack_types
@@ -37,34 +41,49 @@ log = logging.getLogger("tickertape.connection")
 _json = msgspec.json.encode
 
 
-class PublishCommands:
-    # provided by Session
-    id: int
-    out: Outbox
-    svc: SessionServices
-    peer: str
-    user_id: str | None
-    pub: int
-    server_pub: int
-    logged_on: bool
-    wants_persisted: bool
-    is_publisher: bool
-    received: int
-    _ent: Entitlements | None
-    _held: list[tuple[Header, Any]] | None
-    _gap_told: int
+class PublishCommands(Commands):
+    """One logged-on session's publishes, and the pipeline's `Publisher` for it (the acks a
+    commit owes this client). `receive_raw`: the session's way with frames that are not plain
+    publishes; `waiting`: whether the session holds its frames (a check runs off the loop)."""
 
-    def describe(self) -> str:
-        raise NotImplementedError
+    __slots__ = (
+        "_ack_timer",
+        "_gap_told",
+        "_persist_pending",
+        "_receive_raw",
+        "_waiting",
+        "ack_conflation",
+        "is_publisher",
+        "pub",
+        "received",
+        "server_pub",
+        "wants_persisted",
+    )
 
-    def fail(self, header: Header, reason: str, detail: str) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        caller: Caller,
+        svc: SessionServices,
+        receive_raw: Callable[[bytes], None],
+        waiting: Callable[[], bool],
+        ack_conflation: float,
+    ) -> None:
+        super().__init__(caller, svc)
+        self.pub = caller.pub
+        self.server_pub = caller.server_pub
+        self._receive_raw = receive_raw
+        self._waiting = waiting
+        self.wants_persisted = False
+        self.is_publisher = False
+        self.received = 0
+        self._gap_told = 0  # the gap a persisted failure was sent for (_refuse_above_gap)
+        self.ack_conflation = ack_conflation
+        self._persist_pending = 0
+        self._ack_timer: asyncio.TimerHandle | None = None
 
-    def not_entitled(self, h: Header, right: str, topic: str) -> None:
-        raise NotImplementedError
-
-    def bad_input(self, error: FrameError) -> None:
-        raise NotImplementedError
+    def closed(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
 
     def bind_name(self) -> None:
         """This connection's first publish: with <Authentication>, its client name is bound to
@@ -79,21 +98,59 @@ class PublishCommands:
                     self.describe(),
                 )
 
-    def _receive(self, frames_in: list[tuple[Header, Any]]) -> None:
-        raise NotImplementedError
+    # -- the pipeline's Publisher (server/pipeline.py) --------------------------------------------
 
-    # the pipeline's Publisher (server/pipeline.py), answered by Session
     def persisted(self, seq: int) -> None:
-        raise NotImplementedError
+        """A commit made everything up to `seq` durable: one conflated ack.
+
+        With `ack_conflation` the acks of one interval are conflated on its leading edge: the
+        first ack after a quiet interval goes out at once (a lone publish waits for no timer),
+        and opens an interval; what becomes durable during it is acked once, at its end, which
+        opens the next. So a publisher gets at most about one ack per interval, and none later
+        than the interval (docs/protocol.md §3)."""
+        out = self.out
+        if out.closing:
+            return
+        if self.ack_conflation:
+            if self._ack_timer is not None:
+                self._persist_pending = max(self._persist_pending, seq)
+                return
+            self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
+        out.buf.append(frames.persisted_ack(seq))
+        out.flush()
+
+    def _send_conflated(self) -> None:
+        self._ack_timer = None
+        if self._persist_pending and not self.out.closing:
+            seq, self._persist_pending = self._persist_pending, 0
+            self.out.send_ack("persisted", None, s=seq)
+            self.out.flush()
+            self._ack_timer = self.svc.call_later(self.ack_conflation, self._send_conflated)
 
     def persist_failed(self, reason: str, detail: str) -> None:
-        raise NotImplementedError
+        if self.out.closing:
+            return
+        self.out.send_ack("persisted", None, "failure", reason, detail=detail)
+        self.out.flush()
 
     def flush_done(self, cid: Any, acks: list[str]) -> None:
-        raise NotImplementedError
+        if self.out.closing:
+            return
+        for kind in acks or ("completed",):
+            self.out.send_ack(kind, cid)
+        self.out.flush()
 
     def flush_failed(self, cid: Any, acks: list[str], reason: str) -> None:
-        raise NotImplementedError
+        if self.out.closing:
+            return
+        for kind in acks or ("completed",):
+            self.out.send_ack(kind, cid, "failure", reason)
+        self.out.flush()
+
+    def cmd_flush(self, h: Header, body: bytes) -> None:
+        self.svc.pipeline.add_flush(self, h.cid, sorted(ack_types(h.a)))
+
+    # -- publish -----------------------------------------------------------------------------------
 
     def cmd_publish(self, h: Header, body: bytes) -> None:
         svc = self.svc
@@ -174,25 +231,22 @@ class PublishCommands:
             out.send_ack(kind, h.cid, "failure", Failure.JOURNAL_UNAVAILABLE, detail=detail, s=seq)
         out.flush()
 
-    def _raw_publishes(self, frames_in: RawFrames) -> None:
+    def raw_publishes(self, raw: bytes) -> int:
         """Publish frames left whole by the decoder (server/publish_scan.py): the pipeline
         stores the plain publishes among them straight from the bytes (Pipeline.publish_raw);
-        any other frame is decoded and handled as receive() handles it."""
-        raw = frames_in.data
-        if not (self.logged_on and self._ent is None):
-            self._receive_raw(raw)
-            return
+        any other frame is decoded and handled as receive() handles it. Returns where it
+        stopped: the end, or the first frame the session holds (a check runs off the loop)."""
         publish_raw = self.svc.pipeline.publish_raw
         literal = self.svc.topics.publish_topic
         pos, n = 0, len(raw)
-        while pos < n and not self.out.closing and self._held is None:
+        while pos < n and not self.out.closing and not self._waiting():
             try:
                 pos, took = publish_raw(self, self.pub, raw, pos, literal)
             except Exception:  # a bug must cost one connection, never the server
                 log.exception("connection %d: error handling a run of publishes", self.id)
                 self.fail(Header(c="publish"), Failure.BAD_FRAME, "internal error")
                 self.out.close(Disconnect.BAD_FRAME)
-                return
+                return n
             if took:
                 if not self.is_publisher:
                     self.bind_name()
@@ -202,17 +256,7 @@ class PublishCommands:
                 end = frame_end(raw, pos)
                 self._receive_raw(raw[pos:end])
                 pos = end
-        if pos < n and self._held is not None:  # behind a logon being checked
-            self._held.append((RAW_RUN, RawFrames(raw[pos:])))
-
-    def _receive_raw(self, raw: bytes) -> None:
-        try:
-            got = expand(raw)
-        except FrameError as exc:
-            self._receive(exc.frames)
-            self.bad_input(exc)
-            return
-        self._receive(got)
+        return pos
 
     def _publish_run(self, run: list[tuple[Header, bytes]]) -> None:
         """Publishes that need no ack of their own, in order, with what cmd_publish does for

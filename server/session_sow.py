@@ -16,8 +16,8 @@ With `bm`, the answer is the historical state at that point (`SowManager.histori
 the loop) and the replay starts from that point; the subscription waits in the replaying state
 from the command on.
 
-`SowCommands` is mixed into `Session` (server/session.py), which provides the attributes
-declared here.
+`SowCommands` is the object a session builds at logon (server/session_caller.py says what it is
+handed).
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ from protocol.options import InvalidOptions, SubscribeOptions, sow_options, subs
 from protocol.patterns import PatternError, compile_pattern
 
 from .matching import Predicate
-from .outbox import Outbox
 from .reasons import Failure
 from .replay_plan import Plan
 from .router import is_pattern
-from .security.entitlements import Entitlements
-from .session_delta import DeltaCommands
+from .services import SessionServices
+from .session_caller import Caller, Commands
 from .sow import BadOrderBy, BadSowKey, SowManager, SowQuery, parse_order_by
 from .sow.keys import check_key
 from .sow.query import QueryPlan
@@ -52,20 +51,27 @@ __all__ = ["SowCommands"]
 log = logging.getLogger("tickertape.connection")
 
 
-class SowCommands(DeltaCommands):
-    # provided by Session (with those DeltaCommands declares)
-    out: Outbox
-    peer: str
-    user_id: str | None
-    _ent: Entitlements | None
-    _queries: dict[str, SowQuery]
+class SowCommands(Commands):
+    """One logged-on session's SOW commands and its running queries. `cmd_subscribe` and
+    `cmd_publish`: the session's (a delta subscribe and a delta publish end as those)."""
 
-    def not_entitled(self, h: Header, right: str, topic: str) -> None:
-        raise NotImplementedError
+    __slots__ = ("_queries", "cmd_publish", "cmd_subscribe")
+
+    def __init__(
+        self,
+        caller: Caller,
+        svc: SessionServices,
+        cmd_subscribe: Callable[[Header, bytes], None],
+        cmd_publish: Callable[[Header, bytes], None],
+    ) -> None:
+        super().__init__(caller, svc)
+        self.cmd_subscribe = cmd_subscribe
+        self.cmd_publish = cmd_publish
+        self._queries: dict[str, SowQuery] = {}  # answers still sending, by name
 
     # -- checks shared by the query commands -----------------------------------------------------
 
-    def _sow_manager(self, h: Header) -> SowManager | None:
+    def sow_manager(self, h: Header) -> SowManager | None:
         sow = self.svc.sow
         if sow is None or not h.t:
             self.fail(
@@ -251,7 +257,7 @@ class SowCommands(DeltaCommands):
         if queue is not None:
             self._sow_queue(h, queue, opts)
             return
-        sow = self._sow_manager(h)
+        sow = self.sow_manager(h)
         if sow is None:
             return
         ok, point = self._query_point(h)
@@ -331,7 +337,7 @@ class SowCommands(DeltaCommands):
     def cmd_sow_and_subscribe(self, h: Header, body: bytes) -> None:
         svc = self.svc
         table = self.table
-        sow = self._sow_manager(h)
+        sow = self.sow_manager(h)
         if sow is None:
             return
         try:
@@ -354,8 +360,7 @@ class SowCommands(DeltaCommands):
             return
         sub_id = h.sub_id
         if sub_id is None:
-            self._sub_counter += 1
-            sub_id = f"{self.id}.{self._sub_counter}"
+            sub_id = self.new_sub_id()
         elif len(sub_id.encode()) > MAX_SUB_ID_BYTES or "," in sub_id:
             self.fail(
                 h, Failure.BAD_FRAME, f"sub_id is over {MAX_SUB_ID_BYTES} bytes or has a comma"

@@ -4,99 +4,44 @@ subscriptions, `replace`, and `pause` / `resume`.
 Each form is checked completely (options, topic pattern, filter, bookmark, recorded topic,
 replay plan) before anything changes, so a refused subscribe leaves no trace; then the
 session's `SubscriptionTable` makes the change (server/subscription_table.py has the states).
-`SubscribeCommands` is mixed into `Session` (server/session.py), which provides the attributes
-declared here.
+`SubscribeCommands` is the object a session builds at logon (server/session_caller.py says what
+it is handed); it also takes a queue's acknowledgements (`queue_ack`: `sow_delete` on a queue,
+by bookmarks or a filter, answered once the acknowledgement is durable).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-from typing import Any
+import logging
 
 from protocol.bookmarks import BookmarkSpec, InvalidBookmark, Now, parse_bookmark
-from protocol.filters import FilterError, cached_filter, compile_filter
 from protocol.headers import MAX_SUB_ID_BYTES, Header
-from protocol.options import InvalidOptions, SubscribeOptions, subscribe_options
+from protocol.options import (
+    InvalidOptions,
+    SubscribeOptions,
+    sow_delete_options,
+    subscribe_options,
+)
 from protocol.patterns import PatternError, compile_pattern
 
 from .conflation import LiveConflation
 from .matching import Predicate
-from .outbox import Outbox
 from .queue import Queue
 from .reasons import Failure
 from .replay_plan import Plan
 from .router import is_pattern
-from .services import SessionServices
-from .subscription_table import SubscriptionTable
+from .session_caller import Commands
 from .subscriptions import Subscription, ack_types
 
 __all__ = ["SubscribeCommands"]
 
+log = logging.getLogger("tickertape.connection")
 
-class SubscribeCommands:
-    # provided by Session
-    id: int
-    out: Outbox
-    svc: SessionServices
-    table: SubscriptionTable
-    peer: str
-    user_id: str | None
-    _sub_counter: int
-    _held: list[tuple[Header, Any]] | None
-    hold: Callable[[bool], None]
-    _compiled: tuple[str, Predicate | FilterError] | None
 
-    def fail(self, header: Header, reason: str, detail: str) -> None:
-        raise NotImplementedError
+class SubscribeCommands(Commands):
+    """One logged-on session's `subscribe` in all its forms, and its queue acknowledgements
+    (`sow_delete` on a queue)."""
 
-    def receive(self, frames_in: list[tuple[Header, Any]]) -> None:
-        raise NotImplementedError
-
-    def filter_ready(self, h: Header, body: Any) -> bool:
-        """Whether the command's filter `h.f` can be had now (cached, short, or compiled off
-        the loop for this very command). If not, its compile starts on the server's filter
-        thread, the connection stops reading and its frames wait (as behind a logon), and the
-        command is handled again when the compile is done: a large filter never stalls the
-        event loop, and one connection has at most one compile under way."""
-        done = self._compiled
-        if done is not None and done[0] == h.f:
-            return True
-        try:
-            if cached_filter(h.f or "") is not None:
-                return True
-        except FilterError:
-            return True  # refused by the command, at once
-        self._held = []
-        self.hold(True)
-        self.svc.compile_later(h.f or "", partial(self._filter_compiled, h, body))
-        return False
-
-    def _filter_compiled(self, h: Header, body: Any, result: Predicate | FilterError) -> None:
-        held, self._held = self._held, None
-        if self.out.closing:
-            return
-        self._compiled = (h.f or "", result)
-        self.hold(False)
-        self.receive([(h, body), *(held or ())])
-        self.out.flush()
-
-    def compiled_filter(self, h: Header) -> Predicate | None:
-        """The command's filter `h.f` compiled (from filter_ready's compile, if it made one);
-        refused with `bad filter` (and None) when it does not compile."""
-        done, self._compiled = self._compiled, None
-        try:
-            if done is not None and done[0] == h.f:
-                if isinstance(done[1], FilterError):
-                    raise done[1]
-                return done[1]
-            return compile_filter(h.f or "")
-        except FilterError as exc:
-            self.fail(h, Failure.BAD_FILTER, str(exc))
-            return None
-
-    def not_entitled(self, h: Header, right: str, topic: str) -> None:
-        raise NotImplementedError
+    __slots__ = ()
 
     def cmd_subscribe(self, h: Header, body: bytes) -> None:
         if h.f and not self.filter_ready(h, body):
@@ -120,8 +65,7 @@ class SubscribeCommands:
             return
         sub_id = h.sub_id
         if sub_id is None:
-            self._sub_counter += 1
-            sub_id = f"{self.id}.{self._sub_counter}"
+            sub_id = self.new_sub_id()
         existing = table.get(sub_id)
         if existing is None and not self._room_for_subscription(h, sub_id):
             return
@@ -320,3 +264,109 @@ class SubscribeCommands:
             table.pause(subs)
         if "processed" in acks:
             self.out.send_ack("processed", h.cid, sub_id=h.sub_id)
+
+    # -- queue acknowledgements ---------------------------------------------------------------------
+
+    def queue_ack(self, h: Header, q: Queue) -> None:
+        """`sow_delete` on a queue: acknowledge (or cancel, expire, extend) leased messages by
+        bookmarks (the normal, batched case) or a filter; the reply waits until the
+        acknowledgement is durable."""
+        ent = self._ent
+        if ent is not None and not ent.check(
+            self.peer, self.user_id or "", "consume", q.name, "sow_delete"
+        ):
+            self.not_entitled(h, "consume", q.name)
+            return
+        try:
+            opts = sow_delete_options(h.o)
+        except InvalidOptions as exc:
+            self.fail(h, Failure.INVALID_OPTIONS, str(exc))
+            return
+        if h.bm:
+            try:
+                bms = q.normalize_bookmarks(h.bm.split(","))
+            except ValueError as exc:
+                self.fail(
+                    h,
+                    Failure.INVALID_BOOKMARK,
+                    f"{exc.args[0]!r} is not a bookmark (publisher|seq|)",
+                )
+                return
+            n, refused = q.ack(
+                self.table,
+                bms,
+                cancel=opts.cancel,
+                expire=opts.expire,
+                extend=opts.lease_extend,
+                visible=self._queue_view(q, None),
+            )
+        elif h.f:
+            f = self.compiled_filter(h)
+            if f is None:
+                return
+            n, refused = q.ack_filter(
+                self.table,
+                self._queue_view(q, f) or f,
+                cancel=opts.cancel,
+                expire=opts.expire,
+                extend=opts.lease_extend,
+            )
+        else:
+            self.fail(
+                h,
+                Failure.INVALID_OPTIONS,
+                "sow_delete on a queue needs bm (bookmarks) or f (a filter)",
+            )
+            return
+        acks = [a.strip() for a in (h.a or "").split(",") if a.strip()]
+        if not acks:
+            return
+        if refused:
+            log.warning(
+                "%s: sow_delete on %s refused for %d: %s",
+                self.describe(),
+                q.name,
+                len(refused),
+                refused[0],
+            )
+        out = self.out
+
+        def reply(err: BaseException | None) -> None:
+            if out.closing:
+                return
+            for kind in acks:
+                if err is not None:
+                    out.send_ack(
+                        kind,
+                        h.cid,
+                        "failure",
+                        getattr(err, "reason", Failure.JOURNAL_UNAVAILABLE),
+                        detail=str(err),
+                    )
+                elif refused:
+                    out.send_ack(
+                        kind,
+                        h.cid,
+                        "failure",
+                        Failure.NOT_ENTITLED,
+                        detail="; ".join(refused[:5]),
+                        records_deleted=n,
+                    )
+                else:
+                    out.send_ack(kind, h.cid, records_deleted=n)
+            out.flush()
+
+        self.svc.pipeline.after_commit(reply)  # acked only once the acknowledgement is durable
+
+    def _queue_view(self, q: Queue, own: Predicate | None) -> Predicate | None:
+        """What a sow_delete of this user may act on in `q`: `own` (a filter, None: anything)
+        AND the user's content entitlement on the queue and its topic, the filter a queue
+        subscription of this user reads through. A user acks, cancels or expires only what it
+        could be delivered."""
+        if self._ent is None:
+            return own
+        grant = self.svc.guard.grant(
+            self.peer, self.user_id, "consume", q.name, False, own, "sow_delete",
+            also=(q.spec.underlying_topic,),
+        )  # fmt: skip
+        return own if grant is None else grant.filter

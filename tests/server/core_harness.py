@@ -21,6 +21,7 @@ from protocol.headers import Header
 from server.core import build_core
 from server.guard import build_guard
 from server.outbox import Outbox
+from server.pipeline_check import CommitChecks
 from server.session import Session
 from tests.support.proc import make_config
 
@@ -156,6 +157,8 @@ class Core:
             self.backlog.append,
             instance="core",
         )
+        # every core test also checks the commit order's invariants (server/pipeline_check.py)
+        self.core.pipeline.checks = CommitChecks()
         self.counters, self.fanout, self.pipeline = (
             self.core.counters,
             self.core.fanout,

@@ -13,6 +13,7 @@ from server import frames
 from server.fanout import Fanout
 from server.outbox import Outbox
 from server.pipeline import ABOVE_GAP, DUPLICATE, STORED, Pipeline
+from server.pipeline_check import CommitChecks
 from server.router import Router
 from server.subscriptions import Subscription, SubState
 from tests.server.core_harness import FakeTransport, split_frames
@@ -69,7 +70,7 @@ async def _settle(p: Pipeline) -> None:
 
 
 def make_pipeline(journal, backlog=None, **kw) -> Pipeline:
-    return Pipeline(
+    p = Pipeline(
         journal,
         lambda topic: topic != "scratch",
         asyncio.get_running_loop(),
@@ -77,6 +78,8 @@ def make_pipeline(journal, backlog=None, **kw) -> Pipeline:
         (backlog if backlog is not None else []).append,
         **kw,
     )
+    p.checks = CommitChecks()  # the commit order's invariants, at every step
+    return p
 
 
 async def test_publish_commit_ack_and_delivery(journal):

@@ -204,7 +204,7 @@ async def test_replicate_block_builds_the_batch_replicate_builds(
     try:
         pipes = [make_pipeline(j) for j in journals]
         for p in pipes:
-            p.last_ts = 1 << 60  # one receive time for both (never below the last one)
+            p.seqs.last_ts = 1 << 60  # one receive time for both (never below the last one)
             p.publish(None, 2, 4, "orders", b"here already")
         events: list[list[bytes]] = [[], []]
         for _ in range(30):

@@ -65,15 +65,15 @@ async def test_a_replaced_source_journal_resumes_from_its_start(journal):
     p = make_pipeline(journal)
     r = Receiver("tt-b", p, journal, Guard(), jid=J2)
     assert r._resume_for("tt-a", J1) == 0  # new: nothing yet
-    assert p._repl_meta_pending[REPL_JID + b"tt-a"] == J1.encode()
+    assert p.replication.pending[REPL_JID + b"tt-a"] == J1.encode()
     r.durable_from["tt-a"] = 500
     assert r._resume_for("tt-a", J1) == 500  # the same journal: where it was
     assert r._resume_for("tt-a", None) == 500  # a source that does not say: as before
     assert r._known_jid("tt-a") == J1
     assert r._resume_for("tt-a", J2) == 0  # another journal under that name: from its start
     assert r.durable_from["tt-a"] == 0
-    assert p._repl_meta_pending[REPL_FROM + b"tt-a"] == U64.pack(0)
-    assert p._repl_meta_pending[REPL_JID + b"tt-a"] == J2.encode()
+    assert p.replication.pending[REPL_FROM + b"tt-a"] == U64.pack(0)
+    assert p.replication.pending[REPL_JID + b"tt-a"] == J2.encode()
 
 
 def test_records_from_the_destination_go_back_to_it_below_own_below():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from protocol.headers import Header
 from server.ids import publisher_id
 from server.reasons import Disconnect, Failure
+from server.session_publish import PublishCommands
 from server.subscriptions import SubState
 
 
@@ -60,11 +61,15 @@ async def test_name_in_use(core):
     assert core.services.names["carol"] is second.session
 
 
-async def test_persisted_ack_only_after_the_commit(core):
+async def test_persisted_ack_only_after_the_commit(core, monkeypatch):
     c = core.client("pub")
     acks: list = []
     # when an ack is written, its sequence is in the journal already
-    c.session.persisted = lambda seq: acks.append((seq, [r.seq for r in core.journal.scan()]))
+    monkeypatch.setattr(
+        PublishCommands,
+        "persisted",
+        lambda self, seq: acks.append((seq, [r.seq for r in core.journal.scan()])),
+    )
     c.send("publish", b'{"a":1}', t="orders", s=1, a="persisted")
     c.send("publish", b'{"a":2}', t="orders", s=2, a="persisted")
     await core.settle()
