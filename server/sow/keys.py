@@ -23,10 +23,18 @@ import msgspec
 
 from protocol.filters import compile_path
 
-__all__ = ["MAX_KEY_BYTES", "BadSowKey", "KeyMaker", "check_key", "k_fragment", "key_from_fragment"]
+__all__ = [
+    "K_MEMBER",
+    "MAX_KEY_BYTES",
+    "BadSowKey",
+    "KeyMaker",
+    "check_key",
+    "k_fragment",
+    "key_from_fragment",
+]
 
 MAX_KEY_BYTES = 1024
-_K = b',"k":'
+K_MEMBER = _K = b',"k":'
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.encode
 

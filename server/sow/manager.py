@@ -8,8 +8,16 @@ same LMDB transaction.
   publishes with `,"k":...` in the header fragment; the message is acknowledged `persisted` by
   the journal's rule, as any other.
 - **Commit**: `before_flush` (a pipeline hook, called with the batch about to be committed)
-  notes the batch's SOW messages and deletes; when the batch is durable, `_committed` applies
-  them in journal order in one write transaction that also writes the batch's end position.
+  notes the batch's SOW messages and deletes; when the batch is durable, `_committed` takes
+  them. Plain puts (no delete in the batch, nobody watching the topic for out-of-focus
+  notices or deltas, no `<Expiration>`) are *deferred*: kept latest-per-key in `_deferred`
+  (at most DEFER_RECORDS keys, at most DEFER_SECONDS old) and written by `flush` in one write
+  transaction, in key order, with the position of the last commit they hold. Anything else
+  flushes first, then is applied in journal order in one write transaction that also writes
+  the batch's end position. Every read of the store (a query's snapshot, delta_publish's
+  merge, the expiration tick, `topics`, close) flushes first, so what it reads is the journal
+  up to that point. Per update the loop does one dict store; per key and flush one LMDB put:
+  a stream of updates over a bounded key set costs page writes per flush, not per commit.
   A batch with no SOW work writes nothing, except the position at most once a second (so a
   restart reads little journal). Nothing here runs for an instance without SOW topics.
 - **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
@@ -46,10 +54,11 @@ from ..matching import body_matches
 from ..router import Router
 from .deltas import Deltas
 from .history import Checkpoints, HistoricalReader
+from .keys import K_MEMBER as _K
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .oof import OofNotices, send_notices
 from .records import BY_EXPIRY, BY_FILTER, decode_delete, encode_delete
-from .store import Reader, SowStore, decode_value, encode_value
+from .store import Reader, SowStore, decode_value, encode_value, record_key
 
 __all__ = ["Commits", "SowManager"]
 
@@ -57,6 +66,10 @@ __all__ = ["Commits", "SowManager"]
 log = logging.getLogger("tickertape.sow")
 
 POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
+# deferred puts are written when this many keys wait, or the oldest waited this long (the
+# tick): a bound on the memory they hold and on the journal a restart after a crash reads
+DEFER_RECORDS = 32_768
+DEFER_SECONDS = 0.25
 CATCH_UP_TXN = 4096  # records applied per write transaction during catch-up
 
 
@@ -68,6 +81,7 @@ class Commits(Protocol):
     last_bm: tuple[int, int] | None
     before_flush: list[Callable[[Any], None]]
     batch: Any
+    inflight: Any  # the batches submitted and not yet committed, in commit order
     replicated_delete: Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None
 
     def schedule(self) -> None: ...
@@ -92,8 +106,12 @@ class SowManager(Deltas):
         self.counts: dict[str, int] = {}  # records per topic
         self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
         self._pending_batch: Any = None
-        # (topic, key) -> (pub, seq, body) of publishes accepted and not yet applied (delta)
-        self._recent: dict[tuple[str, str], tuple[int, int, bytes]] = {}
+        # (topic, `k` fragment) -> (position, message row) of committed puts not yet in the
+        # store (the latest per key), and the journal end they bring the store to
+        self._deferred: dict[tuple[str, bytes], tuple[int, tuple[Any, ...]]] = {}
+        self._deferred_end: int | None = None
+        self._deferred_since = 0.0
+        self._seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]] = {}
         self._last_position_write = 0.0
         self.checkpoints: Checkpoints | None = None
         self.oof: OofNotices | None = None  # out-of-focus notices (attach)
@@ -149,6 +167,7 @@ class SowManager(Deltas):
 
     def topics(self) -> list[str]:
         """Topics that hold records now."""
+        self.flush()
         return [t for t, n in self.counts.items() if n > 0]
 
     # -- start -----------------------------------------------------------------------------------
@@ -259,6 +278,9 @@ class SowManager(Deltas):
     def tick(self) -> None:
         """Journal a delete of the records past their topic's <Expiration> (one delete record
         per topic and tick); applied at its commit like any delete."""
+        if self._deferred_end is not None:
+            if time.monotonic() - self._deferred_since >= DEFER_SECONDS:
+                self.flush()
         heap = self._expiry
         if not heap or self.commits is None:
             return
@@ -398,20 +420,17 @@ class SowManager(Deltas):
     def _apply(
         self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
     ) -> None:
-        recent = self._recent
         if err is not None:
-            for m in puts:
-                hdr = m[6]
-                k = key_from_fragment(hdr) if hdr else None
-                if k is not None and recent.get((m[0], k), (0, 0))[:2] == (m[1], m[2]):
-                    del recent[(m[0], k)]
             for *_, reply in deletes:
                 if reply is not None:
                     reply(0, err)
             return
+        base = end - len(batch.data)
+        if not deletes and self._defer(puts, base, end):
+            return
+        self.flush()
         store = self.store
         assert store is not None
-        base = end - len(batch.data)
         work: list[tuple[int, Any]] = [(m[5], m) for m in puts]
         work += [(d[0], d) for d in deletes]
         work.sort(key=lambda w: w[0])
@@ -420,13 +439,7 @@ class SowManager(Deltas):
             for off, item in work:
                 if len(item) == 8:  # a message (topic, pub, seq, ts, body, off, hdr, exp)
                     topic, pub, seq, ts, body, _off, hdr, _exp = item
-                    k = self._put(txn, topic, base + off, pub, seq, ts, hdr, body)
-                    if (
-                        k is not None
-                        and recent
-                        and recent.get((topic, k), (0, 0))[:2] == (pub, seq)
-                    ):
-                        del recent[(topic, k)]  # the store has it now
+                    self._put(txn, topic, base + off, pub, seq, ts, hdr, body)
                 else:
                     _off, topic, form, payload, reply = item
                     n = self._delete(txn, topic, encode_delete(form, payload))
@@ -442,6 +455,73 @@ class SowManager(Deltas):
         if self._replaced_now:
             batch.after.append(partial(self._forget, self._replaced_now))
             self._replaced_now = []
+        if self.checkpoints is not None:
+            self.checkpoints.maybe_make(end, self.window)
+
+    def _defer(self, puts: list[Any], base: int, end: int) -> bool:
+        """Keep a commit's puts for `flush` (True), or say they must be applied now (False):
+        a put whose record someone watches (out-of-focus notices, delta feeds), of a topic
+        with <Expiration>, or without a `k` in its header fragment."""
+        if self.delta_feeds:
+            return False
+        deferred = self._deferred
+        if puts:
+            oof = self.oof
+            watched = oof.watching if oof is not None else None
+            last_topic = None
+            rows = []
+            for m in puts:
+                topic, hdr = m[0], m[6]
+                if topic is not last_topic:
+                    spec = self.spec(topic)
+                    if (watched is not None and watched(topic)) or (spec and spec.expiration):
+                        return False
+                    last_topic = topic
+                i = hdr.rfind(_K)
+                if i < 0:
+                    return False
+                rows.append(((topic, hdr[i:] if i else hdr), (base + m[5], m)))
+            if not deferred:
+                self._deferred_since = time.monotonic()
+            deferred.update(rows)  # in journal order: the last put of a key wins
+        self._deferred_end = end
+        if len(deferred) >= DEFER_RECORDS:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Write the deferred puts and the position they bring the store to, in one write
+        transaction. A failure is logged and costs the store those updates until a restart
+        catches up from the journal (as a failed commit apply does)."""
+        end = self._deferred_end
+        if end is None:
+            return
+        deferred, self._deferred = self._deferred, {}
+        self._deferred_end = None
+        store = self.store
+        assert store is not None
+        by_topic: dict[str, list[tuple[bytes, bytes]]] = {}
+        for (topic, kf), (pos, m) in deferred.items():
+            k = key_from_fragment(kf)
+            assert k is not None  # _defer took only rows with a `k`
+            rows = by_topic.get(topic)
+            if rows is None:
+                rows = by_topic[topic] = []
+            rows.append((record_key(topic, k), encode_value(pos, m[1], m[2], m[3], m[6], m[4])))
+        del deferred
+        try:
+            with store.write() as txn:
+                for topic, rows in by_topic.items():
+                    rows.sort()  # LMDB appends to a page in key order: fewer pages touched
+                    added = store.put_many(txn, rows)
+                    if added:
+                        self.counts[topic] = self.counts.get(topic, 0) + added
+                store.set_position(txn, end)
+        except Exception:
+            log.exception(
+                "SOW store: writing deferred updates failed; queries may lag until restart"
+            )
+            return
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 
@@ -494,6 +574,7 @@ class SowManager(Deltas):
         commits = self.commits
         store = self.store
         assert commits is not None and store is not None
+        self.flush()
         end = commits.delivered_end
         return store.reader(end), end, commits.last_bm
 
@@ -535,5 +616,7 @@ class SowManager(Deltas):
 
     def close(self) -> None:
         if self.store is not None:
+            if self.commits is not None:
+                self.flush()  # a restart then reads no journal for them
             self.store.close()
             self.store = None

@@ -186,6 +186,14 @@ class SowStore:
             raise StoreFull(self.map_size) from None
         return old is not None
 
+    def put_many(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]]) -> int:
+        """Store (record key, value) rows, best in key order; how many were new records."""
+        try:
+            _consumed, added = txn.cursor(db=self._rec).putmulti(rows)
+        except lmdb.MapFullError:
+            raise StoreFull(self.map_size) from None
+        return int(added)
+
     def replace(self, txn: lmdb.Transaction, topic: str, k: str, value: bytes) -> bytes | None:
         """Store a record; the value it replaced, or None."""
         try:
