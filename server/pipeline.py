@@ -67,6 +67,10 @@ HOLD_BYTES = 16 * 1024
 __all__ = ["ABOVE_GAP", "DUPLICATE", "REPL_FROM", "STORED", "Batch", "Pipeline", "Publisher"]
 
 
+def _no_spec(topic: str) -> None:
+    return None
+
+
 def _never(topic: str) -> bool:
     return False
 
@@ -116,6 +120,8 @@ class Pipeline(BatchedIntake, ReplicatedIntake):
         # topics whose publishes need the ordinary path (SOW topics: their key is computed
         # there, server/sow/): the run paths (publish_run, publish_raw) leave them to publish()
         self.keyed: Callable[[str], bool] = _never
+        # a keyed topic's key spec for publish_raw (server/sow/ key_spec), None: not there
+        self.key_spec: Callable[[str], Any] = _no_spec
         # publish_raw(): topic bytes -> topic, for topics stored as they are published
         self._plain_topics: dict[bytes, str] = {}
         self._lone = True  # the last batch flushed held at most one publisher (read_done)

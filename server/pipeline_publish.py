@@ -4,7 +4,8 @@
 Both take a run of plain publishes from one client-sequenced publisher and do what
 `Pipeline.publish` does per message (dedup, receive time, record, batch rows) with the
 bookkeeping (time, highest sequence, acks, schedule) done once per run. `publish_raw` takes the
-frames' bytes straight to journal records in one pass (server/publish_scan.py, C when built);
+frames' bytes straight to journal records in one pass (server/publish_scan.py, C when built),
+the publishes to a SOW topic keyed there too (`key_spec`, from server/sow/);
 `publish_run` takes already decoded (seq, topic, body) items. Whatever either does not take
 (a duplicate, a publisher past a gap, a topic that is not recorded or is mapped, a field a
 record cannot hold) is left for `Pipeline.publish` to answer.
@@ -47,7 +48,8 @@ class BatchedIntake:
     published: int
     scheduled: bool
     _topics: dict[str, tuple[bytes, bytes, bool, bool]]
-    _plain_topics: dict[bytes, str]
+    _plain_topics: dict[bytes, Any]
+    key_spec: Callable[[str], tuple[str, tuple[tuple[bytes, ...], ...], Any] | None]
 
     def topic_info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
         raise NotImplementedError
@@ -145,10 +147,14 @@ class BatchedIntake:
             if unknown is None:
                 return stop, taken
             topic = unknown.decode("ascii")  # plain publishes have ASCII topics
-            stored = literal(topic)
-            if stored != topic or not self.topic_info(topic)[3]:
-                return stop, taken  # mapped, a pattern, not recorded, keyed: the ordinary path
+            if literal(topic) != topic:
+                return stop, taken  # mapped, a pattern: the ordinary path
+            _tb, _tj, recorded, plain = self.topic_info(topic)
+            # a SOW topic whose <Key> the scanner reads: its frames keyed there
+            spec = self.key_spec(topic) if recorded and not plain else None
+            if not plain and spec is None:
+                return stop, taken  # not recorded, keyed by the publisher: the ordinary path
             if len(known) >= TOPIC_CACHE_LIMIT:
                 known.clear()
-            known[unknown] = topic
+            known[unknown] = topic if plain else spec
             pos = stop

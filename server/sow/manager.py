@@ -161,6 +161,16 @@ class SowManager(Deltas):
         assert spec is not None
         return self.maker(spec).key(body, given)
 
+    def key_spec(self, topic: str) -> tuple[str, tuple[tuple[bytes, ...], ...], KeyMaker] | None:
+        """(topic, key paths as member names, KeyMaker) for the publish scanner
+        (server/publish_scan.py) to key the publishes to SOW topic `topic` in the batch; None
+        when its keys are the publisher's `k` or a path has an array index."""
+        spec = self.spec(topic)
+        if spec is None:
+            return None
+        maker = self.maker(spec)
+        return None if maker.steps is None else (topic, maker.steps, maker)
+
     def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
         """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
         return k_fragment(self.key(topic, body, given))
