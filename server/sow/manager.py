@@ -58,6 +58,7 @@ from .keys import K_MEMBER as _K
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .oof import OofNotices, send_notices
 from .records import BY_EXPIRY, BY_FILTER, decode_delete, encode_delete
+from .store import HEAD as _HEAD
 from .store import Reader, SowStore, decode_value, encode_value, record_key
 
 __all__ = ["Commits", "SowManager"]
@@ -510,18 +511,23 @@ class SowManager(Deltas):
         self._deferred_end = None
         store = self.store
         assert store is not None
-        by_topic: dict[str, list[tuple[bytes, bytes]]] = {}
+        by_topic: dict[str, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+        pack = _HEAD.pack
         for (topic, kf), (pos, m) in deferred.items():
-            k = key_from_fragment(kf)
-            assert k is not None  # _defer took only rows with a `k`
-            rows = by_topic.get(topic)
-            if rows is None:
-                rows = by_topic[topic] = []
-            rows.append((record_key(topic, k), encode_value(pos, m[1], m[2], m[3], m[6], m[4])))
+            got = by_topic.get(topic)
+            if got is None:
+                got = by_topic[topic] = (record_key(topic, ""), [])
+            prefix, rows = got
+            if b"\\" in kf:  # an escaped key: decoded, as record_key takes it
+                rk = record_key(topic, key_from_fragment(kf) or "")
+            else:  # `,"k":"<k>"`: the key's UTF-8 as it is
+                rk = prefix + kf[6:-1]
+            hdr = m[6]
+            rows.append((rk, pack(pos, m[1], m[2], m[3], len(hdr)) + hdr + m[4]))
         del deferred
         try:
             with store.write() as txn:
-                for topic, rows in by_topic.items():
+                for topic, (_prefix, rows) in by_topic.items():
                     rows.sort()  # LMDB appends to a page in key order: fewer pages touched
                     added = store.put_many(txn, rows)
                     if added:

@@ -45,7 +45,7 @@ __all__ = ["DEFAULT_MAP_SIZE", "Reader", "SowStore", "StoreFull", "Stored"]
 
 DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
 FORMAT = b"1"
-_HEAD = struct.Struct(">QQQQH")
+HEAD = _HEAD = struct.Struct(">QQQQH")  # a record value's fixed part (below the header fragment)
 _Q = struct.Struct(">Q")
 
 Stored = tuple[int, int, int, int, bytes, bytes]
