@@ -379,6 +379,7 @@ def one_rep(args, r: int) -> dict:
             cpu += got["cpu_us"] * (hi - lo)
         out["sow_rate"], out["sow_cpu"] = n / secs, cpu / n
         out["sow_rss"] = sow.rss_bytes()
+        out["sow_anon"] = anon_bytes(sow)
         q = query(sow, args.timeout)
         if q["records"] != keys:
             raise RuntimeError(f"query all: {q['records']} records, expected {keys}")
@@ -426,7 +427,14 @@ def one_rep(args, r: int) -> dict:
     if args.big_keys:
         out.update(big_store(args, r))
         out["rss_big_ratio"] = out["big_rss"] / out["sow_rss"]
+        out["anon_big_ratio"] = out["big_anon"] / out["sow_anon"]
     return out
+
+
+def anon_bytes(peer) -> int:
+    """The server's anonymous resident memory (its heap: VmRSS less the mapped files, of which
+    the SOW store's LMDB map is one: page cache the kernel can take back)."""
+    return peers.proc_status_kb(peer.pid, "RssAnon") * 1024
 
 
 def big_store(args, r: int) -> dict:
@@ -445,6 +453,7 @@ def big_store(args, r: int) -> dict:
         out["big_rate"] = got["rate"]
         benchlib.settle(0.5)
         out["big_rss"] = big.rss_bytes()
+        out["big_anon"] = anon_bytes(big)
         out["big_restart_s"] = _timed_start(big, True, args.timeout)
         benchlib.settle(0.5)
         out["big_restart_rss"] = big.rss_bytes()
@@ -544,6 +553,7 @@ def main() -> None:
         f"| of which the fold (server log), s | {cell('rebuild_fold_s', '{:.2f}')} |",
         f"| RSS MiB, plain server after publish | {cell('plain_rss', '{:.1f}', mib)} |",
         f"| RSS MiB, SOW server after publish | {cell('sow_rss', '{:.1f}', mib)} |",
+        f"| of which anonymous (heap; the rest is mapped files) | {cell('sow_anon', '{:.1f}', mib)} |",
         f"| RSS MiB, SOW server after restart | {cell('restart_rss', '{:.1f}', mib)} |",
         f"| JetStream KV: last value of {keys:,} keys (last_per_subject), s | "
         f"{cell('js_s', '{:.2f}')} |",
@@ -559,6 +569,9 @@ def main() -> None:
             f"| big store: {b:,} keys published once, msgs/s | {cell('big_rate', '{:,.0f}')} |",
             f"| RSS MiB, big store after publish | {cell('big_rss', '{:.1f}', mib)} |",
             f"| ÷ RSS of the {keys:,}-record server | {cell('rss_big_ratio', '{:.2f}')} |",
+            f"| anonymous RSS MiB, big store | {cell('big_anon', '{:.1f}', mib)} |",
+            f"| ÷ anonymous RSS of the {keys:,}-record server | "
+            f"{cell('anon_big_ratio', '{:.2f}')} |",
             f"| big store restart (clean stop, start), s to listening | "
             f"{cell('big_restart_s', '{:.2f}')} |",
             f"| RSS MiB, big store after restart | {cell('big_restart_rss', '{:.1f}', mib)} |",

@@ -114,12 +114,14 @@ class SowStore:
         self.path = path
         self.map_size = map_size
         self.rebuilt: str | None = None
+        self._counts: dict[str, int] | None = None  # per topic, from the check at open
         try:
             self._open()
             problem = self._check()
         except lmdb.Error as exc:
             problem = f"LMDB cannot read it: {exc}"
         if problem is not None:
+            self._counts = None
             try:
                 self.env.close()
             except Exception:
@@ -148,12 +150,27 @@ class SowStore:
         self._meta = self.env.open_db(b"meta")
 
     def _check(self) -> str | None:
-        """Read everything once, so damage surfaces now and not in a query."""
+        """Read everything once, so damage surfaces now and not in a query; count the records
+        per topic on the way (`topics`)."""
+        counts: dict[str, int] = {}
         with self.env.begin() as txn:
             fmt = txn.get(b"format", db=self._meta)
             count = 0
-            for _ in txn.cursor(db=self._rec).iternext(keys=True, values=True):
+            prefix = b""
+            n = 0
+            for key, _value in txn.cursor(db=self._rec).iternext(keys=True, values=True):
                 count += 1
+                if not key.startswith(prefix) or not prefix:
+                    if prefix:
+                        t = prefix[:-1].decode("utf-8")
+                        counts[t] = counts.get(t, 0) + n
+                    prefix = bytes(key).split(b"\x00", 1)[0] + b"\x00"
+                    n = 0
+                n += 1
+            if prefix:
+                t = prefix[:-1].decode("utf-8")
+                counts[t] = counts.get(t, 0) + n
+        self._counts = counts
         if fmt is None:
             if count:
                 return "the store has records but no format mark"
@@ -222,8 +239,11 @@ class SowStore:
             yield bytes(key[n:]).decode("utf-8"), decode_value(value)
 
     def topics(self) -> dict[str, int]:
-        """Record counts per topic (a full scan: at open)."""
-        counts: dict[str, int] = {}
+        """Record counts per topic (at open: counted by the check, else a full scan)."""
+        if self._counts is not None:
+            counts, self._counts = self._counts, None
+            return counts
+        counts = {}
         with self.env.begin() as txn:
             for key in txn.cursor(db=self._rec).iternext(keys=True, values=False):
                 t = bytes(key).split(b"\x00", 1)[0].decode("utf-8")
@@ -238,6 +258,7 @@ class SowStore:
 
     def clear(self) -> None:
         """Drop every record and the position (a rebuild from the journal's start)."""
+        self._counts = None
         with self.env.begin(write=True) as txn:
             txn.drop(self._rec, delete=False)
             txn.delete(b"position", db=self._meta)
