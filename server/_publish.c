@@ -666,6 +666,96 @@ done:
     return result;
 }
 
+/* store_rows(msgs, base, targets) -> rows written, or -1
+ *     The SOW store's rows (server/sow/store.py: record key topic | 0x00 | key, value u64 BE
+ *     position, publisher, sequence, receive time, u16 BE header fragment length, fragment,
+ *     body) of committed batch rows `msgs` (topic, pub, seq, ts, body, offset, header fragment,
+ *     expiration) whose data starts at journal position `base`, put into the dict of their
+ *     topic: targets[topic] = (record key prefix, dict record key -> value); the latest row of
+ *     a key wins. A row of a topic not in `targets` is skipped. -1 at the first row whose
+ *     fragment is not exactly `,"k":"<key>"` with a key of plain text (no `\`): the rows before
+ *     it are in (the caller applies the whole batch again, in order, the Python way). */
+static PyObject *
+store_rows(PyObject *self, PyObject *args)
+{
+    PyObject *msgs, *targets;
+    Py_ssize_t base;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!nO!", &PyList_Type, &msgs, &base, &PyDict_Type, &targets))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(msgs), done = 0;
+    PyObject *last_topic = NULL, *prefix = NULL, *into = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) < 7)
+            return PyLong_FromLong(-1);
+        PyObject *topic = PyTuple_GET_ITEM(m, 0);
+        if (topic != last_topic) {
+            PyObject *t = PyDict_GetItemWithError(targets, topic);
+            if (t == NULL && PyErr_Occurred())
+                return NULL;
+            last_topic = topic;
+            prefix = into = NULL;
+            if (t != NULL) {
+                if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2 ||
+                    !PyBytes_Check(PyTuple_GET_ITEM(t, 0)) || !PyDict_Check(PyTuple_GET_ITEM(t, 1))) {
+                    PyErr_SetString(PyExc_TypeError, "targets: topic -> (bytes, dict)");
+                    return NULL;
+                }
+                prefix = PyTuple_GET_ITEM(t, 0);
+                into = PyTuple_GET_ITEM(t, 1);
+            }
+        }
+        if (into == NULL)
+            continue;
+        PyObject *body = PyTuple_GET_ITEM(m, 4), *hdr = PyTuple_GET_ITEM(m, 6);
+        if (!PyBytes_Check(body) || !PyBytes_Check(hdr))
+            return PyLong_FromLong(-1);
+        const char *h = PyBytes_AS_STRING(hdr);
+        Py_ssize_t hlen = PyBytes_GET_SIZE(hdr);
+        if (hlen < 8 || hlen > 0xFFFF || memcmp(h, ",\"k\":\"", 6) != 0 || h[hlen - 1] != '"' ||
+            memchr(h + 6, '\\', (size_t)(hlen - 7)) != NULL ||
+            memchr(h + 6, '"', (size_t)(hlen - 7)) != NULL)
+            return PyLong_FromLong(-1);
+        unsigned long long v[4]; /* position, publisher, sequence, receive time */
+        Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 5));
+        if (off == -1 && PyErr_Occurred())
+            return NULL;
+        v[0] = (unsigned long long)(base + off);
+        for (int j = 1; j < 4; j++) {
+            v[j] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(m, j));
+            if (v[j] == (unsigned long long)-1 && PyErr_Occurred())
+                return NULL;
+        }
+        Py_ssize_t plen = PyBytes_GET_SIZE(prefix), klen = hlen - 7, blen = PyBytes_GET_SIZE(body);
+        PyObject *key = PyBytes_FromStringAndSize(NULL, plen + klen);
+        PyObject *val = PyBytes_FromStringAndSize(NULL, 34 + hlen + blen);
+        if (key == NULL || val == NULL) {
+            Py_XDECREF(key);
+            Py_XDECREF(val);
+            return NULL;
+        }
+        char *k = PyBytes_AS_STRING(key);
+        memcpy(k, PyBytes_AS_STRING(prefix), (size_t)plen);
+        memcpy(k + plen, h + 6, (size_t)klen);
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(val);
+        for (int j = 0; j < 4; j++)
+            for (int b = 0; b < 8; b++)
+                o[j * 8 + b] = (unsigned char)(v[j] >> (56 - 8 * b));
+        o[32] = (unsigned char)(hlen >> 8);
+        o[33] = (unsigned char)hlen;
+        memcpy(o + 34, h, (size_t)hlen);
+        memcpy(o + 34 + hlen, PyBytes_AS_STRING(body), (size_t)blen);
+        int bad = PyDict_SetItem(into, key, val);
+        Py_DECREF(key);
+        Py_DECREF(val);
+        if (bad < 0)
+            return NULL;
+        done++;
+    }
+    return PyLong_FromSsize_t(done);
+}
+
 static PyObject *
 configure(PyObject *self, PyObject *args)
 {
@@ -717,6 +807,8 @@ static PyMethodDef methods[] = {
     {"publish_records", publish_records, METH_VARARGS,
      "publish_records(raw, pos, pub, ts, highest, known, base) -> (records, entries, msgs, "
      "stop, highest, asked, unknown); see server/publish_scan.py"},
+    {"store_rows", store_rows, METH_VARARGS,
+     "store_rows(msgs, base, targets) -> rows, or -1; see server/sow/store.py (rows)"},
     {NULL, NULL, 0, NULL},
 };
 

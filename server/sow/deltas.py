@@ -20,7 +20,7 @@ from config.model import SowTopicSpec
 
 from .delta import DeltaFeed
 from .keys import K_MEMBER, KeyMaker, k_fragment
-from .store import SowStore
+from .store import SowStore, decode_value, record_key
 
 __all__ = ["Deltas"]
 
@@ -32,7 +32,7 @@ class Deltas:
     # provided by SowManager
     store: SowStore | None
     commits: Any
-    _deferred: dict[tuple[str, bytes], tuple[int, tuple[Any, ...]]]
+    _deferred: dict[str, tuple[bytes, dict[bytes, bytes]]]
     # id(batch) -> (batch, [messages indexed], (topic, `k` fragment) -> body): `_uncommitted`
     _seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]]
     delta_feeds: int
@@ -56,9 +56,10 @@ class Deltas:
             got = self._uncommitted(commits, topic, kf)
             if got is not None:
                 return got
-        deferred = self._deferred.get((topic, kf))
-        if deferred is not None:
-            return deferred[1][4]  # type: ignore[no-any-return]
+        deferred = self._deferred.get(topic)
+        value = deferred[1].get(record_key(topic, k)) if deferred is not None else None
+        if value is not None:
+            return decode_value(value)[5]
         store = self.store
         if store is None:
             return None

@@ -54,12 +54,10 @@ from ..matching import body_matches
 from ..router import Router
 from .deltas import Deltas
 from .history import Checkpoints, HistoricalReader
-from .keys import K_MEMBER as _K
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .oof import OofNotices, send_notices
 from .records import BY_EXPIRY, BY_FILTER, decode_delete, encode_delete
-from .store import HEAD as _HEAD
-from .store import Reader, SowStore, decode_value, encode_value, record_key
+from .store import Reader, SowStore, decode_value, encode_value, record_key, store_rows
 
 __all__ = ["Commits", "SowManager"]
 
@@ -107,9 +105,9 @@ class SowManager(Deltas):
         self.counts: dict[str, int] = {}  # records per topic
         self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
         self._pending_batch: Any = None
-        # (topic, `k` fragment) -> (position, message row) of committed puts not yet in the
-        # store (the latest per key), and the journal end they bring the store to
-        self._deferred: dict[tuple[str, bytes], tuple[int, tuple[Any, ...]]] = {}
+        # topic -> (record key prefix, record key -> value) of committed puts not yet in the
+        # store (the latest per key: store_rows), and the journal end they bring the store to
+        self._deferred: dict[str, tuple[bytes, dict[bytes, bytes]]] = {}
         self._deferred_end: int | None = None
         self._deferred_since = 0.0
         self._seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]] = {}
@@ -472,31 +470,25 @@ class SowManager(Deltas):
     def _defer(self, puts: list[Any], base: int, end: int) -> bool:
         """Keep a commit's puts for `flush` (True), or say they must be applied now (False):
         a put whose record someone watches (out-of-focus notices, delta feeds), of a topic
-        with <Expiration>, or without a `k` in its header fragment."""
+        with <Expiration>, or with a header fragment other than its `k`."""
         if self.delta_feeds:
             return False
-        deferred = self._deferred
+        targets = self._deferred
         if puts:
             oof = self.oof
             watched = oof.watching if oof is not None else None
-            last_topic = None
-            rows = []
-            for m in puts:
-                topic, hdr = m[0], m[6]
-                if topic is not last_topic:
-                    spec = self.spec(topic)
-                    if (watched is not None and watched(topic)) or (spec and spec.expiration):
-                        return False
-                    last_topic = topic
-                i = hdr.rfind(_K)
-                if i < 0:
+            for topic in {m[0] for m in puts}:
+                spec = self.spec(topic)
+                if spec is None or spec.expiration or (watched is not None and watched(topic)):
                     return False
-                rows.append(((topic, hdr[i:] if i else hdr), (base + m[5], m)))
-            if not deferred:
+                if topic not in targets:
+                    targets[topic] = (record_key(topic, ""), {})
+            if not self._deferred_end:
                 self._deferred_since = time.monotonic()
-            deferred.update(rows)  # in journal order: the last put of a key wins
+            if store_rows(puts, base, targets) < 0:
+                return False  # the rows before the odd one are in: flushed, then all applied
         self._deferred_end = end
-        if len(deferred) >= DEFER_RECORDS:
+        if sum(len(rows) for _prefix, rows in targets.values()) >= DEFER_RECORDS:
             self.flush()
         return True
 
@@ -507,29 +499,17 @@ class SowManager(Deltas):
         end = self._deferred_end
         if end is None:
             return
-        deferred, self._deferred = self._deferred, {}
+        targets, self._deferred = self._deferred, {}
         self._deferred_end = None
         store = self.store
         assert store is not None
-        by_topic: dict[str, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
-        pack = _HEAD.pack
-        for (topic, kf), (pos, m) in deferred.items():
-            got = by_topic.get(topic)
-            if got is None:
-                got = by_topic[topic] = (record_key(topic, ""), [])
-            prefix, rows = got
-            if b"\\" in kf:  # an escaped key: decoded, as record_key takes it
-                rk = record_key(topic, key_from_fragment(kf) or "")
-            else:  # `,"k":"<k>"`: the key's UTF-8 as it is
-                rk = prefix + kf[6:-1]
-            hdr = m[6]
-            rows.append((rk, pack(pos, m[1], m[2], m[3], len(hdr)) + hdr + m[4]))
-        del deferred
         try:
             with store.write() as txn:
-                for topic, (_prefix, rows) in by_topic.items():
-                    rows.sort()  # LMDB appends to a page in key order: fewer pages touched
-                    added = store.put_many(txn, rows)
+                for topic, (_prefix, rows) in targets.items():
+                    if not rows:
+                        continue
+                    # in key order: LMDB fills each page it touches once
+                    added = store.put_many(txn, sorted(rows.items()))
                     if added:
                         self.counts[topic] = self.counts.get(topic, 0) + added
                 store.set_position(txn, end)

@@ -23,6 +23,10 @@ offset size  field
 34+H   ...   body
 ```
 
+`store_rows` turns committed batch rows (server/pipeline.py's Batch.msgs) into record keys and
+values in one call: in C in server/_publish.c (built with the publish scanner, whose rows these
+are), `store_rows_py` the reference and the fallback.
+
 `apply` writes one batch of changes and the new position in one write transaction, so the
 position on disk always describes the records on disk. Reads open their own read transaction
 (`reader`): a snapshot that later writes never change, and that never blocks them.
@@ -38,10 +42,21 @@ import os
 import struct
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import lmdb
 
-__all__ = ["DEFAULT_MAP_SIZE", "Reader", "SowStore", "StoreFull", "Stored"]
+from journal.accelerators import load
+
+__all__ = [
+    "DEFAULT_MAP_SIZE",
+    "Reader",
+    "SowStore",
+    "StoreFull",
+    "Stored",
+    "store_rows",
+    "store_rows_py",
+]
 
 DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
 FORMAT = b"1"
@@ -72,6 +87,44 @@ def decode_value(v: bytes | memoryview) -> Stored:
 
 def record_key(topic: str, k: str) -> bytes:
     return topic.encode("utf-8") + b"\x00" + k.encode("utf-8")
+
+
+_K_OPEN = b',"k":"'
+
+
+def store_rows_py(
+    msgs: list[tuple[Any, ...]], base: int, targets: dict[str, tuple[bytes, dict[bytes, bytes]]]
+) -> int:
+    """Put the rows of batch rows `msgs` (topic, pub, seq, ts, body, offset, header fragment,
+    expiration; their data at journal position `base`) into their topic's dict:
+    targets[topic] = (record_key(topic, ""), {record key: value}), the latest of a key
+    winning; rows of other topics are skipped. Returns how many were put, or -1 at the first
+    whose fragment is not exactly `,"k":"<key>"` with a key of plain text (the rows before
+    it are in)."""
+    done = 0
+    for m in msgs:
+        t = targets.get(m[0])
+        if t is None:
+            continue
+        hdr = m[6]
+        k = hdr[6:-1]
+        if (
+            len(hdr) < 8
+            or len(hdr) > 0xFFFF
+            or not hdr.startswith(_K_OPEN)
+            or hdr[-1:] != b'"'
+            or b"\\" in k
+            or b'"' in k
+        ):
+            return -1
+        body = m[4]
+        t[1][t[0] + k] = _HEAD.pack(base + m[5], m[1], m[2], m[3], len(hdr)) + hdr + body
+        done += 1
+    return done
+
+
+_c = load("server._publish")  # the publish scanner's module (None: no compiler at install)
+store_rows = _c.store_rows if _c is not None else store_rows_py
 
 
 class Reader:
