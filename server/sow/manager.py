@@ -391,8 +391,11 @@ class SowManager(Deltas):
 
     def before_flush(self, batch: Any) -> None:
         """The batch is about to be committed: note its SOW messages and deletes."""
-        is_sow = self.is_sow
-        puts = [m for m in batch.msgs if m[5] >= 0 and is_sow(m[0])]
+        msgs = batch.msgs
+        # per topic, not per message: a batch is mostly a few topics' runs
+        topics = {m[0] for m in msgs} if msgs else set()
+        sow = {t for t in topics if self.is_sow(t)}  # recorded: their messages have offsets
+        puts = (msgs if sow == topics else [m for m in msgs if m[0] in sow]) if sow else []
         deletes: list[tuple[int, str, bytes, str, Reply | None]] = []
         if self._pending:
             deletes, self._pending = self._pending, []
@@ -407,16 +410,22 @@ class SowManager(Deltas):
             if now - self._last_position_write < POSITION_EVERY or not batch.data:
                 return
         self._last_position_write = now
-        batch.durable.append(partial(self._committed, batch, puts, deletes))
+        batch.durable.append(partial(self._committed, batch, puts, sow, deletes))
 
     def _committed(
-        self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
+        self,
+        batch: Any,
+        puts: list[Any],
+        topics: set[str],
+        deletes: list[Any],
+        end: int,
+        err: BaseException | None,
     ) -> None:
         """The batch is durable (err None) or failed: apply it. A failure here is logged and
         costs the store its live updates until a restart catches up from the journal; it
         never reaches the pipeline, whose acks and deliveries of this batch come next."""
         try:
-            self._apply(batch, puts, deletes, end, err)
+            self._apply(batch, puts, topics, deletes, end, err)
         except Exception as exc:
             log.exception("SOW store: applying a commit failed; queries may lag until restart")
             for *_, reply in deletes:
@@ -427,7 +436,13 @@ class SowManager(Deltas):
                         log.exception("SOW delete reply failed")
 
     def _apply(
-        self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
+        self,
+        batch: Any,
+        puts: list[Any],
+        topics: set[str],
+        deletes: list[Any],
+        end: int,
+        err: BaseException | None,
     ) -> None:
         if err is not None:
             for *_, reply in deletes:
@@ -435,7 +450,7 @@ class SowManager(Deltas):
                     reply(0, err)
             return
         base = end - len(batch.data)
-        if not deletes and self._defer(puts, base, end):
+        if not deletes and self._defer(puts, topics, base, end):
             return
         self.flush()
         store = self.store
@@ -467,7 +482,7 @@ class SowManager(Deltas):
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 
-    def _defer(self, puts: list[Any], base: int, end: int) -> bool:
+    def _defer(self, puts: list[Any], topics: set[str], base: int, end: int) -> bool:
         """Keep a commit's puts for `flush` (True), or say they must be applied now (False):
         a put whose record someone watches (out-of-focus notices, delta feeds), of a topic
         with <Expiration>, or with a header fragment other than its `k`."""
@@ -477,7 +492,7 @@ class SowManager(Deltas):
         if puts:
             oof = self.oof
             watched = oof.watching if oof is not None else None
-            for topic in {m[0] for m in puts}:
+            for topic in topics:
                 spec = self.spec(topic)
                 if spec is None or spec.expiration or (watched is not None and watched(topic)):
                     return False
