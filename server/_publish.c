@@ -20,6 +20,12 @@
  *     there is for the Python path); highest: the last sequence taken (`highest` if none);
  *     asked: whether a taken frame had a="persisted"; unknown: the topic at `stop` when it
  *     stopped only because that topic is not in `known`, else None.
+ *     A SOW topic's value in `known` is (topic, key paths, maker): its frames are also keyed
+ *     here (key_fragment, below) and their records and rows carry `,"k":"<key>"` (flag 2).
+ *
+ * store_rows(msgs, base, targets) -> rows put, or -1
+ *     Committed rows of SOW topics to the SOW store's record keys and values (the C twin of
+ *     server/sow/store.py's store_rows_py, which owns that format).
  *
  * Why C: per message the Python path builds a Header, a (header, body) tuple, runs the field
  * checks, packs and crc's the record and concatenates it: most of the server's CPU under a

@@ -110,6 +110,7 @@ class SowManager(Deltas):
         self._deferred: dict[str, tuple[bytes, dict[bytes, bytes]]] = {}
         self._deferred_end: int | None = None
         self._deferred_since = 0.0
+        self._recount: set[str] = set()  # topics whose record count changed since the last write
         self._seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]] = {}
         self._last_position_write = 0.0
         self.checkpoints: Checkpoints | None = None
@@ -207,7 +208,10 @@ class SowManager(Deltas):
             self.rebuilt = why
             log.warning("SOW store rebuilt from the journal's start (%d): %s", start, why)
         assert position is not None
+        kept = store.counts_kept
         self.counts = store.topics()
+        if not kept:
+            self._recount = set(self.counts)  # counted by a scan: kept from the next write on
         self.checkpoints = Checkpoints(
             os.path.join(journal.directory, "sow-checkpoints"),
             lambda: self.store.env if self.store is not None else None,
@@ -248,11 +252,13 @@ class SowManager(Deltas):
                     if n % CATCH_UP_TXN == 0:
                         # the record at `pos` is applied: a restart re-applies it, which
                         # changes nothing (a put of the same value, a delete of what is gone)
-                        store.set_position(txn, pos)
+                        store.set_position(txn, pos, self._changed_counts())
                         txn.commit()
+                        self._recount.clear()
                         txn = store.write()
-            store.set_position(txn, end)
+            store.set_position(txn, end, self._changed_counts())
             txn.commit()
+            self._recount.clear()
         except BaseException:
             txn.abort()
             raise
@@ -345,6 +351,7 @@ class SowManager(Deltas):
             replaced = store.put(txn, topic, k, value)
         if not replaced:
             self.counts[topic] = self.counts.get(topic, 0) + 1
+            self._recount.add(topic)
         if self._expiring and self.commits is not None:
             self._note_expiry(topic, k, pos, ts)
         return k
@@ -378,6 +385,7 @@ class SowManager(Deltas):
                 n += 1
         if n:
             self.counts[topic] = self.counts.get(topic, 0) - n
+            self._recount.add(topic)
         return n
 
     # -- live: the pipeline's commits ------------------------------------------------------------
@@ -471,7 +479,8 @@ class SowManager(Deltas):
                         continue
                     if reply is not None:
                         replies.append((reply, n))
-            store.set_position(txn, end)
+            store.set_position(txn, end, self._changed_counts())
+        self._recount.clear()
         for reply, n in replies:
             reply(n, None)
         if self.oof is not None and self.oof.pending:
@@ -507,6 +516,11 @@ class SowManager(Deltas):
             self.flush()
         return True
 
+    def _changed_counts(self) -> dict[str, int]:
+        """The counts to write with the position: the topics whose count changed since the
+        last write that committed (`_recount` is cleared after each commit)."""
+        return {t: self.counts.get(t, 0) for t in self._recount}
+
     def flush(self) -> None:
         """Write the deferred puts and the position they bring the store to, in one write
         transaction. A failure is logged and costs the store those updates until a restart
@@ -527,12 +541,14 @@ class SowManager(Deltas):
                     added = store.put_many(txn, sorted(rows.items()))
                     if added:
                         self.counts[topic] = self.counts.get(topic, 0) + added
-                store.set_position(txn, end)
+                        self._recount.add(topic)
+                store.set_position(txn, end, self._changed_counts())
         except Exception:
             log.exception(
                 "SOW store: writing deferred updates failed; queries may lag until restart"
             )
             return
+        self._recount.clear()
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 

@@ -8,7 +8,10 @@ Databases (topic and key as UTF-8; integers big-endian):
 
 - `rec`:  topic | 0x00 | key  ->  value (below): the latest message of each record
 - `meta`: b"position" -> u64: the journal position the store reflects (every record before it
-          is applied, none after it); b"format" -> b"1"
+          is applied, none after it); b"format" -> b"1"; b"count" | 0x00 | topic -> u64: the
+          records of the topic, written with the position; b"counts" -> b"1" when every
+          topic's count is there (a store written before counts were kept has none: counted
+          by a scan at open, then kept)
 
 Record value:
 
@@ -62,6 +65,8 @@ DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
 FORMAT = b"1"
 HEAD = _HEAD = struct.Struct(">QQQQH")  # a record value's fixed part (below the header fragment)
 _Q = struct.Struct(">Q")
+COUNTS_KEPT = b"counts"  # b"1": meta holds every topic's record count (count\0<topic>)
+_COUNT = b"count\x00"
 
 Stored = tuple[int, int, int, int, bytes, bytes]
 """(position, publisher id, seq, receive time µs, header fragment, body) of a record."""
@@ -203,27 +208,24 @@ class SowStore:
         self._meta = self.env.open_db(b"meta")
 
     def _check(self) -> str | None:
-        """Read everything once, so damage surfaces now and not in a query; count the records
-        per topic on the way (`topics`)."""
-        counts: dict[str, int] = {}
+        """Read every page once (LMDB's compacting copy to /dev/null walks the whole tree in
+        C), so damage surfaces now and not in a query; take the record counts per topic
+        (`topics`) from `meta`, or count them when this store does not keep them."""
+        with open(os.devnull, "wb") as sink:
+            self.env.copyfd(sink.fileno(), compact=True)
         with self.env.begin() as txn:
             fmt = txn.get(b"format", db=self._meta)
-            count = 0
-            prefix = b""
-            n = 0
-            for key, _value in txn.cursor(db=self._rec).iternext(keys=True, values=True):
-                count += 1
-                if not key.startswith(prefix) or not prefix:
-                    if prefix:
-                        t = prefix[:-1].decode("utf-8")
-                        counts[t] = counts.get(t, 0) + n
-                    prefix = bytes(key).split(b"\x00", 1)[0] + b"\x00"
-                    n = 0
-                n += 1
-            if prefix:
-                t = prefix[:-1].decode("utf-8")
-                counts[t] = counts.get(t, 0) + n
-        self._counts = counts
+            count = txn.stat(self._rec)["entries"]
+            if txn.get(COUNTS_KEPT, db=self._meta) == b"1":
+                counts = {}
+                cur = txn.cursor(db=self._meta)
+                if cur.set_range(_COUNT):
+                    for key, value in cur:
+                        if not key.startswith(_COUNT):
+                            break
+                        if _Q.unpack(value)[0]:
+                            counts[key[len(_COUNT) :].decode("utf-8")] = _Q.unpack(value)[0]
+                self._counts = counts
         if fmt is None:
             if count:
                 return "the store has records but no format mark"
@@ -233,6 +235,12 @@ class SowStore:
         if bytes(fmt) != FORMAT:
             return f"unknown store format {bytes(fmt)!r} (this version writes {FORMAT!r})"
         return None
+
+    @property
+    def counts_kept(self) -> bool:
+        """Whether `meta` holds the record counts (a store of an older version does not)."""
+        with self.env.begin() as txn:
+            return txn.get(COUNTS_KEPT, db=self._meta) == b"1"
 
     @property
     def position(self) -> int | None:
@@ -292,7 +300,7 @@ class SowStore:
             yield bytes(key[n:]).decode("utf-8"), decode_value(value)
 
     def topics(self) -> dict[str, int]:
-        """Record counts per topic (at open: counted by the check, else a full scan)."""
+        """Record counts per topic (at open: from `meta` when kept there, else a full scan)."""
         if self._counts is not None:
             counts, self._counts = self._counts, None
             return counts
@@ -303,9 +311,17 @@ class SowStore:
                 counts[t] = counts.get(t, 0) + 1
         return counts
 
-    def set_position(self, txn: lmdb.Transaction, position: int) -> None:
+    def set_position(
+        self, txn: lmdb.Transaction, position: int, counts: dict[str, int] | None = None
+    ) -> None:
+        """Write the position the store reflects, and the record counts of the topics in
+        `counts` (those that changed: the store then keeps every topic's count)."""
         try:
             txn.put(b"position", _Q.pack(position), db=self._meta)
+            if counts is not None:
+                for topic, n in counts.items():
+                    txn.put(_COUNT + topic.encode("utf-8"), _Q.pack(max(n, 0)), db=self._meta)
+                txn.put(COUNTS_KEPT, b"1", db=self._meta)
         except lmdb.MapFullError:
             raise StoreFull(self.map_size) from None
 
@@ -315,6 +331,12 @@ class SowStore:
         with self.env.begin(write=True) as txn:
             txn.drop(self._rec, delete=False)
             txn.delete(b"position", db=self._meta)
+            cur = txn.cursor(db=self._meta)
+            if cur.set_range(_COUNT):
+                while cur.key().startswith(_COUNT):
+                    if not cur.delete():
+                        break
+            txn.put(COUNTS_KEPT, b"1", db=self._meta)  # zero records, all counted
 
     def close(self) -> None:
         self.env.close()

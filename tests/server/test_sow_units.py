@@ -91,6 +91,30 @@ def test_the_store_across_a_reopen(tmp_path):
     s.close()
 
 
+def test_record_counts_are_kept_with_the_position(tmp_path):
+    """A store written with counts opens without counting; one without them (an older
+    version's) is counted by a scan; a cleared store counts nothing."""
+    path = str(tmp_path / "sow")
+    s = SowStore(path)
+    v = encode_value(1, 1, 1, 1, b',"k":"a"', b"{}")
+    with s.write() as txn:
+        for k in "abc":
+            s.put(txn, "t", k, v)
+        s.put(txn, "u", "a", v)
+        s.set_position(txn, 10)  # no counts: as an older version wrote
+    s.close()
+    s = SowStore(path)
+    assert not s.counts_kept and s.topics() == {"t": 3, "u": 1}
+    with s.write() as txn:
+        s.set_position(txn, 20, {"t": 7, "u": 0})  # what the manager says, not a recount
+    s.close()
+    s = SowStore(path)
+    assert s.counts_kept and s.topics() == {"t": 7}
+    s.clear()
+    assert s.counts_kept and s.topics() == {}
+    s.close()
+
+
 def test_an_unreadable_store_is_moved_aside(tmp_path):
     path = str(tmp_path / "sow")
     SowStore(path).close()
