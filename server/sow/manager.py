@@ -10,21 +10,18 @@ same LMDB transaction.
 - **Commit**: `before_flush` (a pipeline hook, called with the batch about to be committed)
   notes the batch's SOW messages and deletes; when the batch is durable, `_committed` takes
   them. Plain puts (no delete in the batch, nobody watching the topic for out-of-focus
-  notices or deltas, no `<Expiration>`) are *deferred*: kept latest-per-key in `_deferred`
-  (at most DEFER_RECORDS keys, at most DEFER_SECONDS old) and written by `flush` in one write
-  transaction, in key order, with the position of the last commit they hold. Anything else
-  flushes first, then is applied in journal order in one write transaction that also writes
-  the batch's end position. Every read of the store (a query's snapshot, delta_publish's
-  merge, the expiration tick, `topics`, close) flushes first, so what it reads is the journal
-  up to that point. Per update the loop does one dict store; per key and flush one LMDB put:
-  a stream of updates over a bounded key set costs page writes per flush, not per commit.
+  notices or deltas, no `<Expiration>`) are *held* as the latest row per key and written by
+  `flush` (server/sow/held.py). Anything else flushes first, then is applied in journal order
+  in one write transaction that also writes the batch's end position. Every read of the store
+  (a query's snapshot, delta_publish's merge, the expiration tick, `topics`, close) flushes
+  first, so what it reads is the journal up to that point.
   A batch with no SOW work writes nothing, except the position at most once a second (so a
   restart reads little journal). Nothing here runs for an instance without SOW topics.
 - **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
   once, so it keeps its place among the publishes around it; it is applied at its commit, and
   its reply (with `records_deleted`) goes out then.
 - **Start** (`recover`, off the loop, before connections): from the position the store
-  reflects to the journal's end, the same fold. A store missing, unreadable, ahead of the
+  reflects to the journal's end, the same fold (held rows, server/sow/held.py). A store missing, unreadable, ahead of the
   journal, or behind the journal's start is rebuilt from the journal's start, and the log says
   why.
 - **Consistency point**: between two loop callbacks the store reflects exactly the journal up
@@ -46,18 +43,19 @@ from typing import Any, Protocol
 
 from config.model import Config, SowTopicSpec
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
+from journal.record import KIND_SOW_DELETE, encode_record
 from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, Timestamp
 from protocol.filters import FilterError, compile_filter
 
 from ..matching import body_matches
 from ..router import Router
 from .deltas import Deltas
+from .held import DEFER_SECONDS, HeldWrites
 from .history import Checkpoints, HistoricalReader
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .oof import OofNotices, send_notices
 from .records import BY_EXPIRY, BY_FILTER, decode_delete, encode_delete
-from .store import Reader, SowStore, decode_value, encode_value, record_key, store_rows
+from .store import Reader, SowStore, decode_value, encode_value
 
 __all__ = ["Commits", "SowManager"]
 
@@ -65,11 +63,6 @@ __all__ = ["Commits", "SowManager"]
 log = logging.getLogger("tickertape.sow")
 
 POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
-# deferred puts are written when this many keys wait, or the oldest waited this long (the
-# tick): a bound on the memory they hold and on the journal a restart after a crash reads
-DEFER_RECORDS = 32_768
-DEFER_SECONDS = 0.25
-CATCH_UP_TXN = 4096  # records applied per write transaction during catch-up
 
 
 class Commits(Protocol):
@@ -94,7 +87,7 @@ def _EXPIRED(n: int, err: BaseException | None) -> None:
     """The reply of the deletes `tick` journals for expired records (nobody to answer)."""
 
 
-class SowManager(Deltas):
+class SowManager(Deltas, HeldWrites):
     def __init__(self, config: Config, journal: Journal | None) -> None:
         self.config = config
         self.journal = journal
@@ -230,39 +223,6 @@ class SowManager(Deltas):
             sum(self.counts.values()),
             len(self.counts),
         )
-
-    def _catch_up(self, position: int, end: int) -> int:
-        store = self.store
-        journal = self.journal
-        assert store is not None and journal is not None
-        n = 0
-        txn = store.write()
-        try:
-            for recs in journal.raw_batches(position, end):
-                for pos, kind, pub, seq, ts, tb, body, extra in recs:
-                    n += 1
-                    if kind == KIND_MESSAGE:
-                        topic = tb.decode("utf-8", "replace")
-                        if self.is_sow(topic):
-                            self._put(
-                                txn, topic, pos, pub, seq, ts, extra[1] if extra else b"", body
-                            )
-                    elif kind == KIND_SOW_DELETE:
-                        self._delete(txn, tb.decode("utf-8", "replace"), body)
-                    if n % CATCH_UP_TXN == 0:
-                        # the record at `pos` is applied: a restart re-applies it, which
-                        # changes nothing (a put of the same value, a delete of what is gone)
-                        store.set_position(txn, pos, self._changed_counts())
-                        txn.commit()
-                        self._recount.clear()
-                        txn = store.write()
-            store.set_position(txn, end, self._changed_counts())
-            txn.commit()
-            self._recount.clear()
-        except BaseException:
-            txn.abort()
-            raise
-        return n
 
     # -- expiration -----------------------------------------------------------------------------
 
@@ -488,67 +448,6 @@ class SowManager(Deltas):
         if self._replaced_now:
             batch.after.append(partial(self._forget, self._replaced_now))
             self._replaced_now = []
-        if self.checkpoints is not None:
-            self.checkpoints.maybe_make(end, self.window)
-
-    def _defer(self, puts: list[Any], topics: set[str], base: int, end: int) -> bool:
-        """Keep a commit's puts for `flush` (True), or say they must be applied now (False):
-        a put whose record someone watches (out-of-focus notices, delta feeds), of a topic
-        with <Expiration>, or with a header fragment other than its `k`."""
-        if self.delta_feeds:
-            return False
-        targets = self._deferred
-        if puts:
-            oof = self.oof
-            watched = oof.watching if oof is not None else None
-            for topic in topics:
-                spec = self.spec(topic)
-                if spec is None or spec.expiration or (watched is not None and watched(topic)):
-                    return False
-                if topic not in targets:
-                    targets[topic] = (record_key(topic, ""), {})
-            if not self._deferred_end:
-                self._deferred_since = time.monotonic()
-            if store_rows(puts, base, targets) < 0:
-                return False  # the rows before the odd one are in: flushed, then all applied
-        self._deferred_end = end
-        if sum(len(rows) for _prefix, rows in targets.values()) >= DEFER_RECORDS:
-            self.flush()
-        return True
-
-    def _changed_counts(self) -> dict[str, int]:
-        """The counts to write with the position: the topics whose count changed since the
-        last write that committed (`_recount` is cleared after each commit)."""
-        return {t: self.counts.get(t, 0) for t in self._recount}
-
-    def flush(self) -> None:
-        """Write the deferred puts and the position they bring the store to, in one write
-        transaction. A failure is logged and costs the store those updates until a restart
-        catches up from the journal (as a failed commit apply does)."""
-        end = self._deferred_end
-        if end is None:
-            return
-        targets, self._deferred = self._deferred, {}
-        self._deferred_end = None
-        store = self.store
-        assert store is not None
-        try:
-            with store.write() as txn:
-                for topic, (_prefix, rows) in targets.items():
-                    if not rows:
-                        continue
-                    # in key order: LMDB fills each page it touches once
-                    added = store.put_many(txn, sorted(rows.items()))
-                    if added:
-                        self.counts[topic] = self.counts.get(topic, 0) + added
-                        self._recount.add(topic)
-                store.set_position(txn, end, self._changed_counts())
-        except Exception:
-            log.exception(
-                "SOW store: writing deferred updates failed; queries may lag until restart"
-            )
-            return
-        self._recount.clear()
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 
