@@ -21,9 +21,9 @@ same LMDB transaction.
   once, so it keeps its place among the publishes around it; it is applied at its commit, and
   its reply (with `records_deleted`) goes out then.
 - **Start** (`recover`, off the loop, before connections): from the position the store
-  reflects to the journal's end, the same fold (held rows, server/sow/held.py). A store missing, unreadable, ahead of the
-  journal, or behind the journal's start is rebuilt from the journal's start, and the log says
-  why.
+  reflects to the journal's end, the same fold (held rows, server/sow/held.py). A store
+  missing, unreadable, ahead of the journal, or behind the journal's start is rebuilt from the
+  journal's start, and the log says why.
 - **Consistency point**: between two loop callbacks the store reflects exactly the journal up
   to `Pipeline.delivered_end` (the fold runs inside the commit's completion, before the
   pipeline moves `delivered_end`), so a query's snapshot and that position are one point.
