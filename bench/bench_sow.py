@@ -1,26 +1,33 @@
 """State of the World topics (issue 25): publish into a SOW topic, query it, restart with it.
 
-    ./run bench bench_sow [--count 1000000] [--keys 100000] [--reps 3] [--quick]
+    ./run bench bench_sow [--count 1000000] [--keys 100000] [--reps 3] [--parts 4]
+                          [--big-keys 1000000] [--quick]
 
-Tickertape only so far (the JetStream KV and Redis hash rows of the issue are not written yet:
-see bench/RESULTS.md). Per repetition, fresh servers, rows interleaved:
+Per repetition, fresh servers, one after the other:
 
   plain publish   `--count` persisted publishes of 100 B bodies to a recorded topic (no SOW)
   SOW publish     the same bodies to a SOW topic keyed on /key: `--keys` keys, each updated
                   count/keys times (the body carries `"key":N`, N = seq mod keys); published in
-                  two halves by two publishers, the time between them noted for the historical
-                  query
+                  `--parts` runs, the time between two runs noted for the historical queries
   query all       `sow` of the whole topic (`--keys` records), from the command to `completed`:
                   records/s and server CPU µs per record
   query filtered  `sow` with `/key < keys/10` (a tenth of the records): the same figures, and the
                   CPU ratio to the unfiltered query
-  historical      `sow` with `bm` = the time between the halves (the state then: every key, from
-                  the first half): seconds, records
+  historical      `sow` with `bm` = each time between two runs (the state then: every key):
+                  seconds, and the ratio to the current query (the cost should not grow with
+                  how far back the point is)
   restart         a clean stop and start: seconds to `listening on`, and the store's catch-up
                   from the server log (`SOW store at journal position ...`)
   rebuild         the store directory removed, then a start: the store rebuilt from the whole
                   journal (`--count` records): seconds to `listening on`
-  RSS             server VmRSS after the SOW publish, after the restart, and the plain server's
+  RSS             server VmRSS (and its anonymous part) after the SOW publish, after the
+                  restart, and the plain server's
+  JetStream KV    peer: a KV bucket holding the same latest records, every key's last value
+                  delivered to a push consumer (deliver_policy last_per_subject)
+  Redis           peer: the same records as hashes, HGETALL of each, pipelined 1,000 at a time
+  big store       `--big-keys` keys each published once into a fresh SOW server: RSS against
+                  the `--keys` server's, then a clean restart (seconds to `listening on`) and
+                  a query of all of them
 """
 
 from __future__ import annotations
