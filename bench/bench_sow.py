@@ -1,26 +1,33 @@
 """State of the World topics (issue 25): publish into a SOW topic, query it, restart with it.
 
-    ./run bench bench_sow [--count 1000000] [--keys 100000] [--reps 3] [--quick]
+    ./run bench bench_sow [--count 1000000] [--keys 100000] [--reps 3] [--parts 4]
+                          [--big-keys 1000000] [--quick]
 
-Tickertape only so far (the JetStream KV and Redis hash rows of the issue are not written yet:
-see bench/RESULTS.md). Per repetition, fresh servers, rows interleaved:
+Per repetition, fresh servers, one after the other:
 
   plain publish   `--count` persisted publishes of 100 B bodies to a recorded topic (no SOW)
   SOW publish     the same bodies to a SOW topic keyed on /key: `--keys` keys, each updated
                   count/keys times (the body carries `"key":N`, N = seq mod keys); published in
-                  two halves by two publishers, the time between them noted for the historical
-                  query
+                  `--parts` runs, the time between two runs noted for the historical queries
   query all       `sow` of the whole topic (`--keys` records), from the command to `completed`:
                   records/s and server CPU µs per record
   query filtered  `sow` with `/key < keys/10` (a tenth of the records): the same figures, and the
                   CPU ratio to the unfiltered query
-  historical      `sow` with `bm` = the time between the halves (the state then: every key, from
-                  the first half): seconds, records
+  historical      `sow` with `bm` = each time between two runs (the state then: every key):
+                  seconds, and the ratio to the current query (the cost should not grow with
+                  how far back the point is)
   restart         a clean stop and start: seconds to `listening on`, and the store's catch-up
                   from the server log (`SOW store at journal position ...`)
   rebuild         the store directory removed, then a start: the store rebuilt from the whole
                   journal (`--count` records): seconds to `listening on`
-  RSS             server VmRSS after the SOW publish, after the restart, and the plain server's
+  RSS             server VmRSS (and its anonymous part) after the SOW publish, after the
+                  restart, and the plain server's
+  JetStream KV    peer: a KV bucket holding the same latest records, every key's last value
+                  delivered to a push consumer (deliver_policy last_per_subject)
+  Redis           peer: the same records as hashes, HGETALL of each, pipelined 1,000 at a time
+  big store       `--big-keys` keys each published once into a fresh SOW server: RSS against
+                  the `--keys` server's, then a clean restart (seconds to `listening on`) and
+                  a query of all of them
 """
 
 from __future__ import annotations
@@ -139,6 +146,208 @@ def query(peer, timeout: float, **fields) -> dict:
     raise RuntimeError(f"query did not complete in {timeout}s")
 
 
+def latest_bodies(n: int, keys: int, size: int) -> list[tuple[int, int, bytes]]:
+    """(key, seq, body) of each key's latest message after publishes 1..n (keyed_frames)."""
+    out = []
+    for k in range(min(keys, n)):
+        s = n - ((n - k) % keys)
+        head = b'{"seq":%d,"key":%d,"pad":"' % (s, k)
+        out.append((k, s, head + b"x" * max(0, size - len(head) - 2) + b'"}'))
+    return out
+
+
+class NatsConn:
+    """A raw NATS protocol connection (the peers' setup helpers are one request each)."""
+
+    def __init__(self, peer, timeout: float) -> None:
+        self.s = socket.create_connection((peer.host, peer.port), timeout=timeout)
+        self.buf = bytearray()
+        self.pos = 0
+        self._line()  # INFO
+        self.s.sendall(
+            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
+        )
+
+    def _fill(self) -> None:
+        if self.pos > 1 << 20:
+            del self.buf[: self.pos]
+            self.pos = 0
+        data = self.s.recv(1 << 20)
+        if not data:
+            raise RuntimeError("nats-server closed the connection")
+        self.buf += data
+
+    def _line(self) -> bytes:
+        while True:
+            i = self.buf.find(b"\r\n", self.pos)
+            if i >= 0:
+                line = bytes(self.buf[self.pos : i])
+                self.pos = i + 2
+                return line
+            self._fill()
+
+    def msg(self) -> tuple[int, bytes]:
+        """The next message: (sid, payload); answers PINGs, raises on -ERR."""
+        while True:
+            line = self._line()
+            if line.startswith(b"MSG ") or line.startswith(b"HMSG "):
+                parts = line.split()
+                size = int(parts[-1])
+                while len(self.buf) - self.pos < size + 2:
+                    self._fill()
+                payload = bytes(self.buf[self.pos : self.pos + size])
+                self.pos += size + 2
+                return int(parts[2]), payload
+            if line == b"PING":
+                self.s.sendall(b"PONG\r\n")
+            elif line.startswith(b"-ERR"):
+                raise RuntimeError(f"nats-server: {line.decode(errors='replace')}")
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def jetstream_kv(args, bodies: list[tuple[int, int, bytes]]) -> dict:
+    """A 100k-key KV bucket loaded with the same bodies, then every key's last value delivered
+    to an ephemeral push consumer (deliver_policy last_per_subject, as a KV watch of all keys
+    starts): seconds from the consumer's creation to the last value, server CPU over it."""
+    peer = peers.make_peer("jetstream")
+    try:
+        peer.start(timeout=args.timeout)
+        peer.create_kv("bench")
+        c = NatsConn(peer, args.timeout)
+        c.s.sendall(b"SUB _INBOX.ack 9\r\n")
+        for i in range(0, len(bodies), 1000):
+            chunk = bodies[i : i + 1000]
+            c.s.sendall(
+                b"".join(
+                    b"PUB $KV.bench.k%d _INBOX.ack %d\r\n%s\r\n" % (k, len(b), b)
+                    for k, _s, b in chunk
+                )
+            )
+            for _ in chunk:
+                _sid, ack = c.msg()
+                if b'"error"' in ack:
+                    raise RuntimeError(f"kv put failed: {ack[:200]!r}")
+        c.s.sendall(b"SUB _INBOX.kv 1\r\nSUB _INBOX.create 2\r\n")
+        cfg = json.dumps(
+            {
+                "stream_name": "KV_bench",
+                "config": {
+                    "deliver_subject": "_INBOX.kv",
+                    "deliver_policy": "last_per_subject",
+                    "ack_policy": "none",
+                    "replay_policy": "instant",
+                    "filter_subject": "$KV.bench.>",
+                    "mem_storage": True,
+                    "num_replicas": 1,
+                },
+            }
+        ).encode()
+        cpu0 = peer.cpu_seconds()
+        t0 = time.perf_counter()
+        c.s.sendall(
+            b"PUB $JS.API.CONSUMER.CREATE.KV_bench _INBOX.create %d\r\n%s\r\n" % (len(cfg), cfg)
+        )
+        got = 0
+        while got < len(bodies):
+            sid, payload = c.msg()
+            if sid == 1:
+                got += 1
+            elif b'"error"' in payload:
+                raise RuntimeError(f"consumer create failed: {payload[:300]!r}")
+        secs = time.perf_counter() - t0
+        cpu = peer.cpu_seconds() - cpu0
+        c.close()
+        return {"records": got, "s": secs, "cpu": cpu}
+    finally:
+        peer.cleanup()
+
+
+def _resp_end(buf: bytearray, pos: int) -> int:
+    """The end of the RESP reply at pos in buf, or -1 when it is not all there."""
+    i = buf.find(b"\r\n", pos)
+    if i < 0:
+        return -1
+    t = buf[pos]
+    if t == 0x24:  # $ bulk string
+        n = int(buf[pos + 1 : i])
+        end = i + 2 + max(n, 0) + (2 if n >= 0 else 0)
+        return end if end <= len(buf) else -1
+    if t == 0x2A:  # * array
+        n = int(buf[pos + 1 : i])
+        p = i + 2
+        for _ in range(max(n, 0)):
+            p = _resp_end(buf, p)
+            if p < 0:
+                return -1
+        return p
+    if t == 0x2D:  # - error
+        raise RuntimeError(f"redis: {bytes(buf[pos:i]).decode(errors='replace')}")
+    return i + 2  # + simple string, : integer
+
+
+def _redis_replies(s: socket.socket, buf: bytearray, n: int) -> bytearray:
+    """Read n whole replies; returns what is left after them."""
+    pos = 0
+    while n:
+        end = _resp_end(buf, pos) if pos < len(buf) else -1
+        if end < 0:
+            data = s.recv(1 << 20)
+            if not data:
+                raise RuntimeError("redis-server closed the connection")
+            buf += data
+            continue
+        pos = end
+        n -= 1
+    return buf[pos:]
+
+
+def _resp(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def redis_hashes(args, bodies: list[tuple[int, int, bytes]]) -> dict:
+    """The same records as Redis hashes (h:<key> -> seq, key, pad), then all of them read with
+    HGETALL, pipelined 1,000 at a time on one connection: seconds, server CPU."""
+    peer = peers.make_peer("redis-everysec")
+    try:
+        peer.start(timeout=args.timeout)
+        with socket.create_connection((peer.host, peer.port), timeout=args.timeout) as s:
+            buf = bytearray()
+            for i in range(0, len(bodies), 1000):
+                chunk = bodies[i : i + 1000]
+                s.sendall(
+                    b"".join(
+                        _resp(
+                            b"HSET",
+                            b"h:%d" % k,
+                            b"seq",
+                            b"%d" % sq,
+                            b"key",
+                            b"%d" % k,
+                            b"pad",
+                            b[b.index(b'"pad":"') + 7 : -2],
+                        )
+                        for k, sq, b in chunk
+                    )
+                )
+                buf = _redis_replies(s, buf, len(chunk))
+            cpu0 = peer.cpu_seconds()
+            t0 = time.perf_counter()
+            got = 0
+            for i in range(0, len(bodies), 1000):
+                chunk = bodies[i : i + 1000]
+                s.sendall(b"".join(_resp(b"HGETALL", b"h:%d" % k) for k, _s, _b in chunk))
+                buf = _redis_replies(s, buf, len(chunk))
+                got += len(chunk)
+            secs = time.perf_counter() - t0
+            cpu = peer.cpu_seconds() - cpu0
+        return {"records": got, "s": secs, "cpu": cpu}
+    finally:
+        peer.cleanup()
+
+
 def _timed_start(peer, restart: bool, timeout: float) -> float:
     t0 = time.monotonic()
     if restart:
@@ -150,7 +359,7 @@ def _timed_start(peer, restart: bool, timeout: float) -> float:
 
 def one_rep(args, r: int) -> dict:
     out: dict = {}
-    n, keys = args.count, args.keys
+    n, keys, parts = args.count, args.keys, args.parts
     plain = peers.make_peer("tickertape")
     try:
         plain.start(timeout=args.timeout)
@@ -163,15 +372,21 @@ def one_rep(args, r: int) -> dict:
     sow.extra["config_xml"] = SOW_XML
     try:
         sow.start(timeout=args.timeout)
-        half = n // 2
-        a = publish(sow, SOW_TOPIC, half, args, f"sowa{r}")
-        time.sleep(0.05)
-        mid = int(time.time() * 1e6)
-        time.sleep(0.05)
-        b = publish(sow, SOW_TOPIC, n - half, args, f"sowb{r}", start=half + 1)
-        out["sow_rate"] = n / (half / a["rate"] + (n - half) / b["rate"])
-        out["sow_cpu"] = (a["cpu_us"] * half + b["cpu_us"] * (n - half)) / n
+        # published in `parts` runs, the time between two runs noted: historical query points
+        secs = cpu = 0.0
+        marks = []
+        for i in range(parts):
+            lo, hi = n * i // parts, n * (i + 1) // parts
+            if i:
+                time.sleep(0.05)
+                marks.append((lo, int(time.time() * 1e6)))
+                time.sleep(0.05)
+            got = publish(sow, SOW_TOPIC, hi - lo, args, f"sow{r}.{i}", start=lo + 1)
+            secs += (hi - lo) / got["rate"]
+            cpu += got["cpu_us"] * (hi - lo)
+        out["sow_rate"], out["sow_cpu"] = n / secs, cpu / n
         out["sow_rss"] = sow.rss_bytes()
+        out["sow_anon"] = anon_bytes(sow)
         q = query(sow, args.timeout)
         if q["records"] != keys:
             raise RuntimeError(f"query all: {q['records']} records, expected {keys}")
@@ -182,11 +397,15 @@ def one_rep(args, r: int) -> dict:
             raise RuntimeError(f"filtered: {f['records']} records, expected {keys // 10}")
         out["qf_s"], out["qf_cpu"] = f["s"], f["cpu"]
         out["qf_cpu_ratio"] = f["cpu"] / q["cpu"] if q["cpu"] else None
-        h = query(sow, args.timeout, bm=format_timestamp(mid))
-        expected_then = min(keys, half)
-        if h["records"] != expected_then:
-            raise RuntimeError(f"historical: {h['records']} records, expected {expected_then}")
-        out["hist_s"] = h["s"]
+        for j, (done, mark) in enumerate(marks):
+            h = query(sow, args.timeout, bm=format_timestamp(mark))
+            if h["records"] != min(keys, done):
+                raise RuntimeError(
+                    f"historical: {h['records']} records, expected {min(keys, done)}"
+                )
+            out[f"hist{j}_s"] = h["s"]
+            out[f"hist{j}_ratio"] = h["s"] / q["s"]
+        out["hist_worst_ratio"] = max(out[f"hist{j}_ratio"] for j in range(len(marks)))
         out["restart_s"] = _timed_start(sow, True, args.timeout)
         m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
         out["restart_catchup_s"] = float(m[-1][2]) if m else None
@@ -203,6 +422,54 @@ def one_rep(args, r: int) -> dict:
             raise RuntimeError(f"after the rebuild: {q2['records']} records, expected {keys}")
     finally:
         sow.cleanup()
+    bodies = latest_bodies(n, keys, args.size)
+    if peers.available("jetstream")[0]:
+        js = jetstream_kv(args, bodies)
+        out["js_s"], out["js_cpu_us"] = js["s"], js["cpu"] / js["records"] * 1e6
+        out["q_vs_js"] = js["s"] / out["q_s"]
+    if peers.available("redis-everysec")[0]:
+        rd = redis_hashes(args, bodies)
+        out["redis_s"], out["redis_cpu_us"] = rd["s"], rd["cpu"] / rd["records"] * 1e6
+        out["q_vs_redis"] = rd["s"] / out["q_s"]
+    if args.big_keys:
+        out.update(big_store(args, r))
+        out["rss_big_ratio"] = out["big_rss"] / out["sow_rss"]
+        out["anon_big_ratio"] = out["big_anon"] / out["sow_anon"]
+    return out
+
+
+def anon_bytes(peer) -> int:
+    """The server's anonymous resident memory (its heap: VmRSS less the mapped files, of which
+    the SOW store's LMDB map is one: page cache the kernel can take back)."""
+    return peers.proc_status_kb(peer.pid, "RssAnon") * 1024
+
+
+def big_store(args, r: int) -> dict:
+    """A store of `--big-keys` records (each key published once): RSS after the publish and
+    after a clean restart, and the seconds from the restart to `listening on`."""
+    out = {}
+    big = peers.make_peer("tickertape")
+    big.extra["config_xml"] = SOW_XML
+    try:
+        big.start(timeout=args.timeout)
+        keys, args.keys = args.keys, args.big_keys
+        try:
+            got = publish(big, SOW_TOPIC, args.big_keys, args, f"big{r}")
+        finally:
+            args.keys = keys
+        out["big_rate"] = got["rate"]
+        benchlib.settle(0.5)
+        out["big_rss"] = big.rss_bytes()
+        out["big_anon"] = anon_bytes(big)
+        out["big_restart_s"] = _timed_start(big, True, args.timeout)
+        benchlib.settle(0.5)
+        out["big_restart_rss"] = big.rss_bytes()
+        q = query(big, args.timeout)
+        if q["records"] != args.big_keys:
+            raise RuntimeError(f"big store: {q['records']} records, expected {args.big_keys}")
+        out["big_q_s"] = q["s"]
+    finally:
+        big.cleanup()
     return out
 
 
@@ -213,6 +480,10 @@ def main() -> None:
     p.add_argument("--count", type=int, default=1_000_000, help="publishes (updates)")
     p.add_argument("--keys", type=int, default=100_000, help="SOW keys (records)")
     p.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
+    p.add_argument("--parts", type=int, default=4, help="publish runs (historical points between)")
+    p.add_argument(
+        "--big-keys", type=int, default=1_000_000, help="records of the RSS/restart store (0: skip)"
+    )
     p.add_argument("--window", type=int, default=1000, help="most unacked publishes")
     p.add_argument("--size", type=int, default=100, help="body bytes (JSON)")
     p.add_argument("--timeout", type=float, default=600.0, help="longest step")
@@ -221,6 +492,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.count, args.keys, args.reps = min(args.count, 50_000), min(args.keys, 5_000), 1
+        args.big_keys = min(args.big_keys, 50_000)
     ok, why = peers.available("tickertape")
     if not ok:
         sys.exit(f"tickertape is not runnable: {why}")
@@ -231,9 +503,11 @@ def main() -> None:
             reps.append(m)
             print(
                 f"  rep {r + 1}/{args.reps}: publish plain {m['plain_rate']:,.0f}/s, SOW "
-                f"{m['sow_rate']:,.0f}/s; query all {m['q_s']:.2f}s; filtered {m['qf_s']:.2f}s; "
-                f"historical {m['hist_s']:.2f}s; restart {m['restart_s']:.2f}s; rebuild "
-                f"{m['rebuild_s']:.2f}s",
+                f"{m['sow_rate']:,.0f}/s; query all {m['q_s']:.2f}s (JetStream KV "
+                f"{m.get('js_s', 0):.2f}s, Redis {m.get('redis_s', 0):.2f}s); filtered "
+                f"{m['qf_s']:.2f}s; historical worst {m['hist_worst_ratio']:.2f}x current; "
+                f"restart {m['restart_s']:.2f}s; rebuild {m['rebuild_s']:.2f}s; big store "
+                f"restart {m.get('big_restart_s', 0):.2f}s, RSS {m.get('big_rss', 0) / 2**20:.0f} MiB",
                 flush=True,
             )
         except Exception as e:
@@ -272,20 +546,53 @@ def main() -> None:
         f"| query all, server CPU µs/record | {cell('q_cpu_us', '{:.1f}')} |",
         f"| query `/key < {keys // 10}` ({keys // 10:,} records), s | {cell('qf_s', '{:.2f}')} |",
         f"| filtered ÷ unfiltered server CPU | {cell('qf_cpu_ratio', '{:.2f}')} |",
-        f"| historical query (state at mid-run, {min(keys, n // 2):,} records), s | "
-        f"{cell('hist_s', '{:.2f}')} |",
+    ]
+    for j in range(1, args.parts):
+        at = n * j // args.parts
+        lines.append(
+            f"| historical query at update {at:,} ({min(keys, at):,} records, "
+            f"{n - at:,} updates back), s | {cell(f'hist{j - 1}_s', '{:.2f}')} |"
+        )
+        lines.append(f"| ÷ query all (current) | {cell(f'hist{j - 1}_ratio', '{:.2f}')} |")
+    lines += [
         f"| restart (clean stop, start), s to listening | {cell('restart_s', '{:.2f}')} |",
         f"| store rebuilt from {n:,} journal records, s to listening | {cell('rebuild_s', '{:.2f}')} |",
         f"| of which the fold (server log), s | {cell('rebuild_fold_s', '{:.2f}')} |",
         f"| RSS MiB, plain server after publish | {cell('plain_rss', '{:.1f}', mib)} |",
         f"| RSS MiB, SOW server after publish | {cell('sow_rss', '{:.1f}', mib)} |",
+        f"| of which anonymous (heap; the rest is mapped files) | {cell('sow_anon', '{:.1f}', mib)} |",
         f"| RSS MiB, SOW server after restart | {cell('restart_rss', '{:.1f}', mib)} |",
+        f"| JetStream KV: last value of {keys:,} keys (last_per_subject), s | "
+        f"{cell('js_s', '{:.2f}')} |",
+        f"| JetStream KV, server CPU µs/record | {cell('js_cpu_us', '{:.1f}')} |",
+        f"| query all speed ÷ JetStream KV (time ratio) | {cell('q_vs_js', '{:.2f}')} |",
+        f"| Redis: HGETALL of {keys:,} hashes, pipelined 1,000, s | {cell('redis_s', '{:.2f}')} |",
+        f"| Redis, server CPU µs/record | {cell('redis_cpu_us', '{:.1f}')} |",
+        f"| query all speed ÷ Redis (time ratio) | {cell('q_vs_redis', '{:.2f}')} |",
     ]
+    if args.big_keys:
+        b = args.big_keys
+        lines += [
+            f"| big store: {b:,} keys published once, msgs/s | {cell('big_rate', '{:,.0f}')} |",
+            f"| RSS MiB, big store after publish | {cell('big_rss', '{:.1f}', mib)} |",
+            f"| ÷ RSS of the {keys:,}-record server | {cell('rss_big_ratio', '{:.2f}')} |",
+            f"| anonymous RSS MiB, big store | {cell('big_anon', '{:.1f}', mib)} |",
+            f"| ÷ anonymous RSS of the {keys:,}-record server | "
+            f"{cell('anon_big_ratio', '{:.2f}')} |",
+            f"| big store restart (clean stop, start), s to listening | "
+            f"{cell('big_restart_s', '{:.2f}')} |",
+            f"| RSS MiB, big store after restart | {cell('big_restart_rss', '{:.1f}', mib)} |",
+            f"| query all {b:,} records, s | {cell('big_q_s', '{:.2f}')} |",
+        ]
     notes = [
         f"{n:,} persisted publishes of {args.size} B over {keys:,} keys, window {args.window}; "
         f"median of {len(reps)} repetitions (range in brackets); fresh servers per repetition",
-        "Tickertape only: the JetStream KV (last-per-subject of a 100k-key bucket) and Redis "
-        "(100k hashes, pipelined HGETALL) rows of the issue are not written yet",
+        "peers read the same latest records: JetStream KV = a bucket (stream KV_bench, one "
+        "message per subject) read by an ephemeral push consumer with deliver_policy "
+        "last_per_subject, from its creation to the last value; Redis = hashes h:<key> "
+        "(seq, key, pad), HGETALL pipelined 1,000 at a time; all three read by the same Python "
+        "client process, one connection",
+        "time ratios > 1: Tickertape faster",
         "the machine is shared with other jobs: figures are indicative",
     ]
     if args.quick:

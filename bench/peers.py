@@ -325,6 +325,29 @@ class NatsPeer(Peer):
         if "error" in r:
             raise RuntimeError(f"stream create failed: {r}")
 
+    def create_kv(self, bucket: str) -> None:
+        """A key-value bucket as `nats kv add` makes it (stream KV_<bucket> on $KV.<bucket>.>,
+        one message per subject kept, file storage): the last value per key."""
+        cfg = {
+            "name": f"KV_{bucket}",
+            "subjects": [f"$KV.{bucket}.>"],
+            "storage": "file",
+            "retention": "limits",
+            "discard": "new",
+            "num_replicas": 1,
+            "max_msgs_per_subject": 1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": 0,
+            "allow_rollup_hdrs": True,
+            "deny_delete": True,
+            "allow_direct": True,
+            "duplicate_window": 120_000_000_000,
+        }
+        r = nats_request(self.host, self.port, f"$JS.API.STREAM.CREATE.KV_{bucket}", cfg)
+        if "error" in r:
+            raise RuntimeError(f"kv bucket create failed: {r}")
+
     def create_durable(self, stream: str, durable: str, config: dict) -> None:
         """A durable consumer with this config (durable_name is filled in)."""
         cfg = {"stream_name": stream, "config": dict(config, durable_name=durable)}

@@ -21,6 +21,13 @@
  *     there is for the Python path); highest: the last sequence taken (`highest` if none);
  *     asked: whether a taken frame had a="persisted"; unknown: the topic at `stop` when it
  *     stopped only because that topic is not in `known`, else None.
+ *     A SOW topic's value in `known` is (topic, key paths, maker): its frames are also keyed
+ *     here (key_fragment, in server/_sowkey.h) and their records and rows carry the header
+ *     fragment `,"k":"<key>"` (flag 2).
+ *
+ * store_rows(msgs, base, targets) -> rows put, or -1
+ *     Committed rows of SOW topics to the SOW store's record keys and values (the C twin of
+ *     server/sow/store.py's store_rows_py, which owns that format).
  *
  * Why C: per message the Python path builds a Header, a (header, body) tuple, runs the field
  * checks, packs and crc's the record and concatenates it: most of the server's CPU under a
@@ -175,6 +182,8 @@ static Py_ssize_t parse_header(const unsigned char *h, Py_ssize_t n, Fields *f) 
     return p + 1 - h;
 }
 
+#include "_sowkey.h" /* key_paths, key_fragment: the SOW key of a body */
+
 static PyObject *
 publish_records(PyObject *self, PyObject *args)
 {
@@ -193,14 +202,19 @@ publish_records(PyObject *self, PyObject *args)
     const unsigned char *last_topic = NULL;
     Py_ssize_t last_tlen = 0;
     int asked = 0;
+    int keyed = 0; /* the current topic is a SOW topic: kp holds its key paths */
+    KeyPaths kp;
+    unsigned char *kbuf = NULL;
+    Py_ssize_t kcap = 0;
     if (pos < 0 || pos > n) {
         PyErr_SetString(PyExc_ValueError, "pos is outside raw");
         goto done;
     }
-    /* records are never longer than the frames they come from plus 36 - 4 - 14 bytes each:
-       frames of at least 4 + 14 bytes make at most (n - pos) / 18 records */
-    Py_ssize_t bound = (n - pos) + ((n - pos) / (4 + PUBLISH_PREFIX_LEN) + 1) * RECORD_HEADER;
-    records = PyBytes_FromStringAndSize(NULL, bound);
+    /* records are never longer than the frames they come from plus 36 - 4 - 14 bytes each
+       (frames of at least 4 + 14 bytes make at most (n - pos) / 18 records), but for the key
+       fragments of SOW topics: the buffer grows when one does not fit */
+    Py_ssize_t cap = (n - pos) + ((n - pos) / (4 + PUBLISH_PREFIX_LEN) + 1) * RECORD_HEADER;
+    records = PyBytes_FromStringAndSize(NULL, cap);
     entries = PyList_New(0);
     msgs = PyList_New(0);
     pub_o = PyLong_FromUnsignedLongLong(pub);
@@ -232,6 +246,14 @@ publish_records(PyObject *self, PyObject *args)
                 unknown = key;
                 break;
             }
+            keyed = PyTuple_Check(got);
+            if (keyed) { /* a SOW topic: (topic, key paths, maker) */
+                if (PyTuple_GET_SIZE(got) < 2 || !key_paths(PyTuple_GET_ITEM(got, 1), &kp)) {
+                    Py_DECREF(key);
+                    break; /* paths this scanner does not read: the ordinary path */
+                }
+                got = PyTuple_GET_ITEM(got, 0);
+            }
             Py_DECREF(key);
             Py_INCREF(got);
             Py_XSETREF(topic_str, got);
@@ -240,33 +262,62 @@ publish_records(PyObject *self, PyObject *args)
         }
         const unsigned char *body = frame + hlen;
         Py_ssize_t blen = length - hlen;
+        Py_ssize_t flen = 0;
+        if (keyed) {
+            flen = key_fragment(body, blen, &kp, &kbuf, &kcap);
+            if (flen < 0) {
+                if (PyErr_Occurred())
+                    goto done;
+                break; /* no key the fast path can make: the ordinary path keys or refuses it */
+            }
+        }
+        Py_ssize_t extra = keyed ? 2 + flen : 0;
+        Py_ssize_t total = RECORD_HEADER + extra + f.tlen + blen;
+        if ((o - o0) + total > cap) {
+            Py_ssize_t used = o - o0;
+            cap = (used + total) * 2;
+            if (_PyBytes_Resize(&records, cap) < 0)
+                goto done;
+            o0 = (unsigned char *)PyBytes_AS_STRING(records);
+            o = o0 + used;
+        }
         Py_ssize_t off = base + (o - o0);
-        Py_ssize_t total = RECORD_HEADER + f.tlen + blen;
         wr32(o, (uint32_t)(total - 4));
         o[8] = 1; /* kind: message */
-        o[9] = 0; /* flags */
+        o[9] = keyed ? FLAG_HEADER : 0;
         o[10] = (unsigned char)f.tlen;
         o[11] = (unsigned char)(f.tlen >> 8);
         wr64(o + 12, pub);
         wr64(o + 20, f.seq);
         wr64(o + 28, ts);
-        memcpy(o + RECORD_HEADER, f.topic, (size_t)f.tlen);
-        memcpy(o + RECORD_HEADER + f.tlen, body, (size_t)blen);
+        unsigned char *q = o + RECORD_HEADER;
+        if (keyed) {
+            q[0] = (unsigned char)flen;
+            q[1] = (unsigned char)(flen >> 8);
+            memcpy(q + 2, kbuf, (size_t)flen);
+            q += extra;
+        }
+        memcpy(q, f.topic, (size_t)f.tlen);
+        memcpy(q + f.tlen, body, (size_t)blen);
         wr32(o + 4, record_crc(o + 8, total - 8));
         o += total;
         PyObject *seq_o = PyLong_FromUnsignedLongLong(f.seq);
         PyObject *off_o = PyLong_FromSsize_t(off);
         PyObject *body_o = PyBytes_FromStringAndSize((const char *)body, blen);
+        PyObject *hdr_o = keyed ? PyBytes_FromStringAndSize((const char *)kbuf, flen) : empty;
+        if (!keyed)
+            Py_INCREF(empty);
         PyObject *entry = NULL, *msg = NULL;
-        if (seq_o && off_o && body_o) {
+        if (seq_o && off_o && body_o && hdr_o) {
             entry = PyTuple_Pack(4, pub_o, seq_o, ts_o, off_o);
             PyObject *const row[BATCH_ROW_FIELDS] = {topic_str, pub_o, seq_o, ts_o,
-                                                     body_o,    off_o, empty, Py_None};
+                                                     body_o,    off_o, hdr_o, Py_None};
             msg = batch_row(row);
         }
         Py_XDECREF(seq_o);
         Py_XDECREF(off_o);
         Py_XDECREF(body_o);
+        Py_XDECREF(hdr_o);
         int bad = entry == NULL || msg == NULL || PyList_Append(entries, entry) < 0 ||
                   PyList_Append(msgs, msg) < 0;
         Py_XDECREF(entry);
@@ -290,8 +341,102 @@ done:
     Py_XDECREF(empty);
     Py_XDECREF(topic_str);
     Py_XDECREF(unknown);
+    PyMem_Free(kbuf);
     PyBuffer_Release(&raw);
     return result;
+}
+
+/* store_rows(msgs, base, targets) -> rows written, or -1
+ *     The SOW store's rows (server/sow/store.py: record key topic | 0x00 | key, value u64 BE
+ *     position, publisher, sequence, receive time, u16 BE header fragment length, fragment,
+ *     body) of committed batch rows `msgs` (topic, pub, seq, ts, body, offset, header fragment,
+ *     expiration) whose data starts at journal position `base`, put into the dict of their
+ *     topic: targets[topic] = (record key prefix, dict record key -> value); the latest row of
+ *     a key wins. A row of a topic not in `targets` is skipped. -1 at the first row whose
+ *     fragment is not exactly `,"k":"<key>"` with a key of plain text (no `\`): the rows before
+ *     it are in (the caller applies the whole batch again, in order, the Python way). */
+static PyObject *
+store_rows(PyObject *self, PyObject *args)
+{
+    PyObject *msgs, *targets;
+    Py_ssize_t base;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!nO!", &PyList_Type, &msgs, &base, &PyDict_Type, &targets))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(msgs), done = 0;
+    PyObject *last_topic = NULL, *prefix = NULL, *into = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        /* a row with its own expiration (8th field) is applied the Python way: its record
+         * keeps `e` and gets a timer (server/sow/manager.py) */
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) < 7 ||
+            (PyTuple_GET_SIZE(m) > 7 && PyTuple_GET_ITEM(m, 7) != Py_None))
+            return PyLong_FromLong(-1);
+        PyObject *topic = PyTuple_GET_ITEM(m, 0);
+        if (topic != last_topic) {
+            PyObject *t = PyDict_GetItemWithError(targets, topic);
+            if (t == NULL && PyErr_Occurred())
+                return NULL;
+            last_topic = topic;
+            prefix = into = NULL;
+            if (t != NULL) {
+                if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2 ||
+                    !PyBytes_Check(PyTuple_GET_ITEM(t, 0)) || !PyDict_Check(PyTuple_GET_ITEM(t, 1))) {
+                    PyErr_SetString(PyExc_TypeError, "targets: topic -> (bytes, dict)");
+                    return NULL;
+                }
+                prefix = PyTuple_GET_ITEM(t, 0);
+                into = PyTuple_GET_ITEM(t, 1);
+            }
+        }
+        if (into == NULL)
+            continue;
+        PyObject *body = PyTuple_GET_ITEM(m, 4), *hdr = PyTuple_GET_ITEM(m, 6);
+        if (!PyBytes_Check(body) || !PyBytes_Check(hdr))
+            return PyLong_FromLong(-1);
+        const char *h = PyBytes_AS_STRING(hdr);
+        Py_ssize_t hlen = PyBytes_GET_SIZE(hdr);
+        if (hlen < 8 || hlen > 0xFFFF || memcmp(h, ",\"k\":\"", 6) != 0 || h[hlen - 1] != '"' ||
+            memchr(h + 6, '\\', (size_t)(hlen - 7)) != NULL ||
+            memchr(h + 6, '"', (size_t)(hlen - 7)) != NULL)
+            return PyLong_FromLong(-1);
+        unsigned long long v[4]; /* position, publisher, sequence, receive time */
+        Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 5));
+        if (off == -1 && PyErr_Occurred())
+            return NULL;
+        v[0] = (unsigned long long)(base + off);
+        for (int j = 1; j < 4; j++) {
+            v[j] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(m, j));
+            if (v[j] == (unsigned long long)-1 && PyErr_Occurred())
+                return NULL;
+        }
+        Py_ssize_t plen = PyBytes_GET_SIZE(prefix), klen = hlen - 7, blen = PyBytes_GET_SIZE(body);
+        PyObject *key = PyBytes_FromStringAndSize(NULL, plen + klen);
+        PyObject *val = PyBytes_FromStringAndSize(NULL, 34 + hlen + blen);
+        if (key == NULL || val == NULL) {
+            Py_XDECREF(key);
+            Py_XDECREF(val);
+            return NULL;
+        }
+        char *k = PyBytes_AS_STRING(key);
+        memcpy(k, PyBytes_AS_STRING(prefix), (size_t)plen);
+        memcpy(k + plen, h + 6, (size_t)klen);
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(val);
+        for (int j = 0; j < 4; j++)
+            for (int b = 0; b < 8; b++)
+                o[j * 8 + b] = (unsigned char)(v[j] >> (56 - 8 * b));
+        o[32] = (unsigned char)(hlen >> 8);
+        o[33] = (unsigned char)hlen;
+        memcpy(o + 34, h, (size_t)hlen);
+        memcpy(o + 34 + hlen, PyBytes_AS_STRING(body), (size_t)blen);
+        int bad = PyDict_SetItem(into, key, val);
+        Py_DECREF(key);
+        Py_DECREF(val);
+        if (bad < 0)
+            return NULL;
+        done++;
+    }
+    return PyLong_FromSsize_t(done);
 }
 
 static PyObject *
@@ -348,6 +493,8 @@ static PyMethodDef methods[] = {
     {"publish_records", publish_records, METH_VARARGS,
      "publish_records(raw, pos, pub, ts, highest, known, base) -> (records, entries, msgs, "
      "stop, highest, asked, unknown); see server/publish_scan.py"},
+    {"store_rows", store_rows, METH_VARARGS,
+     "store_rows(msgs, base, targets) -> rows, or -1; see server/sow/store.py (rows)"},
     {NULL, NULL, 0, NULL},
 };
 

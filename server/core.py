@@ -99,6 +99,7 @@ class Core:
         if self.sow is not None:
             self.sow.attach(self.pipeline, self.fanout.router)
             self.pipeline.topics.keyed = self.sow.is_sow
+            self.pipeline.topics.key_spec = self.sow.key_spec
 
 
 def build_core(

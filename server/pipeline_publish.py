@@ -9,7 +9,8 @@ the pipeline knows of a topic (its bytes, its JSON member, recorded, plain) and 
 client-sequenced publisher and do what `Pipeline.publish` does per message (dedup, receive
 time, record, batch rows) with the bookkeeping (time, highest sequence, acks, schedule) done
 once per run. `publish_raw` takes the frames' bytes straight to journal records in one pass
-(server/publish_scan.py, C when built); `publish_run` takes already decoded (seq, topic, body)
+(server/publish_scan.py, C when built), the publishes to a SOW topic keyed there too
+(`TopicCache.key_spec`, from server/sow/); `publish_run` takes already decoded (seq, topic, body)
 items. Whatever either does not take (a duplicate, a publisher past a gap, a topic that is not
 recorded or is mapped, a field a record cannot hold) is left for `Pipeline.publish` to answer.
 """
@@ -75,6 +76,10 @@ def _never(topic: str) -> bool:
     return False
 
 
+def _no_spec(topic: str) -> None:
+    return None
+
+
 class TopicCache:
     """topic -> (topic bytes, topic member, recorded, plain), bounded; plain = recorded and not
     keyed: what the run paths may store as it comes."""
@@ -84,6 +89,10 @@ class TopicCache:
         # topics whose publishes need the ordinary path (SOW topics: their key is computed
         # there, server/sow/): the run paths (publish_run, publish_raw) leave them to publish()
         self.keyed: Callable[[str], bool] = _never
+        # a keyed topic's key spec for publish_raw (server/sow/ key_spec), None: not there
+        self.key_spec: Callable[[str], tuple[str, tuple[tuple[bytes, ...], ...], Any] | None] = (
+            _no_spec
+        )
         self.cache: dict[str, tuple[bytes, bytes, bool, bool]] = {}
 
     def info(self, topic: str) -> tuple[bytes, bytes, bool, bool]:
@@ -136,7 +145,8 @@ class RunIntake:
         self.topics = topics
         self.fanout = fanout
         self.journaled = journaled  # there is a journal: without, nothing is a run
-        self.plain_topics: dict[bytes, str] = {}  # publish_raw: topic bytes -> topic
+        # publish_raw: topic bytes -> topic, or a keyed topic's key spec
+        self.plain_topics: dict[bytes, Any] = {}
 
     def publish_run(self, client: Publisher, pub: int, items: list[tuple[int, str, bytes]]) -> int:
         """Accept the leading publishes of `items` ((seq, topic, body) from one client-sequenced
@@ -230,10 +240,14 @@ class RunIntake:
             if unknown is None:
                 return stop, taken
             topic = unknown.decode("ascii")  # plain publishes have ASCII topics
-            stored = literal(topic)
-            if stored != topic or not self.topics.info(topic)[3]:
-                return stop, taken  # mapped, a pattern, not recorded, keyed: the ordinary path
+            if literal(topic) != topic:
+                return stop, taken  # mapped, a pattern: the ordinary path
+            _tb, _tj, recorded, plain = self.topics.info(topic)
+            # a SOW topic whose <Key> the scanner reads: its frames keyed there
+            spec = self.topics.key_spec(topic) if recorded and not plain else None
+            if not plain and spec is None:
+                return stop, taken  # not recorded, keyed by the publisher: the ordinary path
             if len(known) >= TOPIC_CACHE_LIMIT:
                 known.clear()
-            known[unknown] = topic
+            known[unknown] = topic if plain else spec
             pos = stop

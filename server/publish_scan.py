@@ -18,7 +18,16 @@ s a decimal integer in 1..MAX_SEQ without leading zeros, above the sequence befo
 are stored as they are). For each it appends the journal record (journal/record.py: kind
 message, flags 0) to `records`, `(pub, seq, ts, base + offset)` to `entries` and
 `(topic, pub, seq, ts, body, base + offset, b"", None)` to `msgs` (server/batch_row.py's BatchRow,
-whose fields the C twin checks at its configure()). `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
+whose fields the C twin checks at its configure()).
+
+A SOW topic's value in `known` is the tuple `(topic, paths, maker)` (server/sow/: `key_spec`):
+its frames also get their record key `k` (server/sow/keys.py), computed from the body at the
+`<Key>` paths (`paths`: each path's member names as bytes; `maker`: the KeyMaker), into the
+header fragment `,"k":"<k>"` of the record (flag 2) and of the row. A body without a key this
+scanner makes stops the walk there (the ordinary path keys or refuses it): the Python version
+takes what KeyMaker.key takes; the C version takes a subset, the bodies whose text gives the
+same key without decoding (strict JSON, key values a string without escapes, an integer, true
+or false: see server/_publish.c), and stops before the others. `stop` is where it stopped: len(raw), or the first frame not taken, which the caller
 hands to the ordinary path (anything unusual: other members, escapes, white space, a duplicate
 sequence, ...); `highest` the last sequence taken; `asked` whether a taken frame had
 `a="persisted"`; `unknown` the topic at `stop` when that is the only reason it stopped, else
@@ -37,7 +46,7 @@ import struct
 from typing import Any
 
 from journal.accelerators import load
-from journal.record import KIND_MESSAGE, encode_record
+from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
 from protocol.headers import (
     FAST_PUBLISH_ACK,
     FAST_PUBLISH_FIELDS,
@@ -47,6 +56,7 @@ from protocol.headers import (
 )
 
 from .batch_row import BatchRow, BatchTuple
+from .sow.keys import BadSowKey, k_fragment
 
 __all__ = [
     "ACCELERATED",
@@ -157,15 +167,33 @@ def publish_records_py(
             unknown = tb
             break
         body = frame[hlen:]
-        rec = encode_record(KIND_MESSAGE, pub, seq, ts, tb, body)
+        hdr = b""
+        if isinstance(topic, tuple):  # a SOW topic: (topic, paths, maker)
+            topic, _paths, maker = topic
+            keyed = _key_fragment(maker, body)
+            if keyed is None:
+                break
+            hdr = keyed
+        try:
+            rec = encode_record(KIND_MESSAGE, pub, seq, ts, tb, body, header=hdr)
+        except RecordFieldError:  # a key longer than a header fragment holds
+            break
         out.append(rec)
         entries.append((pub, seq, ts, size))
-        msgs.append((topic, pub, seq, ts, body, size, b"", None))
+        msgs.append((topic, pub, seq, ts, body, size, hdr, None))
         size += len(rec)
         highest = seq
         asked |= a
         pos += 4 + length
     return b"".join(out), entries, msgs, pos, highest, asked, unknown
+
+
+def _key_fragment(maker: Any, body: bytes) -> bytes | None:
+    """The `,"k":...` member of a publish of `body` to a SOW topic, or None without a key."""
+    try:
+        return k_fragment(maker.key(body, None))
+    except BadSowKey:
+        return None
 
 
 _c = load("server._publish")  # None without a compiler at install time: same results, slower

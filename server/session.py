@@ -44,8 +44,8 @@ from .security.authenticator import AuthFailure, Identity, certificate_identity
 from .security.entitlements import Entitlements
 from .services import SessionServices
 from .session_caller import Caller
-from .session_publish import PublishCommands
 from .session_delta import DeltaCommands
+from .session_publish import PublishCommands
 from .session_sow import SowCommands
 from .session_subscribe import SubscribeCommands
 from .subscription_table import SubscriptionTable
@@ -417,7 +417,7 @@ class Session:
         seq = svc.pipeline.durable.get(pub, 0)
         log.info("logon: %s user=%s last_seq=%d", self.describe(), self.user_id or "-", seq)
         if seq:
-            svc.publisher_logon(self.pub, seq)
+            svc.publisher_logon(pub, seq)
         if "processed" in acks or not acks:
             self.out.send_ack(
                 "processed",

@@ -26,7 +26,7 @@ from protocol.framing import frame_end
 from protocol.headers import Header
 
 from . import frames
-from .pipeline import ABOVE_GAP, DUPLICATE, STORED
+from .pipeline import ABOVE_GAP, DUPLICATE
 from .reasons import Disconnect, Failure
 from .services import SessionServices
 from .session_caller import Caller, Commands
@@ -173,7 +173,6 @@ class PublishCommands(Commands):
         self.received += 1
         hdr = b',"x":' + _json(h.x) if h.x is not None else b""
         sow = svc.sow
-        k = None
         if sow is not None and sow.is_sow(topic):
             try:
                 k = sow.key(topic, body, h.k)  # the record's key, `k` (server/sow/)
@@ -197,8 +196,6 @@ class PublishCommands(Commands):
         if outcome == ABOVE_GAP:
             self._refuse_above_gap(h, seq)
             return
-        if k is not None and outcome == STORED:
-            sow.accepted(topic, k, self.pub if h.s is not None else self.server_pub, seq, body)  # type: ignore[union-attr]
         if a is not None and ("processed" in a or "received" in a):
             for kind in ack_types(a) & {"received", "processed"}:
                 self.out.send_ack(

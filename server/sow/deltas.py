@@ -2,8 +2,8 @@
 mixed into `SowManager` (server/sow/manager.py), which provides the attributes declared here.
 
 - **delta_publish**: `merge_delta` merges a delta into the latest message *accepted* for its
-  key (`accepted` remembers publishes until their commit is applied, at most MAX_RECENT), else
-  into the store's record.
+  key: the newest in a batch not yet committed (each batch indexed once, by `current`), else
+  a committed put not yet written to the store (deferred), else the store's record.
 - **delta subscriptions**: `delta_feed` makes a subscription's live fan-out hook
   (server/sow/delta.py); while any exists, the fold keeps the body each put of a commit
   replaced (`_replaced`, by journal position) until the commit's deliveries are done
@@ -19,21 +19,22 @@ import msgspec
 from config.model import SowTopicSpec
 
 from .delta import DeltaFeed
-from .keys import KeyMaker
-from .store import SowStore
+from .keys import K_MEMBER, KeyMaker, k_fragment
+from .store import SowStore, decode_value, record_key
 
-__all__ = ["MAX_RECENT", "Deltas"]
+__all__ = ["Deltas"]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.encode
-
-MAX_RECENT = 100_000  # accepted publishes remembered for delta_publish until applied
 
 
 class Deltas:
     # provided by SowManager
     store: SowStore | None
-    _recent: dict[tuple[str, str], tuple[int, int, bytes]]
+    commits: Any
+    _deferred: dict[str, tuple[bytes, dict[bytes, bytes]]]
+    # id(batch) -> (batch, [messages indexed], (topic, `k` fragment) -> body): `_uncommitted`
+    _seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]]
     delta_feeds: int
     _replaced: dict[int, bytes]
 
@@ -45,19 +46,20 @@ class Deltas:
 
     # -- delta_publish --------------------------------------------------------------------------
 
-    def accepted(self, topic: str, k: str, pub: int, seq: int, body: bytes) -> None:
-        """A publish to a SOW topic was accepted (not yet durable): a delta_publish that
-        follows it merges into it, not into the older record of the store."""
-        recent = self._recent
-        if len(recent) >= MAX_RECENT:
-            recent.clear()  # a bound: merges then read the store (what is durable)
-        recent[(topic, k)] = (pub, seq, body)
-
     def current(self, topic: str, k: str) -> bytes | None:
-        """The latest body of record `k`: accepted, else in the store; None when none."""
-        got = self._recent.get((topic, k))
-        if got is not None:
-            return got[2]
+        """The latest body of record `k`: of a publish accepted and not yet committed (the
+        open batch, then the batches in flight, newest first), else committed and not yet
+        written (deferred), else in the store; None when none."""
+        kf = k_fragment(k)
+        commits = self.commits
+        if commits is not None:
+            got = self._uncommitted(commits, topic, kf)
+            if got is not None:
+                return got
+        deferred = self._deferred.get(topic)
+        value = deferred[1].get(record_key(topic, k)) if deferred is not None else None
+        if value is not None:
+            return decode_value(value)[5]
         store = self.store
         if store is None:
             return None
@@ -67,6 +69,33 @@ class Deltas:
         finally:
             reader.close()
         return None if rec is None else rec[5]
+
+    def _uncommitted(self, commits: Any, topic: str, kf: bytes) -> bytes | None:
+        """The body of the newest publish to (topic, `k` fragment) in a batch not yet
+        committed. Each batch's SOW messages are indexed once, as far as it has grown since
+        the last look, so a stream of delta_publishes costs one dict store per message."""
+        batches = [commits.batch, *reversed(commits.inflight)]
+        seen = self._seen
+        found = None
+        for b in batches:
+            entry = seen.get(id(b))
+            if entry is None or entry[0] is not b:
+                entry = seen[id(b)] = (b, [0], {})
+            _b, done, index = entry
+            msgs = b.msgs
+            for m in msgs[done[0] :]:
+                hdr = m[6]
+                i = hdr.rfind(K_MEMBER) if hdr else -1
+                if i >= 0:
+                    index[(m[0], hdr[i:])] = m[4]
+            done[0] = len(msgs)
+            if found is None:
+                found = index.get((topic, kf))
+        if len(seen) > len(batches):
+            live = {id(b) for b in batches}
+            for key in [key for key in seen if key not in live]:
+                del seen[key]
+        return found
 
     def merge_delta(self, topic: str, delta: bytes, given: str | None) -> bytes:
         """The message a delta_publish stores: `delta` (a JSON object) merged into the record

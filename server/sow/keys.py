@@ -27,8 +27,10 @@ from typing import Any
 import msgspec
 
 from protocol.filters import compile_path
+from protocol.filters.lexer import lex
 
 __all__ = [
+    "K_MEMBER",
     "MAX_KEY_BYTES",
     "BadSowKey",
     "KeyMaker",
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 MAX_KEY_BYTES = 1024
-_K = b',"k":'
+K_MEMBER = _K = b',"k":'
 _E = b',"e":'
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.encode
@@ -69,11 +71,19 @@ def check_key(k: str) -> str:
 class KeyMaker:
     """The keys of one SOW topic: `key(body, given)` returns the record's `k`."""
 
-    __slots__ = ("_getters", "paths")
+    __slots__ = ("_getters", "paths", "steps")
 
     def __init__(self, paths: tuple[str, ...]) -> None:
         self.paths = paths
         self._getters: list[Callable[[Any], Any]] = [compile_path(p) for p in paths]
+        # each path's member names, UTF-8, for the publish scanner (server/publish_scan.py);
+        # None when a path has an array index, or there are no paths (the publisher's `k`)
+        steps = tuple(tuple(lex(p)[0].value) for p in paths)  # type: ignore[arg-type]
+        self.steps: tuple[tuple[bytes, ...], ...] | None = (
+            tuple(tuple(s.encode("utf-8") for s in path) for path in steps)  # type: ignore[union-attr]
+            if steps and all(isinstance(s, str) for path in steps for s in path)
+            else None
+        )
 
     def key(self, body: bytes, given: str | None) -> str:
         if not self._getters:

@@ -8,17 +8,22 @@ same LMDB transaction.
   publishes with `,"k":...` in the header fragment; the message is acknowledged `persisted` by
   the journal's rule, as any other.
 - **Commit**: `before_flush` (a pipeline hook, called with the batch about to be committed)
-  notes the batch's SOW messages and deletes; when the batch is durable, `_committed` applies
-  them in journal order in one write transaction that also writes the batch's end position.
+  notes the batch's SOW messages and deletes; when the batch is durable, `_committed` takes
+  them. Plain puts (no delete in the batch, nobody watching the topic for out-of-focus
+  notices or deltas, no `<Expiration>`) are *held* as the latest row per key and written by
+  `flush` (server/sow/held.py). Anything else flushes first, then is applied in journal order
+  in one write transaction that also writes the batch's end position. Every read of the store
+  (a query's snapshot, delta_publish's merge, the expiration tick, `topics`, close) flushes
+  first, so what it reads is the journal up to that point.
   A batch with no SOW work writes nothing, except the position at most once a second (so a
   restart reads little journal). Nothing here runs for an instance without SOW topics.
 - **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
   once, so it keeps its place among the publishes around it; it is applied at its commit, and
   its reply (with `records_deleted`) goes out then.
 - **Start** (`recover`, off the loop, before connections): from the position the store
-  reflects to the journal's end, the same fold. A store missing, unreadable, ahead of the
-  journal, or behind the journal's start is rebuilt from the journal's start, and the log says
-  why.
+  reflects to the journal's end, the same fold (held rows, server/sow/held.py). A store
+  missing, unreadable, ahead of the journal, or behind the journal's start is rebuilt from the
+  journal's start, and the log says why.
 - **Consistency point**: between two loop callbacks the store reflects exactly the journal up
   to `Pipeline.delivered_end` (the fold runs inside the commit's completion, before the
   pipeline moves `delivered_end`), so a query's snapshot and that position are one point.
@@ -39,13 +44,14 @@ from typing import Any, Protocol
 
 from config.model import Config, SowTopicSpec
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, encode_record
+from journal.record import KIND_SOW_DELETE, encode_record
 from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, Timestamp
 from protocol.filters import FilterError, compile_filter
 
 from ..matching import body_matches
 from ..router import Router
 from .deltas import Deltas
+from .held import DEFER_SECONDS, HeldWrites
 from .history import Checkpoints, HistoricalReader
 from .keys import (
     BadSowKey,
@@ -65,7 +71,6 @@ __all__ = ["Commits", "SowManager"]
 log = logging.getLogger("tickertape.sow")
 
 POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
-CATCH_UP_TXN = 4096  # records applied per write transaction during catch-up
 
 
 class Commits(Protocol):
@@ -76,6 +81,7 @@ class Commits(Protocol):
     last_bm: tuple[int, int] | None
     before_flush: list[Callable[[Any], None]]
     batch: Any
+    inflight: Any  # the batches submitted and not yet committed, in commit order
     replicated_delete: Callable[[str, bytes, int, tuple[int, bytes, bytes]], None] | None
 
     def schedule(self) -> None: ...
@@ -89,7 +95,7 @@ def _EXPIRED(n: int, err: BaseException | None) -> None:
     """The reply of the deletes `tick` journals for expired records (nobody to answer)."""
 
 
-class SowManager(Deltas):
+class SowManager(Deltas, HeldWrites):
     def __init__(self, config: Config, journal: Journal | None) -> None:
         self.config = config
         self.journal = journal
@@ -101,8 +107,13 @@ class SowManager(Deltas):
         self.updates: dict[str, int] = {}  # puts applied per topic since start (the console)
         self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
         self._pending_batch: Any = None
-        # (topic, key) -> (pub, seq, body) of publishes accepted and not yet applied (delta)
-        self._recent: dict[tuple[str, str], tuple[int, int, bytes]] = {}
+        # topic -> (record key prefix, record key -> value) of committed puts not yet in the
+        # store (the latest per key: store_rows), and the journal end they bring the store to
+        self._deferred: dict[str, tuple[bytes, dict[bytes, bytes]]] = {}
+        self._deferred_end: int | None = None
+        self._deferred_since = 0.0
+        self._recount: set[str] = set()  # topics whose record count changed since the last write
+        self._seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]] = {}
         self._last_position_write = 0.0
         self.checkpoints: Checkpoints | None = None
         self.oof: OofNotices | None = None  # out-of-focus notices (attach)
@@ -152,12 +163,23 @@ class SowManager(Deltas):
         assert spec is not None
         return self.maker(spec).key(body, given)
 
+    def key_spec(self, topic: str) -> tuple[str, tuple[tuple[bytes, ...], ...], KeyMaker] | None:
+        """(topic, key paths as member names, KeyMaker) for the publish scanner
+        (server/publish_scan.py) to key the publishes to SOW topic `topic` in the batch; None
+        when its keys are the publisher's `k` or a path has an array index."""
+        spec = self.spec(topic)
+        if spec is None:
+            return None
+        maker = self.maker(spec)
+        return None if maker.steps is None else (topic, maker.steps, maker)
+
     def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
         """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
         return k_fragment(self.key(topic, body, given))
 
     def topics(self) -> list[str]:
         """Topics that hold records now."""
+        self.flush()
         return [t for t, n in self.counts.items() if n > 0]
 
     # -- start -----------------------------------------------------------------------------------
@@ -188,7 +210,10 @@ class SowManager(Deltas):
             self.rebuilt = why
             log.warning("SOW store rebuilt from the journal's start (%d): %s", start, why)
         assert position is not None
+        kept = store.counts_kept
         self.counts = store.topics()
+        if not kept:
+            self._recount = set(self.counts)  # counted by a scan: kept from the next write on
         self.checkpoints = Checkpoints(
             os.path.join(journal.directory, "sow-checkpoints"),
             lambda: self.store.env if self.store is not None else None,
@@ -208,36 +233,6 @@ class SowManager(Deltas):
             sum(self.counts.values()),
             len(self.counts),
         )
-
-    def _catch_up(self, position: int, end: int) -> int:
-        store = self.store
-        journal = self.journal
-        assert store is not None and journal is not None
-        n = 0
-        txn = store.write()
-        try:
-            for recs in journal.raw_batches(position, end):
-                for pos, kind, pub, seq, ts, tb, body, extra in recs:
-                    n += 1
-                    if kind == KIND_MESSAGE:
-                        topic = tb.decode("utf-8", "replace")
-                        if self.is_sow(topic):
-                            hdr, exp = (extra[1], extra[0]) if extra else (b"", None)
-                            self._put(txn, topic, pos, pub, seq, ts, hdr, body, exp)
-                    elif kind == KIND_SOW_DELETE:
-                        self._delete(txn, tb.decode("utf-8", "replace"), body)
-                    if n % CATCH_UP_TXN == 0:
-                        # the record at `pos` is applied: a restart re-applies it, which
-                        # changes nothing (a put of the same value, a delete of what is gone)
-                        store.set_position(txn, pos)
-                        txn.commit()
-                        txn = store.write()
-            store.set_position(txn, end)
-            txn.commit()
-        except BaseException:
-            txn.abort()
-            raise
-        return n
 
     # -- expiration -----------------------------------------------------------------------------
 
@@ -281,6 +276,9 @@ class SowManager(Deltas):
     def tick(self) -> None:
         """Journal a delete of the records past their topic's <Expiration> (one delete record
         per topic and tick); applied at its commit like any delete."""
+        if self._deferred_end is not None:
+            if time.monotonic() - self._deferred_since >= DEFER_SECONDS:
+                self.flush()
         heap = self._expiry
         if not heap or self.commits is None:
             return
@@ -349,6 +347,7 @@ class SowManager(Deltas):
             replaced = store.put(txn, topic, k, value)
         if not replaced:
             self.counts[topic] = self.counts.get(topic, 0) + 1
+            self._recount.add(topic)
         self.updates[topic] = self.updates.get(topic, 0) + 1
         if self._expiring and self.commits is not None:
             self._note_expiry(topic, k, pos, ts, hdr)
@@ -383,6 +382,7 @@ class SowManager(Deltas):
                 n += 1
         if n:
             self.counts[topic] = self.counts.get(topic, 0) - n
+            self._recount.add(topic)
         return n
 
     # -- live: the pipeline's commits ------------------------------------------------------------
@@ -396,8 +396,11 @@ class SowManager(Deltas):
 
     def before_flush(self, batch: Any) -> None:
         """The batch is about to be committed: note its SOW messages and deletes."""
-        is_sow = self.is_sow
-        puts = [m for m in batch.msgs if m[5] >= 0 and is_sow(m[0])]
+        msgs = batch.msgs
+        # per topic, not per message: a batch is mostly a few topics' runs
+        topics = {m[0] for m in msgs} if msgs else set()
+        sow = {t for t in topics if self.is_sow(t)}  # recorded: their messages have offsets
+        puts = (msgs if sow == topics else [m for m in msgs if m[0] in sow]) if sow else []
         deletes: list[tuple[int, str, bytes, str, Reply | None]] = []
         if self._pending:
             deletes, self._pending = self._pending, []
@@ -412,16 +415,22 @@ class SowManager(Deltas):
             if now - self._last_position_write < POSITION_EVERY or not batch.data:
                 return
         self._last_position_write = now
-        batch.durable.append(partial(self._committed, batch, puts, deletes))
+        batch.durable.append(partial(self._committed, batch, puts, sow, deletes))
 
     def _committed(
-        self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
+        self,
+        batch: Any,
+        puts: list[Any],
+        topics: set[str],
+        deletes: list[Any],
+        end: int,
+        err: BaseException | None,
     ) -> None:
         """The batch is durable (err None) or failed: apply it. A failure here is logged and
         costs the store its live updates until a restart catches up from the journal; it
         never reaches the pipeline, whose acks and deliveries of this batch come next."""
         try:
-            self._apply(batch, puts, deletes, end, err)
+            self._apply(batch, puts, topics, deletes, end, err)
         except Exception as exc:
             log.exception("SOW store: applying a commit failed; queries may lag until restart")
             for *_, reply in deletes:
@@ -432,22 +441,25 @@ class SowManager(Deltas):
                         log.exception("SOW delete reply failed")
 
     def _apply(
-        self, batch: Any, puts: list[Any], deletes: list[Any], end: int, err: BaseException | None
+        self,
+        batch: Any,
+        puts: list[Any],
+        topics: set[str],
+        deletes: list[Any],
+        end: int,
+        err: BaseException | None,
     ) -> None:
-        recent = self._recent
         if err is not None:
-            for m in puts:
-                hdr = m[6]
-                k = key_from_fragment(hdr) if hdr else None
-                if k is not None and recent.get((m[0], k), (0, 0))[:2] == (m[1], m[2]):
-                    del recent[(m[0], k)]
             for *_, reply in deletes:
                 if reply is not None:
                     reply(0, err)
             return
+        base = end - len(batch.data)
+        if not deletes and self._defer(puts, topics, base, end):
+            return
+        self.flush()
         store = self.store
         assert store is not None
-        base = end - len(batch.data)
         work: list[tuple[int, Any]] = [(m[5], m) for m in puts]
         work += [(d[0], d) for d in deletes]
         work.sort(key=lambda w: w[0])
@@ -456,13 +468,7 @@ class SowManager(Deltas):
             for off, item in work:
                 if len(item) == 8:  # a message (topic, pub, seq, ts, body, off, hdr, exp)
                     topic, pub, seq, ts, body, _off, hdr, exp = item
-                    k = self._put(txn, topic, base + off, pub, seq, ts, hdr, body, exp)
-                    if (
-                        k is not None
-                        and recent
-                        and recent.get((topic, k), (0, 0))[:2] == (pub, seq)
-                    ):
-                        del recent[(topic, k)]  # the store has it now
+                    self._put(txn, topic, base + off, pub, seq, ts, hdr, body, exp)
                 else:
                     _off, topic, form, payload, reply = item
                     n = self._delete(txn, topic, encode_delete(form, payload))
@@ -470,7 +476,8 @@ class SowManager(Deltas):
                         continue
                     if reply is not None:
                         replies.append((reply, n))
-            store.set_position(txn, end)
+            store.set_position(txn, end, self._changed_counts())
+        self._recount.clear()
         for reply, n in replies:
             reply(n, None)
         if self.oof is not None and self.oof.pending:
@@ -530,6 +537,7 @@ class SowManager(Deltas):
         commits = self.commits
         store = self.store
         assert commits is not None and store is not None
+        self.flush()
         end = commits.delivered_end
         return store.reader(end), end, commits.last_bm
 
@@ -571,5 +579,7 @@ class SowManager(Deltas):
 
     def close(self) -> None:
         if self.store is not None:
+            if self.commits is not None:
+                self.flush()  # a restart then reads no journal for them
             self.store.close()
             self.store = None

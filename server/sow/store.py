@@ -8,7 +8,10 @@ Databases (topic and key as UTF-8; integers big-endian):
 
 - `rec`:  topic | 0x00 | key  ->  value (below): the latest message of each record
 - `meta`: b"position" -> u64: the journal position the store reflects (every record before it
-          is applied, none after it); b"format" -> b"1"; b"expiring" -> b"1" once a record
+          is applied, none after it); b"format" -> b"1"; b"count" | 0x00 | topic -> u64: the
+          records of the topic, written with the position; b"counts" -> b"1" when every
+          topic's count is there (a store written before counts were kept has none: counted
+          by a scan at open, then kept); b"expiring" -> b"1" once a record
           with its own `e` was written (a start then looks for them: server/sow/manager.py)
 
 Record value:
@@ -23,6 +26,10 @@ offset size  field
 34     H     header fragment
 34+H   ...   body
 ```
+
+`store_rows` turns committed batch rows (server/pipeline.py's Batch.msgs) into record keys and
+values in one call: in C in server/_publish.c (built with the publish scanner, whose rows these
+are), `store_rows_py` the reference and the fallback.
 
 `apply` writes one batch of changes and the new position in one write transaction, so the
 position on disk always describes the records on disk. Reads open their own read transaction
@@ -39,15 +46,28 @@ import os
 import struct
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import lmdb
 
-__all__ = ["DEFAULT_MAP_SIZE", "Reader", "SowStore", "StoreFull", "Stored"]
+from journal.accelerators import load
+
+__all__ = [
+    "DEFAULT_MAP_SIZE",
+    "Reader",
+    "SowStore",
+    "StoreFull",
+    "Stored",
+    "store_rows",
+    "store_rows_py",
+]
 
 DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
 FORMAT = b"1"
-_HEAD = struct.Struct(">QQQQH")
+HEAD = _HEAD = struct.Struct(">QQQQH")  # a record value's fixed part (below the header fragment)
 _Q = struct.Struct(">Q")
+COUNTS_KEPT = b"counts"  # b"1": meta holds every topic's record count (count\0<topic>)
+_COUNT = b"count\x00"
 
 Stored = tuple[int, int, int, int, bytes, bytes]
 """(position, publisher id, seq, receive time µs, header fragment, body) of a record."""
@@ -73,6 +93,45 @@ def decode_value(v: bytes | memoryview) -> Stored:
 
 def record_key(topic: str, k: str) -> bytes:
     return topic.encode("utf-8") + b"\x00" + k.encode("utf-8")
+
+
+_K_OPEN = b',"k":"'
+
+
+def store_rows_py(
+    msgs: list[tuple[Any, ...]], base: int, targets: dict[str, tuple[bytes, dict[bytes, bytes]]]
+) -> int:
+    """Put the rows of batch rows `msgs` (topic, pub, seq, ts, body, offset, header fragment,
+    expiration; their data at journal position `base`) into their topic's dict:
+    targets[topic] = (record_key(topic, ""), {record key: value}), the latest of a key
+    winning; rows of other topics are skipped. Returns how many were put, or -1 at the first
+    whose fragment is not exactly `,"k":"<key>"` with a key of plain text, or that has its
+    own expiration (the rows before it are in)."""
+    done = 0
+    for m in msgs:
+        t = targets.get(m[0])
+        if t is None:
+            continue
+        hdr = m[6]
+        k = hdr[6:-1]
+        if (
+            (len(m) > 7 and m[7] is not None)
+            or len(hdr) < 8
+            or len(hdr) > 0xFFFF
+            or not hdr.startswith(_K_OPEN)
+            or hdr[-1:] != b'"'
+            or b"\\" in k
+            or b'"' in k
+        ):
+            return -1
+        body = m[4]
+        t[1][t[0] + k] = _HEAD.pack(base + m[5], m[1], m[2], m[3], len(hdr)) + hdr + body
+        done += 1
+    return done
+
+
+_c = load("server._publish")  # the publish scanner's module (None: no compiler at install)
+store_rows = _c.store_rows if _c is not None else store_rows_py
 
 
 class Reader:
@@ -115,12 +174,14 @@ class SowStore:
         self.path = path
         self.map_size = map_size
         self.rebuilt: str | None = None
+        self._counts: dict[str, int] | None = None  # per topic, from the check at open
         try:
             self._open()
             problem = self._check()
         except lmdb.Error as exc:
             problem = f"LMDB cannot read it: {exc}"
         if problem is not None:
+            self._counts = None
             try:
                 self.env.close()
             except Exception:
@@ -149,12 +210,24 @@ class SowStore:
         self._meta = self.env.open_db(b"meta")
 
     def _check(self) -> str | None:
-        """Read everything once, so damage surfaces now and not in a query."""
+        """Read every page once (LMDB's compacting copy to /dev/null walks the whole tree in
+        C), so damage surfaces now and not in a query; take the record counts per topic
+        (`topics`) from `meta`, or count them when this store does not keep them."""
+        with open(os.devnull, "wb") as sink:
+            self.env.copyfd(sink.fileno(), compact=True)
         with self.env.begin() as txn:
             fmt = txn.get(b"format", db=self._meta)
-            count = 0
-            for _ in txn.cursor(db=self._rec).iternext(keys=True, values=True):
-                count += 1
+            count = txn.stat(self._rec)["entries"]
+            if txn.get(COUNTS_KEPT, db=self._meta) == b"1":
+                counts = {}
+                cur = txn.cursor(db=self._meta)
+                if cur.set_range(_COUNT):
+                    for key, value in cur:
+                        if not key.startswith(_COUNT):
+                            break
+                        if _Q.unpack(value)[0]:
+                            counts[key[len(_COUNT) :].decode("utf-8")] = _Q.unpack(value)[0]
+                self._counts = counts
         if fmt is None:
             if count:
                 return "the store has records but no format mark"
@@ -164,6 +237,12 @@ class SowStore:
         if bytes(fmt) != FORMAT:
             return f"unknown store format {bytes(fmt)!r} (this version writes {FORMAT!r})"
         return None
+
+    @property
+    def counts_kept(self) -> bool:
+        """Whether `meta` holds the record counts (a store of an older version does not)."""
+        with self.env.begin() as txn:
+            return txn.get(COUNTS_KEPT, db=self._meta) == b"1"
 
     @property
     def position(self) -> int | None:
@@ -186,6 +265,14 @@ class SowStore:
         except lmdb.MapFullError:
             raise StoreFull(self.map_size) from None
         return old is not None
+
+    def put_many(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]]) -> int:
+        """Store (record key, value) rows, best in key order; how many were new records."""
+        try:
+            _consumed, added = txn.cursor(db=self._rec).putmulti(rows)
+        except lmdb.MapFullError:
+            raise StoreFull(self.map_size) from None
+        return int(added)
 
     def replace(self, txn: lmdb.Transaction, topic: str, k: str, value: bytes) -> bytes | None:
         """Store a record; the value it replaced, or None."""
@@ -215,17 +302,28 @@ class SowStore:
             yield bytes(key[n:]).decode("utf-8"), decode_value(value)
 
     def topics(self) -> dict[str, int]:
-        """Record counts per topic (a full scan: at open)."""
-        counts: dict[str, int] = {}
+        """Record counts per topic (at open: from `meta` when kept there, else a full scan)."""
+        if self._counts is not None:
+            counts, self._counts = self._counts, None
+            return counts
+        counts = {}
         with self.env.begin() as txn:
             for key in txn.cursor(db=self._rec).iternext(keys=True, values=False):
                 t = bytes(key).split(b"\x00", 1)[0].decode("utf-8")
                 counts[t] = counts.get(t, 0) + 1
         return counts
 
-    def set_position(self, txn: lmdb.Transaction, position: int) -> None:
+    def set_position(
+        self, txn: lmdb.Transaction, position: int, counts: dict[str, int] | None = None
+    ) -> None:
+        """Write the position the store reflects, and the record counts of the topics in
+        `counts` (those that changed: the store then keeps every topic's count)."""
         try:
             txn.put(b"position", _Q.pack(position), db=self._meta)
+            if counts is not None:
+                for topic, n in counts.items():
+                    txn.put(_COUNT + topic.encode("utf-8"), _Q.pack(max(n, 0)), db=self._meta)
+                txn.put(COUNTS_KEPT, b"1", db=self._meta)
         except lmdb.MapFullError:
             raise StoreFull(self.map_size) from None
 
@@ -241,10 +339,17 @@ class SowStore:
 
     def clear(self) -> None:
         """Drop every record and the position (a rebuild from the journal's start)."""
+        self._counts = None
         with self.env.begin(write=True) as txn:
             txn.drop(self._rec, delete=False)
             txn.delete(b"position", db=self._meta)
             txn.delete(b"expiring", db=self._meta)
+            cur = txn.cursor(db=self._meta)
+            if cur.set_range(_COUNT):
+                while cur.key().startswith(_COUNT):
+                    if not cur.delete():
+                        break
+            txn.put(COUNTS_KEPT, b"1", db=self._meta)  # zero records, all counted
 
     def close(self) -> None:
         self.env.close()

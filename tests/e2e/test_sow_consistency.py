@@ -14,7 +14,8 @@ import pytest
 
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE
-from server.sow.keys import key_from_fragment
+from protocol.framing import frame_bytes
+from server.sow.keys import KeyMaker, key_from_fragment
 from server.sow.records import decode_delete
 from tests.support.proc import ServerProcess
 from tests.support.raw import Raw
@@ -23,11 +24,15 @@ SOW = """<SOW><Topic><Name>ticks</Name><Key>/k</Key></Topic></SOW>"""
 KEYS = 100
 
 
-def frames_for(topic: str, start: int, n: int) -> bytes:
+def frames_for(topic: str, start: int, n: int, compact: bool = False) -> bytes:
+    """Publishes start..start+n-1 over KEYS keys; compact: headers without white space, the
+    form the publish fast path keys in its scan (server/publish_scan.py), else the ordinary
+    path's."""
+    sep = (",", ":") if compact else None
     out = []
     for seq in range(start, start + n):
-        body = json.dumps({"k": seq % KEYS, "n": seq}).encode()
-        h = json.dumps({"c": "publish", "t": topic, "s": seq}).encode()
+        body = json.dumps({"k": seq % KEYS, "n": seq}, separators=sep).encode()
+        h = json.dumps({"c": "publish", "t": topic, "s": seq}, separators=sep).encode()
         out.append(struct.pack(">I", len(h) + len(body)) + h + body)
     return b"".join(out)
 
@@ -134,9 +139,11 @@ def answer(port: int, topic: str) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_kill_9_at_random_points_leaves_the_store_equal_to_a_fold_of_the_journal(tmp_path):
-    """Property: whatever point a kill -9 lands on (mid-publish, mid-delete, mid-commit), the
-    restarted server's answer equals a fold of the journal it recovered."""
+@pytest.mark.parametrize("compact", [False, True], ids=["ordinary", "fast-path"])
+def test_kill_9_at_random_points_leaves_the_store_equal_to_a_fold_of_the_journal(tmp_path, compact):
+    """Property: whatever point a kill -9 lands on (mid-publish, mid-delete, mid-commit, with
+    store writes deferred), the restarted server's answer equals a fold of the journal it
+    recovered."""
     rng = random.Random(25)
     s = ServerProcess(tmp_path, extra=SOW).start()
     seq = 1
@@ -146,12 +153,12 @@ def test_kill_9_at_random_points_leaves_the_store_equal_to_a_fold_of_the_journal
             c.logon("crasher")
             n = rng.randrange(500, 4000)
             first = rng.randrange(1, n)
-            c.send_raw(frames_for("ticks", seq, first))  # whole frames
+            c.send_raw(frames_for("ticks", seq, first, compact))  # whole frames
             for _ in range(rng.randrange(0, 4)):
                 keys = ",".join(h for h in answer(s.port, "ticks") if rng.random() < 0.05)
                 if keys:
                     c.send({"c": "sow_delete", "t": "ticks", "sow_keys": keys})
-            rest = frames_for("ticks", seq + first, n - first)
+            rest = frames_for("ticks", seq + first, n - first, compact)
             c.send_raw(rest[: rng.randrange(len(rest) // 2, len(rest))])  # ends mid-frame
             seq += n
             time.sleep(rng.random() * 0.05)
@@ -163,6 +170,37 @@ def test_kill_9_at_random_points_leaves_the_store_equal_to_a_fold_of_the_journal
             c = Raw(s.port, timeout=30)
             seq = c.logon("crasher")["s"] + 1
             c.close()
+    finally:
+        s.stop()
+
+
+def test_fast_path_publishes_then_a_delta_publish_in_one_read(tmp_path):
+    """Publishes keyed in the publish scan, a delta_publish among them (the ordinary path),
+    more after it, all in one write: the delta merges into the latest publish of its key
+    while that one is not committed yet, and a query right after the flush answers every key
+    with its latest message (the store's deferred writes are flushed for it)."""
+    s = ServerProcess(tmp_path, extra=SOW).start()
+    try:
+        c = Raw(s.port, timeout=30)
+        c.logon("fast")
+        delta = frame_bytes(b'{"c":"delta_publish","t":"ticks","s":2001}', b'{"k":5,"extra":"d"}')
+        c.send_raw(frames_for("ticks", 1, 2000, True) + delta + frames_for("ticks", 2002, 2, True))
+        c.send({"c": "flush", "cid": "f", "a": "persisted"})
+        c.ack("persisted", "f")
+        c.send({"c": "sow", "t": "ticks", "cid": "q", "a": "completed"})
+        got = {}
+        for h, b in c.recv_until(lambda h, b: h.get("c") == "ack" and h.get("cid") == "q"):
+            if h["c"] == "sow":
+                doc = json.loads(b)
+                assert h["k"] == KeyMaker(("/k",)).key(b, None)
+                got[doc["k"]] = doc
+        want = {
+            k: {"k": k, "n": max(n for n in range(1, 2004) if n % KEYS == k)} for k in range(KEYS)
+        }
+        want[5] = {"k": 5, "n": 1905, "extra": "d"}
+        want[1] = {"k": 1, "n": 1901}  # 2001 was the delta, on key 5
+        assert got == want
+        c.close()
     finally:
         s.stop()
 

@@ -5,6 +5,7 @@ C accelerator, and without either."""
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 
@@ -15,6 +16,7 @@ from protocol.framing import RAW_RUN, FrameDecoder, FrameError, RawFrames, expan
 from server import publish_scan
 from server.batch_row import BatchRow
 from server.publish_scan import publish_records_py, publish_span_py
+from server.sow.keys import KeyMaker, k_fragment
 
 RECORDS = [pytest.param(publish_records_py, id="python")]
 SPANS = [pytest.param(publish_span_py, id="python")]
@@ -190,6 +192,118 @@ def test_c_equals_python_on_random_runs():
             highest = want[4]
             if pos > len(raw):
                 break
+
+
+# -- SOW topics: frames keyed in the scan (server/sow/keys.py) --------------------------------
+
+SOW_MAKER = KeyMaker(("/sym", "/venue/id"))
+SOW_KNOWN = {b"px": ("px", SOW_MAKER.steps, SOW_MAKER), b"orders": "orders"}
+
+
+@pytest.mark.parametrize("impl", RECORDS)
+def test_golden_sow_records_carry_their_key_fragment(impl):
+    bodies = [
+        b'{"sym":"IBM","venue":{"id":7},"px":1.5}',
+        b' { "venue" : { "id" : -12 } , "sym" : "\xc3\xa9" , "n" : [1, {"a": "\\n"}] } ',
+        b'{"sym":true,"venue":{"id":123456789012345678901234567890}}',
+    ]
+    raw = pub(1, b"px", bodies[0]) + pub(2, b"orders") + pub(3, b"px", bodies[1])
+    raw += pub(4, b"px", bodies[2])
+    records, entries, msgs, stop, highest, _asked, unknown = impl(raw, 0, 7, 1000, 0, SOW_KNOWN, 0)
+    # the key: base64url of the JSON array of the values, unpadded (golden: ["IBM",7])
+    k1 = b',"k":"WyJJQk0iLDdd"'
+    assert k1 == k_fragment(SOW_MAKER.key(bodies[0], None))
+    hdrs = [k1, b"", *(k_fragment(SOW_MAKER.key(b, None)) for b in bodies[1:])]
+    assert hdrs[2] == b',"k":"WyLDqSIsLTEyXQ"'  # ["é",-12]
+    want = [
+        encode_record(KIND_MESSAGE, 7, 1, 1000, b"px", bodies[0], header=hdrs[0]),
+        encode_record(KIND_MESSAGE, 7, 2, 1000, b"orders", b'{"px":1}'),
+        encode_record(KIND_MESSAGE, 7, 3, 1000, b"px", bodies[1], header=hdrs[2]),
+        encode_record(KIND_MESSAGE, 7, 4, 1000, b"px", bodies[2], header=hdrs[3]),
+    ]
+    assert records == b"".join(want)
+    assert [m[6] for m in msgs] == hdrs
+    assert [m[0] for m in msgs] == ["px", "orders", "px", "px"]
+    assert [e[3] for e in entries] == [sum(len(r) for r in want[:i]) for i in range(4)]
+    assert (stop, highest, unknown) == (len(raw), 4, None)
+
+
+# bodies of a SOW publish the scan leaves to the ordinary path (which keys or refuses them);
+# the first group the C scan leaves although KeyMaker keys them (its text is not the key's)
+SOW_ORDINARY = [
+    b'{"sym":-0,"venue":{"id":1}}',  # decoded as 0
+    b'{"sym":1.5,"venue":{"id":1}}',  # a float
+    b'{"sym":1e3,"venue":{"id":1}}',
+    b'{"sym":"a\\"b","venue":{"id":1}}',  # an escape in the key value
+    b'{"\\u0073ym":"A","venue":{"id":1}}',  # an escaped member name
+    b'{"sym":"A","venue":{"id":1},"sym":"B"}',  # a duplicate: the decoder keeps the last
+    b'{"sym":"A","venue":{"id":1},"n":1e5}',  # an exponent anywhere
+]
+SOW_REFUSED = [
+    b'{"sym":"A"}',  # no value at /venue/id
+    b'{"sym":null,"venue":{"id":1}}',
+    b'{"sym":[1],"venue":{"id":1}}',
+    b'{"sym":"A","venue":{"id":{}}}',
+    b'{"sym":"A","venue":{"id":1},"venue":5}',  # the last venue has no id
+    b'{"sym":"A","venue":{"id":1}} x',  # not JSON
+    b'{"sym":"A","venue":{"id":1},"s":"\\ud800"}',
+    b'{"sym":"A","venue":{"id":1},"s":"\xff"}',
+    b'{"sym":"A","venue":{"id":01}}',
+    b"[1]",
+    b"",
+]
+
+
+@pytest.mark.parametrize("impl", RECORDS)
+@pytest.mark.parametrize("body", SOW_ORDINARY + SOW_REFUSED)
+def test_a_sow_body_without_a_scanned_key_stops_the_walk(impl, body):
+    raw = pub(1, b"px", b'{"sym":"A","venue":{"id":1}}') + pub(2, b"px", body) + pub(3, b"px")
+    got = impl(raw, 0, 7, 1, 0, SOW_KNOWN, 0)
+    refused = body in SOW_REFUSED
+    if impl is publish_records_py and not refused:
+        assert [e[1] for e in got[1]] == [1, 2]  # the reference keys what KeyMaker keys
+        assert got[2][1][6] == k_fragment(SOW_MAKER.key(body, None))
+    else:
+        assert [e[1] for e in got[1]] == [1]
+        assert got[3] == len(pub(1, b"px", b'{"sym":"A","venue":{"id":1}}'))
+        assert got[6] is None
+
+
+def _random_json(rng: random.Random, depth: int = 0):
+    r = rng.random()
+    if depth < 3 and r < 0.25:
+        return {
+            rng.choice(["sym", "venue", "id", "x", "é"]): _random_json(rng, depth + 1)
+            for _ in range(rng.randint(0, 4))
+        }
+    if depth < 3 and r < 0.35:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return rng.choice([None, True, False, 0, -7, 10**20, 1.25, "A", "é", 'q"', "\\", "\n"])
+
+
+@pytest.mark.skipif(not publish_scan.ACCELERATED, reason="no C accelerator built")
+def test_c_keys_a_subset_of_python_with_the_same_bytes():
+    rng = random.Random(25)
+    took = 0
+    for _ in range(3000):
+        doc = _random_json(rng)
+        if rng.random() < 0.7 and isinstance(doc, dict):
+            doc["sym"] = rng.choice([1, "A", True, "é", -3, 2.5, None])
+            doc["venue"] = {"id": rng.choice([7, "v", False, 0])}
+        text = json.dumps(doc, ensure_ascii=rng.random() < 0.3, indent=rng.choice([None, 1]))
+        body = text.encode()
+        if rng.random() < 0.05:  # a damaged byte
+            i = rng.randrange(len(body) or 1)
+            body = body[:i] + bytes([rng.randrange(256)]) + body[i + 1 :]
+        raw = pub(1, b"px", body)
+        c = _c_records(raw, 0, 7, 1, 0, SOW_KNOWN, 0)
+        py = publish_records_py(raw, 0, 7, 1, 0, SOW_KNOWN, 0)
+        if c[1]:  # what C takes, Python takes, to the byte
+            took += 1
+            assert c == py
+        else:
+            assert c[3] == 0 and c[6] is None
+    assert took > 200  # the generator makes plenty the C scan keys
 
 
 def test_decoder_runs_expand_to_the_frames_at_every_split():

@@ -8,7 +8,7 @@ import pytest
 from server.sow import BadOrderBy, BadSowKey, KeyMaker, parse_order_by
 from server.sow.keys import check_key, k_fragment, key_from_fragment
 from server.sow.records import BY_FILTER, BY_KEYS, decode_delete, encode_delete
-from server.sow.store import SowStore, decode_value, encode_value
+from server.sow.store import SowStore, decode_value, encode_value, store_rows, store_rows_py
 
 
 def test_keys_are_the_base64url_of_the_values_array():
@@ -91,6 +91,30 @@ def test_the_store_across_a_reopen(tmp_path):
     s.close()
 
 
+def test_record_counts_are_kept_with_the_position(tmp_path):
+    """A store written with counts opens without counting; one without them (an older
+    version's) is counted by a scan; a cleared store counts nothing."""
+    path = str(tmp_path / "sow")
+    s = SowStore(path)
+    v = encode_value(1, 1, 1, 1, b',"k":"a"', b"{}")
+    with s.write() as txn:
+        for k in "abc":
+            s.put(txn, "t", k, v)
+        s.put(txn, "u", "a", v)
+        s.set_position(txn, 10)  # no counts: as an older version wrote
+    s.close()
+    s = SowStore(path)
+    assert not s.counts_kept and s.topics() == {"t": 3, "u": 1}
+    with s.write() as txn:
+        s.set_position(txn, 20, {"t": 7, "u": 0})  # what the manager says, not a recount
+    s.close()
+    s = SowStore(path)
+    assert s.counts_kept and s.topics() == {"t": 7}
+    s.clear()
+    assert s.counts_kept and s.topics() == {}
+    s.close()
+
+
 def test_an_unreadable_store_is_moved_aside(tmp_path):
     path = str(tmp_path / "sow")
     SowStore(path).close()
@@ -127,3 +151,51 @@ def test_the_store_notes_a_record_with_its_own_e(tmp_path):
         assert not store.expiring
     finally:
         store.close()
+
+
+STORE_ROWS = [pytest.param(store_rows_py, id="python")]
+if store_rows is not store_rows_py:
+    STORE_ROWS.append(pytest.param(store_rows, id="c"))
+
+
+@pytest.mark.parametrize("impl", STORE_ROWS)
+def test_store_rows_golden(impl):
+    """Committed batch rows to store rows (server/sow/store.py): the record key, the value
+    (golden bytes), the latest of a key winning, other topics skipped."""
+    k1, k2 = k_fragment("WzFd"), k_fragment("é")
+    msgs = [
+        ("px", 7, 1, 1000, b'{"a":1}', 0, k1, None),
+        ("plain", 7, 2, 1000, b"x", 60, b"", None),
+        ("px", 7, 3, 1001, b'{"a":2}', 100, k2, None),
+        ("px", 8, 4, 1002, b'{"a":3}', 200, k1, None),
+    ]
+    targets = {"px": (b"px\x00", {})}
+    assert impl(msgs, 5000, targets) == 3
+    # a row with its own expiration stops the run (its record keeps e: the Python way)
+    assert impl([("px", 7, 5, 1003, b'{"a":4}', 300, k1, 12.5)], 5000, {"px": (b"px\x00", {})}) == -1
+    rows = targets["px"][1]
+    assert list(rows) == [b"px\x00WzFd", "px\x00é".encode()]
+    assert rows[b"px\x00WzFd"] == (
+        (5200).to_bytes(8, "big")
+        + (8).to_bytes(8, "big")
+        + (4).to_bytes(8, "big")
+        + (1002).to_bytes(8, "big")
+        + len(k1).to_bytes(2, "big")
+        + b',"k":"WzFd"{"a":3}'
+    )
+    assert rows[b"px\x00WzFd"] == encode_value(5200, 8, 4, 1002, k1, b'{"a":3}')
+    assert decode_value(rows["px\x00é".encode()]) == (5100, 7, 3, 1001, k2, b'{"a":2}')
+
+
+@pytest.mark.parametrize("impl", STORE_ROWS)
+@pytest.mark.parametrize(
+    "hdr", [b"", b',"x":1' + k_fragment("a"), k_fragment('q"'), k_fragment("b\\c"), b',"k":"']
+)
+def test_store_rows_stop_at_a_fragment_other_than_a_plain_key(impl, hdr):
+    msgs = [
+        ("px", 7, 1, 1000, b"{}", 0, k_fragment("a"), None),
+        ("px", 7, 2, 1000, b"{}", 50, hdr, None),
+    ]
+    targets = {"px": (b"px\x00", {})}
+    assert impl(msgs, 0, targets) == -1
+    assert list(targets["px"][1]) == [b"px\x00a"]  # the rows before it are in
