@@ -1,4 +1,5 @@
-"""The State of the World part of `Client` (docs/protocol.md §14; docs/sow.md).
+"""State of the World queries on one connection, a collaborator of `Client` (docs/protocol.md
+§14; docs/sow.md).
 
 - `sow(topic, ...)`: a query; returns the records of the answer (`Message`s whose
   `header.c` is `"sow"` and `header.k` the record's key), once the `completed` ack arrived.
@@ -9,7 +10,8 @@
 - `sow_delete(topic, keys=... | filter=... | data=...)` (client/client_commands.py) deletes
   records of a SOW topic and returns how many.
 
-`ClientSow` is a base of `Client`; it uses the command and subscription parts.
+`ClientSow` is handed the connection, the commands and the subscriptions (client_conn.py,
+client_commands.py, client_subscribe.py); `Client` routes each `sow` frame to `on_sow`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Iterable
 
 from protocol.headers import Header
 
-from .client_commands import DEFAULT_TIMEOUT, _opts_text
+from .client_commands import DEFAULT_TIMEOUT, ClientCommands, _opts_text
+from .client_conn import ClientConnection
 from .client_subscribe import ClientSubscriptions
 from .errors import CommandError, CommandTimeout
 from .message import Message
@@ -34,10 +37,15 @@ def _keys_text(keys: str | Iterable[str] | None) -> str | None:
     return ",".join(keys)
 
 
-class ClientSow(ClientSubscriptions):
-    """Queries of SOW topics (see the module docstring). Part of `Client`."""
+class ClientSow:
+    """Queries of SOW topics (see the module docstring)."""
 
-    def _init_sow(self) -> None:
+    def __init__(
+        self, conn: ClientConnection, commands: ClientCommands, subs: ClientSubscriptions
+    ) -> None:
+        self._conn = conn
+        self._commands = commands
+        self._subs = subs
         self._answers: dict[str, list[Message]] = {}
 
     async def sow(
@@ -58,12 +66,12 @@ class ClientSow(ClientSubscriptions):
         after skipping `skip_n`; with `bookmark` (a bookmark, a timestamp or "0"), as they
         were at that point of the journal. Raises CommandError with the server's reason (`invalid
         topic`, `bad filter`, `bad order by`, ...)."""
-        if self._state != "logged_on":
-            raise self._not_ready("sow")
+        if self._conn.state != "logged_on":
+            raise self._conn.not_ready("sow")
         opts = [o for o in (_opts_text(options) or "").split(",") if o]
         if skip_n is not None:
             opts.append(f"skip_n={skip_n}")
-        query_id = f"q{self._new_id()}"
+        query_id = f"q{self._commands.new_id()}"
         answer: list[Message] = []
         self._answers[query_id] = answer
         header = Header(
@@ -72,9 +80,9 @@ class ClientSow(ClientSubscriptions):
             bm=bookmark, a="completed",
         )  # fmt: skip
         try:
-            await self._request(header, "completed", timeout)
+            await self._commands.request(header, "completed", timeout)
         except (CommandTimeout, asyncio.CancelledError):
-            self._send_quietly(Header(c="unsubscribe", query_id=query_id))
+            self._commands.send_quietly(Header(c="unsubscribe", query_id=query_id))
             raise
         finally:
             self._answers.pop(query_id, None)
@@ -95,11 +103,11 @@ class ClientSow(ClientSubscriptions):
         """Query `topic` and subscribe to what changes after the answer; returns the
         Subscription, whose iterator yields the answer's records and then live messages.
         With `bookmark`: the state at that point, then every change after it, then live."""
-        if self._state != "logged_on":
-            raise self._not_ready("sow_and_subscribe")
+        if self._conn.state != "logged_on":
+            raise self._conn.not_ready("sow_and_subscribe")
         opts = _opts_text(options)
         replace = opts is not None and "replace" in (o.strip() for o in opts.split(","))
-        existing = self._subs.get(sub_id) if sub_id is not None else None
+        existing = self._subs.by_id.get(sub_id) if sub_id is not None else None
         if existing is not None and not replace:
             raise CommandError(
                 "subscription already exists",
@@ -107,40 +115,40 @@ class ClientSow(ClientSubscriptions):
                 "options='replace'",
             )
         if sub_id is None:
-            sub_id = self._new_sub_id()
-        cid = self._new_id()
+            sub_id = self._subs.new_sub_id()
+        cid = self._commands.new_id()
         sub = existing or Subscription(
-            self,
+            self._subs,
             sub_id,
             topic,
             None,
-            max_messages=self.max_buffered_messages,
-            max_bytes=self.max_buffered_bytes,
-            on_full=self._sub_full,
-            on_drained=self._sub_drained,
+            max_messages=self._subs.max_buffered_messages,
+            max_bytes=self._subs.max_buffered_bytes,
+            on_full=self._subs.sub_full,
+            on_drained=self._subs.sub_drained,
         )
-        self._subs[sub_id] = sub  # registered before sending: the answer may come first
+        self._subs.by_id[sub_id] = sub  # registered before sending: the answer may come first
         header = Header(
             c="sow_and_subscribe", cid=cid, t=topic, sub_id=sub_id, f=filter, top_n=top_n,
             order_by=order_by, o=opts, bm=bookmark, a="processed",
         )  # fmt: skip
         try:
-            await self._request(header, "processed", timeout)
+            await self._commands.request(header, "processed", timeout)
         except BaseException as exc:
             if existing is None:
-                self._drop_sub(sub)
+                self._subs.drop(sub)
                 sub._end_stop(drop=True)
                 if isinstance(exc, (CommandTimeout, asyncio.CancelledError)):
-                    self._send_quietly(Header(c="unsubscribe", sub_id=sub_id))
+                    self._commands.send_quietly(Header(c="unsubscribe", sub_id=sub_id))
             raise
         return sub
 
-    def _on_sow(self, header: Header, body: bytes) -> None:
+    def on_sow(self, header: Header, body: bytes) -> None:
         """One record of an answer: to its query's list, or its subscription's stream."""
         msg = Message(header.t, body, header.bm, header.sub_id, header.sub_id, header.ts,
                       header.x, None, header)  # fmt: skip
         if header.sub_id is not None:
-            sub = self._subs.get(header.sub_id)
+            sub = self._subs.by_id.get(header.sub_id)
             if sub is not None:
                 sub._push(msg)
                 return
@@ -148,4 +156,4 @@ class ClientSow(ClientSubscriptions):
         if answer is not None:
             answer.append(msg)
         else:
-            self.stray_messages += 1
+            self._subs.stray_messages += 1
