@@ -178,11 +178,11 @@ class Client:
 
     @property
     def connected(self) -> bool:
-        return self._conn.connected
+        return self._conn.transport is not None
 
     @property
     def closed_reason(self) -> Disconnected | None:
-        return self._conn.closed_reason
+        return self._conn.closed_exc
 
     @property
     def persisted_seq(self) -> int:

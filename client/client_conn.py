@@ -5,7 +5,7 @@
 owns:
 
 - the transport and its state: `new | connected | logged_on | closed` (the diagram is in
-  client/client.py), why it closed (`closed_reason`) and the future `wait_closed()` awaits;
+  client/client.py), why it closed (`closed_exc`) and the future `wait_closed()` awaits;
 - the outgoing bytes: every frame goes through `write`, which coalesces what one event-loop
   iteration writes into one `transport.write` (at once past 256 KiB); `write_paused` follows
   the transport's high-water mark (4 MiB) and `wait_writable()` waits for it to drain;
@@ -102,7 +102,7 @@ class ClientConnection:
         self.state = "new"  # new | connected | logged_on | closed
         self._plain = True  # no TLS on this connection
         self._rx_any = False  # anything received yet
-        self._closed_exc: Disconnected | None = None
+        self.closed_exc: Disconnected | None = None
         self._closing_reason: tuple[str, str] | None = None  # set when we close or abort
         self.server_failure: tuple[str, str] | None = None  # a failure the server closes after
         self.user_closed = False
@@ -200,15 +200,7 @@ class ClientConnection:
         """Wait until the connection ends; returns why (None if it never opened)."""
         if self._lost is not None:
             await asyncio.shield(self._lost)
-        return self._closed_exc
-
-    @property
-    def connected(self) -> bool:
-        return self.transport is not None
-
-    @property
-    def closed_reason(self) -> Disconnected | None:
-        return self._closed_exc
+        return self.closed_exc
 
     # ================================================================ heartbeats
 
@@ -282,7 +274,7 @@ class ClientConnection:
 
     def not_ready(self, what: str) -> ClientError:
         if self.state == "closed":
-            return self._closed_exc or Disconnected("closed by client")
+            return self.closed_exc or Disconnected("closed by client")
         if self.state == "new":
             return ClientError(f"{what}: not connected; call await client.connect(address) first")
         return ClientError(f"{what}: not logged on; call await client.logon() first")
@@ -369,7 +361,7 @@ class ClientConnection:
     def _mark_closed(self, err: Disconnected) -> None:
         self.transport = None
         self.state = "closed"
-        self._closed_exc = err
+        self.closed_exc = err
         self._out.clear()
         self._out_bytes = 0
         self._on_closed(err)

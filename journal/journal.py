@@ -56,8 +56,6 @@ from .writer import CommitStats, DoneCallback, JournalWriter
 
 log = logging.getLogger("tickertape.journal")
 
-MAX_PENDING_BYTES = 256 * 1024 * 1024
-
 
 class Journal:
     def __init__(
@@ -139,10 +137,6 @@ class Journal:
     def available(self) -> bool:
         """False from a failed write until a probe succeeds (writes fail at once meanwhile)."""
         return self.writer.available
-
-    @property
-    def pending_bytes(self) -> int:
-        return self.writer.pending_bytes
 
     def close(self) -> None:
         """Drain everything submitted, make it durable, and close. Idempotent."""

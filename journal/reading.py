@@ -63,11 +63,6 @@ class JournalReader:
         return fd
 
     @property
-    def end_position(self) -> int:
-        """Position just after the last durable record."""
-        return self.layout.end
-
-    @property
     def start_position(self) -> int:
         return self.layout.segments[0].base
 
@@ -267,7 +262,7 @@ class JournalReader:
         return self.next_position(position + record_length_at(head, 0))
 
     def locate_time(self, ts_us: int) -> int:
-        """Position of the first record with a timestamp after ts_us (end_position if none)."""
+        """Position of the first record with a timestamp after ts_us (the durable end if none)."""
         pos = self.index.time_floor(ts_us)
         if pos is None or pos < self.start_position:
             pos = self.start_position

@@ -131,7 +131,6 @@ class JournalWriter:
         # no O_APPEND: commits pwrite at the segment's end, inside its runway
         self._fd = io.open(layout.segments[-1].path, os.O_WRONLY)
         self._pending: list[Pending] = []
-        self._pending_bytes = 0
         self._cond = threading.Condition()
         self._closing = False
         self._closed = False
@@ -196,7 +195,6 @@ class JournalWriter:
             if self._closing:
                 raise JournalClosed()
             self._pending.append((data, entries, on_done, meta))
-            self._pending_bytes += len(data)
             self._cond.notify()
 
     def commit_inline(
@@ -239,10 +237,6 @@ class JournalWriter:
                 self._cond.notify()  # the writer thread extends it, off this thread
         return True
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_bytes
-
     def _writer(self) -> None:
         while True:
             with self._cond:
@@ -261,7 +255,6 @@ class JournalWriter:
                 if not batch and self._closing:
                     return
                 self._pending = []
-                self._pending_bytes = 0
                 self._busy = True
             if self._unavailable is not None and time.monotonic() >= self._next_probe:
                 self._probe()
