@@ -83,11 +83,14 @@ class Journal:
         kw = {"map_size": index_map_size} if index_map_size else {}
         self.index = JournalIndex(os.path.join(directory, "index"), **kw)
         self.integrity = Integrity()
+        opening = Recovery(directory, segment_size, self.index, self.integrity)
         try:
-            opening = Recovery(directory, segment_size, self.index, self.integrity)
             self.layout, self.reader = opening.open()
             self.writer = JournalWriter(self.layout, self.index, io or FileIO(), durability)
         except BaseException:
+            reader = getattr(opening, "reader", None)  # set once the layout was read
+            if reader is not None:
+                reader.close()
             self.index.close()
             os.close(self._lock_fd)
             raise
