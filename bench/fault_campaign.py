@@ -342,7 +342,7 @@ def flip_at_rest(jdir: str, rng: random.Random) -> tuple[int, int] | None:
         if not recs:
             return None
         r = rng.choice(recs)
-        segs, i = j._find(r.position)
+        segs, i = j.layout.find(r.position)
         seg = segs[i]
         off = SEGMENT_HEADER_SIZE + r.position - seg.base + rng.randrange(8, 36 + len(r.body))
     finally:

@@ -40,13 +40,14 @@ Wire decisions taken here (docs/protocol.md leaves them to the client):
   ones (`{"a":"persisted","sub_id":..,"bm":..}`) are queued in order with its messages as
   `PersistedBookmark` items (what bookmark stores need). Without it they are ignored.
 
-The class is put together from one part per responsibility, each in its own module:
-`ClientConnection` (client_conn.py: transport, bytes in and out, heartbeats, close),
-`ClientCommands` (client_commands.py: commands matched to acks by `cid`), `ClientSubscriptions`
-(client_subscribe.py: subscriptions, delivery, flow control), `ClientSow` (client_sow.py: SOW
-queries) and `ClientPublishing`
-(client_publish.py: publishes and the in-flight window). This module adds construction, logon
-and the routing of each frame from the server to the part it concerns.
+A Client is a façade over one object per responsibility, each in its own module and handed
+the others it uses: `ClientConnection` (client_conn.py: transport, bytes in and out, heartbeats,
+close), `ClientCommands` (client_commands.py: commands matched to acks by `cid`),
+`ClientSubscriptions` (client_subscribe.py: subscriptions, delivery, flow control), `ClientSow`
+(client_sow.py: SOW queries) and `ClientPublishing` (client_publish.py: publishes and the
+in-flight window). Its public methods are those objects' own bound methods (no extra call on
+the publish path). This module adds construction, logon and the routing of each frame from the
+server to the object it concerns.
 """
 
 from __future__ import annotations
@@ -59,12 +60,13 @@ from typing import Self
 from protocol.framing import DEFAULT_MAX_FRAME
 from protocol.headers import Header
 
-from .client_commands import DEFAULT_TIMEOUT
+from .client_commands import DEFAULT_TIMEOUT, DISCONNECT_REASONS, ClientCommands
 from .client_commands import _opts_text as _opts_text  # for client/ha.py
-from .client_conn import BEAT
+from .client_conn import BEAT, ClientConnection
 from .client_publish import ClientPublishing
 from .client_publish import _body_bytes as _body_bytes  # for client/ha.py
 from .client_sow import ClientSow
+from .client_subscribe import ClientSubscriptions
 from .errors import ClientError, CommandError, Disconnected, PublishFailed
 from .message import LogonResult, Message, PersistedBookmark
 
@@ -73,13 +75,9 @@ __all__ = ["DEFAULT_TIMEOUT", "VERSION", "Client"]
 log = logging.getLogger("tickertape.client")
 
 VERSION = "tickertape-py/0.1.0"
-# failure reasons after which the server closes the connection (docs/protocol.md §9)
-_DISCONNECT_REASONS = frozenset(
-    {"bad frame", "unknown command", "logon required", "auth failure", "name in use"}
-)
 
 
-class Client(ClientSow, ClientPublishing):
+class Client:
     """An asyncio client for one connection. See the module docstring for states and decisions.
 
     Bounds: `max_inflight` unacknowledged publishes (publish() waits when reached), a
@@ -126,14 +124,93 @@ class Client(ClientSow, ClientPublishing):
         self.on_duplicate = on_duplicate
         self.on_persisted = on_persisted
         self.logon_result: LogonResult | None = None
-        self._init_publishing(max_inflight, track_duplicates)
-        self._init_connection(server, max_message_size, tls)
-        self._init_commands()
-        self._init_subscriptions(max_buffered_messages, max_buffered_bytes)
-        self._init_sow()
+        self.duplicate_count = 0  # publishes acknowledged with `reason: duplicate`
+        conn = self._conn = ClientConnection(
+            server, max_message_size, tls, self._dispatch, self._fail_pending
+        )
+        cmds = self._commands = ClientCommands(conn)
+        pub = self._pub = ClientPublishing(conn, max_inflight, track_duplicates)
+        subs = self._subs = ClientSubscriptions(
+            conn, cmds, max_buffered_messages, max_buffered_bytes
+        )
+        sow = self._sow = ClientSow(conn, cmds, subs)
+        self._tracker = pub.tracker
+        self.close = conn.close
+        self.abort = conn.abort
+        self.wait_closed = conn.wait_closed
+        self.send_heartbeat = conn.send_heartbeat
+        self.start_heartbeat = conn.start_heartbeat
+        self.execute = cmds.execute
+        self.flush = cmds.flush
+        self.sow_delete = cmds.sow_delete
+        self.publish = pub.publish
+        self.can_publish = pub.can_publish
+        self.wait_publishable = pub.wait_publishable
+        self.try_publish = pub.try_publish
+        self.publish_nowait = pub.publish_nowait
+        self.publish_flush = pub.publish_flush
+        self.unpersisted_count = pub.unpersisted_count
+        self.subscribe = subs.subscribe
+        self.unsubscribe = subs.unsubscribe
+        self.subscriptions = subs.subscriptions
+        self.sow = sow.sow
+        self.sow_and_subscribe = sow.sow_and_subscribe
 
     def __repr__(self) -> str:
-        return f"<Client {self.name!r} {self._state}>"
+        return f"<Client {self.name!r} {self._conn.state}>"
+
+    async def connect(self, address: str | None = None, *, timeout: float = 10.0) -> Self:
+        """Open the connection (`host:port`, `tcp://host:port/`, or `tcps://host:port/` for
+        TLS with the client's `tls` context; default the `server` given to the constructor).
+        Raises `ConnectFailed` (a refused TLS handshake too, with OpenSSL's reason). Returns
+        self."""
+        await self._conn.connect(address, timeout=timeout)
+        return self
+
+    @property
+    def server(self) -> str | None:
+        """The address given to the constructor, or the one connect() used."""
+        return self._conn.server
+
+    @property
+    def tls(self) -> ssl.SSLContext | None:
+        return self._conn.tls
+
+    @property
+    def connected(self) -> bool:
+        return self._conn.transport is not None
+
+    @property
+    def closed_reason(self) -> Disconnected | None:
+        return self._conn.closed_exc
+
+    @property
+    def persisted_seq(self) -> int:
+        """Highest sequence the server acknowledged as persisted (covers every lower one)."""
+        return self._tracker.persisted_seq
+
+    @property
+    def last_seq(self) -> int:
+        """Highest sequence published (or known stored at logon)."""
+        return self._tracker.last_seq
+
+    @property
+    def failed_count(self) -> int:
+        """Publishes settled as not persisted (failure acks)."""
+        return self._tracker.failed_count
+
+    @property
+    def stray_messages(self) -> int:
+        """Deliveries for no known subscription (e.g. after unsubscribe)."""
+        return self._subs.stray_messages
+
+    @property
+    def max_buffered_messages(self) -> int:
+        return self._subs.max_buffered_messages
+
+    @property
+    def max_buffered_bytes(self) -> int:
+        return self._subs.max_buffered_bytes
 
     async def logon(
         self, timeout: float | None = 10.0, *, ack_conflation: str | None = None
@@ -141,8 +218,9 @@ class Client(ClientSow, ClientPublishing):
         """Log on as `name`. Returns the server's highest stored sequence for this name (and
         its bookmark); publish() numbers from there. Raises CommandError (`auth failure`,
         `name in use`), CommandTimeout, Disconnected."""
-        if self._state != "connected":
-            raise ClientError(f"logon() on a {self._state} client; connect() first, logon once")
+        conn = self._conn
+        if conn.state != "connected":
+            raise ClientError(f"logon() on a {conn.state} client; connect() first, logon once")
         header = Header(
             c="logon",
             client_name=self.name,
@@ -152,7 +230,7 @@ class Client(ClientSow, ClientPublishing):
             o=f"ack_conflation={ack_conflation}" if ack_conflation else None,
         )
         try:
-            ack = await self._request(header, "processed", timeout)
+            ack = await self._commands.request(header, "processed", timeout)
         except CommandError as exc:
             if exc.reason == "auth failure" and self.user_id and self.password is None:
                 raise CommandError(
@@ -164,12 +242,12 @@ class Client(ClientSow, ClientPublishing):
             raise
         seq = ack.s or 0
         self._tracker.reset(seq)
-        self._state = "logged_on"
+        conn.state = "logged_on"
         self.logon_result = LogonResult(seq, ack.bm)
         return self.logon_result
 
     async def __aenter__(self) -> Self:
-        if self._state == "new" and self.server:
+        if self._conn.state == "new" and self._conn.server:
             await self.connect()
             try:
                 await self.logon()
@@ -184,7 +262,7 @@ class Client(ClientSow, ClientPublishing):
     # ================================================================ routing what the server sends
 
     def _dispatch(self, frames: list[tuple[Header, bytes]]) -> None:
-        subs = self._subs
+        subs = self._subs.by_id
         for header, body in frames:
             c = header.c
             if c == "p":
@@ -197,43 +275,28 @@ class Client(ClientSow, ClientPublishing):
                                       header.x, header.lp, header)  # fmt: skip
                         sub._push(msg)
                     else:
-                        self.stray_messages += 1
+                        self._subs.stray_messages += 1
                 else:
-                    self._deliver_many(header, body, sids)
+                    self._subs.deliver_many(header, body, sids)
             elif c == "ack":
                 self._on_ack(header)
             elif c == "sow" or c == "oof":  # an answer's record, or an out-of-focus notice
-                self._on_sow(header, body)
+                self._sow.on_sow(header, body)
             elif c == "heartbeat":
-                if self._transport is not None:
-                    self._write(BEAT)
+                if self._conn.transport is not None:
+                    self._conn.write(BEAT)
             else:
                 log.debug("ignoring %r frame from the server", c)
 
     def _on_ack(self, h: Header) -> None:
         a = h.a
         cid = h.cid
-        if cid is not None:
-            w = self._waiters.get(cid)
-            if w is not None:
-                if h.status == "failure":
-                    del self._waiters[cid]
-                    if h.reason in _DISCONNECT_REASONS:
-                        # e.g. a refused logon: the server closes next, and this is why
-                        self._server_failure = (h.reason, f"{w.command} refused")
-                    if not w.fut.done():
-                        w.fut.set_exception(
-                            CommandError(h.reason or "unknown", f"{w.command} refused (cid {cid})")
-                        )
-                    return
-                if a == w.ack:
-                    del self._waiters[cid]
-                    if not w.fut.done():
-                        w.fut.set_result(h)
-                    return
+        if cid is not None and self._commands.settle(h, cid):
+            return
+        subs = self._subs
         if a == "persisted" and cid is None:
             if h.sub_id is not None and h.bm is not None:
-                sub = self._subs.get(h.sub_id)
+                sub = subs.by_id.get(h.sub_id)
                 if sub is not None:
                     sub._push_mark(PersistedBookmark(h.sub_id, h.bm))
                 return
@@ -248,15 +311,15 @@ class Client(ClientSow, ClientPublishing):
                         log.exception("on_persisted callback failed")
             return
         if a == "completed":
-            sub = self._subs.get(h.sub_id) if h.sub_id else None
+            sub = subs.by_id.get(h.sub_id) if h.sub_id else None
             if sub is None and cid is not None:
-                sub = self._subs_by_cid.get(cid)
+                sub = subs.by_cid.get(cid)
             if sub is not None and h.bm is not None:
                 # a SOW answer's point (only its `completed` carries bm): in order, after the
                 # answer's records and before the first change (client/hasub.py)
                 sub._push_mark(PersistedBookmark(sub.sub_id, h.bm))
             if sub is not None and sub._complete():
-                self._drop_sub(sub)  # a range ended: the server removed the subscription
+                subs.drop(sub)  # a range ended: the server removed the subscription
             return
         if cid is None and a == "processed" and h.status != "failure":
             if h.reason == "duplicate":
@@ -268,13 +331,13 @@ class Client(ClientSow, ClientPublishing):
                         log.exception("on_duplicate callback failed")
             return
         if h.status == "failure" and cid is None and h.sub_id is not None:
-            sub = self._subs.get(h.sub_id)
+            sub = subs.by_id.get(h.sub_id)
             if sub is not None:  # the server ended it (`not entitled` after a reload of roles)
                 exc = CommandError(
                     h.reason or "unknown", f"subscription {h.sub_id} ended by the server"
                 )
                 sub._finish(exc, drop=False)
-                self._drop_sub(sub)
+                subs.drop(sub)
                 self._report(exc)
                 return
         if h.status == "failure":
@@ -283,8 +346,8 @@ class Client(ClientSow, ClientPublishing):
             # usually closes next, and the reason goes into the Disconnected detail
             what = f"{h.c} ack for cid {cid}" if cid else "a command without cid"
             exc = CommandError(h.reason or "unknown", f"server refused {what} ({a or 'no type'})")
-            if h.reason in _DISCONNECT_REASONS:
-                self._server_failure = (h.reason, str(exc))
+            if h.reason in DISCONNECT_REASONS:
+                self._conn.server_failure = (h.reason, str(exc))
             self._report(exc)
 
     def _report(self, exc: ClientError) -> None:
@@ -298,6 +361,6 @@ class Client(ClientSow, ClientPublishing):
 
     def _fail_pending(self, err: Disconnected) -> None:
         # commands first, then publishes, then subscriptions: the order callers are woken in
-        self._fail_waiters(err)
+        self._commands.fail_all(err)
         self._tracker.close(err)
-        self._end_subscriptions(err)
+        self._subs.end_all(err)

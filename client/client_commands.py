@@ -1,10 +1,11 @@
-"""The commands part of `Client`: commands that wait for an ack, matched by `cid`.
+"""Commands that wait for an ack, matched by `cid`: a collaborator of `Client`.
 
-`ClientCommands` (a base of `Client`, built on `ClientConnection`) owns the waiting commands:
-every command sent with `_request` carries a `cid` (a decimal counter, also the source of
-generated `sub_id`s) and waits for the ack of the awaited type; `Client._on_ack` settles the
-waiter, a failure ack of any type for that `cid` fails it, and a closing connection fails every
-waiter with `Disconnected` (`_fail_waiters`). Also here: `execute`, `flush` and `sow_delete`.
+`ClientCommands` is handed the connection (client_conn.py) and owns the waiting commands: every
+command sent with `request` carries a `cid` (a decimal counter, also the source of generated
+`sub_id`s and `query_id`s) and waits for the ack of the awaited type; `settle` (called by
+`Client._on_ack`) settles the waiter, a failure ack of any type for that `cid` fails it, and a
+closing connection fails every waiter with `Disconnected` (`fail_all`). Also here: `execute`,
+`flush` and `sow_delete`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from protocol.framing import encode_frame
 from protocol.headers import Header
 
 from .client_conn import ClientConnection
-from .errors import CommandTimeout, Disconnected
+from .errors import CommandError, CommandTimeout, Disconnected
 
 __all__ = ["DEFAULT_TIMEOUT", "ClientCommands"]
 
@@ -26,6 +27,10 @@ DEFAULT_TIMEOUT = 30.0
 """Seconds a command waits for its ack unless told otherwise (flushes wait forever by default)."""
 
 _replace = msgspec.structs.replace
+# failure reasons after which the server closes the connection (docs/protocol.md §9)
+DISCONNECT_REASONS = frozenset(
+    {"bad frame", "unknown command", "logon required", "auth failure", "name in use"}
+)
 
 
 def _opts_text(options: str | Iterable[str] | None) -> str | None:
@@ -43,10 +48,11 @@ class _Waiter:
         self.command = command
 
 
-class ClientCommands(ClientConnection):
-    """Commands that wait for their ack (see the module docstring). Part of `Client`."""
+class ClientCommands:
+    """Commands that wait for their ack on one connection (see the module docstring)."""
 
-    def _init_commands(self) -> None:
+    def __init__(self, conn: ClientConnection) -> None:
+        self._conn = conn
         self._waiters: dict[str, _Waiter] = {}
         self._next_id = 0
 
@@ -65,9 +71,9 @@ class ClientCommands(ClientConnection):
         A `cid` is assigned if the header has none, and `ack` is added to its `a`. Raises
         CommandError on a failure ack, CommandTimeout, Disconnected.
         """
-        if self._state == "connected" and header.c != "logon":
-            raise self._not_ready(header.c or "execute")
-        return await self._request(header, ack, timeout, body)
+        if self._conn.state == "connected" and header.c != "logon":
+            raise self._conn.not_ready(header.c or "execute")
+        return await self.request(header, ack, timeout, body)
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until the server has processed every earlier command of this connection."""
@@ -103,29 +109,30 @@ class ClientCommands(ClientConnection):
 
     # ================================================================ internals: requests
 
-    def _new_id(self) -> str:
+    def new_id(self) -> str:
         self._next_id += 1
         return str(self._next_id)
 
-    async def _request(
+    async def request(
         self, header: Header, ack: str, timeout: float | None, body: bytes = b""
     ) -> Header:
         """Send `header` and wait for its `ack`-type ack (a cid is assigned if it has none,
         and `ack` is added to its `a`)."""
-        if self._transport is None:
-            raise self._not_ready(header.c or "command")
+        conn = self._conn
+        if conn.transport is None:
+            raise conn.not_ready(header.c or "command")
         changes: dict[str, str] = {}
         cid = header.cid
         if cid is None:
-            cid = changes["cid"] = self._new_id()
+            cid = changes["cid"] = self.new_id()
         acks = header.a.split(",") if header.a else []
         if ack not in acks:
             changes["a"] = ",".join([*acks, ack])
         if changes:
             header = _replace(header, **changes)
-        fut = self._loop.create_future()
+        fut = conn.loop.create_future()
         waiter = self._waiters[cid] = _Waiter(fut, ack, header.c or "command")
-        self._write(encode_frame(header, body))
+        conn.write(encode_frame(header, body))
         try:
             if timeout is None:
                 return await fut
@@ -138,12 +145,35 @@ class ClientCommands(ClientConnection):
             if self._waiters.get(cid) is waiter:
                 del self._waiters[cid]
 
-    def _send_quietly(self, header: Header) -> None:
+    def send_quietly(self, header: Header) -> None:
         """Fire-and-forget (cleanup after a cancelled or timed-out command)."""
-        if self._transport is not None:
-            self._write(encode_frame(header))
+        if self._conn.transport is not None:
+            self._conn.write(encode_frame(header))
 
-    def _fail_waiters(self, err: Disconnected) -> None:
+    def settle(self, h: Header, cid: str) -> bool:
+        """Settle the command waiting on ack `h` for `cid`: True if one did (its result, or
+        CommandError on a failure ack of any type), False if the ack is for nobody here."""
+        w = self._waiters.get(cid)
+        if w is None:
+            return False
+        if h.status == "failure":
+            del self._waiters[cid]
+            if h.reason in DISCONNECT_REASONS:
+                # e.g. a refused logon: the server closes next, and this is why
+                self._conn.server_failure = (h.reason, f"{w.command} refused")
+            if not w.fut.done():
+                w.fut.set_exception(
+                    CommandError(h.reason or "unknown", f"{w.command} refused (cid {cid})")
+                )
+            return True
+        if h.a == w.ack:
+            del self._waiters[cid]
+            if not w.fut.done():
+                w.fut.set_result(h)
+            return True
+        return False
+
+    def fail_all(self, err: Disconnected) -> None:
         waiters, self._waiters = self._waiters, {}
         for w in waiters.values():
             if not w.fut.done():

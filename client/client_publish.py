@@ -1,8 +1,8 @@
-"""The publishing part of `Client`: publish, the in-flight window, flushes.
+"""Publishing on one connection, a collaborator of `Client`: publish, the in-flight window, flushes.
 
-`ClientPublishing` (a base of `Client`, built on `ClientConnection`) sends publishes and keeps
-their sequence numbers in a `PublishTracker` (client/publish.py), which `Client._on_ack` feeds
-with the conflated persisted acks. Publishes carry `s` (numbered from the logon's `s` + 1 unless
+`ClientPublishing` is handed the connection (client_conn.py); it sends publishes and keeps
+their sequence numbers in a `PublishTracker` (client/publish.py, its `tracker`), which
+`Client._on_ack` feeds with the conflated persisted acks. Publishes carry `s` (numbered from the logon's `s` + 1 unless
 given) and `a: "persisted"` (plus `processed` with `track_duplicates=True`); they carry no `cid`.
 The common publish header is encoded once per topic and only `s` is appended per publish.
 
@@ -37,33 +37,18 @@ def _body_bytes(body: object) -> bytes:
     raise TypeError(f"body must be bytes, str or a JSON dict/list, not {type(body).__name__}")
 
 
-class ClientPublishing(ClientConnection):
-    """Publishing on one connection (see the module docstring). Part of `Client`."""
+class ClientPublishing:
+    """Publishing on one connection (see the module docstring)."""
 
-    def _init_publishing(self, max_inflight: int, track_duplicates: bool) -> None:
-        self.duplicate_count = 0
+    def __init__(self, conn: ClientConnection, max_inflight: int, track_duplicates: bool) -> None:
+        self._conn = conn
         self._publish_acks = "processed,persisted" if track_duplicates else "persisted"
-        self._tracker = PublishTracker(max_inflight)
+        self.tracker = PublishTracker(max_inflight)
         self._prefixes: dict[str, bytes] = {}
-
-    @property
-    def persisted_seq(self) -> int:
-        """Highest sequence the server acknowledged as persisted (covers every lower one)."""
-        return self._tracker.persisted_seq
-
-    @property
-    def last_seq(self) -> int:
-        """Highest sequence published (or known stored at logon)."""
-        return self._tracker.last_seq
-
-    @property
-    def failed_count(self) -> int:
-        """Publishes settled as not persisted (failure acks)."""
-        return self._tracker.failed_count
 
     def unpersisted_count(self) -> int:
         """Publishes sent and not yet acknowledged as persisted (or failed)."""
-        return len(self._tracker._inflight)
+        return len(self.tracker._inflight)
 
     async def publish(
         self,
@@ -80,14 +65,15 @@ class ClientPublishing(ClientConnection):
         buffer is full. `body`: bytes as-is, str as UTF-8, dict/list encoded as JSON.
         Raises Disconnected if the connection is gone, ClientError before logon.
         """
-        tracker = self._tracker
+        tracker = self.tracker
+        conn = self._conn
         # hot path: read the tracker's deque directly instead of through a method call
         if len(tracker._inflight) >= tracker.max_inflight:
             await tracker.wait_window()
-        if self._write_paused:
-            await self._wait_writable()
-        if self._state != "logged_on":
-            raise self._not_ready("publish")
+        if conn.write_paused:
+            await conn.wait_writable()
+        if conn.state != "logged_on":
+            raise conn.not_ready("publish")
         if type(body) is not bytes:
             body = _body_bytes(body)
         if seq is None:
@@ -108,7 +94,7 @@ class ClientPublishing(ClientConnection):
                     e=expiration,
                 )
             )
-        self._write(frame_bytes(header, body))
+        conn.write(frame_bytes(header, body))
         tracker.sent(seq)
         return seq
 
@@ -116,20 +102,21 @@ class ClientPublishing(ClientConnection):
         """True when publish_nowait() may be called: logged on, the in-flight window has room
         and the socket's write buffer is below its high-water mark."""
         return (
-            self._state == "logged_on"
-            and not self._write_paused
-            and len(self._tracker._inflight) < self._tracker.max_inflight
+            self._conn.state == "logged_on"
+            and not self._conn.write_paused
+            and len(self.tracker._inflight) < self.tracker.max_inflight
         )
 
     async def wait_publishable(self) -> None:
         """Wait until can_publish() (raises Disconnected if the connection ends first)."""
+        conn = self._conn
         while True:
-            if self._state != "logged_on":
-                raise self._not_ready("publish")
-            if len(self._tracker._inflight) >= self._tracker.max_inflight:
-                await self._tracker.wait_window()
-            elif self._write_paused:
-                await self._wait_writable()
+            if conn.state != "logged_on":
+                raise conn.not_ready("publish")
+            if len(self.tracker._inflight) >= self.tracker.max_inflight:
+                await self.tracker.wait_window()
+            elif conn.write_paused:
+                await conn.wait_writable()
             else:
                 return
 
@@ -143,10 +130,11 @@ class ClientPublishing(ClientConnection):
     ) -> bool:
         """Send one publish with sequence `seq` if that needs no waiting (logged on, room in
         the window and the write buffer); returns False, sending nothing, otherwise."""
-        tracker = self._tracker
+        tracker = self.tracker
+        conn = self._conn
         if (
-            self._state != "logged_on"
-            or self._write_paused
+            conn.state != "logged_on"
+            or conn.write_paused
             or len(tracker._inflight) >= tracker.max_inflight
         ):
             return False
@@ -154,7 +142,7 @@ class ClientPublishing(ClientConnection):
             prefix = self._prefixes.get(topic)
             if prefix is None:
                 prefix = self._publish_prefix(topic)
-            self._write(frame_bytes(prefix + b"%d}" % seq, body))
+            conn.write(frame_bytes(prefix + b"%d}" % seq, body))
         else:
             self.publish_nowait(topic, body, seq, expiration, correlation_id)
             return True
@@ -173,8 +161,9 @@ class ClientPublishing(ClientConnection):
         first: this ignores the window). For callers that number publishes themselves, such
         as the HAClient's publish store. Raises Disconnected / ClientError when not logged on.
         """
-        if self._state != "logged_on":
-            raise self._not_ready("publish")
+        conn = self._conn
+        if conn.state != "logged_on":
+            raise conn.not_ready("publish")
         if expiration is None and correlation_id is None:
             prefix = self._prefixes.get(topic)
             if prefix is None:
@@ -184,8 +173,8 @@ class ClientPublishing(ClientConnection):
             h = Header(c="publish", t=topic, a=self._publish_acks, s=seq, x=correlation_id,
                        e=expiration)  # fmt: skip
             header = encode_header(h)
-        self._write(frame_bytes(header, body))
-        self._tracker.sent(seq)
+        conn.write(frame_bytes(header, body))
+        self.tracker.sent(seq)
 
     def _publish_prefix(self, topic: str) -> bytes:
         # The common publish header differs only in `s`: encode the rest once per topic and
@@ -205,4 +194,4 @@ class ClientPublishing(ClientConnection):
         arrived since the last flush and nobody was told yet — CommandTimeout after `timeout`,
         Disconnected if the connection ends first.
         """
-        await self._tracker.flush(timeout)
+        await self.tracker.flush(timeout)

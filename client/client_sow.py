@@ -1,4 +1,5 @@
-"""The State of the World part of `Client` (docs/protocol.md §14; docs/sow.md).
+"""State of the World queries on one connection, a collaborator of `Client` (docs/protocol.md
+§14; docs/sow.md).
 
 - `sow(topic, ...)`: a query; returns the records of the answer (`Message`s whose
   `header.c` is `"sow"` and `header.k` the record's key), once the `completed` ack arrived.
@@ -9,7 +10,8 @@
 - `sow_delete(topic, keys=... | filter=... | data=...)` (client/client_commands.py) deletes
   records of a SOW topic and returns how many.
 
-`ClientSow` is a base of `Client`; it uses the command and subscription parts.
+`ClientSow` is handed the connection, the commands and the subscriptions (client_conn.py,
+client_commands.py, client_subscribe.py); `Client` routes each `sow` frame to `on_sow`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Iterable
 
 from protocol.headers import Header
 
-from .client_commands import DEFAULT_TIMEOUT, _opts_text
+from .client_commands import DEFAULT_TIMEOUT, ClientCommands, _opts_text
+from .client_conn import ClientConnection
 from .client_subscribe import ClientSubscriptions
 from .errors import CommandTimeout
 from .message import Message
@@ -34,10 +37,15 @@ def _keys_text(keys: str | Iterable[str] | None) -> str | None:
     return ",".join(keys)
 
 
-class ClientSow(ClientSubscriptions):
-    """Queries of SOW topics (see the module docstring). Part of `Client`."""
+class ClientSow:
+    """Queries of SOW topics (see the module docstring)."""
 
-    def _init_sow(self) -> None:
+    def __init__(
+        self, conn: ClientConnection, commands: ClientCommands, subs: ClientSubscriptions
+    ) -> None:
+        self._conn = conn
+        self._commands = commands
+        self._subs = subs
         self._answers: dict[str, list[Message]] = {}
 
     async def sow(
@@ -58,12 +66,12 @@ class ClientSow(ClientSubscriptions):
         after skipping `skip_n`; with `bookmark` (a bookmark, a timestamp or "0"), as they
         were at that point of the journal. Raises CommandError with the server's reason (`invalid
         topic`, `bad filter`, `bad order by`, ...)."""
-        if self._state != "logged_on":
-            raise self._not_ready("sow")
+        if self._conn.state != "logged_on":
+            raise self._conn.not_ready("sow")
         opts = [o for o in (_opts_text(options) or "").split(",") if o]
         if skip_n is not None:
             opts.append(f"skip_n={skip_n}")
-        query_id = f"q{self._new_id()}"
+        query_id = f"q{self._commands.new_id()}"
         answer: list[Message] = []
         self._answers[query_id] = answer
         header = Header(
@@ -72,9 +80,9 @@ class ClientSow(ClientSubscriptions):
             bm=bookmark, a="completed",
         )  # fmt: skip
         try:
-            await self._request(header, "completed", timeout)
+            await self._commands.request(header, "completed", timeout)
         except (CommandTimeout, asyncio.CancelledError):
-            self._send_quietly(Header(c="unsubscribe", query_id=query_id))
+            self._commands.send_quietly(Header(c="unsubscribe", query_id=query_id))
             raise
         finally:
             self._answers.pop(query_id, None)
@@ -99,26 +107,26 @@ class ClientSow(ClientSubscriptions):
         point, then every change after it, then live. `marks=True` (the HAClient's) also hands
         out, in order, the answer's point (the `completed` ack's bookmark, right after the
         answer's records) and the periodic `persisted` acks, as PersistedBookmark items."""
-        if self._state != "logged_on":
-            raise self._not_ready("sow_and_subscribe")
+        if self._conn.state != "logged_on":
+            raise self._conn.not_ready("sow_and_subscribe")
         opts = _opts_text(options)
-        sub, existing = self._open_sub(sub_id, topic, None, opts, marks)
+        sub, existing = self._subs.open_sub(sub_id, topic, None, opts, marks)
         header = Header(
-            c="sow_and_subscribe", cid=self._new_id(), t=topic, sub_id=sub.sub_id, f=filter,
+            c="sow_and_subscribe", cid=self._commands.new_id(), t=topic, sub_id=sub.sub_id, f=filter,
             top_n=top_n, order_by=order_by, o=opts, bm=bookmark,
             a="processed,completed,persisted" if marks else "processed,completed",
         )  # fmt: skip
-        await self._subscribe_request(header, sub, existing, timeout)
+        await self._subs.subscribe_request(header, sub, existing, timeout)
         return sub
 
-    def _on_sow(self, header: Header, body: bytes) -> None:
+    def on_sow(self, header: Header, body: bytes) -> None:
         """One record of an answer: to its query's list, or its subscription's stream; an
         out-of-focus notice (`header.c == "oof"`, with `k` and `reason`) to its subscription's
         stream, in order with the messages."""
         msg = Message(header.t, body, header.bm, header.sub_id, header.sub_id, header.ts,
                       header.x, None, header)  # fmt: skip
         if header.sub_id is not None:
-            sub = self._subs.get(header.sub_id)
+            sub = self._subs.by_id.get(header.sub_id)
             if sub is not None:
                 sub._push(msg)
                 return
@@ -126,4 +134,4 @@ class ClientSow(ClientSubscriptions):
         if answer is not None:
             answer.append(msg)
         else:
-            self.stray_messages += 1
+            self._subs.stray_messages += 1

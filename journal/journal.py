@@ -31,6 +31,11 @@ bytes dropped), and every record past the checkpoint is indexed again.
 
 States: open -> closing (writer drains what was submitted) -> closed. `submit` after close raises
 JournalClosed.
+
+The Journal is a façade: it holds the directory's lock and puts together the objects that do the
+work, each handed what it uses: the layout (state.py), the reader (reading.py), the writer
+(writer.py) and, at open, the recovery (recovery.py), and the index (index.py) they share. Its
+reads and writes are those objects' own bound methods, so a call costs no extra hop.
 """
 
 from __future__ import annotations
@@ -38,27 +43,21 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import threading
-import time
 
 from .errors import CorruptSegment, JournalClosed, JournalError, JournalLocked, JournalUnavailable
 from .fileio import FileIO
 from .index import JournalIndex
 from .integrity import Integrity
-from .manifest import Manifest, save_manifest
-from .reading import JournalReader
+from .manifest import Manifest
 from .record import RECORD_HEADER_SIZE
-from .recovery import JournalRecovery
+from .recovery import Recovery
 from .segments import DEFAULT_SEGMENT_SIZE, READ_BLOCK, Segment, segment_name
-from .state import CommitStats, DoneCallback
-from .writer import JournalWriter
+from .writer import CommitStats, DoneCallback, JournalWriter
 
 log = logging.getLogger("tickertape.journal")
 
-MAX_PENDING_BYTES = 256 * 1024 * 1024
 
-
-class Journal(JournalRecovery, JournalWriter, JournalReader):
+class Journal:
     def __init__(
         self,
         directory: str,
@@ -68,7 +67,7 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         exclusive: bool = True,
         io: FileIO | None = None,
     ):
-        """Open (or create) the journal in `directory`; state.py lists what it holds.
+        """Open (or create) the journal in `directory`, recovering it (recovery.py).
 
         The directory is locked exclusively before anything in it is read, for as long as the
         Journal is open: a second server (or a maintenance tool while a server runs) gets
@@ -79,74 +78,75 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
         self.directory = directory
         self.segment_size = segment_size
         self.durability = durability
-        self._io = io or FileIO()
         os.makedirs(directory, exist_ok=True)
         self._lock_fd = _lock(directory)
         kw = {"map_size": index_map_size} if index_map_size else {}
         self.index = JournalIndex(os.path.join(directory, "index"), **kw)
-        self.segments = []
-        self._bases = []
-        self._read_fds = {}
-        self._read_lock = threading.Lock()
-        self._retired = []
-        self.manifest = Manifest()
-        self.stats = CommitStats()
         self.integrity = Integrity()
-        self.recovery = {}
+        opening = Recovery(directory, segment_size, self.index, self.integrity)
         try:
-            self._open_segments()
+            self.layout, self.reader = opening.open()
+            self.writer = JournalWriter(self.layout, self.index, io or FileIO(), durability)
         except BaseException:
+            reader = getattr(opening, "reader", None)  # set once the layout was read
+            if reader is not None:
+                reader.close()
             self.index.close()
             os.close(self._lock_fd)
             raise
-        self._end = self.segments[-1].end
-        try:
-            # no O_APPEND: commits pwrite at the segment's end, inside its runway (writer.py)
-            self._fd = self._io.open(self.segments[-1].path, os.O_WRONLY)
-        except BaseException:
-            self.index.close()
-            os.close(self._lock_fd)
-            raise
-        self._pending = []
-        self._pending_bytes = 0
-        self._cond = threading.Condition()
-        self._closing = False
+        self.recovery = opening.report
+        self.stats: CommitStats = self.writer.stats
         self._closed = False
-        self._failure = None
-        self._unavailable = None
-        self._next_probe = 0.0
-        self._dirty_tail = False
-        self.prepare_runway()
-        self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
-        self._thread.start()
+        r, w = self.reader, self.writer
+        self.read = r.read
+        self.read_raw = r.read_raw
+        self.read_block = r.read_block
+        self.raw_batches = r.raw_batches
+        self.records = r.records
+        self.scan = r.scan
+        self.next_position = r.next_position
+        self.after = r.after
+        self.holds = r.holds
+        self.locate = r.locate
+        self.locate_time = r.locate_time
+        self.publishers = r.publishers
+        self.publisher_owners = r.publisher_owners
+        self.disk_bytes = r.disk_bytes
+        self.collect_garbage = r.collect_garbage
+        self.submit = w.submit
+        self.commit_inline = w.commit_inline
+        self.fence = w.fence
+        self.run_in_writer = w.run_in_writer
+
+    @property
+    def segments(self) -> list[Segment]:
+        """Every segment in position order, the last one being written (state.py)."""
+        return self.layout.segments
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.layout.manifest
+
+    @property
+    def end_position(self) -> int:
+        """Position just after the last durable record."""
+        return self.layout.end
+
+    @property
+    def start_position(self) -> int:
+        return self.layout.segments[0].base
+
+    @property
+    def available(self) -> bool:
+        """False from a failed write until a probe succeeds (writes fail at once meanwhile)."""
+        return self.writer.available
 
     def close(self) -> None:
         """Drain everything submitted, make it durable, and close. Idempotent."""
         if self._closed:
             return
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        self._thread.join()
-        # Shutdown must end even on a broken device: what fails here is logged, not raised;
-        # every acknowledged record was synced at its commit already.
-        if not self._dirty_tail:
-            try:
-                self.trim_runway()  # a closed segment holds exactly its records
-                self._io.fsync(self._fd)
-            except OSError as exc:
-                log.error("journal: final sync of %s failed: %s", self.segments[-1].path, exc)
-        for fd in (self._fd, *self._read_fds.values()):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        with self._read_lock:
-            self._read_fds.clear()
-        for seg in self.segments:
-            if seg.reader is not None:
-                seg.reader.close()
-        self.collect_garbage(grace_s=0.0)
+        self.writer.close()
+        self.reader.close()
         try:
             self.index.sync()
         except Exception as exc:  # derived data: rebuilt from the segments at the next open
@@ -159,64 +159,25 @@ class Journal(JournalRecovery, JournalWriter, JournalReader):
 
     def sealed_segments(self) -> list[Segment]:
         """Every segment but the one being written, oldest first (a snapshot)."""
-        return list(self.segments[:-1])
+        return list(self.layout.segments[:-1])
 
     def commit_layout(self, manifest: Manifest, sealed: list[Segment]) -> list[Segment]:
         """Writer thread only (run_in_writer): commit `manifest` and make `sealed` the sealed part
         of the journal (the segment being written stays). `sealed` must run without a gap up to
         the active segment. The manifest's rename is the commit point; readers switch at their
         next lookup. Returns the segments that left the layout (retired, unlinked later)."""
-        if threading.current_thread() is not self._thread:
+        if not self.writer.on_thread():
             raise RuntimeError("commit_layout runs on the journal writer thread (run_in_writer)")
-        active = self.segments[-1]
-        new = list(sealed) + [active]
-        for a, b in zip(new, new[1:]):
-            if a.end != b.base:
-                raise JournalError(
-                    f"new layout has a gap or overlap at {a.end} / {b.base} ({a.path}, {b.path})"
-                )
-        manifest.generation = self.manifest.generation + 1
-        save_manifest(self.directory, manifest)
-        kept = {id(s) for s in new}
-        gone = [s for s in self.segments if id(s) not in kept]
-        self.manifest = manifest
-        self.segments = new
-        self._bases = [s.base for s in new]
-        now = time.monotonic()
-        with self._read_lock:
-            for seg in gone:
-                self._retired.append((now, seg, self._read_fds.pop(seg.path, None)))
+        gone = self.layout.replace(manifest, sealed)
+        self.reader.retire(gone)
         log.info(
             "journal: manifest generation %d: %d sealed segments from position %d; %d retired",
             manifest.generation,
             len(sealed),
-            new[0].base,
+            self.layout.segments[0].base,
             len(gone),
         )
         return gone
-
-    def collect_garbage(self, grace_s: float = 30.0) -> int:
-        """Unlink retired files (and close their fds) once no read can still be starting on them."""
-        now = time.monotonic()
-        done = 0
-        with self._read_lock:
-            keep = []
-            for when, seg, fd in self._retired:
-                if now - when < grace_s:
-                    keep.append((when, seg, fd))
-                    continue
-                if fd is not None:
-                    os.close(fd)
-                if seg.reader is not None:
-                    seg.reader.close()
-                if all(s.path != seg.path for s in self.segments):
-                    try:
-                        os.unlink(seg.path)
-                    except FileNotFoundError:
-                        pass
-                done += 1
-            self._retired = keep
-        return done
 
 
 def _lock(directory: str) -> int:

@@ -1,5 +1,7 @@
 """Reads from the journal: records, raw records and stored bytes by position, the records
-iterators, and lookups by (publisher, sequence) and by time. Part of Journal (journal.py).
+iterators, and lookups by (publisher, sequence) and by time, over the journal's layout
+(state.py). The reader owns the read descriptors: one per file, opened on first use, and those of
+files a layout change retired, closed (and the files unlinked) once no read can still be on them.
 
 Every read of a plain segment goes through walk.good_runs: only whole records whose checks pass
 are returned; damage is skipped and reported to `integrity` (file, offset, bytes, reason).
@@ -7,15 +9,17 @@ are returned; damage is skipped and reported to `integrity` (file, offset, bytes
 
 from __future__ import annotations
 
-import bisect
 import functools
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .compacted import CorruptCompacted
 from .errors import CorruptSegment
-from .index import BM_SPAN
+from .index import BM_SPAN, JournalIndex
+from .integrity import Integrity
 from .record import (
     KIND_MESSAGE,
     R_KIND,
@@ -31,15 +35,24 @@ from .record import (
     record_length_at,
     scan_records,
 )
-from .segments import READ_BLOCK, Segment, _seg_base
-from .state import JournalState
+from .segments import READ_BLOCK, Segment
+from .state import Layout
 from .walk import FileRecords, next_run
 
 T = TypeVar("T", bound=tuple[Any, ...])  # Record or RawTuple: position first
 
 
-class JournalReader(JournalState):
-    def _reader_fd(self, seg: Segment) -> int:
+class JournalReader:
+    def __init__(self, layout: Layout, index: JournalIndex, integrity: Integrity):
+        self.layout = layout
+        self.index = index
+        self.integrity = integrity  # damage found by a read is reported here
+        self._read_fds: dict[str, int] = {}  # by path: a compacted file may reuse a base
+        self._read_lock = threading.Lock()
+        self._retired: list[tuple[float, Segment, int | None]] = []  # (when, segment, its fd)
+
+    def fd_of(self, seg: Segment) -> int:
+        """The cached read descriptor of a segment's file."""
         fd = self._read_fds.get(seg.path)
         if fd is None:
             with self._read_lock:
@@ -49,27 +62,17 @@ class JournalReader(JournalState):
                     self._read_fds[seg.path] = fd
         return fd
 
-    def _find(self, position: int) -> tuple[list[Segment], int]:
-        """(segments, index of the one holding position) from one snapshot of the layout."""
-        segs = self.segments
-        return segs, max(0, bisect.bisect_right(segs, position, key=_seg_base) - 1)
-
-    @property
-    def end_position(self) -> int:
-        """Position just after the last durable record."""
-        return self._end
-
     @property
     def start_position(self) -> int:
-        return self.segments[0].base
+        return self.layout.segments[0].base
 
     def _at(self, position: int) -> tuple[Segment | None, int]:
         """(segment, position) for a read at `position`: a position below the start moves to the
         start; the segment is None where there is nothing to read (the durable end, or exactly
         at a segment's end)."""
-        if position >= self._end:
+        if position >= self.layout.end:
             return None, position
-        segs, i = self._find(position)
+        segs, i = self.layout.find(position)
         seg = segs[i]
         if position < seg.base:  # below the start (removed)
             position = seg.base
@@ -77,14 +80,14 @@ class JournalReader(JournalState):
             return None, position
         return seg, position
 
-    def _source(self, seg: Segment) -> FileRecords:
-        return FileRecords(self._reader_fd(seg), seg.base)
+    def source(self, seg: Segment) -> FileRecords:
+        return FileRecords(self.fd_of(seg), seg.base)
 
-    def _pread(self, seg: Segment, position: int, max_bytes: int) -> bytes:
+    def pread(self, seg: Segment, position: int, max_bytes: int) -> bytes:
         """Stored bytes of a plain segment from position, at most max_bytes within the segment
         and the durable end, or the whole record there when it is larger (as far as the
         segment goes: a damaged length is found by the checks, not here)."""
-        return self._source(seg).window(position, min(seg.end, self._end), max_bytes)
+        return self.source(seg).window(position, min(seg.end, self.layout.end), max_bytes)
 
     def _intact(self, seg: Segment, position: int, max_bytes: int) -> tuple[bytes, int]:
         """(bytes of whole, checked records from position, position), perhaps ending with the
@@ -92,14 +95,14 @@ class JournalReader(JournalState):
         past its buffer; walk.next_run's keep_cut). Damage is reported and skipped, so the
         position returned may be past the one asked for; (b"", end) when nothing good is left
         in the segment (end: its end, or the durable end)."""
-        limit = min(seg.end, self._end)
+        limit = min(seg.end, self.layout.end)
         report = functools.partial(self.integrity.damaged, seg.path)
-        run = next_run(self._source(seg), position, limit, report, max_bytes, keep_cut=True)
+        run = next_run(self.source(seg), position, limit, report, max_bytes, keep_cut=True)
         return (b"", limit) if run is None else (run[1], run[0])
 
-    def _resync(self, seg: Segment, position: int, limit: int) -> int:
+    def resync(self, seg: Segment, position: int, limit: int) -> int:
         """The position of the first good record at or after position in seg, else limit."""
-        return self._source(seg).find_good(position, limit)
+        return self.source(seg).find_good(position, limit)
 
     def read(
         self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False
@@ -169,7 +172,7 @@ class JournalReader(JournalState):
             recs, nxt = read(pos, max_bytes)
             if not recs:
                 nxt2 = self.next_position(nxt)  # a segment's end, or a compacted range's
-                if nxt2 == pos or nxt2 >= self._end:
+                if nxt2 == pos or nxt2 >= self.layout.end:
                     return
                 pos = nxt2
                 continue
@@ -209,7 +212,7 @@ class JournalReader(JournalState):
     def next_position(self, position: int) -> int:
         """Normalize a position that sits at the end of a sealed segment to the next segment's start
         (and one below the start of the journal to the start)."""
-        segs, i = self._find(position)
+        segs, i = self.layout.find(position)
         if position < segs[0].base:
             return segs[0].base
         if position >= segs[i].end and i + 1 < len(segs):
@@ -244,14 +247,14 @@ class JournalReader(JournalState):
 
     def after(self, position: int) -> int:
         """Position of the record that follows the one at `position`."""
-        segs, i = self._find(position)
+        segs, i = self.layout.find(position)
         seg = segs[i]
         if seg.reader is not None:
             e = seg.reader.record_end(position)
             if e is None:
                 raise CorruptSegment(seg.path, 0, f"no record at position {position}")
             return self.next_position(e)
-        head = os.pread(self._reader_fd(seg), 4, SEGMENT_HEADER_SIZE + position - seg.base)
+        head = os.pread(self.fd_of(seg), 4, SEGMENT_HEADER_SIZE + position - seg.base)
         if len(head) < 4:
             raise CorruptSegment(
                 seg.path, SEGMENT_HEADER_SIZE + position - seg.base, "no record at this position"
@@ -259,7 +262,7 @@ class JournalReader(JournalState):
         return self.next_position(position + record_length_at(head, 0))
 
     def locate_time(self, ts_us: int) -> int:
-        """Position of the first record with a timestamp after ts_us (end_position if none)."""
+        """Position of the first record with a timestamp after ts_us (the durable end if none)."""
         pos = self.index.time_floor(ts_us)
         if pos is None or pos < self.start_position:
             pos = self.start_position
@@ -268,7 +271,7 @@ class JournalReader(JournalState):
             for r in batch:
                 if r[R_TIMESTAMP] > ts_us:
                     return r[R_POSITION]
-        return self._end
+        return self.layout.end
 
     def publishers(self) -> dict[int, tuple[int, int]]:
         return self.index.publishers()
@@ -278,13 +281,60 @@ class JournalReader(JournalState):
         return self.index.owners()
 
     def disk_bytes(self) -> int:
-        return sum(s.file_bytes for s in self.segments)
+        return sum(s.file_bytes for s in self.layout.segments)
 
     def holds(self, position: int) -> bool:
         """Whether a record starts at position (False where compaction dropped it or below the
         start). Plain segments are taken on trust: positions come from the index."""
-        segs, i = self._find(position)
+        segs, i = self.layout.find(position)
         seg = segs[i]
-        if position < seg.base or position >= self._end:
+        if position < seg.base or position >= self.layout.end:
             return False
         return seg.reader is None or seg.reader.holds(position)
+
+    # -- the descriptors' life -----------------------------------------------------------------
+
+    def retire(self, gone: list[Segment]) -> None:
+        """Segments a layout change took out: their files go at a later collect_garbage."""
+        now = time.monotonic()
+        with self._read_lock:
+            for seg in gone:
+                self._retired.append((now, seg, self._read_fds.pop(seg.path, None)))
+
+    def collect_garbage(self, grace_s: float = 30.0) -> int:
+        """Unlink retired files (and close their fds) once no read can still be starting on them."""
+        now = time.monotonic()
+        done = 0
+        with self._read_lock:
+            keep = []
+            for when, seg, fd in self._retired:
+                if now - when < grace_s:
+                    keep.append((when, seg, fd))
+                    continue
+                if fd is not None:
+                    os.close(fd)
+                if seg.reader is not None:
+                    seg.reader.close()
+                if all(s.path != seg.path for s in self.layout.segments):
+                    try:
+                        os.unlink(seg.path)
+                    except FileNotFoundError:
+                        pass
+                done += 1
+            self._retired = keep
+        return done
+
+    def close(self) -> None:
+        """Close every descriptor and compacted reader, and remove what was retired."""
+        with self._read_lock:
+            fds = list(self._read_fds.values())
+            self._read_fds.clear()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for seg in self.layout.segments:
+            if seg.reader is not None:
+                seg.reader.close()
+        self.collect_garbage(grace_s=0.0)

@@ -10,19 +10,23 @@ commits overwrite. Zeros alone after the last good record are the clean end and 
 truncated and counted exactly as one at the end of the file (the bytes counted as dropped end at
 its last non-zero byte); anything else is handled as it always was.
 
-Part of Journal (journal.py), which supplies the state it uses.
+`Recovery(directory, segment_size, index, integrity).open()` does all of it and returns the
+layout (state.py) and a reader over it (reading.py), which the Journal (journal.py) goes on
+using; `report` says what the open did.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import time
+from typing import Any
 
 from .compacted import CompactedReader, CorruptCompacted, is_compacted_name
 from .errors import CorruptSegment
-from .manifest import load_manifest
+from .index import JournalIndex
+from .integrity import Integrity
+from .manifest import Manifest, load_manifest
 from .reading import JournalReader
 from .record import (
     KIND_MESSAGE,
@@ -37,6 +41,7 @@ from .record import (
     verified_prefix,
 )
 from .segments import READ_BLOCK, Segment, _base_of, segment_name
+from .state import Layout
 from .walk import good_runs
 
 PROBE_NAME = "probe.tmp"  # writer.py's probe file
@@ -44,8 +49,23 @@ PROBE_NAME = "probe.tmp"  # writer.py's probe file
 log = logging.getLogger("tickertape.journal")
 
 
-class JournalRecovery(JournalReader):
-    def _open_segments(self) -> None:
+class Recovery:
+    layout: Layout  # set by open()
+    reader: JournalReader
+
+    def __init__(
+        self, directory: str, segment_size: int, index: JournalIndex, integrity: Integrity
+    ):
+        self.directory = directory
+        self.segment_size = segment_size
+        self.index = index
+        self.integrity = integrity  # damage found and bytes truncated are counted here
+        self.manifest = Manifest()
+        self.report: dict[str, Any] = {}  # what the open did: segments, records, bytes, time
+
+    def open(self) -> tuple[Layout, JournalReader]:
+        """Check and repair the directory, index what the index misses, and return the layout
+        and a reader over it. CorruptSegment for what cannot be served."""
         started = time.monotonic()
         names = self._listing()
         segs: list[Segment] = []
@@ -85,9 +105,8 @@ class JournalRecovery(JournalReader):
             path = os.path.join(self.directory, segment_name(base))
             self._write_new_segment_file(path, base)
             segs.append(Segment(base, path, 0))
-        self.segments = segs
-        self._bases = [s.base for s in segs]
-        self._end = segs[-1].end
+        self.layout = Layout(self.directory, self.segment_size, segs, self.manifest)
+        self.reader = JournalReader(self.layout, self.index, self.integrity)
 
         if self.index.rebuilt:
             log.warning(
@@ -105,9 +124,10 @@ class JournalRecovery(JournalReader):
             upto = first
         upto = max(upto, first)
         indexed, dropped = self._scan_and_index(upto)
+        self.layout.end = segs[-1].end  # a torn tail may have been cut
         self._seed_removed_publishers()
-        self.recovery = {
-            "segments": len(self.segments),
+        self.report = {
+            "segments": len(segs),
             "reindexed_records": indexed,
             "dropped_bytes": dropped,
             "seconds": round(time.monotonic() - started, 3),
@@ -115,12 +135,13 @@ class JournalRecovery(JournalReader):
         log.info(
             "journal: opened %s: %d segments, positions [%d, %d), %d records re-indexed in %.3fs",
             self.directory,
-            len(self.segments),
-            self.segments[0].base,
-            self.segments[-1].end,
+            len(segs),
+            segs[0].base,
+            self.layout.segments[-1].end,
             indexed,
-            self.recovery["seconds"],
+            self.report["seconds"],
         )
+        return self.layout, self.reader
 
     def _listing(self) -> list:
         """Plain segment names and compacted Segments, in position order, per the manifest.
@@ -232,32 +253,35 @@ class JournalRecovery(JournalReader):
         if upto > end or (upto < first and upto != 0 and self.index.count() > 0):
             return f"index checkpoint {upto} is outside the journal [{first}, {end}]"
         if first < upto < end and not self._good_record_at(upto):
-            segs, i = self._find(upto)
-            if segs[i].reader is None and self._resync(segs[i], upto, segs[i].end) < segs[i].end:
+            segs, i = self.layout.find(upto)
+            if (
+                segs[i].reader is None
+                and self.reader.resync(segs[i], upto, segs[i].end) < segs[i].end
+            ):
                 return f"index checkpoint {upto} is not at the start of a record (good records follow it)"
         for pub, (seq, pos) in list(self.index.publishers().items())[:1000]:
             if first <= pos < min(upto, end):
-                recs, _ = self.read_raw(pos, RECORD_HEADER_SIZE + 64 * 1024)
+                recs, _ = self.reader.read_raw(pos, RECORD_HEADER_SIZE + 64 * 1024)
                 r = RawRecord._make(recs[0]) if recs else None
                 if r is not None and r.position == pos and (r.publisher_id, r.seq) != (pub, seq):
                     return f"the index says publisher {pub} seq {seq} is at {pos}, but the record there is not"
         return None
 
     def _good_record_at(self, position: int) -> bool:
-        segs, i = self._find(position)
+        segs, i = self.layout.find(position)
         seg = segs[i]
         if position == seg.end or seg.reader is not None:
             return True
-        buf = self._pread(seg, position, RECORD_HEADER_SIZE + 64 * 1024)
+        buf = self.reader.pread(seg, position, RECORD_HEADER_SIZE + 64 * 1024)
         return verified_prefix(buf)[0] > 0
 
     def _scan_and_index(self, start: int) -> tuple[int, int]:
         """Verify and index every record from `start` to the end: (records indexed, bytes of a
         torn tail dropped). Damage is reported and skipped."""
         indexed = 0
-        i = self._segment_index(start)
-        while i < len(self.segments):
-            seg = self.segments[i]
+        i = self.layout.find(start)[1]
+        while i < len(self.layout.segments):
+            seg = self.layout.segments[i]
             if seg.reader is not None:
                 indexed += self._index_compacted(seg, max(start, seg.base))
             else:
@@ -271,8 +295,8 @@ class JournalRecovery(JournalReader):
     def _index_plain(self, seg_i: int, start: int) -> tuple[int, int]:
         """Index the plain segment's records from start; a partial or damaged tail of the newest
         segment with no good record after it (a torn write) is truncated."""
-        seg = self.segments[seg_i]
-        last = seg_i == len(self.segments) - 1
+        seg = self.layout.segments[seg_i]
+        last = seg_i == len(self.layout.segments) - 1
         torn: list[tuple[int, str]] = []
 
         def report(offset: int, size: int, reason: str) -> None:
@@ -283,7 +307,7 @@ class JournalRecovery(JournalReader):
                 self.integrity.damaged(seg.path, offset, size, reason)
 
         indexed = 0
-        for pos, buf in good_runs(self._source(seg), start, seg.end, report, 4 * READ_BLOCK):
+        for pos, buf in good_runs(self.reader.source(seg), start, seg.end, report, 4 * READ_BLOCK):
             recs, stop = scan_records(buf, pos)
             self.index.add(
                 ((p, s, t, at) for at, k, p, s, t, _, _, _ in recs if k == KIND_MESSAGE),
@@ -304,8 +328,8 @@ class JournalRecovery(JournalReader):
             )
 
     def _truncate_tail(self, seg_i: int, position: int, reason: str) -> int:
-        seg = self.segments[seg_i]
-        if seg_i != len(self.segments) - 1:
+        seg = self.layout.segments[seg_i]
+        if seg_i != len(self.layout.segments) - 1:
             raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, reason)
         if seg.end - position <= 0:
             return 0
@@ -343,7 +367,7 @@ class JournalRecovery(JournalReader):
     def _nonzero_end(self, seg: Segment) -> int:
         """The position just after the last non-zero byte of a plain segment (its base if none):
         what a torn write left ends there, and zeros after it are runway."""
-        fd = self._reader_fd(seg)
+        fd = self.reader.fd_of(seg)
         end = SEGMENT_HEADER_SIZE + seg.size
         while end > SEGMENT_HEADER_SIZE:
             n = min(READ_BLOCK, end - SEGMENT_HEADER_SIZE)
@@ -352,9 +376,6 @@ class JournalRecovery(JournalReader):
                 return seg.base + end - n + len(chunk) - SEGMENT_HEADER_SIZE
             end -= n
         return seg.base
-
-    def _segment_index(self, position: int) -> int:
-        return max(0, bisect.bisect_right(self._bases, position) - 1)
 
     def _write_new_segment_file(self, path: str, base: int) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

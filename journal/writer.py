@@ -3,7 +3,14 @@
 `submit()` hands a batch of encoded records to the writer thread. The writer takes every batch
 submitted since its last write, writes them and makes them durable with one `pwritev` with
 RWF_DSYNC (group commit; the runway below), updates the index in one LMDB transaction, then calls each batch's
-callback with the batch's starting position. Part of Journal (journal.py).
+callback with the batch's starting position. It appends to the journal's layout (state.py):
+rolls a segment onto it and moves its durable end; it is handed the layout, the index, its file
+operations and the durability mode, and owns its thread, its queue and the active segment's
+descriptor.
+
+States: running -> stopped (`stop()`: the thread drains what was submitted and ends; `submit`
+raises JournalClosed from then on) -> closed (`close()`: the runway cut, the segment synced, its
+descriptor closed).
 
 Every file operation goes through `self._io` (fileio.py), so tests can fail each one.
 
@@ -49,15 +56,18 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from .errors import JournalClosed, JournalUnavailable
-from .index import IndexEntry
+from .fileio import FileIO
+from .index import IndexEntry, JournalIndex
 from .record import SEGMENT_HEADER_SIZE, encode_segment_header
 from .segments import Segment, segment_name
-from .state import Batch, DoneCallback, IndexMeta, JournalState, _Control
+from .state import Layout
 
 log = logging.getLogger("tickertape.journal")
 
@@ -71,11 +81,102 @@ RUNWAY_RETRY_S = 10.0  # after a failed extension (disk full), wait this long be
 T = TypeVar("T")
 
 
-class JournalWriter(JournalState):
-    _busy = False  # the writer thread is committing what it took from _pending
-    # the active segment's file size as written and synced (records + runway); 0: no runway
-    _runway_end = 0
-    _runway_retry = 0.0  # time.monotonic() before which no extension is tried (after a failure)
+class _Control:
+    """A maintenance call queued on the writer thread (run_in_writer)."""
+
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Callable[[], Any], future: concurrent.futures.Future[Any]):
+        self.fn = fn
+        self.future = future
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as exc:  # handed to the caller
+            self.future.set_exception(exc)
+
+
+@dataclass
+class CommitStats:
+    commits: int = 0
+    records: int = 0
+    bytes: int = 0
+    last_latency_s: float = 0.0
+    failures: int = 0
+    unavailable_since: float = 0.0  # time.time() when it became unavailable; 0 while available
+    recoveries: int = 0
+
+
+DoneCallback = Callable[[int | None, BaseException | None], None]
+IndexMeta = dict[bytes, bytes]
+
+# what waits for the writer thread: a batch of records, a fence, or a maintenance call
+Batch = tuple[bytes, list[IndexEntry], DoneCallback, IndexMeta | None]
+Fence = tuple[None, list[IndexEntry], None, None]
+Control = tuple[_Control, list[IndexEntry], None, None]
+Pending = Batch | Fence | Control
+
+
+class JournalWriter:
+    def __init__(self, layout: Layout, index: JournalIndex, io: FileIO, durability: str):
+        """Open the layout's newest segment for writing, zero its runway, start the thread."""
+        self.layout = layout
+        self.index = index
+        self.durability = durability  # "fsync" or "write"
+        self.stats = CommitStats()
+        self._io = io
+        # no O_APPEND: commits pwrite at the segment's end, inside its runway
+        self._fd = io.open(layout.segments[-1].path, os.O_WRONLY)
+        self._pending: list[Pending] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._closed = False
+        self._busy = False  # the thread is committing what it took from _pending
+        self._failure: JournalUnavailable | None = None  # fails batches until the next fence
+        self._unavailable: JournalUnavailable | None = None  # fails them until a probe succeeds
+        self._next_probe = 0.0
+        self._dirty_tail = False  # a failed write could not be cut off; the probe must first
+        # the active segment's file size as written and synced (records + runway); 0: no runway
+        self._runway_end = 0
+        self._runway_retry = 0.0  # time.monotonic() before which no extension is tried
+        self.prepare_runway()
+        self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
+        self._thread.start()
+
+    def on_thread(self) -> bool:
+        """Whether the caller runs on the writer thread (a run_in_writer call)."""
+        return threading.current_thread() is self._thread
+
+    def stop(self) -> None:
+        """Let the thread commit what was submitted, then end it; later submits are refused."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+
+    def close(self) -> None:
+        """stop(), then leave the active segment holding exactly its records, synced, and close
+        its descriptor. Shutdown must end even on a broken device: what fails here is logged,
+        not raised; every acknowledged record was synced at its commit already. Idempotent."""
+        if self._closed:
+            return
+        self.stop()
+        if not self._dirty_tail:
+            try:
+                self.trim_runway()  # a closed segment holds exactly its records
+                self._io.fsync(self._fd)
+            except OSError as exc:
+                log.error(
+                    "journal: final sync of %s failed: %s", self.layout.segments[-1].path, exc
+                )
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self._closed = True
 
     def submit(
         self,
@@ -94,7 +195,6 @@ class JournalWriter(JournalState):
             if self._closing:
                 raise JournalClosed()
             self._pending.append((data, entries, on_done, meta))
-            self._pending_bytes += len(data)
             self._cond.notify()
 
     def commit_inline(
@@ -129,17 +229,13 @@ class JournalWriter(JournalState):
                 or self._unavailable is not None
             ):
                 return False
-            size = self.segments[-1].size
-            if size and size + len(data) > self.segment_size:
+            size = self.layout.segments[-1].size
+            if size and size + len(data) > self.layout.segment_size:
                 return False  # it would roll the segment: not on the event loop
             self._commit([(data, entries, on_done, meta)], on_written)  # the writer waits
             if self._runway_wanted():
                 self._cond.notify()  # the writer thread extends it, off this thread
         return True
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_bytes
 
     def _writer(self) -> None:
         while True:
@@ -159,7 +255,6 @@ class JournalWriter(JournalState):
                 if not batch and self._closing:
                     return
                 self._pending = []
-                self._pending_bytes = 0
                 self._busy = True
             if self._unavailable is not None and time.monotonic() >= self._next_probe:
                 self._probe()
@@ -187,9 +282,9 @@ class JournalWriter(JournalState):
         if self.durability != "fsync" or time.monotonic() < self._runway_retry:
             return False
         end = self._runway_end
-        if end >= SEGMENT_HEADER_SIZE + self.segment_size:
+        if end >= SEGMENT_HEADER_SIZE + self.layout.segment_size:
             return False  # it reaches the segment's size: nothing more to zero
-        return end - (SEGMENT_HEADER_SIZE + self.segments[-1].size) < RUNWAY_LOW
+        return end - (SEGMENT_HEADER_SIZE + self.layout.segments[-1].size) < RUNWAY_LOW
 
     def prepare_runway(self) -> None:
         """Zero the active segment's runway now if it is short (at open, before the writer
@@ -201,9 +296,9 @@ class JournalWriter(JournalState):
     def _extend_runway(self) -> None:
         """Writer thread, between commits: zero the next stretch of the active segment and
         sync it. A failure is logged and leaves commits appending (module doc)."""
-        seg = self.segments[-1]
+        seg = self.layout.segments[-1]
         start = max(self._runway_end, SEGMENT_HEADER_SIZE + seg.size)
-        cap = SEGMENT_HEADER_SIZE + self.segment_size
+        cap = SEGMENT_HEADER_SIZE + self.layout.segment_size
         length = min(start + RUNWAY_BYTES, cap) - start
         if length <= 0:
             return
@@ -229,7 +324,7 @@ class JournalWriter(JournalState):
     def trim_runway(self) -> None:
         """Cut the runway off the active segment, leaving exactly its records (a clean close;
         the writer thread has stopped). OSError propagates."""
-        end = SEGMENT_HEADER_SIZE + self.segments[-1].size
+        end = SEGMENT_HEADER_SIZE + self.layout.segments[-1].size
         if self._runway_end > end:
             self._io.ftruncate(self._fd, end)
         self._runway_end = 0
@@ -258,10 +353,10 @@ class JournalWriter(JournalState):
         """Whether the device takes writes again: cut what a failed write left, then write and
         sync a small file. Success makes the journal available; failure waits for the next."""
         io = self._io
-        probe = os.path.join(self.directory, PROBE_NAME)
+        probe = os.path.join(self.layout.directory, PROBE_NAME)
         try:
             if self._dirty_tail:
-                io.ftruncate(self._fd, SEGMENT_HEADER_SIZE + self.segments[-1].size)
+                io.ftruncate(self._fd, SEGMENT_HEADER_SIZE + self.layout.segments[-1].size)
                 io.fdatasync(self._fd)
                 self._dirty_tail = False
                 self._runway_end = 0
@@ -285,7 +380,7 @@ class JournalWriter(JournalState):
 
     def _commit_fitting(self, run: list[Batch]) -> None:
         """Commit a run of batches, rolling segments between batches where one would overflow."""
-        room = self.segment_size - self.segments[-1].size
+        room = self.layout.segment_size - self.layout.segments[-1].size
         part: list[Batch] = []
         size = 0
         for item in run:
@@ -293,7 +388,7 @@ class JournalWriter(JournalState):
             if part and size + n > room:
                 self._commit(part)
                 part, size = [], 0
-                room = self.segment_size - self.segments[-1].size
+                room = self.layout.segment_size - self.layout.segments[-1].size
             part.append(item)
             size += n
         if part:
@@ -320,7 +415,8 @@ class JournalWriter(JournalState):
             return
         started = time.perf_counter()
         data = batch[0][0] if len(batch) == 1 else b"".join(b[0] for b in batch)
-        seg = self.segments[-1]
+        layout = self.layout
+        seg = layout.segments[-1]
         if not data:  # only markers: durable already, since earlier commits finished
             only: IndexMeta = {}
             for item in batch:
@@ -328,16 +424,16 @@ class JournalWriter(JournalState):
                     only.update(item[3])
             if only:  # metadata alone (a queue checkpoint of a quiet server): no record moves
                 try:
-                    self.index.add((), self._end, only)
+                    self.index.add((), layout.end, only)
                 except Exception:  # derived data, conservative when missing
                     log.exception("journal: index metadata update failed")
             for item in batch:
-                item[2](self._end, None)
+                item[2](layout.end, None)
             return
         try:
-            if seg.size and seg.size + len(data) > self.segment_size:
+            if seg.size and seg.size + len(data) > layout.segment_size:
                 self._roll()
-                seg = self.segments[-1]
+                seg = layout.segments[-1]
                 self.prepare_runway()  # in the roll's commit, slow already: inline ones find it
             self._write_at(data, SEGMENT_HEADER_SIZE + seg.size)
         except OSError as exc:
@@ -346,7 +442,7 @@ class JournalWriter(JournalState):
             for item in batch:
                 item[2](None, err)
             return
-        base = self._end
+        base = layout.end
         entries: list[IndexEntry] = []
         off = base
         for chunk, ents, _, _ in batch:
@@ -359,7 +455,7 @@ class JournalWriter(JournalState):
             if item[3]:
                 meta.update(item[3])  # only the batches in this commit: metadata never runs ahead
         if on_written is not None:
-            self._end = new_end  # readers see the batch (by position) before the caller answers
+            layout.end = new_end  # readers see the batch by position before the caller answers
             try:
                 on_written()
             except Exception:  # the caller's: the commit itself must still finish
@@ -368,7 +464,7 @@ class JournalWriter(JournalState):
             self.index.add(entries, new_end, meta)
         except Exception:  # the records are durable; a later open re-indexes them
             log.exception("journal: index update failed; the index is rebuilt at the next start")
-        self._end = new_end
+        layout.end = new_end
         st = self.stats
         st.commits += 1
         st.records += len(entries)
@@ -425,9 +521,9 @@ class JournalWriter(JournalState):
         new file is complete and durable under its name; an error before leaves everything as
         it was (the old descriptor open, no new file; perhaps without its runway)."""
         io = self._io
-        old = self.segments[-1]
+        old = self.layout.segments[-1]
         base = old.end
-        path = os.path.join(self.directory, segment_name(base))
+        path = os.path.join(self.layout.directory, segment_name(base))
         tmp = path + ".new"
         fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         renamed = False
@@ -443,7 +539,7 @@ class JournalWriter(JournalState):
             io.fsync(self._fd)
             io.rename(tmp, path)
             renamed = True
-            io.fsync_dir(self.directory)
+            io.fsync_dir(self.layout.directory)
         except OSError:
             try:
                 io.close(fd)
@@ -453,8 +549,7 @@ class JournalWriter(JournalState):
             raise
         old_fd, self._fd = self._fd, fd
         self._runway_end = 0
-        self.segments.append(Segment(base, path, 0))
-        self._bases.append(base)
+        self.layout.segments.append(Segment(base, path, 0))
         try:
             io.close(old_fd)
         except OSError as exc:  # its data is synced, and the descriptor is released anyway

@@ -165,7 +165,7 @@ async def test_inflight_window_applies_back_pressure(server):
 
 async def test_write_buffer_pause_blocks_publish(session):
     client, _ = session
-    proto = client._transport.get_protocol()
+    proto = client._conn.transport.get_protocol()
     proto.pause_writing()
     pending = asyncio.ensure_future(client.publish("t", b"{}"))
     await asyncio.sleep(0.05)

@@ -204,11 +204,11 @@ async def test_full_buffer_pauses_reading_until_drained(server):
         conn.deliver("orders", b"%d" % i, sub.sub_id)
         await asyncio.sleep(0.002)  # separate reads, so the pause can take effect between them
     await asyncio.sleep(0.05)
-    assert not client._transport.is_reading()
+    assert not client._conn.transport.is_reading()
     assert 5 <= sub.buffered < 40  # bounded (softly: by what one read had already decoded)
     got = [(await sub.next(timeout=5)).body for _ in range(40)]
     assert got == [b"%d" % i for i in range(40)]
-    assert client._transport.is_reading()
+    assert client._conn.transport.is_reading()
     await client.close()
 
 
@@ -222,9 +222,9 @@ async def test_full_buffer_by_bytes(server):
     sub, _ = await subscribe(client, conn)
     conn.deliver("orders", b"x" * 2000, sub.sub_id)
     await asyncio.sleep(0.05)
-    assert not client._transport.is_reading()
+    assert not client._conn.transport.is_reading()
     await sub.next(timeout=5)
-    assert client._transport.is_reading()
+    assert client._conn.transport.is_reading()
     await client.close()
 
 

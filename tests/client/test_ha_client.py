@@ -347,7 +347,7 @@ def test_a_subscribe_on_a_connection_just_lost_waits_for_the_next_one():
         ha, conn = await connected(srv)
         client = ha.client
         assert client is not None
-        client._transport.abort()  # connection_lost runs on the next turn of the loop
+        client._conn.transport.abort()  # connection_lost runs on the next turn of the loop
         await asyncio.sleep(0)  # ... this one; the supervisor's wake-up comes a turn later
         assert not client.connected and ha.client is client
         task = asyncio.ensure_future(ha.subscribe("t", sub_id="s"))

@@ -42,7 +42,7 @@ def stored(tmp_path):
     where = {}
     recs = list(j.scan())
     for r, nxt in zip(recs, [*recs[1:], None]):
-        segs, i = j._find(r.position)
+        segs, i = j.layout.find(r.position)
         seg = segs[i]
         end = nxt.position if nxt is not None and nxt.position < seg.end else seg.end
         where[r.seq] = (seg.path, SEGMENT_HEADER_SIZE + r.position - seg.base, end - r.position)
@@ -113,7 +113,7 @@ def test_an_index_checkpoint_inside_a_record_truncates_nothing(stored, tmp_path)
     srv, where = stored
     path, off, size = where[N - 10]
     j = Journal(str(tmp_path / "srv" / "journal"))
-    segs, i = j._find(j.end_position - 1)
+    segs, i = j.layout.find(j.end_position - 1)
     inside = segs[i].base + off - SEGMENT_HEADER_SIZE + 7  # 7 bytes into record N-10
     j.close()
     idx = JournalIndex(str(tmp_path / "srv" / "journal" / "index"))

@@ -38,11 +38,8 @@ def records_end(j: Journal) -> int:
 
 def abandon(j: Journal) -> None:
     """What a crash leaves: the writer stops, nothing is trimmed, closed or synced further."""
-    with j._cond:
-        j._closing = True
-        j._cond.notify()
-    j._thread.join()
-    for fd in (j._fd, *j._read_fds.values()):
+    j.writer.stop()
+    for fd in (j.writer._fd, *j.reader._read_fds.values()):
         os.close(fd)
     j.index.close()
     os.close(j._lock_fd)
@@ -125,7 +122,7 @@ def test_kill_9_in_the_middle_of_the_runway(tmp_path):
             data = encode_record(KIND_MESSAGE, 1, s, 1_700_000_000_000_000 + s, b"t", b"x" * 100)
             j.submit(data, [(1, s, 0, 0)], lambda pos, err: done.set())
             assert done.wait(30)
-        while j._busy or j._runway_wanted():
+        while j.writer._busy or j.writer._runway_wanted():
             time.sleep(0.005)
         os.kill(os.getpid(), signal.SIGKILL)
         """

@@ -41,7 +41,7 @@ def wait_available(j: Journal, timeout: float = 10.0) -> None:
 
 
 def writer_fd_is_active_segment(j: Journal) -> bool:
-    st = os.fstat(j._fd)
+    st = os.fstat(j.writer._fd)
     seg = os.stat(j.segments[-1].path)
     return (st.st_dev, st.st_ino) == (seg.st_dev, seg.st_ino)
 
@@ -244,11 +244,8 @@ def test_power_loss_keeps_every_acknowledged_record(power):
     acked = [s for s in range(1, 30) if put(j, s) is None]
     assert len(j.segments) > 2  # the cut also tests the rolls' directory syncs
     # the power goes: the writer thread stops, every file keeps only what was synced
-    with j._cond:
-        j._closing = True
-        j._cond.notify()
-    j._thread.join()
-    os.close(j._fd)
+    j.writer.stop()
+    os.close(j.writer._fd)
     os.close(j._lock_fd)
     j.index.close()
     j._closed = True

@@ -172,7 +172,9 @@ def test_store_rows_golden(impl):
     targets = {"px": (b"px\x00", {})}
     assert impl(msgs, 5000, targets) == 3
     # a row with its own expiration stops the run (its record keeps e: the Python way)
-    assert impl([("px", 7, 5, 1003, b'{"a":4}', 300, k1, 12.5)], 5000, {"px": (b"px\x00", {})}) == -1
+    assert (
+        impl([("px", 7, 5, 1003, b'{"a":4}', 300, k1, 12.5)], 5000, {"px": (b"px\x00", {})}) == -1
+    )
     rows = targets["px"][1]
     assert list(rows) == [b"px\x00WzFd", "px\x00é".encode()]
     assert rows[b"px\x00WzFd"] == (

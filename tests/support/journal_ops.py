@@ -38,7 +38,7 @@ def seqs(j: Journal) -> list[int]:
 def writer_idle(j: Journal, timeout: float = 10.0) -> None:
     """Wait until the writer thread has nothing to do (it zeroes the runway after an open)."""
     deadline = time.monotonic() + timeout
-    while j._busy or j._runway_wanted():
+    while j.writer._busy or j.writer._runway_wanted():
         assert time.monotonic() < deadline, "the writer thread stayed busy"
         time.sleep(0.005)
     time.sleep(0.01)

@@ -1,0 +1,105 @@
+"""The journal and the client are façades over small objects handed their collaborators
+(docs/architecture.md), not classes put together from mixins (issue 24).
+
+A mixin shows as a base class other than `object`, or as a stub that raises NotImplementedError
+for what another part supplies; both are refused here for the journal's and the client's parts.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+from client.client import Client
+from client.client_commands import ClientCommands
+from client.client_conn import ClientConnection
+from client.client_publish import ClientPublishing
+from client.client_sow import ClientSow
+from client.client_subscribe import ClientSubscriptions
+from journal.journal import Journal
+from journal.reading import JournalReader
+from journal.recovery import Recovery
+from journal.state import Layout
+from journal.writer import JournalWriter
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PARTS = [
+    Journal,
+    Layout,
+    JournalReader,
+    JournalWriter,
+    Recovery,
+    Client,
+    ClientConnection,
+    ClientCommands,
+    ClientPublishing,
+    ClientSubscriptions,
+    ClientSow,
+]
+MODULES = [
+    "journal/journal.py",
+    "journal/state.py",
+    "journal/reading.py",
+    "journal/recovery.py",
+    "journal/writer.py",
+    "client/client.py",
+    "client/client_conn.py",
+    "client/client_commands.py",
+    "client/client_publish.py",
+    "client/client_subscribe.py",
+    "client/client_sow.py",
+]
+
+
+@pytest.mark.parametrize("cls", PARTS, ids=lambda c: c.__name__)
+def test_each_part_stands_alone(cls):
+    """No part inherits from another: each gets its collaborators in its constructor."""
+    assert cls.__bases__ == (object,), f"{cls.__name__} is put together from {cls.__bases__}"
+    assert "__init__" in vars(cls), f"{cls.__name__} takes nothing in its constructor"
+
+
+@pytest.mark.parametrize("path", MODULES)
+def test_no_stub_waits_for_another_part(path):
+    tree = ast.parse((ROOT / path).read_text())
+    stubs = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Raise)
+        and node.exc is not None
+        and "NotImplementedError" in ast.unparse(node.exc)
+    ]
+    assert stubs == [], f"{path}: NotImplementedError stubs at lines {stubs}"
+
+
+def test_the_facades_keep_their_public_api(tmp_path):
+    """What server/, bench/, the tests and the CLI call on a Journal and a Client is there."""
+    journal_api = {
+        "read", "read_raw", "read_block", "raw_batches", "records", "scan", "next_position",
+        "after", "holds", "locate", "locate_time", "publishers", "publisher_owners",
+        "disk_bytes", "collect_garbage", "submit", "commit_inline", "fence", "run_in_writer",
+        "close", "sealed_segments", "commit_layout",
+    }  # fmt: skip
+    journal_props = {"segments", "manifest", "end_position", "start_position", "available"}
+    client_api = {
+        "connect", "logon", "close", "abort", "wait_closed", "send_heartbeat", "start_heartbeat",
+        "execute", "flush", "sow_delete", "publish", "can_publish", "wait_publishable",
+        "try_publish", "publish_nowait", "publish_flush", "unpersisted_count", "subscribe",
+        "unsubscribe", "subscriptions", "sow", "sow_and_subscribe",
+    }  # fmt: skip
+    client_props = {"connected", "closed_reason", "persisted_seq", "last_seq", "failed_count",
+                    "stray_messages", "server", "tls"}  # fmt: skip
+    c = Client("api")
+    for name in client_api:
+        assert callable(getattr(c, name)), name
+    for name in client_props:
+        getattr(c, name)
+    j = Journal(str(tmp_path / "j"))
+    try:
+        for name in journal_api:
+            assert callable(getattr(j, name)), name
+        for name in journal_props:
+            getattr(j, name)
+    finally:
+        j.close()
