@@ -56,7 +56,6 @@ from protocol.headers import (
 )
 
 from .batch_row import BatchRow, BatchTuple
-from .sow.keys import BadSowKey, k_fragment
 
 __all__ = [
     "ACCELERATED",
@@ -170,7 +169,7 @@ def publish_records_py(
         hdr = b""
         if isinstance(topic, tuple):  # a SOW topic: (topic, paths, maker)
             topic, _paths, maker = topic
-            keyed = _key_fragment(maker, body)
+            keyed = maker.fragment(body)  # server/sow/keys.py KeyMaker
             if keyed is None:
                 break
             hdr = keyed
@@ -186,14 +185,6 @@ def publish_records_py(
         asked |= a
         pos += 4 + length
     return b"".join(out), entries, msgs, pos, highest, asked, unknown
-
-
-def _key_fragment(maker: Any, body: bytes) -> bytes | None:
-    """The `,"k":...` member of a publish of `body` to a SOW topic, or None without a key."""
-    try:
-        return k_fragment(maker.key(body, None))
-    except BadSowKey:
-        return None
 
 
 _c = load("server._publish")  # None without a compiler at install time: same results, slower

@@ -100,6 +100,16 @@ class KeyMaker:
             ) from None
         return self.key_of(doc)
 
+    def fragment(self, body: bytes) -> bytes | None:
+        """The header fragment `,"k":...` of a publish of `body` (no `k` of its own), or None
+        when the body has no key here (the ordinary path then refuses it with the reason).
+        server/publish_scan.py's Python scan asks this through the topic's key spec, so the
+        scanner (a lower layer) never imports this package."""
+        try:
+            return k_fragment(self.key(body, None))
+        except BadSowKey:
+            return None
+
     def key_of(self, doc: Any) -> str:
         """The key of a decoded body (raises BadSowKey)."""
         values = []
