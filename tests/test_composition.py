@@ -60,6 +60,7 @@ MODULES = [
     "server/sow/manager.py",
     "server/sow/deltas.py",
     "server/sow/held.py",
+    "server/queue_state.py",
 ]
 
 
