@@ -39,6 +39,7 @@ import time
 from itertools import repeat
 from typing import Any
 
+from config.model import QueueSpec
 from journal.queue_events import MAX_RUN, QueueOp
 from protocol.bookmarks import format_bookmark, publisher_bookmark
 
@@ -47,7 +48,15 @@ from .fanout import Message
 from .frames import STORED, pack_len
 from .matching import Body, Predicate, body_matches
 from .outbox import Outbox
-from .queue_state import Lease, QueueState, QueueSub, StoredMessage, new_lease, now_us
+from .queue_state import (
+    Lease,
+    QueueHost,
+    QueueState,
+    QueueSub,
+    StoredMessage,
+    new_lease,
+    now_us,
+)
 from .subscriptions import Subscription, SubscriptionOwner
 
 __all__ = ["Queue"]
@@ -56,6 +65,9 @@ _HIDDEN = "%s is a message this user's content entitlement does not show (not en
 
 
 class Queue(QueueState):
+    def __init__(self, host: QueueHost, spec: QueueSpec) -> None:
+        super().__init__(host, spec, self.pump)
+
     # -- subscribers -----------------------------------------------------------------------
 
     @property

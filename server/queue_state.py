@@ -119,9 +119,12 @@ def expiration_us(exp: float) -> int:
 
 
 class QueueState:
-    def __init__(self, host: QueueHost, spec: QueueSpec) -> None:
+    def __init__(self, host: QueueHost, spec: QueueSpec, pump: Callable[[], None]) -> None:
         self.host = host
         self.spec = spec
+        # delivers waiting messages while some subscription has room (server/queue.py's
+        # `Queue.pump`): called when a message is returned or freed here
+        self._pump = pump
         self.name = spec.name
         self.name_b = spec.name.encode()
         self.at_most_once = spec.semantics == "at-most-once"
@@ -431,7 +434,7 @@ class QueueState:
         self.expiry.pop(position, None)
         if self.barrier_wait and not self.leased:
             self.barrier_wait = False
-            self.host.call_soon(self.pump)
+            self.host.call_soon(self._pump)
 
     def _expire(self, position: int, reason: str, rec: StoredMessage | None) -> None:
         counts = self.counts.get(position, [0, 0])
@@ -470,7 +473,7 @@ class QueueState:
             self._expire(pos, "expiration", None)
             changed = True
         if changed:
-            self.pump()
+            self._pump()
 
     def lease_timeouts(self, now: float) -> None:
         """Return the messages whose lease ended at `now` (monotonic), and re-arm the timer."""
@@ -499,10 +502,6 @@ class QueueState:
                     *first,
                 )
         if changed:
-            self.pump()
+            self._pump()
         if heap:
             self.host.arm(heap[0][0])
-
-    def pump(self) -> None:
-        """Deliver waiting messages while some subscription has room (server/queue.py)."""
-        raise NotImplementedError

@@ -1,8 +1,9 @@
-"""The journal and the client are façades over small objects handed their collaborators
-(docs/architecture.md), not classes put together from mixins (issue 24).
+"""The journal, the client and the SOW manager are façades over small objects handed their
+collaborators (docs/architecture.md), not classes put together from mixins (issue 24).
 
 A mixin shows as a base class other than `object`, or as a stub that raises NotImplementedError
-for what another part supplies; both are refused here for the journal's and the client's parts.
+for what another part supplies; both are refused here for the journal's, the client's and the
+SOW manager's parts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from journal.reading import JournalReader
 from journal.recovery import Recovery
 from journal.state import Layout
 from journal.writer import JournalWriter
+from server.sow.deltas import Deltas
+from server.sow.held import HeldWrites
+from server.sow.manager import SowManager
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PARTS = [
@@ -37,6 +41,9 @@ PARTS = [
     ClientPublishing,
     ClientSubscriptions,
     ClientSow,
+    SowManager,
+    Deltas,
+    HeldWrites,
 ]
 MODULES = [
     "journal/journal.py",
@@ -50,6 +57,10 @@ MODULES = [
     "client/client_publish.py",
     "client/client_subscribe.py",
     "client/client_sow.py",
+    "server/sow/manager.py",
+    "server/sow/deltas.py",
+    "server/sow/held.py",
+    "server/queue_state.py",
 ]
 
 

@@ -11,7 +11,7 @@ record arrives whole.
   change that changes nothing is not sent; without it, it arrives as `{}`.
 - **The previous version**: the SOW manager, while it applies a commit and any delta
   subscription exists, keeps the replaced body of each record of the commit (by journal
-  position) until the commit's deliveries are done (`SowManager.previous`).
+  position) until the commit's deliveries are done (`Deltas`, server/sow/deltas.py).
 - **"Has been sent"** is judged from the record as it was: it matched the subscription's filter
   (as for out-of-focus notices). A record that did not exist, or did not match, arrives whole.
 - **Where**: a `DeltaFeed` is the subscription's per-message hook of the live fan-out

@@ -1,17 +1,20 @@
-"""The delta side of the SOW manager (docs/sow.md "delta_publish", "Delta subscriptions"),
-mixed into `SowManager` (server/sow/manager.py), which provides the attributes declared here.
+"""The delta side of the SOW (docs/sow.md "delta_publish", "Delta subscriptions"): a `Deltas`
+object owned by `SowManager` (server/sow/manager.py), handed the topic's spec and key maker
+lookups and `committed`, the manager's read of a record's committed body.
 
 - **delta_publish**: `merge_delta` merges a delta into the latest message *accepted* for its
   key: the newest in a batch not yet committed (each batch indexed once, by `current`), else
-  a committed put not yet written to the store (deferred), else the store's record.
+  the committed body (`committed`: a put held and not yet written, else the store's record).
 - **delta subscriptions**: `delta_feed` makes a subscription's live fan-out hook
-  (server/sow/delta.py); while any exists, the fold keeps the body each put of a commit
-  replaced (`_replaced`, by journal position) until the commit's deliveries are done
-  (`_forget`, a `Batch.after` callback).
+  (server/sow/delta.py); while any exists (`feeds`), the fold keeps the body each put of a
+  commit replaced (`note_replaced`, by journal position) until the commit's deliveries are
+  done (`after_commit` hands `_forget` to the batch as a `Batch.after` callback).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -20,7 +23,6 @@ from config.model import SowTopicSpec
 
 from .delta import DeltaFeed
 from .keys import K_MEMBER, KeyMaker, k_fragment
-from .store import SowStore, decode_value, record_key
 
 __all__ = ["Deltas"]
 
@@ -29,46 +31,33 @@ _encode = msgspec.json.encode
 
 
 class Deltas:
-    # provided by SowManager
-    store: SowStore | None
-    commits: Any
-    _deferred: dict[str, tuple[bytes, dict[bytes, bytes]]]
-    # id(batch) -> (batch, [messages indexed], (topic, `k` fragment) -> body): `_uncommitted`
-    _seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]]
-    delta_feeds: int
-    _replaced: dict[int, bytes]
-
-    def spec(self, topic: str) -> SowTopicSpec | None:
-        raise NotImplementedError
-
-    def maker(self, spec: SowTopicSpec) -> KeyMaker:
-        raise NotImplementedError
+    def __init__(
+        self,
+        spec: Callable[[str], SowTopicSpec | None],
+        maker: Callable[[SowTopicSpec], KeyMaker],
+        committed: Callable[[str, str], bytes | None],
+    ) -> None:
+        self.spec = spec
+        self.maker = maker
+        self.committed = committed  # (topic, k) -> the body committed for the record, or None
+        # id(batch) -> (batch, [messages indexed], (topic, `k` fragment) -> body): `_uncommitted`
+        self._seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]] = {}
+        self.feeds = 0  # delta subscriptions open
+        # while any is open: the body each put of a commit replaced, by journal position
+        self._replaced: dict[int, bytes] = {}
+        self._replaced_now: list[int] = []  # the positions of the commit being applied
 
     # -- delta_publish --------------------------------------------------------------------------
 
-    def current(self, topic: str, k: str) -> bytes | None:
+    def current(self, commits: Any, topic: str, k: str) -> bytes | None:
         """The latest body of record `k`: of a publish accepted and not yet committed (the
-        open batch, then the batches in flight, newest first), else committed and not yet
-        written (deferred), else in the store; None when none."""
-        kf = k_fragment(k)
-        commits = self.commits
+        open batch, then the batches in flight of `commits`, newest first), else committed
+        (`committed`); None when none."""
         if commits is not None:
-            got = self._uncommitted(commits, topic, kf)
+            got = self._uncommitted(commits, topic, k_fragment(k))
             if got is not None:
                 return got
-        deferred = self._deferred.get(topic)
-        value = deferred[1].get(record_key(topic, k)) if deferred is not None else None
-        if value is not None:
-            return decode_value(value)[5]
-        store = self.store
-        if store is None:
-            return None
-        reader = store.reader(0)
-        try:
-            rec = reader.get(topic, k)
-        finally:
-            reader.close()
-        return None if rec is None else rec[5]
+        return self.committed(topic, k)
 
     def _uncommitted(self, commits: Any, topic: str, kf: bytes) -> bytes | None:
         """The body of the newest publish to (topic, `k` fragment) in a batch not yet
@@ -97,10 +86,11 @@ class Deltas:
                 del seen[key]
         return found
 
-    def merge_delta(self, topic: str, delta: bytes, given: str | None) -> bytes:
+    def merge_delta(self, commits: Any, topic: str, delta: bytes, given: str | None) -> bytes:
         """The message a delta_publish stores: `delta` (a JSON object) merged into the record
         with its key (fields replace fields, nested objects merge, arrays are replaced whole),
-        or `delta` itself when there is no record. Raises BadSowKey, or ValueError for a delta
+        or `delta` itself when there is no record; `commits`: the pipeline whose batches hold
+        the publishes not yet committed (None before it is attached). Raises BadSowKey, or ValueError for a delta
         that is not a JSON object."""
         try:
             doc = _decode(delta)
@@ -111,7 +101,7 @@ class Deltas:
         spec = self.spec(topic)
         assert spec is not None
         k = self.maker(spec).key(delta, given)
-        old = self.current(topic, k)
+        old = self.current(commits, topic, k)
         if old is None:
             return delta
         try:
@@ -126,13 +116,26 @@ class Deltas:
 
     def delta_feed(self, sub: Any) -> DeltaFeed:
         """The live fan-out hook that makes `sub` a delta subscription (server/sow/delta.py)."""
-        self.delta_feeds += 1
+        self.feeds += 1
         return DeltaFeed(sub, self._replaced.get, self.key_paths, self._feed_closed)
 
     def _feed_closed(self) -> None:
-        self.delta_feeds -= 1
-        if not self.delta_feeds:
+        self.feeds -= 1
+        if not self.feeds:
             self._replaced.clear()
+
+    def note_replaced(self, position: int, old_body: bytes) -> None:
+        """The fold's put at `position` replaced a record whose body was `old_body` (called
+        only while `feeds`): kept for the delta feeds until the commit's deliveries are done."""
+        self._replaced[position] = old_body
+        self._replaced_now.append(position)
+
+    def after_commit(self, batch: Any) -> None:
+        """The commit being applied is in the store: forget its replaced bodies once its
+        deliveries are done."""
+        if self._replaced_now:
+            batch.after.append(partial(self._forget, self._replaced_now))
+            self._replaced_now = []
 
     def key_paths(self, topic: str) -> tuple[str, ...]:
         spec = self.spec(topic)

@@ -28,6 +28,7 @@ import lmdb
 
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE
+from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, Timestamp
 from protocol.filters import FilterError, compile_filter
 
 from ..matching import body_matches
@@ -35,7 +36,7 @@ from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_FILTER, decode_delete
 from .store import Reader, Stored
 
-__all__ = ["CHECKPOINT_EVERY", "Checkpoints", "HistoricalReader"]
+__all__ = ["CHECKPOINT_EVERY", "Checkpoints", "HistoricalReader", "locate_point"]
 
 log = logging.getLogger("tickertape.sow")
 
@@ -221,3 +222,29 @@ class Checkpoints:
                 env.close()
 
         return HistoricalReader(base, overlay, end, closed)
+
+
+def locate_point(
+    journal: Journal, point: BookmarkSpec
+) -> tuple[int, int | None, tuple[int, int] | None]:
+    """Where a historical query's `point` is in `journal`: (the position the state ends at, the
+    point's time in µs when known, its bookmark when it is one). A bookmark includes its
+    message; a timestamp, every message recorded at or before it. Raises InvalidBookmark for a
+    point the journal cannot answer."""
+    if isinstance(point, Epoch):
+        return journal.start_position, None, None
+    if isinstance(point, Bookmark):
+        pos = journal.locate(point.publisher_id, point.seq)
+        if pos is None:
+            raise InvalidBookmark(
+                f"bookmark {point} is not in the journal (or no longer): a historical "
+                "query needs a message the journal holds"
+            )
+        recs, _ = journal.read_raw(pos, 4096)
+        ts = recs[0][4] if recs else None
+        return journal.after(pos), ts, (point.publisher_id, point.seq)
+    if isinstance(point, Timestamp):
+        return journal.locate_time(point.micros), point.micros, None
+    raise InvalidBookmark(
+        "a historical query takes one bookmark or one timestamp, not a list or a range"
+    )

@@ -36,6 +36,7 @@ __all__ = [
     "KeyMaker",
     "check_key",
     "expiration_from_fragment",
+    "expires_at",
     "k_fragment",
     "key_from_fragment",
     "with_expiration",
@@ -178,3 +179,11 @@ def expiration_from_fragment(hdr: bytes) -> int | None:
         return None
     digits = hdr[i + len(_E) : end]
     return int(digits) if digits.isdigit() else None
+
+
+def expires_at(topic_ttl: float | None, ts: int, hdr: bytes) -> int | None:
+    """When a record received at `ts` (µs) with stored fragment `hdr` leaves: the sooner of the
+    topic's <Expiration> (`topic_ttl`, seconds) and the record's own `e`; None when neither."""
+    own = expiration_from_fragment(hdr) if hdr else None
+    ttls = [t for t in (topic_ttl, own) if t]
+    return ts + int(min(ttls) * 1e6) if ttls else None

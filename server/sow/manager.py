@@ -10,11 +10,10 @@ same LMDB transaction.
 - **Commit**: `before_flush` (a pipeline hook, called with the batch about to be committed)
   notes the batch's SOW messages and deletes; when the batch is durable, `_committed` takes
   them. Plain puts (no delete in the batch, nobody watching the topic for out-of-focus
-  notices or deltas, no `<Expiration>`) are *held* as the latest row per key and written by
-  `flush` (server/sow/held.py). Anything else flushes first, then is applied in journal order
-  in one write transaction that also writes the batch's end position. Every read of the store
-  (a query's snapshot, delta_publish's merge, the expiration tick, `topics`, close) flushes
-  first, so what it reads is the journal up to that point.
+  notices or deltas, no `<Expiration>`) are *held* (`HeldWrites`, server/sow/held.py).
+  Anything else flushes first, then is applied in journal order in one write transaction that
+  also writes the batch's end position. Every read of the store (a query's snapshot, the
+  expiration tick, `topics`, close) flushes first; delta_publish's merge reads the held rows.
   A batch with no SOW work writes nothing, except the position at most once a second (so a
   restart reads little journal). Nothing here runs for an instance without SOW topics.
 - **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
@@ -28,6 +27,8 @@ same LMDB transaction.
   to `Pipeline.delivered_end` (the fold runs inside the commit's completion, before the
   pipeline moves `delivered_end`), so a query's snapshot and that position are one point.
 
+Parts, made here and handed what they use: `HeldWrites` (once the store is open) and `Deltas`
+(delta_publish's merge, delta subscriptions: server/sow/deltas.py).
 States of the store: opening -> catching up (recover) -> live (attached to the pipeline).
 """
 
@@ -45,18 +46,19 @@ from typing import Any, Protocol
 from config.model import Config, SowTopicSpec
 from journal.journal import Journal
 from journal.record import KIND_SOW_DELETE, encode_record
-from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, Timestamp
+from protocol.bookmarks import BookmarkSpec, InvalidBookmark
 from protocol.filters import FilterError, compile_filter
 
 from ..matching import body_matches
 from ..router import Router
+from .delta import DeltaFeed
 from .deltas import Deltas
-from .held import DEFER_SECONDS, HeldWrites
-from .history import Checkpoints, HistoricalReader
+from .held import HeldWrites
+from .history import Checkpoints, HistoricalReader, locate_point
 from .keys import (
     BadSowKey,
     KeyMaker,
-    expiration_from_fragment,
+    expires_at,
     k_fragment,
     key_from_fragment,
     with_expiration,
@@ -95,7 +97,7 @@ def _EXPIRED(n: int, err: BaseException | None) -> None:
     """The reply of the deletes `tick` journals for expired records (nobody to answer)."""
 
 
-class SowManager(Deltas, HeldWrites):
+class SowManager:
     def __init__(self, config: Config, journal: Journal | None) -> None:
         self.config = config
         self.journal = journal
@@ -107,13 +109,8 @@ class SowManager(Deltas, HeldWrites):
         self.updates: dict[str, int] = {}  # puts applied per topic since start (the console)
         self._pending: list[tuple[int, str, bytes, str, Reply | None]] = []
         self._pending_batch: Any = None
-        # topic -> (record key prefix, record key -> value) of committed puts not yet in the
-        # store (the latest per key: store_rows), and the journal end they bring the store to
-        self._deferred: dict[str, tuple[bytes, dict[bytes, bytes]]] = {}
-        self._deferred_end: int | None = None
-        self._deferred_since = 0.0
         self._recount: set[str] = set()  # topics whose record count changed since the last write
-        self._seen: dict[int, tuple[Any, list[int], dict[tuple[str, bytes], bytes]]] = {}
+        self.held: HeldWrites | None = None  # the store's held writes, once it is open (recover)
         self._last_position_write = 0.0
         self.checkpoints: Checkpoints | None = None
         self.oof: OofNotices | None = None  # out-of-focus notices (attach)
@@ -124,11 +121,7 @@ class SowManager(Deltas, HeldWrites):
         windows = [t.history_window for t in config.sow_topics]
         # checkpoints are kept for the longest window (None: as far as the journal holds)
         self.window = None if not windows or None in windows else max(windows)  # type: ignore[type-var]
-        # delta subscriptions (server/sow/delta.py): while any exists, the body each put of a
-        # commit replaced, by journal position, until the commit's deliveries are done
-        self.delta_feeds = 0
-        self._replaced: dict[int, bytes] = {}
-        self._replaced_now: list[int] = []
+        self.deltas = Deltas(self.spec, self.maker, self._committed_body)  # delta_publish, feeds
         self.caught_up = 0  # records read from the journal by the last recover
         self.rebuilt: str | None = None  # why the last start rebuilt the store, if it did
 
@@ -182,6 +175,29 @@ class SowManager(Deltas, HeldWrites):
         self.flush()
         return [t for t, n in self.counts.items() if n > 0]
 
+    def flush(self) -> None:
+        """Write the held puts (before a read of the store, and at close)."""
+        if self.held is not None:
+            self.held.flush()
+
+    def _holdable(self, topic: str) -> bool:
+        """Puts to `topic` may be held: no <Expiration>, no out-of-focus notices watching."""
+        spec = self.spec(topic)
+        oof = self.oof
+        return spec is not None and not spec.expiration and not (oof and oof.watching(topic))
+
+    def _committed_body(self, topic: str, k: str) -> bytes | None:
+        """The body committed for record `k` (`HeldWrites.body`); None before the store opens."""
+        return self.held.body(topic, k) if self.held is not None else None
+
+    def merge_delta(self, topic: str, delta: bytes, given: str | None) -> bytes:
+        """The message a delta_publish stores (`Deltas.merge_delta`)."""
+        return self.deltas.merge_delta(self.commits, topic, delta, given)
+
+    def delta_feed(self, sub: Any) -> DeltaFeed:
+        """The live fan-out hook that makes `sub` a delta subscription (`Deltas.delta_feed`)."""
+        return self.deltas.delta_feed(sub)
+
     # -- start -----------------------------------------------------------------------------------
 
     def recover(self) -> None:
@@ -218,8 +234,19 @@ class SowManager(Deltas, HeldWrites):
             os.path.join(journal.directory, "sow-checkpoints"),
             lambda: self.store.env if self.store is not None else None,
         )
+        self.held = HeldWrites(
+            store,
+            self.counts,
+            self._recount,
+            self.is_sow,
+            self._holdable,
+            self._put,
+            self._delete,
+            self.checkpoints,
+            self.window,
+        )
         began = time.monotonic()
-        self.caught_up = self._catch_up(position, end)
+        self.caught_up = self.held.catch_up(journal, position, end)
         # records published with their own `e` may be in any SOW topic: the store says which
         self._load_expiry()
         self._expiring = self._expiring or bool(self._expiry)
@@ -250,23 +277,15 @@ class SowManager(Deltas, HeldWrites):
                 if spec is None or not (spec.expiration or any_topic):
                     continue
                 for k, rec in store.topic_records(txn, topic):
-                    at = self._expires_at(spec.expiration, rec[3], rec[4])
+                    at = expires_at(spec.expiration, rec[3], rec[4])
                     if at is not None:
                         heap.append((at, topic, k, rec[0]))
         heapq.heapify(heap)
         self._expiry = heap
 
-    @staticmethod
-    def _expires_at(topic_ttl: float | None, ts: int, hdr: bytes) -> int | None:
-        """When a record received at `ts` (µs) leaves: the sooner of the topic's
-        <Expiration> and the record's own `e`; None when neither applies."""
-        own = expiration_from_fragment(hdr) if hdr else None
-        ttls = [t for t in (topic_ttl, own) if t]
-        return ts + int(min(ttls) * 1e6) if ttls else None
-
     def _note_expiry(self, topic: str, k: str, pos: int, ts: int, hdr: bytes) -> None:
         spec = self.spec(topic)
-        at = self._expires_at(spec.expiration if spec is not None else None, ts, hdr)
+        at = expires_at(spec.expiration if spec is not None else None, ts, hdr)
         if at is not None:
             heap = self._expiry
             heapq.heappush(heap, (at, topic, k, pos))
@@ -276,9 +295,8 @@ class SowManager(Deltas, HeldWrites):
     def tick(self) -> None:
         """Journal a delete of the records past their topic's <Expiration> (one delete record
         per topic and tick); applied at its commit like any delete."""
-        if self._deferred_end is not None:
-            if time.monotonic() - self._deferred_since >= DEFER_SECONDS:
-                self.flush()
+        if self.held is not None:
+            self.held.tick()
         heap = self._expiry
         if not heap or self.commits is None:
             return
@@ -333,16 +351,16 @@ class SowManager(Deltas, HeldWrites):
         value = encode_value(pos, pub, seq, ts, hdr, body)
         oof = self.oof
         subs = oof.watching(topic) if oof is not None else None
-        if subs or self.delta_feeds:
+        deltas = self.deltas
+        if subs or deltas.feeds:
             old = store.replace(txn, topic, k, value)
             replaced = old is not None
             if old is not None:
                 old_body = decode_value(old)[5]
                 if subs:
                     oof.changed(subs, topic, k, old_body, body)  # type: ignore[union-attr]
-                if self.delta_feeds:
-                    self._replaced[pos] = old_body
-                    self._replaced_now.append(pos)
+                if deltas.feeds:
+                    deltas.note_replaced(pos, old_body)
         else:
             replaced = store.put(txn, topic, k, value)
         if not replaced:
@@ -455,9 +473,12 @@ class SowManager(Deltas, HeldWrites):
                     reply(0, err)
             return
         base = end - len(batch.data)
-        if not deletes and self._defer(puts, topics, base, end):
+        held = self.held
+        assert held is not None
+        # the records a delta feed watches are applied at once: it needs the bodies they replace
+        if not deletes and not self.deltas.feeds and held.defer(puts, topics, base, end):
             return
-        self.flush()
+        held.flush()
         store = self.store
         assert store is not None
         work: list[tuple[int, Any]] = [(m[5], m) for m in puts]
@@ -476,15 +497,13 @@ class SowManager(Deltas, HeldWrites):
                         continue
                     if reply is not None:
                         replies.append((reply, n))
-            store.set_position(txn, end, self._changed_counts())
+            store.set_position(txn, end, held.changed_counts())
         self._recount.clear()
         for reply, n in replies:
             reply(n, None)
         if self.oof is not None and self.oof.pending:
             batch.after.append(partial(send_notices, self.oof.take()))
-        if self._replaced_now:
-            batch.after.append(partial(self._forget, self._replaced_now))
-            self._replaced_now = []
+        self.deltas.after_commit(batch)
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 
@@ -547,26 +566,7 @@ class SowManager(Deltas, HeldWrites):
         loop (it reads the journal). Raises InvalidBookmark for a point it cannot answer."""
         journal = self.journal
         assert journal is not None and self.checkpoints is not None
-        bm = None
-        if isinstance(point, Epoch):
-            end, ts = journal.start_position, None
-        elif isinstance(point, Bookmark):
-            pos = journal.locate(point.publisher_id, point.seq)
-            if pos is None:
-                raise InvalidBookmark(
-                    f"bookmark {point} is not in the journal (or no longer): a historical "
-                    "query needs a message the journal holds"
-                )
-            recs, _ = journal.read_raw(pos, 4096)
-            ts = recs[0][4] if recs else None
-            end = journal.after(pos)
-            bm = (point.publisher_id, point.seq)
-        elif isinstance(point, Timestamp):
-            end, ts = journal.locate_time(point.micros), point.micros
-        else:
-            raise InvalidBookmark(
-                "a historical query takes one bookmark or one timestamp, not a list or a range"
-            )
+        end, ts, bm = locate_point(journal, point)
         if self.window is not None and ts is not None and time.time() - ts / 1e6 > self.window:
             raise InvalidBookmark(
                 f"the point is older than <History><Window> ({self.window:g}s); query a later one"
@@ -583,3 +583,4 @@ class SowManager(Deltas, HeldWrites):
                 self.flush()  # a restart then reads no journal for them
             self.store.close()
             self.store = None
+            self.held = None

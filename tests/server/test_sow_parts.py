@@ -1,0 +1,110 @@
+"""The SOW manager's parts on their own (issue 24: objects handed their collaborators, not
+mixins): `HeldWrites` over a real store with the fold's steps as plain callables, and `Deltas`
+with spec, key maker and the committed-body read as plain callables."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from config.model import SowTopicSpec
+from server.sow.deltas import Deltas
+from server.sow.held import HeldWrites
+from server.sow.keys import KeyMaker, expires_at, k_fragment, with_expiration
+from server.sow.store import SowStore
+
+
+def _refuse(*args):
+    raise AssertionError(f"the fold's own step was called for a held put: {args}")
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SowStore(str(tmp_path / "sow"))
+    yield s
+    s.close()
+
+
+def test_held_writes_hold_puts_until_flush_and_count_them(store):
+    counts: dict[str, int] = {}
+    recount: set[str] = set()
+    held = HeldWrites(
+        store,
+        counts,
+        recount,
+        lambda t: t == "px",
+        lambda t: t == "px",
+        _refuse,
+        _refuse,
+        None,
+        None,
+    )
+    k1 = k_fragment("WzFd")
+    puts = [
+        ("px", 7, 1, 1000, b'{"a":1}', 0, k1, None),
+        ("px", 7, 2, 1001, b'{"a":2}', 50, k_fragment("WzJd"), None),
+        ("px", 7, 3, 1002, b'{"a":3}', 100, k1, None),
+    ]
+    assert held.defer(puts, {"px"}, 5000, 5150)
+    # held, not written: the committed body is the held one, the store has nothing yet
+    assert held.body("px", "WzFd") == b'{"a":3}'
+    assert store.position is None and counts == {}
+    held.flush()
+    assert store.position == 5150 and counts == {"px": 2} and not recount
+    reader = store.reader(0)
+    try:
+        assert reader.get("px", "WzFd")[5] == b'{"a":3}'  # the latest of the key won
+    finally:
+        reader.close()
+    assert held.body("px", "WzFd") == b'{"a":3}'  # now from the store
+    assert held.body("px", "nope") is None
+    # a topic that may not be held (watched, or with <Expiration>) is applied by the manager
+    assert not held.defer([("ttl", 7, 4, 1003, b"{}", 0, k1, None)], {"ttl"}, 6000, 6050)
+    held.flush()  # nothing held: writes nothing
+    assert store.position == 5150
+
+
+def test_deltas_merge_into_the_newest_accepted_body():
+    spec = SowTopicSpec(name="px", keys=("/sym",))
+    maker = KeyMaker(spec.keys)
+    committed = {("px", maker.key(b'{"sym":"A"}', None)): b'{"sym":"A","px":1,"q":{"b":1}}'}
+    deltas = Deltas(
+        lambda t: spec if t == "px" else None, lambda s: maker, lambda t, k: committed.get((t, k))
+    )
+    assert deltas.merge_delta(None, "px", b'{"sym":"A","q":{"c":2}}', None) == (
+        b'{"sym":"A","px":1,"q":{"b":1,"c":2}}'
+    )
+    assert deltas.merge_delta(None, "px", b'{"sym":"B","px":5}', None) == b'{"sym":"B","px":5}'
+    # a publish accepted and not yet committed is newer than the committed record
+    k = k_fragment(maker.key(b'{"sym":"A"}', None))
+    open_batch = SimpleNamespace(msgs=[("px", 7, 9, 1000, b'{"sym":"A","px":9}', 0, k, None)])
+    commits = SimpleNamespace(batch=open_batch, inflight=[])
+    assert deltas.merge_delta(commits, "px", b'{"sym":"A","q":1}', None) == (
+        b'{"sym":"A","px":9,"q":1}'
+    )
+    with pytest.raises(ValueError):
+        deltas.merge_delta(None, "px", b"[1]", None)
+
+
+def test_deltas_keep_replaced_bodies_while_a_feed_is_open_until_the_commit_is_delivered():
+    deltas = Deltas(lambda t: None, lambda s: KeyMaker(()), lambda t, k: None)
+    feed = deltas.delta_feed(SimpleNamespace(opts=SimpleNamespace(no_empties=False)))
+    assert deltas.feeds == 1
+    deltas.note_replaced(300, b'{"old":1}')
+    batch = SimpleNamespace(after=[])
+    deltas.after_commit(batch)
+    assert feed._previous(300) == b'{"old":1}'
+    (forget,) = batch.after
+    forget(0)
+    assert feed._previous(300) is None
+    deltas.after_commit(batch)  # nothing replaced since: nothing to forget
+    assert len(batch.after) == 1
+    feed.close()
+    assert deltas.feeds == 0
+
+
+def test_expires_at_is_the_sooner_of_the_topic_and_the_record():
+    hdr = with_expiration(k_fragment("K"), 30)
+    assert expires_at(None, 1_000_000, b"") is None
+    assert expires_at(10.0, 1_000_000, b"") == 11_000_000
+    assert expires_at(None, 1_000_000, hdr) == 31_000_000
+    assert expires_at(60.0, 1_000_000, hdr) == 31_000_000
