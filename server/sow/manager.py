@@ -477,6 +477,13 @@ class SowManager:
         assert held is not None
         # the records a delta feed watches are applied at once: it needs the bodies they replace
         if not deletes and not self.deltas.feeds and held.defer(puts, topics, base, end):
+            updates = self.updates  # held puts count as updates now (the console's rate)
+            if len(topics) == 1:
+                for t in topics:
+                    updates[t] = updates.get(t, 0) + len(puts)
+            else:
+                for m in puts:
+                    updates[m[0]] = updates.get(m[0], 0) + 1
             return
         held.flush()
         store = self.store

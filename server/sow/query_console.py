@@ -75,6 +75,9 @@ class SowConsole:
         assert store is not None
         if isinstance(filt, TopicFilter):
             filt = filt.at(topic)
+        # committed puts still held for the next store write (server/sow/held.py) go in now,
+        # on the loop: the snapshot the reader thread opens then holds every committed record
+        self.sow.flush()
         loop = asyncio.get_running_loop()
         scan = partial(_scan, store, topic, filt, order, max(0, min(top_n, MAX_ROWS)))
         return await loop.run_in_executor(self.readers, scan)
