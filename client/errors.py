@@ -53,7 +53,8 @@ _HINTS = {
     "invalid bookmark": "use 0, 0|1|, <publisher_id>|<seq>|, a timestamp, a list or a range "
     "(docs/protocol.md §5)",
     "invalid options": "remove or fix the option (docs/protocol.md §6)",
-    "invalid topic": "bookmark subscriptions need a topic recorded in the transaction log",
+    "invalid topic": "bookmark subscriptions need a topic recorded in the transaction log; "
+    "sow and the delta commands need a SOW topic (<SOW><Topic>)",
     "journal unavailable": "the server cannot write its journal (disk full or I/O error); "
     "republish once it recovers",
     "not entitled": "this user may not use that topic",
