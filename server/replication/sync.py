@@ -15,8 +15,8 @@ States of one destination (`Destination.mode`):
     sync       holds publishers' acks until it acks
     downgraded a sync destination acting as async:
         sync --silent for <DowngradeAfter> s (timer), or admin `downgrade`--> downgraded
-        downgraded --connected and caught up (acked within UPGRADE_WITHIN bytes of the local
-                     durable end), or admin `upgrade`--> sync
+        downgraded --connected and caught up (an ack that moves to within UPGRADE_WITHIN
+                     bytes of the local durable end, or one at it), or admin `upgrade`--> sync
 
 A destination downgraded by the admin while connected is upgraded automatically only after its
 link has gone down and come back (a reconnect): the operator took it out on purpose, so its next
@@ -219,11 +219,22 @@ class SyncGate:
 
     def acked(self, dest: str, source_position: int) -> None:
         d = self._dest(dest)
-        if source_position > d.acked:
+        moved = source_position > d.acked
+        if moved:
             d.progress_at = self.monotonic()
         d.acked = source_position
         d.last_ack_time = self.wall()
-        if d.downgraded and d.auto_upgrade and d.connected and self._caught_up(d):
+        # a reconnect that answers with the same resume point is no sign of health (a
+        # destination whose commits fail does that every 100 ms): only an ack that moves, or
+        # one at the very end, upgrades; else it would flap back to sync and hold every
+        # publisher for another <DowngradeAfter>
+        if (
+            d.downgraded
+            and d.auto_upgrade
+            and d.connected
+            and self._caught_up(d)
+            and (moved or d.acked >= self.local_end())
+        ):
             self._set_downgraded(d, False, "caught up")
             self._arm(d)
         self._prune()

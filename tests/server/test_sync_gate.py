@@ -278,3 +278,24 @@ def test_marks_are_bounded_and_never_name_a_bookmark_past_the_durable_end(monkey
     gate.acked("b", 200)  # marks of 100..300 were forgotten: bookmark 2 is not known any more
     assert gate.durable_end == 200 and gate.durable_bm() is None
     assert gate.snapshot()["b"]["lag_messages"] >= 3
+
+
+def test_a_downgraded_destination_that_reconnects_without_progress_stays_downgraded():
+    """A destination whose commits fail reconnects every 100 ms and answers each logon with the
+    same resume point, near the end: that is no ack, so it stays downgraded (flapping back to
+    sync would hold every publisher for another <DowngradeAfter>)."""
+    gate, local, clock, released, _ = make([("b", True, 2.0)])
+    gate.link_up("b")
+    gate.acked("b", 1000)
+    commit(gate, local, "one", 2000)
+    clock.advance(2.1)
+    assert gate.dests["b"].mode == "downgraded" and released == ["one"]
+    for _ in range(30):
+        gate.link_down("b")
+        gate.link_up("b")
+        gate.acked("b", 1000)  # within UPGRADE_WITHIN of the end, but not moving
+        clock.advance(0.1)
+    assert gate.dests["b"].mode == "downgraded" and gate.dests["b"].upgrades == 0
+    assert not commit(gate, local, "two", 3000)  # publishers are not held again
+    gate.acked("b", 2500)  # it moves: caught up, upgraded
+    assert gate.dests["b"].mode == "sync" and gate.dests["b"].upgrades == 1
