@@ -112,18 +112,27 @@ async def test_server_kill9_under_file_publisher_and_out_of_order_subscriber(tmp
         hs = await sub.subscribe("trades", bookmark=MOST_RECENT, sub_id="window")
         consumer = WindowConsumer(hs)
 
+        # the publisher waits at 30 % and 70 % of the stream until the kill before it has
+        # happened: a restart that is slow under load (it publishes on into its store while
+        # the server is down) must not let it finish before the second kill
+        shares = (0.25, 0.65)
+        killed = {int((s + 0.05) * n): asyncio.Event() for s in shares}
+
         async def produce():
             for i in range(n):
+                if i in killed:
+                    await killed[i].wait()
                 await pub.publish("trades", {"i": i})
                 if i % 50 == 49:
                     await asyncio.sleep(0.015)  # about 3,000 messages a second
             await pub.publish_flush(timeout=30)
 
         async def kill_and_restart():
-            for share in (0.25, 0.65):
+            for share, gate in zip(shares, killed.values(), strict=True):
                 while pub.last_seq < share * n or not (pub.connected and sub.connected):
                     await asyncio.sleep(0.005)
                 srv.kill()  # kill -9 in the middle of the stream, both clients connected
+                gate.set()
                 await asyncio.sleep(0.3)
                 await asyncio.to_thread(srv.start)
                 listening = time.monotonic()
