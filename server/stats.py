@@ -99,7 +99,7 @@ class Stats:
         counts: dict[str, tuple[int, int]] = {}
         rates: dict[str, float] = {}
         for name, q in self.queues.queues.items():
-            a, d = q.stats["acked"], q.stats["delivered"]
+            a, d = q.state.stats["acked"], q.state.stats["delivered"]
             pa, pd = self._queue_counts.get(name, (a, d))
             acked += a - pa
             delivered += d - pd
@@ -182,12 +182,12 @@ class Stats:
         queues = {}
         now_us = time.time() * 1e6
         for name, q in self.queues.queues.items():
-            oldest = q.oldest_waiting_us()
+            oldest = q.state.oldest_waiting_us()
             queues[name] = {
                 **q.snapshot(),
                 "acked_per_s": self.queue_ack_rates.get(name, 0.0),
                 "oldest_age_s": round(max(0.0, now_us - oldest) / 1e6, 1) if oldest else None,
-                "consumers": q.consumers(),
+                "consumers": q.state.consumers(),
             }
         j = self.journal
         segments = []

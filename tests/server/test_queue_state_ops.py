@@ -26,7 +26,7 @@ def _queue_with_leases(make_core, n_pub: int, backlog: int):
         pub.send("publish", json.dumps({"n": n}), t="work", s=n)
     c = core.client("c")
     c.send("subscribe", t="work-q", sub_id="w", o=f"max_backlog={backlog}")
-    return core, core.queues.get("work-q")
+    return core, core.queues.get("work-q").state
 
 
 def _consistent(q: QueueState) -> None:
