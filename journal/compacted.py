@@ -348,10 +348,6 @@ class CompactedReader:
     def blocks(self) -> int:
         return len(self.first_positions)
 
-    @property
-    def first_position(self) -> int | None:
-        return self.first_positions[0] if self.first_positions else None
-
     def _decompressor(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._dctx, "d", None)
         if d is None:
@@ -500,20 +496,3 @@ def _is_record_at(buf: bytes, off: int, end: int) -> bool:
     if total < 36 or off + total > end:
         return False
     return zlib.crc32(memoryview(buf)[off + 8 : off + total]) == crc
-
-
-def read_header(path: str) -> dict[str, Any]:
-    r = CompactedReader(path)
-    try:
-        return {
-            "base": r.base,
-            "end": r.end,
-            "records": r.records,
-            "raw_bytes": r.raw_bytes,
-            "file_bytes": r.file_bytes,
-            "blocks": r.blocks,
-            "sources": r.sources,
-            "cutoff_us": r.cutoff_us,
-        }
-    finally:
-        r.close()
