@@ -266,33 +266,23 @@ class Queue:
         touched: set[Outbox] | None = None,
         pop: bool = False,
     ) -> bool:
-        position, pub, seq, ts, topic_b, body, extra = rec
         st = self.state
-        if self.barrier is None and not self._filtered:
-            # the common case: no content to look at, so no decode and no closure
-            qs = self._pick(None)
-            if qs is None:
-                return False
-            if pop:
-                st.pop_next(from_returned)
-            self._lease(qs, rec, touched)
-            return True
-        doc_fn = Body(body).matches
-
-        if self.barrier is not None and doc_fn(self.barrier):
-            if st.leased:
-                st.barrier_wait = True  # held until every earlier message is acked
-                return False
-            if pop:
-                st.pop_next(from_returned)
-            self._deliver_barrier(rec)
-            return True
-        if not self.any_matching_sub(doc_fn):
-            if pop:
-                st.pop_next(from_returned)
-                st.parked.append(position)
+        doc_fn = None  # the common case: no content to look at, so no decode and no closure
+        if self.barrier is not None or self._filtered:
+            doc_fn = Body(rec[5]).matches
+            if self.barrier is not None and doc_fn(self.barrier):
+                if st.leased:
+                    st.barrier_wait = True  # held until every earlier message is acked
+                    return False
+                if pop:
+                    st.pop_next(from_returned)
+                self._deliver_barrier(rec)
                 return True
-            return False
+            if not self.any_matching_sub(doc_fn):
+                if pop:
+                    st.pop_next(from_returned)
+                    st.parked.append(rec[0])
+                return pop
         qs = self._pick(doc_fn)
         if qs is None:
             return False
