@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 from config.model import QueueSpec
-from journal.queue_events import MAX_RUN, QueueOp
+from journal.queue_events import MAX_RUN
 from protocol.bookmarks import format_bookmark, publisher_bookmark
 from protocol.filters import compile_filter
 
@@ -52,7 +52,8 @@ from .fanout import Message
 from .frames import STORED, pack_len
 from .matching import Body, Predicate, body_matches
 from .outbox import Outbox
-from .queue_state import QueueHost, QueueState, QueueSub, StoredMessage, now_us
+from .queue_state import QueueHost, QueueState
+from .queue_types import QueueSub, StoredMessage, now_us
 from .subscriptions import Subscription, SubscriptionOwner
 
 __all__ = ["Queue"]
@@ -272,7 +273,7 @@ class Queue:
             doc_fn = Body(rec[5]).matches
             if self.barrier is not None and doc_fn(self.barrier):
                 if st.leased:
-                    st.barrier_wait = True  # held until every earlier message is acked
+                    st.hold_for_barrier()
                     return False
                 if pop:
                     st.pop_next(from_returned)
@@ -280,8 +281,7 @@ class Queue:
                 return True
             if not self.any_matching_sub(doc_fn):
                 if pop:
-                    st.pop_next(from_returned)
-                    st.parked.append(rec[0])
+                    st.pop_next(from_returned, park=True)
                 return pop
         qs = self._pick(doc_fn)
         if qs is None:
@@ -295,27 +295,17 @@ class Queue:
         position, pub, seq, ts, topic_b, body, extra = rec
         for qs in self.state.subs:
             self._send(qs.sub, topic_b, pub, seq, body, extra, b"", None)
-        self.state.stats["delivered"] += 1
-        self.state.acked(position)
+        self.state.acked(position, delivered=True)
 
     def _lease(self, qs: QueueSub, rec: StoredMessage, touched: set[Outbox] | None) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
-        st = self.state
-        counts = st.counts.pop(position, None) or [0, 0]  # kept on the lease while it lasts
-        counts[0] += 1
-        if self.spec.expiration and not self.at_most_once and position not in st.expiry:
-            # the lease's end looks at the expiration (requeue); the receive time is here only
-            st.expiry[position] = st.deadline_for(ts, None)
-        if counts[0] > 1:
-            st.stats["redelivered"] += 1
-        st.stats["delivered"] += 1
         bm = format_bookmark(pub, seq)
         if self.at_most_once:
-            st.lease(qs, position, bm, counts, None)
+            self.state.lease(qs, position, bm, ts, None)
             lp = b""
         else:
             deadline = time.monotonic() + self.lease_period
-            st.lease(qs, position, bm, counts, deadline)
+            self.state.lease(qs, position, bm, ts, deadline)
             self.host.arm(deadline)
             lp = self._lease_end_part()
         self._send(qs.sub, topic_b, pub, seq, body, extra, lp, touched)
@@ -414,19 +404,8 @@ class Queue:
             done += 1
             if self.at_most_once:
                 st.forget(pos)
-                continue
-            if cancel or expire:
-                st.counts[pos] = lease.delivery_counts()
-            if cancel:
-                counts = st.counts[pos]
-                counts[1] += 1
-                st.event(QueueOp.CANCELLED, pos, counts[1])
-                if self.spec.max_cancels and counts[1] > self.spec.max_cancels:
-                    st.expire(pos, "max cancels", None)
-                else:
-                    st.requeue(pos)
-            elif expire:
-                st.expire(pos, "expired by consumer", None)
+            elif cancel or expire:
+                st.given_back(pos, lease, cancel)
             else:
                 st.acked(pos)
         self.pump()

@@ -19,11 +19,9 @@ import bisect
 import collections
 import heapq
 import logging
-import time
-from collections.abc import Callable, Iterable
-from functools import partial
+from collections.abc import Callable
 from itertools import repeat
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from config.model import QueueSpec
 from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
@@ -32,21 +30,12 @@ from protocol.patterns import compile_pattern
 
 from .ids import publisher_id
 from .matching import body_matches
+from .queue_types import Lease, QueueSub, StoredMessage, expiration_us, new_lease, now_us
 from .router import is_pattern
-from .subscriptions import Subscription
 
-__all__ = [
-    "Lease",
-    "QueueHost",
-    "QueueState",
-    "QueueSub",
-]
+__all__ = ["QueueHost", "QueueState"]
 
 log = logging.getLogger("tickertape.queues")
-
-StoredMessage = tuple[int, int, int, int, bytes, bytes, bytes]
-"""(position, publisher id, seq, receive time, topic, body, header fragment) of a message read
-back from the journal."""
 
 
 class QueueHost(Protocol):
@@ -68,58 +57,6 @@ class QueueHost(Protocol):
     def dead_letter(
         self, q: QueueState, position: int, reason: str, deliveries: int, rec: StoredMessage | None
     ) -> None: ...
-
-
-class QueueSub:
-    __slots__ = ("backlog", "head", "outstanding", "sub")
-
-    def __init__(self, sub: Subscription, backlog: int) -> None:
-        self.sub = sub
-        self.backlog = backlog
-        self.outstanding = 0
-        self.head: tuple[bytes | None, bytes] = (None, b"")  # (sub.prefix, prefix + topic member)
-
-
-class Lease(NamedTuple):
-    """One leased message: who holds it, and what its end and a return need.
-
-    A NamedTuple rather than a slotted class: a run of deliveries makes its leases in C
-    (`new_leases`), and reading a field is a C getter either way."""
-
-    holder: QueueSub
-    gen: int  # names the lease-heap entry that ends it (an extension makes a new one)
-    bm: str  # its bookmark, the key of QueueState.by_bm
-    # [deliveries, cancels], or None for a first delivery never cancelled ([1, 0]); it goes
-    # back to QueueState.counts if the message returns
-    counts: list[int] | None
-
-    def delivery_counts(self) -> list[int]:
-        c = self.counts
-        return [1, 0] if c is None else c
-
-
-# Leases from iterables of their fields, without a Python call each (a run of deliveries):
-# tuple.__new__ makes the NamedTuple straight from the fields, in order.
-new_lease: Callable[[Iterable[Any]], Lease] = partial(tuple.__new__, Lease)
-
-
-def now_us() -> int:
-    return int(time.time() * 1_000_000)
-
-
-# The longest expiration a queue counts with, in seconds: what a journal record can hold (u32,
-# journal/record.py). Publishes are refused above 10 years (protocol/headers.py); this bound
-# keeps an `e` from elsewhere (an older peer, a hand-made record) from overflowing a deadline.
-MAX_EXPIRATION_S = 0xFFFFFFFF
-
-
-def expiration_us(exp: float) -> int:
-    """`e` seconds as microseconds, within 0..MAX_EXPIRATION_S (NaN and above: the bound)."""
-    if exp <= 0:
-        return 0
-    if not exp < MAX_EXPIRATION_S:  # NaN too
-        exp = MAX_EXPIRATION_S
-    return int(exp * 1_000_000)
 
 
 class QueueState:
@@ -319,19 +256,33 @@ class QueueState:
                 self.counts[p] = lease.delivery_counts()
                 self.requeue(p)
 
-    def pop_next(self, from_returned: bool) -> None:
-        """The next waiting message (the front of `returned`, else the head) leaves its place."""
+    def pop_next(self, from_returned: bool, park: bool = False) -> None:
+        """The next waiting message (the front of `returned`, else the head) leaves its place;
+        `park`: to wait for a subscription whose filter takes it (add_sub)."""
         if from_returned:
-            heapq.heappop(self.returned)
+            pos = heapq.heappop(self.returned)
         else:
+            pos = self.avail_pos[self.head]
             self.head += 1
+        if park:
+            self.parked.append(pos)
 
-    def lease(
-        self, qs: QueueSub, pos: int, bm: str, counts: list[int], deadline: float | None
-    ) -> None:
-        """The message at `pos` (out of its place already) is leased to `qs` until `deadline`
-        (monotonic), or delivered at most once (`deadline` None: the lease only holds the
-        consumer's backlog place until its ack)."""
+    def hold_for_barrier(self) -> None:
+        """A barrier message waits until every leased message is done (forget wakes the pump)."""
+        self.barrier_wait = True
+
+    def lease(self, qs: QueueSub, pos: int, bm: str, ts: int, deadline: float | None) -> None:
+        """The message at `pos` (out of its place already, received at `ts`) is leased to `qs`
+        until `deadline` (monotonic), or delivered at most once (`deadline` None: the lease only
+        holds the consumer's backlog place until its ack)."""
+        counts = self.counts.pop(pos, None) or [0, 0]  # kept on the lease while it lasts
+        counts[0] += 1
+        if self.spec.expiration and deadline is not None and pos not in self.expiry:
+            # the lease's end looks at the expiration (requeue); the receive time is here only
+            self.expiry[pos] = self.deadline_for(ts, None)
+        if counts[0] > 1:
+            self.stats["redelivered"] += 1
+        self.stats["delivered"] += 1
         qs.outstanding += 1
         self.by_bm[bm] = pos
         if deadline is None:
@@ -386,11 +337,28 @@ class QueueState:
             self.barrier_wait = False
             self.host.call_soon(self.pump)
 
-    def acked(self, pos: int) -> None:
-        """The message at `pos`, out of its lease or its place in line, is acknowledged."""
+    def acked(self, pos: int, delivered: bool = False) -> None:
+        """The message at `pos`, out of its lease or its place in line, is acknowledged
+        (`delivered`: it was delivered to every consumer at once, a barrier)."""
         self.event(QueueOp.ACKED, pos)
+        if delivered:
+            self.stats["delivered"] += 1
         self.stats["acked"] += 1
         self.forget(pos)
+
+    def given_back(self, pos: int, lease: Lease, cancel: bool) -> None:
+        """The consumer gave back the message at `pos` (its lease ended): cancelled, it waits
+        again unless past MaxCancels; else it expires (to the dead-letter topic)."""
+        counts = self.counts[pos] = lease.delivery_counts()
+        if not cancel:
+            self.expire(pos, "expired by consumer", None)
+            return
+        counts[1] += 1
+        self.event(QueueOp.CANCELLED, pos, counts[1])
+        if self.spec.max_cancels and counts[1] > self.spec.max_cancels:
+            self.expire(pos, "max cancels", None)
+        else:
+            self.requeue(pos)
 
     # -- what replication and recovery do (server/queue_repl.py, server/queues.py) -----------
 

@@ -50,7 +50,8 @@ from .pipeline import Batch, Publisher
 from .queue import Queue
 from .queue_reader import QueueReader
 from .queue_repl import CatchUp, Failover, QueueReplication, message_origin, record_origin
-from .queue_state import QueueState, StoredMessage, now_us
+from .queue_state import QueueState
+from .queue_types import StoredMessage, now_us
 
 __all__ = ["Commits", "QueueManager"]
 
