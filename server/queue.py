@@ -422,6 +422,7 @@ class Queue:
         st = self.state
         by_bm = st.by_bm
         leased = st.leased
+        end_lease = st.end_lease
         strict = self.spec.leasing == "strict"
         refused = []
         acked = array.array("Q")
@@ -436,7 +437,7 @@ class Queue:
             if visible is not None and not self._shows(visible, pos):
                 refused.append(_HIDDEN % bm)
                 continue
-            st.end_lease(pos)
+            end_lease(pos)
             acked.append(pos)
         if acked:
             st.acked_run(acked)
