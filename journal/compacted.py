@@ -155,19 +155,7 @@ class CompactedWriter:
             )
         if position + n > self.end:
             raise ValueError(f"record at {position} runs past the end of the range ({self.end})")
-        runs = self._runs
-        if runs and runs[-1][0] + runs[-1][1] == position:
-            runs[-1][1] += n
-        else:
-            runs.append([position, n])
-        self._parts.append(record)
-        self._pending += n
-        self._block_records += 1
-        self.records += 1
-        self.raw_bytes += n
-        self._last_end = position + n
-        if self._pending >= self.block_size:
-            self._flush_block()
+        self._add_contiguous(position, record, 1)
 
     def add_run(self, position: int, data: BytesLike, record_sizes: list[int]) -> None:
         """Several contiguous records at once: `data` holds them back to back, `record_sizes`
