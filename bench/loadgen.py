@@ -35,7 +35,6 @@ from loadwire import (  # noqa: F401 (re-exported: the benchmarks use loadgen.X)
     ProtocolError,
     _Conn,
     _now_ns,
-    body_seq,
     build_publish_frames,
     make_body,
     resp_command,

@@ -36,10 +36,6 @@ def make_body(seq: int, size: int = 100) -> bytes:
     return head + b"x" * pad + b'"}'
 
 
-def body_seq(body) -> int:
-    return int(body[7:17])
-
-
 class Frames:
     """Frames 1..n in one bytes buffer; chunk(i, j) is frames with seq i+1..j (0-based slice)."""
 

@@ -80,6 +80,7 @@ from .errors import (
     PublishFailed,
     ReconnectGaveUp,
 )
+from .halife import Lifecycle
 from .haplace import Placer
 from .hapublisher import Publisher
 from .hasub import HASubscription
@@ -152,54 +153,35 @@ class HAClient:
         self.bookmark_not_found = bookmark_not_found
         self.max_window = max_window
         self.on_error = on_error
-        self.on_state = on_state
         self.client_options = client_options
         self.reconnects = 0  # connections established after the first
         self.republished = 0  # messages sent again by the connect sequence (step 7)
         self.logon_result: LogonResult | None = None
         self.current_uri: str | None = None
         self.last_error: BaseException | None = None
-        self._state = "new"
+        self._life = Lifecycle(on_state)  # the state, and the waits for a connection
         self._client: Client | None = None
         self._publisher = Publisher(self.publish_store, self._check_publish)
-        self._supervisor: asyncio.Task | None = None
-        self._ready: asyncio.Event | None = None
         self._placer = Placer(self, self._report)  # the subscriptions, across connections
-        self._failure: BaseException | None = None
         self._logged_on_once = False
 
     def __repr__(self) -> str:
-        return f"<HAClient {self.name!r} {self._state} {self.current_uri}>"
+        return f"<HAClient {self.name!r} {self._life.state} {self.current_uri}>"
 
     # ================================================================ state
 
     @property
     def state(self) -> str:
-        return self._state
+        return self._life.state
 
     @property
     def connected(self) -> bool:
-        return self._state == "connected"
+        return self._life.state == "connected"
 
     @property
     def client(self) -> Client | None:
         """The Client of the current connection (None between connections)."""
         return self._client
-
-    def _set_state(self, state: str) -> None:
-        if state == self._state:
-            return
-        self._state = state
-        if self._ready is not None:
-            if state == "connected":
-                self._ready.set()
-            else:
-                self._ready.clear()
-        if self.on_state is not None:
-            try:
-                self.on_state(state)
-            except Exception:
-                log.exception("on_state callback failed")
 
     def _report(self, exc: ClientError) -> None:
         if self.on_error is not None:
@@ -211,18 +193,7 @@ class HAClient:
     async def wait_connected(self, timeout: float | None = None) -> None:
         """Wait until the client is connected (raises its failure, or Disconnected if it was
         closed, or CommandTimeout)."""
-        while self._state != "connected":
-            self._raise_if_done()
-            if self._state == "new":
-                raise ClientError("not connected; call await client.connect_and_logon() first")
-            if timeout is None:
-                await self._wait_ready_or_done()
-                continue
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._wait_ready_or_done()
-            except TimeoutError:
-                raise CommandTimeout("waiting for a connection", timeout, "connection") from None
+        await self._life.wait_connected(timeout)
 
     async def _connected_client(self, timeout: float | None) -> Client:
         """wait_connected(), then the Client of that connection."""
@@ -231,25 +202,6 @@ class HAClient:
         assert client is not None, "the connected state always has a client"
         return client
 
-    async def _wait_ready_or_done(self) -> None:
-        event = self._ready
-        assert event is not None, "connect_and_logon() made it: the state is not new"
-        ready = asyncio.ensure_future(event.wait())
-        done = self._supervisor
-        try:
-            await asyncio.wait([ready, done] if done is not None else [ready],
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        finally:
-            ready.cancel()
-
-    def _raise_if_done(self) -> None:
-        if self._state == "closed":
-            raise Disconnected("closed by client")
-        if self._state == "failed":
-            failure = self._failure
-            assert failure is not None, "_fail() records it before the failed state"
-            raise failure
-
     # ================================================================ connecting
 
     async def connect_and_logon(self, timeout: float | None = None) -> LogonResult:
@@ -257,17 +209,16 @@ class HAClient:
         connected in the background. With `timeout`, give up after that many seconds (every
         server is tried at least once) and raise the last ConnectFailed / CommandError.
         Raises NoServerAvailable / ReconnectGaveUp as the chooser / strategy decide."""
-        if self._state != "new":
-            raise ClientError(f"connect_and_logon() on a {self._state} HAClient")
+        if self._life.state != "new":
+            raise ClientError(f"connect_and_logon() on a {self._life.state} HAClient")
         loop = asyncio.get_running_loop()
-        self._ready = asyncio.Event()
-        self._set_state("connecting")
+        self._life.start()
         try:
             logon = await self._establish(None if timeout is None else loop.time() + timeout)
         except BaseException:
-            self._set_state("new")
+            self._life.set("new")
             raise
-        self._supervisor = loop.create_task(self._supervise(), name=f"ha-{self.name}")
+        self._life.supervisor = loop.create_task(self._supervise(), name=f"ha-{self.name}")
         return logon
 
     def _new_client(self, password: str | None) -> Client:
@@ -291,7 +242,7 @@ class HAClient:
         last: BaseException | None = None
         attempts = 0
         while True:
-            if self._state == "closed":
+            if self._life.state == "closed":
                 raise Disconnected("closed by client")
             uri = self.chooser.current_uri()
             if not uri:
@@ -349,7 +300,7 @@ class HAClient:
         await self._placer.reenter(client)  # step 8
         if self._client is not client or not client.connected:
             raise client.closed_reason or Disconnected("connection lost")
-        self._set_state("connected")
+        self._life.set("connected")
 
     async def _supervise(self) -> None:
         """Wait for the connection to end; run the connect sequence again (module docstring)."""
@@ -358,11 +309,11 @@ class HAClient:
             if client is None:
                 return
             reason = await client.wait_closed()
-            if self._state == "closed":
+            if self._life.state == "closed":
                 return
             self._publisher.offline()
             self._client = None
-            self._set_state("reconnecting")
+            self._life.set("reconnecting")
             log.warning("connection to %s lost (%s); reconnecting", self.current_uri, reason)
             try:
                 await self._establish(None)
@@ -374,8 +325,7 @@ class HAClient:
 
     def _fail(self, exc: ClientError) -> None:
         log.error("HAClient %s stops: %s", self.name, exc)
-        self._failure = exc
-        self._set_state("failed")
+        self._life.fail(exc)
         for hs in self._placer.subs.values():
             hs._fail(exc)
         self._publisher.fail(exc)
@@ -384,13 +334,13 @@ class HAClient:
     async def close(self) -> None:
         """Stop reconnecting, end every subscription, close the connection. Stores and the
         subscription manager stay open (they belong to the caller)."""
-        if self._state == "closed":
+        if self._life.state == "closed":
             return
-        self._set_state("closed")
+        self._life.set("closed")
         for hs in self._placer.subs.values():
             hs._stop()
         self._publisher.fail(Disconnected("closed by client"))
-        sup, self._supervisor = self._supervisor, None
+        sup, self._life.supervisor = self._life.supervisor, None
         client, self._client = self._client, None
         if client is not None:
             await client.close()
@@ -402,7 +352,7 @@ class HAClient:
                 pass
 
     async def __aenter__(self) -> Self:
-        if self._state == "new":
+        if self._life.state == "new":
             await self.connect_and_logon()
         return self
 
@@ -432,7 +382,7 @@ class HAClient:
         self._report(exc)
 
     def _check_publish(self) -> None:
-        self._raise_if_done()
+        self._life.raise_if_done()
         if not self._logged_on_once:
             raise ClientError("publish before connect_and_logon(): the store's numbering "
                               "starts from the server's logon ack")  # fmt: skip
@@ -581,7 +531,7 @@ class HAClient:
         _connected_client() hands back the same dead Client, whose commands fail without
         awaiting anything, so a retry at once would spin and starve the loop (the supervisor
         included)."""
-        while self._client is client and not client.connected and self._state == "connected":
+        while self._client is client and not client.connected and self._life.state == "connected":
             await asyncio.sleep(0.005)
         await asyncio.sleep(0)
 

@@ -79,9 +79,6 @@ class PublishTracker:
     def inflight(self) -> int:
         return len(self._inflight)
 
-    def window_full(self) -> bool:
-        return len(self._inflight) >= self.max_inflight
-
     async def wait_window(self) -> None:
         """Wait until fewer than `max_inflight` publishes are in flight."""
         while len(self._inflight) >= self.max_inflight:

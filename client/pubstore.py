@@ -156,10 +156,6 @@ class MemoryPublishStore(PublishStore):
     def acked_seq(self) -> int:
         return self._acked
 
-    @property
-    def stored_bytes(self) -> int:
-        return self._bytes
-
     def fits(self, size: int) -> bool:
         return len(self._entries) < self.max_messages and self._bytes + size <= self.max_bytes
 

@@ -155,19 +155,7 @@ class CompactedWriter:
             )
         if position + n > self.end:
             raise ValueError(f"record at {position} runs past the end of the range ({self.end})")
-        runs = self._runs
-        if runs and runs[-1][0] + runs[-1][1] == position:
-            runs[-1][1] += n
-        else:
-            runs.append([position, n])
-        self._parts.append(record)
-        self._pending += n
-        self._block_records += 1
-        self.records += 1
-        self.raw_bytes += n
-        self._last_end = position + n
-        if self._pending >= self.block_size:
-            self._flush_block()
+        self._add_contiguous(position, record, 1)
 
     def add_run(self, position: int, data: BytesLike, record_sizes: list[int]) -> None:
         """Several contiguous records at once: `data` holds them back to back, `record_sizes`
@@ -348,10 +336,6 @@ class CompactedReader:
     def blocks(self) -> int:
         return len(self.first_positions)
 
-    @property
-    def first_position(self) -> int | None:
-        return self.first_positions[0] if self.first_positions else None
-
     def _decompressor(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._dctx, "d", None)
         if d is None:
@@ -500,20 +484,3 @@ def _is_record_at(buf: bytes, off: int, end: int) -> bool:
     if total < 36 or off + total > end:
         return False
     return zlib.crc32(memoryview(buf)[off + 8 : off + total]) == crc
-
-
-def read_header(path: str) -> dict[str, Any]:
-    r = CompactedReader(path)
-    try:
-        return {
-            "base": r.base,
-            "end": r.end,
-            "records": r.records,
-            "raw_bytes": r.raw_bytes,
-            "file_bytes": r.file_bytes,
-            "blocks": r.blocks,
-            "sources": r.sources,
-            "cutoff_us": r.cutoff_us,
-        }
-    finally:
-        r.close()

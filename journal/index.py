@@ -317,14 +317,5 @@ class JournalIndex:
         self._last_second = -1
         self._bm_last.clear()
 
-    def remove_below(self, position: int) -> None:
-        """Forget index entries for positions below `position` (segments removed by archival)."""
-        with self.env.begin(write=True) as txn:
-            for db in (self._bm, self._time):
-                cur = txn.cursor(db)
-                for k, v in list(cur):
-                    if _unpack_q(v)[0] < position:
-                        txn.delete(k, db=db)
-
     def sync(self) -> None:
         self.env.sync(True)

@@ -271,12 +271,18 @@ class AdminEndpoint:
     def _answer(
         self, method: str, path: str, lines: list[bytes], user: str | None
     ) -> tuple[int, str, bytes]:
+        action = None
         if method == "POST" and path.startswith("/clients/") and path.endswith("/disconnect"):
-            return self._disconnect(path, lines, user)
-        if method == "POST" and path.startswith("/actions/") and path.endswith("/run"):
-            return self._run_action(path, lines, user)
-        if method == "POST" and path.startswith("/replication/"):
-            return self._replication(path, lines, user)
+            action = self._disconnect
+        elif method == "POST" and path.startswith("/actions/") and path.endswith("/run"):
+            action = self._run_action
+        elif method == "POST" and path.startswith("/replication/"):
+            action = self._replication
+        if action is not None:
+            if _header(lines, b"x-requested-by") != ACTION_HEADER:
+                msg = f"actions need X-Requested-By: {ACTION_HEADER}\n"
+                return 403, "text/plain", msg.encode()
+            return action(path, user)
         if method != "GET":
             return 405, "text/plain", b"only GET is served (and the console's POST actions)\n"
         if path == "/stats":
@@ -295,11 +301,7 @@ class AdminEndpoint:
             return 200, ctype, (CONSOLE / name).read_bytes()
         return 404, "text/plain", b"not found: try /, /stats or /metrics\n"
 
-    def _disconnect(
-        self, path: str, lines: list[bytes], user: str | None
-    ) -> tuple[int, str, bytes]:
-        if _header(lines, b"x-requested-by") != ACTION_HEADER:
-            return 403, "text/plain", f"actions need X-Requested-By: {ACTION_HEADER}\n".encode()
+    def _disconnect(self, path: str, user: str | None) -> tuple[int, str, bytes]:
         ident = path.split("/")[2]
         what = (
             self.disconnect(int(ident)) if ident.isdigit() and self.disconnect is not None else None
@@ -309,11 +311,7 @@ class AdminEndpoint:
         log.warning("admin: disconnected %s at the request of %s", what, user or "the console")
         return 200, "application/json", msgspec.json.encode({"disconnected": what}) + b"\n"
 
-    def _run_action(
-        self, path: str, lines: list[bytes], user: str | None
-    ) -> tuple[int, str, bytes]:
-        if _header(lines, b"x-requested-by") != ACTION_HEADER:
-            return 403, "text/plain", f"actions need X-Requested-By: {ACTION_HEADER}\n".encode()
+    def _run_action(self, path: str, user: str | None) -> tuple[int, str, bytes]:
         name = unquote(path[len("/actions/") : -len("/run")])
         what = self.run_action(name) if self.run_action is not None and name else None
         if what is None:
@@ -323,11 +321,7 @@ class AdminEndpoint:
         log.warning("admin: ran action %s at the request of %s", name, user or "the console")
         return 200, "application/json", msgspec.json.encode({"started": name}) + b"\n"
 
-    def _replication(
-        self, path: str, lines: list[bytes], user: str | None
-    ) -> tuple[int, str, bytes]:
-        if _header(lines, b"x-requested-by") != ACTION_HEADER:
-            return 403, "text/plain", f"actions need X-Requested-By: {ACTION_HEADER}\n".encode()
+    def _replication(self, path: str, user: str | None) -> tuple[int, str, bytes]:
         name, _, command = path[len("/replication/") :].rpartition("/")
         name = unquote(name)
         if command not in ("downgrade", "upgrade") or not name:

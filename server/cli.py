@@ -190,22 +190,17 @@ def serve(args: argparse.Namespace) -> int:
     from .logsetup import setup_logging
 
     daemon = None
-    if args.daemon:
+    if args.daemon or args.pid_file:
         daemon = Daemon(args.pid_file or "tickertape.pid")
         try:
             daemon.lock()
         except AlreadyRunning as exc:
             print(f"tickertape: {exc}", file=sys.stderr)
             return 1
-        daemon.detach()
-    elif args.pid_file:
-        daemon = Daemon(args.pid_file)
-        try:
-            daemon.lock()
-        except AlreadyRunning as exc:
-            print(f"tickertape: {exc}", file=sys.stderr)
-            return 1
-        daemon.write_pid()
+        if args.daemon:
+            daemon.detach()
+        else:
+            daemon.write_pid()
     setup_logging(cfg.logging, foreground=not args.daemon)
     # a file-size limit must surface as a write error (journal unavailable), not kill the server
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -196,12 +196,6 @@ class Guard:
             TopicFilter(lambda t: _and(None, ent.read_filter(user, t))),
         )
 
-    def may(self, peer: str, user: str | None, right: str, topic: str, command: str) -> bool:
-        """Whether `user` may run `command` needing `right` on the literal `topic` (a refusal
-        is audited)."""
-        ent = self.entitlements
-        return ent is None or user is None or ent.check(peer, user, right, topic, command)
-
     def may_admin(self, peer: str, user: str) -> bool:
         """Whether `user` may use the admin endpoint (a refusal is audited)."""
         ent = self.entitlements

@@ -29,34 +29,31 @@ delivers in runs (`Queue._lease_run`): the next waiting messages go to one subsc
 their frames spliced from the journal block (server/splice.py), with one heap entry and one
 LEASED_RUN event for the whole run; a batched ack is one dict lookup per bookmark string and one
 ACKED_RUN event.
+
+`Queue` is the delivery: who gets the next message (fairness, filters, barriers), the frames,
+and what a consumer's acknowledgement does. What waits and what is leased is its `state`
+(server/queue_state.py's `QueueState`), changed only through the state's named operations,
+which replication (server/queue_repl.py) calls too.
 """
 
 from __future__ import annotations
 
 import array
-import heapq
 import time
-from itertools import repeat
 from typing import Any
 
 from config.model import QueueSpec
-from journal.queue_events import MAX_RUN, QueueOp
+from journal.queue_events import MAX_RUN
 from protocol.bookmarks import format_bookmark, publisher_bookmark
+from protocol.filters import compile_filter
 
 from . import frames
 from .fanout import Message
 from .frames import STORED, pack_len
 from .matching import Body, Predicate, body_matches
 from .outbox import Outbox
-from .queue_state import (
-    Lease,
-    QueueHost,
-    QueueState,
-    QueueSub,
-    StoredMessage,
-    new_lease,
-    now_us,
-)
+from .queue_state import QueueHost, QueueState
+from .queue_types import QueueSub, StoredMessage, now_us
 from .subscriptions import Subscription, SubscriptionOwner
 
 __all__ = ["Queue"]
@@ -64,51 +61,48 @@ __all__ = ["Queue"]
 _HIDDEN = "%s is a message this user's content entitlement does not show (not entitled)"
 
 
-class Queue(QueueState):
+class Queue:
     def __init__(self, host: QueueHost, spec: QueueSpec) -> None:
-        super().__init__(host, spec, self.pump)
+        self.host = host
+        self.spec = spec
+        self.name = spec.name
+        self.state = QueueState(host, spec, self.pump)
+        self.waiting = self.state.waiting  # a sow over the queue lists these
+        self.at_most_once = spec.semantics == "at-most-once"
+        self.fairness = "round-robin" if self.at_most_once else spec.fairness_model
+        self.lease_period = spec.lease_period
+        self.barrier = compile_filter(spec.barrier_expression) if spec.barrier_expression else None
+        self._filtered = 0  # subscriptions with a content filter
+        self._lp = (0.0, b"")  # (monotonic second, `lp` header part) cache
+        self._tj = (b"", b"")  # (topic, its header part): most queues see one topic
+        self.rr = 0
 
     # -- subscribers -----------------------------------------------------------------------
 
-    @property
-    def filtered_subs(self) -> bool:
-        return self._filtered > 0
-
     def add_sub(self, sub: Subscription, max_backlog: int | None) -> None:
         cap = self.spec.max_per_subscription_backlog or 1
-        self.subs.append(QueueSub(sub, max(1, min(max_backlog or 1, cap))))
+        self.state.add_sub(QueueSub(sub, max(1, min(max_backlog or 1, cap))))
         if sub.filter is not None:
             self._filtered += 1
         sub.queue = self
-        if self.parked:
-            for p in self.parked:
-                heapq.heappush(self.returned, p)
-            self.parked.clear()
         self.pump()
 
     def remove_sub(self, sub: Subscription) -> None:
-        qs = next((q for q in self.subs if q.sub is sub), None)
+        qs = next((q for q in self.state.subs if q.sub is sub), None)
         if qs is None:
             return
-        self.subs.remove(qs)
         if sub.filter is not None:
             self._filtered -= 1
-        returned = sorted(p for p, lease in self.leased.items() if lease.holder is qs)
-        for p in returned:
-            lease = self.leased.pop(p)
-            self.by_bm.pop(lease.bm, None)
-            if not self.at_most_once:
-                self.counts[p] = lease.delivery_counts()
-                self._return(p, "disconnect")
+        self.state.remove_sub(qs, keep_counts=not self.at_most_once)
         self.pump()
 
     def _pick(self, body_doc_fn: Any) -> QueueSub | None:
         """The subscription that gets the next message, by the fairness model (None if full)."""
-        subs = self.subs
+        subs = self.state.subs
         if not subs:
             return None
         limit = self.spec.max_backlog
-        if limit and len(self.leased) >= limit:
+        if limit and len(self.state.leased) >= limit:
             return None
         best = None
         n = len(subs)
@@ -136,23 +130,24 @@ class Queue(QueueState):
         return None
 
     def any_matching_sub(self, doc_fn: Any) -> bool:
-        return any(qs.sub.filter is None or doc_fn(qs.sub.filter) for qs in self.subs)
+        return any(qs.sub.filter is None or doc_fn(qs.sub.filter) for qs in self.state.subs)
 
     # -- delivery --------------------------------------------------------------------------
 
     def offer_fresh(self, m: Message) -> None:
         """A committed message on the underlying topic: deliver at once or keep it waiting."""
+        st = self.state
         if (
-            self.head >= len(self.avail_pos)
-            and not self.returned
-            and not self.barrier_wait
-            and self.subs
+            st.head >= len(st.avail_pos)
+            and not st.returned
+            and not st.barrier_wait
+            and st.subs
             and not self.host.paused
         ):
             rec = (m.position, m.pub, m.seq, m.ts, m.topic.encode(), m.body, m.hdr)
             if self._try_deliver(rec):
                 return
-        self.add_waiting(m.position, m.ts, m.exp)
+        st.add_waiting(m.position, m.ts, m.exp)
         self.pump()
 
     def _runs_possible(self) -> bool:
@@ -162,12 +157,12 @@ class Queue(QueueState):
         one message at a time)."""
         return (
             not self.at_most_once
-            and self._topic_rx is None
+            and self.state.topic_rx is None
             and self.barrier is None
             and not self._filtered
             and not self.spec.expiration
-            and not self.expiry
-            and (len(self.subs) == 1 or self.fairness == "fast")
+            and not self.state.expiry
+            and (len(self.state.subs) == 1 or self.fairness == "fast")
         )
 
     def _lease_run(self, touched: set[Outbox]) -> int:
@@ -178,16 +173,17 @@ class Queue(QueueState):
         qs = self._pick(None)
         if qs is None:
             return -1
+        st = self.state
         room = qs.backlog - qs.outstanding
         limit = self.spec.max_backlog
         if limit:
-            room = min(room, limit - len(self.leased))
+            room = min(room, limit - len(st.leased))
         if room <= 0:
             return -1
-        positions = self.avail_pos[self.head : self.head + min(room, MAX_RUN)]
+        positions = st.avail_pos[st.head : st.head + min(room, MAX_RUN)]
         if not positions:
             return 0
-        counts = self.counts
+        counts = st.counts
         if counts:  # delivered before (a restart): those go one by one, with their counts
             k = next((i for i, p in enumerate(positions) if p in counts), len(positions))
             if k == 0:
@@ -196,31 +192,16 @@ class Queue(QueueState):
         sub = qs.sub
         head = qs.head
         if head[0] is not sub.prefix:
-            head = qs.head = (sub.prefix, sub.prefix + frames.topic_member(self._topic_b))
+            head = qs.head = (sub.prefix, sub.prefix + frames.topic_member(st.topic_b))
         got = self.host.splice_run(positions, head[1], self._lease_end_part())
         if got is None:
             return 0
         spliced, bms, n = got
         if n < len(positions):
             positions = positions[:n]
-        self.head += n
-        self.gen += 1
-        gen = self.gen
         deadline = time.monotonic() + self.lease_period
-        if n == 1:  # backlog 1: one round trip a message, so no iterator machinery
-            bm = bms[0]
-            # new_lease: Lease(...) is a Python call, new_lease((...)) is not (the hot path)
-            self.leased[positions[0]] = new_lease((qs, gen, bm, None))
-            self.by_bm[bm] = positions[0]
-        else:
-            leases = map(new_lease, zip(repeat(qs), repeat(gen), bms, repeat(None)))
-            self.leased.update(zip(positions, leases))
-            self.by_bm.update(zip(bms, positions))
-        qs.outstanding += n
-        self.stats["delivered"] += n
-        heapq.heappush(self.lease_heap, (deadline, gen, positions))
+        st.lease_run(qs, positions, bms, deadline)
         self.host.arm(deadline)
-        self.event_run(QueueOp.LEASED_RUN, positions)
         out = sub.out
         out.buf.append(spliced)
         out.sent += n
@@ -229,66 +210,55 @@ class Queue(QueueState):
 
     def pump(self) -> None:
         """Deliver waiting messages while some subscription has room."""
-        if not self.subs or self.host.loading or self.host.paused:
+        st = self.state
+        subs = st.subs
+        if not subs or self.host.loading or self.host.paused:
             return
         touched: set[Outbox] = set()
-        avail_pos = self.avail_pos
         exp_us = int(self.spec.expiration * 1e6) if self.spec.expiration else 0
-        expiry = self.expiry
+        expiry = st.expiry
         now = now_us() if exp_us or expiry else 0
         runs = self._runs_possible()
         while True:
-            if runs and not self.returned and not self.barrier_wait:
-                if self.gone:
-                    self._advance_head()
-                    avail_pos = self.avail_pos
-                if not self.gone:
+            if runs and not st.returned and not st.barrier_wait:
+                if st.gone:
+                    st.advance_head()
+                if not st.gone:
                     k = self._lease_run(touched)
                     if k > 0:
-                        if len(self.subs) == 1 and self.subs[0].outstanding >= self.subs[0].backlog:
+                        if len(subs) == 1 and subs[0].outstanding >= subs[0].backlog:
                             break  # full: no need to ask again
                         continue
                     if k < 0:
                         break
-            if self.returned:
-                pos = self.returned[0]
+            if st.returned:
+                pos = st.returned[0]
                 from_returned = True
                 dl = expiry.get(pos, 0) if expiry else 0
-                if dl and now >= dl:  # it came back, then its time ran out while it waited
-                    heapq.heappop(self.returned)
-                    self._expire(pos, "expiration", None)
-                    continue
             else:
-                if self.gone or self.head > 65536:
-                    self._advance_head()
-                    avail_pos = self.avail_pos
-                if self.head >= len(avail_pos):
+                if st.gone or st.head > 65536:
+                    st.advance_head()
+                if st.head >= len(st.avail_pos):
                     break
-                pos = avail_pos[self.head]
+                pos = st.avail_pos[st.head]
                 from_returned = False
                 dl = expiry.get(pos, 0) if expiry else 0
                 if not dl and exp_us:
-                    dl = self.avail_ts[self.head] + exp_us
-                if dl and now >= dl:
-                    self.head += 1
-                    self._expire(pos, "expiration", None)
-                    continue
-            if self.barrier_wait:
+                    dl = st.avail_ts[st.head] + exp_us
+            if dl and now >= dl:  # a returned one's time may run out while it waits again
+                st.pop_next(from_returned)
+                st.expire(pos, "expiration", None)
+                continue
+            if st.barrier_wait:
                 break
             rec = self.host.read(pos)
             if rec is None:  # archived away: nothing to deliver
-                self._pop(from_returned)
+                st.pop_next(from_returned)
                 continue
             if not self._try_deliver(rec, from_returned, touched, pop=True):
                 break
         for out in touched:
             out.flush()
-
-    def _pop(self, from_returned: bool) -> None:
-        if from_returned:
-            heapq.heappop(self.returned)
-        else:
-            self.head += 1
 
     def _try_deliver(
         self,
@@ -297,76 +267,48 @@ class Queue(QueueState):
         touched: set[Outbox] | None = None,
         pop: bool = False,
     ) -> bool:
-        position, pub, seq, ts, topic_b, body, extra = rec
-        if self.barrier is None and not self.filtered_subs:
-            # the common case: no content to look at, so no decode and no closure
-            qs = self._pick(None)
-            if qs is None:
-                return False
-            if pop:
-                self._pop(from_returned)
-            self._lease(qs, rec, touched)
-            return True
-        doc_fn = Body(body).matches
-
-        if self.barrier is not None and doc_fn(self.barrier):
-            if self.leased:
-                self.barrier_wait = True  # held until every earlier message is acked
-                return False
-            if pop:
-                self._pop(from_returned)
-            self._deliver_barrier(rec)
-            return True
-        if not self.any_matching_sub(doc_fn):
-            if pop:
-                self._pop(from_returned)
-                self.parked.append(position)
+        st = self.state
+        doc_fn = None  # the common case: no content to look at, so no decode and no closure
+        if self.barrier is not None or self._filtered:
+            doc_fn = Body(rec[5]).matches
+            if self.barrier is not None and doc_fn(self.barrier):
+                if st.leased:
+                    st.hold_for_barrier()
+                    return False
+                if pop:
+                    st.pop_next(from_returned)
+                self._deliver_barrier(rec)
                 return True
-            return False
+            if not self.any_matching_sub(doc_fn):
+                if pop:
+                    st.pop_next(from_returned, park=True)
+                return pop
         qs = self._pick(doc_fn)
         if qs is None:
             return False
         if pop:
-            self._pop(from_returned)
+            st.pop_next(from_returned)
         self._lease(qs, rec, touched)
         return True
 
     def _deliver_barrier(self, rec: StoredMessage) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
-        for qs in self.subs:
+        for qs in self.state.subs:
             self._send(qs.sub, topic_b, pub, seq, body, extra, b"", None)
-        self.event(QueueOp.ACKED, position)
-        self.stats["delivered"] += 1
-        self.stats["acked"] += 1
-        self._forget(position)
+        self.state.acked(position, delivered=True)
 
     def _lease(self, qs: QueueSub, rec: StoredMessage, touched: set[Outbox] | None) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
-        counts = self.counts.pop(position, None) or [0, 0]  # kept on the lease while it lasts
-        counts[0] += 1
-        if self.spec.expiration and not self.at_most_once and position not in self.expiry:
-            # the lease's end looks at the expiration (_return); the receive time is here only
-            self.expiry[position] = self.deadline_for(ts, None)
-        if counts[0] > 1:
-            self.stats["redelivered"] += 1
-        self.stats["delivered"] += 1
-        qs.outstanding += 1
         bm = format_bookmark(pub, seq)
-        self.by_bm[bm] = position
-        sub = qs.sub
         if self.at_most_once:
-            self.event(QueueOp.DELIVERED_AT_MOST_ONCE, position)
-            self.leased[position] = new_lease((qs, 0, bm, counts))
+            self.state.lease(qs, position, bm, ts, None)
             lp = b""
         else:
-            self.gen += 1
             deadline = time.monotonic() + self.lease_period
-            self.leased[position] = new_lease((qs, self.gen, bm, counts))
-            heapq.heappush(self.lease_heap, (deadline, self.gen, (position,)))
+            self.state.lease(qs, position, bm, ts, deadline)
             self.host.arm(deadline)
-            self.event(QueueOp.LEASED, position, counts[0])
             lp = self._lease_end_part()
-        self._send(sub, topic_b, pub, seq, body, extra, lp, touched)
+        self._send(qs.sub, topic_b, pub, seq, body, extra, lp, touched)
 
     def _send(
         self,
@@ -407,7 +349,7 @@ class Queue(QueueState):
     def normalize_bookmarks(self, items: list[str]) -> list[str]:
         """The bookmarks of a sow_delete as the keys of by_bm; ValueError names one that is not a
         bookmark. Clients send back what they were given, so this is nearly always a lookup."""
-        by_bm = self.by_bm
+        by_bm = self.state.by_bm
         if not [b for b in items if b not in by_bm]:
             return items
         out = []
@@ -435,14 +377,15 @@ class Queue(QueueState):
         refused. Returns (records affected, refusal details)."""
         if not (cancel or expire or extend is not None or self.at_most_once):
             return self._ack_plain(client, bms, visible)
+        st = self.state
         done = 0
         refused = []
         strict = self.spec.leasing == "strict"
         for bm in bms:
-            pos = self.by_bm.get(bm)
+            pos = st.by_bm.get(bm)
             if pos is None:
                 continue
-            lease = self.leased.get(pos)
+            lease = st.leased.get(pos)
             if lease is None:
                 continue
             if strict and lease.holder.sub.owner is not client:
@@ -452,34 +395,19 @@ class Queue(QueueState):
                 refused.append(_HIDDEN % bm)
                 continue
             if extend is not None and not self.at_most_once:
-                self.gen += 1
                 deadline = time.monotonic() + extend
-                self.leased[pos] = Lease(lease.holder, self.gen, bm, lease.counts)
-                heapq.heappush(self.lease_heap, (deadline, self.gen, (pos,)))
+                st.extend(pos, lease, deadline)
                 self.host.arm(deadline)
                 done += 1
                 continue
-            self.end_lease(pos)
+            st.end_lease(pos)
             done += 1
             if self.at_most_once:
-                self._forget(pos)
-                continue
-            if cancel or expire:
-                self.counts[pos] = lease.delivery_counts()
-            if cancel:
-                counts = self.counts[pos]
-                counts[1] += 1
-                self.event(QueueOp.CANCELLED, pos, counts[1])
-                if self.spec.max_cancels and counts[1] > self.spec.max_cancels:
-                    self._expire(pos, "max cancels", None)
-                else:
-                    self._return(pos, "cancel")
-            elif expire:
-                self._expire(pos, "expired by consumer", None)
+                st.forget(pos)
+            elif cancel or expire:
+                st.given_back(pos, lease, cancel)
             else:
-                self.event(QueueOp.ACKED, pos)
-                self.stats["acked"] += 1
-                self._forget(pos)
+                st.acked(pos)
         self.pump()
         return done, refused
 
@@ -491,8 +419,10 @@ class Queue(QueueState):
         self, client: SubscriptionOwner, bms: list[str], visible: Predicate | None
     ) -> tuple[int, list[str]]:
         """The common ack: at-least-once, no cancel / expire / extend; one event run for all."""
-        by_bm = self.by_bm
-        leased = self.leased
+        st = self.state
+        by_bm = st.by_bm
+        leased = st.leased
+        end_lease = st.end_lease
         strict = self.spec.leasing == "strict"
         refused = []
         acked = array.array("Q")
@@ -507,25 +437,12 @@ class Queue(QueueState):
             if visible is not None and not self._shows(visible, pos):
                 refused.append(_HIDDEN % bm)
                 continue
-            del by_bm[bm]
-            del leased[pos]
-            holder.outstanding -= 1
+            end_lease(pos)
             acked.append(pos)
-        n = len(acked)
-        if n:
-            self.event_run(QueueOp.ACKED_RUN, acked)
-            self.stats["acked"] += n
-            if self.counts:
-                for pos in acked:
-                    self.counts.pop(pos, None)
-            if self.expiry:
-                for pos in acked:
-                    self.expiry.pop(pos, None)
-            if self.barrier_wait and not leased:
-                self.barrier_wait = False
-                self.host.call_soon(self.pump)
+        if acked:
+            st.acked_run(acked)
         self.pump()
-        return n, refused
+        return len(acked), refused
 
     def ack_filter(
         self,
@@ -545,23 +462,22 @@ class Queue(QueueState):
         if self.at_most_once:
             cancel = expire = False
             extend = None
+        st = self.state
         n = 0
         if not cancel and extend is None:
             # waiting ones first: acking the leased ones pumps, which would lease a waiting match
-            for pos in self.waiting():
+            for pos in st.waiting():
                 rec = self.host.read(pos)
                 if rec is None or not body_matches(f, rec[5]):
                     continue
-                self._take_waiting(pos)
+                st.take_waiting(pos)
                 if expire:
-                    self._expire(pos, "expired by consumer", rec)
+                    st.expire(pos, "expired by consumer", rec)
                 else:
-                    self.event(QueueOp.ACKED, pos)
-                    self.stats["acked"] += 1
-                    self._forget(pos)
+                    st.acked(pos)
                 n += 1
         bms = []
-        for pos, lease in list(self.leased.items()):
+        for pos, lease in list(st.leased.items()):
             rec = self.host.read(pos)
             if rec is not None and body_matches(f, rec[5]):
                 bms.append(lease.bm)
@@ -569,10 +485,11 @@ class Queue(QueueState):
         return n + done, refused
 
     def snapshot(self) -> dict[str, int]:
+        st = self.state
         return {
-            "depth": self.depth,
-            "leased": len(self.leased),
-            "subscribers": len(self.subs),
-            **self.stats,
-            **(self.repl.snapshot() if self.repl is not None else {}),
+            "depth": st.depth,
+            "leased": len(st.leased),
+            "subscribers": len(st.subs),
+            **st.stats,
+            **(st.repl.snapshot() if st.repl is not None else {}),
         }

@@ -33,7 +33,7 @@ from journal.record import (
 )
 
 from .queue_repl import record_origin
-from .queue_state import StoredMessage
+from .queue_types import StoredMessage
 from .splice import splice_at
 
 __all__ = ["QueueReader"]

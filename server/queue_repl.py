@@ -37,13 +37,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from journal.queue_events import QueueOp, append_owner, iter_events
 from journal.record import raw_origin
 
-if TYPE_CHECKING:
-    from .queue import Queue
+from .queue_state import QueueState
 
 __all__ = ["CatchUp", "Failover", "QueueReplication", "record_origin"]
 
@@ -81,9 +80,10 @@ def message_origin(m: Any) -> tuple[str, int] | None:
 
 class QueueReplication:
     """One queue's ownership: the takeovers it has journaled or applied, and the messages it
-    holds for other owners."""
+    holds for other owners. It changes the queue's state (`q`) only through the state's named
+    operations."""
 
-    def __init__(self, q: Queue, instance: str) -> None:
+    def __init__(self, q: QueueState, instance: str) -> None:
         self.q = q
         self.me = instance
         # former owner -> [(cut, new owner, n)], n counting every takeover in the order applied
@@ -215,7 +215,7 @@ class QueueReplication:
             for pos in positions:
                 self._apply_one(q, op, value, pos)
 
-    def _apply_one(self, q: Queue, op: int, value: int, pos: int) -> None:
+    def _apply_one(self, q: QueueState, op: int, value: int, pos: int) -> None:
         holder = None
         for owner, msgs in self.held.items():
             if pos in msgs:

@@ -1,9 +1,12 @@
 """The state of one message queue: what waits, what is leased, the events that make it durable.
 
-server/queue.py's `Queue` adds delivery and acknowledgements on top; the state diagram is
-there. This part holds the bookkeeping both share: the waiting arrays, leases and their heap,
+server/queue.py's `Queue` delivers and takes acknowledgements; it holds one of these as its
+`state`, and so does replication (server/queue_repl.py). The state diagram is in
+server/queue.py. This part keeps the bookkeeping: the waiting arrays, leases and their heap,
 delivery counts, expirations, the queue's pending events (journal/queue_events.py), and the
-ways a message leaves a lease (returned, expired, forgotten).
+ways a message leaves a lease (returned, expired, forgotten). Its invariants (a lease is in
+`leased` and `by_bm` and counted in its holder's `outstanding`; a message waits in one place)
+are kept by its named operations, which the Queue and replication call.
 
 A queue talks to the rest of the server only through its `QueueHost` (the QueueManager of
 server/queues.py): the journal reads, the timers, the commit of its events, dead letters.
@@ -16,10 +19,9 @@ import bisect
 import collections
 import heapq
 import logging
-import time
-from collections.abc import Callable, Iterable
-from functools import partial
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable
+from itertools import repeat
+from typing import Any, Protocol
 
 from config.model import QueueSpec
 from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
@@ -28,21 +30,12 @@ from protocol.patterns import compile_pattern
 
 from .ids import publisher_id
 from .matching import body_matches
+from .queue_types import Lease, QueueSub, StoredMessage, expiration_us, new_lease, now_us
 from .router import is_pattern
-from .subscriptions import Subscription
 
-__all__ = [
-    "Lease",
-    "QueueHost",
-    "QueueState",
-    "QueueSub",
-]
+__all__ = ["QueueHost", "QueueState"]
 
 log = logging.getLogger("tickertape.queues")
-
-StoredMessage = tuple[int, int, int, int, bytes, bytes, bytes]
-"""(position, publisher id, seq, receive time, topic, body, header fragment) of a message read
-back from the journal."""
 
 
 class QueueHost(Protocol):
@@ -66,75 +59,19 @@ class QueueHost(Protocol):
     ) -> None: ...
 
 
-class QueueSub:
-    __slots__ = ("backlog", "head", "outstanding", "sub")
-
-    def __init__(self, sub: Subscription, backlog: int) -> None:
-        self.sub = sub
-        self.backlog = backlog
-        self.outstanding = 0
-        self.head: tuple[bytes | None, bytes] = (None, b"")  # (sub.prefix, prefix + topic member)
-
-
-class Lease(NamedTuple):
-    """One leased message: who holds it, and what its end and a return need.
-
-    A NamedTuple rather than a slotted class: a run of deliveries makes its leases in C
-    (`new_leases`), and reading a field is a C getter either way."""
-
-    holder: QueueSub
-    gen: int  # names the lease-heap entry that ends it (an extension makes a new one)
-    bm: str  # its bookmark, the key of QueueState.by_bm
-    # [deliveries, cancels], or None for a first delivery never cancelled ([1, 0]); it goes
-    # back to QueueState.counts if the message returns
-    counts: list[int] | None
-
-    def delivery_counts(self) -> list[int]:
-        c = self.counts
-        return [1, 0] if c is None else c
-
-
-# Leases from iterables of their fields, without a Python call each (a run of deliveries):
-# tuple.__new__ makes the NamedTuple straight from the fields, in order.
-new_lease: Callable[[Iterable[Any]], Lease] = partial(tuple.__new__, Lease)
-
-
-def now_us() -> int:
-    return int(time.time() * 1_000_000)
-
-
-# The longest expiration a queue counts with, in seconds: what a journal record can hold (u32,
-# journal/record.py). Publishes are refused above 10 years (protocol/headers.py); this bound
-# keeps an `e` from elsewhere (an older peer, a hand-made record) from overflowing a deadline.
-MAX_EXPIRATION_S = 0xFFFFFFFF
-
-
-def expiration_us(exp: float) -> int:
-    """`e` seconds as microseconds, within 0..MAX_EXPIRATION_S (NaN and above: the bound)."""
-    if exp <= 0:
-        return 0
-    if not exp < MAX_EXPIRATION_S:  # NaN too
-        exp = MAX_EXPIRATION_S
-    return int(exp * 1_000_000)
-
-
 class QueueState:
     def __init__(self, host: QueueHost, spec: QueueSpec, pump: Callable[[], None]) -> None:
         self.host = host
         self.spec = spec
         # delivers waiting messages while some subscription has room (server/queue.py's
         # `Queue.pump`): called when a message is returned or freed here
-        self._pump = pump
+        self.pump = pump
         self.name = spec.name
         self.name_b = spec.name.encode()
-        self.at_most_once = spec.semantics == "at-most-once"
-        self.fairness = "round-robin" if self.at_most_once else spec.fairness_model
-        self.lease_period = spec.lease_period
         t = spec.underlying_topic
-        self._topic_b = t.encode()
-        self._topic_rx = compile_pattern(t.encode()) if is_pattern(t) else None
+        self.topic_b = t.encode()
+        self.topic_rx = compile_pattern(t.encode()) if is_pattern(t) else None
         self.filter = compile_filter(spec.filter) if spec.filter else None
-        self.barrier = compile_filter(spec.barrier_expression) if spec.barrier_expression else None
         self.avail_pos = array.array("Q")
         self.avail_ts = array.array("Q")
         self.head = 0
@@ -146,10 +83,6 @@ class QueueState:
         self.leased: dict[int, Lease] = {}  # position -> its lease
         self.by_bm: dict[str, int] = {}  # "pub|seq|" -> position, for leased / outstanding
         self.subs: list[QueueSub] = []
-        self._filtered = 0  # subscriptions with a content filter
-        self._lp = (0.0, b"")  # (monotonic second, `lp` header part) cache
-        self._tj = (b"", b"")  # (topic, its header part): most queues see one topic
-        self.rr = 0
         self.lease_heap: list[tuple[float, int, Any]] = []  # (deadline, generation, positions)
         self.gen = 0
         self.events = bytearray()
@@ -168,9 +101,9 @@ class QueueState:
         self.checkpoint_dirty = True
 
     def wants_topic(self, topic_b: bytes) -> bool:
-        if self._topic_rx is not None:
-            return self._topic_rx.fullmatch(topic_b) is not None
-        return topic_b == self._topic_b
+        if self.topic_rx is not None:
+            return self.topic_rx.fullmatch(topic_b) is not None
+        return topic_b == self.topic_b
 
     def passes_filter(self, body: bytes) -> bool:
         return self.filter is None or body_matches(self.filter, body)
@@ -241,7 +174,7 @@ class QueueState:
     def waiting(self) -> list[int]:
         """Positions of the messages that wait for a consumer (returned, parked, in the
         arrays): neither leased nor done, nor held for another owner."""
-        self._advance_head()
+        self.advance_head()
         return (
             list(self.returned)
             + list(self.parked)
@@ -292,7 +225,7 @@ class QueueState:
     def low_water(self, end: int) -> int:
         """Every message of this queue below this position is done."""
         lo = end
-        self._advance_head()
+        self.advance_head()
         if self.head < len(self.avail_pos):
             lo = min(lo, self.avail_pos[self.head])
         if self.returned:
@@ -303,10 +236,131 @@ class QueueState:
             lo = min(lo, min(self.leased))
         return lo
 
+    # -- what delivery does (server/queue.py) ----------------------------------------------
+
+    def add_sub(self, qs: QueueSub) -> None:
+        """A new consumer: the parked messages (no subscription's filter took them) may suit
+        it, so they wait first in line again."""
+        self.subs.append(qs)
+        for p in self.parked:
+            heapq.heappush(self.returned, p)
+        self.parked.clear()
+
+    def remove_sub(self, qs: QueueSub, keep_counts: bool) -> None:
+        """A consumer leaves: its leases end, lowest position first; with `keep_counts`
+        (at-least-once) each message waits again, with its delivery counts."""
+        self.subs.remove(qs)
+        for p in sorted(p for p, lease in self.leased.items() if lease.holder is qs):
+            lease = self.end_lease(p)
+            if keep_counts and lease is not None:
+                self.counts[p] = lease.delivery_counts()
+                self.requeue(p)
+
+    def pop_next(self, from_returned: bool, park: bool = False) -> None:
+        """The next waiting message (the front of `returned`, else the head) leaves its place;
+        `park`: to wait for a subscription whose filter takes it (add_sub)."""
+        if from_returned:
+            pos = heapq.heappop(self.returned)
+        else:
+            pos = self.avail_pos[self.head]
+            self.head += 1
+        if park:
+            self.parked.append(pos)
+
+    def hold_for_barrier(self) -> None:
+        """A barrier message waits until every leased message is done (forget wakes the pump)."""
+        self.barrier_wait = True
+
+    def lease(self, qs: QueueSub, pos: int, bm: str, ts: int, deadline: float | None) -> None:
+        """The message at `pos` (out of its place already, received at `ts`) is leased to `qs`
+        until `deadline` (monotonic), or delivered at most once (`deadline` None: the lease only
+        holds the consumer's backlog place until its ack)."""
+        counts = self.counts.pop(pos, None) or [0, 0]  # kept on the lease while it lasts
+        counts[0] += 1
+        if self.spec.expiration and deadline is not None and pos not in self.expiry:
+            # the lease's end looks at the expiration (requeue); the receive time is here only
+            self.expiry[pos] = self.deadline_for(ts, None)
+        if counts[0] > 1:
+            self.stats["redelivered"] += 1
+        self.stats["delivered"] += 1
+        qs.outstanding += 1
+        self.by_bm[bm] = pos
+        if deadline is None:
+            self.event(QueueOp.DELIVERED_AT_MOST_ONCE, pos)
+            self.leased[pos] = new_lease((qs, 0, bm, counts))
+            return
+        self.gen += 1
+        self.leased[pos] = new_lease((qs, self.gen, bm, counts))
+        heapq.heappush(self.lease_heap, (deadline, self.gen, (pos,)))
+        self.event(QueueOp.LEASED, pos, counts[0])
+
+    def lease_run(
+        self, qs: QueueSub, positions: array.array, bms: list[str], deadline: float
+    ) -> None:
+        """The messages at the head, `positions`, leased to `qs` in one go (one heap entry,
+        one LEASED_RUN event), first deliveries all."""
+        n = len(positions)
+        self.head += n
+        self.gen += 1
+        gen = self.gen
+        if n == 1:  # backlog 1: one round trip a message, so no iterator machinery
+            # new_lease: Lease(...) is a Python call, new_lease((...)) is not (the hot path)
+            self.leased[positions[0]] = new_lease((qs, gen, bms[0], None))
+            self.by_bm[bms[0]] = positions[0]
+        else:
+            leases = map(new_lease, zip(repeat(qs), repeat(gen), bms, repeat(None)))
+            self.leased.update(zip(positions, leases))
+            self.by_bm.update(zip(bms, positions))
+        qs.outstanding += n
+        self.stats["delivered"] += n
+        heapq.heappush(self.lease_heap, (deadline, gen, positions))
+        self.event_run(QueueOp.LEASED_RUN, positions)
+
+    def extend(self, pos: int, lease: Lease, deadline: float) -> None:
+        """The lease on `pos` ends at `deadline` instead (a new generation names it)."""
+        self.gen += 1
+        self.leased[pos] = Lease(lease.holder, self.gen, lease.bm, lease.counts)
+        heapq.heappush(self.lease_heap, (deadline, self.gen, (pos,)))
+
+    def acked_run(self, acked: array.array) -> None:
+        """The messages at `acked`, whose leases ended (end_lease), are acknowledged: one
+        ACKED_RUN event."""
+        self.event_run(QueueOp.ACKED_RUN, acked)
+        self.stats["acked"] += len(acked)
+        if self.counts:
+            for pos in acked:
+                self.counts.pop(pos, None)
+        if self.expiry:
+            for pos in acked:
+                self.expiry.pop(pos, None)
+        if self.barrier_wait and not self.leased:
+            self.barrier_wait = False
+            self.host.call_soon(self.pump)
+
+    def acked(self, pos: int, delivered: bool = False) -> None:
+        """The message at `pos`, out of its lease or its place in line, is acknowledged
+        (`delivered`: it was delivered to every consumer at once, a barrier)."""
+        self.event(QueueOp.ACKED, pos)
+        if delivered:
+            self.stats["delivered"] += 1
+        self.stats["acked"] += 1
+        self.forget(pos)
+
+    def given_back(self, pos: int, lease: Lease, cancel: bool) -> None:
+        """The consumer gave back the message at `pos` (its lease ended): cancelled, it waits
+        again unless past MaxCancels; else it expires (to the dead-letter topic)."""
+        counts = self.counts[pos] = lease.delivery_counts()
+        if not cancel:
+            self.expire(pos, "expired by consumer", None)
+            return
+        counts[1] += 1
+        self.event(QueueOp.CANCELLED, pos, counts[1])
+        if self.spec.max_cancels and counts[1] > self.spec.max_cancels:
+            self.expire(pos, "max cancels", None)
+        else:
+            self.requeue(pos)
+
     # -- what replication and recovery do (server/queue_repl.py, server/queues.py) -----------
-    # They change the state only through these, so that its invariants (a lease is in `leased`
-    # and `by_bm` and counted in its holder's `outstanding`; a message waits in one place) are
-    # kept here.
 
     def end_lease(self, pos: int) -> Lease | None:
         """The message at `pos` leaves its lease, if it has one (a place in its holder's
@@ -319,7 +373,7 @@ class QueueState:
 
     def waiting_or_leased(self) -> list[int]:
         """The positions of the messages that wait or are leased here."""
-        self._advance_head()
+        self.advance_head()
         out = [p for p in self.avail_pos[self.head :] if p not in self.gone]
         out += list(self.returned) + list(self.parked) + list(self.leased)
         return out
@@ -331,7 +385,7 @@ class QueueState:
         if lease is not None:
             self.counts[pos] = lease.delivery_counts()
         else:
-            self._take_waiting(pos)
+            self.take_waiting(pos)
 
     def apply_done(self, pos: int) -> bool:
         """The message at `pos` was made done elsewhere (acked, expired, delivered at most
@@ -339,8 +393,8 @@ class QueueState:
         if self.end_lease(pos) is None:
             if not self.is_waiting(pos):
                 return False
-            self._take_waiting(pos)
-        self._forget(pos)
+            self.take_waiting(pos)
+        self.forget(pos)
         return True
 
     def apply_count(self, op: int, value: int, pos: int, held: bool) -> None:
@@ -392,7 +446,7 @@ class QueueState:
 
     # -- leaving a lease, expiring ---------------------------------------------------------
 
-    def _advance_head(self) -> None:
+    def advance_head(self) -> None:
         pos = self.avail_pos
         while self.head < len(pos) and pos[self.head] in self.gone:
             self.gone.discard(pos[self.head])
@@ -402,24 +456,24 @@ class QueueState:
             del self.avail_ts[: self.head]
             self.head = 0
 
-    def _return(self, position: int, why: str) -> None:
+    def requeue(self, position: int) -> None:
         """A message leaves its lease (ended, cancelled, holder gone): it waits again at the
         front, unless it is past its expiration or MaxDeliveries (seed 004, at-least-once
         flow, step 6): then it expires instead and is never redelivered."""
         dl = self.expiry.get(position)
         if dl and now_us() >= dl:
-            self._expire(position, "expiration", None)
+            self.expire(position, "expiration", None)
             return
         counts = self.counts.get(position, [0, 0])
         maxd = self.spec.max_deliveries
         if maxd and counts[0] >= maxd:
-            self._expire(position, "max deliveries", None)
+            self.expire(position, "max deliveries", None)
             return
         heapq.heappush(self.returned, position)
         if dl:  # it may expire while it waits again (expire_due)
             heapq.heappush(self.exp_heap, (dl, position))
 
-    def _take_waiting(self, pos: int) -> None:
+    def take_waiting(self, pos: int) -> None:
         """Remove a waiting message from wherever it waits."""
         if pos in self.returned:
             self.returned.remove(pos)
@@ -429,20 +483,20 @@ class QueueState:
         else:
             self.gone.add(pos)
 
-    def _forget(self, position: int) -> None:
+    def forget(self, position: int) -> None:
         self.counts.pop(position, None)
         self.expiry.pop(position, None)
         if self.barrier_wait and not self.leased:
             self.barrier_wait = False
-            self.host.call_soon(self._pump)
+            self.host.call_soon(self.pump)
 
-    def _expire(self, position: int, reason: str, rec: StoredMessage | None) -> None:
+    def expire(self, position: int, reason: str, rec: StoredMessage | None) -> None:
         counts = self.counts.get(position, [0, 0])
         self.event(QueueOp.EXPIRED, position, ExpiryReason.code(reason))
         self.stats["expired"] += 1
         if self.spec.dead_letter_topic:
             self.host.dead_letter(self, position, reason, counts[0], rec)
-        self._forget(position)
+        self.forget(position)
 
     def expire_due(self, now_us: int) -> None:
         """Expire waiting messages whose time is up, even with no subscriber (a tick). A leased
@@ -450,7 +504,7 @@ class QueueState:
         changed = False
         if self.spec.expiration:
             exp_us = int(self.spec.expiration * 1e6)
-            self._advance_head()
+            self.advance_head()
             avail_pos, avail_ts, gone, own = self.avail_pos, self.avail_ts, self.gone, self.expiry
             i = self.head
             while i < len(avail_pos) and avail_ts[i] + exp_us <= now_us:
@@ -462,18 +516,18 @@ class QueueState:
                     self.head = i
                 else:
                     gone.add(pos)
-                self._expire(pos, "expiration", None)
+                self.expire(pos, "expiration", None)
                 changed = True
         heap = self.exp_heap
         while heap and heap[0][0] <= now_us:
             dl, pos = heapq.heappop(heap)
             if self.expiry.get(pos) != dl or pos in self.leased or pos in self.gone:
                 continue
-            self._take_waiting(pos)
-            self._expire(pos, "expiration", None)
+            self.take_waiting(pos)
+            self.expire(pos, "expiration", None)
             changed = True
         if changed:
-            self._pump()
+            self.pump()
 
     def lease_timeouts(self, now: float) -> None:
         """Return the messages whose lease ended at `now` (monotonic), and re-arm the timer."""
@@ -492,7 +546,7 @@ class QueueState:
                     first = (lease.bm, lease.holder.sub.owner.describe())
                 ended += 1
                 self.counts[pos] = lease.delivery_counts()
-                self._return(pos, "lease")
+                self.requeue(pos)
             if ended:
                 changed = True
                 log.info(
@@ -502,6 +556,6 @@ class QueueState:
                     *first,
                 )
         if changed:
-            self._pump()
+            self.pump()
         if heap:
             self.host.arm(heap[0][0])

@@ -50,7 +50,8 @@ from .pipeline import Batch, Publisher
 from .queue import Queue
 from .queue_reader import QueueReader
 from .queue_repl import CatchUp, Failover, QueueReplication, message_origin, record_origin
-from .queue_state import QueueState, StoredMessage, now_us
+from .queue_state import QueueState
+from .queue_types import StoredMessage, now_us
 
 __all__ = ["Commits", "QueueManager"]
 
@@ -79,7 +80,7 @@ class Commits(Protocol):
     ) -> tuple[int, int]: ...
 
 
-def _events_committed(taken: list[tuple[Queue, bytes]], err: BaseException | None) -> None:
+def _events_committed(taken: list[tuple[QueueState, bytes]], err: BaseException | None) -> None:
     if err is not None:
         for q, body in taken:
             q.events_failed(body)
@@ -108,6 +109,7 @@ class QueueManager:
         self._pump_due: set[Queue] = set()  # queues that replicated events changed (_pump_soon)
         for spec in specs:
             self.queues[spec.name] = Queue(self, spec)
+        self.states = [q.state for q in self.queues.values()]
         self._timer: asyncio.TimerHandle | None = None
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -118,7 +120,7 @@ class QueueManager:
         self._checkpoint_timer: asyncio.TimerHandle | None = None
         self.failover: Failover | None = None
         # replicated events not yet journaled: (queue, origin instance, group) -> event bodies
-        self._repl_out: dict[tuple[Queue, str, str], bytearray] = {}
+        self._repl_out: dict[tuple[QueueState, str, str], bytearray] = {}
         # replicated entries about messages not here yet: [(queue, (origin, group), wire, tries)]
         self._pending: list[tuple[Queue, tuple[str, str], bytes, int]] = []
         self.repl_stats = {"events_in": 0, "unresolved_dropped": 0, "unnamed_dropped": 0}
@@ -139,7 +141,7 @@ class QueueManager:
         has sent what this instance missed."""
         self.failover = Failover(self.instance, peers, failover, clock)
         for q in self.queues.values():
-            q.repl = QueueReplication(q, self.instance)
+            q.state.repl = QueueReplication(q.state, self.instance)
         self.catch_up = CatchUp(failover, clock)
         self.catch_up.start(p for p in peers if p != self.instance)
         self.paused = bool(self.catch_up) and bool(self.queues)
@@ -165,9 +167,10 @@ class QueueManager:
             for q in self.queues.values():
                 if tb is None:
                     tb = m.topic.encode()
-                if q.wants_topic(tb) and q.passes_filter(m.body):
+                st = q.state
+                if st.wants_topic(tb) and st.passes_filter(m.body):
                     try:
-                        if q.repl is not None and q.repl.place(
+                        if st.repl is not None and st.repl.place(
                             m.position, m.ts, m.exp, message_origin(m)
                         ):
                             continue
@@ -176,26 +179,26 @@ class QueueManager:
                         # one message's failure must not cost the rest of the commit (nor move
                         # the checkpoint past this one): it waits, without its expiration
                         log.exception("queue %s: message at %d not taken as is", q.name, m.position)
-                        q.keep_waiting(m.position, m.ts)
+                        st.keep_waiting(m.position, m.ts)
         if self._pending:
             self._retry_pending({(m.pub, m.seq): m.position for m in msgs if m.position >= 0})
 
     def before_flush(self, batch: Batch) -> None:
         taken = []
-        for q in self.queues.values():
-            body = q.take_events()
+        for st in self.states:
+            body = st.take_events()
             if body is not None:
-                batch.data += encode_record(KIND_QUEUE_EVENT, 0, 0, 0, q.name_b, body)
-                taken.append((q, body))
+                batch.data += encode_record(KIND_QUEUE_EVENT, 0, 0, 0, st.name_b, body)
+                taken.append((st, body))
         if self._repl_out:
-            for (q, origin, group), rbody in self._repl_out.items():
+            for (st, origin, group), rbody in self._repl_out.items():
                 # the origin block says where they happened: the sender's loop prevention and
                 # pass-through rules apply to them as to messages
                 ob = (now_us(), origin.encode(), group.encode())
                 batch.data += encode_record(
-                    KIND_QUEUE_EVENT, 0, 0, 0, q.name_b, bytes(rbody), origin=ob
+                    KIND_QUEUE_EVENT, 0, 0, 0, st.name_b, bytes(rbody), origin=ob
                 )
-                taken.append((q, bytes(rbody)))
+                taken.append((st, bytes(rbody)))
             self._repl_out = {}
         if taken:
             batch.after.append(partial(_events_committed, taken))
@@ -215,12 +218,12 @@ class QueueManager:
             # would pin every later segment (remove-journal keeps what a checkpoint needs)
             end = self.commits.delivered_end
             meta = batch.meta or {}
-            for q in self.queues.values():
-                low = q.low_water(end)
-                if q.checkpoint_dirty or self._checkpoints.get(q.name) != low:
-                    meta[checkpoint_key(q.name_b)] = encode_checkpoint(low)
-                    self._checkpoints[q.name] = low
-                    q.checkpoint_dirty = False
+            for st in self.states:
+                low = st.low_water(end)
+                if st.checkpoint_dirty or self._checkpoints.get(st.name) != low:
+                    meta[checkpoint_key(st.name_b)] = encode_checkpoint(low)
+                    self._checkpoints[st.name] = low
+                    st.checkpoint_dirty = False
             if meta:
                 batch.meta = meta
 
@@ -254,8 +257,8 @@ class QueueManager:
         self._timer = None
         self._timer_at = float("inf")
         now = time.monotonic()
-        for q in self.queues.values():
-            q.lease_timeouts(now)
+        for st in self.states:
+            st.lease_timeouts(now)
 
     def stop(self) -> None:
         """No more timers (shutdown): pending events go with the pipeline's last commit."""
@@ -270,8 +273,8 @@ class QueueManager:
         the queue messages of a peer lost for <QueueOwnerFailover>."""
         now = now_us()
         self.reads.forget()
-        for q in self.queues.values():
-            q.expire_due(now)
+        for st in self.states:
+            st.expire_due(now)
         if self.failover is not None:
             late = self.catch_up.overdue() if self.catch_up is not None else []
             if late:
@@ -283,15 +286,15 @@ class QueueManager:
                 )
                 self._resume_if_caught_up(None)
             for peer in self.failover.due():
-                for q in self.queues.values():
-                    if q.repl is not None and q.repl.holds_for(peer):
+                for st in self.states:
+                    if st.repl is not None and st.repl.holds_for(peer):
                         log.warning(
                             "queue %s: taking over the messages of %s (no link for %.0fs or more)",
-                            q.name,
+                            st.name,
                             peer,
                             self.failover.failover,
                         )
-                        q.repl.take_over(peer)
+                        st.repl.take_over(peer)
 
     # -- replication -----------------------------------------------------------------------------
 
@@ -358,12 +361,13 @@ class QueueManager:
             self._pending.append((q, who, left, 0))
 
     def _apply_replicated(self, q: Queue, who: tuple[str, str], local: bytes) -> None:
-        if q.repl is not None:
-            q.repl.apply_remote(local)
+        st = q.state
+        if st.repl is not None:
+            st.repl.apply_remote(local)
         else:  # a queue without replication here: its done-ness still follows
             apply_events(local, set(), {})
-        self._repl_out.setdefault((q, *who), bytearray()).extend(local)
-        q.checkpoint_dirty = True
+        self._repl_out.setdefault((st, *who), bytearray()).extend(local)
+        st.checkpoint_dirty = True
         self.events_added()
         if not self.loading:
             self._pump_soon(q)
@@ -435,11 +439,11 @@ class QueueManager:
         started = time.monotonic()
         self.loading = True
         starts = []
-        for q in self.queues.values():
+        qlist = self.states
+        for q in qlist:
             raw = journal.index.get_meta(checkpoint_key(q.name_b))
             starts.append(decode_checkpoint(raw, journal.start_position))
         pos = max(journal.start_position, min(starts))
-        qlist = list(self.queues.values())
         by_name = {q.name_b: q for q in qlist}
         qstart = {q.name_b: max(s, journal.start_position) for q, s in zip(qlist, starts)}
         done: dict[bytes, set] = {q.name_b: set() for q in qlist}

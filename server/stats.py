@@ -99,7 +99,7 @@ class Stats:
         counts: dict[str, tuple[int, int]] = {}
         rates: dict[str, float] = {}
         for name, q in self.queues.queues.items():
-            a, d = q.stats["acked"], q.stats["delivered"]
+            a, d = q.state.stats["acked"], q.state.stats["delivered"]
             pa, pd = self._queue_counts.get(name, (a, d))
             acked += a - pa
             delivered += d - pd
@@ -182,12 +182,12 @@ class Stats:
         queues = {}
         now_us = time.time() * 1e6
         for name, q in self.queues.queues.items():
-            oldest = q.oldest_waiting_us()
+            oldest = q.state.oldest_waiting_us()
             queues[name] = {
                 **q.snapshot(),
                 "acked_per_s": self.queue_ack_rates.get(name, 0.0),
                 "oldest_age_s": round(max(0.0, now_us - oldest) / 1e6, 1) if oldest else None,
-                "consumers": q.consumers(),
+                "consumers": q.state.consumers(),
             }
         j = self.journal
         segments = []
@@ -308,194 +308,124 @@ class Stats:
     def prometheus(self) -> str:
         snap = self.snapshot()
         lines: list[str] = []
-
-        def metric(name: str, kind: str, help_: str, value: Any, labels: str = "") -> None:
-            lines.append(f"# HELP tickertape_{name} {help_}")
-            lines.append(f"# TYPE tickertape_{name} {kind}")
-            lines.append(f"tickertape_{name}{labels} {value}")
-
-        metric("connections", "gauge", "Open client connections.", snap["connections"])
-        metric(
-            "connections_total",
-            "counter",
-            "Connections accepted since start.",
-            snap["connections_total"],
-        )
-        metric("subscriptions", "gauge", "Active subscriptions.", snap["subscriptions"])
-        metric("replays", "gauge", "Bookmark replays in progress.", snap["replays"])
-        metric(
-            "subscriber_fallbacks_total",
-            "counter",
-            "Live subscriptions that lagged past ClientOfflineThreshold and read the journal.",
-            snap["lagging"]["fallbacks"],
-        )
-        metric(
-            "subscriber_rejoins_total",
-            "counter",
-            "Lagging subscriptions that caught up and rejoined the live stream.",
-            snap["lagging"]["rejoins"],
-        )
+        _metrics(lines, snap, CONNECTION_METRICS)
         lim = snap["limits"]
-        metric(
-            "input_buffered_bytes",
-            "gauge",
-            "Partial input frames buffered over all connections.",
-            lim["input_buffered_bytes"],
-        )
-        for key, what in (
-            ("logon_timeout", "closed for no logon within LogonTimeout"),
-            ("logon_frame_too_large", "closed for a frame over MaxLogonMessageSize before logon"),
-            ("input_memory_limit", "closed at InputMemoryLimit"),
-            (
-                "partial_message_timeout",
-                "closed for a frame not whole within PartialMessageTimeout",
-            ),
-            ("idle", "closed after IdleTimeout without input"),
-            ("slow_client_age", "closed for output not draining within ClientMessageAgeLimit"),
-            ("subscriptions_refused", "subscriptions refused at ClientMaxSubscriptions"),
-            ("connections_refused", "refused at MaxConnections"),
-            ("address_connections_refused", "refused at MaxConnectionsPerAddress"),
-            ("unauthenticated_refused", "refused at MaxUnauthenticatedConnections"),
-        ):
-            metric(
-                f"limit_{key}_total",
-                "counter",
-                f"Connections {what}."
-                if key != "subscriptions_refused"
-                else "Subscriptions refused at ClientMaxSubscriptions.",
-                lim.get(key, 0),
-            )
-        metric(
-            "publishes_refused_above_gap_total",
-            "counter",
-            "Publishes refused past a sequence that failed to commit (the gap rule).",
-            snap["refused_above_gap"],
-        )
-        metric("topics", "gauge", "Distinct topics seen.", snap["topics"])
-        metric("published_total", "counter", "Messages accepted for publish.", snap["published"])
-        metric("delivered_total", "counter", "Live deliveries to subscriptions.", snap["delivered"])
-        metric("duplicates_total", "counter", "Duplicate publishes dropped.", snap["duplicates"])
-        metric(
-            "publish_rate",
-            "gauge",
-            "Messages published per second (last second).",
-            snap["publish_rate"],
-        )
-        metric(
-            "delivery_rate", "gauge", "Deliveries per second (last second).", snap["delivery_rate"]
-        )
-        metric(
-            "refused_commands_total",
-            "counter",
-            "Commands refused with a failure ack.",
-            snap["refused_commands"],
-        )
-        sec = snap["security"]
-        metric(
-            "tls_handshakes_refused_total",
-            "counter",
-            "TLS handshakes that failed (plaintext client, untrusted or expired certificate...).",
-            sec["tls_handshakes_refused"],
-        )
-        metric(
-            "auth_failures_total",
-            "counter",
-            "Logons refused with auth failure.",
-            sec["auth_failures"],
-        )
-        metric(
-            "not_entitled_total",
-            "counter",
-            "Commands refused not entitled by the user's roles (and subscriptions ended so).",
-            sec["not_entitled"],
-        )
-        metric(
-            "idle_poll_rounds_total",
-            "counter",
-            "Event-loop rounds spent polling after input instead of sleeping (<IdlePoll>).",
-            snap["idle_poll_rounds"],
-        )
-        metric("rss_bytes", "gauge", "Resident memory of the server process.", snap["rss_bytes"])
+        for key, what in LIMIT_METRICS:
+            _metric(lines, f"limit_{key}_total", what, lim.get(key, 0))
+        _metrics(lines, snap, INSTANCE_METRICS)
         lines.append("# HELP tickertape_disconnects_total Connections closed, by reason.")
         lines.append("# TYPE tickertape_disconnects_total counter")
         for reason, n in sorted(snap["disconnects"].items()):
             lines.append(f'tickertape_disconnects_total{{reason="{reason}"}} {n}')
         if snap["queues"]:
-            for key, help_ in (
-                ("depth", "Messages waiting in the queue."),
-                ("leased", "Messages leased to consumers."),
-                ("acked", "Messages acknowledged since start."),
-                ("expired", "Messages expired since start."),
-                ("redelivered", "Redeliveries since start."),
-                ("delivered", "Deliveries since start."),
-                ("dead_lettered", "Messages sent to the dead-letter topic since start."),
-            ):
-                kind = "gauge" if key in ("depth", "leased") else "counter"
-                name = f"queue_{key}" + ("" if kind == "gauge" else "_total")
-                lines.append(f"# HELP tickertape_{name} {help_}")
-                lines.append(f"# TYPE tickertape_{name} {kind}")
-                for qname, q in sorted(snap["queues"].items()):
-                    lines.append(f'tickertape_{name}{{queue="{qname}"}} {q[key]}')
+            for key, help_ in QUEUE_METRICS:
+                name = f"queue_{key}" + ("" if key in ("depth", "leased") else "_total")
+                for i, (qname, q) in enumerate(sorted(snap["queues"].items())):
+                    _metric(lines, name, help_, q[key], f'{{queue="{qname}"}}', head=i == 0)
             queue_replication_metrics(lines, snap["queues"])
         replication_metrics(lines, snap["replication"])
-        j = snap["journal"]
-        if j:
-            metric("journal_bytes", "gauge", "Bytes of journal segments on disk.", j["bytes"])
-            metric("journal_segments", "gauge", "Journal segment files.", j["segments"])
-            metric("journal_commits_total", "counter", "Group commits.", j["commits"])
-            metric(
-                "journal_records_total", "counter", "Records committed since start.", j["records"]
-            )
-            metric(
-                "journal_write_failures_total",
-                "counter",
-                "Failed journal writes.",
-                j["write_failures"],
-            )
-            ig = j["integrity"]
-            metric(
-                "journal_damaged_regions_total",
-                "counter",
-                "Damaged regions of the journal found at rest and skipped (never served).",
-                ig["damaged_regions"],
-            )
-            metric(
-                "journal_damaged_bytes_total",
-                "counter",
-                "Bytes of the journal skipped as damaged.",
-                ig["damaged_bytes"],
-            )
-            metric(
-                "journal_truncated_bytes_total",
-                "counter",
-                "Bytes of a torn tail truncated at open.",
-                ig["truncated_bytes"],
-            )
-            metric(
-                "journal_index_rebuilds_total",
-                "counter",
-                "Times the derived index was found unreadable or inconsistent and rebuilt.",
-                ig["index_rebuilds"],
-            )
-            metric(
-                "journal_available",
-                "gauge",
-                "1 while the journal takes writes, 0 from a failed write until a probe succeeds.",
-                int(j["available"]),
-            )
-            metric(
-                "journal_recoveries_total",
-                "counter",
-                "Times the journal became available again by itself.",
-                j["recoveries"],
-            )
-            metric(
-                "journal_last_commit_latency_seconds",
-                "gauge",
-                "Duration of the last group commit.",
-                j["last_commit_latency_s"],
-            )
+        if snap["journal"]:
+            _metrics(lines, snap["journal"], JOURNAL_METRICS)
         return "\n".join(lines) + "\n"
+
+
+# /metrics of the instance: (metric name, help, where in /stats); a name that ends in _total is
+# a counter, any other a gauge. The limits' counters (LIMIT_METRICS) go between the two tables.
+CONNECTION_METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("connections", "Open client connections.", ("connections",)),
+    ("connections_total", "Connections accepted since start.", ("connections_total",)),
+    ("subscriptions", "Active subscriptions.", ("subscriptions",)),
+    ("replays", "Bookmark replays in progress.", ("replays",)),
+    ("subscriber_fallbacks_total", "Live subscriptions that lagged past ClientOfflineThreshold "
+     "and read the journal.", ("lagging", "fallbacks")),
+    ("subscriber_rejoins_total", "Lagging subscriptions that caught up and rejoined the live "
+     "stream.", ("lagging", "rejoins")),
+    ("input_buffered_bytes", "Partial input frames buffered over all connections.",
+     ("limits", "input_buffered_bytes")),
+)  # fmt: skip
+INSTANCE_METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("publishes_refused_above_gap_total", "Publishes refused past a sequence that failed to "
+     "commit (the gap rule).", ("refused_above_gap",)),
+    ("topics", "Distinct topics seen.", ("topics",)),
+    ("published_total", "Messages accepted for publish.", ("published",)),
+    ("delivered_total", "Live deliveries to subscriptions.", ("delivered",)),
+    ("duplicates_total", "Duplicate publishes dropped.", ("duplicates",)),
+    ("publish_rate", "Messages published per second (last second).", ("publish_rate",)),
+    ("delivery_rate", "Deliveries per second (last second).", ("delivery_rate",)),
+    ("refused_commands_total", "Commands refused with a failure ack.", ("refused_commands",)),
+    ("tls_handshakes_refused_total", "TLS handshakes that failed (plaintext client, untrusted "
+     "or expired certificate...).", ("security", "tls_handshakes_refused")),
+    ("auth_failures_total", "Logons refused with auth failure.", ("security", "auth_failures")),
+    ("not_entitled_total", "Commands refused not entitled by the user's roles (and "
+     "subscriptions ended so).", ("security", "not_entitled")),
+    ("idle_poll_rounds_total", "Event-loop rounds spent polling after input instead of "
+     "sleeping (<IdlePoll>).", ("idle_poll_rounds",)),
+    ("rss_bytes", "Resident memory of the server process.", ("rss_bytes",)),
+)  # fmt: skip
+LIMIT_METRICS = (
+    ("logon_timeout", "Connections closed for no logon within LogonTimeout."),
+    ("logon_frame_too_large", "Connections closed for a frame over MaxLogonMessageSize before "
+     "logon."),
+    ("input_memory_limit", "Connections closed at InputMemoryLimit."),
+    ("partial_message_timeout", "Connections closed for a frame not whole within "
+     "PartialMessageTimeout."),
+    ("idle", "Connections closed after IdleTimeout without input."),
+    ("slow_client_age", "Connections closed for output not draining within "
+     "ClientMessageAgeLimit."),
+    ("subscriptions_refused", "Subscriptions refused at ClientMaxSubscriptions."),
+    ("connections_refused", "Connections refused at MaxConnections."),
+    ("address_connections_refused", "Connections refused at MaxConnectionsPerAddress."),
+    ("unauthenticated_refused", "Connections refused at MaxUnauthenticatedConnections."),
+)  # fmt: skip
+QUEUE_METRICS = (
+    ("depth", "Messages waiting in the queue."),
+    ("leased", "Messages leased to consumers."),
+    ("acked", "Messages acknowledged since start."),
+    ("expired", "Messages expired since start."),
+    ("redelivered", "Redeliveries since start."),
+    ("delivered", "Deliveries since start."),
+    ("dead_lettered", "Messages sent to the dead-letter topic since start."),
+)
+JOURNAL_METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("journal_bytes", "Bytes of journal segments on disk.", ("bytes",)),
+    ("journal_segments", "Journal segment files.", ("segments",)),
+    ("journal_commits_total", "Group commits.", ("commits",)),
+    ("journal_records_total", "Records committed since start.", ("records",)),
+    ("journal_write_failures_total", "Failed journal writes.", ("write_failures",)),
+    ("journal_damaged_regions_total", "Damaged regions of the journal found at rest and "
+     "skipped (never served).", ("integrity", "damaged_regions")),
+    ("journal_damaged_bytes_total", "Bytes of the journal skipped as damaged.",
+     ("integrity", "damaged_bytes")),
+    ("journal_truncated_bytes_total", "Bytes of a torn tail truncated at open.",
+     ("integrity", "truncated_bytes")),
+    ("journal_index_rebuilds_total", "Times the derived index was found unreadable or "
+     "inconsistent and rebuilt.", ("integrity", "index_rebuilds")),
+    ("journal_available", "1 while the journal takes writes, 0 from a failed write until a "
+     "probe succeeds.", ("available",)),
+    ("journal_recoveries_total", "Times the journal became available again by itself.",
+     ("recoveries",)),
+    ("journal_last_commit_latency_seconds", "Duration of the last group commit.",
+     ("last_commit_latency_s",)),
+)  # fmt: skip
+
+
+def _metric(
+    lines: list[str], name: str, help_: str, value: Any, labels: str = "", head: bool = True
+) -> None:
+    if head:
+        lines.append(f"# HELP tickertape_{name} {help_}")
+        lines.append(
+            f"# TYPE tickertape_{name} {'counter' if name.endswith('_total') else 'gauge'}"
+        )
+    lines.append(f"tickertape_{name}{labels} {int(value) if type(value) is bool else value}")
+
+
+def _metrics(lines: list[str], snap: dict[str, Any], table: tuple) -> None:
+    for name, help_, path in table:
+        value: Any = snap
+        for key in path:
+            value = value[key]
+        _metric(lines, name, help_, value)
 
 
 MAX_CLIENTS = 500

@@ -25,7 +25,6 @@ the partition of the queue's name and of the day of the message record before th
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -104,10 +103,6 @@ def escape_partition(value: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
-
-
-def unescape_partition(text: str) -> str:
-    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), text)
 
 
 def _arrow_schema() -> pa.Schema:

@@ -36,8 +36,8 @@ async def test_max_per_subscription_backlog_caps_the_subscribers_max_backlog(mak
     c.send("subscribe", t="capq", sub_id="q", o="max_backlog=10")
     await core.settle()
     assert _ns(c.take()) == [1, 2]
-    q = core.queues.get("capq")
-    assert len(q.leased) == 2 and q.snapshot()["depth"] >= 3
+    q = core.queues.get("capq").state
+    assert len(q.leased) == 2 and core.queues.get("capq").snapshot()["depth"] >= 3
     c.send("sow_delete", t="capq", bm=q.leased[min(q.leased)].bm, a="processed", cid="x")
     await core.settle()
     assert _ns(c.take()) == [3]  # one acked: room for one more, not for the rest
@@ -60,7 +60,7 @@ async def test_lease_extend_ends_the_lease_that_long_from_now(make_core):
     await asyncio.sleep(2.0)  # two lease periods: an ignored extension has ended by now
     await core.settle()
     assert _ns(c.take()) == [], "redelivered before the extended lease ended"
-    q = core.queues.get("extq")
+    q = core.queues.get("extq").state
     assert len(q.leased) == 1
     await core.until(lambda: q.stats.get("redelivered", 0) >= 1, timeout=5)
     assert time.monotonic() - extended >= 2.9

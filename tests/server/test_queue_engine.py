@@ -49,7 +49,7 @@ async def test_lease_ack_and_redelivery_after_cancel(make_core):
     }
     (again,) = _deliveries(got)
     assert again["bm"] == f"{pid}|1|" and again.body == b'{"job":1}'
-    q = core.queues.get("work-q")
+    q = core.queues.get("work-q").state
     assert q.stats["redelivered"] == 1
     # ack: the next message goes out at once; the ack's reply waits for its event to be durable
     consumer.send("sow_delete", t="work-q", bm=again["bm"], a="processed", cid="c2")
@@ -84,7 +84,7 @@ async def test_sow_delete_with_a_filter(make_core):
     for n in range(1, 7):
         pub.send("publish", json.dumps({"n": n, "keep": n % 2}), t="batch", s=n)
     await core.settle()
-    q = core.queues.get("batch-q")
+    q = core.queues.get("batch-q").state
     assert q.depth == 6
     admin = core.client("admin")
     admin.send("sow_delete", t="batch-q", f="/keep = 0", a="processed", cid="d")
@@ -118,7 +118,7 @@ async def test_queue_state_survives_a_restart(make_core):
     assert decode_checkpoint(raw) == core.journal.locate(publisher_id("pub"), 2)
     core.close()
     again = make_core(QUEUES)  # the same directory, a new core: recovery from the journal
-    q = again.queues.get("work-q")
+    q = again.queues.get("work-q").state
     assert q.depth == 3 and list(q.counts.values()) == [[1, 0]]  # 2 was delivered once
     c = again.client("c")
     c.send("subscribe", t="work-q", sub_id="w")
@@ -140,7 +140,7 @@ async def test_an_idle_empty_queue_moves_its_checkpoint_with_the_journal(make_co
         (d,) = _deliveries(c.take())
         c.send("sow_delete", t="work-q", bm=d["bm"], a="processed")
         await core.settle()
-    assert core.queues.get("work-q").depth == 0
+    assert core.queues.get("work-q").state.depth == 0
     core.queues._last_checkpoint = 0.0  # checkpoints go at most once a second
     pub.send("publish", json.dumps({"n": 0}), t="other", s=4)
     await core.settle()

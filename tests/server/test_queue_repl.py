@@ -69,7 +69,7 @@ async def test_taken_over_then_back_acked_elsewhere_and_redelivered(make_core):
     clock = [0.0]
     qm.enable_replication(["tt-b"], 30.0, lambda: clock[0])
     qm.source_up("tt-b")
-    q = qm.get("work-q")
+    q = qm.get("work-q").state
     pub = core.client("pub")
     for n in range(1, 6):
         pub.send("publish", json.dumps({"n": n}), t="work", s=n)
@@ -122,7 +122,7 @@ async def test_unknown_messages_wait_for_the_next_commits_then_are_dropped(make_
     core = make_core(QUEUES)
     qm = core.queues
     qm.enable_replication(["tt-b"], 30.0)
-    q = qm.get("work-q")
+    q = qm.get("work-q").state
     pid = publisher_id("pub")
     # an ack that arrives (same link batch) before its message is committed here
     qm.translate_in("work-q", WIRE_MAGIC + WIRE.pack(QueueOp.ACKED, 0, 0, pid, 1), "tt-b")
@@ -152,7 +152,7 @@ async def test_recovery_rebuilds_ownership_from_the_journal(make_core, tmp_path)
     wire, _ = to_wire(bytes(buf), lambda p: None)
     qm.translate_in("work-q", wire, "tt-b")
     qm.translate_in("work-q", WIRE_MAGIC + WIRE.pack(QueueOp.ACKED, 0, 0, pid, 2), "tt-b")
-    q = qm.get("work-q")
+    q = qm.get("work-q").state
     held = q.repl.snapshot()["held_for_others"]
     await core.settle()
     assert held == 2 and q.depth == 1  # 1 and 3 held for tt-b (2 acked there); 4 is past the cut
@@ -169,7 +169,7 @@ async def test_recovery_rebuilds_ownership_from_the_journal(make_core, tmp_path)
         Replication(destinations=(spec,), queue_owner_failover=30.0),
     )
     again.recover()
-    q2 = again.get("work-q")
+    q2 = again.get("work-q").state
     assert q2.repl.takeovers == {"core": [(cut, "tt-b", 0)]}
     assert sorted(q2.repl.held["tt-b"]) == sorted(qm.journal.locate(pid, s) for s in (1, 3))
     assert q2.depth == 1 and [p for p in q2.avail_pos if p not in q2.gone] == [
@@ -216,7 +216,7 @@ async def test_replicated_messages_are_held_for_their_origin_until_taken_over(ma
     )
     qm.enable_replication(["tt-b"], 30.0, lambda: clock[0])
     qm.recover()
-    q = qm.get("work-q")
+    q = qm.get("work-q").state
     assert q.depth == 1 and sorted(q.repl.held["tt-b"]) == [
         core.journal.locate(7, 1),
         core.journal.locate(7, 2),
@@ -280,7 +280,7 @@ async def _tt_b_took_over_and_leased(core, clock):
     _submit(core.journal, [(7, s, t + s, b"work", b'{"n":%d}' % s, (t + s, b"tt-b", b"ny"))
                            for s in range(1, 7)])  # fmt: skip
     qm.recover()
-    q = qm.get("work-q")
+    q = qm.get("work-q").state
     c = core.client("c")
     c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=2")
     qm.source_down("tt-b")
@@ -361,6 +361,6 @@ async def test_a_burst_of_single_acks_from_a_peer_costs_few_journal_lookups(make
     for s in range(1, 1001):
         wire = WIRE.pack(QueueOp.ACKED, 0, 0, pid, s) + WIRE.pack(QueueOp.LEASED, 0, 1, pid, s + 1)
         qm.translate_in("work-q", WIRE_MAGIC + wire, "tt-b")
-    q = qm.get("work-q")
+    q = qm.get("work-q").state
     assert q.depth == 0 and q.repl.stats["done_elsewhere"] == 1000
     assert len(lookups) <= 20, f"{len(lookups)} journal lookups for 1,000 records"

@@ -9,7 +9,7 @@ import json
 import time
 
 from config.model import DEFAULT_LEASE_PERIOD
-from server.queue_state import now_us
+from server.queue_types import now_us
 
 QUEUES = """<SOW>
   <Queue><Name>fq</Name><UnderlyingTopic>f</UnderlyingTopic>
@@ -65,7 +65,7 @@ async def test_cancel_by_filter_returns_the_message(make_core):
     got = c.take()
     assert [a["records_deleted"] for a in _acks(got)] == [1]
     assert _ns(got) == [2]  # given back: redelivered at once (the backlog has room)
-    q = core.queues.get("fq")
+    q = core.queues.get("fq").state
     assert q.stats["acked"] == 0 and q.stats["redelivered"] == 1 and len(q.leased) == 3
 
 
@@ -74,7 +74,7 @@ async def test_lease_extend_by_filter_keeps_the_lease(make_core):
     c = core.client("c")
     c.send("subscribe", t="fq", sub_id="q", o="max_backlog=10")
     assert _ns(c.take()) == [1, 2]
-    q = core.queues.get("fq")
+    q = core.queues.get("fq").state
     before = dict(q.leased)
     c.send("sow_delete", t="fq", f="/n = 1", o="lease_extend=1h", a="processed", cid="x")
     await core.settle()
@@ -104,7 +104,7 @@ async def test_cancel_by_filter_leaves_waiting_messages_alone(make_core):
     admin.send("sow_delete", t="fq", f="1=1", o="cancel", a="processed", cid="x")
     await core.settle()
     assert [a["records_deleted"] for a in _acks(admin.take())] == [0]
-    assert core.queues.get("fq").depth == 2
+    assert core.queues.get("fq").state.depth == 2
 
 
 # -- item 2: a message whose expiration passed while leased expires when the lease ends ----------
@@ -115,7 +115,7 @@ async def test_queue_expiration_passed_during_the_lease(make_core):
     c = core.client("c")
     c.send("subscribe", t="expq", sub_id="q")
     assert _ns(c.take()) == [1]
-    q = core.queues.get("expq")
+    q = core.queues.get("expq").state
     await core.until(lambda: not q.leased, timeout=3)
     await core.settle()
     assert _ns(c.take()) == []  # not redelivered
@@ -129,7 +129,7 @@ async def test_message_expiration_passed_during_the_lease(make_core):
     c = core.client("c")
     c.send("subscribe", t="eq", sub_id="q")
     assert _ns(c.take()) == [1]
-    q = core.queues.get("eq")
+    q = core.queues.get("eq").state
     await core.until(lambda: not q.leased, timeout=3)
     await core.settle()
     assert _ns(c.take()) == []
@@ -155,7 +155,7 @@ async def test_a_returned_message_expires_while_it_waits(make_core):
     c.send("subscribe", t="expq", sub_id="q")
     assert _ns(c.take()) == [1]
     c.disconnect()  # returned within its expiration: it waits again
-    q = core.queues.get("expq")
+    q = core.queues.get("expq").state
     assert q.depth == 1
     await asyncio.sleep(0.2)
     q.expire_due(now_us())
@@ -171,7 +171,7 @@ async def test_a_message_expiration_replaces_the_queues(make_core):
     pub.send("publish", json.dumps({"n": 2}), t="long", s=2)
     await core.settle()
     await asyncio.sleep(0.15)
-    q = core.queues.get("longq")
+    q = core.queues.get("longq").state
     q.expire_due(now_us())
     await core.settle()
     assert [json.loads(f.body)["n"] for f in _deliveries(dead.take())] == [2]
@@ -188,7 +188,7 @@ async def test_a_fraction_of_a_second_survives_a_restart(make_core):
     await core.settle()
     core.close()
     again = make_core(QUEUES)
-    q = again.queues.get("eq")
+    q = again.queues.get("eq").state
     assert q.depth == 1
     q.expire_due(now_us())
     assert q.depth == 1  # not expired at once
@@ -208,7 +208,7 @@ async def test_a_queue_without_lease_period_leases_for_the_default(make_core):
     c.send("subscribe", t="cq", sub_id="q")
     (d,) = _deliveries(c.take())
     assert "lp" in d.header  # the wire contract: every at-least-once delivery says when
-    (deadline, _, _), *_ = core.queues.get("cq").lease_heap
+    (deadline, _, _), *_ = core.queues.get("cq").state.lease_heap
     assert 29.5 < deadline - time.monotonic() <= 30.0
 
 
@@ -230,7 +230,7 @@ async def test_at_most_once_ignores_cancel_and_expire(make_core):
     assert _ns(got) == [3, 4]  # the backlog is free; nothing came back
     assert [a["records_deleted"] for a in _acks(got)] == [1, 1]
     assert _deliveries(dead.take()) == []
-    q = core.queues.get("amo")
+    q = core.queues.get("amo").state
     assert q.stats["redelivered"] == 0 and q.stats["expired"] == 0
     c.disconnect()
     again = core.client("c2")
@@ -316,7 +316,7 @@ async def test_expire_by_bookmark_dead_letters_and_never_redelivers(make_core):
     assert [(f["reason"], f["source_bm"]) for f in _deliveries(dead.take())] == [
         ("expired by consumer", d["bm"])
     ]
-    q = core.queues.get("fq")
+    q = core.queues.get("fq").state
     assert q.stats["expired"] == 1 and q.stats["dead_lettered"] == 1 and q.depth == 0
 
 
@@ -335,7 +335,7 @@ async def _one_commit(core, exps) -> list[int]:
 
 async def test_an_expiration_too_large_to_count_still_queues_the_whole_commit(make_core):
     core = make_core(QUEUES)
-    q = core.queues.get("cq")
+    q = core.queues.get("cq").state
     positions = await _one_commit(core, [None, 1.7e308, None, 3600, None])
     assert q.depth == 5
     assert q.expiry[positions[1]] > q.expiry[positions[3]]  # bounded, not overflowed
@@ -348,7 +348,7 @@ async def test_a_message_that_fails_to_queue_waits_and_the_rest_of_its_commit_is
     make_core, monkeypatch
 ):
     core = make_core(QUEUES)
-    q = core.queues.get("cq")
+    q = core.queues.get("cq").state
 
     def broken(ts, exp):  # any fault in one message's bookkeeping
         raise OverflowError("cannot convert float infinity to integer")
@@ -376,5 +376,5 @@ async def test_recovery_keeps_a_message_whose_bookkeeping_fails_and_every_other(
     monkeypatch.setattr(QueueState, "deadline_for", broken)
     again = QueueManager(core.config.queues, "core", core.journal, core.loop, core.pipeline)
     again.recover()  # a restart over the same journal
-    q = again.get("cq")
+    q = again.get("cq").state
     assert [p for p in q.avail_pos if p not in q.gone] == positions

@@ -9,9 +9,10 @@ import json
 from pathlib import Path
 
 from journal.queue_events import QueueOp
-from server import queue_repl
+from server import queue, queue_repl
 from server.queue import Queue
-from server.queue_state import Lease, QueueState, new_lease
+from server.queue_state import QueueState
+from server.queue_types import Lease, new_lease
 
 QUEUES = """<SOW>
   <Queue><Name>work-q</Name><UnderlyingTopic>work</UnderlyingTopic>
@@ -26,7 +27,7 @@ def _queue_with_leases(make_core, n_pub: int, backlog: int):
         pub.send("publish", json.dumps({"n": n}), t="work", s=n)
     c = core.client("c")
     c.send("subscribe", t="work-q", sub_id="w", o=f"max_backlog={backlog}")
-    return core, core.queues.get("work-q")
+    return core, core.queues.get("work-q").state
 
 
 def _consistent(q: QueueState) -> None:
@@ -107,3 +108,42 @@ def test_replication_changes_the_queue_only_through_its_named_operations():
     for name in allowed - {"host", "name", "pump"}:
         assert callable(getattr(QueueState, name)), name
     assert callable(Queue.pump)  # delivery is the Queue's; the state is handed it as a callable
+
+
+_MUTATORS = {"append", "add", "clear", "discard", "extend", "insert", "pop", "popitem", "remove",
+             "setdefault", "update", "heappush", "heappop", "heapify"}  # fmt: skip
+
+
+def _state_writes(source: str) -> list[str]:
+    """Writes to the state's structures in `source`: `st.x = ...`, `st.x[k] += ...`, `del
+    st.x[k]`, `st.x.append(...)`, `heapq.heappush(st.x, ...)` (`st` or `self.state`)."""
+
+    def of_state(node: ast.AST) -> bool:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        if not isinstance(node, ast.Attribute):
+            return False
+        v = node.value
+        return (isinstance(v, ast.Name) and v.id == "st") or (
+            isinstance(v, ast.Attribute) and v.attr == "state"
+        )
+
+    wrong = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+            targets = getattr(node, "targets", None) or [node.target]  # type: ignore[attr-defined]
+            wrong += [ast.unparse(t) for t in targets if of_state(t)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in _MUTATORS and (
+                of_state(node.func.value) or any(of_state(a) for a in node.args[:1])
+            ):
+                wrong.append(ast.unparse(node))
+    return wrong
+
+
+def test_delivery_changes_the_state_only_through_its_named_operations():
+    """server/queue.py (the Queue) reads its state's structures but writes none: each change
+    is one of QueueState's operations, which keep the invariants."""
+    assert _state_writes(Path(queue.__file__).read_text()) == []
+    sample = "st.parked.append(p)\nst.barrier_wait = True\nheapq.heappush(self.state.returned, 1)"
+    assert len(_state_writes(sample)) == 3  # the check sees each kind of write

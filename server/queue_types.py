@@ -1,0 +1,70 @@
+"""What a queue's parts (server/queue.py, queue_state.py, queues.py) share: a consumer's place
+(`QueueSub`), a lease (`Lease`, and `new_lease` to make one without a Python call), a message
+read back from the journal (`StoredMessage`), and the clock and expiration arithmetic."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, NamedTuple
+
+from .subscriptions import Subscription
+
+__all__ = ["Lease", "QueueSub", "StoredMessage", "expiration_us", "new_lease", "now_us"]
+
+StoredMessage = tuple[int, int, int, int, bytes, bytes, bytes]
+"""(position, publisher id, seq, receive time, topic, body, header fragment) of a message read
+back from the journal."""
+
+
+class QueueSub:
+    __slots__ = ("backlog", "head", "outstanding", "sub")
+
+    def __init__(self, sub: Subscription, backlog: int) -> None:
+        self.sub = sub
+        self.backlog = backlog
+        self.outstanding = 0
+        self.head: tuple[bytes | None, bytes] = (None, b"")  # (sub.prefix, prefix + topic member)
+
+
+class Lease(NamedTuple):
+    """One leased message: who holds it, and what its end and a return need.
+
+    A NamedTuple rather than a slotted class: a run of deliveries makes its leases in C
+    (`new_leases`), and reading a field is a C getter either way."""
+
+    holder: QueueSub
+    gen: int  # names the lease-heap entry that ends it (an extension makes a new one)
+    bm: str  # its bookmark, the key of QueueState.by_bm
+    # [deliveries, cancels], or None for a first delivery never cancelled ([1, 0]); it goes
+    # back to QueueState.counts if the message returns
+    counts: list[int] | None
+
+    def delivery_counts(self) -> list[int]:
+        c = self.counts
+        return [1, 0] if c is None else c
+
+
+# Leases from iterables of their fields, without a Python call each (a run of deliveries):
+# tuple.__new__ makes the NamedTuple straight from the fields, in order.
+new_lease: Callable[[Iterable[Any]], Lease] = partial(tuple.__new__, Lease)
+
+
+def now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+# The longest expiration a queue counts with, in seconds: what a journal record can hold (u32,
+# journal/record.py). Publishes are refused above 10 years (protocol/headers.py); this bound
+# keeps an `e` from elsewhere (an older peer, a hand-made record) from overflowing a deadline.
+MAX_EXPIRATION_S = 0xFFFFFFFF
+
+
+def expiration_us(exp: float) -> int:
+    """`e` seconds as microseconds, within 0..MAX_EXPIRATION_S (NaN and above: the bound)."""
+    if exp <= 0:
+        return 0
+    if not exp < MAX_EXPIRATION_S:  # NaN too
+        exp = MAX_EXPIRATION_S
+    return int(exp * 1_000_000)
