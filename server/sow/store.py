@@ -46,6 +46,7 @@ import os
 import struct
 import time
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import lmdb
@@ -158,6 +159,29 @@ class Reader:
             if not bytes(key).startswith(prefix):
                 return
             yield bytes(key[n:]).decode("utf-8"), decode_value(value)
+
+    def chunks(self, topic: str, size: int) -> Iterator[list[tuple[bytes, bytes]]]:
+        """The records of `topic` in key order, as lists of at most `size` (record key, value)
+        pairs read in C (server/sow/answer.py makes their frames); keys are whole record keys
+        (`record_key`)."""
+        prefix = topic.encode("utf-8") + b"\x00"
+        cur = self._txn.cursor(db=self._db)
+        if not cur.set_range(prefix):
+            return
+        # buffers=False (`reader`): the pairs are bytes
+        it: Iterator[tuple[bytes, bytes]] = cur.iternext(keys=True, values=True)  # type: ignore[assignment]
+        while True:
+            items = list(islice(it, size))
+            if not items:
+                return
+            if not items[-1][0].startswith(prefix):  # the topic ends in this chunk
+                n = 0
+                while n < len(items) and items[n][0].startswith(prefix):
+                    n += 1
+                if n:
+                    yield items[:n]
+                return
+            yield items
 
     def close(self) -> None:
         if self._txn is not None:

@@ -1,0 +1,146 @@
+"""A SOW answer's frames made from store values in bulk (server/sow/answer.py): golden frames, the
+C version byte-equal to the Python reference, the chunked store read, and the filter over values
+in C giving the Python evaluator's answers."""
+
+import random
+
+import pytest
+
+from protocol.filters import compile_filter
+from protocol.framing import FrameDecoder
+from server import frames
+from server.matching import body_matches
+from server.sow import answer
+from server.sow.answer import matching, sow_frames_py, value_body
+from server.sow.keys import k_fragment
+from server.sow.store import SowStore, encode_value, record_key
+
+IMPLS = [pytest.param(sow_frames_py, id="python")]
+if answer.ACCELERATED:
+    IMPLS.append(pytest.param(answer.sow_frames, id="c"))
+
+HEAD = b'{"c":"sow","t":"px"'
+
+
+def items(*rows):
+    return [(record_key(t, k), encode_value(*v)) for t, k, v in rows]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_sow_frames_golden(impl):
+    """One frame per record, as frames.sow_record makes it; stops at the next topic."""
+    got = items(
+        ("px", "a", (5, 7, 1, 1000, k_fragment("a"), b'{"a":1}')),
+        ("px", "b", (6, 2**64 - 1, 10**15, 1001, b',"x":"c"' + k_fragment("b"), b"")),
+        ("py", "a", (7, 7, 3, 1002, k_fragment("a"), b'{"n":1}')),
+    )
+    data, taken = impl(got, b"px\x00", HEAD, b',"query_id":"q1"', False)
+    assert taken == 2
+    assert data == (
+        b'\x00\x00\x00\x3f{"c":"sow","t":"px","bm":"7|1|","k":"a","query_id":"q1"}{"a":1}'
+        + frames.sow_record(
+            b',"t":"px"',
+            2**64 - 1,
+            10**15,
+            b',"x":"c","k":"b"',
+            b',"query_id":"q1"',
+            b"",
+        )
+    )
+    decoded = FrameDecoder().feed(data)
+    assert [(h.c, h.t, h.bm, h.k, h.query_id, b) for h, b in decoded] == [
+        ("sow", "px", "7|1|", "a", "q1", b'{"a":1}'),
+        ("sow", "px", f"{2**64 - 1}|{10**15}|", "b", "q1", b""),
+    ]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_sow_frames_no_sowkey_cuts_the_key_member(impl):
+    got = items(("px", "a", (5, 7, 1, 1000, b',"x":"c"' + k_fragment("a"), b"{}")))
+    data, taken = impl(got, b"px\x00", HEAD, b"", True)
+    assert taken == 1
+    assert data == frames.sow_record(b',"t":"px"', 7, 1, b',"x":"c"', b"", b"{}")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_sow_frames_refuses_a_value_too_short_for_its_fields(impl):
+    good = encode_value(5, 7, 1, 1000, k_fragment("a"), b"{}")
+    for bad in (good[:20], good[:33], good[:36]):
+        with pytest.raises(ValueError, match="too short"):
+            impl([(b"px\x00a", good), (b"px\x00b", bad)], b"px\x00", HEAD, b"", False)
+
+
+def test_sow_frames_c_equals_python_on_random_records():
+    if not answer.ACCELERATED:
+        pytest.skip("the C accelerator is not built here")
+    rnd = random.Random(25)
+    for _ in range(200):
+        rows = []
+        for i in range(rnd.randrange(0, 40)):
+            topic = rnd.choice(["px", "px", "px", "pz"])
+            k = f"k{i:03d}"
+            frag = rnd.choice([b"", b',"x":"c-1"', b',"e":5']) + k_fragment(k)
+            body = bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 60)))
+            v = (rnd.randrange(2**64), rnd.randrange(2**64), rnd.randrange(2**64), 1, frag, body)
+            rows.append((topic, k, v))
+        rows.sort(key=lambda r: (r[0], r[1]))
+        got = items(*rows)
+        extra = rnd.choice([b"", b',"sub_id":"s"'])
+        no_key = rnd.random() < 0.3
+        assert answer.sow_frames(got, b"px\x00", HEAD, extra, no_key) == sow_frames_py(
+            got, b"px\x00", HEAD, extra, no_key
+        )
+
+
+def test_reader_chunks_read_one_topic_in_key_order(tmp_path):
+    store = SowStore(str(tmp_path / "sow"))
+    try:
+        with store.write() as txn:
+            for t in ("pa", "px", "py"):
+                for i in range(10):
+                    store.put(txn, t, f"{i:02d}", encode_value(i, 1, i, 0, k_fragment("x"), b"{}"))
+        reader = store.reader(0)
+        try:
+            for size in (1, 3, 10, 11, 100):
+                chunks = list(reader.chunks("px", size))
+                assert all(0 < len(c) <= size for c in chunks)
+                assert [k for c in chunks for k, _v in c] == [
+                    record_key("px", f"{i:02d}") for i in range(10)
+                ]
+            assert list(reader.chunks("pq", 4)) == []
+            assert list(reader.chunks("pz", 4)) == []
+        finally:
+            reader.close()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "/n > 3",
+        "/n = 2 OR /s = 'b'",
+        "/s LIKE 'a' AND /n <= 7",
+        "/m IS NULL",
+        "/s IN ('a', 'c')",
+        "NOT (/n > 3)",
+    ],
+)
+def test_matching_gives_the_evaluators_answers(text):
+    """The filter over a chunk of values (C, bodies it cannot decide by the Python evaluator)
+    keeps exactly the items body_matches keeps, in order."""
+    rnd = random.Random(text)
+    bodies = [
+        b'{"n":%d,"s":"%s"}' % (rnd.randrange(10), rnd.choice([b"a", b"b", b"ca"]))
+        for _ in range(150)
+    ]
+    bodies += [b'{"n":"5","s":"\\u0061"}', b"not json", b'{"n":[4]}', b'{"m":null}', b"{}"]
+    rnd.shuffle(bodies)
+    got = [(b"px\x00%03d" % i, encode_value(i, 1, i, 0, k_fragment("x"), b)) for i, b in
+           enumerate(bodies)]  # fmt: skip
+    f = compile_filter(text)
+    want = [it for it in got if body_matches(f, value_body(it[1]))]
+    assert matching(got, f) == want
+    assert matching(got, lambda doc: isinstance(doc, dict) and doc.get("n") == 3) == [
+        it for it in got if b'"n":3,' in it[1]
+    ]
