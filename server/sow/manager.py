@@ -176,9 +176,9 @@ class SowManager:
         return [t for t, n in self.counts.items() if n > 0]
 
     def flush(self) -> None:
-        """Write the held puts (before a read of the store, and at close)."""
+        """Write the held puts and wait for the writer thread (before a read of the store)."""
         if self.held is not None:
-            self.held.flush()
+            self.held.sync()
 
     def _holdable(self, topic: str) -> bool:
         """Puts to `topic` may be held: no <Expiration>, no out-of-focus notices watching."""
@@ -306,6 +306,7 @@ class SowManager:
         due: dict[str, list[str]] = {}
         store = self.store
         assert store is not None
+        self.flush()  # an update of a due record may be held: it is no longer due
         reader = store.reader(0)
         try:
             while heap and heap[0][0] <= now:
@@ -485,7 +486,7 @@ class SowManager:
                 for m in puts:
                     updates[m[0]] = updates.get(m[0], 0) + 1
             return
-        held.flush()
+        held.sync()  # the writer's flushes first: the store is written in journal order
         store = self.store
         assert store is not None
         work: list[tuple[int, Any]] = [(m[5], m) for m in puts]
@@ -586,8 +587,8 @@ class SowManager:
 
     def close(self) -> None:
         if self.store is not None:
-            if self.commits is not None:
-                self.flush()  # a restart then reads no journal for them
+            if self.held is not None:
+                self.held.close()  # written: a restart then reads no journal for them
             self.store.close()
             self.store = None
             self.held = None

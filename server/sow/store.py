@@ -291,12 +291,14 @@ class SowStore:
         return old is not None
 
     def put_many(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]]) -> int:
-        """Store (record key, value) rows, best in key order; how many were new records."""
+        """Store (record key, value) rows, best in key order; how many were new records (the
+        growth of the entry count: putmulti's own count includes the rows it replaced)."""
+        before = txn.stat(self._rec)["entries"]
         try:
-            _consumed, added = txn.cursor(db=self._rec).putmulti(rows)
+            txn.cursor(db=self._rec).putmulti(rows)
         except lmdb.MapFullError:
             raise StoreFull(self.map_size) from None
-        return int(added)
+        return int(txn.stat(self._rec)["entries"] - before)
 
     def replace(self, txn: lmdb.Transaction, topic: str, k: str, value: bytes) -> bytes | None:
         """Store a record; the value it replaced, or None."""
