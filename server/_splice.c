@@ -372,6 +372,145 @@ done:
     return result;
 }
 
+/* fold_block(buf, base, end, targets, learn) -> (stop_offset, at_end, stopped): a historical
+   SOW query's fold (server/sow/history.py) over the whole journal records at the start of `buf`
+   (the journal from position `base`), up to the first record at or past `end`. targets maps a
+   topic (bytes) to (record key prefix, overlay dict) or None (not a SOW topic); a topic not in
+   it yet is asked of learn(topic) and the answer kept there. Every message on a target topic
+   whose header
+   fragment is exactly `,"k":"<key>"` (a key without `"` or `\`) is put into its dict as
+   record key -> store value (server/sow/store.py: u64 BE position, publisher, sequence, time,
+   u16 BE H, fragment, body), the newest winning; messages of other topics and records of other
+   kinds are passed. It stops (stopped true, stop_offset at that record) at a SOW delete record
+   (kind 3) and at a message on a target topic it cannot take (another fragment, or none): the
+   caller folds that one record itself and calls again after it. at_end: it stopped at `end`;
+   otherwise, stop_offset is where the whole records in buf end. */
+static PyObject *
+fold_block(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    long long base, end;
+    PyObject *targets, *learn;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LLO!O", &buf, &base, &end, &PyDict_Type, &targets, &learn))
+        return NULL;
+    const unsigned char *in = (const unsigned char *)buf.buf;
+    Py_ssize_t n = buf.len, off = 0;
+    int at_end = 0, stopped = 0, failed = 0;
+    PyObject *last_topic = NULL, *last_target = NULL; /* the previous message's lookup */
+    while (n - off >= RECORD_HEADER) {
+        const unsigned char *r = in + off;
+        RecordFields f;
+        int got = record_next(r, n - off, &f);
+        if (got == RECORD_SHORT)
+            break;
+        if (base + off >= end) {
+            at_end = 1;
+            break;
+        }
+        if (got == RECORD_BAD) {
+            PyErr_Format(PyExc_ValueError,
+                         "bad record at offset %zd: its fields run past its length", off);
+            failed = 1;
+            break;
+        }
+        if (f.kind == 3) { /* a SOW delete: the caller's */
+            stopped = 1;
+            break;
+        }
+        if (f.kind != KIND_MESSAGE) {
+            off += f.total;
+            continue;
+        }
+        const unsigned char *t = r + f.topic;
+        PyObject *target;
+        if (last_topic != NULL && PyBytes_GET_SIZE(last_topic) == f.tlen &&
+            memcmp(PyBytes_AS_STRING(last_topic), t, (size_t)f.tlen) == 0) {
+            target = last_target;
+        } else {
+            PyObject *tb = PyBytes_FromStringAndSize((const char *)t, f.tlen);
+            if (tb == NULL) {
+                failed = 1;
+                break;
+            }
+            target = PyDict_GetItemWithError(targets, tb);
+            if (target == NULL && !PyErr_Occurred()) {
+                PyObject *got = PyObject_CallOneArg(learn, tb);
+                if (got != NULL && PyDict_SetItem(targets, tb, got) < 0)
+                    Py_CLEAR(got);
+                Py_XDECREF(got); /* targets holds it */
+                target = got != NULL ? PyDict_GetItemWithError(targets, tb) : NULL;
+            }
+            if (PyErr_Occurred()) {
+                Py_DECREF(tb);
+                failed = 1;
+                break;
+            }
+            if (target == Py_None)
+                target = NULL;
+            Py_XSETREF(last_topic, tb);
+            last_target = target; /* borrowed from targets, which the caller keeps */
+        }
+        if (target == NULL) {
+            off += f.total;
+            continue;
+        }
+        if (!PyTuple_Check(target) || PyTuple_GET_SIZE(target) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(target, 0)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(target, 1))) {
+            PyErr_SetString(PyExc_TypeError, "fold_block: targets must map to (bytes, dict)");
+            failed = 1;
+            break;
+        }
+        const unsigned char *h = r + f.hdr;
+        Py_ssize_t hl = f.hlen;
+        int plain = hl >= 8 && hl <= 0xFFFF && memcmp(h, ",\"k\":\"", 6) == 0 && h[hl - 1] == '"';
+        for (Py_ssize_t j = 6; plain && j < hl - 1; j++)
+            if (h[j] == '"' || h[j] == '\\')
+                plain = 0;
+        if (!plain) {
+            stopped = 1;
+            break;
+        }
+        PyObject *prefix = PyTuple_GET_ITEM(target, 0);
+        Py_ssize_t pl = PyBytes_GET_SIZE(prefix), kl = hl - 7;
+        const unsigned char *body = t + f.tlen;
+        Py_ssize_t bl = f.total - (f.topic + f.tlen);
+        PyObject *key = PyBytes_FromStringAndSize(NULL, pl + kl);
+        PyObject *value = PyBytes_FromStringAndSize(NULL, 34 + hl + bl);
+        if (key == NULL || value == NULL) {
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            failed = 1;
+            break;
+        }
+        memcpy(PyBytes_AS_STRING(key), PyBytes_AS_STRING(prefix), (size_t)pl);
+        memcpy(PyBytes_AS_STRING(key) + pl, h + 6, (size_t)kl);
+        unsigned char *v = (unsigned char *)PyBytes_AS_STRING(value);
+        uint64_t fields[4] = {(uint64_t)(base + off), f.pub, f.seq, f.ts};
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 8; j++)
+                v[8 * i + j] = (unsigned char)(fields[i] >> (56 - 8 * j));
+        v[32] = (unsigned char)(hl >> 8);
+        v[33] = (unsigned char)hl;
+        memcpy(v + 34, h, (size_t)hl);
+        memcpy(v + 34 + hl, body, (size_t)bl);
+        int rc = PyDict_SetItem(PyTuple_GET_ITEM(target, 1), key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (rc < 0) {
+            failed = 1;
+            break;
+        }
+        off += f.total;
+    }
+    Py_XDECREF(last_topic);
+    PyBuffer_Release(&buf);
+    if (failed)
+        return NULL;
+    return Py_BuildValue("(nOO)", off, at_end ? Py_True : Py_False, stopped ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {
     {"splice_frames", splice_frames, METH_VARARGS,
      "splice_frames(buf, base, start, end, topic, head) -> (frames, sent, stop_offset, "
@@ -382,6 +521,9 @@ static PyMethodDef methods[] = {
     {"sow_frames", sow_frames, METH_VARARGS,
      "sow_frames(items, prefix, head, extra, no_sowkey) -> (frames, taken): a SOW answer's "
      "frames; see server/sow/answer.py"},
+    {"fold_block", fold_block, METH_VARARGS,
+     "fold_block(buf, base, end, targets, learn) -> (stop_offset, at_end, stopped): a historical SOW "
+     "fold over journal bytes; see server/sow/history.py"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -215,7 +215,7 @@ class SowQuery:
             plan.keys is None
             and not plan.timestamp
             and plan.send_keys is None
-            and isinstance(self.reader, Reader)
+            and isinstance(self.reader, (Reader, HistoricalReader))
         ):
             await self._stream_chunks()
             return
@@ -232,13 +232,13 @@ class SowQuery:
                 return
 
     async def _stream_chunks(self) -> None:
-        """`_stream` for the store's records with no per-record extra (no `sow_keys`, no
+        """`_stream` for the store's records (current or historical) with no per-record extra (no `sow_keys`, no
         timestamp, no send_keys): CHUNK records read at once, filtered, and made into frames
         in one call (server/sow/answer.py)."""
         plan, out = self.plan, self.out
         top, skip = plan.top_n, plan.skip_n
         reader = self.reader
-        assert isinstance(reader, Reader)
+        assert isinstance(reader, (Reader, HistoricalReader))
         for topic in plan.topics:
             f = plan.filters.get(topic)
             if isinstance(f, TopicFilter):

@@ -144,3 +144,71 @@ def test_matching_gives_the_evaluators_answers(text):
     assert matching(got, lambda doc: isinstance(doc, dict) and doc.get("n") == 3) == [
         it for it in got if b'"n":3,' in it[1]
     ]
+
+
+def test_historical_fold_in_c_equals_the_tuple_fold(tmp_path):
+    """A historical query's fold over stored journal bytes (fold_block in server/_splice.c,
+    the records it cannot take folded one by one) leaves the overlay the tuple fold (the
+    reference) leaves, at every end point: other topics and kinds passed, keys made from the
+    body where a record has none, own expirations, replicated records, deletes by keys and by
+    filter, several blocks."""
+    from journal.journal import Journal
+    from journal.record import KIND_QUEUE_EVENT
+    from server.sow import history
+    from server.sow.keys import KeyMaker
+    from server.sow.records import BY_FILTER, BY_KEYS, encode_delete
+    from tests.support.journal_data import submit
+
+    if history.fold_block is None:
+        pytest.skip("the C accelerator is not built here")
+    makers = {"px": KeyMaker(("/id",)), "py": KeyMaker(("/id",))}
+    rnd = random.Random(7)
+    j = Journal(str(tmp_path / "journal"), durability="write")
+    try:
+        seq = 0
+        for _batch in range(30):
+            recs = []
+            for _ in range(40):
+                seq += 1
+                topic = rnd.choice(["px", "px", "py", "plain"])
+                i = rnd.randrange(25)
+                body = b'{"id":%d,"v":%d}' % (i, seq)
+                kind = rnd.random()
+                if kind < 0.05:
+                    form = rnd.choice([BY_KEYS, BY_FILTER])
+                    payload = (
+                        makers["px"].key(b'{"id":%d}' % i, None) if form == BY_KEYS else "/v > 500"
+                    )
+                    recs.append(dict(kind=3, pub=0, seq=0, ts=seq, topic="px",
+                                     body=encode_delete(form, payload)))  # fmt: skip
+                    continue
+                if kind < 0.08:
+                    recs.append(dict(kind=KIND_QUEUE_EVENT, pub=0, seq=0, ts=seq, topic="px",
+                                     body=b"\x00" * 9))  # fmt: skip
+                    continue
+                hdr = b""
+                if topic != "plain" and kind > 0.15:  # the rest: recorded without a k
+                    hdr = k_fragment(makers[topic].key(body, None))
+                    if kind > 0.9:
+                        hdr = b',"x":"c1"' + hdr  # a fragment other than the plain k
+                exp = 30 if rnd.random() < 0.1 else None
+                recs.append(dict(pub=5, seq=seq, ts=seq, topic=topic, body=body, hdr=hdr, exp=exp))
+            submit(j, recs)
+        starts = [r[0] for recs in j.raw_batches() for r in recs]  # record boundaries
+        for stop in sorted({starts[0], j.end_position, *rnd.sample(starts, 8)}):
+            got = []
+            for run in ("run", "run_py"):
+                overlay: dict = {}
+                fold = history._Fold(overlay, lambda t: t in makers, makers.get)
+                fold.base = None
+                if run == "run":
+                    history.FOLD_BLOCK = 777  # several blocks, records cut at their ends
+                    fold.run(j, j.start_position, stop, None)
+                else:
+                    fold.run_py(j, j.start_position, stop)
+                got.append(overlay)
+            assert got[0] == got[1], stop
+            assert stop <= j.start_position or got[0]
+    finally:
+        history.FOLD_BLOCK = 1 << 20
+        j.close()
