@@ -21,7 +21,7 @@ import os
 import shutil
 import threading
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -76,8 +76,11 @@ class HistoricalReader:
 
     def _mine(self, topic: str) -> list[tuple[bytes, bytes | None]]:
         """The overlay's rows of `topic`, in key order."""
+        rows = sorted(self.overlay.items())  # keys are unique: the values are never compared
         prefix = record_key(topic, "")
-        return sorted(kv for kv in self.overlay.items() if kv[0].startswith(prefix))
+        lo = bisect_left(rows, (prefix,))
+        hi = bisect_left(rows, (prefix[:-1] + b"\x01",), lo)
+        return rows if lo == 0 and hi == len(rows) else rows[lo:hi]
 
     def chunks(self, topic: str, size: int) -> Iterator[list[tuple[bytes, bytes]]]:
         """`Reader.chunks` of the state: each of the checkpoint's chunks merged with the
@@ -94,8 +97,10 @@ class HistoricalReader:
                 continue
             merged: dict[bytes, bytes | None] = dict(chunk)
             merged.update(mine[i:j])
+            # every key of the chunk folded since (all updated): the overlay's rows, in order
+            rows = mine[i:j] if len(merged) == j - i else sorted(merged.items())
             i = j
-            out = [kv for kv in sorted(merged.items()) if kv[1] is not None]
+            out = [kv for kv in rows if kv[1] is not None]
             if out:
                 yield out  # type: ignore[misc]
         rest = [kv for kv in mine[i:] if kv[1] is not None]

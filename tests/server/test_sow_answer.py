@@ -212,3 +212,51 @@ def test_historical_fold_in_c_equals_the_tuple_fold(tmp_path):
     finally:
         history.FOLD_BLOCK = 1 << 20
         j.close()
+
+
+def test_historical_chunks_merge_the_checkpoint_with_the_overlay(tmp_path):
+    """HistoricalReader.chunks: the checkpoint's records with the overlay's puts and deletes,
+    in key order, one topic, for overlays that touch none, some or all of a chunk's keys."""
+    from server.sow.history import HistoricalReader
+
+    rnd = random.Random(3)
+    store = SowStore(str(tmp_path / "sow"))
+    try:
+        base = {}
+        with store.write() as txn:
+            for t in ("pa", "px", "pz"):
+                for i in range(0, 120, 2):
+                    v = encode_value(i, 1, i, 0, k_fragment(f"{i:03d}"), b'{"b":%d}' % i)
+                    store.put(txn, t, f"{i:03d}", v)
+                    base[record_key(t, f"{i:03d}")] = v
+        for trial in range(30):
+            overlay = {}
+            for _ in range(rnd.choice([0, 5, 60, 200])):
+                t, i = rnd.choice(["pa", "px", "pz"]), rnd.randrange(130)
+                rk = record_key(t, f"{i:03d}")
+                overlay[rk] = None if rnd.random() < 0.2 else encode_value(
+                    1000 + i, 2, i, 0, k_fragment(f"{i:03d}"), b'{"o":%d}' % trial
+                )  # fmt: skip
+            want = dict(base)
+            want.update(overlay)
+            prefix = record_key("px", "")
+            want_px = sorted(kv for kv in want.items() if kv[0].startswith(prefix) and kv[1])
+            for with_base in (True, False):
+                reader = HistoricalReader(
+                    store.reader(0) if with_base else None, overlay, 0, lambda: None
+                )
+                try:
+                    size = rnd.choice([1, 7, 32, 500])
+                    got = [kv for c in reader.chunks("px", size) for kv in c]
+                    if with_base:
+                        assert got == want_px
+                    else:
+                        assert got == sorted(
+                            kv for kv in overlay.items() if kv[0].startswith(prefix) and kv[1]
+                        )
+                    keys = [(k, rec[0]) for k, rec in reader.keys("px")]
+                    assert [record_key("px", k) for k, _ in keys] == [kv[0] for kv in got]
+                finally:
+                    reader.close()
+    finally:
+        store.close()
