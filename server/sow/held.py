@@ -261,6 +261,7 @@ class HeldWrites:
             )
             return
         self.recount.clear()
+        store.trim()  # the pages this write touched leave the resident set (store.py)
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
 

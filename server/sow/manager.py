@@ -247,6 +247,7 @@ class SowManager:
         )
         began = time.monotonic()
         self.caught_up = self.held.catch_up(journal, position, end)
+        store.trim(force=True)  # the check at open and the catch-up read every page
         # records published with their own `e` may be in any SOW topic: the store says which
         self._load_expiry()
         self._expiring = self._expiring or bool(self._expiry)
