@@ -11,9 +11,11 @@ same LMDB transaction.
   notes the batch's SOW messages and deletes; when the batch is durable, `_committed` takes
   them. Plain puts (no delete in the batch, nobody watching the topic for out-of-focus
   notices or deltas, no `<Expiration>`) are *held* (`HeldWrites`, server/sow/held.py).
-  Anything else flushes first, then is applied in journal order in one write transaction that
-  also writes the batch's end position. Every read of the store (a query's snapshot, the
-  expiration tick, `topics`, close) flushes first; delta_publish's merge reads the held rows.
+  The held rows are written by HeldWrites' writer thread. Anything else waits for it and
+  writes what is held (`HeldWrites.sync`), then is applied in journal order in one write
+  transaction that also writes the batch's end position. Every read of the store (a query's
+  snapshot, the expiration tick, `topics`, close) syncs first; delta_publish's merge reads
+  the held rows and those being written.
   A batch with no SOW work writes nothing, except the position at most once a second (so a
   restart reads little journal). Nothing here runs for an instance without SOW topics.
 - **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
