@@ -3,7 +3,9 @@
 The cost does not grow with how far back the point is. The store is copied now and then into a
 **checkpoint** (`<JournalDirectory>/sow-checkpoints/<position>/`, an LMDB copy made from one
 read snapshot, so its own `position` says exactly what it holds): one when the journal has
-grown `CHECKPOINT_EVERY` bytes since the last. A historical query opens the newest checkpoint
+grown `CHECKPOINT_EVERY` bytes since the last, and at least the size of the store's record
+tree (so a copy never writes more than the journal grew, and a big store's fold after its
+checkpoint stays in proportion to its answers). A historical query opens the newest checkpoint
 at or before its point (an empty state at the journal's start when there is none), then folds
 the journal from the checkpoint's position to the point into an overlay in memory: at most one
 checkpoint interval of journal, whatever the point. The answer then reads the checkpoint
@@ -125,9 +127,17 @@ class HistoricalReader:
 class Checkpoints:
     """The store's checkpoints: made from the live store, read by historical queries."""
 
-    def __init__(self, directory: str, store_env: Callable[[], lmdb.Environment | None]) -> None:
+    def __init__(
+        self,
+        directory: str,
+        store_env: Callable[[], lmdb.Environment | None],
+        after_copy: Callable[[], object] | None = None,
+        store_bytes: Callable[[], int] | None = None,
+    ) -> None:
         self.directory = directory
         self._store_env = store_env
+        self._after_copy = after_copy  # the store's trim (the copy read every page)
+        self._store_bytes = store_bytes  # the size of the store's record tree
         os.makedirs(directory, exist_ok=True)
         self.last = max(self.positions(), default=-1)
         self._busy = False
@@ -136,11 +146,14 @@ class Checkpoints:
         return sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
 
     def maybe_make(self, position: int, window: float | None) -> None:
-        """Copy the store (in a thread) when the journal grew CHECKPOINT_EVERY since the last."""
-        if self._busy or position - max(self.last, 0) < CHECKPOINT_EVERY:
+        """Copy the store (in a thread) when the journal grew CHECKPOINT_EVERY since the last,
+        and at least the store's own size (`store_bytes`: a copy never writes more than the
+        journal grew, and the fold after a checkpoint stays in proportion to the answer)."""
+        grown = position - max(self.last, 0)
+        if self._busy or grown < CHECKPOINT_EVERY:
             return
         env = self._store_env()
-        if env is None:
+        if env is None or (self._store_bytes is not None and grown < self._store_bytes()):
             return
         self._busy = True
         self.last = position
@@ -151,6 +164,8 @@ class Checkpoints:
         try:
             os.makedirs(tmp)
             env.copy(tmp, compact=True)
+            if self._after_copy is not None:
+                self._after_copy()  # the copy read every page of the map
             with lmdb.open(tmp, readonly=True, max_dbs=4, lock=False) as copy:
                 meta = copy.open_db(b"meta")
                 with copy.begin() as txn:

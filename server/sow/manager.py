@@ -235,6 +235,8 @@ class SowManager:
         self.checkpoints = Checkpoints(
             os.path.join(journal.directory, "sow-checkpoints"),
             lambda: self.store.env if self.store is not None else None,
+            lambda: self.store.trim(force=True) if self.store is not None else None,
+            lambda: self.store.tree_bytes() if self.store is not None else 0,
         )
         self.held = HeldWrites(
             store,

@@ -40,8 +40,8 @@ every page a put or a query touched stays in the process's resident set (file pa
 cache, reclaimable, but counted in its RSS), and the RSS of a store of 10M records would be the
 store's size. `trim` drops the map's pages from the resident set (madvise MADV_DONTNEED on the
 mapping found in /proc/self/maps: for a shared file mapping the data stay in the page cache and
-the next access maps them again, a minor fault); the writes call it at most every TRIM_SECONDS
-once the data file is past TRIM_ABOVE, so the RSS stays near what one flush or query touches.
+the next access maps them again, a minor fault); the writes and the close of a read snapshot (a query's end)
+call it at most every TRIM_SECONDS once the data file is past TRIM_ABOVE, so the RSS stays near what one flush or query touches.
 Linux only; elsewhere it does nothing.
 
 At open, a data file LMDB cannot read, a failed full read, or an unknown format moves the store
@@ -56,7 +56,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -166,10 +166,17 @@ store_rows = _c.store_rows if _c is not None else store_rows_py
 class Reader:
     """One read snapshot of the store; close it when done (it pins LMDB pages)."""
 
-    def __init__(self, txn: lmdb.Transaction, db: lmdb._Database, position: int) -> None:
+    def __init__(
+        self,
+        txn: lmdb.Transaction,
+        db: lmdb._Database,
+        position: int,
+        on_close: Callable[[], object] | None = None,
+    ) -> None:
         self._txn = txn
         self._db = db
         self.position = position
+        self._on_close = on_close  # the store's `trim`: a query's pages leave the resident set
 
     def get(self, topic: str, k: str) -> Stored | None:
         v = self._txn.get(record_key(topic, k), db=self._db)
@@ -216,8 +223,10 @@ class Reader:
             try:
                 self._txn.abort()
             except lmdb.Error:  # the store closed first (shutdown): nothing left to release
-                pass
+                self._on_close = None
             self._txn = None  # type: ignore[assignment]
+            if self._on_close is not None:
+                self._on_close()
 
 
 class SowStore:
@@ -251,6 +260,15 @@ class SowStore:
             with self.env.begin(write=True) as txn:
                 txn.put(b"format", FORMAT, db=self._meta)
 
+    def tree_bytes(self) -> int:
+        """The bytes of the record tree's pages in use (about a compact copy's size)."""
+        try:
+            with self.env.begin() as txn:
+                st = txn.stat(self._rec)
+        except lmdb.Error:  # closed (shutdown)
+            return 0
+        return int((st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"])
+
     def trim(self, force: bool = False) -> bool:
         """Drop the map's pages from the resident set (module docstring): at most every
         TRIM_SECONDS and only past TRIM_ABOVE bytes of data, unless `force`. True when done."""
@@ -258,8 +276,10 @@ class SowStore:
         if not force and now - self._trimmed < TRIM_SECONDS:
             return False
         self._trimmed = now
-        info = self.env.info()
-        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        try:
+            used = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        except lmdb.Error:  # closed (shutdown)
+            return False
         if (not force and used < TRIM_ABOVE) or _madvise is None:
             return False
         span = self._map_span()
@@ -344,7 +364,7 @@ class SowStore:
         return None if v is None else _Q.unpack(v)[0]
 
     def reader(self, position: int) -> Reader:
-        return Reader(self.env.begin(buffers=False), self._rec, position)
+        return Reader(self.env.begin(buffers=False), self._rec, position, self.trim)
 
     def write(self) -> lmdb.Transaction:
         """A write transaction for `put` / `delete` / `set_position` (use it in `with`)."""
