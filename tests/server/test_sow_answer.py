@@ -260,3 +260,78 @@ def test_historical_chunks_merge_the_checkpoint_with_the_overlay(tmp_path):
                     reader.close()
     finally:
         store.close()
+
+
+class _Wire:
+    """A transport that keeps what is written (the Outbox's side of a socket)."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    def write(self, data):
+        self.data += data
+
+    def is_closing(self):
+        return False
+
+    def get_write_buffer_size(self):
+        return 0
+
+    def close(self):
+        pass
+
+    def abort(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("skip", "top", "text"),
+    [(0, None, None), (300, None, None), (250, 20, None), (0, 256, None), (5, 0, None),
+     (10, 40, "/n < 300"), (0, None, "/n >= 690")],
+)  # fmt: skip
+def test_chunked_answer_pages_across_chunks_as_the_record_path_did(tmp_path, skip, top, text):
+    """skip_n, top_n and a filter over several chunks (CHUNK records each): the records past
+    `skip` matches, at most `top`, in key order, and the stats counts of the record path."""
+    import asyncio
+
+    from server.outbox import Outbox
+    from server.sow.query import CHUNK, QueryPlan, SowQuery
+
+    store = SowStore(str(tmp_path / "sow"))
+    try:
+        n = 2 * CHUNK + 188
+        with store.write() as txn:
+            for i in range(n):
+                body = b'{"n":%d}' % i
+                store.put(
+                    txn,
+                    "px",
+                    f"{i:04d}",
+                    encode_value(i, 1, i + 1, 0, k_fragment(f"{i:04d}"), body),
+                )
+        f = compile_filter(text) if text else None
+        plan = QueryPlan(
+            topics=["px"], filters={"px": f}, top_n=top, skip_n=skip, acks=frozenset({"stats"})
+        )
+        wire = _Wire()
+        out = Outbox(1 << 30, lambda reason: None)
+        out.attach(wire)
+        finished = []
+
+        async def run():
+            q = SowQuery(out, store.reader(0), (1, n), plan, lambda q, done: finished.append(q))
+            q.start()
+            await q.task
+
+        asyncio.run(run())
+        (q,) = finished
+        frames = FrameDecoder().feed(bytes(wire.data))
+        got = [int(h.bm.split("|")[1]) - 1 for h, _b in frames if h.c == "sow"]
+        matching = [i for i in range(n) if text is None or body_matches(f, b'{"n":%d}' % i)]
+        want = matching[skip:] if top is None else matching[skip : skip + top]
+        assert got == want
+        assert (q.matches, q.returned) == (len(matching), len(want))
+        stats = [h for h, _b in frames if h.c == "ack" and h.a == "stats"]
+        assert stats and stats[0].records_returned == len(want)
+    finally:
+        store.close()
