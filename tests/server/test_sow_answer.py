@@ -197,17 +197,23 @@ def test_historical_fold_in_c_equals_the_tuple_fold(tmp_path):
         starts = [r[0] for recs in j.raw_batches() for r in recs]  # record boundaries
         for stop in sorted({starts[0], j.end_position, *rnd.sample(starts, 8)}):
             got = []
-            for run in ("run", "run_py"):
+            for run in ("run", "run_py", "compacted"):
                 overlay: dict = {}
                 fold = history._Fold(overlay, lambda t: t in makers, makers.get)
                 fold.base = None
-                if run == "run":
-                    history.FOLD_BLOCK = 777  # several blocks, records cut at their ends
-                    fold.run(j, j.start_position, stop, None)
-                else:
+                if run == "run_py":
                     fold.run_py(j, j.start_position, stop)
+                else:
+                    history.FOLD_BLOCK = 777  # several blocks, records cut at their ends
+                    if run == "compacted":  # no stored bytes (a compacted segment's reads)
+                        read_block, j.read_block = j.read_block, lambda *a: None
+                    try:
+                        fold.run(j, j.start_position, stop, None)
+                    finally:
+                        if run == "compacted":
+                            j.read_block = read_block
                 got.append(overlay)
-            assert got[0] == got[1], stop
+            assert got[0] == got[1] == got[2], stop
             assert stop <= j.start_position or got[0]
     finally:
         history.FOLD_BLOCK = 1 << 20
