@@ -10,7 +10,8 @@ Per repetition, fresh servers, one after the other:
                   count/keys times (the body carries `"key":N`, N = seq mod keys); published in
                   `--parts` runs, the time between two runs noted for the historical queries
   query all       `sow` of the whole topic (`--keys` records), from the command to `completed`:
-                  records/s and server CPU µs per record
+                  records/s and server CPU µs per record; read raw (as the peers are), and
+                  again with the client library (`Client.sow`: a Message per record)
   query filtered  `sow` with `/key < keys/10` (a tenth of the records): the same figures, and the
                   CPU ratio to the unfiltered query
   historical      `sow` with `bm` = each time between two runs (the state then: every key):
@@ -147,6 +148,29 @@ def query(peer, timeout: float, **fields) -> dict:
     raise RuntimeError(f"query did not complete in {timeout}s")
 
 
+def query_client(peer, timeout: float) -> dict:
+    """`Client.sow` of the whole topic (the client library, client/client_sow.py): records,
+    seconds from the call to its return (every record a Message), server CPU seconds."""
+    import asyncio
+
+    import client
+
+    async def go() -> dict:
+        c = client.Client(f"bench-q{time.monotonic_ns()}", server=f"{peer.host}:{peer.port}")
+        await c.connect()
+        await c.logon()
+        try:
+            cpu0 = peer.cpu_seconds()
+            t0 = time.perf_counter()
+            records = await c.sow(SOW_TOPIC, timeout=timeout)
+            secs = time.perf_counter() - t0
+            return {"records": len(records), "s": secs, "cpu": peer.cpu_seconds() - cpu0}
+        finally:
+            await c.close()
+
+    return asyncio.run(go())
+
+
 def latest_bodies(n: int, keys: int, size: int) -> list[tuple[int, int, bytes]]:
     """(key, seq, body) of each key's latest message after publishes 1..n (keyed_frames)."""
     out = []
@@ -201,6 +225,10 @@ def one_rep(args, r: int) -> dict:
             raise RuntimeError(f"query all: {q['records']} records, expected {keys}")
         out["q_rate"], out["q_cpu_us"] = q["records"] / q["s"], q["cpu"] / q["records"] * 1e6
         out["q_s"] = q["s"]
+        c = query_client(sow, args.timeout)
+        if c["records"] != keys:
+            raise RuntimeError(f"query all (client library): {c['records']} records")
+        out["qc_s"] = c["s"]
         f = query(sow, args.timeout, f=f"/key < {keys // 10}")
         if f["records"] != keys // 10:
             raise RuntimeError(f"filtered: {f['records']} records, expected {keys // 10}")
@@ -236,6 +264,7 @@ def one_rep(args, r: int) -> dict:
         js = jetstream_kv(args, bodies)
         out["js_s"], out["js_cpu_us"] = js["s"], js["cpu"] / js["records"] * 1e6
         out["q_vs_js"] = js["s"] / out["q_s"]
+        out["qc_vs_js"] = js["s"] / out["qc_s"]
     if peers.available("redis-everysec")[0]:
         rd = redis_hashes(args, bodies)
         out["redis_s"], out["redis_cpu_us"] = rd["s"], rd["cpu"] / rd["records"] * 1e6
@@ -353,6 +382,8 @@ def main() -> None:
         f"| query all {keys:,} records, s | {cell('q_s', '{:.2f}')} |",
         f"| query all, records/s | {cell('q_rate', '{:,.0f}')} |",
         f"| query all, server CPU µs/record | {cell('q_cpu_us', '{:.1f}')} |",
+        f"| query all with the client library (`Client.sow`, a Message each), s | "
+        f"{cell('qc_s', '{:.2f}')} |",
         f"| query `/key < {keys // 10}` ({keys // 10:,} records), s | {cell('qf_s', '{:.2f}')} |",
         f"| filtered ÷ unfiltered server CPU | {cell('qf_cpu_ratio', '{:.2f}')} |",
     ]
@@ -375,6 +406,8 @@ def main() -> None:
         f"{cell('js_s', '{:.2f}')} |",
         f"| JetStream KV, server CPU µs/record | {cell('js_cpu_us', '{:.1f}')} |",
         f"| query all speed ÷ JetStream KV (time ratio) | {cell('q_vs_js', '{:.2f}')} |",
+        f"| query all with the client library ÷ JetStream KV (time ratio) | "
+        f"{cell('qc_vs_js', '{:.2f}')} |",
         f"| Redis: HGETALL of {keys:,} hashes, pipelined 1,000, s | {cell('redis_s', '{:.2f}')} |",
         f"| Redis, server CPU µs/record | {cell('redis_cpu_us', '{:.1f}')} |",
         f"| query all speed ÷ Redis (time ratio) | {cell('q_vs_redis', '{:.2f}')} |",
@@ -400,7 +433,9 @@ def main() -> None:
         "message per subject) read by an ephemeral push consumer with deliver_policy "
         "last_per_subject, from its creation to the last value; Redis = hashes h:<key> "
         "(seq, key, pad), HGETALL pipelined 1,000 at a time; all three read by the same Python "
-        "client process, one connection",
+        "client process, one connection, each with a raw reader of its protocol (no nats-py or "
+        "redis-py here, so none of the three goes through a client library); the query with "
+        "Tickertape's client library (client/, `Client.sow`) is beside, for what a user gets",
         "time ratios > 1: Tickertape faster",
         "the machine is shared with other jobs: figures are indicative",
     ]

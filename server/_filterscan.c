@@ -679,10 +679,74 @@ done:
     return result;
 }
 
+/* scan_values(items, program) -> (matched, unsure): the filter over SOW store values, for a
+   query's answer (server/sow/query.py). items is a list of (record key, value) pairs
+   (server/sow/store.py's value layout: 32 bytes of u64s, u16 BE H, H bytes fragment, body);
+   matched and unsure are native u64 arrays (array('Q') bytes) of the indices, ascending, of the
+   items whose body the filter is TRUE for and of those this scanner cannot decide (the caller
+   evaluates those with the Python evaluator, as for scan). A value too short for its fields
+   raises ValueError. */
+static PyObject *scan_values(PyObject *self, PyObject *args) {
+    PyObject *items;
+    Py_buffer prog;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!y*", &PyList_Type, &items, &prog))
+        return NULL;
+    PyObject *result = NULL;
+    Positions hit = {0}, unsure = {0};
+    Program *pg = PyMem_Malloc(sizeof *pg);
+    if (pg == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!load_program(pg, prog.buf, prog.len)) {
+        PyErr_SetString(PyExc_ValueError, "malformed filter program");
+        goto done;
+    }
+    Val vals[MAX_FIELDS];
+    Py_ssize_t count = PyList_GET_SIZE(items);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *it = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(it, 1))) {
+            PyErr_SetString(PyExc_TypeError, "scan_values: items must be (bytes, bytes) pairs");
+            goto done;
+        }
+        PyObject *value = PyTuple_GET_ITEM(it, 1);
+        const unsigned char *v = (const unsigned char *)PyBytes_AS_STRING(value);
+        Py_ssize_t vlen = PyBytes_GET_SIZE(value);
+        Py_ssize_t at = vlen >= 34 ? 34 + (((Py_ssize_t)v[32] << 8) | v[33]) : vlen + 1;
+        if (at > vlen) {
+            PyErr_Format(PyExc_ValueError,
+                         "SOW store value of %zd bytes is too short for its fields", vlen);
+            goto done;
+        }
+        int x = scan_body(pg, v + at, v + vlen, vals) ? run(pg, vals) : T_UNSURE;
+        if ((x == T_TRUE && !push(&hit, (uint64_t)i)) ||
+            (x == T_UNSURE && !push(&unsure, (uint64_t)i))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    result = Py_BuildValue("(y#y#)", hit.p ? (const char *)hit.p : "",
+                           hit.n * (Py_ssize_t)sizeof(uint64_t),
+                           unsure.p ? (const char *)unsure.p : "",
+                           unsure.n * (Py_ssize_t)sizeof(uint64_t));
+done:
+    free(hit.p);
+    free(unsure.p);
+    PyMem_Free(pg);
+    PyBuffer_Release(&prog);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buf, base, start, end, topic, program) -> (matched, unsure, stop_offset, last_pub, "
      "last_seq, at_end); see server/filter_scan.py"},
+    {"scan_values", scan_values, METH_VARARGS,
+     "scan_values(items, program) -> (matched, unsure): indices of SOW store values; see "
+     "server/sow/answer.py"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,9 @@
  * the walk stopped at `end`. The pure-Python version is the reference: the tests hold both to
  * the same bytes. Why C: the replay loop otherwise costs a tuple, two slices and a %-format per
  * record, which is most of the server's CPU in a replay.
+ *
+ * sow_frames (below, with its own comment) makes a SOW query's `sow` frames from store values
+ * the same way; server/sow/answer.py is its reference.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -269,6 +272,245 @@ done:
     return result;
 }
 
+/* sow_frames(items, prefix, head, extra, no_sowkey) -> (frames, taken): the `sow` frames of a
+   SOW query's answer (docs/protocol.md §14; server/frames.py's sow_record) for `items`, a list
+   of (record key, value) pairs read from the store in key order (server/sow/store.py's value
+   layout: u64 BE position, publisher, sequence, time, u16 BE H, H bytes fragment, body):
+
+       u32 BE length | head | ,"bm":"<pub>|<seq>|" | fragment | extra | } | body
+
+   head is `{"c":"sow"` and the topic member; with no_sowkey the fragment is cut at its last
+   `,"k":` (the key is its last member). It stops at the first item whose key does not start
+   with `prefix` (the next topic's records): taken says how many items it made frames of. A
+   value too short for its fields raises ValueError. Why C: per record, the Python answer costs
+   a tuple, two slices, a %-format and a bytes join, most of a query's server CPU. */
+static PyObject *
+sow_frames(PyObject *self, PyObject *args)
+{
+    PyObject *items;
+    Py_buffer prefix, head, extra;
+    int no_sowkey;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!y*y*y*p", &PyList_Type, &items, &prefix, &head, &extra,
+                          &no_sowkey))
+        return NULL;
+    PyObject *out = NULL, *result = NULL;
+    Py_ssize_t count = PyList_GET_SIZE(items), taken = 0, size = 0;
+    Py_ssize_t per = 4 + head.len + extra.len + BM_MAX;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *it = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(it, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(it, 1))) {
+            PyErr_SetString(PyExc_TypeError, "sow_frames: items must be (bytes, bytes) pairs");
+            goto done;
+        }
+        size += per + PyBytes_GET_SIZE(PyTuple_GET_ITEM(it, 1));
+    }
+    out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL)
+        goto done;
+    char *o0 = PyBytes_AS_STRING(out), *o = o0;
+    PubText pt = {0};
+    for (; taken < count; taken++) {
+        PyObject *it = PyList_GET_ITEM(items, taken);
+        PyObject *key = PyTuple_GET_ITEM(it, 0), *value = PyTuple_GET_ITEM(it, 1);
+        if (PyBytes_GET_SIZE(key) < prefix.len ||
+            memcmp(PyBytes_AS_STRING(key), prefix.buf, (size_t)prefix.len) != 0)
+            break;
+        const unsigned char *v = (const unsigned char *)PyBytes_AS_STRING(value);
+        Py_ssize_t vlen = PyBytes_GET_SIZE(value);
+        if (vlen < 34 || 34 + (((Py_ssize_t)v[32] << 8) | v[33]) > vlen) {
+            PyErr_Format(PyExc_ValueError,
+                         "SOW store value of %zd bytes is too short for its fields", vlen);
+            goto done;
+        }
+        uint64_t pub = 0, seq = 0;
+        for (int j = 8; j < 16; j++)
+            pub = (pub << 8) | v[j];
+        for (int j = 16; j < 24; j++)
+            seq = (seq << 8) | v[j];
+        Py_ssize_t flen = ((Py_ssize_t)v[32] << 8) | v[33];
+        const unsigned char *frag = v + 34;
+        if (no_sowkey) {
+            for (Py_ssize_t j = flen - 5; j >= 0; j--)
+                if (memcmp(frag + j, ",\"k\":", 5) == 0) {
+                    flen = j;
+                    break;
+                }
+        }
+        char *lenp = o;
+        o += 4;
+        memcpy(o, head.buf, (size_t)head.len);
+        o += head.len;
+        memcpy(o, BM_OPEN, BM_OPEN_LEN);
+        o += BM_OPEN_LEN;
+        o += format_bm(o, &pt, pub, seq);
+        *o++ = '"';
+        memcpy(o, frag, (size_t)flen);
+        o += flen;
+        memcpy(o, extra.buf, (size_t)extra.len);
+        o += extra.len;
+        *o++ = '}';
+        Py_ssize_t at = 34 + (((Py_ssize_t)v[32] << 8) | v[33]);
+        memcpy(o, v + at, (size_t)(vlen - at));
+        o += vlen - at;
+        uint32_t total = (uint32_t)(o - lenp - 4);
+        lenp[0] = (char)(total >> 24);
+        lenp[1] = (char)(total >> 16);
+        lenp[2] = (char)(total >> 8);
+        lenp[3] = (char)total;
+    }
+    if (_PyBytes_Resize(&out, o - o0) < 0)
+        goto done;
+    result = Py_BuildValue("(Nn)", out, taken);
+    out = NULL;
+done:
+    Py_XDECREF(out);
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&extra);
+    return result;
+}
+
+/* fold_block(buf, base, end, targets, learn) -> (stop_offset, at_end, stopped): a historical
+   SOW query's fold (server/sow/history.py) over the whole journal records at the start of `buf`
+   (the journal from position `base`), up to the first record at or past `end`. targets maps a
+   topic (bytes) to (record key prefix, overlay dict) or None (not a SOW topic); a topic not in
+   it yet is asked of learn(topic) and the answer kept there. Every message on a target topic
+   whose header
+   fragment is exactly `,"k":"<key>"` (a key without `"` or `\`) is put into its dict as
+   record key -> store value (server/sow/store.py: u64 BE position, publisher, sequence, time,
+   u16 BE H, fragment, body), the newest winning; messages of other topics and records of other
+   kinds are passed. It stops (stopped true, stop_offset at that record) at a SOW delete record
+   (kind 3) and at a message on a target topic it cannot take (another fragment, or none): the
+   caller folds that one record itself and calls again after it. at_end: it stopped at `end`;
+   otherwise, stop_offset is where the whole records in buf end. */
+static PyObject *
+fold_block(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    long long base, end;
+    PyObject *targets, *learn;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LLO!O", &buf, &base, &end, &PyDict_Type, &targets, &learn))
+        return NULL;
+    const unsigned char *in = (const unsigned char *)buf.buf;
+    Py_ssize_t n = buf.len, off = 0;
+    int at_end = 0, stopped = 0, failed = 0;
+    PyObject *last_topic = NULL, *last_target = NULL; /* the previous message's lookup */
+    while (n - off >= RECORD_HEADER) {
+        const unsigned char *r = in + off;
+        RecordFields f;
+        int got = record_next(r, n - off, &f);
+        if (got == RECORD_SHORT)
+            break;
+        if (base + off >= end) {
+            at_end = 1;
+            break;
+        }
+        if (got == RECORD_BAD) {
+            PyErr_Format(PyExc_ValueError,
+                         "bad record at offset %zd: its fields run past its length", off);
+            failed = 1;
+            break;
+        }
+        if (f.kind == 3) { /* a SOW delete: the caller's */
+            stopped = 1;
+            break;
+        }
+        if (f.kind != KIND_MESSAGE) {
+            off += f.total;
+            continue;
+        }
+        const unsigned char *t = r + f.topic;
+        PyObject *target;
+        if (last_topic != NULL && PyBytes_GET_SIZE(last_topic) == f.tlen &&
+            memcmp(PyBytes_AS_STRING(last_topic), t, (size_t)f.tlen) == 0) {
+            target = last_target;
+        } else {
+            PyObject *tb = PyBytes_FromStringAndSize((const char *)t, f.tlen);
+            if (tb == NULL) {
+                failed = 1;
+                break;
+            }
+            target = PyDict_GetItemWithError(targets, tb);
+            if (target == NULL && !PyErr_Occurred()) {
+                PyObject *got = PyObject_CallOneArg(learn, tb);
+                if (got != NULL && PyDict_SetItem(targets, tb, got) < 0)
+                    Py_CLEAR(got);
+                Py_XDECREF(got); /* targets holds it */
+                target = got != NULL ? PyDict_GetItemWithError(targets, tb) : NULL;
+            }
+            if (PyErr_Occurred()) {
+                Py_DECREF(tb);
+                failed = 1;
+                break;
+            }
+            if (target == Py_None)
+                target = NULL;
+            Py_XSETREF(last_topic, tb);
+            last_target = target; /* borrowed from targets, which the caller keeps */
+        }
+        if (target == NULL) {
+            off += f.total;
+            continue;
+        }
+        if (!PyTuple_Check(target) || PyTuple_GET_SIZE(target) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(target, 0)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(target, 1))) {
+            PyErr_SetString(PyExc_TypeError, "fold_block: targets must map to (bytes, dict)");
+            failed = 1;
+            break;
+        }
+        const unsigned char *h = r + f.hdr;
+        Py_ssize_t hl = f.hlen;
+        int plain = hl >= 8 && hl <= 0xFFFF && memcmp(h, ",\"k\":\"", 6) == 0 && h[hl - 1] == '"';
+        for (Py_ssize_t j = 6; plain && j < hl - 1; j++)
+            if (h[j] == '"' || h[j] == '\\')
+                plain = 0;
+        if (!plain) {
+            stopped = 1;
+            break;
+        }
+        PyObject *prefix = PyTuple_GET_ITEM(target, 0);
+        Py_ssize_t pl = PyBytes_GET_SIZE(prefix), kl = hl - 7;
+        const unsigned char *body = t + f.tlen;
+        Py_ssize_t bl = f.total - (f.topic + f.tlen);
+        PyObject *key = PyBytes_FromStringAndSize(NULL, pl + kl);
+        PyObject *value = PyBytes_FromStringAndSize(NULL, 34 + hl + bl);
+        if (key == NULL || value == NULL) {
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            failed = 1;
+            break;
+        }
+        memcpy(PyBytes_AS_STRING(key), PyBytes_AS_STRING(prefix), (size_t)pl);
+        memcpy(PyBytes_AS_STRING(key) + pl, h + 6, (size_t)kl);
+        unsigned char *v = (unsigned char *)PyBytes_AS_STRING(value);
+        uint64_t fields[4] = {(uint64_t)(base + off), f.pub, f.seq, f.ts};
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 8; j++)
+                v[8 * i + j] = (unsigned char)(fields[i] >> (56 - 8 * j));
+        v[32] = (unsigned char)(hl >> 8);
+        v[33] = (unsigned char)hl;
+        memcpy(v + 34, h, (size_t)hl);
+        memcpy(v + 34 + hl, body, (size_t)bl);
+        int rc = PyDict_SetItem(PyTuple_GET_ITEM(target, 1), key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (rc < 0) {
+            failed = 1;
+            break;
+        }
+        off += f.total;
+    }
+    Py_XDECREF(last_topic);
+    PyBuffer_Release(&buf);
+    if (failed)
+        return NULL;
+    return Py_BuildValue("(nOO)", off, at_end ? Py_True : Py_False, stopped ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {
     {"splice_frames", splice_frames, METH_VARARGS,
      "splice_frames(buf, base, start, end, topic, head) -> (frames, sent, stop_offset, "
@@ -276,6 +518,12 @@ static PyMethodDef methods[] = {
     {"splice_at", splice_at, METH_VARARGS,
      "splice_at(buf, base, positions, head, tail) -> (frames, bookmarks, count); see "
      "server/splice.py"},
+    {"sow_frames", sow_frames, METH_VARARGS,
+     "sow_frames(items, prefix, head, extra, no_sowkey) -> (frames, taken): a SOW answer's "
+     "frames; see server/sow/answer.py"},
+    {"fold_block", fold_block, METH_VARARGS,
+     "fold_block(buf, base, end, targets, learn) -> (stop_offset, at_end, stopped): a historical SOW "
+     "fold over journal bytes; see server/sow/history.py"},
     {NULL, NULL, 0, NULL},
 };
 

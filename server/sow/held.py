@@ -16,11 +16,27 @@ record counts that changed:
 
 So a stream of updates over a bounded set of keys costs one LMDB put per key and write, and
 page copies per write, not per message or per commit.
+
+**The writer thread.** A live flush does not write on the event loop: it hands what is held
+(the rows and the position they bring the store to) to one writer thread (`_Writer`), which
+writes them in one LMDB write transaction and then, if due, starts a checkpoint. Until that
+transaction commits, the rows stay readable in `writing` (oldest first), so `body` (the merge of
+a delta_publish) sees held, then writing, then the store. The acks of the commits whose puts
+are being written do not wait for it: they wait on the journal only (`persisted` is durable in
+the journal). Anything that reads the store or writes it from the loop calls `sync` first (a
+query's snapshot, `topics`, a commit applied at once, the expiration tick, close): it waits for
+the writer and writes the rest of what is held on the loop, so the store then reflects exactly
+the journal up to the last commit, as before. At most `MAX_WRITING` flushes wait for the writer:
+a flush past that waits for the oldest (a bound on the memory held while the disk is slow).
+Only the writer writes while it has work: the loop's writes come after `sync`, so positions and
+record counts are written in journal order.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +56,7 @@ log = logging.getLogger("tickertape.sow")
 DEFER_RECORDS = 32_768
 DEFER_SECONDS = 0.25
 CATCH_UP_KEYS = 65_536  # keys held by catch-up between two writes
+MAX_WRITING = 2  # flushes handed to the writer thread and not yet written (the bound above)
 
 Holds = dict[str, tuple[bytes, dict[bytes, bytes]]]
 """topic -> (record key prefix, record key -> value): the held rows (store_rows' targets)."""
@@ -76,6 +93,9 @@ class HeldWrites:
         self.held: Holds = {}
         self.held_end: int | None = None
         self.held_since = 0.0
+        # flushes handed to the writer and not yet committed, oldest first (read by `body`)
+        self.writing: list[Holds] = []
+        self._writer: _Writer | None = None
 
     def catch_up(self, journal: Journal, position: int, end: int) -> int:
         """The fold from `position` to `end`, as the live commits do it: puts held as the
@@ -136,14 +156,16 @@ class HeldWrites:
             store.set_position(txn, last, self.changed_counts())
         self.recount.clear()
 
-    def _write_held(self, txn: Any, targets: Holds) -> None:
+    def _write_held(self, txn: Any, targets: Holds, keep: bool = False) -> None:
         """Put the held rows (in key order: LMDB fills each page it touches once), count the
-        new records, and empty the holds."""
+        new records, and empty the holds (unless `keep`: the writer's stay readable in
+        `writing` until the transaction commits)."""
         store = self.store
         for topic, (_prefix, rows) in targets.items():
             if rows:
                 added = store.put_many(txn, sorted(rows.items()))
-                rows.clear()
+                if not keep:
+                    rows.clear()
                 if added:
                     self.counts[topic] = self.counts.get(topic, 0) + added
                     self.recount.add(topic)
@@ -172,10 +194,13 @@ class HeldWrites:
     def body(self, topic: str, k: str) -> bytes | None:
         """The body committed for record `k` of `topic`: held and not yet written, else in the
         store; None when none."""
-        held = self.held.get(topic)
-        value = held[1].get(record_key(topic, k)) if held is not None else None
-        if value is not None:
-            return decode_value(value)[5]
+        rk = record_key(topic, k)
+        # the writer removes a flush from `writing` only once it is in the store
+        for holds in (self.held, *reversed(list(self.writing))):
+            held = holds.get(topic)
+            value = held[1].get(rk) if held is not None else None
+            if value is not None:
+                return decode_value(value)[5]
         reader = self.store.reader(0)
         try:
             rec = reader.get(topic, k)
@@ -194,18 +219,41 @@ class HeldWrites:
         return {t: self.counts.get(t, 0) for t in self.recount}
 
     def flush(self) -> None:
-        """Write the deferred puts and the position they bring the store to, in one write
-        transaction. A failure is logged and costs the store those updates until a restart
-        catches up from the journal (as a failed commit apply does)."""
+        """Hand the deferred puts and the position they bring the store to to the writer
+        thread (module docstring); past MAX_WRITING flushes waiting, wait for the oldest."""
         end = self.held_end
         if end is None:
             return
         targets, self.held = self.held, {}
         self.held_end = None
+        writer = self._writer
+        if writer is None:
+            writer = self._writer = _Writer(self)
+        while len(self.writing) >= MAX_WRITING:
+            writer.wait_one()
+        self.writing.append(targets)
+        writer.submit(targets, end)
+
+    def sync(self) -> None:
+        """Wait until the writer has written everything handed to it, then write what is held
+        here on the calling thread: the store then reflects every commit taken so far."""
+        if self._writer is not None:
+            self._writer.wait_all()
+        end = self.held_end
+        if end is None:
+            return
+        targets, self.held = self.held, {}
+        self.held_end = None
+        self.write(targets, end)
+
+    def write(self, targets: Holds, end: int) -> None:
+        """Write `targets` and the position `end` in one write transaction (the writer's and
+        `sync`'s). A failure is logged and costs the store those updates until a restart
+        catches up from the journal (as a failed commit apply does)."""
         store = self.store
         try:
             with store.write() as txn:
-                self._write_held(txn, targets)
+                self._write_held(txn, targets, keep=True)
                 store.set_position(txn, end, self.changed_counts())
         except Exception:
             log.exception(
@@ -213,5 +261,64 @@ class HeldWrites:
             )
             return
         self.recount.clear()
+        store.trim()  # the pages this write touched leave the resident set (store.py)
         if self.checkpoints is not None:
             self.checkpoints.maybe_make(end, self.window)
+
+    def close(self) -> None:
+        """Write everything (`sync`) and stop the writer thread."""
+        self.sync()
+        if self._writer is not None:
+            self._writer.stop()
+            self._writer = None
+
+
+class _Writer:
+    """The one thread that writes live flushes (HeldWrites' module docstring). Jobs are done
+    in the order submitted; `wait_one` / `wait_all` block the caller until they are done."""
+
+    def __init__(self, held: HeldWrites) -> None:
+        self.held = held
+        self.jobs: queue.SimpleQueue[tuple[Holds, int] | None] = queue.SimpleQueue()
+        self.done = threading.Condition()
+        self.submitted = 0
+        self.finished = 0
+        self.thread = threading.Thread(target=self._run, name="sow-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, targets: Holds, end: int) -> None:
+        self.submitted += 1
+        self.jobs.put((targets, end))
+
+    def _run(self) -> None:
+        held = self.held
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            targets, end = job
+            try:
+                held.write(targets, end)
+            finally:
+                with self.done:
+                    held.writing.remove(targets)  # in the store now (or lost: logged)
+                    self.finished += 1
+                    self.done.notify_all()
+
+    def _wait(self, target: int) -> None:
+        with self.done:
+            while self.finished < target and self.thread.is_alive():
+                self.done.wait(1.0)
+        if not self.thread.is_alive():  # pragma: no cover - it ends only at stop
+            self.held.writing.clear()
+
+    def wait_one(self) -> None:
+        """Until the oldest flush not yet written is written."""
+        self._wait(self.finished + 1)
+
+    def wait_all(self) -> None:
+        self._wait(self.submitted)
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(10.0)

@@ -3,7 +3,9 @@
 The cost does not grow with how far back the point is. The store is copied now and then into a
 **checkpoint** (`<JournalDirectory>/sow-checkpoints/<position>/`, an LMDB copy made from one
 read snapshot, so its own `position` says exactly what it holds): one when the journal has
-grown `CHECKPOINT_EVERY` bytes since the last. A historical query opens the newest checkpoint
+grown `CHECKPOINT_EVERY` bytes since the last, and at least the size of the store's record
+tree (so a copy never writes more than the journal grew, and a big store's fold after its
+checkpoint stays in proportion to its answers). A historical query opens the newest checkpoint
 at or before its point (an empty state at the journal's start when there is none), then folds
 the journal from the checkpoint's position to the point into an overlay in memory: at most one
 checkpoint interval of journal, whatever the point. The answer then reads the checkpoint
@@ -21,20 +23,26 @@ import os
 import shutil
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import lmdb
 
+from journal.accelerators import load
 from journal.journal import Journal
-from journal.record import KIND_MESSAGE, KIND_SOW_DELETE
+from journal.record import KIND_MESSAGE, KIND_SOW_DELETE, record_length_at, scan_records
 from protocol.bookmarks import Bookmark, BookmarkSpec, Epoch, InvalidBookmark, Timestamp
 from protocol.filters import FilterError, compile_filter
 
 from ..matching import body_matches
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_FILTER, decode_delete
-from .store import Reader, Stored
+from .store import Reader, Stored, decode_value, encode_value, record_key, store_rows
+
+_c = load("server._splice")
+fold_block = getattr(_c, "fold_block", None)  # None: the tuple fold (the reference) only
+FOLD_BLOCK = 1 << 20  # journal bytes read per fold_block call
 
 __all__ = ["CHECKPOINT_EVERY", "Checkpoints", "HistoricalReader", "locate_point"]
 
@@ -47,12 +55,13 @@ _EMPTY = object()
 
 
 class HistoricalReader:
-    """A checkpoint read through the overlay of the journal folded after it."""
+    """A checkpoint read through the overlay of the journal folded after it: record key ->
+    store value (server/sow/store.py's layout), or None for a record deleted since."""
 
     def __init__(
         self,
         base: Reader | None,
-        overlay: dict[tuple[str, str], Stored | None],
+        overlay: dict[bytes, bytes | None],
         position: int,
         on_close: Callable[[], None],
     ) -> None:
@@ -62,32 +71,51 @@ class HistoricalReader:
         self._on_close = on_close
 
     def get(self, topic: str, k: str) -> Stored | None:
-        got = self.overlay.get((topic, k), _EMPTY)
+        got = self.overlay.get(record_key(topic, k), _EMPTY)
         if got is not _EMPTY:
-            return got  # type: ignore[return-value]
+            return None if got is None else decode_value(got)  # type: ignore[arg-type]
         return self.base.get(topic, k) if self.base is not None else None
 
-    def keys(self, topic: str, after: str | None = None) -> Iterator[tuple[str, Stored]]:
-        mine = sorted(k for t, k in self.overlay if t == topic)
-        base = self.base.keys(topic, after) if self.base is not None else iter(())
+    def _mine(self, topic: str) -> list[tuple[bytes, bytes | None]]:
+        """The overlay's rows of `topic`, in key order."""
+        rows = sorted(self.overlay.items())  # keys are unique: the values are never compared
+        prefix = record_key(topic, "")
+        lo = bisect_left(rows, (prefix,))
+        hi = bisect_left(rows, (prefix[:-1] + b"\x01",), lo)
+        return rows if lo == 0 and hi == len(rows) else rows[lo:hi]
+
+    def chunks(self, topic: str, size: int) -> Iterator[list[tuple[bytes, bytes]]]:
+        """`Reader.chunks` of the state: each of the checkpoint's chunks merged with the
+        overlay's rows up to its last key (a dict update and a sort per chunk, in C), the
+        overlay's rows past the checkpoint's last key after them."""
+        mine = self._mine(topic)
+        keys = [kv[0] for kv in mine]
+        base = self.base.chunks(topic, size) if self.base is not None else iter(())
         i = 0
-        for k, rec in base:
-            while i < len(mine) and mine[i] < k:
-                o = self.overlay[(topic, mine[i])]
-                if o is not None:
-                    yield mine[i], o
-                i += 1
-            if i < len(mine) and mine[i] == k:
-                i += 1
-            got = self.overlay.get((topic, k), _EMPTY)
-            if got is _EMPTY:
-                yield k, rec
-            elif got is not None:
-                yield k, got  # type: ignore[misc]
-        for k in mine[i:]:
-            o = self.overlay[(topic, k)]
-            if o is not None:
-                yield k, o
+        for chunk in base:
+            j = bisect_right(keys, chunk[-1][0], i)
+            if j == i:  # nothing folded in this chunk's range
+                yield chunk
+                continue
+            merged: dict[bytes, bytes | None] = dict(chunk)
+            merged.update(mine[i:j])
+            # every key of the chunk folded since (all updated): the overlay's rows, in order
+            rows = mine[i:j] if len(merged) == j - i else sorted(merged.items())
+            i = j
+            out = [kv for kv in rows if kv[1] is not None]
+            if out:
+                yield out  # type: ignore[misc]
+        rest = [kv for kv in mine[i:] if kv[1] is not None]
+        for j in range(0, len(rest), size):
+            yield rest[j : j + size]  # type: ignore[misc]
+
+    def keys(self, topic: str, after: str | None = None) -> Iterator[tuple[str, Stored]]:
+        n = len(record_key(topic, ""))
+        start = record_key(topic, after) if after is not None else None
+        for chunk in self.chunks(topic, 1024):
+            for key, value in chunk:
+                if start is None or key > start:
+                    yield key[n:].decode("utf-8"), decode_value(value)
 
     def close(self) -> None:
         if self.base is not None:
@@ -99,9 +127,17 @@ class HistoricalReader:
 class Checkpoints:
     """The store's checkpoints: made from the live store, read by historical queries."""
 
-    def __init__(self, directory: str, store_env: Callable[[], lmdb.Environment | None]) -> None:
+    def __init__(
+        self,
+        directory: str,
+        store_env: Callable[[], lmdb.Environment | None],
+        after_copy: Callable[[], object] | None = None,
+        store_bytes: Callable[[], int] | None = None,
+    ) -> None:
         self.directory = directory
         self._store_env = store_env
+        self._after_copy = after_copy  # the store's trim (the copy read every page)
+        self._store_bytes = store_bytes  # the size of the store's record tree
         os.makedirs(directory, exist_ok=True)
         self.last = max(self.positions(), default=-1)
         self._busy = False
@@ -110,11 +146,14 @@ class Checkpoints:
         return sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
 
     def maybe_make(self, position: int, window: float | None) -> None:
-        """Copy the store (in a thread) when the journal grew CHECKPOINT_EVERY since the last."""
-        if self._busy or position - max(self.last, 0) < CHECKPOINT_EVERY:
+        """Copy the store (in a thread) when the journal grew CHECKPOINT_EVERY since the last,
+        and at least the store's own size (`store_bytes`: a copy never writes more than the
+        journal grew, and the fold after a checkpoint stays in proportion to the answer)."""
+        grown = position - max(self.last, 0)
+        if self._busy or grown < CHECKPOINT_EVERY:
             return
         env = self._store_env()
-        if env is None:
+        if env is None or (self._store_bytes is not None and grown < self._store_bytes()):
             return
         self._busy = True
         self.last = position
@@ -125,6 +164,8 @@ class Checkpoints:
         try:
             os.makedirs(tmp)
             env.copy(tmp, compact=True)
+            if self._after_copy is not None:
+                self._after_copy()  # the copy read every page of the map
             with lmdb.open(tmp, readonly=True, max_dbs=4, lock=False) as copy:
                 meta = copy.open_db(b"meta")
                 with copy.begin() as txn:
@@ -178,50 +219,154 @@ class Checkpoints:
             rec_db = env.open_db(b"rec")  # before the read transaction, which must know it
             base = Reader(env.begin(buffers=False), rec_db, base_pos)
             start = base_pos
-        overlay: dict[tuple[str, str], Stored | None] = {}
-        for recs in journal.raw_batches(start, end):
-            for pos, kind, pub, seq, ts, tb, body, extra in recs:
-                if kind == KIND_MESSAGE:
-                    topic = tb.decode("utf-8", "replace")
-                    if not is_sow(topic):
-                        continue
-                    hdr = extra[1] if extra else b""
-                    k = key_from_fragment(hdr) if hdr else None
-                    if k is None:
-                        m = maker(topic)
-                        try:
-                            k = m.key(body, None) if m is not None else None
-                        except BadSowKey:
-                            k = None
-                        if k is None:
-                            continue
-                        hdr = hdr + k_fragment(k)
-                    overlay[(topic, k)] = (pos, pub, seq, ts, hdr, body)
-                elif kind == KIND_SOW_DELETE:
-                    topic = tb.decode("utf-8", "replace")
-                    got = decode_delete(body)
-                    if got is None:
-                        continue
-                    form, payload = got
-                    if form != BY_FILTER:  # by keys (K, or E: expired)
-                        for k in payload.split(","):
-                            if k:
-                                overlay[(topic, k)] = None
-                        continue
-                    try:
-                        f = compile_filter(payload)
-                    except FilterError:
-                        continue
-                    view = HistoricalReader(base, overlay, pos, lambda: None)
-                    for k, rec in list(view.keys(topic)):
-                        if body_matches(f, rec[5]):
-                            overlay[(topic, k)] = None
+        overlay: dict[bytes, bytes | None] = {}
+        _Fold(overlay, is_sow, maker).run(journal, start, end, base)
 
         def closed() -> None:
             if env is not None:
                 env.close()
 
         return HistoricalReader(base, overlay, end, closed)
+
+
+class _Fold:
+    """The journal folded into a historical query's overlay: record key -> store value, or
+    None for a record deleted (the live fold's rules, server/sow/manager.py)."""
+
+    def __init__(
+        self,
+        overlay: dict[bytes, bytes | None],
+        is_sow: Callable[[str], Any],
+        maker: Callable[[str], KeyMaker | None],
+    ) -> None:
+        self.overlay = overlay
+        self.is_sow = is_sow
+        self.maker = maker
+        self._topics: dict[bytes, str | None] = {}
+        self.base: Reader | None = None  # the checkpoint folded over (`run`)
+        # fold_block's targets: topic bytes -> (record key prefix, the overlay) or None
+        self._by_bytes: dict[bytes, tuple[bytes, dict[bytes, bytes | None]] | None] = {}
+        # store_rows' targets: every topic's rows go to the one overlay
+        self._targets: dict[str, tuple[bytes, dict[bytes, bytes | None]]] = {}
+
+    def sow_topic(self, tb: bytes) -> str | None:
+        """The topic of a message record when it is a SOW topic (cached per topic)."""
+        try:
+            return self._topics[tb]
+        except KeyError:
+            pass
+        topic = tb.decode("utf-8", "replace")
+        got = topic if self.is_sow(topic) else None
+        if len(self._topics) > 65536:
+            self._topics.clear()
+        self._topics[tb] = got
+        if got is not None:
+            self._targets[got] = (record_key(got, ""), self.overlay)
+        return got
+
+    def run(self, journal: Journal, start: int, end: int, base: Reader | None) -> None:
+        """Fold the journal from `start` to `end` over the checkpoint `base`: its stored bytes
+        in C (`fold_block`; the records it cannot take, here one by one), or its records as
+        tuples (`run_py`, the reference; and a compacted segment, whose bytes are not stored
+        as they were written)."""
+        self.base = base
+        if fold_block is None:
+            self.run_py(journal, start, end)
+            return
+        pos = start
+        while pos < end:
+            blk = journal.read_block(pos, FOLD_BLOCK)
+            if blk is None:  # a compacted segment: its records as tuples
+                recs, nxt = journal.read_raw(pos, FOLD_BLOCK)
+                if recs:
+                    self.fold([r for r in recs if r[0] < end])
+                    if recs[-1][0] >= end:
+                        return
+                    pos = nxt
+                    continue
+            else:
+                buf, at = blk
+                off, at_end, stopped = fold_block(buf, at, end, self._by_bytes, self._learn)
+                if at_end:
+                    return
+                if stopped:  # the record at `off`, folded here
+                    size = record_length_at(buf, off)
+                    self.fold(scan_records(buf[off : off + size], at + off)[0])
+                    off += size
+                if off:
+                    pos = at + off
+                    continue
+                nxt = at
+            # nothing here: a segment's end (or a compacted range's)
+            after = journal.next_position(nxt)
+            if after <= pos or after >= journal.end_position:
+                return
+            pos = after
+
+    def _learn(self, tb: bytes) -> tuple[bytes, dict[bytes, bytes | None]] | None:
+        """fold_block's target for a topic it meets first: the overlay when a SOW topic."""
+        topic = self.sow_topic(tb)
+        return None if topic is None else (record_key(topic, ""), self.overlay)
+
+    def run_py(self, journal: Journal, start: int, end: int) -> None:
+        for recs in journal.raw_batches(start, end):
+            self.fold(recs)
+
+    def fold(self, recs: Any) -> None:
+        """Fold journal records (RawTuples) in order."""
+        rows: list[tuple[Any, ...]] = []
+        for pos, kind, pub, seq, ts, tb, body, extra in recs:
+            if kind == KIND_MESSAGE:
+                topic = self.sow_topic(tb)
+                if topic is not None:
+                    rows.append((topic, pub, seq, ts, body, pos, extra[1] if extra else b""))
+            elif kind == KIND_SOW_DELETE:
+                self.put(rows)
+                rows = []
+                self.delete(tb, body, self.base, pos)
+        self.put(rows)
+
+    def put(self, rows: list[tuple[Any, ...]]) -> None:
+        """Fold message rows (topic, pub, seq, ts, body, position, header fragment): in C
+        (store_rows) when each fragment is the plain `k` member, else row by row, the key
+        made from the body when the record has none (recorded before the topic was a SOW
+        topic). Rows put twice (C, then the rest of the batch here) end the same."""
+        if not rows or store_rows(rows, 0, self._targets) >= 0:  # type: ignore[arg-type]
+            return
+        overlay = self.overlay
+        for topic, pub, seq, ts, body, pos, hdr in rows:
+            k = key_from_fragment(hdr) if hdr else None
+            if k is None:
+                m = self.maker(topic)
+                try:
+                    k = m.key(body, None) if m is not None else None
+                except BadSowKey:
+                    k = None
+                if k is None:
+                    continue
+                hdr = hdr + k_fragment(k)
+            overlay[record_key(topic, k)] = encode_value(pos, pub, seq, ts, hdr, body)
+
+    def delete(self, tb: bytes, body: bytes, base: Reader | None, pos: int) -> None:
+        topic = tb.decode("utf-8", "replace")
+        got = decode_delete(body)
+        if got is None:
+            return
+        form, payload = got
+        overlay = self.overlay
+        if form != BY_FILTER:  # by keys (K, or E: expired)
+            for k in payload.split(","):
+                if k:
+                    overlay[record_key(topic, k)] = None
+            return
+        try:
+            f = compile_filter(payload)
+        except FilterError:
+            return
+        view = HistoricalReader(base, overlay, pos, lambda: None)
+        for k, rec in list(view.keys(topic)):
+            if body_matches(f, rec[5]):
+                overlay[record_key(topic, k)] = None
 
 
 def locate_point(

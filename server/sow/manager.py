@@ -11,9 +11,11 @@ same LMDB transaction.
   notes the batch's SOW messages and deletes; when the batch is durable, `_committed` takes
   them. Plain puts (no delete in the batch, nobody watching the topic for out-of-focus
   notices or deltas, no `<Expiration>`) are *held* (`HeldWrites`, server/sow/held.py).
-  Anything else flushes first, then is applied in journal order in one write transaction that
-  also writes the batch's end position. Every read of the store (a query's snapshot, the
-  expiration tick, `topics`, close) flushes first; delta_publish's merge reads the held rows.
+  The held rows are written by HeldWrites' writer thread. Anything else waits for it and
+  writes what is held (`HeldWrites.sync`), then is applied in journal order in one write
+  transaction that also writes the batch's end position. Every read of the store (a query's
+  snapshot, the expiration tick, `topics`, close) syncs first; delta_publish's merge reads
+  the held rows and those being written.
   A batch with no SOW work writes nothing, except the position at most once a second (so a
   restart reads little journal). Nothing here runs for an instance without SOW topics.
 - **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
@@ -176,9 +178,9 @@ class SowManager:
         return [t for t, n in self.counts.items() if n > 0]
 
     def flush(self) -> None:
-        """Write the held puts (before a read of the store, and at close)."""
+        """Write the held puts and wait for the writer thread (before a read of the store)."""
         if self.held is not None:
-            self.held.flush()
+            self.held.sync()
 
     def _holdable(self, topic: str) -> bool:
         """Puts to `topic` may be held: no <Expiration>, no out-of-focus notices watching."""
@@ -233,6 +235,8 @@ class SowManager:
         self.checkpoints = Checkpoints(
             os.path.join(journal.directory, "sow-checkpoints"),
             lambda: self.store.env if self.store is not None else None,
+            lambda: self.store.trim(force=True) if self.store is not None else None,
+            lambda: self.store.tree_bytes() if self.store is not None else 0,
         )
         self.held = HeldWrites(
             store,
@@ -247,6 +251,7 @@ class SowManager:
         )
         began = time.monotonic()
         self.caught_up = self.held.catch_up(journal, position, end)
+        store.trim(force=True)  # the check at open and the catch-up read every page
         # records published with their own `e` may be in any SOW topic: the store says which
         self._load_expiry()
         self._expiring = self._expiring or bool(self._expiry)
@@ -306,6 +311,7 @@ class SowManager:
         due: dict[str, list[str]] = {}
         store = self.store
         assert store is not None
+        self.flush()  # an update of a due record may be held: it is no longer due
         reader = store.reader(0)
         try:
             while heap and heap[0][0] <= now:
@@ -485,7 +491,7 @@ class SowManager:
                 for m in puts:
                     updates[m[0]] = updates.get(m[0], 0) + 1
             return
-        held.flush()
+        held.sync()  # the writer's flushes first: the store is written in journal order
         store = self.store
         assert store is not None
         work: list[tuple[int, Any]] = [(m[5], m) for m in puts]
@@ -586,8 +592,8 @@ class SowManager:
 
     def close(self) -> None:
         if self.store is not None:
-            if self.commits is not None:
-                self.flush()  # a restart then reads no journal for them
+            if self.held is not None:
+                self.held.close()  # written: a restart then reads no journal for them
             self.store.close()
             self.store = None
             self.held = None

@@ -35,6 +35,7 @@ from .. import frames
 from ..matching import Predicate, TopicFilter, body_matches
 from ..outbox import Outbox
 from ..reasons import Failure
+from .answer import matching, sow_frames
 from .history import HistoricalReader
 from .query_queue import WaitingReader
 from .store import Reader, Stored
@@ -210,6 +211,14 @@ class SowQuery:
 
     async def _stream(self) -> None:
         plan = self.plan
+        if (
+            plan.keys is None
+            and not plan.timestamp
+            and plan.send_keys is None
+            and isinstance(self.reader, (Reader, HistoricalReader))
+        ):
+            await self._stream_chunks()
+            return
         top = plan.top_n
         skip = plan.skip_n
         n = 0
@@ -221,6 +230,39 @@ class SowQuery:
             n += 1
             if n % CHUNK == 0 and not await self._pace():
                 return
+
+    async def _stream_chunks(self) -> None:
+        """`_stream` for the store's records (current or historical) with no per-record extra (no `sow_keys`, no
+        timestamp, no send_keys): CHUNK records read at once, filtered, and made into frames
+        in one call (server/sow/answer.py)."""
+        plan, out = self.plan, self.out
+        top, skip = plan.top_n, plan.skip_n
+        reader = self.reader
+        assert isinstance(reader, (Reader, HistoricalReader))
+        for topic in plan.topics:
+            f = plan.filters.get(topic)
+            if isinstance(f, TopicFilter):
+                f = f.at(topic)
+            prefix = topic.encode("utf-8") + b"\x00"
+            head = b'{"c":"sow"' + frames.topic_member_text(topic)
+            for items in reader.chunks(topic, CHUNK):
+                if f is not None:
+                    items = matching(items, f)
+                before = self.matches
+                self.matches += len(items)
+                # the records past `skip_n` matches, up to `top_n` returned
+                lo = max(0, skip - before)
+                hi = len(items)
+                if top is not None:
+                    hi = min(hi, lo + max(0, top - self.returned))
+                if lo < hi:
+                    if lo or hi < len(items):
+                        items = items[lo:hi]
+                    data, n = sow_frames(items, prefix, head, self._extra, plan.no_sowkey)
+                    out.buf.append(data)
+                    self.returned += n
+                if not await self._pace():
+                    return
 
     async def _sorted(self) -> None:
         plan = self.plan

@@ -35,6 +35,15 @@ are), `store_rows_py` the reference and the fallback.
 position on disk always describes the records on disk. Reads open their own read transaction
 (`reader`): a snapshot that later writes never change, and that never blocks them.
 
+**Resident pages** (`trim`): LMDB reads through a shared read-only map of its data file, so
+every page a put or a query touched stays in the process's resident set (file pages of the page
+cache, reclaimable, but counted in its RSS), and the RSS of a store of 10M records would be the
+store's size. `trim` drops the map's pages from the resident set (madvise MADV_DONTNEED on the
+mapping found in /proc/self/maps: for a shared file mapping the data stay in the page cache and
+the next access maps them again, a minor fault); the writes and the close of a read snapshot (a query's end)
+call it at most every TRIM_SECONDS once the data file is past TRIM_ABOVE, so the RSS stays near what one flush or query touches.
+Linux only; elsewhere it does nothing.
+
 At open, a data file LMDB cannot read, a failed full read, or an unknown format moves the store
 aside as `sow.unreadable-<time>` and starts an empty one (`rebuilt` says why): the manager then
 folds the whole journal again and logs it.
@@ -42,10 +51,13 @@ folds the whole journal again and logs it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 import lmdb
@@ -66,6 +78,9 @@ DEFAULT_MAP_SIZE = 64 * 1024**3  # address space only; the file grows as needed
 FORMAT = b"1"
 HEAD = _HEAD = struct.Struct(">QQQQH")  # a record value's fixed part (below the header fragment)
 _Q = struct.Struct(">Q")
+TRIM_ABOVE = 32 * 1024**2  # data file bytes past which `trim` is worth its refaults
+TRIM_SECONDS = 2.0
+_MADV_DONTNEED = 4
 COUNTS_KEPT = b"counts"  # b"1": meta holds every topic's record count (count\0<topic>)
 _COUNT = b"count\x00"
 
@@ -130,6 +145,20 @@ def store_rows_py(
     return done
 
 
+def _libc_madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        f = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    f.restype = ctypes.c_int
+    return f
+
+
+_madvise = _libc_madvise()
+
 _c = load("server._publish")  # the publish scanner's module (None: no compiler at install)
 store_rows = _c.store_rows if _c is not None else store_rows_py
 
@@ -137,10 +166,17 @@ store_rows = _c.store_rows if _c is not None else store_rows_py
 class Reader:
     """One read snapshot of the store; close it when done (it pins LMDB pages)."""
 
-    def __init__(self, txn: lmdb.Transaction, db: lmdb._Database, position: int) -> None:
+    def __init__(
+        self,
+        txn: lmdb.Transaction,
+        db: lmdb._Database,
+        position: int,
+        on_close: Callable[[], object] | None = None,
+    ) -> None:
         self._txn = txn
         self._db = db
         self.position = position
+        self._on_close = on_close  # the store's `trim`: a query's pages leave the resident set
 
     def get(self, topic: str, k: str) -> Stored | None:
         v = self._txn.get(record_key(topic, k), db=self._db)
@@ -159,16 +195,44 @@ class Reader:
                 return
             yield bytes(key[n:]).decode("utf-8"), decode_value(value)
 
+    def chunks(self, topic: str, size: int) -> Iterator[list[tuple[bytes, bytes]]]:
+        """The records of `topic` in key order, as lists of at most `size` (record key, value)
+        pairs read in C (server/sow/answer.py makes their frames); keys are whole record keys
+        (`record_key`)."""
+        prefix = topic.encode("utf-8") + b"\x00"
+        cur = self._txn.cursor(db=self._db)
+        if not cur.set_range(prefix):
+            return
+        # buffers=False (`reader`): the pairs are bytes
+        it: Iterator[tuple[bytes, bytes]] = cur.iternext(keys=True, values=True)  # type: ignore[assignment]
+        while True:
+            items = list(islice(it, size))
+            if not items:
+                return
+            if not items[-1][0].startswith(prefix):  # the topic ends in this chunk
+                n = 0
+                while n < len(items) and items[n][0].startswith(prefix):
+                    n += 1
+                if n:
+                    yield items[:n]
+                return
+            yield items
+
     def close(self) -> None:
         if self._txn is not None:
             try:
                 self._txn.abort()
             except lmdb.Error:  # the store closed first (shutdown): nothing left to release
-                pass
+                self._on_close = None
             self._txn = None  # type: ignore[assignment]
+            if self._on_close is not None:
+                self._on_close()
 
 
 class SowStore:
+    _span: tuple[int, int] | None
+    _trimmed: float
+
     def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
@@ -196,7 +260,55 @@ class SowStore:
             with self.env.begin(write=True) as txn:
                 txn.put(b"format", FORMAT, db=self._meta)
 
+    def tree_bytes(self) -> int:
+        """The bytes of the record tree's pages in use (about a compact copy's size)."""
+        try:
+            with self.env.begin() as txn:
+                st = txn.stat(self._rec)
+        except lmdb.Error:  # closed (shutdown)
+            return 0
+        return int((st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"])
+
+    def trim(self, force: bool = False) -> bool:
+        """Drop the map's pages from the resident set (module docstring): at most every
+        TRIM_SECONDS and only past TRIM_ABOVE bytes of data, unless `force`. True when done."""
+        now = time.monotonic()
+        if not force and now - self._trimmed < TRIM_SECONDS:
+            return False
+        self._trimmed = now
+        try:
+            used = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        except lmdb.Error:  # closed (shutdown)
+            return False
+        if (not force and used < TRIM_ABOVE) or _madvise is None:
+            return False
+        span = self._map_span()
+        if span is None:
+            return False
+        start, size = span
+        return (
+            _madvise(ctypes.c_void_p(start), ctypes.c_size_t(min(size, used)), _MADV_DONTNEED) == 0
+        )
+
+    def _map_span(self) -> tuple[int, int] | None:
+        """(address, length) of LMDB's map of the data file in this process, or None."""
+        if self._span is None:
+            target = os.path.realpath(os.path.join(self.path, "data.mdb"))
+            try:
+                with open("/proc/self/maps") as f:
+                    for line in f:
+                        parts = line.split(maxsplit=5)
+                        if len(parts) == 6 and parts[5].rstrip("\n") == target:
+                            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                            if self._span is None or hi - lo > self._span[1]:
+                                self._span = (lo, hi - lo)
+            except OSError:
+                return None
+        return self._span
+
     def _open(self) -> None:
+        self._span = None  # the map's address range (trim)
+        self._trimmed = 0.0
         self.env = lmdb.open(
             self.path,
             map_size=self.map_size,
@@ -252,7 +364,7 @@ class SowStore:
         return None if v is None else _Q.unpack(v)[0]
 
     def reader(self, position: int) -> Reader:
-        return Reader(self.env.begin(buffers=False), self._rec, position)
+        return Reader(self.env.begin(buffers=False), self._rec, position, self.trim)
 
     def write(self) -> lmdb.Transaction:
         """A write transaction for `put` / `delete` / `set_position` (use it in `with`)."""
@@ -267,12 +379,14 @@ class SowStore:
         return old is not None
 
     def put_many(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]]) -> int:
-        """Store (record key, value) rows, best in key order; how many were new records."""
+        """Store (record key, value) rows, best in key order; how many were new records (the
+        growth of the entry count: putmulti's own count includes the rows it replaced)."""
+        before = txn.stat(self._rec)["entries"]
         try:
-            _consumed, added = txn.cursor(db=self._rec).putmulti(rows)
+            txn.cursor(db=self._rec).putmulti(rows)
         except lmdb.MapFullError:
             raise StoreFull(self.map_size) from None
-        return int(added)
+        return int(txn.stat(self._rec)["entries"] - before)
 
     def replace(self, txn: lmdb.Transaction, topic: str, k: str, value: bytes) -> bytes | None:
         """Store a record; the value it replaced, or None."""

@@ -2,6 +2,8 @@
 mixins): `HeldWrites` over a real store with the fold's steps as plain callables, and `Deltas`
 with spec, key maker and the committed-body read as plain callables."""
 
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -48,7 +50,8 @@ def test_held_writes_hold_puts_until_flush_and_count_them(store):
     # held, not written: the committed body is the held one, the store has nothing yet
     assert held.body("px", "WzFd") == b'{"a":3}'
     assert store.position is None and counts == {}
-    held.flush()
+    held.flush()  # handed to the writer thread
+    held.sync()  # written
     assert store.position == 5150 and counts == {"px": 2} and not recount
     reader = store.reader(0)
     try:
@@ -60,7 +63,48 @@ def test_held_writes_hold_puts_until_flush_and_count_them(store):
     # a topic that may not be held (watched, or with <Expiration>) is applied by the manager
     assert not held.defer([("ttl", 7, 4, 1003, b"{}", 0, k1, None)], {"ttl"}, 6000, 6050)
     held.flush()  # nothing held: writes nothing
+    held.sync()
     assert store.position == 5150
+    held.close()
+
+
+def test_held_writes_are_written_off_the_calling_thread_and_readable_until_then(store):
+    """A flush hands the rows to the writer thread and returns at once, even while the store's
+    write lock is taken (here by another thread, as a slow disk would hold a write); until
+    they are written the rows stay readable (`body`, the merge of a delta_publish), and
+    `sync` waits for them."""
+    counts: dict[str, int] = {}
+    held = HeldWrites(
+        store, counts, set(), lambda t: True, lambda t: True, _refuse, _refuse, None, None
+    )
+    k1 = k_fragment("WzFd")
+    assert held.defer([("px", 7, 1, 1000, b'{"a":1}', 0, k1, None)], {"px"}, 5000, 5050)
+    taken, release = threading.Event(), threading.Event()
+
+    def hold_the_write_lock():
+        with store.write():
+            taken.set()
+            release.wait(10)
+
+    blocker = threading.Thread(target=hold_the_write_lock, daemon=True)
+    blocker.start()
+    assert taken.wait(10)
+    try:
+        t0 = time.monotonic()
+        held.flush()
+        assert time.monotonic() - t0 < 1.0  # not waiting for the write lock
+        assert held.body("px", "WzFd") == b'{"a":1}'  # being written: still readable
+        assert store.position is None
+        # more puts held meanwhile are newer than the rows being written
+        assert held.defer([("px", 7, 2, 1001, b'{"a":2}', 0, k1, None)], {"px"}, 5050, 5100)
+        assert held.body("px", "WzFd") == b'{"a":2}'
+    finally:
+        release.set()
+    blocker.join(10)
+    held.sync()
+    assert store.position == 5100 and counts == {"px": 1} and not held.writing
+    assert held.body("px", "WzFd") == b'{"a":2}'
+    held.close()
 
 
 def test_deltas_merge_into_the_newest_accepted_body():
