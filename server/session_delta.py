@@ -107,6 +107,8 @@ class DeltaCommands(Commands):
         sow = self.svc.sow
         topic = self.svc.topics.publish_topic(h.t) if h.t else None
         if sow is not None and topic and sow.is_sow(topic):
+            if self.sowing.store_failed(h, sow):
+                return
             try:
                 body = sow.merge_delta(topic, body, h.k)
             except BadSowKey as exc:

@@ -80,7 +80,20 @@ class SowCommands(Commands):
                 f"{h.c} needs a SOW topic (t); {h.t!r} is not one (<SOW><Topic>)",
             )
             return None
-        return sow
+        return None if self.store_failed(h, sow) else sow
+
+    def store_failed(self, h: Header, sow: SowManager) -> bool:
+        """True (and `h` refused) when the store lacks updates it failed to write: an answer or
+        a delta merge from it would be wrong."""
+        failed = sow.store.failed if sow.store is not None else None
+        if failed is not None:
+            self.fail(
+                h,
+                Failure.CATCHING_UP,
+                f"the SOW store lacks updates it failed to write ({failed}); restart the server: "
+                "it folds the journal into the store again from before them",
+            )
+        return failed is not None
 
     def _query_plan(
         self, h: Header, sow: SowManager, top_n: int | None, skip_n: int | None, **kw: Any

@@ -248,16 +248,18 @@ class HeldWrites:
 
     def write(self, targets: Holds, end: int) -> None:
         """Write `targets` and the position `end` in one write transaction (the writer's and
-        `sync`'s). A failure is logged and costs the store those updates until a restart
-        catches up from the journal (as a failed commit apply does)."""
+        `sync`'s). A failure is logged and marks the store failed (its position stays before
+        the lost updates; queries are refused) until a restart catches up from the journal."""
         store = self.store
         try:
             with store.write() as txn:
                 self._write_held(txn, targets, keep=True)
                 store.set_position(txn, end, self.changed_counts())
-        except Exception:
+        except Exception as exc:
+            store.failed = store.failed or f"writing updates failed: {exc!r}"
             log.exception(
-                "SOW store: writing deferred updates failed; queries may lag until restart"
+                "SOW store: writing deferred updates failed; queries are refused until a restart "
+                "folds the journal again from the store's last position"
             )
             return
         self.recount.clear()

@@ -450,13 +450,14 @@ class SowManager:
         end: int,
         err: BaseException | None,
     ) -> None:
-        """The batch is durable (err None) or failed: apply it. A failure here is logged and
-        costs the store its live updates until a restart catches up from the journal; it
-        never reaches the pipeline, whose acks and deliveries of this batch come next."""
+        """The batch is durable (err None) or failed: apply it. A failure marks the store
+        failed (store.py) until a restart; it never reaches the pipeline."""
         try:
             self._apply(batch, puts, topics, deletes, end, err)
         except Exception as exc:
-            log.exception("SOW store: applying a commit failed; queries may lag until restart")
+            if self.store is not None:
+                self.store.failed = self.store.failed or f"applying a commit failed: {exc!r}"
+            log.exception("SOW store: applying a commit failed; queries are refused until restart")
             for *_, reply in deletes:
                 if reply is not None:
                     try:

@@ -66,7 +66,8 @@ class SowConsole:
                 "updates": sow.updates.get(topic, 0),
                 "updates_per_s": self.rates.get(topic, 0.0),
             }
-        return {"store_bytes": self.store_bytes(), "topics": out}
+        failed = sow.store.failed if sow.store is not None else None
+        return {"store_bytes": self.store_bytes(), "failed": failed, "topics": out}
 
     async def query(
         self, topic: str, filt: Predicate | None, order: list[OrderItem] | None, top_n: int

@@ -238,6 +238,9 @@ class SowStore:
         self.path = path
         self.map_size = map_size
         self.rebuilt: str | None = None
+        # why a write of updates failed, once one did: the position stays where it was, so the
+        # next start folds the journal again from before the lost updates (never past them)
+        self.failed: str | None = None
         self._counts: dict[str, int] | None = None  # per topic, from the check at open
         try:
             self._open()
@@ -431,7 +434,10 @@ class SowStore:
         self, txn: lmdb.Transaction, position: int, counts: dict[str, int] | None = None
     ) -> None:
         """Write the position the store reflects, and the record counts of the topics in
-        `counts` (those that changed: the store then keeps every topic's count)."""
+        `counts` (those that changed: the store then keeps every topic's count). Nothing once
+        a write has failed (`failed`): the store no longer reflects the journal up to here."""
+        if self.failed is not None:
+            return
         try:
             txn.put(b"position", _Q.pack(position), db=self._meta)
             if counts is not None:

@@ -152,3 +152,29 @@ def test_expires_at_is_the_sooner_of_the_topic_and_the_record():
     assert expires_at(10.0, 1_000_000, b"") == 11_000_000
     assert expires_at(None, 1_000_000, hdr) == 31_000_000
     assert expires_at(60.0, 1_000_000, hdr) == 31_000_000
+
+
+def test_a_failed_write_freezes_the_position_before_the_lost_updates(tmp_path):
+    """A write of held updates that fails (here: LMDB's map is full) marks the store failed,
+    and no later write moves its position past the lost updates: the next start folds the
+    journal again from before them, instead of serving a store without them for ever."""
+    small = SowStore(str(tmp_path / "sow"), map_size=256 * 1024)
+    held = HeldWrites(
+        small, {}, set(), lambda t: True, lambda t: True, _refuse, _refuse, None, None
+    )
+    k1, k2 = k_fragment("WzFd"), k_fragment("WzJd")
+    assert held.defer([("px", 7, 1, 1000, b'{"a":1}', 0, k1, None)], {"px"}, 0, 100)
+    held.sync()
+    assert small.position == 100 and small.failed is None
+    big = b'{"pad":"' + b"x" * 400_000 + b'"}'  # past the map: the write fails
+    assert held.defer([("px", 7, 2, 1001, big, 0, k2, None)], {"px"}, 100, 500_100)
+    held.flush()
+    held.sync()
+    assert small.failed is not None and "failed" in small.failed
+    assert small.position == 100
+    # a later update that fits is written, but the position stays before the lost one
+    assert held.defer([("px", 7, 3, 1002, b'{"a":3}', 0, k1, None)], {"px"}, 500_100, 500_200)
+    held.sync()
+    assert small.position == 100
+    held.close()
+    small.close()
