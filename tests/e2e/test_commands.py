@@ -291,7 +291,7 @@ def test_publish_to_pattern_is_invalid_topic(shared_server):
 def test_heartbeats_both_ways(shared_server):
     c = Raw(shared_server.port)
     c.logon("hb")
-    c.send({"c": "heartbeat", "o": "start,1"})
+    c.send({"c": "heartbeat", "o": "start,0.5"})  # half a second: the close comes after two
     t0 = time.monotonic()
     h, _ = c.recv_until(lambda h, b: h["c"] == "heartbeat", timeout=5)[-1]
     assert time.monotonic() - t0 < 3

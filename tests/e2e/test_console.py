@@ -9,6 +9,8 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from tests.support.proc import ServerProcess
 from tests.support.raw import Raw, publish_many
 
@@ -66,7 +68,19 @@ class Events:
         self.sock.close()
 
 
-def test_console_files_are_served(server):
+@pytest.fixture(scope="module")
+def console(tmp_path_factory):
+    """One server for the tests that only look at their own clients and topics (a start is
+    most of such a test); `started` is when it began (the samples ring fills a second each)."""
+    s = ServerProcess(tmp_path_factory.mktemp("console") / "srv")
+    s.start()
+    s.started = time.monotonic()
+    yield s
+    s.stop()
+
+
+def test_console_files_are_served(console):
+    server = console
     base = f"http://127.0.0.1:{server.admin_port}"
     for path, ctype, marker in (
         ("/", "text/html", b'<script src="console.js">'),
@@ -78,51 +92,6 @@ def test_console_files_are_served(server):
             assert marker in r.read()
 
 
-def test_events_history_then_live_samples_with_details(server):
-    time.sleep(2.5)  # a few samples in the ring before the page opens
-    ev = Events(server.admin_port)
-    name, history = ev.next()
-    assert name == "history" and isinstance(history, list) and len(history) >= 2
-    assert SAMPLE_KEYS <= set(history[-1])
-    assert [s["n"] for s in history] == list(range(history[0]["n"], history[-1]["n"] + 1))
-
-    opened = time.time()
-    c = publish_many(server.port, "console.t", ["{}"] * 3000, name="console-pub")
-    deadline = time.monotonic() + 15
-    busy = None
-    while time.monotonic() < deadline:
-        name, data = ev.next()
-        assert name == "sample"
-        assert isinstance(data, dict) and SAMPLE_KEYS <= set(data["sample"])
-        mine = [cl for cl in data["clients"] if cl["name"] == "console-pub"]
-        if data["sample"]["publish_per_s"] > 0 and mine:
-            busy = data
-            break
-    assert busy is not None, "no sample showed the publishes and the publisher"
-    client = next(cl for cl in busy["clients"] if cl["name"] == "console-pub")
-    assert client["messages_in"] >= 3000 and client["transport"] == "json-tcp"
-    assert client["bytes_in"] > 3000 * 20 and client["behind"] is False
-    assert opened - 1 <= client["logon_time"] <= time.time()  # wall-clock seconds
-    assert client["peer"].startswith("127.0.0.1:")
-    assert busy["instance"] == "tt-test" and busy["sample"]["journal_bytes"] > 0
-    assert busy["segments"] and busy["segments"][-1]["kind"] == "active"
-    c.close()
-
-    # a page opened late reads the publishes in the ring; the publisher is gone from the clients
-    late = Events(server.admin_port)
-    name, history = late.next()
-    assert name == "history" and any(s["publish_per_s"] > 0 for s in history)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        name, data = late.next()
-        if not any(cl["name"] == "console-pub" for cl in data["clients"]):  # type: ignore[index]
-            break
-    else:
-        raise AssertionError("the closed client stayed in the clients view")
-    ev.close()
-    late.close()
-
-
 def test_an_open_page_does_not_keep_the_server_from_stopping(server):
     ev = Events(server.admin_port)
     assert ev.next()[0] == "history"
@@ -130,7 +99,8 @@ def test_an_open_page_does_not_keep_the_server_from_stopping(server):
     ev.close()
 
 
-def test_subscriptions_show_state_filter_and_lag(server):
+def test_subscriptions_show_state_filter_and_lag(console):
+    server = console
     publish_many(server.port, "console.s", ['{"i":1}'] * 200, name="console-s-pub").close()
     c = Raw(server.port)
     c.logon("console-sub")
@@ -209,7 +179,8 @@ def _post(port: int, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def test_disconnect_action(server):
+def test_disconnect_action(console):
+    server = console
     c = Raw(server.port)
     c.logon("console-victim")
     ev = Events(server.admin_port)
@@ -234,6 +205,54 @@ def test_disconnect_action(server):
     server.wait_for_log(r"admin: disconnected .*console-victim")
     assert _post(server.admin_port, path, action)[0] == 404  # gone already
     ev.close()
+
+
+def test_events_history_then_live_samples_with_details(console):
+    server = console
+    # a few samples in the ring before the page opens: the server has run 2.5 s at least
+    time.sleep(max(0.0, console.started + 2.5 - time.monotonic()))
+    ev = Events(server.admin_port)
+    name, history = ev.next()
+    assert name == "history" and isinstance(history, list) and len(history) >= 2
+    assert SAMPLE_KEYS <= set(history[-1])
+    assert [s["n"] for s in history] == list(range(history[0]["n"], history[-1]["n"] + 1))
+
+    opened = time.time()
+    c = publish_many(server.port, "console.t", ["{}"] * 3000, name="console-pub")
+    deadline = time.monotonic() + 15
+    busy = None
+    while time.monotonic() < deadline:
+        name, data = ev.next()
+        assert name == "sample"
+        assert isinstance(data, dict) and SAMPLE_KEYS <= set(data["sample"])
+        mine = [cl for cl in data["clients"] if cl["name"] == "console-pub"]
+        if data["sample"]["publish_per_s"] > 0 and mine:
+            busy = data
+            break
+    assert busy is not None, "no sample showed the publishes and the publisher"
+    client = next(cl for cl in busy["clients"] if cl["name"] == "console-pub")
+    assert client["messages_in"] >= 3000 and client["transport"] == "json-tcp"
+    assert client["bytes_in"] > 3000 * 20 and client["behind"] is False
+    assert opened - 1 <= client["logon_time"] <= time.time()  # wall-clock seconds
+    assert client["peer"].startswith("127.0.0.1:")
+    assert busy["instance"] == "tt-test" and busy["sample"]["journal_bytes"] > 0
+    assert busy["segments"] and busy["segments"][-1]["kind"] == "active"
+    c.close()
+
+    # a page opened late reads the publishes in the ring; the publisher is gone from the clients
+    late = Events(server.admin_port)
+    name, history = late.next()
+    # (its own publishes: the module's other tests published before it opened)
+    assert name == "history" and any(s["publish_per_s"] > 0 for s in history if s["t"] >= opened)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        name, data = late.next()
+        if not any(cl["name"] == "console-pub" for cl in data["clients"]):  # type: ignore[index]
+            break
+    else:
+        raise AssertionError("the closed client stayed in the clients view")
+    ev.close()
+    late.close()
 
 
 def test_run_a_journal_action_now(tmp_path):

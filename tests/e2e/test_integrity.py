@@ -5,6 +5,7 @@ rebuild, never an acknowledged record. Each test fails on the code before the ch
 
 import json
 import os
+import shutil
 import urllib.request
 
 import pytest
@@ -25,11 +26,13 @@ def stats(srv) -> dict:
         return json.loads(r.read())
 
 
-@pytest.fixture
-def stored(tmp_path):
-    """A stopped server whose journal holds N messages over several 64 KB segments, and where
-    each record is: {seq: (path, file offset, record size)}."""
-    srv = ServerProcess(tmp_path / "srv", journal_size="64KB", extra=QUEUE)
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A stopped server's directory whose journal holds N messages over several 64 KB segments,
+    and where each record is: {seq: (path relative to the directory, file offset, size)}.
+    Written once for the module: each test damages its own copy."""
+    root = tmp_path_factory.mktemp("integrity") / "srv"
+    srv = ServerProcess(root, journal_size="64KB", extra=QUEUE)
     srv.start()
     publish_many(
         srv.port,
@@ -38,17 +41,34 @@ def stored(tmp_path):
         name="ipub",
     )
     assert srv.stop() == 0
-    j = Journal(str(tmp_path / "srv" / "journal"))
+    j = Journal(str(root / "journal"))
     where = {}
     recs = list(j.scan())
     for r, nxt in zip(recs, [*recs[1:], None]):
         segs, i = j.layout.find(r.position)
         seg = segs[i]
         end = nxt.position if nxt is not None and nxt.position < seg.end else seg.end
-        where[r.seq] = (seg.path, SEGMENT_HEADER_SIZE + r.position - seg.base, end - r.position)
+        where[r.seq] = (
+            os.path.relpath(seg.path, root),
+            SEGMENT_HEADER_SIZE + r.position - seg.base,
+            end - r.position,
+        )
     assert len(j.segments) >= 3
     j.close()
-    return srv, where
+    return root, where
+
+
+@pytest.fixture
+def stored(pristine, tmp_path):
+    """A stopped server (not started yet) on a copy of the pristine journal, and where each
+    record is: {seq: (path, file offset, record size)}."""
+    root, where = pristine
+    shutil.copytree(root, tmp_path / "srv")
+    srv = ServerProcess(tmp_path / "srv", journal_size="64KB", extra=QUEUE)
+    here = {
+        seq: (str(tmp_path / "srv" / rel), off, size) for seq, (rel, off, size) in where.items()
+    }
+    return srv, here
 
 
 def flip(path: str, offset: int) -> None:

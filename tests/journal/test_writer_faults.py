@@ -20,6 +20,7 @@ import time
 import pytest
 
 from journal import fileio
+from journal import writer as writer_mod
 from journal.fileio import FaultSpecError, FaultyIO, FileIO, io_from_env
 from journal.journal import Journal, JournalUnavailable
 from journal.record import SEGMENT_HEADER_SIZE
@@ -31,6 +32,14 @@ SEG = 4096
 BODY = b"x" * 300
 record = functools.partial(journal_ops.record, body=BODY)
 put = functools.partial(journal_ops.put, body=BODY)
+
+
+@pytest.fixture(autouse=True)
+def quick_probe(monkeypatch):
+    """Probe a quarter of the product's second: each failure case waits out one probe before
+    the journal is available again (most of this file's time at 1 s), and a quarter second
+    still leaves the checks right after a failure (`not j.available`) far ahead of it."""
+    monkeypatch.setattr(writer_mod, "PROBE_INTERVAL", 0.25)
 
 
 def wait_available(j: Journal, timeout: float = 10.0) -> None:

@@ -8,6 +8,7 @@ only the type checker follows is still a circle a reader has to untangle). The l
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,18 +35,19 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The known modules `name` imports (`from . import x` counts as the package's x)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    st = path.stat()
+    for level, module, names in _import_statements(str(path), st.st_mtime_ns, st.st_size):
         targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
+        if level is None:
+            targets = list(names)
+        else:
+            if level:
                 base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
+                base = base[: len(base) - (level - 1)]
+                mod = ".".join(base + ([module] if module else []))
             else:
-                mod = node.module or ""
-            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+                mod = module or ""
+            targets = [mod] + [f"{mod}.{a}" for a in names]
         for t in targets:
             # the longest known module named by the import (a name inside it maps to it)
             while t and t not in known:
@@ -54,6 +56,24 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             if t and t != name and not name.startswith(t + "."):
                 found.add(t)
     return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _import_statements(
+    path: str, mtime_ns: int, size: int
+) -> tuple[tuple[int | None, str | None, tuple[str, ...]], ...]:
+    """The import statements of one file as (level, module, names); level None for `import x`.
+    Kept per file version (path, mtime, size): the layer and room tests ask for the graph a dozen
+    times in one process, and parsing every module each time was most of their seconds."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    out: list[tuple[int | None, str | None, tuple[str, ...]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.append((None, None, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module, tuple(a.name for a in node.names)))
+    return tuple(out)
 
 
 def graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:

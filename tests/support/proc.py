@@ -113,11 +113,16 @@ class ServerProcess:
     def output(self) -> str:
         return "\n".join(self.lines)
 
-    def wait_for_log(self, pattern: str, timeout: float = 10.0) -> str:
+    def log_mark(self) -> int:
+        """Where the log of this run stands: pass it to wait_for_log(since=) so a test on a
+        server shared by a module sees only the lines that came after it began."""
+        return len(self.lines)
+
+    def wait_for_log(self, pattern: str, timeout: float = 10.0, since: int = 0) -> str:
         deadline = time.monotonic() + timeout
         rx = re.compile(pattern)
         while time.monotonic() < deadline:
-            for line in list(self.lines):
+            for line in self.lines[since:]:
                 if rx.search(line):
                     return line
             time.sleep(0.02)
