@@ -143,8 +143,12 @@ async def session(server):
 
 
 def pytest_asyncio_loop_factories(config, item):
-    """Every async client test runs on both loops (CONVENTIONS.md habit 11)."""
+    """Every async client test runs on both loops (CONVENTIONS.md habit 11), except one that
+    tests a command-line client (`cli_process`): that runs in a process of its own, on the
+    loop the command chooses, whatever loop the test's side runs on; twice was the same test."""
     factories = {"asyncio": asyncio.new_event_loop}
+    if item.get_closest_marker("cli_process"):
+        return factories
     try:
         import uvloop
     except ImportError:  # pragma: no cover

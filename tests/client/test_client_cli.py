@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from client.cli import add_client_commands, run_pub, run_sub
 
 ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.cli_process  # the commands run in processes of their own
 
 
 async def run_cli(*args, stdin: bytes = b"", timeout: float = 20.0):

@@ -180,6 +180,7 @@ async def _wait_for(pred, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.cli_process
 async def test_cli_pub_and_sub_killed_with_sigkill_resume_exactly(tmp_path):
     srv = fixed_port_server(tmp_path / "srv").start()
     a = addr(srv)
@@ -304,6 +305,7 @@ QUEUE = """<SOW><Queue><Name>jobs-q</Name><UnderlyingTopic>jobs</UnderlyingTopic
 <MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue></SOW>"""
 
 
+@pytest.mark.cli_process
 async def test_queue_cli_prints_and_acknowledges(tmp_path):
     srv = ServerProcess(tmp_path / "q", admin=False, extra=QUEUE).start()
     try:
@@ -322,6 +324,7 @@ async def test_queue_cli_prints_and_acknowledges(tmp_path):
     assert sorted(runs[0] + runs[1]) == list(range(50))
 
 
+@pytest.mark.cli_process
 async def test_cli_sub_resumes_where_the_last_run_stopped_and_fails_over(tmp_path):
     srv = ServerProcess(tmp_path / "s", admin=False).start()
     dead = free_port()  # listed first: nothing listens there
@@ -344,6 +347,7 @@ async def test_cli_sub_resumes_where_the_last_run_stopped_and_fails_over(tmp_pat
     assert got[2] == list(range(10))  # another store file: starts from EPOCH
 
 
+@pytest.mark.cli_process
 async def test_cli_store_in_use_is_a_usage_error(tmp_path):
     store = FilePublishStore(tmp_path / "p")
     try:
