@@ -36,7 +36,7 @@ REASON_ARGS: dict[str, tuple[str, int]] = {
     "FieldError": ("ack", 1),  # FieldError(header, reason, detail)
     "close": ("disconnect", 0),  # Connection.close(reason, abort=False)
     "_close": ("disconnect", 2),  # Intake._close(conn, counter, reason, why)
-    "_expire": ("dead letter", 1),  # Queue._expire(position, reason, rec)
+    "expire": ("dead letter", 1),  # QueueState.expire(position, reason, rec)
     "dead_letter": ("dead letter", 2),  # dead_letter(queue, position, reason, deliveries, rec)
 }
 # `send_ack(kind, cid, status, ...)`: the ack types and statuses the server emits
