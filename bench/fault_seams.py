@@ -21,9 +21,12 @@ with `--first-round R --rounds 1`). A round:
    `kill` -9 an instance, restart it 0.2-1.5 s later; `disk-full` fill an instance's disk for
    0.3-1.5 s. Add-ons, not drawn: `maint` (about one round in eight, or every round when it
    is the only class) runs on one random instance the `<Actions>` archive -> compact -> remove
-   every 2 s (journal segments of 64 KB, ages of 1 s), and the round lasts until a run that
-   archived ended or MAINT_WAIT_S passed (a local Spark job per run: tens of seconds, hence
-   only a share of the rounds); `filter-delete` (every round while enabled): alice
+   every 4 s (journal segments of 64 KB, ages of 1 s), and the round lasts until a run that
+   archived ended or MAINT_WAIT_S passed; in half of them the faults wait for the instance's
+   first journal job, to land while it runs. Each job is a local Spark JVM: bench/seams_spark.py
+   starts it for less (the same job; a class-data archive dumped once per campaign, C1, one
+   task), about 13 s a job instead of 30 s, hence still only a share of the rounds);
+   `filter-delete` (every round while enabled): alice
    acknowledges desk B's at-least-once messages by filter, which her content filter must make
    a no-op.
 4. Everything healed and restarted, publishers finish, the set converges (bounded waits), all
