@@ -89,6 +89,40 @@ def test_stored_oracle_counts_what_a_publisher_went_past_on_failover_only_while_
     assert stats["ha_missed"] == 2 and v
 
 
+def test_archive_oracle_counts_what_a_catalog_lists_and_what_left_the_journal(tmp_path):
+    """The archive holds what its catalogs (the commit point) list: a file renamed into place by
+    a run that never wrote its catalog holds nothing; `archive_only` counts acknowledged
+    messages that are in the archive and no longer in the journal."""
+    from collections import Counter
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from seams_oracle import archive_ids
+
+    def part(name, seqs):
+        d = tmp_path / "topic=fc" / "date=2026-11-27"
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"bookmark": [f"{P}|{s}|" for s in seqs], "kind": [1] * len(seqs)}),
+                       d / name)  # fmt: skip
+        return f"topic=fc/date=2026-11-27/{name}"
+
+    committed = part("0-100.parquet", [1, 2])
+    part("100-200.parquet", [3])  # published, but its run died before the catalog
+    (tmp_path / "_catalog").mkdir()
+    (tmp_path / "_catalog" / "archive-1.json").write_text(
+        json.dumps({"files": [{"path": committed}]})
+    )
+    assert archive_ids(str(tmp_path)) == {(P, 1), (P, 2)}
+    stats, v = check_stored(
+        {P: 3}, {"tt-a": (Counter({(P, 2): 1, (P, 3): 1}), {(P, 1), (P, 2)}, [])}
+    )
+    assert v == [] and stats["archive_only"] == 1 and stats["archived"] == 2
+    stats, v = check_stored(
+        {P: 3}, {"tt-a": (Counter({(P, 2): 1}), archive_ids(str(tmp_path)), [])}
+    )
+    assert stats["lost"] == 1 and "(P, 3)" not in v[0] and str((P, 3)) in v[0]
+
+
 def _ledger(delivered, acked=()):
     lg = Ledger(t0=0.0)
     lg.delivered += delivered
