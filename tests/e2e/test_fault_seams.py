@@ -3,7 +3,8 @@ rounds (each check must be able to fail), and 50 rounds against a replicated set
 
 The 50 rounds of one seed run as five tests of ten rounds (rounds 0-9, 10-19, ...: the same
 rounds, and the same replay lines, as one run of 50), so xdist's workers share them; a round is
-a fresh pair or trio, most of it starting servers. Each slice has a --time-limit of 12 s a round,
+a fresh pair or trio, about 4.5 s on a quiet machine and 8 s on two busy cores (bench/RESULTS.md,
+"with the maintenance actions"). Each slice has a --time-limit of 12 s a round,
 and then at least 40% of its rounds must have run. The CI rounds leave out `maint` (a local
 Spark job per run: the bench runs it on a share of its rounds). TT_SEAMS_FAULTS picks the
 classes (default: every other one), TT_FAULT_SEED the seed, TT_SEAMS_ROUNDS the number of rounds.
