@@ -47,6 +47,7 @@ from campaign_runner import Mode, add_arguments, mount_tmpfs, run
 from journal.journal import Journal
 from journal.record import SEGMENT_HEADER_SIZE
 from server.ids import publisher_id
+from tests.support.proc import server_env
 
 TICKERTAPE = os.path.join(os.path.dirname(sys.executable), "tickertape")
 FAULTS = ("kill", "disk-full", "io-errors", "bitflip")
@@ -108,7 +109,7 @@ class Server:
         self.log = open(os.path.join(data, "server.log"), "a")
 
     def start(self, faults: str | None = None) -> None:
-        env = dict(os.environ)
+        env = server_env()  # bytecode cached outside the tree: a start compiles nothing
         env.pop("TICKERTAPE_FAULTS", None)
         if faults:
             env["TICKERTAPE_FAULTS"] = faults

@@ -21,9 +21,12 @@ with `--first-round R --rounds 1`). A round:
    `kill` -9 an instance, restart it 0.2-1.5 s later; `disk-full` fill an instance's disk for
    0.3-1.5 s. Add-ons, not drawn: `maint` (about one round in eight, or every round when it
    is the only class) runs on one random instance the `<Actions>` archive -> compact -> remove
-   every 2 s (journal segments of 64 KB, ages of 1 s), and the round lasts until a run that
-   archived ended or MAINT_WAIT_S passed (a local Spark job per run: tens of seconds, hence
-   only a share of the rounds); `filter-delete` (every round while enabled): alice
+   every 4 s (journal segments of 64 KB, ages of 1 s), and the round lasts until a run that
+   archived ended or MAINT_WAIT_S passed; in half of them the faults wait for the instance's
+   first journal job, to land while it runs. Each job is a local Spark JVM: bench/seams_spark.py
+   starts it for less (the same job; a class-data archive dumped once per campaign, C1, one
+   task), about 13 s a job instead of 30 s, hence still only a share of the rounds);
+   `filter-delete` (every round while enabled): alice
    acknowledges desk B's at-least-once messages by filter, which her content filter must make
    a no-op.
 4. Everything healed and restarted, publishers finish, the set converges (bounded waits), all
@@ -38,10 +41,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import multiprocessing
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -71,6 +76,7 @@ from seams_oracle import (
     journal_ids,
     skipped_ids,
 )
+from seams_spark import prepare as prepare_spark
 
 from server.ids import publisher_id
 from tests.support.cluster import Cluster
@@ -126,7 +132,7 @@ STEPS = [("amps-action-do-archive-journal", "<Age>1s</Age>"),
          ("tickertape-action-do-compact-journal", "<Retention>1s</Retention>"),
          ("amps-action-do-remove-journal", "<Age>1s</Age>")]  # fmt: skip
 ACTIONS = (
-    "<Actions><Action><On><Module>amps-action-on-schedule</Module><Options><Every>2s</Every>"
+    "<Actions><Action><On><Module>amps-action-on-schedule</Module><Options><Every>4s</Every>"
     "<Name>seams-maintenance</Name></Options></On>"
     + "".join(f"<Do><Module>{m}</Module><Options>{o}</Options></Do>" for m, o in STEPS)
     + "</Action></Actions>"
@@ -145,7 +151,8 @@ def pick(rng: random.Random, faults: list[str]) -> str:
     return "+".join(chosen)
 
 
-def make_cluster(data: str, rng: random.Random, maint: bool) -> Cluster:
+def make_cluster(data: str, rng: random.Random, maint: bool) -> tuple[Cluster, str | None]:
+    """The round's set, and the instance that runs the maintenance schedule (None: none)."""
     from tests.security.servers import users_file
 
     names = ["tt-a", "tt-b", "tt-c"][: rng.choice((2, 2, 3))]
@@ -162,13 +169,15 @@ def make_cluster(data: str, rng: random.Random, maint: bool) -> Cluster:
         downgrade_after="1s", queue_owner_failover="1s", link_user=("repl", pw),
         extra=QUEUES + auth + ROLES, journal_extra=MAINT_JOURNAL if maint else "",
     )  # fmt: skip
+    where = None
     if maint:  # one instance runs the schedule: one Spark job at a time on a small machine
-        cfg = cl[rng.choice(names)].config_path
+        where = rng.choice(names)
+        cfg = cl[where].config_path
         with open(cfg) as f:
             xml = f.read()
         with open(cfg, "w") as f:
             f.write(xml.replace("</TickertapeConfig>", ACTIONS + "</TickertapeConfig>"))
-    return cl
+    return cl, where
 
 
 class Faults:
@@ -240,6 +249,27 @@ def maintenance_runs(cl: Cluster) -> int:
                if "action seams-maintenance: done" in line or "later steps skipped" in line)  # fmt: skip
 
 
+def maintenance_done(cl: Cluster) -> dict[str, int]:
+    """What the maint instance's steps changed: archive and compaction results applied (its
+    `_maint/applied/` answers, which outlive a restart) and segments removed (the log of its
+    last start: a removal before a kill is not counted)."""
+    out = {"archives_applied": 0, "compactions_applied": 0, "segments_removed": 0}
+    for i in cl:
+        adir = os.path.join(i.directory, "journal", "_maint", "applied")
+        for name in os.listdir(adir) if os.path.isdir(adir) else ():
+            try:
+                with open(os.path.join(adir, name)) as f:
+                    applied = json.load(f).get("status") == "applied"
+            except (OSError, ValueError):
+                continue
+            kind = "archives_applied" if name.startswith("archive") else "compactions_applied"
+            out[kind] += applied
+        for line in list(i.lines):
+            m = re.search(r"remove-journal: removed (\d+) segments", line)
+            out["segments_removed"] += int(m.group(1)) if m else 0
+    return out
+
+
 async def wait_for(pred, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -249,7 +279,13 @@ async def wait_for(pred, timeout: float) -> bool:
     return False
 
 
-async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
+def job_started(i) -> bool:
+    """Whether the instance has asked for an archive or a compaction (its journal job starts)."""
+    rdir = os.path.join(i.directory, "journal", "_maint", "requests")
+    return os.path.isdir(rdir) and bool(os.listdir(rdir))
+
+
+async def round_async(cl: Cluster, rng: random.Random, label: str, maint: str | None) -> dict:
     kinds = label.split("+")
     names = cl.names
     ports = [cl[n].port for n in names]
@@ -282,6 +318,9 @@ async def round_async(cl: Cluster, rng: random.Random, label: str) -> dict:
     if "filter-delete" in kinds:
         tasks.append(asyncio.create_task(deleter.run(stop)))
     await asyncio.sleep(rng.uniform(0.2, 0.8))
+    if maint is not None and rng.random() < 0.5:  # the faults land on a journal job under way
+        started = await wait_for(lambda: _true(job_started(cl[maint])), MAINT_WAIT_S / 2)
+        trace(ledger.t0, f"{maint}'s journal job started: {started}")
     faults = Faults(cl, rng)
     trace(ledger.t0, f"faults {kinds}")
     await asyncio.gather(*(faults.inject(k) for k in kinds if k not in ADDONS))
@@ -361,16 +400,17 @@ def check(cl: Cluster, out: dict) -> tuple[dict, list[str]]:
     stats["queue_left"] = max(0, stats["acked"] - stats.get("queue_acked", 0))
     stats["failovers"] = out["ha"].failovers
     stats["maint_runs"] = out["maint_runs"]
+    stats.update(maintenance_done(cl))
     return stats, violations
 
 
 def _play(rng: random.Random, label: str, data: str) -> tuple[dict, list[str]]:
-    cl = make_cluster(data, rng, "maint" in label)
+    cl, maint = make_cluster(data, rng, "maint" in label)
     try:
         t0 = time.monotonic()
         start_all(cl)
         trace(t0, "cluster started")
-        out = asyncio.run(round_async(cl, rng, label))
+        out = asyncio.run(round_async(cl, rng, label, maint))
         t0 = time.monotonic()
         out["problems"] += stop_all(cl)
         trace(t0, "stopped")
@@ -388,8 +428,13 @@ def _play(rng: random.Random, label: str, data: str) -> tuple[dict, list[str]]:
         cl.close()
 
 
+_maint_env: dict[str, str] | None = None  # seams_spark.prepare's, once per campaign
+
+
 def _child(rng: random.Random, label: str, data: str, conn) -> None:
     global _phases
+    if "maint" in label and _maint_env:
+        os.environ.update(_maint_env)  # this round's servers and their Spark children
     os.setpgrp()  # the round's servers join this group: a hung round is killed whole
     _phases = os.path.join(data, "phases.txt")
     try:
@@ -401,6 +446,9 @@ def _child(rng: random.Random, label: str, data: str, conn) -> None:
 def play(r: int, rng: random.Random, label: str, data: str) -> tuple[dict, list[str]]:
     """One round in a child process with a deadline: a client that hangs (or spins) is a
     finding, not the end of the campaign."""
+    global _maint_env
+    if "maint" in label and _maint_env is None:  # the campaign's root: kept to its end
+        _maint_env = prepare_spark(os.path.dirname(data))
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(rng, label, data, send))
@@ -439,6 +487,7 @@ SEAMS = Mode(
         "lost_async",
         "duplicated",
         "archived",
+        "archive_only",
         "queue_delivered",
         "queue_acked",
         "queue_again",
@@ -452,6 +501,9 @@ SEAMS = Mode(
         "entitlement_breaches",
         "failovers",
         "maint_runs",
+        "archives_applied",
+        "compactions_applied",
+        "segments_removed",
     ),
     pick=pick,
     play=play,

@@ -25,6 +25,7 @@ import os
 from seams_clients import ALO_QUEUE, AMO_QUEUE, Ledger, body_ok, msg_id
 
 from journal.journal import Journal
+from journal.manifest import read_json
 
 GRACE = 3.0  # seconds: QueueOwnerFailover (1 s) plus a replication round trip, with margin
 
@@ -50,17 +51,17 @@ def journal_ids(jdir: str) -> tuple[collections.Counter, list[str]]:
 
 
 def archive_ids(adir: str) -> set[tuple[int, int]]:
-    """Message ids in an archive directory (the Parquet files the catalogs committed)."""
-    if not os.path.isdir(os.path.join(adir, "_catalog")):
+    """Message ids in an archive directory: the Parquet files its catalogs list (a catalog is
+    the archive's commit point: a file renamed into place by a run that never wrote its catalog
+    is not archived, and compaction must not count on it)."""
+    cdir = os.path.join(adir, "_catalog")
+    if not os.path.isdir(cdir):
         return set()
     import pyarrow.dataset as ds
 
-    files = [
-        os.path.join(d, f)
-        for d, _, fs in os.walk(adir)
-        for f in fs
-        if f.endswith(".parquet") and "/_" not in d[len(adir) :] and not f.startswith((".", "_"))
-    ]
+    files = sorted({os.path.join(adir, f["path"]) for name in os.listdir(cdir) if name.endswith(".json")
+                    for f in read_json(os.path.join(cdir, name)).get("files", ())})  # fmt: skip
+    files = [f for f in files if os.path.exists(f)]  # one a catalog lists and lacks: not held
     if not files:
         return set()
     t = ds.dataset(files, format="parquet").to_table(columns=["bookmark", "kind"])
@@ -87,7 +88,7 @@ def check_stored(
     cost of async replication (docs/replication.md, "Duplicates"), counted as `lost_async`;
     one that no instance holds is lost all the same."""
     out: list[str] = []
-    lost = dup = archived = lost_async = 0
+    lost = dup = archived = archive_only = lost_async = 0
     held: set[tuple[int, int]] = set()
     for jids, aids, _bad in stored.values():
         held |= {k for k in skipped if k in jids or k in aids}
@@ -100,6 +101,9 @@ def check_stored(
         missing = [k for k in missing if k not in held]
         twice = [k for k, n in jids.items() if n > 1]
         archived += len(aids)
+        # what compaction or removal took out of the journal after the archive took it
+        archive_only += sum(1 for p, top in acked.items() for s in range(1, top + 1)
+                            if (p, s) in aids and (p, s) not in jids)  # fmt: skip
         if missing:
             lost += len(missing)
             out.append(f"{inst}: {len(missing)} acknowledged message(s) in neither its journal "
@@ -107,7 +111,9 @@ def check_stored(
         if twice:
             dup += len(twice)
             out.append(f"{inst}: {len(twice)} message(s) stored twice, e.g. {twice[:3]}")
-    return {"lost": lost, "duplicated": dup, "archived": archived, "lost_async": lost_async}, out
+    stats = {"lost": lost, "duplicated": dup, "archived": archived, "archive_only": archive_only,
+             "lost_async": lost_async}  # fmt: skip
+    return stats, out
 
 
 def _excused(windows: list[dict], first: tuple[float, str], again: tuple[float, str]) -> str:

@@ -53,13 +53,17 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
+    """The whole command line; `serve_only`: just `serve` (the other commands' parsers import
+    the client and the Spark job's options, a third of a server's start)."""
     parser = argparse.ArgumentParser(
         prog="tickertape", description="Tickertape message server and client"
     )
     parser.add_argument("--version", action="version", version=f"tickertape {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    if serve_only:
+        return parser
     try:
         from client.cli import add_client_commands
     except ImportError:  # pragma: no cover - the client is part of the distribution
@@ -93,7 +97,8 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(serve_only=argv[:1] == ["serve"])
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)

@@ -416,8 +416,11 @@ class Session:
         self.on_logon()
         seq = svc.pipeline.durable.get(pub, 0)
         log.info("logon: %s user=%s last_seq=%d", self.describe(), self.user_id or "-", seq)
-        if seq:
-            svc.publisher_logon(pub, seq)
+        # the handoff covers what the journal holds of it, which is more than the logon reports
+        # while the sync gate holds replicated batches (server/replication/handoff.py)
+        held = max(seq, svc.pipeline.highest.get(pub, 0))
+        if held:
+            svc.publisher_logon(pub, held)
         if "processed" in acks or not acks:
             self.out.send_ack(
                 "processed",

@@ -12,7 +12,11 @@ delivered to its subscribers.
 
 So when a publisher logs on to an instance whose newest message of it came from another
 instance, the instance takes from its journal that publisher's newest run of records from
-other instances (`foreign_tail`: back to its last record published here, at most
+other instances (up to the highest it has accepted, not the sequence the logon reports: while a
+sync destination has not acknowledged them, replicated records are in the journal but not yet
+released, and the logon reports less; the publisher then resends them, duplicates here, and
+goes on with its own. Records accepted but not yet written when it logs on, one commit's
+worth, are still left out) (`foreign_tail`: back to its last record published here, at most
 HANDOFF_MAX_BYTES) and each sender puts them on its link ahead of anything after the logon
 (Sender.hand_off): the destination stores the ones it lacks, in the publisher's order, before
 the first one published here, and drops the others as duplicates. The bound is the
@@ -52,11 +56,15 @@ def _record_at(journal: Journal, position: int) -> RawTuple | None:
 
 def foreign_tail(journal: Journal, pub: int, seq: int) -> list[RawTuple]:
     """Publisher `pub`'s message records after its last one published here, up to its `seq`
-    (the durable highest), oldest first; [] when its newest is its own here (or not found).
-    At most HANDOFF_MAX_BYTES of them (the newest)."""
+    (the highest accepted: its newest the journal holds at or below it), oldest first; []
+    when its newest is its own here (or none is found). At most HANDOFF_MAX_BYTES of them (the
+    newest)."""
     newest = journal.locate(pub, seq)
-    if newest is None:
-        return []
+    if newest is None:  # accepted, not yet written: the newest written before it
+        floor = journal.index.locate_floor(pub, seq)
+        if floor is None:
+            return []
+        seq, newest = floor
     rec = _record_at(journal, newest)
     if rec is None or raw_origin(rec[7]) is None:
         return []

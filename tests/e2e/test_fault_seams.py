@@ -1,11 +1,13 @@
 """The fault campaign at the seams (bench/fault_seams.py, docs/testing.md): its oracle on made-up
 rounds (each check must be able to fail), and 50 rounds against a replicated set in CI.
 
-50 rounds take 5-12 minutes on two cores (a round is a fresh pair or trio: most of it is
-starting servers); --time-limit stops the run after 480 s, and then at least 20 rounds must
-have run. The CI rounds leave out `maint` (a local Spark job per run is tens of seconds: the
-bench runs it on a share of its rounds). TT_SEAMS_FAULTS picks the classes (default: every
-other one), TT_FAULT_SEED the seed, TT_SEAMS_ROUNDS the number of rounds.
+The 50 rounds of one seed run as five tests of ten rounds (rounds 0-9, 10-19, ...: the same
+rounds, and the same replay lines, as one run of 50), so xdist's workers share them; a round is
+a fresh pair or trio, about 4.5 s on a quiet machine and 8 s on two busy cores (bench/RESULTS.md,
+"with the maintenance actions"). Each slice has a --time-limit of 12 s a round,
+and then at least 40% of its rounds must have run. The CI rounds leave out `maint` (a local
+Spark job per run: the bench runs it on a share of its rounds). TT_SEAMS_FAULTS picks the
+classes (default: every other one), TT_FAULT_SEED the seed, TT_SEAMS_ROUNDS the number of rounds.
 
 `kill` is in the default again (issue 23): its violation, a killed instance's unsent messages
 dropped as duplicates on a third instance after their publisher moved, is fixed by the handoff
@@ -88,6 +90,40 @@ def test_stored_oracle_counts_what_a_publisher_went_past_on_failover_only_while_
     assert stats["ha_missed"] == 2 and v
 
 
+def test_archive_oracle_counts_what_a_catalog_lists_and_what_left_the_journal(tmp_path):
+    """The archive holds what its catalogs (the commit point) list: a file renamed into place by
+    a run that never wrote its catalog holds nothing; `archive_only` counts acknowledged
+    messages that are in the archive and no longer in the journal."""
+    from collections import Counter
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from seams_oracle import archive_ids
+
+    def part(name, seqs):
+        d = tmp_path / "topic=fc" / "date=2026-11-27"
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"bookmark": [f"{P}|{s}|" for s in seqs], "kind": [1] * len(seqs)}),
+                       d / name)  # fmt: skip
+        return f"topic=fc/date=2026-11-27/{name}"
+
+    committed = part("0-100.parquet", [1, 2])
+    part("100-200.parquet", [3])  # published, but its run died before the catalog
+    (tmp_path / "_catalog").mkdir()
+    (tmp_path / "_catalog" / "archive-1.json").write_text(
+        json.dumps({"files": [{"path": committed}]})
+    )
+    assert archive_ids(str(tmp_path)) == {(P, 1), (P, 2)}
+    stats, v = check_stored(
+        {P: 3}, {"tt-a": (Counter({(P, 2): 1, (P, 3): 1}), {(P, 1), (P, 2)}, [])}
+    )
+    assert v == [] and stats["archive_only"] == 1 and stats["archived"] == 2
+    stats, v = check_stored(
+        {P: 3}, {"tt-a": (Counter({(P, 2): 1}), archive_ids(str(tmp_path)), [])}
+    )
+    assert stats["lost"] == 1 and "(P, 3)" not in v[0] and str((P, 3)) in v[0]
+
+
 def _ledger(delivered, acked=()):
     lg = Ledger(t0=0.0)
     lg.delivered += delivered
@@ -137,18 +173,47 @@ def test_desk_oracle_flags_the_other_desk():
     assert stats["entitlement_breaches"] == 2 and len(v) == 2
 
 
+SEED = int(os.environ.get("TT_FAULT_SEED", "1"))
+ROUNDS = int(os.environ.get("TT_SEAMS_ROUNDS", "50"))
+FAULTS = os.environ.get("TT_SEAMS_FAULTS", "drop,stall,delay,kill,disk-full,filter-delete")
+SLICES = 5  # tests of ROUNDS / SLICES rounds each: xdist's workers share them
+
+
+def _slice(part: int) -> tuple[int, int]:
+    """(first round, rounds) of one slice of the CI rounds 0 .. ROUNDS-1 of SEED."""
+    lo, hi = ROUNDS * part // SLICES, ROUNDS * (part + 1) // SLICES
+    return lo, hi - lo
+
+
+def test_the_ci_rounds_draw_every_fault_class():
+    """The slices are the rounds of one seed, so their draws are fixed: together they give
+    every enabled class at least once (each slice alone need not)."""
+    import random
+
+    from campaign_runner import round_seed
+    from fault_seams import pick
+
+    faults = FAULTS.split(",")
+    drawn = {
+        f
+        for r in range(ROUNDS)
+        for f in pick(random.Random(round_seed(SEED, r)), faults).split("+")
+    }
+    assert drawn == set(faults), sorted(set(faults) - drawn)  # fmt: skip
+    assert [_slice(k) for k in range(SLICES)][-1][0] + _slice(SLICES - 1)[1] == ROUNDS
+
+
 @pytest.mark.slow
-def test_fifty_seams_rounds_keep_the_promise(tmp_path):
-    seed = os.environ.get("TT_FAULT_SEED", "1")
-    rounds = int(os.environ.get("TT_SEAMS_ROUNDS", "50"))
-    faults = os.environ.get("TT_SEAMS_FAULTS", "drop,stall,delay,kill,disk-full,filter-delete")
+@pytest.mark.parametrize("part", range(SLICES))
+def test_seams_rounds_keep_the_promise(tmp_path, part):
+    first, rounds = _slice(part)
     out = tmp_path / "totals.json"
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "fault_campaign.py"), "--seams",
-         "--rounds", str(rounds), "--seed", seed, "--faults", faults, "--json", str(out),
-         "--time-limit", "480"],
-        capture_output=True, text=True, timeout=900,
+         "--first-round", str(first), "--rounds", str(rounds), "--seed", str(SEED),
+         "--faults", FAULTS, "--json", str(out), "--time-limit", str(12 * rounds)],
+        capture_output=True, text=True, timeout=60 + 40 * rounds,
     )  # fmt: skip
     # 3: stopped by --time-limit on a slow machine; the rounds that ran are judged all the same
     assert proc.returncode in (0, 1, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -160,13 +225,11 @@ def test_fifty_seams_rounds_keep_the_promise(tmp_path):
     )
     assert totals["violations"] == [], report[:8000]
     took = time.monotonic() - started
-    assert totals["rounds"] == rounds or (proc.returncode == 3 and totals["rounds"] >= 20), (
-        f"{totals['rounds']} rounds in {took:.0f}s"
-    )
+    assert totals["rounds"] == rounds or (proc.returncode == 3 and totals["rounds"] >= 0.4 * rounds), (
+        f"{totals['rounds']} of rounds {first}..{first + rounds - 1} in {took:.0f}s"
+    )  # fmt: skip
     assert totals["acked"] > 100 * totals["rounds"] and totals["queue_acked"] > 0
     assert totals["ha_delivered"] > 0 and totals["desk_delivered"] > 0
-    if totals["rounds"] >= 20:  # every class drawn at least once
-        assert all(n > 0 for n in totals["by_fault"].values()), totals["by_fault"]
 
 
 def test_desk_oracle_flags_a_delete_by_filter_past_the_content_filter():

@@ -72,3 +72,36 @@ def test_a_publisher_that_never_moved_hands_nothing_off(tmp_path):
         assert not any("moved here" in line for line in list(a.lines))
     finally:
         cl.close()
+
+
+def test_a_publisher_that_moves_brings_what_the_sync_gate_still_holds(tmp_path):
+    """The seams campaign's lost message (seed 1 round 3, 2 runs in 9): tt-a holds the
+    publisher's 1..10 from tt-c in its journal, but its sync gate has not released them (a sync
+    destination has not acknowledged), so a logon reports less than the journal holds. The
+    handoff took the foreign tail only up to the reported sequence: tt-a's own 11.. then reached
+    tt-b without 1..10 before them, and tt-b dropped tt-c's 1..10 later as duplicates. The
+    handoff now takes everything of the publisher the journal holds."""
+    cl = Cluster(tmp_path, ["tt-a", "tt-b", "tt-c"], sync={("tt-a", "tt-c"): True})
+    cl.start()
+    try:
+        a, b, c = cl["tt-a"], cl["tt-b"], cl["tt-c"]
+        cl.link("tt-c", "tt-b").drop()
+        cl.link("tt-a", "tt-c").stall()  # tt-a's sync destination: its gate holds what follows
+        publish_many(c.port, "orders", bodies(1, 11), name=MOVER).close()
+
+        c_end = c.admin_get("/stats")["journal"]["end_position"]
+
+        def written_from_c() -> bool:  # tt-a's resume point for tt-c: committed with the records
+            src = (a.replication_stats().get("sources") or {}).get("tt-c") or {}
+            return src.get("resume_position") == c_end
+
+        wait_until(written_from_c, 20, "tt-a wrote 1..10 from tt-c")
+        p = Raw(a.port)
+        assert p.logon(MOVER)["s"] < 10  # the gate holds them: the logon reports less
+        for s, body in zip(range(1, 21), bodies(1, 21), strict=True):
+            p.send({"c": "publish", "t": "orders", "s": s}, body)  # acks held by the gate
+        wait_until(lambda: 20 in seqs(b), 20, "tt-a's 11..20 on tt-b")
+        assert seqs(b) == list(range(1, 21)), "tt-b lacks what tt-a held of tt-c's"
+        p.close()
+    finally:
+        cl.close()

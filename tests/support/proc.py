@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -54,6 +55,22 @@ def make_config(
 """
 
 
+def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server started by a test or a bench: this one, unbuffered, plus
+    `extra`. Where PYTHONDONTWRITEBYTECODE is set (it is on the shared test machines) and no
+    PYTHONPYCACHEPREFIX is, the server writes and reads its bytecode under a cache directory of
+    the temp dir instead: otherwise every start compiles the ~230 modules of a server from
+    source, measured at 0.75 s of CPU of a start that takes 0.43 s with the cache. The checkout
+    itself stays free of __pycache__ either way."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
+    if env.get("PYTHONDONTWRITEBYTECODE") and not env.get("PYTHONPYCACHEPREFIX"):
+        del env["PYTHONDONTWRITEBYTECODE"]
+        env["PYTHONPYCACHEPREFIX"] = os.path.join(
+            tempfile.gettempdir(), f"tickertape-pycache-{os.getuid()}"
+        )
+    return env
+
+
 _LIVE: set = set()
 
 
@@ -81,7 +98,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         self.lines = []
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        env = server_env(self.env)
         self.proc = subprocess.Popen(
             [TICKERTAPE, "serve", "--config", self.config_path, *self.args],
             stdout=subprocess.PIPE,
