@@ -30,4 +30,4 @@ def test_the_longest_and_the_slow_tests_are_collected_first():
         "tests/e2e/test_fault_seams.py",
         "tests/e2e/test_replication_random.py",
     }, files
-    assert ids[0].startswith("tests/e2e/test_fault_seams.py::test_fifty_seams_rounds")
+    assert ids[0].startswith("tests/e2e/test_fault_seams.py::test_seams_rounds_keep")
