@@ -5,7 +5,7 @@ body`), from a *source* instance that sends its journal to a *destination* that 
 
 ```
 source -> dest  {"c":"repl_logon","name":N,"group":G,"dest":D,"v":1[,"user":U,"pw":P]
-                 [,"jid":J][,"seen":S]}
+                 [,"jid":J][,"seen":S][,"end":E]}
 dest -> source  {"c":"repl_ack","status":"success","pos":P[,"jid":J][,"seen":S]}
                                                                   resume point: the source
                                                                   position the destination holds
@@ -29,7 +29,11 @@ destination's on the logon's answer: 32 hex digits, new with every new journal
 (server/replication/identity.py), so a resume point is never applied to a journal it was not
 taken from. S (optional) is the other end's journal identity as this end last saw it (on a
 logon, the destination's as the source saw it; on its answer, the source's as the destination
-saw it): an instance whose journal is not that one lost its journal (it was replaced). Positions are u64 journal positions of the *source*. A batch's `from` is the
+saw it): an instance whose journal is not that one lost its journal (it was replaced). E
+(optional) is the source journal's end when it logs on: once the destination has applied every
+batch below E it holds what the source had then, its queue events included (the source is
+*synced*, as when the link goes idle; a source without E syncs only by going idle).
+Positions are u64 journal positions of the *source*. A batch's `from` is the
 previous batch's `to` on the same link (or the resume point): the link is a gap-free walk of
 the source journal; records filtered out by the source just leave nothing in the body. A
 batch of an empty range (`from` = `to`) may carry records: a handoff of records from earlier in
@@ -118,6 +122,7 @@ class ReplLogon(
     pw: str | None = None
     jid: str | None = None
     seen: str | None = None
+    end: int | None = None  # the source journal's end position at the logon
 
 
 class ReplAck(
@@ -195,6 +200,7 @@ def check_header(h: LinkHeader, body: bytes) -> None:
             raise BadLinkFrame(f"repl_logon version {h.v} is not a link version")
         _check_jid(h.jid)
         _check_jid(h.seen)
+        _check_pos("end", h.end)
     elif isinstance(h, ReplOwners):
         if not 0 < len(h.owners) <= MAX_OWNERS:
             raise BadLinkFrame(f"repl_owners must carry 1..{MAX_OWNERS} bindings")
@@ -293,9 +299,18 @@ def encode_logon(
     pw: str | None = None,
     jid: str | None = None,
     seen: str | None = None,
+    end: int | None = None,
 ) -> bytes:
     h = ReplLogon(
-        name=name, group=group, dest=dest, v=LINK_VERSION, user=user, pw=pw, jid=jid, seen=seen
+        name=name,
+        group=group,
+        dest=dest,
+        v=LINK_VERSION,
+        user=user,
+        pw=pw,
+        jid=jid,
+        seen=seen,
+        end=end,
     )
     check_header(h, b"")
     return _frame(h)

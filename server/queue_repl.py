@@ -300,47 +300,57 @@ class Failover:
 
 
 class CatchUp:
-    """The peers whose queue events this instance may not have applied yet, each with the time
-    (`clock`, monotonic seconds) after which the queues lease without waiting for it any longer.
+    """The peers whose queue events this instance may not have applied yet.
 
     A peer is catching up from this instance's start (what it did while this instance was
     away) and again each time its link comes back up (what it did while the link was down: a
     partition that healed). Until it has, a message this instance owns may have been acked,
     delivered at most once or taken over there, in an event still on its way; leasing it now
     delivers it again, and each applied record that frees a lease here would hand out the next
-    message, whose event is in the next record. A peer has caught up when its link goes idle
-    (`synced`: it sends heartbeats only when it has nothing more to send). A peer that never
-    goes idle (publishing without pause) is waited for at most `failover` seconds."""
+    message, whose event is in the next record. A peer has caught up (`synced`) when this
+    instance has applied everything below the journal end it named on its link's logon, or its
+    link went idle (it sends heartbeats only when it has nothing more to send).
+
+    A peer whose link is up is waited for until it has synced, however long its catch-up
+    takes (a slow or loaded link); the link's own timer drops a dead link. A peer whose link
+    is down, or has not come up, is waited for at most `failover` seconds (`clock`: monotonic
+    seconds) from the start of its catch-up: it may be down for good."""
 
     def __init__(self, failover: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.failover = failover
         self.clock = clock
-        self.until: dict[str, float] = {}  # peer -> when to stop waiting for it
+        self.until: dict[str, float] = {}  # peer -> when to stop waiting for it while down
+        self.up: set[str] = set()  # peers whose link is up now
 
     def __bool__(self) -> bool:
         return bool(self.until)
 
     def start(self, peers: Iterable[str]) -> None:
-        """This instance starts: every peer is behind until it syncs, for at most `failover`."""
+        """This instance starts: every peer is behind until it syncs."""
         end = self.clock() + self.failover
         self.until = dict.fromkeys(peers, end)
 
     def link_up(self, peer: str) -> bool:
         """A link from `peer` came up: True if that starts a catch-up (one already running,
-        the start's or an earlier link's, keeps its end)."""
+        the start's or an earlier link's, now waits for this link to sync)."""
+        self.up.add(peer)
         if peer in self.until:
             return False
         self.until[peer] = self.clock() + self.failover
         return True
 
+    def link_down(self, peer: str) -> None:
+        """The link from `peer` is gone: a catch-up of it waits out its `failover` bound."""
+        self.up.discard(peer)
+
     def synced(self, peer: str) -> bool:
-        """`peer`'s link went idle: True if it was being waited for."""
+        """`peer` has sent everything it had: True if it was being waited for."""
         return self.until.pop(peer, None) is not None
 
     def overdue(self) -> list[str]:
-        """The peers waited for `failover` seconds without syncing (no longer waited for)."""
+        """The peers without a link waited for `failover` seconds (no longer waited for)."""
         now = self.clock()
-        late = sorted(p for p, end in self.until.items() if now >= end)
+        late = sorted(p for p, end in self.until.items() if now >= end and p not in self.up)
         for p in late:
             del self.until[p]
         return late

@@ -135,10 +135,10 @@ class QueueManager:
         """Replicated queues with these peers (the configured destinations): before recovery.
 
         After a start, and after a peer's link comes back up, the queues deliver nothing until
-        that peer has synced (`source_synced`) or `failover` seconds have passed
-        (docs/replication.md "Replicated queues"): a peer may have taken this instance over, or
-        acknowledged its messages, while it was away or cut off, and says so only once its link
-        has sent what this instance missed."""
+        that peer has synced (`source_synced`), or, while its link is down, `failover` seconds
+        have passed (docs/replication.md "Replicated queues"): a peer may have taken this
+        instance over, or acknowledged its messages, while it was away or cut off, and says so
+        only once its link has sent what this instance missed."""
         self.failover = Failover(self.instance, peers, failover, clock)
         for q in self.queues.values():
             q.state.repl = QueueReplication(q.state, self.instance)
@@ -279,8 +279,8 @@ class QueueManager:
             late = self.catch_up.overdue() if self.catch_up is not None else []
             if late:
                 log.warning(
-                    "queues: %s not synced within %.0fs (of the start, or of the link coming "
-                    "back); delivering without waiting for them",
+                    "queues: %s not synced, and without a link, %.0fs after the start (or the link "
+                    "coming back); delivering without waiting for them",
                     ", ".join(late),
                     self.failover.failover,
                 )
@@ -313,10 +313,13 @@ class QueueManager:
         """The replication receiver: the link from instance `name` is gone."""
         if self.failover is not None:
             self.failover.source_down(name)
+        if self.catch_up is not None:
+            self.catch_up.link_down(name)
 
     def source_synced(self, name: str) -> None:
         """The replication receiver: instance `name` has sent everything it had for this one
-        (its link went idle), so its queue events, takeovers included, are applied here."""
+        (all below its journal end at the logon, or its link went idle), so its queue events,
+        takeovers included, are applied here."""
         if self.catch_up is not None and self.catch_up.synced(name):
             self._resume_if_caught_up(f"{name} has synced")
 

@@ -22,6 +22,9 @@ A commit failure closes the link. A second link from the same source replaces th
 A heartbeat from a source (it sends them only when it has nothing more to send) is reported as
 that source being *synced* (to the queues, and to `catch_up`, which also hears which journal
 of this instance each source last saw: a replaced journal catches up before serving clients).
+The queues also hear it once the link has handed the pipeline every batch below the journal
+end the source named on its logon (`end`; at once when the resume point is there already): a
+source that publishes without pause never goes idle, yet has caught up.
 """
 
 from __future__ import annotations
@@ -170,7 +173,11 @@ class Receiver:
                 desc,
                 resume,
             )
-            await self._batches(link, source, h.group, resume, frames[1:])
+            end = h.end
+            if end is not None and resume >= end:
+                end = None
+                self._source_synced(source)
+            await self._batches(link, source, h.group, resume, frames[1:], end)
         except LinkClosed as exc:
             if source is not None and exc.reason != "shutdown":
                 log.warning("replication link from %s closed: %s", source, exc.reason)
@@ -283,9 +290,23 @@ class Receiver:
                 exc,
             )
 
+    def _source_synced(self, source: str) -> None:
+        """`source` has sent this instance everything it held when its link logged on: its
+        queue events are applied here (they are applied as each batch is handed over)."""
+        if self.queues is not None:
+            self.queues.source_synced(source)
+
     async def _batches(
-        self, link: Link, source: str, group: str, expected: int, frames: list[Any]
+        self,
+        link: Link,
+        source: str,
+        group: str,
+        expected: int,
+        frames: list[Any],
+        end: int | None = None,
     ) -> None:
+        """The link's frames after the logon; `end`: the source's journal end at the logon,
+        where it is synced (None: not said, or reached already)."""
         pipeline = self.pipeline
         name_b, group_b = source.encode(), group.encode()
         acked = [-1]
@@ -328,8 +349,7 @@ class Receiver:
                         continue
                     if type(h).__name__ == "Heartbeat":
                         # a source sends heartbeats only when it has nothing to send
-                        if self.queues is not None:
-                            self.queues.source_synced(source)
+                        self._source_synced(source)
                         if self.catch_up is not None:
                             self.catch_up.synced(source)
                         continue
@@ -363,6 +383,9 @@ class Receiver:
                 counts[1] += len(body)
                 counts[2] += dups
                 expected = h.to
+                if end is not None and expected >= end:
+                    end = None
+                    self._source_synced(source)
             while pipeline.inflight_bytes > pipeline.max_inflight and not link.closed:
                 await asyncio.sleep(0.002)  # the journal is behind: stop reading this link
             frames = await link.read_frames()

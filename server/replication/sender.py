@@ -327,6 +327,7 @@ class Sender:
                 self.password(),
                 self.jid,
                 self.peer_jid,
+                self.journal.end_position,  # the destination is synced once it has all below
             )
         )
         frames = await asyncio.wait_for(link.read_frames(), DEAD_AFTER)

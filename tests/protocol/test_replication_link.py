@@ -41,6 +41,11 @@ GOLDEN = [
         ),
         ReplLogon(name="tt-1", group="ny", dest="tt-2", v=1, user="repl", pw="s3cret"),
     ),
+    (  # the journal's end at the logon (issue 23): the destination is synced once it has it
+        encode_logon("tt-1", "ny", "tt-2", end=4096),
+        raw(b'{"c":"repl_logon","name":"tt-1","group":"ny","dest":"tt-2","v":1,"end":4096}'),
+        ReplLogon(name="tt-1", group="ny", dest="tt-2", v=1, end=4096),
+    ),
     (
         encode_ack(123, resume=True),
         raw(b'{"c":"repl_ack","status":"success","pos":123}'),
@@ -123,6 +128,11 @@ BAD = [
     (raw(b'{"c":"repl_logon","name":"a","group":"g","dest":"b","v":0}'), BadLinkFrame, "version"),
     (raw(b'{"c":"repl_logon","name":"a","group":"g","dest":"b","v":"1"}'), BadLinkFrame, "int"),
     (raw(b'{"c":"repl_logon","name":"a","group":"g","dest":"b","v":1,"x":2}'), BadLinkFrame, "x"),
+    (
+        raw(b'{"c":"repl_logon","name":"a","group":"g","dest":"b","v":1,"end":-1}'),
+        BadLinkFrame,
+        "`end` -1 is not a journal position",
+    ),
     (raw(b'{"c":"repl_ack"}'), BadLinkFrame, "no `pos`"),
     (raw(b'{"c":"repl_ack","pos":-1}'), BadLinkFrame, "not a journal position"),
     (raw(b'{"c":"repl_ack","pos":18446744073709551616}'), BadLinkFrame, "pos|int"),

@@ -311,7 +311,52 @@ async def test_a_link_that_comes_back_holds_the_queues_until_it_has_synced(make_
     assert [json.loads(f.body)["n"] for f in _deliveries(c.take())] == [6]
 
 
-async def test_a_link_that_comes_back_and_never_syncs_holds_the_queues_for_the_failover_time(
+async def test_a_link_that_stays_up_is_waited_for_until_it_syncs_however_long(make_core):
+    """Issue 23: a peer's catch-up slower than the failover time (a loaded machine, a delayed
+    link) must not let the queues lease what its events still on the way make done."""
+    core = make_core(QUEUES)
+    qm = core.queues
+    clock = [0.0]
+    qm.enable_replication(["tt-b"], 1.0, lambda: clock[0])
+    pub = core.client("pub")
+    pub.send("publish", json.dumps({"n": 1}), t="work", s=1)
+    await core.settle()
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    clock[0] = 0.5
+    qm.source_up("tt-b")
+    clock[0] = 60.0
+    qm.tick()
+    await core.settle()
+    assert qm.paused and _deliveries(c.take()) == []
+    qm.source_synced("tt-b")
+    assert not qm.paused and len(_deliveries(c.take())) == 1
+
+
+async def test_a_peer_whose_link_drops_before_it_synced_is_waited_for_the_failover_time(
+    make_core,
+):
+    """Up, then down again before it synced: the bound of its catch-up (from the start, here
+    passed while the link was up) applies again; a link that comes back starts a new one."""
+    core = make_core(QUEUES)
+    qm = core.queues
+    clock = [0.0]
+    qm.enable_replication(["tt-b"], 1.0, lambda: clock[0])
+    pub = core.client("pub")
+    pub.send("publish", json.dumps({"n": 1}), t="work", s=1)
+    await core.settle()
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    qm.source_up("tt-b")
+    clock[0] = 5.0
+    qm.tick()
+    assert qm.paused
+    qm.source_down("tt-b")
+    qm.tick()
+    assert not qm.paused and len(_deliveries(c.take())) == 1
+
+
+async def test_a_link_that_comes_back_and_goes_again_holds_the_queues_for_the_failover_time(
     make_core,
 ):
     core = make_core(QUEUES)
@@ -320,6 +365,7 @@ async def test_a_link_that_comes_back_and_never_syncs_holds_the_queues_for_the_f
     clock[0] = 40.0
     qm.source_up("tt-b")
     qm.translate_in("work-q", _acked_at_tt_b(1), "tt-b")
+    qm.source_down("tt-b")  # before it synced: waited for 30 s from its coming back
     clock[0] = 69.9
     qm.tick()
     await core.settle()
