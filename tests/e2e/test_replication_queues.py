@@ -174,3 +174,52 @@ def test_a_healed_partition_delivers_nothing_acknowledged_on_the_other_side(tmp_
             c.close()
     finally:
         cl.close()
+
+
+RESTART_N = 300
+FILL = 1200  # 1 KiB messages tt-b records while tt-a is down: a catch-up of ~1.2 MB
+LINK_DELAY = 0.4  # each read of the link tt-b -> tt-a: ~160 KB/s, the catch-up takes ~8 s
+
+
+def test_a_restarted_instance_delivers_nothing_its_peer_acked_while_its_catch_up_is_slow(
+    tmp_path,
+):
+    """Issue 23 (seams campaign, seed 1 round 2): tt-b takes over tt-a's queue messages while
+    tt-a is down and acknowledges every one. tt-a comes back with the link from tt-b delayed,
+    so tt-b's catch-up (its journal since, the acks at its end) takes longer than
+    <QueueOwnerFailover>. The link is up the whole time: tt-a must lease nothing until it has
+    applied what tt-b had when the link logged on, and then nothing is left to deliver."""
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=False, topics=("work", "work-q", "fill"),
+                 extra=QUEUE, queue_owner_failover="4s").start()  # fmt: skip
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        for x, y in ((a, "tt-b"), (b, "tt-a")):
+            wait_until(lambda x=x, y=y: dest_stats(x, y).get("connected"), 20, f"link to {y}")
+        bodies = [json.dumps({"i": i}) for i in range(RESTART_N)]
+        publish_many(a.port, "work", bodies, name="qp").close()
+        wait_until(
+            lambda: queue_stats(b, "work-q").get("held_for_others") == RESTART_N,
+            20,
+            "tt-b holds tt-a's messages",
+        )
+        a.kill()
+        pad = "x" * 1000
+        fill = [json.dumps({"f": i, "pad": pad}) for i in range(FILL)]
+        publish_many(b.port, "fill", fill, name="filler").close()
+        cb = Consumer(b.port, "qb")  # leases once tt-b took tt-a over (4 s)
+        deadline = time.monotonic() + 60
+        while len(cb.acked) < RESTART_N and time.monotonic() < deadline:
+            cb.step()
+        assert cb.acked == set(range(RESTART_N)), "tt-b did not take over and ack everything"
+        cl.link("tt-b", "tt-a").delay(LINK_DELAY)
+        a.start()
+        ca = Consumer(a.port, "qa")
+        deadline = time.monotonic() + 60
+        while queue_stats(a, "work-q")["depth"] and time.monotonic() < deadline:
+            ca.step(timeout=0.2)
+            assert not ca.delivered, f"tt-a delivered {len(ca.delivered)} messages tt-b acked"
+        assert queue_stats(a, "work-q")["depth"] == 0, "tt-b's acks never reached tt-a"
+        ca.step(timeout=1.0)
+        assert ca.delivered == [], f"tt-a delivered {len(ca.delivered)} messages tt-b acked"
+    finally:
+        cl.close()
