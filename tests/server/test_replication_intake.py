@@ -104,3 +104,47 @@ async def test_batches_of_one_commit_get_one_ack_at_its_end(journal):
     assert r.durable_from["tt-a"] == end
     got = [(rec[2], rec[3]) for batch in journal.raw_batches() for rec in batch]
     assert got == [(1, 1), (1, 2), (1, 3), (1, 4)]
+
+
+class Queues:
+    """The queues' door of the receiver, recording what it hears."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str]] = []
+
+    def translate_in(self, queue: bytes, wire: bytes, origin: str, group: str) -> None:
+        pass
+
+    def source_up(self, name: str) -> None:
+        self.heard.append(("up", name))
+
+    def source_synced(self, name: str) -> None:
+        self.heard.append(("synced", name))
+
+    def source_down(self, name: str) -> None:
+        self.heard.append(("down", name))
+
+
+async def test_a_source_is_synced_once_every_batch_below_its_logon_end_is_handed_over(journal):
+    """Issue 23: a source that publishes without pause never goes idle; it has caught up once
+    the batches reach the journal end it named on its logon (said once per link)."""
+    q = Queues()
+    r = Receiver("tt-b", make_pipeline(journal), journal, Guard(), queues=q)
+    a, b, c = records(1, [1]), records(1, [2]), records(1, [3])
+    ends = [len(a), len(a) + len(b), len(a) + len(b) + len(c)]
+    heard_then: list[int] = []
+
+    class Link(FakeLink):
+        async def read_frames(self):
+            heard_then.append(len(q.heard))
+            return await super().read_frames()
+
+    link = Link(
+        then=[
+            [(ReplBatch(from_=ends[0], to=ends[1]), b)],  # reaches the end: synced
+            [(ReplBatch(from_=ends[1], to=ends[2]), c)],  # published since: nothing more said
+        ]
+    )
+    with pytest.raises(LinkClosed, match="test over"):
+        await r._batches(link, "tt-a", "ny", 0, [(ReplBatch(from_=0, to=ends[0]), a)], ends[1])
+    assert heard_then[:2] == [0, 1] and q.heard == [("synced", "tt-a")]
