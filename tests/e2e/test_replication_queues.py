@@ -5,6 +5,7 @@ leased-but-unacked ones again (counted). In the end every message is acknowledge
 whose acknowledgement succeeded is delivered again."""
 
 import json
+import threading
 import time
 
 from tests.e2e.test_replication_partition import dest_stats
@@ -212,14 +213,50 @@ def test_a_restarted_instance_delivers_nothing_its_peer_acked_while_its_catch_up
             cb.step()
         assert cb.acked == set(range(RESTART_N)), "tt-b did not take over and ack everything"
         cl.link("tt-b", "tt-a").delay(LINK_DELAY)
-        a.start()
-        ca = Consumer(a.port, "qa")
-        deadline = time.monotonic() + 60
-        while queue_stats(a, "work-q")["depth"] and time.monotonic() < deadline:
-            ca.step(timeout=0.2)
-            assert not ca.delivered, f"tt-a delivered {len(ca.delivered)} messages tt-b acked"
-        assert queue_stats(a, "work-q")["depth"] == 0, "tt-b's acks never reached tt-a"
-        ca.step(timeout=1.0)
-        assert ca.delivered == [], f"tt-a delivered {len(ca.delivered)} messages tt-b acked"
+        ticker = Ticker(b.port)  # tt-b publishes without pause: its link never goes idle
+        try:
+            a.start()
+            ca = Consumer(a.port, "qa")
+            deadline = time.monotonic() + 60
+            while queue_stats(a, "work-q")["depth"] and time.monotonic() < deadline:
+                ca.step(timeout=0.2)
+                assert not ca.delivered, f"tt-a delivered {len(ca.delivered)} messages tt-b acked"
+            assert queue_stats(a, "work-q")["depth"] == 0, "tt-b's acks never reached tt-a"
+            # tt-b has caught up (all it had at the logon) though its link is never idle:
+            # tt-a leases again, and only what is new
+            publish_many(a.port, "work", [json.dumps({"i": RESTART_N})], name="qp2").close()
+            deadline = time.monotonic() + 20
+            while not ca.delivered and time.monotonic() < deadline:
+                ca.step(timeout=0.2)
+            assert ca.delivered == [RESTART_N], f"tt-a delivered {ca.delivered[:5]}..."
+            assert ticker.sent > 0 and ticker.error is None, ticker.error
+        finally:
+            ticker.stop()
     finally:
         cl.close()
+
+
+class Ticker:
+    """Publishes to tt-b's `fill` topic every 0.1 s (at most 60 s, 600 messages) until stopped."""
+
+    def __init__(self, port: int):
+        self.sent = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._c = Raw(port)
+        self._c.logon("ticker")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self.sent < 600 and not self._stop.wait(0.1):
+                self.sent += 1
+                self._c.send({"c": "publish", "t": "fill", "s": self.sent}, '{"tick":1}')
+        except OSError as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._c.close()
