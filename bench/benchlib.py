@@ -15,6 +15,7 @@ import datetime as _dt
 import os
 import platform
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -384,6 +385,21 @@ def _fs_of(path: str) -> str:
     return f"{best[2]} on {best[1]}"
 
 
+def shown_command(argv: list[str]) -> str:
+    """The command line as RESULTS.md records it: quoted as a shell would take it, and a path
+    of this machine (an absolute one, alone or after `--opt=`) shown as `DIR`, so the record
+    names no place outside the repository."""
+    shown = []
+    for a in argv:
+        opt, eq, value = a.partition("=")
+        if a.startswith("/"):
+            a = "DIR"
+        elif eq and opt.startswith("-") and value.startswith("/"):
+            a = f"{opt}=DIR"
+        shown.append(a)
+    return shlex.join(["./run", "bench", *shown])
+
+
 def header_block(title: str, argv: list[str], notes: list[str]) -> str:
     m = machine()
     v = peers.versions()
@@ -391,7 +407,7 @@ def header_block(title: str, argv: list[str], notes: list[str]) -> str:
     lines = [
         f"## {title}",
         "",
-        f"- date: {now}; command: `./run bench {' '.join(argv)}`",
+        f"- date: {now}; command: `{shown_command(argv)}`",
         (
             f"- machine: {m['nproc']} cores, {m['cpu']}, {m['memory']} RAM, kernel {m['kernel']}, "
             f"data dir {m['disk']}"

@@ -595,6 +595,22 @@ static int push(Positions *a, uint64_t v) {
     return 1;
 }
 
+/* The program in `prog`, loaded into memory of its own (PyMem_Free it); NULL with the error
+   set when there is no memory or the program is malformed. */
+static Program *new_program(const Py_buffer *prog) {
+    Program *pg = PyMem_Malloc(sizeof *pg);
+    if (pg == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (!load_program(pg, prog->buf, prog->len)) {
+        PyErr_SetString(PyExc_ValueError, "malformed filter program");
+        PyMem_Free(pg);
+        return NULL;
+    }
+    return pg;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer buf, topic, prog;
     long long base, start, end;
@@ -603,15 +619,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     Positions hit = {0}, unsure = {0};
-    Program *pg = PyMem_Malloc(sizeof *pg);
-    if (pg == NULL) {
-        PyErr_NoMemory();
+    Program *pg = new_program(&prog);
+    if (pg == NULL)
         goto done;
-    }
-    if (!load_program(pg, prog.buf, prog.len)) {
-        PyErr_SetString(PyExc_ValueError, "malformed filter program");
-        goto done;
-    }
     const unsigned char *in = buf.buf;
     Py_ssize_t n = buf.len, off = 0;
     uint64_t last_pub = 0, last_seq = 0;
@@ -694,15 +704,9 @@ static PyObject *scan_values(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     Positions hit = {0}, unsure = {0};
-    Program *pg = PyMem_Malloc(sizeof *pg);
-    if (pg == NULL) {
-        PyErr_NoMemory();
+    Program *pg = new_program(&prog);
+    if (pg == NULL)
         goto done;
-    }
-    if (!load_program(pg, prog.buf, prog.len)) {
-        PyErr_SetString(PyExc_ValueError, "malformed filter program");
-        goto done;
-    }
     Val vals[MAX_FIELDS];
     Py_ssize_t count = PyList_GET_SIZE(items);
     for (Py_ssize_t i = 0; i < count; i++) {

@@ -19,8 +19,7 @@ import bisect
 import collections
 import heapq
 import logging
-from collections.abc import Callable
-from itertools import repeat
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from config.model import QueueSpec
@@ -30,7 +29,15 @@ from protocol.patterns import compile_pattern
 
 from .ids import publisher_id
 from .matching import body_matches
-from .queue_types import Lease, QueueSub, StoredMessage, expiration_us, new_lease, now_us
+from .queue_types import (
+    Lease,
+    QueueSub,
+    StoredMessage,
+    expiration_us,
+    new_lease,
+    now_us,
+    put_leases,
+)
 from .router import is_pattern
 
 __all__ = ["QueueHost", "QueueState"]
@@ -308,9 +315,7 @@ class QueueState:
             self.leased[positions[0]] = new_lease((qs, gen, bms[0], None))
             self.by_bm[bms[0]] = positions[0]
         else:
-            leases = map(new_lease, zip(repeat(qs), repeat(gen), bms, repeat(None)))
-            self.leased.update(zip(positions, leases))
-            self.by_bm.update(zip(bms, positions))
+            put_leases(self.leased, self.by_bm, positions, bms, Lease, qs, gen)
         qs.outstanding += n
         self.stats["delivered"] += n
         heapq.heappush(self.lease_heap, (deadline, gen, positions))
@@ -321,6 +326,26 @@ class QueueState:
         self.gen += 1
         self.leased[pos] = Lease(lease.holder, self.gen, lease.bm, lease.counts)
         heapq.heappush(self.lease_heap, (deadline, self.gen, (pos,)))
+
+    def ack_leased(self, bms: Iterable[str]) -> array.array:
+        """The leased messages of the bookmarks `bms` are acknowledged: their leases end and one
+        ACKED_RUN event holds them all. A bookmark leased to no one here (acked before, or
+        twice in `bms`) is passed over. Returns the positions acknowledged.
+
+        The plain ack's hot path: one loop here instead of an end_lease call per message (a
+        backlog-100 ack is 100 of them, bench_queue)."""
+        pop_bm = self.by_bm.pop
+        pop_lease = self.leased.pop
+        acked = array.array("Q")
+        add = acked.append
+        for bm in bms:
+            pos = pop_bm(bm, None)
+            if pos is not None:
+                pop_lease(pos)[0].outstanding -= 1  # [0]: Lease.holder, by index on the hot path
+                add(pos)
+        if acked:
+            self.acked_run(acked)
+        return acked
 
     def acked_run(self, acked: array.array) -> None:
         """The messages at `acked`, whose leases ended (end_lease), are acknowledged: one

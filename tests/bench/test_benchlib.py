@@ -109,3 +109,12 @@ def test_every_benchmark_starts(name):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "usage:" in r.stdout
+
+
+def test_the_recorded_command_names_no_path_of_this_machine():
+    assert (
+        benchlib.shown_command(
+            ["compare", "--workdir", "/data/x", "--json=/tmp/f.json", "--arg", "queue=--count 10"]
+        )
+        == "./run bench compare --workdir DIR --json=DIR --arg 'queue=--count 10'"
+    )
