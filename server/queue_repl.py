@@ -312,15 +312,19 @@ class CatchUp:
     link went idle (it sends heartbeats only when it has nothing more to send).
 
     A peer whose link is up is waited for until it has synced, however long its catch-up
-    takes (a slow or loaded link); the link's own timer drops a dead link. A peer whose link
-    is down, or has not come up, is waited for at most `failover` seconds (`clock`: monotonic
-    seconds) from the start of its catch-up: it may be down for good."""
+    takes (a slow or loaded link); the link's own timer drops a dead link. So is a peer whose
+    link is logging on (`logon`): its password check can outlast the bound on a loaded machine,
+    and the peer is alive. A peer whose link is down, or has not come up, is waited for at most
+    `failover` seconds (`clock`: monotonic seconds) from the start of its catch-up: it may be
+    down for good. A logon only prolongs a wait under way (one that fails ends the prolonging):
+    an unauthenticated connection cannot start one."""
 
     def __init__(self, failover: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.failover = failover
         self.clock = clock
         self.until: dict[str, float] = {}  # peer -> when to stop waiting for it while down
         self.up: set[str] = set()  # peers whose link is up now
+        self.logging_on: dict[str, int] = {}  # peer -> its links whose logon is being checked
 
     def __bool__(self) -> bool:
         return bool(self.until)
@@ -343,6 +347,14 @@ class CatchUp:
         """The link from `peer` is gone: a catch-up of it waits out its `failover` bound."""
         self.up.discard(peer)
 
+    def logon(self, peer: str, checking: bool) -> None:
+        """A link that names itself `peer` starts (`checking`) or ends its logon check."""
+        n = self.logging_on.get(peer, 0) + (1 if checking else -1)
+        if n > 0:
+            self.logging_on[peer] = n
+        else:
+            self.logging_on.pop(peer, None)
+
     def synced(self, peer: str) -> bool:
         """`peer` has sent everything it had: True if it was being waited for."""
         return self.until.pop(peer, None) is not None
@@ -350,7 +362,8 @@ class CatchUp:
     def overdue(self) -> list[str]:
         """The peers without a link waited for `failover` seconds (no longer waited for)."""
         now = self.clock()
-        late = sorted(p for p, end in self.until.items() if now >= end and p not in self.up)
+        live = self.up | self.logging_on.keys()
+        late = sorted(p for p, end in self.until.items() if now >= end and p not in live)
         for p in late:
             del self.until[p]
         return late

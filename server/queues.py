@@ -309,6 +309,12 @@ class QueueManager:
                 log.info("queues: link from %s is back; leasing nothing until it has synced", name)
             self.paused = True
 
+    def source_logon(self, name: str, checking: bool) -> None:
+        """The replication receiver: a link naming itself `name` starts (`checking`) or ends
+        its logon check; while it lasts, a catch-up of `name` under way waits for it."""
+        if self.catch_up is not None:
+            self.catch_up.logon(name, checking)
+
     def source_down(self, name: str) -> None:
         """The replication receiver: the link from instance `name` is gone."""
         if self.failover is not None:

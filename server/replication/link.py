@@ -53,6 +53,10 @@ class Link:
         return self.reason is not None
 
     def start_keepalive(self) -> None:
+        """Heartbeats and the silence timer from now on: each end starts them once the logon
+        is answered (a heartbeat before the answer would reach the source in its place), and
+        silence counts from here (the other end waited for that answer, sending nothing)."""
+        self.last_recv = max(self.last_recv, time.monotonic())
         self._keepalive = asyncio.get_running_loop().create_task(self._keep())
 
     async def _keep(self) -> None:

@@ -66,6 +66,7 @@ class QueueDoor(Protocol):
 
     def translate_in(self, queue: bytes, wire: bytes, origin: str, group: str) -> None: ...
     def source_up(self, name: str) -> None: ...
+    def source_logon(self, name: str, checking: bool) -> None: ...
     def source_synced(self, name: str) -> None: ...
     def source_down(self, name: str) -> None: ...
 
@@ -141,14 +142,13 @@ class Receiver:
         desc = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         link = Link(reader, writer, desc)
         self._conns.add(link)
-        link.start_keepalive()
         source = None
         try:
             frames = await asyncio.wait_for(link.read_frames(), DEAD_AFTER)
             h = frames[0][0]
             if not isinstance(h, ReplLogon):
                 raise LinkClosed(f"expected repl_logon, got {type(h).__name__}")
-            problem = await self._check_logon(h, link)
+            problem = await self._checked_logon(h, link)
             if problem is not None:
                 log.error("replication link from %s (%s) refused: %s", h.name, desc, problem)
                 link.send(encode_failure(problem))
@@ -166,6 +166,9 @@ class Receiver:
             seen = self._known_jid(source)
             resume = self._resume_for(source, h.jid)
             link.send(encode_ack(resume, resume=True, jid=self.jid, seen=seen))
+            # heartbeats only after the answer: one sent while the logon was being checked
+            # would reach the source where it waits for the answer
+            link.start_keepalive()
             log.info(
                 "replication link from %s (group %s, %s): resuming at %d",
                 source,
@@ -224,6 +227,18 @@ class Receiver:
             self.jids[source] = jid
             self.pipeline.remember_meta(REPL_JID + source.encode(), jid.encode())
         return resume
+
+    async def _checked_logon(self, h: ReplLogon, link: Link) -> str | None:
+        """`_check_logon`, during which the queues count the source as linking: its check can
+        take longer than their wait for a source without a link (a loaded machine), and a
+        catch-up of it that gave up then would deliver what it acknowledged."""
+        if self.queues is not None:
+            self.queues.source_logon(h.name, True)
+        try:
+            return await self._check_logon(h, link)
+        finally:
+            if self.queues is not None:
+                self.queues.source_logon(h.name, False)
 
     async def _check_logon(self, h: ReplLogon, link: Link) -> str | None:
         if h.v != LINK_VERSION:
@@ -310,6 +325,7 @@ class Receiver:
         pipeline = self.pipeline
         name_b, group_b = source.encode(), group.encode()
         acked = [-1]
+        named_end = end is not None
         translate = (
             functools.partial(self._queue_events, source, group)
             if self.queues is not None
@@ -348,8 +364,11 @@ class Receiver:
                         self._bind(source, h.owners)
                         continue
                     if type(h).__name__ == "Heartbeat":
-                        # a source sends heartbeats only when it has nothing to send
-                        self._source_synced(source)
+                        # a source sends heartbeats when it has sent nothing for a while: that
+                        # says it is synced only for a source that did not name its end (a
+                        # blocked write or a slow answer to its logon is silence too)
+                        if not named_end:
+                            self._source_synced(source)
                         if self.catch_up is not None:
                             self.catch_up.synced(source)
                         continue

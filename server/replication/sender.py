@@ -51,6 +51,8 @@ from protocol.replication import (
     MAX_BATCH_BODY,
     MAX_OWNERS,
     MAX_USER,
+    Heartbeat,
+    LinkFrame,
     ReplAck,
     encode_batch,
     encode_logon,
@@ -316,7 +318,6 @@ class Sender:
 
     async def _session(self, link: Link) -> None:
         self.link = link
-        link.start_keepalive()
         user = self.dest.user
         link.send(
             encode_logon(
@@ -330,10 +331,11 @@ class Sender:
                 self.journal.end_position,  # the destination is synced once it has all below
             )
         )
-        frames = await asyncio.wait_for(link.read_frames(), DEAD_AFTER)
+        frames = await asyncio.wait_for(self._answer(link), DEAD_AFTER)
         h = frames[0][0]
         if not isinstance(h, ReplAck) or h.status is None:
             raise LinkClosed(f"expected the logon's repl_ack, got {type(h).__name__}")
+        link.start_keepalive()  # not before: a heartbeat says "nothing more to send"
         if h.status == "failure":
             log.error("replication to %s refused: %s", self.dest.name, h.reason)
             if self.answered is not None:
@@ -357,6 +359,15 @@ class Sender:
         finally:
             acks.cancel()
             self.sink.link_down(self.dest.name)
+
+    @staticmethod
+    async def _answer(link: Link) -> list[LinkFrame]:
+        """The frames from the logon's answer on: the heartbeats a destination sends while it
+        checks the logon (an older one starts them at once) are passed over."""
+        while True:
+            frames = [f for f in await link.read_frames() if not isinstance(f[0], Heartbeat)]
+            if frames:
+                return frames
 
     def _new_peer_journal(self, jid: str) -> None:
         """The destination answers with a journal this sender has not seen: what came from it

@@ -5,10 +5,13 @@ leased-but-unacked ones again (counted). In the end every message is acknowledge
 whose acknowledgement succeeded is delivered again."""
 
 import json
+import os
 import threading
 import time
 
+from protocol.security.passwords import ScryptParams, set_password
 from tests.e2e.test_replication_partition import dest_stats
+from tests.security.servers import FAST, admin_get
 from tests.support.cluster import Cluster, wait_until
 from tests.support.raw import Raw, publish_many
 
@@ -17,9 +20,9 @@ QUEUE = """<SOW><Queue><Name>work-q</Name><UnderlyingTopic>work</UnderlyingTopic
 N = 2000
 
 
-def consumer(port: int, name: str) -> Raw:
+def consumer(port: int, name: str, **logon) -> Raw:
     c = Raw(port)
-    c.logon(name)
+    c.logon(name, **logon)
     c.send({"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed", "o": "max_backlog=20"})
     assert c.ack("processed", "q")["status"] == "success"
     return c
@@ -29,8 +32,8 @@ class Consumer:
     """Takes queue deliveries and acknowledges each one (sow_delete), remembering which
     acknowledgements the server confirmed."""
 
-    def __init__(self, port: int, name: str):
-        self.c = consumer(port, name)
+    def __init__(self, port: int, name: str, **logon):
+        self.c = consumer(port, name, **logon)
         self.delivered: list[int] = []
         self.acked: set[int] = set()
 
@@ -260,3 +263,88 @@ class Ticker:
         self._stop.set()
         self._thread.join(5)
         self._c.close()
+
+
+SLOW_CHECK = ScryptParams(n=1 << 15, r=8, p=16)  # 2-3 s a check here (32 MiB at a time)
+USERS = {"repl": "repl-secret-9", "ops": "ops-secret-7", "cons": "cons-secret-5",
+         "pub": "pub-secret-3"}  # fmt: skip
+ROLES = """<Entitlement>
+  <Role><Name>admins</Name><Users>repl,ops</Users><Admin>true</Admin></Role>
+  <Role><Name>workers</Name><Users>cons</Users><Consume>work-q</Consume></Role>
+  <Role><Name>publishers</Name><Users>pub</Users><Publish>work</Publish></Role>
+</Entitlement>"""
+
+
+def test_a_restarted_instance_waits_for_a_peer_whose_link_logon_outlasts_the_failover_bound(
+    tmp_path,
+):
+    """Issue 23 (seams campaign, seed 1 round 2, on a loaded machine): tt-b takes over tt-a's
+    queue messages while tt-a is down and acknowledges every one. tt-a restarts, and checking
+    the password of tt-b's link takes it longer than <QueueOwnerFailover> (1 s) and longer
+    than a link's heartbeat interval (1 s). tt-b is alive and linking the whole time: tt-a
+    must lease nothing until tt-b's link is up and has synced (a heartbeat sent while the
+    logon is checked must neither end the logon nor count as synced), then only what is new."""
+    for name, slow in (("users-a.db", True), ("users-b.db", False)):
+        for user, password in USERS.items():
+            set_password(
+                tmp_path / name, user, password, SLOW_CHECK if slow and user == "repl" else FAST
+            )
+    pw = os.path.join(tmp_path, "repl.pw")
+    with open(os.open(pw, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(USERS["repl"] + "\n")
+    auth = "<Authentication><PasswordFile>{db}</PasswordFile></Authentication>"
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=False, topics=("work", "work-q"),
+                 extra=QUEUE + auth + ROLES, queue_owner_failover="1s", link_user=("repl", pw))  # fmt: skip
+    for n in cl.names:  # only tt-a checks tt-b's link slowly
+        i = cl[n]
+        with open(i.config_path) as f:
+            xml = f.read()
+        with open(i.config_path, "w") as f:
+            f.write(xml.replace("{db}", str(tmp_path / f"users-{n[-1]}.db")))
+    cl.start()
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        wait_until(lambda: stats(a, "replication", "destinations", "tt-b").get("connected"),
+                   20, "link to tt-b")  # fmt: skip
+        pub = Raw(a.port)
+        assert pub.logon("qp", user_id="pub", pw=USERS["pub"])["status"] == "success"
+        bodies = [json.dumps({"i": i}) for i in range(RESTART_N)]
+        publish_many(a.port, "work", bodies, name="qp", conn=pub).close()
+        wait_until(lambda: stats(b, "queues", "work-q").get("held_for_others") == RESTART_N,
+                   20, "tt-b holds tt-a's messages")  # fmt: skip
+        a.kill()
+        cb = Consumer(b.port, "qb", user_id="cons", pw=USERS["cons"])  # leases after 1 s
+        deadline = time.monotonic() + 60
+        while len(cb.acked) < RESTART_N and time.monotonic() < deadline:
+            cb.step()
+        assert cb.acked == set(range(RESTART_N)), "tt-b did not take over and ack everything"
+        cb.c.close()
+        a.start()
+        ca = Consumer(a.port, "qa", user_id="cons", pw=USERS["cons"])
+        # tt-b's link logs on within about 1.3 s of each try and then sends its acks: until
+        # they are applied, tt-a must hand out none of the messages they name
+        deadline = time.monotonic() + 60
+        while stats(a, "queues", "work-q")["depth"] and time.monotonic() < deadline:
+            ca.step(timeout=0.2)
+            assert not ca.delivered, f"tt-a delivered {len(ca.delivered)} messages tt-b acked"
+        assert stats(a, "queues", "work-q")["depth"] == 0, "tt-b's acks never reached tt-a"
+        pub = Raw(a.port)
+        assert pub.logon("qp2", user_id="pub", pw=USERS["pub"])["status"] == "success"
+        publish_many(a.port, "work", [json.dumps({"i": RESTART_N})], name="qp2", conn=pub).close()
+        deadline = time.monotonic() + 20
+        while not ca.delivered and time.monotonic() < deadline:
+            ca.step(timeout=0.2)
+        assert ca.delivered == [RESTART_N], f"tt-a delivered {ca.delivered[:5]}..."
+        assert "got Heartbeat" not in b.output(), "a heartbeat ended tt-b's logon to tt-a"
+    finally:
+        cl.close()
+
+
+def stats(inst, *path: str) -> dict:
+    """A part of an instance's /stats, read as the admin user `ops`."""
+    status, _, data = admin_get(inst, "/stats", user="ops", password=USERS["ops"])
+    assert status == 200, data
+    out = json.loads(data)
+    for key in path:
+        out = out.get(key, {})
+    return out

@@ -333,6 +333,37 @@ async def test_a_link_that_stays_up_is_waited_for_until_it_syncs_however_long(ma
     assert not qm.paused and len(_deliveries(c.take())) == 1
 
 
+async def test_a_peer_whose_link_is_logging_on_is_waited_for_past_the_failover_time(make_core):
+    """Issue 23: checking the password of a peer's link can take longer than the failover
+    time on a loaded machine; the peer is alive, and its acks are behind that logon. A logon
+    only prolongs a wait under way: one that fails, or a logon of a peer not waited for,
+    holds nothing."""
+    core = make_core(QUEUES)
+    qm = core.queues
+    clock = [0.0]
+    qm.enable_replication(["tt-b", "tt-c"], 1.0, lambda: clock[0])
+    pub = core.client("pub")
+    pub.send("publish", json.dumps({"n": 1}), t="work", s=1)
+    await core.settle()
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    qm.source_synced("tt-c")
+    qm.source_logon("tt-b", True)
+    qm.source_logon("tt-b", True)  # a second try while the first is still checked
+    qm.source_logon("tt-c", True)  # synced already: nothing to prolong
+    clock[0] = 5.0
+    qm.tick()
+    await core.settle()
+    assert qm.paused and _deliveries(c.take()) == []
+    qm.source_logon("tt-b", False)
+    qm.tick()
+    assert qm.paused, "the other try is still being checked"
+    qm.source_logon("tt-b", False)  # refused, or up: source_up takes over from here
+    qm.tick()
+    await core.settle()
+    assert not qm.paused and len(_deliveries(c.take())) == 1
+
+
 async def test_a_peer_whose_link_drops_before_it_synced_is_waited_for_the_failover_time(
     make_core,
 ):

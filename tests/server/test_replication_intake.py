@@ -1,6 +1,7 @@
 """The receiver's batch loop (server/replication/receiver.py) over a fake link: a damaged record or
 a truncated batch closes the link with nothing of the batch taken, and the acks of link batches
-that share a commit are conflated into one, sent from the commit itself."""
+that share a commit are conflated into one, sent from the commit itself; when a source counts as
+synced; and the sender's wait for its logon's answer."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import asyncio
 import pytest
 
 from journal.record import KIND_MESSAGE, encode_record
-from protocol.replication import ReplBatch, encode_ack
+from protocol.replication import Heartbeat, ReplAck, ReplBatch, encode_ack
 from server.guard import Guard
 from server.replication.link import LinkClosed
 from server.replication.receiver import Receiver
+from server.replication.sender import Sender
 from tests.server.test_pipeline_engine import make_pipeline
 
 
@@ -118,6 +120,9 @@ class Queues:
     def source_up(self, name: str) -> None:
         self.heard.append(("up", name))
 
+    def source_logon(self, name: str, checking: bool) -> None:
+        self.heard.append(("logon" if checking else "checked", name))
+
     def source_synced(self, name: str) -> None:
         self.heard.append(("synced", name))
 
@@ -148,3 +153,30 @@ async def test_a_source_is_synced_once_every_batch_below_its_logon_end_is_handed
     with pytest.raises(LinkClosed, match="test over"):
         await r._batches(link, "tt-a", "ny", 0, [(ReplBatch(from_=0, to=ends[0]), a)], ends[1])
     assert heard_then[:2] == [0, 1] and q.heard == [("synced", "tt-a")]
+
+
+async def test_heartbeats_of_a_source_that_named_its_end_do_not_make_it_synced(journal):
+    """Issue 23: a heartbeat is silence, and a source is silent while its logon's answer is on
+    its way (a slow password check) or while a write is blocked: a source that named its end
+    is synced only when its batches reach it. One that did not (an older version) still syncs
+    by going idle."""
+    q = Queues()
+    r = Receiver("tt-b", make_pipeline(journal), journal, Guard(), queues=q)
+    a = records(1, [1])
+    link = FakeLink(then=[[(Heartbeat(), b"")], [(ReplBatch(from_=0, to=len(a)), a)]])
+    with pytest.raises(LinkClosed, match="test over"):
+        await r._batches(link, "tt-a", "ny", 0, [(Heartbeat(), b"")], len(a))
+    assert q.heard == [("synced", "tt-a")]  # once, at the batch that reached the end
+    q.heard.clear()
+    with pytest.raises(LinkClosed, match="test over"):
+        await r._batches(FakeLink(), "tt-c", "ny", 0, [(Heartbeat(), b"")], None)
+    assert q.heard == [("synced", "tt-c")]
+
+
+async def test_a_sender_passes_over_heartbeats_until_its_logon_is_answered():
+    """Issue 23: a destination whose logon check outlasts the heartbeat interval (an older
+    version starts its heartbeats at once) sends them ahead of its answer; the link must not
+    end for it (it did: `expected the logon's repl_ack, got Heartbeat`)."""
+    ack = ReplAck(status="success", pos=7)
+    link = FakeLink(then=[[(Heartbeat(), b"")], [(Heartbeat(), b""), (ack, b"")]])
+    assert await Sender._answer(link) == [(ack, b"")]  # type: ignore[arg-type]
