@@ -65,6 +65,7 @@ from seams_clients import (
     QueueConsumer,
     body,
     login,
+    msg_id,
     stored_ids,
 )
 from seams_oracle import (
@@ -74,6 +75,7 @@ from seams_oracle import (
     check_queues,
     check_stored,
     journal_ids,
+    queue_left,
     skipped_ids,
 )
 from seams_spark import prepare as prepare_spark
@@ -396,8 +398,15 @@ def check(cl: Cluster, out: dict) -> tuple[dict, list[str]]:
         stats.update(part[0])
         violations += part[1]
     # not a promise (a queue may keep messages when its consumers are cut from their owner),
-    # but a healed set should have acknowledged nearly all: shown, not judged
-    stats["queue_left"] = max(0, stats["acked"] - stats.get("queue_acked", 0))
+    # but a healed set should have acknowledged nearly all: shown, not judged. Left: still to
+    # deliver on some instance, by its journal; unconfirmed: done everywhere, but the consumer
+    # never saw its ack's answer (the instance was killed before it went out)
+    want = {(pid, s) for pid, top in acked.items() for s in range(1, top + 1)}
+    left = want & set().union(*(queue_left(os.path.join(i.directory, "journal"), ALO_QUEUE)
+                                for i in cl))  # fmt: skip
+    confirmed = {msg_id(bm) for _, _, q, bm in out["ledger"].acked if q == ALO_QUEUE}
+    stats["queue_left"] = len(left)
+    stats["queue_unconfirmed"] = len(want - confirmed - left)
     stats["failovers"] = out["ha"].failovers
     stats["maint_runs"] = out["maint_runs"]
     stats.update(maintenance_done(cl))
@@ -493,6 +502,7 @@ SEAMS = Mode(
         "queue_again",
         "queue_excused",
         "queue_left",
+        "queue_unconfirmed",
         "ha_delivered",
         "ha_twice",
         "ha_missed",

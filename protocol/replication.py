@@ -19,7 +19,8 @@ dest -> source  {"c":"repl_ack","pos":P1}                        durable on the 
 source -> dest  {"c":"repl_owners","owners":[[ID,U],...]}        client-name bindings: publisher
                                                                   id ID (u64) is bound to user U
                                                                   (docs/security.md)
-either way      {"c":"heartbeat"}                                after 1 s idle
+either way      {"c":"heartbeat"}                                after 1 s idle, once the logon
+                                                                  is answered
 ```
 
 N and G are the source instance's name and group, D the destination's name as the source has it
@@ -32,7 +33,7 @@ logon, the destination's as the source saw it; on its answer, the source's as th
 saw it): an instance whose journal is not that one lost its journal (it was replaced). E
 (optional) is the source journal's end when it logs on: once the destination has applied every
 batch below E it holds what the source had then, its queue events included (the source is
-*synced*, as when the link goes idle; a source without E syncs only by going idle).
+*synced*; a source without E syncs only by going idle, a heartbeat from it).
 Positions are u64 journal positions of the *source*. A batch's `from` is the
 previous batch's `to` on the same link (or the resume point): the link is a gap-free walk of
 the source journal; records filtered out by the source just leave nothing in the body. A

@@ -19,12 +19,14 @@ with an ERROR: the source re-sends from the durable point. The batch's body goes
 `Pipeline.replicate_block` (runs of records in C, server/replicate_scan.py); once they are
 durable here the link gets one ack per group commit, sent from the commit's callback.
 A commit failure closes the link. A second link from the same source replaces the first.
-A heartbeat from a source (it sends them only when it has nothing more to send) is reported as
-that source being *synced* (to the queues, and to `catch_up`, which also hears which journal
-of this instance each source last saw: a replaced journal catches up before serving clients).
-The queues also hear it once the link has handed the pipeline every batch below the journal
-end the source named on its logon (`end`; at once when the resume point is there already): a
-source that publishes without pause never goes idle, yet has caught up.
+A source is *synced* for the queues once the link has handed the pipeline every batch below
+the journal end it named on its logon (`end`; at once when the resume point is there already):
+a source that publishes without pause never goes idle, yet has caught up. A heartbeat (a
+second of silence) says so only for a source that names no end (an older version): a blocked
+write is silence too. `catch_up`, which also hears which journal of this instance each source
+last saw (a replaced journal catches up before serving clients), hears each heartbeat. While
+a link's logon is checked (a password check can take seconds on a loaded machine), the queues
+count its source as linking; heartbeats start only once the logon is answered.
 """
 
 from __future__ import annotations

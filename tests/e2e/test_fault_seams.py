@@ -32,6 +32,7 @@ from seams_oracle import (  # noqa: E402
     check_ha,
     check_queues,
     check_stored,
+    queue_left,
     skipped_ids,
 )
 
@@ -153,6 +154,55 @@ def test_queue_oracle_redelivery_after_ack_and_at_most_once_twice():
     assert check_queues(lg, [kill])[1] == []
     late = {"kind": "kill", "target": "tt-a", "start": 9.0, "end": 10.0}
     assert check_queues(lg, [late])[0]["queue_again"] == 1
+    # at-most-once again on the killed instance itself, restarted: its delivery's event was
+    # the commit in flight (allowed); at-least-once after a confirmed ack never is
+    lg = _ledger([(0.5, "tt-a", AMO_QUEUE, bm), (3.0, "tt-a", AMO_QUEUE, bm)])
+    assert check_queues(lg, [kill])[1] == [] and check_queues(lg, [])[0]["queue_again"] == 1
+    assert check_queues(lg, [{"kind": "drop", "start": 0.2, "end": 1.5}])[0]["queue_again"] == 1
+    lg = _ledger([(0.5, "tt-a", ALO_QUEUE, bm), (3.0, "tt-a", ALO_QUEUE, bm)],
+                 [(0.55, "tt-a", ALO_QUEUE, bm)])  # fmt: skip
+    assert check_queues(lg, [kill])[0]["queue_again"] == 1
+
+
+def test_queue_left_reads_what_a_journal_still_has_to_deliver(tmp_path):
+    """A message is left on an instance when its journal has it on the topic at or after the
+    queue's checkpoint and no done event of that queue names it."""
+    import array
+    import threading
+
+    from seams_clients import TOPIC
+
+    from journal.journal import Journal
+    from journal.queue_events import QueueOp, append_event, append_run
+    from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, encode_record
+
+    def commit(j: Journal, data: bytes, entries: list) -> int:
+        done, got = threading.Event(), []
+        j.submit(data, entries, lambda pos, err: (got.append((pos, err)), done.set()))
+        assert done.wait(10) and got[0][1] is None
+        return got[0][0]
+
+    jdir = str(tmp_path / "journal")
+    j = Journal(jdir)
+    try:
+        data, entries, offsets = bytearray(), [], []
+        for s in (1, 2, 3, 4):
+            offsets.append(len(data))
+            entries.append((P, s, 10, len(data)))
+            data += encode_record(KIND_MESSAGE, P, s, 10, TOPIC.encode(), b"{}")
+        base = commit(j, bytes(data), entries)
+        pos = [base + o for o in offsets]
+        ev, other = bytearray(), bytearray()
+        append_run(ev, QueueOp.ACKED_RUN, array.array("Q", [pos[0], pos[2]]))
+        append_event(ev, QueueOp.ACKED, pos[1])
+        append_event(other, QueueOp.ACKED, pos[3])  # another queue's ack: not this one's
+        events = encode_record(KIND_QUEUE_EVENT, 0, 0, 0, ALO_QUEUE.encode(), bytes(ev))
+        commit(j, events + encode_record(KIND_QUEUE_EVENT, 0, 0, 0, AMO_QUEUE.encode(),
+                                         bytes(other)), [])  # fmt: skip
+    finally:
+        j.close()
+    assert queue_left(jdir, ALO_QUEUE) == {(P, 4)}
+    assert queue_left(str(tmp_path / "none"), ALO_QUEUE) == set()
 
 
 def test_ha_oracle_twice_and_missed():
