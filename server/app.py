@@ -293,6 +293,8 @@ class Server:
                 t.name,
                 ", TLS" if ctx else "",
             )
+        if inbound:
+            self.queues.links_listening()
         group = config.group or config.name
         for dest in config.replication.destinations:
             sender = Sender(

@@ -334,6 +334,13 @@ class CatchUp:
         end = self.clock() + self.failover
         self.until = dict.fromkeys(peers, end)
 
+    def listening(self) -> None:
+        """This instance now takes links: a peer could not link before, so the bound of each
+        wait under way counts from here (opening the journal and recovery come first)."""
+        end = self.clock() + self.failover
+        for peer, until in self.until.items():
+            self.until[peer] = max(until, end)
+
     def link_up(self, peer: str) -> bool:
         """A link from `peer` came up: True if that starts a catch-up (one already running,
         the start's or an earlier link's, now waits for this link to sync)."""

@@ -309,6 +309,12 @@ class QueueManager:
                 log.info("queues: link from %s is back; leasing nothing until it has synced", name)
             self.paused = True
 
+    def links_listening(self) -> None:
+        """The replication listeners are up: the wait for peers without a link, from the
+        start, counts from now (they could not link before)."""
+        if self.catch_up is not None:
+            self.catch_up.listening()
+
     def source_logon(self, name: str, checking: bool) -> None:
         """The replication receiver: a link naming itself `name` starts (`checking`) or ends
         its logon check; while it lasts, a catch-up of `name` under way waits for it."""

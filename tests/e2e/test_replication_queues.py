@@ -265,7 +265,9 @@ class Ticker:
         self._c.close()
 
 
-SLOW_CHECK = ScryptParams(n=1 << 15, r=8, p=16)  # 2-3 s a check here (32 MiB at a time)
+# about 1 s a check here (16 MiB at a time): past the failover time (0.5 s), and far enough
+# below a link's logon timeout (5 s) to stay there on a loaded machine
+SLOW_CHECK = ScryptParams(n=1 << 14, r=8, p=16)
 USERS = {"repl": "repl-secret-9", "ops": "ops-secret-7", "cons": "cons-secret-5",
          "pub": "pub-secret-3"}  # fmt: skip
 ROLES = """<Entitlement>
@@ -280,10 +282,11 @@ def test_a_restarted_instance_waits_for_a_peer_whose_link_logon_outlasts_the_fai
 ):
     """Issue 23 (seams campaign, seed 1 round 2, on a loaded machine): tt-b takes over tt-a's
     queue messages while tt-a is down and acknowledges every one. tt-a restarts, and checking
-    the password of tt-b's link takes it longer than <QueueOwnerFailover> (1 s) and longer
-    than a link's heartbeat interval (1 s). tt-b is alive and linking the whole time: tt-a
-    must lease nothing until tt-b's link is up and has synced (a heartbeat sent while the
-    logon is checked must neither end the logon nor count as synced), then only what is new."""
+    the password of tt-b's link takes it longer than <QueueOwnerFailover> (0.5 s), and on a
+    loaded machine longer than a link's heartbeat interval (1 s). tt-b is alive and linking the
+    whole time: tt-a must lease nothing until tt-b's link is up and has synced (a heartbeat
+    sent while the logon is checked must neither end the logon nor count as synced: the unit
+    tests in tests/server/test_replication_intake.py pin those), then only what is new."""
     for name, slow in (("users-a.db", True), ("users-b.db", False)):
         for user, password in USERS.items():
             set_password(
@@ -294,7 +297,7 @@ def test_a_restarted_instance_waits_for_a_peer_whose_link_logon_outlasts_the_fai
         f.write(USERS["repl"] + "\n")
     auth = "<Authentication><PasswordFile>{db}</PasswordFile></Authentication>"
     cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=False, topics=("work", "work-q"),
-                 extra=QUEUE + auth + ROLES, queue_owner_failover="1s", link_user=("repl", pw))  # fmt: skip
+                 extra=QUEUE + auth + ROLES, queue_owner_failover="500ms", link_user=("repl", pw))  # fmt: skip
     for n in cl.names:  # only tt-a checks tt-b's link slowly
         i = cl[n]
         with open(i.config_path) as f:
@@ -313,7 +316,7 @@ def test_a_restarted_instance_waits_for_a_peer_whose_link_logon_outlasts_the_fai
         wait_until(lambda: stats(b, "queues", "work-q").get("held_for_others") == RESTART_N,
                    20, "tt-b holds tt-a's messages")  # fmt: skip
         a.kill()
-        cb = Consumer(b.port, "qb", user_id="cons", pw=USERS["cons"])  # leases after 1 s
+        cb = Consumer(b.port, "qb", user_id="cons", pw=USERS["cons"])  # leases after 0.5 s
         deadline = time.monotonic() + 60
         while len(cb.acked) < RESTART_N and time.monotonic() < deadline:
             cb.step()
@@ -321,7 +324,7 @@ def test_a_restarted_instance_waits_for_a_peer_whose_link_logon_outlasts_the_fai
         cb.c.close()
         a.start()
         ca = Consumer(a.port, "qa", user_id="cons", pw=USERS["cons"])
-        # tt-b's link logs on within about 1.3 s of each try and then sends its acks: until
+        # tt-b's link logs on within about a second of each try and then sends its acks: until
         # they are applied, tt-a must hand out none of the messages they name
         deadline = time.monotonic() + 60
         while stats(a, "queues", "work-q")["depth"] and time.monotonic() < deadline:

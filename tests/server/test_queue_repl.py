@@ -364,6 +364,30 @@ async def test_a_peer_whose_link_is_logging_on_is_waited_for_past_the_failover_t
     assert not qm.paused and len(_deliveries(c.take())) == 1
 
 
+async def test_the_wait_for_a_peer_without_a_link_counts_from_when_links_can_come(make_core):
+    """Opening the journal and recovery can take longer than the failover time: a peer cannot
+    link before this instance listens, so its wait is bounded from there."""
+    core = make_core(QUEUES)
+    qm = core.queues
+    clock = [0.0]
+    qm.enable_replication(["tt-b"], 1.0, lambda: clock[0])
+    pub = core.client("pub")
+    pub.send("publish", json.dumps({"n": 1}), t="work", s=1)
+    await core.settle()
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    clock[0] = 3.0  # recovered, now listening
+    qm.links_listening()
+    clock[0] = 3.9
+    qm.tick()
+    await core.settle()
+    assert qm.paused and _deliveries(c.take()) == []
+    clock[0] = 4.0
+    qm.tick()
+    await core.settle()
+    assert not qm.paused and len(_deliveries(c.take())) == 1
+
+
 async def test_a_peer_whose_link_drops_before_it_synced_is_waited_for_the_failover_time(
     make_core,
 ):
