@@ -84,8 +84,6 @@ SUBSTITUTES = {
     "FileIO": "journal/fileio.py: FaultyIO is the writer's file operations failing on purpose",
     "MemoryBookmarkStore": "client/: the logged and SOW bookmark stores are a memory store "
     "that also writes (the AMPS client's store family)",
-    "MemorySubscriptionManager": "client/submanager.py: the file manager is a memory one "
-    "that also writes",
 }
 
 
