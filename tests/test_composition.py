@@ -31,6 +31,7 @@ from journal.state import Layout
 from journal.writer import JournalWriter
 from server.queue import Queue
 from server.queue_state import QueueState
+from server.session import Session
 from server.session_caller import Caller
 from server.session_delta import DeltaCommands
 from server.session_publish import PublishCommands
@@ -60,6 +61,7 @@ PARTS = [
     HeldWrites,
     Queue,
     QueueState,
+    Session,
     Caller,
     PublishCommands,
     SubscribeCommands,
