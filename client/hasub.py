@@ -31,11 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Literal
 
 from .errors import ClientError, Disconnected
 from .message import Message, PersistedBookmark
-from .subscription import _STOP, Unsubscriber, _End, _Ending
+from .subscription import _STOP, MessageStream, Unsubscriber, _End, _Ending
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bookmarks import BookmarkStore
@@ -50,9 +50,11 @@ _CHECK_EVERY = 64  # messages between two looks at the store's window size
 _MAX_PLACEMENTS = 4  # queued placements (one per reconnect) the application has not reached
 
 
-class HASubscription:
+class HASubscription(MessageStream):
     """Returned by HAClient.subscribe(). Iterate with `async for msg in sub` or `next()`;
     call `discard(msg)` once a message of a bookmark subscription is processed."""
+
+    _quiet = ClientError  # `async with` ends it whatever its unsubscribe meets
 
     def __init__(
         self,
@@ -90,10 +92,6 @@ class HASubscription:
         if self._end is not None:
             return "failed"
         return "attached" if self._current is not None or self._queue else "detached"
-
-    @property
-    def active(self) -> bool:
-        return self._end is None
 
     @property
     def buffered(self) -> int:
@@ -230,15 +228,6 @@ class HASubscription:
                 raise TimeoutError
             await asyncio.sleep(_FULL_POLL)
 
-    def __aiter__(self) -> HASubscription:
-        return self
-
-    async def __anext__(self) -> Message:
-        msg = await self.next()
-        if msg is None:
-            raise StopAsyncIteration
-        return msg
-
     def discard(self, message: Message) -> bool:
         """Mark `message` processed in the bookmark store (any order)."""
         if self._store is None:
@@ -250,13 +239,3 @@ class HASubscription:
         if self._end is not None:
             return
         await self._ha.unsubscribe(self.sub_id, timeout=timeout)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._end is None:
-            try:
-                await self.unsubscribe()
-            except ClientError:
-                pass

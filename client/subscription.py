@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Literal, Protocol, Self
 
-from .errors import Disconnected
+from .errors import ClientError, Disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
     from .message import Message, PersistedBookmark
 
-__all__ = ["Subscription", "Unsubscriber"]
+__all__ = ["MessageStream", "Subscription", "Unsubscriber"]
 
 
 class Unsubscriber(Protocol):
@@ -53,7 +54,46 @@ _Ending = BaseException | Literal[_End.STOP] | None
 """None while active, _STOP once ended, the exception once failed."""
 
 
-class Subscription:
+class MessageStream(ABC):
+    """What a subscription is to the application, here and through an HAClient (client/hasub.py):
+    `async for` over next() until it ends, and `async with`, which unsubscribes at its end unless
+    the subscription has ended already (an unsubscribe that fails with `_quiet` is let go)."""
+
+    __slots__ = ()
+    _end: _Ending
+    _quiet: type[ClientError] = Disconnected
+
+    @abstractmethod
+    async def next(self, timeout: float | None = None) -> Message | None: ...
+
+    @abstractmethod
+    async def unsubscribe(self, timeout: float | None = 10.0) -> None: ...
+
+    @property
+    def active(self) -> bool:
+        return self._end is None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Message:
+        msg = await self.next()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._end is None:
+            try:
+                await self.unsubscribe()
+            except self._quiet:
+                pass
+
+
+class Subscription(MessageStream):
     """Returned by `Client.subscribe`. Iterate with `async for msg in sub`, or `await sub.next()`.
 
     `completed` is set when the server sends the `completed` ack (a bookmark replay caught up
@@ -119,10 +159,6 @@ class Subscription:
     def buffered(self) -> int:
         """Messages received and not yet taken by the application."""
         return len(self._buf)
-
-    @property
-    def active(self) -> bool:
-        return self._end is None
 
     # ---------------------------------------------------------------- client side
 
@@ -214,15 +250,6 @@ class Subscription:
                 async with asyncio.timeout(timeout):
                     await asyncio.shield(w)
 
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Message:
-        msg = await self.next()
-        if msg is None:
-            raise StopAsyncIteration
-        return msg
-
     async def unsubscribe(self, timeout: float | None = 10.0) -> None:
         """Unsubscribe; iteration stops at once (buffered messages are dropped).
 
@@ -232,13 +259,3 @@ class Subscription:
         if self._end is not None:
             return
         await self._client.unsubscribe(self.sub_id, timeout=timeout)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._end is None:
-            try:
-                await self.unsubscribe()
-            except Disconnected:
-                pass
