@@ -139,11 +139,6 @@ class HASubscription(MessageStream):
     def _fail(self, exc: BaseException) -> None:
         self._finish(exc)
 
-    def _wake(self) -> None:
-        w, self._waiter = self._waiter, None
-        if w is not None and not w.done():
-            w.set_result(None)
-
     # ------------------------------------------------------------------ application side
 
     async def next(self, timeout: float | None = None) -> Message | None:
@@ -164,20 +159,12 @@ class HASubscription(MessageStream):
                 if self._queue:
                     self._current = self._queue.popleft()
                     continue
-                end = self._end
-                if end is not None:
-                    if end is _STOP:
-                        return None
-                    raise end
-                w = self._waiter
-                if w is None or w.done():
-                    w = self._waiter = asyncio.get_running_loop().create_future()
-                if timeout is None:
-                    await asyncio.shield(w)
-                else:
+                left = None
+                if timeout is not None:
                     deadline = deadline or asyncio.get_running_loop().time() + timeout
-                    left = deadline - asyncio.get_running_loop().time()
-                    await asyncio.wait_for(asyncio.shield(w), max(0.0, left))
+                    left = max(0.0, deadline - asyncio.get_running_loop().time())
+                if not await self._wait(left):
+                    return None
                 continue
             try:
                 if timeout is None or sub._buf:  # no timer unless it has to wait

@@ -59,8 +59,9 @@ class MessageStream(ABC):
     `async for` over next() until it ends, and `async with`, which unsubscribes at its end unless
     the subscription has ended already (an unsubscribe that fails with `_quiet` is let go)."""
 
-    __slots__ = ()
+    __slots__ = ("_end", "_waiter")  # _waiter: a next() waiting for a message or the end
     _end: _Ending
+    _waiter: asyncio.Future | None
     _quiet: type[ClientError] = Disconnected
 
     @abstractmethod
@@ -72,6 +73,27 @@ class MessageStream(ABC):
     @property
     def active(self) -> bool:
         return self._end is None
+
+    def _wake(self) -> None:
+        w, self._waiter = self._waiter, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _wait(self, timeout: float | None) -> bool:
+        """With nothing to hand out: False once ended, the failure raised once failed, else
+        True after the next _wake() (TimeoutError after `timeout` seconds). The wait is
+        shielded, so a cancelled or timed-out next() loses no message."""
+        end = self._end
+        if end is not None:
+            if end is _STOP:
+                return False
+            raise end
+        w = self._waiter
+        if w is None or w.done():
+            w = self._waiter = asyncio.get_running_loop().create_future()
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(w)
+        return True
 
     def __aiter__(self) -> Self:
         return self
@@ -104,13 +126,11 @@ class Subscription(MessageStream):
         "_buf",
         "_bytes",
         "_client",
-        "_end",
         "_full",
         "_is_range",
         "_marks",
         "_on_drained",
         "_on_full",
-        "_waiter",
         "bookmark",
         "completed",
         "max_bytes",
@@ -169,11 +189,8 @@ class Subscription(MessageStream):
         buf = self._buf
         buf.append(msg)
         self._bytes += len(msg.body)
-        w = self._waiter
-        if w is not None:
-            self._waiter = None
-            if not w.done():
-                w.set_result(None)
+        if self._waiter is not None:
+            self._wake()
         if not self._full and (len(buf) >= self.max_messages or self._bytes >= self.max_bytes):
             self._full = True
             self._on_full(self)
@@ -202,9 +219,7 @@ class Subscription(MessageStream):
         if self._full:
             self._full = False
             self._on_drained(self)
-        w, self._waiter = self._waiter, None
-        if w is not None and not w.done():
-            w.set_result(None)
+        self._wake()
 
     def _end_stop(self, *, drop: bool) -> None:
         self._finish(_STOP, drop=drop)
@@ -236,19 +251,8 @@ class Subscription(MessageStream):
                     self._full = False
                     self._on_drained(self)
                 return msg
-            end = self._end
-            if end is not None:
-                if end is _STOP:
-                    return None
-                raise end
-            w = self._waiter
-            if w is None or w.done():
-                w = self._waiter = asyncio.get_running_loop().create_future()
-            if timeout is None:
-                await asyncio.shield(w)
-            else:
-                async with asyncio.timeout(timeout):
-                    await asyncio.shield(w)
+            if not await self._wait(timeout):
+                return None
 
     async def unsubscribe(self, timeout: float | None = 10.0) -> None:
         """Unsubscribe; iteration stops at once (buffered messages are dropped).
