@@ -46,7 +46,7 @@ from protocol.bookmarks import publisher_bookmark
 from .bookmarks import EPOCH, MOST_RECENT, MemoryBookmarkStore, _canonical, _SubState
 from .errors import CorruptStore, StoreClosed
 from .message import Message
-from .storefile import RecoveryReport, open_locked
+from .storefile import RecoveryReport, open_locked, recovered
 
 __all__ = ["LoggedBookmarkStore"]
 
@@ -88,12 +88,7 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
         self._size = 0
         self._snapshot_size = 0
         self._fd = open_locked(self.path)
-        try:
-            self.recovery = self._load()
-        except BaseException:
-            os.close(self._fd)
-            raise
-        self.recovery.log()
+        self.recovery = recovered(self._fd, self._load)
 
     # ------------------------------------------------------------------ load
 

@@ -43,7 +43,7 @@ from protocol.bookmarks import publisher_bookmark
 from .bookmarks import EPOCH, MOST_RECENT, NOW, BookmarkStore
 from .errors import CorruptStore, StoreClosed, StoreFull
 from .message import Message
-from .storefile import RecoveryReport, open_locked
+from .storefile import RecoveryReport, open_locked, recovered
 
 __all__ = ["RingBookmarkStore"]
 
@@ -90,12 +90,7 @@ class RingBookmarkStore(BookmarkStore):
         self._free: list[int] = []
         self._closed = False
         self._fd = open_locked(self.path)
-        try:
-            self.recovery = self._load()
-        except BaseException:
-            os.close(self._fd)
-            raise
-        self.recovery.log()
+        self.recovery = recovered(self._fd, self._load)
 
     def __repr__(self) -> str:
         return f"<RingBookmarkStore {self.path} {len(self._subs)} subscription(s)>"

@@ -13,9 +13,12 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import IO, Any
 
+import msgspec
+
 from .address import DEFAULT_ADDRESS, parse_address
 from .errors import ClientError, ConnectFailed, StoreError
 from .ha import HAClient
+from .message import Message
 
 __all__ = [
     "Usage",
@@ -24,9 +27,25 @@ __all__ = [
     "credentials",
     "default_name",
     "ha_client",
+    "render",
     "report_recovery",
     "run_command",
 ]
+
+
+def render(msg: Message, headers: bool, key: bool = False) -> bytes:
+    """One line of `sub`, `queue` or `sow`: the body, or with --headers a JSON object of the
+    bookmark, topic and body (as JSON, or as a string if it is not JSON), with `key` the SOW
+    record's key `k` first."""
+    if not headers:
+        return msg.body + b"\n"
+    try:
+        body = msgspec.json.decode(msg.body)
+    except msgspec.DecodeError:
+        body = msg.body.decode("utf-8", "replace")
+    line: dict[str, Any] = {"k": msg.header.k} if key else {}
+    line.update(bm=msg.bookmark, t=msg.topic, body=body)
+    return msgspec.json.encode(line) + b"\n"
 
 
 class Usage(Exception):

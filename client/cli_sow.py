@@ -11,16 +11,10 @@ from __future__ import annotations
 import argparse
 from typing import IO
 
-import msgspec
-
-from .cli_common import Usage, checked_servers, connect, ha_client, run_printing
+from .cli_common import Usage, checked_servers, connect, ha_client, render, run_printing
 from .client import Client
-from .message import Message
 
-__all__ = ["render", "run_sow"]
-
-_json_decode = msgspec.json.decode
-_json_encode = msgspec.json.encode
+__all__ = ["run_sow"]
 
 
 def run_sow(
@@ -28,17 +22,6 @@ def run_sow(
 ) -> int:
     """`tickertape sow`: returns the exit status."""
     return run_printing("sow", _sow, args, stdout, stderr)
-
-
-def render(msg: Message, headers: bool) -> bytes:
-    if not headers:
-        return msg.body + b"\n"
-    try:
-        body = _json_decode(msg.body)
-    except msgspec.DecodeError:
-        body = msg.body.decode("utf-8", "replace")
-    k = msg.header.k
-    return _json_encode({"k": k, "bm": msg.bookmark, "t": msg.topic, "body": body}) + b"\n"
 
 
 async def _sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
@@ -55,7 +38,7 @@ async def _sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
         )
         try:
             for msg in records:
-                stdout.write(render(msg, args.headers))
+                stdout.write(render(msg, args.headers, key=True))
             stdout.flush()
         except BrokenPipeError:
             return -1

@@ -17,19 +17,22 @@ from __future__ import annotations
 import argparse
 from typing import IO
 
-import msgspec
-
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .bookmarks_logged import LoggedBookmarkStore
 from .bookmarks_ring import RingBookmarkStore
-from .cli_common import Usage, checked_servers, connect, ha_client, report_recovery, run_printing
+from .cli_common import (
+    Usage,
+    checked_servers,
+    connect,
+    ha_client,
+    render,
+    report_recovery,
+    run_printing,
+)
 from .hasub import HASubscription
 from .message import Message
 
 __all__ = ["run_queue", "run_sub"]
-
-_json_decode = msgspec.json.decode
-_json_encode = msgspec.json.encode
 
 
 def run_sub(
@@ -63,16 +66,6 @@ def _check_bookmark(text: str | None) -> None:
         parse_bookmark(text)
     except InvalidBookmark as exc:
         raise Usage(f"--bookmark: {exc}") from None
-
-
-def _render(msg: Message, headers: bool) -> bytes:
-    if not headers:
-        return msg.body + b"\n"
-    try:
-        body = _json_decode(msg.body)
-    except msgspec.DecodeError:
-        body = msg.body.decode("utf-8", "replace")
-    return _json_encode({"bm": msg.bookmark, "t": msg.topic, "body": body}) + b"\n"
 
 
 def _open_bookmark_store(args: argparse.Namespace) -> BookmarkStore:
@@ -135,7 +128,7 @@ async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
             if msg is None:  # a range completed
                 return 0
             try:
-                stdout.write(_render(msg, args.headers))
+                stdout.write(render(msg, args.headers))
                 stdout.flush()
             except BrokenPipeError:
                 return -1
@@ -150,7 +143,6 @@ async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
 async def _sub_sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
     """`sub --sow`: sow_and_subscribe on one connection (no failover: a new connection would
     need a new answer)."""
-    from .cli_sow import render
     from .client import Client
 
     ha = ha_client("sub", args, stderr)
@@ -169,7 +161,7 @@ async def _sub_sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str])
             if msg is None:
                 return 0
             try:
-                stdout.write(render(msg, args.headers))
+                stdout.write(render(msg, args.headers, key=True))
                 stdout.flush()
             except BrokenPipeError:
                 return -1

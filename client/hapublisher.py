@@ -33,7 +33,8 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .errors import ClientError, CommandTimeout, Disconnected, PublishFailed, StoreFull
+from .errors import ClientError, Disconnected, PublishFailed, StoreFull
+from .publish import Flushes
 from .pubstore import PublishStore, record_size
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,8 +59,7 @@ class Publisher:
         self._check = check
         self._pump_task: asyncio.Task | None = None
         self._room = asyncio.Event()
-        self._flush_waiters: list[tuple[int, asyncio.Future]] = []
-        self._unreported: PublishFailed | None = None
+        self._flushes = Flushes()  # publish_flush() calls, settled at the store's acked_seq
         self._resend: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ connection events
@@ -70,7 +70,7 @@ class Publisher:
         self.live = None
         store = self.store
         store.resync(server_seq)
-        self._settle()
+        self._flushes.settle(store.acked_seq)
         self._room.set()
         self.sent_seq = max(server_seq, store.acked_seq)
         before = self.sent_seq
@@ -86,10 +86,7 @@ class Publisher:
     def fail(self, exc: BaseException) -> None:
         """The HAClient closed or failed: every waiter fails with `exc`."""
         self.offline()
-        waiters, self._flush_waiters = self._flush_waiters, []
-        for _, fut in waiters:
-            if not fut.done():
-                fut.set_exception(exc)
+        self._flushes.fail(exc)
         self._room.set()
         if self._pump_task is not None:
             self._pump_task.cancel()
@@ -97,15 +94,10 @@ class Publisher:
     def on_persisted(self, seq: int) -> None:
         if self.store.discard_up_to(seq):
             self._room.set()
-        self._settle()
+        self._flushes.settle(self.store.acked_seq)
 
     def on_failure(self, exc: PublishFailed) -> None:
-        waiters, self._flush_waiters = self._flush_waiters, []
-        if not waiters:
-            self._unreported = exc  # the next publish_flush() raises it
-        for _, fut in waiters:
-            if not fut.done():
-                fut.set_exception(exc)
+        self._flushes.fail(exc, keep=True)  # none waiting: the next publish_flush() raises it
         if self.live is not None and self._resend is None:
             loop = asyncio.get_running_loop()
             self._resend = loop.call_later(RESEND_DELAY, self._resend_unpersisted, self.live)
@@ -117,19 +109,6 @@ class Publisher:
             return  # a new connection resends everything anyway (resync)
         self.sent_seq = min(self.sent_seq, self.store.acked_seq)
         self._kick(client)
-
-    def _settle(self) -> None:
-        if not self._flush_waiters:
-            return
-        acked = self.store.acked_seq
-        keep = []
-        for target, fut in self._flush_waiters:
-            if target <= acked:
-                if not fut.done():
-                    fut.set_result(None)
-            else:
-                keep.append((target, fut))
-        self._flush_waiters = keep
 
     # ------------------------------------------------------------------ publishing
 
@@ -207,9 +186,7 @@ class Publisher:
 
     async def flush(self, timeout: float | None) -> None:
         """HAClient.publish_flush()."""
-        if self._unreported is not None:
-            exc, self._unreported = self._unreported, None
-            raise exc
+        self._flushes.raise_unreported()
         store = self.store
         target = store.last_seq
         if store.acked_seq >= target:
@@ -217,19 +194,6 @@ class Publisher:
         self._check()
         if self.live is not None:
             self._kick(self.live)
-        fut = asyncio.get_running_loop().create_future()
-        self._flush_waiters.append((target, fut))
-        try:
-            if timeout is None:
-                await fut
-                return
-            try:
-                async with asyncio.timeout(timeout):
-                    await fut
-            except TimeoutError:
-                raise CommandTimeout(
-                    f"publish_flush ({store.unpersisted_count()} unpersisted)", timeout,
-                    "persisted ack",
-                ) from None  # fmt: skip
-        finally:
-            self._flush_waiters = [(t, f) for t, f in self._flush_waiters if f is not fut]
+        await self._flushes.wait(
+            target, timeout, lambda: f"publish_flush ({store.unpersisted_count()} unpersisted)"
+        )

@@ -31,11 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Literal
 
 from .errors import ClientError, Disconnected
 from .message import Message, PersistedBookmark
-from .subscription import _STOP, Unsubscriber, _End, _Ending
+from .subscription import _STOP, MessageStream, Unsubscriber, _End, _Ending
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bookmarks import BookmarkStore
@@ -50,9 +50,11 @@ _CHECK_EVERY = 64  # messages between two looks at the store's window size
 _MAX_PLACEMENTS = 4  # queued placements (one per reconnect) the application has not reached
 
 
-class HASubscription:
+class HASubscription(MessageStream):
     """Returned by HAClient.subscribe(). Iterate with `async for msg in sub` or `next()`;
     call `discard(msg)` once a message of a bookmark subscription is processed."""
+
+    _quiet = ClientError  # `async with` ends it whatever its unsubscribe meets
 
     def __init__(
         self,
@@ -90,10 +92,6 @@ class HASubscription:
         if self._end is not None:
             return "failed"
         return "attached" if self._current is not None or self._queue else "detached"
-
-    @property
-    def active(self) -> bool:
-        return self._end is None
 
     @property
     def buffered(self) -> int:
@@ -141,11 +139,6 @@ class HASubscription:
     def _fail(self, exc: BaseException) -> None:
         self._finish(exc)
 
-    def _wake(self) -> None:
-        w, self._waiter = self._waiter, None
-        if w is not None and not w.done():
-            w.set_result(None)
-
     # ------------------------------------------------------------------ application side
 
     async def next(self, timeout: float | None = None) -> Message | None:
@@ -166,20 +159,12 @@ class HASubscription:
                 if self._queue:
                     self._current = self._queue.popleft()
                     continue
-                end = self._end
-                if end is not None:
-                    if end is _STOP:
-                        return None
-                    raise end
-                w = self._waiter
-                if w is None or w.done():
-                    w = self._waiter = asyncio.get_running_loop().create_future()
-                if timeout is None:
-                    await asyncio.shield(w)
-                else:
+                left = None
+                if timeout is not None:
                     deadline = deadline or asyncio.get_running_loop().time() + timeout
-                    left = deadline - asyncio.get_running_loop().time()
-                    await asyncio.wait_for(asyncio.shield(w), max(0.0, left))
+                    left = max(0.0, deadline - asyncio.get_running_loop().time())
+                if not await self._wait(left):
+                    return None
                 continue
             try:
                 if timeout is None or sub._buf:  # no timer unless it has to wait
@@ -230,15 +215,6 @@ class HASubscription:
                 raise TimeoutError
             await asyncio.sleep(_FULL_POLL)
 
-    def __aiter__(self) -> HASubscription:
-        return self
-
-    async def __anext__(self) -> Message:
-        msg = await self.next()
-        if msg is None:
-            raise StopAsyncIteration
-        return msg
-
     def discard(self, message: Message) -> bool:
         """Mark `message` processed in the bookmark store (any order)."""
         if self._store is None:
@@ -250,13 +226,3 @@ class HASubscription:
         if self._end is not None:
             return
         await self._ha.unsubscribe(self.sub_id, timeout=timeout)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._end is None:
-            try:
-                await self.unsubscribe()
-            except ClientError:
-                pass

@@ -33,18 +33,75 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 from .errors import CommandTimeout, PublishFailed
 
-__all__ = ["PublishTracker"]
+__all__ = ["Flushes", "PublishTracker"]
+
+
+class Flushes:
+    """The flush() calls waiting until a count (sequence) is settled, in the order they came
+    (their targets ascend), and a failure no flush was waiting for: the next flush raises it,
+    so an error is never lost. A connection's PublishTracker and the HAClient's Publisher
+    (client/hapublisher.py) each have one."""
+
+    __slots__ = ("_unreported", "_waiters")
+
+    def __init__(self) -> None:
+        self._waiters: deque[tuple[int, asyncio.Future]] = deque()
+        self._unreported: BaseException | None = None
+
+    def settle(self, upto: int) -> None:
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= upto:
+            f = waiters.popleft()[1]
+            if not f.done():
+                f.set_result(None)
+
+    def fail(self, exc: BaseException, keep: bool = False) -> None:
+        """Every waiting flush raises `exc`; with `keep` and none waiting, the next one does."""
+        waiters = self._waiters
+        if keep and not waiters:
+            self._unreported = exc
+        while waiters:
+            f = waiters.popleft()[1]
+            if not f.done():
+                f.set_exception(exc)
+
+    def raise_unreported(self) -> None:
+        if self._unreported is not None:
+            exc, self._unreported = self._unreported, None
+            raise exc
+
+    async def wait(self, target: int, timeout: float | None, what: Callable[[], str]) -> None:
+        """Until settle() reaches `target` (or fail()); CommandTimeout naming `what()` after
+        `timeout` seconds."""
+        entry = (target, asyncio.get_running_loop().create_future())
+        self._waiters.append(entry)
+        try:
+            if timeout is None:
+                await entry[1]
+                return
+            try:
+                async with asyncio.timeout(timeout):
+                    await entry[1]
+            except TimeoutError:
+                raise CommandTimeout(what(), timeout, "persisted ack") from None
+        finally:
+            if not entry[1].done():
+                entry[1].cancel()
+            try:
+                self._waiters.remove(entry)
+            except ValueError:
+                pass
 
 
 class PublishTracker:
     __slots__ = (
         "_closed",
-        "_flush_waiters",
+        "_flushes",
         "_inflight",
-        "_unreported",
         "_window_waiter",
         "failed_count",
         "last_seq",
@@ -64,9 +121,8 @@ class PublishTracker:
         self.settled = 0
         self.failed_count = 0
         self._inflight: deque[int] = deque()
-        self._flush_waiters: deque[tuple[int, asyncio.Future]] = deque()
+        self._flushes = Flushes()
         self._window_waiter: asyncio.Future | None = None
-        self._unreported: PublishFailed | None = None
         self._closed: BaseException | None = None
 
     # ---------------------------------------------------------------- publishing side
@@ -120,12 +176,7 @@ class PublishTracker:
             self._window_waiter = None
             if not fut.done():
                 fut.set_result(None)
-        waiters = self._flush_waiters
-        settled = self.settled
-        while waiters and waiters[0][0] <= settled:
-            _, f = waiters.popleft()
-            if not f.done():
-                f.set_result(None)
+        self._flushes.settle(self.settled)
 
     def persisted(self, s: int) -> None:
         """A successful persisted ack: everything <= s is durable."""
@@ -138,14 +189,7 @@ class PublishTracker:
         n = self._settle(s)
         self.failed_count += n
         exc = PublishFailed(reason, s, n)
-        waiters = self._flush_waiters
-        if waiters:
-            while waiters:
-                _, f = waiters.popleft()
-                if not f.done():
-                    f.set_exception(exc)
-        else:
-            self._unreported = exc
+        self._flushes.fail(exc, keep=True)
         self._wake()
         return exc
 
@@ -153,41 +197,20 @@ class PublishTracker:
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every publish sent so far is settled; raise if any of them failed."""
-        if self._unreported is not None:
-            exc, self._unreported = self._unreported, None
-            raise exc
+        self._flushes.raise_unreported()
         target = self.published
         if self.settled >= target:
             return
         if self._closed is not None:
             raise self._closed
-        fut = asyncio.get_running_loop().create_future()
-        self._flush_waiters.append((target, fut))
-        try:
-            if timeout is None:
-                await fut
-                return
-            try:
-                await asyncio.wait_for(fut, timeout)
-            except TimeoutError:
-                raise CommandTimeout(
-                    f"publish_flush ({len(self._inflight)} unpersisted)", timeout, "persisted ack"
-                ) from None
-        finally:
-            if not fut.done():
-                fut.cancel()
-            try:
-                self._flush_waiters.remove((target, fut))
-            except ValueError:
-                pass
+        await self._flushes.wait(
+            target, timeout, lambda: f"publish_flush ({len(self._inflight)} unpersisted)"
+        )
 
     def close(self, exc: BaseException) -> None:
         """The connection ended: fail every waiter with `exc`; later waits fail at once."""
         self._closed = exc
-        for _, f in self._flush_waiters:
-            if not f.done():
-                f.set_exception(exc)
-        self._flush_waiters.clear()
+        self._flushes.fail(exc)
         fut, self._window_waiter = self._window_waiter, None
         if fut is not None and not fut.done():
             # a result, not the exception: blocked publishers re-check `_closed` and raise it,

@@ -56,7 +56,7 @@ from collections import deque
 
 from .errors import CorruptStore, StoreClosed, StoreFull
 from .pubstore import PublishStore, StoredPublish, record_size
-from .storefile import RecoveryReport, open_locked
+from .storefile import RecoveryReport, open_locked, recovered
 
 __all__ = ["FilePublishStore"]
 
@@ -116,12 +116,7 @@ class FilePublishStore(PublishStore):
         self._tail = DATA
         self._closed = False
         self._fd = open_locked(self.path)
-        try:
-            self.recovery = self._open()
-        except BaseException:
-            os.close(self._fd)
-            raise
-        self.recovery.log()
+        self.recovery = recovered(self._fd, self._open)
 
     def __repr__(self) -> str:
         return f"<FilePublishStore {self.path} acked={self._acked} last={self._last}>"

@@ -11,11 +11,12 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import StoreLocked
 
-__all__ = ["RecoveryReport", "lock_file", "open_locked"]
+__all__ = ["RecoveryReport", "lock_file", "open_locked", "recovered"]
 
 log = logging.getLogger("tickertape.client.store")
 
@@ -90,3 +91,15 @@ def open_locked(path: str, flags: int = os.O_RDWR | os.O_CREAT) -> int:
     fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
     lock_file(fd, path)
     return fd
+
+
+def recovered(fd: int, load: Callable[[], RecoveryReport]) -> RecoveryReport:
+    """What `load()` found in the store file just opened as `fd`, logged; `fd` is closed when
+    the load fails (the store object is never made, so nothing else would close it)."""
+    try:
+        report = load()
+    except BaseException:
+        os.close(fd)
+        raise
+    report.log()
+    return report

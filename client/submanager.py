@@ -74,13 +74,13 @@ class MemorySubscriptionManager(SubscriptionManager):
         return list(self._specs.values())
 
 
-class FileSubscriptionManager(MemorySubscriptionManager):
+class FileSubscriptionManager(SubscriptionManager):
     """Specs in a JSON file (a list of objects), rewritten with temp file + rename on every
     change. A file that does not decode raises msgspec.DecodeError naming the problem."""
 
     def __init__(self, path: str | os.PathLike):
-        super().__init__()
         self.path = os.fspath(path)
+        self._specs: dict[str, SubscriptionSpec] = {}
         if os.path.exists(self.path):
             with open(self.path, "rb") as f:
                 data = f.read()
@@ -98,10 +98,12 @@ class FileSubscriptionManager(MemorySubscriptionManager):
 
     def add(self, spec: SubscriptionSpec) -> None:
         if self._specs.get(spec.sub_id) != spec:
-            super().add(spec)
+            self._specs[spec.sub_id] = spec
             self._save()
 
     def remove(self, sub_id: str) -> None:
-        if sub_id in self._specs:
-            super().remove(sub_id)
+        if self._specs.pop(sub_id, None) is not None:
             self._save()
+
+    def specs(self) -> list[SubscriptionSpec]:
+        return list(self._specs.values())

@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Literal, Protocol, Self
 
-from .errors import Disconnected
+from .errors import ClientError, Disconnected
 
 if TYPE_CHECKING:  # pragma: no cover
     from .message import Message, PersistedBookmark
 
-__all__ = ["Subscription", "Unsubscriber"]
+__all__ = ["MessageStream", "Subscription", "Unsubscriber"]
 
 
 class Unsubscriber(Protocol):
@@ -53,7 +54,68 @@ _Ending = BaseException | Literal[_End.STOP] | None
 """None while active, _STOP once ended, the exception once failed."""
 
 
-class Subscription:
+class MessageStream(ABC):
+    """What a subscription is to the application, here and through an HAClient (client/hasub.py):
+    `async for` over next() until it ends, and `async with`, which unsubscribes at its end unless
+    the subscription has ended already (an unsubscribe that fails with `_quiet` is let go)."""
+
+    __slots__ = ("_end", "_waiter")  # _waiter: a next() waiting for a message or the end
+    _end: _Ending
+    _waiter: asyncio.Future | None
+    _quiet: type[ClientError] = Disconnected
+
+    @abstractmethod
+    async def next(self, timeout: float | None = None) -> Message | None: ...
+
+    @abstractmethod
+    async def unsubscribe(self, timeout: float | None = 10.0) -> None: ...
+
+    @property
+    def active(self) -> bool:
+        return self._end is None
+
+    def _wake(self) -> None:
+        w, self._waiter = self._waiter, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _wait(self, timeout: float | None) -> bool:
+        """With nothing to hand out: False once ended, the failure raised once failed, else
+        True after the next _wake() (TimeoutError after `timeout` seconds). The wait is
+        shielded, so a cancelled or timed-out next() loses no message."""
+        end = self._end
+        if end is not None:
+            if end is _STOP:
+                return False
+            raise end
+        w = self._waiter
+        if w is None or w.done():
+            w = self._waiter = asyncio.get_running_loop().create_future()
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(w)
+        return True
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Message:
+        msg = await self.next()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._end is None:
+            try:
+                await self.unsubscribe()
+            except self._quiet:
+                pass
+
+
+class Subscription(MessageStream):
     """Returned by `Client.subscribe`. Iterate with `async for msg in sub`, or `await sub.next()`.
 
     `completed` is set when the server sends the `completed` ack (a bookmark replay caught up
@@ -64,13 +126,11 @@ class Subscription:
         "_buf",
         "_bytes",
         "_client",
-        "_end",
         "_full",
         "_is_range",
         "_marks",
         "_on_drained",
         "_on_full",
-        "_waiter",
         "bookmark",
         "completed",
         "max_bytes",
@@ -120,10 +180,6 @@ class Subscription:
         """Messages received and not yet taken by the application."""
         return len(self._buf)
 
-    @property
-    def active(self) -> bool:
-        return self._end is None
-
     # ---------------------------------------------------------------- client side
 
     def _push(self, msg: Message) -> None:
@@ -133,11 +189,8 @@ class Subscription:
         buf = self._buf
         buf.append(msg)
         self._bytes += len(msg.body)
-        w = self._waiter
-        if w is not None:
-            self._waiter = None
-            if not w.done():
-                w.set_result(None)
+        if self._waiter is not None:
+            self._wake()
         if not self._full and (len(buf) >= self.max_messages or self._bytes >= self.max_bytes):
             self._full = True
             self._on_full(self)
@@ -166,9 +219,7 @@ class Subscription:
         if self._full:
             self._full = False
             self._on_drained(self)
-        w, self._waiter = self._waiter, None
-        if w is not None and not w.done():
-            w.set_result(None)
+        self._wake()
 
     def _end_stop(self, *, drop: bool) -> None:
         self._finish(_STOP, drop=drop)
@@ -200,28 +251,8 @@ class Subscription:
                     self._full = False
                     self._on_drained(self)
                 return msg
-            end = self._end
-            if end is not None:
-                if end is _STOP:
-                    return None
-                raise end
-            w = self._waiter
-            if w is None or w.done():
-                w = self._waiter = asyncio.get_running_loop().create_future()
-            if timeout is None:
-                await asyncio.shield(w)
-            else:
-                async with asyncio.timeout(timeout):
-                    await asyncio.shield(w)
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Message:
-        msg = await self.next()
-        if msg is None:
-            raise StopAsyncIteration
-        return msg
+            if not await self._wait(timeout):
+                return None
 
     async def unsubscribe(self, timeout: float | None = 10.0) -> None:
         """Unsubscribe; iteration stops at once (buffered messages are dropped).
@@ -232,13 +263,3 @@ class Subscription:
         if self._end is not None:
             return
         await self._client.unsubscribe(self.sub_id, timeout=timeout)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._end is None:
-            try:
-                await self.unsubscribe()
-            except Disconnected:
-                pass

@@ -207,10 +207,6 @@ class TransactionLog(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
         return lookup
 
-    def topic_spec(self, topic: str) -> TopicSpec | None:
-        """The first `<Topic>` whose pattern matches the whole topic name, or None."""
-        return self._lookup(topic)
-
     def records_topic(self, topic: str) -> bool:
         """Whether messages published to `topic` are recorded in the journal."""
         return self._lookup(topic) is not None

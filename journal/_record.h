@@ -1,6 +1,7 @@
 /* The journal record's layout for the C accelerators (journal/record.py owns the format and
  * documents it): header size, kinds, flags, the little-endian fields, the one walk of a record
- * (record_next), and the record crc32.
+ * (record_next), the walk of a block of records up to a position (walk_next), and the record
+ * crc32.
  *
  * Included by journal/_verify.c and server/_publish.c, _replicate.c, _splice.c, _filterscan.c.
  * A module that computes crcs defines RECORD_CRC before including it and links ISA-L (with
@@ -102,6 +103,40 @@ static inline int record_next(const unsigned char *p, Py_ssize_t avail, RecordFi
         return RECORD_BAD;
     r->topic = at;
     return RECORD_WHOLE;
+}
+
+/* A walk over a block of the journal that starts at position `base`, up to position `end`: the
+ * replay's loops (server/_splice.c splice_frames, server/_filterscan.c scan) take their records
+ * from it, and read where it stopped and the last record it passed. */
+typedef struct {
+    Py_ssize_t off;    /* the record walk_next gave (the caller moves it on), or where it stopped */
+    int at_end, bad;   /* stopped at `end`; at a record whose fields run past its length */
+    int have_last;     /* last_pub, last_seq: of the last record passed (one before `end`) */
+    uint64_t last_pub, last_seq;
+} BlockWalk;
+
+/* The record at w->off into *f (1), or 0 where the walk stops: the rest of the block is not a
+ * whole record, the record is at or past `end` (at_end), or it is bad. A length that cannot hold
+ * the header is bad even past `end`: no record ends there. */
+static inline int walk_next(BlockWalk *w, const unsigned char *in, Py_ssize_t n, long long base,
+                            long long end, RecordFields *f) {
+    const unsigned char *r = in + w->off;
+    int got = record_next(r, n - w->off, f);
+    if (got == RECORD_SHORT)
+        return 0;
+    if (got == RECORD_BAD && (Py_ssize_t)rd32(r) + 4 < RECORD_HEADER)
+        w->bad = 1;
+    else if (base + w->off >= end)
+        w->at_end = 1;
+    else if (got == RECORD_BAD)
+        w->bad = 1;
+    else {
+        w->last_pub = f->pub;
+        w->last_seq = f->seq;
+        w->have_last = 1;
+        return 1;
+    }
+    return 0;
 }
 
 /* The crc32 (zlib's polynomial and conventions) of one record. zlib's own crc32 walks a short

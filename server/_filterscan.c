@@ -623,33 +623,14 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     if (pg == NULL)
         goto done;
     const unsigned char *in = buf.buf;
-    Py_ssize_t n = buf.len, off = 0;
-    uint64_t last_pub = 0, last_seq = 0;
-    int have_last = 0, at_end = 0, bad = 0, nomem = 0;
+    Py_ssize_t n = buf.len;
+    BlockWalk w = {0};
+    RecordFields f;
+    int nomem = 0;
     Val vals[MAX_FIELDS];
     Py_BEGIN_ALLOW_THREADS
-    while (n - off >= RECORD_HEADER) {
-        const unsigned char *r = in + off;
-        RecordFields f;
-        int got = record_next(r, n - off, &f);
-        if (got == RECORD_SHORT)
-            break;
-        if (got == RECORD_BAD && (Py_ssize_t)rd32(r) + 4 < RECORD_HEADER) {
-            bad = 1; /* a length that cannot hold the header: no record ends there */
-            break;
-        }
-        if (base + off >= end) {
-            at_end = 1;
-            break;
-        }
-        if (got == RECORD_BAD) {
-            bad = 1;
-            break;
-        }
-        last_pub = f.pub;
-        last_seq = f.seq;
-        have_last = 1;
-        Py_ssize_t tlen = f.tlen, t = off + f.topic, nxt = off + f.total;
+    while (walk_next(&w, in, n, base, end, &f)) {
+        Py_ssize_t off = w.off, tlen = f.tlen, t = off + f.topic, nxt = off + f.total;
         if (f.kind == KIND_MESSAGE && tlen == topic.len && base + off >= start &&
             memcmp(in + t, topic.buf, (size_t)tlen) == 0) {
             int x = scan_body(pg, in + t + tlen, in + nxt, vals) ? run(pg, vals) : T_UNSURE;
@@ -659,26 +640,26 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 break;
             }
         }
-        off = nxt;
+        w.off = nxt;
     }
     Py_END_ALLOW_THREADS
     if (nomem) {
         PyErr_NoMemory();
         goto done;
     }
-    if (bad) {
+    if (w.bad) {
         PyErr_Format(PyExc_ValueError, "bad record at offset %zd: its fields run past its length",
-                     off);
+                     w.off);
         goto done;
     }
-    PyObject *last_p = have_last ? PyLong_FromUnsignedLongLong(last_pub) : Py_NewRef(Py_None);
-    PyObject *last_s = have_last ? PyLong_FromUnsignedLongLong(last_seq) : Py_NewRef(Py_None);
+    PyObject *last_p = w.have_last ? PyLong_FromUnsignedLongLong(w.last_pub) : Py_NewRef(Py_None);
+    PyObject *last_s = w.have_last ? PyLong_FromUnsignedLongLong(w.last_seq) : Py_NewRef(Py_None);
     /* y# of a NULL pointer gives None: an empty array is b"" */
     result = Py_BuildValue("(y#y#nNNO)", hit.p ? (const char *)hit.p : "",
                            hit.n * (Py_ssize_t)sizeof(uint64_t),
                            unsure.p ? (const char *)unsure.p : "",
-                           unsure.n * (Py_ssize_t)sizeof(uint64_t), off, last_p, last_s,
-                           at_end ? Py_True : Py_False);
+                           unsure.n * (Py_ssize_t)sizeof(uint64_t), w.off, last_p, last_s,
+                           w.at_end ? Py_True : Py_False);
 done:
     free(hit.p);
     free(unsure.p);

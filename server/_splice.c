@@ -129,58 +129,38 @@ splice_frames(PyObject *self, PyObject *args)
         goto done;
     char *o0 = PyBytes_AS_STRING(out);
     char *o = o0;
-    Py_ssize_t off = 0, sent = 0;
-    uint64_t last_pub = 0, last_seq = 0;
-    int have_last = 0, at_end = 0, bad = 0;
+    Py_ssize_t sent = 0;
+    BlockWalk w = {0};
+    RecordFields f;
     PubText pt = {0};
     Py_BEGIN_ALLOW_THREADS
-    while (n - off >= RECORD_HEADER) {
-        const unsigned char *r = in + off;
-        RecordFields f;
-        int got = record_next(r, n - off, &f);
-        if (got == RECORD_SHORT)
-            break;
-        if (got == RECORD_BAD && (Py_ssize_t)rd32(r) + 4 < RECORD_HEADER) {
-            bad = 1; /* a length that cannot hold the header: no record ends there */
-            break;
-        }
-        if (base + off >= end) {
-            at_end = 1;
-            break;
-        }
-        if (got == RECORD_BAD) {
-            bad = 1;
-            break;
-        }
-        last_pub = f.pub;
-        last_seq = f.seq;
-        have_last = 1;
-        Py_ssize_t t = off + f.topic, nxt = off + f.total;
+    while (walk_next(&w, in, n, base, end, &f)) {
+        Py_ssize_t off = w.off, t = off + f.topic, nxt = off + f.total;
         if (f.kind == KIND_MESSAGE && f.tlen == topic.len && base + off >= start &&
             memcmp(in + t, topic.buf, (size_t)f.tlen) == 0) {
             char bm[42];
             Py_ssize_t bml = format_bm(bm, &pt, f.pub, f.seq);
-            o = emit_frame(o, head.buf, head.len, r + f.hdr, f.hlen, bm, bml, NULL, 0,
+            o = emit_frame(o, head.buf, head.len, in + off + f.hdr, f.hlen, bm, bml, NULL, 0,
                            in + t + f.tlen, nxt - (t + f.tlen));
             sent++;
         }
-        off = nxt;
+        w.off = nxt;
     }
     Py_END_ALLOW_THREADS
-    if (bad) {
+    if (w.bad) {
         PyErr_Format(PyExc_ValueError,
-                     "bad record at offset %zd: its fields run past its length", off);
+                     "bad record at offset %zd: its fields run past its length", w.off);
         Py_CLEAR(out);
         goto done;
     }
     if (_PyBytes_Resize(&out, o - o0) < 0)
         goto done;
-    if (have_last)
-        result = Py_BuildValue("(NnnKKO)", out, sent, off, (unsigned long long)last_pub,
-                               (unsigned long long)last_seq, at_end ? Py_True : Py_False);
+    if (w.have_last)
+        result = Py_BuildValue("(NnnKKO)", out, sent, w.off, (unsigned long long)w.last_pub,
+                               (unsigned long long)w.last_seq, w.at_end ? Py_True : Py_False);
     else
-        result = Py_BuildValue("(NnnOOO)", out, sent, off, Py_None, Py_None,
-                               at_end ? Py_True : Py_False);
+        result = Py_BuildValue("(NnnOOO)", out, sent, w.off, Py_None, Py_None,
+                               w.at_end ? Py_True : Py_False);
     out = NULL; /* owned by the tuple (N), or freed by Py_BuildValue on failure */
 done:
     Py_XDECREF(out);

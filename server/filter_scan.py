@@ -22,7 +22,7 @@ from typing import Any
 from journal.accelerators import load
 from journal.record import KIND_MESSAGE, record_length_at, scan_records
 from protocol.filters.api import CompiledFilter
-from server.splice import splice_at
+from server.splice import records_before, splice_at
 
 __all__ = ["ACCELERATED", "filter_frames", "scan", "scan_py"]
 
@@ -36,19 +36,12 @@ def scan_py(
 ) -> Scanned:
     """The reference walk: every message on ``topic`` in ``[start, end)`` whose body ``match``
     accepts; nothing is unsure."""
-    recs, stop = scan_records(buf, base)
+    recs, stop, last, at_end = records_before(buf, base, end)
     hits = array("Q")
-    last = None
-    at_end = False
-    for pos, kind, pub, seq, _ts, tb, body, _extra in recs:
-        if pos >= end:
-            stop = pos - base
-            at_end = True
-            break
-        last = (pub, seq)
+    for pos, kind, _pub, _seq, _ts, tb, body, _extra in recs:
         if kind == KIND_MESSAGE and tb == topic and pos >= start and match(body):
             hits.append(pos)
-    lp, ls = last if last is not None else (None, None)
+    lp, ls = last or (None, None)
     return hits.tobytes(), b"", stop, lp, ls, at_end
 
 

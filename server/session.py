@@ -439,6 +439,7 @@ class Session:
             self.peer,
             self.user_id,
             self._ent,
+            self.svc.guard,
             pub,
             server_publisher_id(self.client_name, self.svc.instance),
             self.out,

@@ -16,7 +16,7 @@ from protocol.options import InvalidOptions, subscribe_options
 from .reasons import Failure
 from .router import is_pattern
 from .services import SessionServices
-from .session_caller import Caller, Commands
+from .session_caller import Caller
 from .session_sow import SowCommands
 from .sow import BadSowKey, SowManager
 from .subscriptions import Subscription
@@ -24,14 +24,16 @@ from .subscriptions import Subscription
 __all__ = ["DeltaCommands"]
 
 
-class DeltaCommands(Commands):
+class DeltaCommands:
     """One logged-on session's delta commands; `sowing`: its SOW commands, which check the
     topic and run the plain command a delta one ends as."""
 
-    __slots__ = ("sowing",)
+    __slots__ = ("caller", "fail", "sowing", "svc", "table")
 
     def __init__(self, caller: Caller, svc: SessionServices, sowing: SowCommands) -> None:
-        super().__init__(caller, svc)
+        self.caller = caller
+        self.svc = svc
+        self.fail, self.table = caller.fail, caller.table
         self.sowing = sowing
 
     # -- delta_subscribe, sow_and_delta_subscribe ------------------------------------------------
@@ -90,7 +92,7 @@ class DeltaCommands(Commands):
             )
             return None
         if h.sub_id is None:
-            h.sub_id = self.new_sub_id()
+            h.sub_id = self.caller.new_sub_id()
         return sow
 
     def _make_delta(self, h: Header, sow: SowManager, before: Subscription | None) -> None:

@@ -29,7 +29,7 @@ from . import frames
 from .pipeline import ABOVE_GAP, DUPLICATE
 from .reasons import Disconnect, Failure
 from .services import SessionServices
-from .session_caller import Caller, Commands
+from .session_caller import Caller
 from .sow import BadSowKey
 from .sow.keys import k_fragment
 from .subscriptions import ack_types
@@ -41,7 +41,7 @@ log = logging.getLogger("tickertape.connection")
 _json = msgspec.json.encode
 
 
-class PublishCommands(Commands):
+class PublishCommands:
     """One logged-on session's publishes, and the pipeline's `Publisher` for it (the acks a
     commit owes this client). `receive_raw`: the session's way with frames that are not plain
     publishes; `waiting`: whether the session holds its frames (a check runs off the loop)."""
@@ -53,10 +53,14 @@ class PublishCommands(Commands):
         "_receive_raw",
         "_waiting",
         "ack_conflation",
+        "caller",
+        "fail",
         "is_publisher",
+        "out",
         "pub",
         "received",
         "server_pub",
+        "svc",
         "wants_persisted",
     )
 
@@ -68,7 +72,10 @@ class PublishCommands(Commands):
         waiting: Callable[[], bool],
         ack_conflation: float,
     ) -> None:
-        super().__init__(caller, svc)
+        self.caller = caller  # who publishes (server/session_caller.py)
+        self.svc = svc
+        self.out = caller.out  # the persisted acks, per commit
+        self.fail = caller.fail
         self.pub = caller.pub
         self.server_pub = caller.server_pub
         self._receive_raw = receive_raw
@@ -90,12 +97,12 @@ class PublishCommands(Commands):
         its user from now on, durably (the logon of another user under that name is refused
         `name in use`, connected or not: docs/security.md)."""
         svc = self.svc
-        if svc.guard.checker is not None and self.user_id is not None:
-            if not svc.pipeline.bind_owner(self.pub, self.user_id):
+        if svc.guard.checker is not None and self.caller.user_id is not None:
+            if not svc.pipeline.bind_owner(self.pub, self.caller.user_id):
                 log.warning(
                     "%s: client name is bound to another user (both logged on before either "
                     "published); its publishes are taken, the binding stays",
-                    self.describe(),
+                    self.caller.describe(),
                 )
 
     # -- the pipeline's Publisher (server/pipeline.py) --------------------------------------------
@@ -158,11 +165,7 @@ class PublishCommands(Commands):
         if not topic:
             self.fail(h, Failure.INVALID_TOPIC, f"publish needs a literal topic, got {h.t!r}")
             return
-        ent = self._ent
-        if ent is not None and not ent.check(
-            self.peer, self.user_id or "", "publish", topic, "publish"
-        ):
-            self.not_entitled(h, "publish", topic)
+        if not self.caller.may(h, "publish", topic, "publish"):
             return
         a = h.a
         if a is not None and "persisted" in a:
@@ -215,7 +218,7 @@ class PublishCommands(Commands):
             self._gap_told = gap
             log.warning(
                 "%s: publishes from s=%d refused until s=%d is sent again",
-                self.describe(),
+                self.caller.describe(),
                 seq,
                 gap,
             )
@@ -240,7 +243,7 @@ class PublishCommands(Commands):
             try:
                 pos, took = publish_raw(self, self.pub, raw, pos, literal)
             except Exception:  # a bug must cost one connection, never the server
-                log.exception("connection %d: error handling a run of publishes", self.id)
+                log.exception("connection %d: error handling a run of publishes", self.caller.id)
                 self.fail(Header(c="publish"), Failure.BAD_FRAME, "internal error")
                 self.out.close(Disconnect.BAD_FRAME)
                 return n
@@ -263,7 +266,7 @@ class PublishCommands(Commands):
         try:
             self._publish_leading(run)
         except Exception:  # a bug must cost one connection, never the server
-            log.exception("connection %d: error handling a run of publishes", self.id)
+            log.exception("connection %d: error handling a run of publishes", self.caller.id)
             self.fail(run[-1][0], Failure.BAD_FRAME, "internal error handling this command")
             self.out.close(Disconnect.BAD_FRAME)
 

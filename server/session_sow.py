@@ -38,7 +38,7 @@ from .reasons import Failure
 from .replay_plan import Plan
 from .router import is_pattern
 from .services import SessionServices
-from .session_caller import Caller, Commands
+from .session_caller import Caller
 from .sow import BadOrderBy, BadSowKey, SowManager, SowQuery, parse_order_by
 from .sow.keys import check_key
 from .sow.query import QueryPlan
@@ -51,11 +51,11 @@ __all__ = ["SowCommands"]
 log = logging.getLogger("tickertape.connection")
 
 
-class SowCommands(Commands):
+class SowCommands:
     """One logged-on session's SOW commands and its running queries. `cmd_subscribe` and
     `cmd_publish`: the session's (a delta subscribe and a delta publish end as those)."""
 
-    __slots__ = ("_queries", "cmd_publish", "cmd_subscribe")
+    __slots__ = ("_queries", "caller", "cmd_publish", "cmd_subscribe", "fail", "out", "svc")
 
     def __init__(
         self,
@@ -64,7 +64,9 @@ class SowCommands(Commands):
         cmd_subscribe: Callable[[Header, bytes], None],
         cmd_publish: Callable[[Header, bytes], None],
     ) -> None:
-        super().__init__(caller, svc)
+        self.caller = caller
+        self.svc = svc
+        self.out, self.fail = caller.out, caller.fail
         self.cmd_subscribe = cmd_subscribe
         self.cmd_publish = cmd_publish
         self._queries: dict[str, SowQuery] = {}  # answers still sending, by name
@@ -123,11 +125,8 @@ class SowCommands(Commands):
         if parts is None:
             return None
         filt, order, keys = parts
-        grant = self.svc.guard.grant(
-            self.peer, self.user_id, "subscribe", topic, regex is not None, filt, h.c or "sow"
-        )
+        grant = self.caller.grant(h, "subscribe", topic, regex is not None, filt, h.c or "sow")
         if grant is None:
-            self.not_entitled(h, "subscribe", topic)
             return None
         if grant.topics is not None:
             topics = [t for t in topics if grant.topics(t)]
@@ -313,18 +312,10 @@ class SowCommands(Commands):
         if parts is None:
             return
         filt, order, keys = parts
-        grant = self.svc.guard.grant(
-            self.peer,
-            self.user_id,
-            "consume",
-            queue.name,
-            False,
-            filt,
-            "sow",
-            (queue.spec.underlying_topic,),
+        grant = self.caller.grant(
+            h, "consume", queue.name, False, filt, "sow", (queue.spec.underlying_topic,)
         )
         if grant is None:
-            self.not_entitled(h, "consume", queue.name)
             return
         plan = QueryPlan(
             topics=[queue.name],
@@ -349,7 +340,7 @@ class SowCommands(Commands):
 
     def cmd_sow_and_subscribe(self, h: Header, body: bytes) -> None:
         svc = self.svc
-        table = self.table
+        table = self.caller.table
         sow = self.sow_manager(h)
         if sow is None:
             return
@@ -373,7 +364,7 @@ class SowCommands(Commands):
             return
         sub_id = h.sub_id
         if sub_id is None:
-            sub_id = self.new_sub_id()
+            sub_id = self.caller.new_sub_id()
         elif len(sub_id.encode()) > MAX_SUB_ID_BYTES or "," in sub_id:
             self.fail(
                 h, Failure.BAD_FRAME, f"sub_id is over {MAX_SUB_ID_BYTES} bytes or has a comma"
@@ -409,11 +400,8 @@ class SowCommands(Commands):
             return
         plan, regex, filt = got
         topic = h.t or ""
-        grant = svc.guard.grant(
-            self.peer, self.user_id, "subscribe", topic, regex is not None, filt, "subscribe"
-        )
+        grant = self.caller.grant(h, "subscribe", topic, regex is not None, filt, "subscribe")
         if grant is None:  # pragma: no cover - the query's grant was the same check
-            self.not_entitled(h, "subscribe", topic)
             return
         # the replay after the answer must not send a second `completed`: the answer's is the one
         sub_acks = acks - {"completed"}
@@ -485,11 +473,7 @@ class SowCommands(Commands):
 
     def sow_delete_records(self, h: Header, body: bytes, sow: SowManager) -> None:
         topic = h.t or ""
-        ent = self._ent
-        if ent is not None and not ent.check(
-            self.peer, self.user_id or "", "publish", topic, "sow_delete"
-        ):
-            self.not_entitled(h, "publish", topic)
+        if not self.caller.may(h, "publish", topic, "sow_delete"):
             return
         if h.sow_keys is not None:
             try:

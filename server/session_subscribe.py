@@ -29,7 +29,8 @@ from .queue import Queue
 from .reasons import Failure
 from .replay_plan import Plan
 from .router import is_pattern
-from .session_caller import Commands
+from .services import SessionServices
+from .session_caller import Caller
 from .subscriptions import Subscription, ack_types
 
 __all__ = ["SubscribeCommands"]
@@ -37,14 +38,19 @@ __all__ = ["SubscribeCommands"]
 log = logging.getLogger("tickertape.connection")
 
 
-class SubscribeCommands(Commands):
+class SubscribeCommands:
     """One logged-on session's `subscribe` in all its forms, and its queue acknowledgements
     (`sow_delete` on a queue)."""
 
-    __slots__ = ()
+    __slots__ = ("caller", "fail", "out", "svc", "table")
+
+    def __init__(self, caller: Caller, svc: SessionServices) -> None:
+        self.caller = caller
+        self.svc = svc
+        self.out, self.fail, self.table = caller.out, caller.fail, caller.table
 
     def cmd_subscribe(self, h: Header, body: bytes) -> None:
-        if h.f and not self.filter_ready(h, body):
+        if h.f and not self.caller.filter_ready(h, body):
             return
         svc = self.svc
         table = self.table
@@ -65,7 +71,7 @@ class SubscribeCommands(Commands):
             return
         sub_id = h.sub_id
         if sub_id is None:
-            sub_id = self.new_sub_id()
+            sub_id = self.caller.new_sub_id()
         existing = table.get(sub_id)
         if existing is None and not self._room_for_subscription(h, sub_id):
             return
@@ -131,11 +137,8 @@ class SubscribeCommands(Commands):
             )
             return
         right = "replay" if h.bm else "subscribe"
-        grant = svc.guard.grant(
-            self.peer, self.user_id, right, match_topic, regex is not None, filt, "subscribe"
-        )
+        grant = self.caller.grant(h, right, match_topic, regex is not None, filt, "subscribe")
         if grant is None:
-            self.not_entitled(h, right, match_topic)
             return
         plan: Plan | None = None
         if (needs_journal or (spec is not None and opts.pause)) and existing is None:
@@ -171,7 +174,7 @@ class SubscribeCommands(Commands):
         compile (refused)."""
         if not h.f:
             return True, None
-        filt = self.compiled_filter(h)
+        filt = self.caller.compiled_filter(h)
         return filt is not None, filt
 
     def _room_for_subscription(self, h: Header, sub_id: str) -> bool:
@@ -216,18 +219,10 @@ class SubscribeCommands(Commands):
             )
             return
         assert h.t is not None
-        grant = self.svc.guard.grant(
-            self.peer,
-            self.user_id,
-            "consume",
-            h.t,
-            False,
-            filt,
-            "subscribe",
-            also=(queue.spec.underlying_topic,),
+        grant = self.caller.grant(
+            h, "consume", h.t, False, filt, "subscribe", (queue.spec.underlying_topic,)
         )
         if grant is None:
-            self.not_entitled(h, "consume", h.t)
             return
         table = self.table
         if existing is not None:
@@ -271,11 +266,7 @@ class SubscribeCommands(Commands):
         """`sow_delete` on a queue: acknowledge (or cancel, expire, extend) leased messages by
         bookmarks (the normal, batched case) or a filter; the reply waits until the
         acknowledgement is durable."""
-        ent = self._ent
-        if ent is not None and not ent.check(
-            self.peer, self.user_id or "", "consume", q.name, "sow_delete"
-        ):
-            self.not_entitled(h, "consume", q.name)
+        if not self.caller.may(h, "consume", q.name, "sow_delete"):
             return
         try:
             opts = sow_delete_options(h.o)
@@ -301,7 +292,7 @@ class SubscribeCommands(Commands):
                 visible=self._queue_view(q, None),
             )
         elif h.f:
-            f = self.compiled_filter(h)
+            f = self.caller.compiled_filter(h)
             if f is None:
                 return
             n, refused = q.ack_filter(
@@ -324,7 +315,7 @@ class SubscribeCommands(Commands):
         if refused:
             log.warning(
                 "%s: sow_delete on %s refused for %d: %s",
-                self.describe(),
+                self.caller.describe(),
                 q.name,
                 len(refused),
                 refused[0],
@@ -363,10 +354,9 @@ class SubscribeCommands(Commands):
         AND the user's content entitlement on the queue and its topic, the filter a queue
         subscription of this user reads through. A user acks, cancels or expires only what it
         could be delivered."""
-        if self._ent is None:
+        c = self.caller
+        if c.ent is None:
             return own
-        grant = self.svc.guard.grant(
-            self.peer, self.user_id, "consume", q.name, False, own, "sow_delete",
-            also=(q.spec.underlying_topic,),
-        )  # fmt: skip
+        also = (q.spec.underlying_topic,)
+        grant = c.guard.grant(c.peer, c.user_id, "consume", q.name, False, own, "sow_delete", also)
         return own if grant is None else grant.filter

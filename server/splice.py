@@ -33,12 +33,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from journal.accelerators import load
-from journal.record import KIND_MESSAGE, RECORD_HEADER_SIZE, record_length_at, scan_records
+from journal.record import (
+    KIND_MESSAGE,
+    RECORD_HEADER_SIZE,
+    RawTuple,
+    record_length_at,
+    scan_records,
+)
 from protocol.bookmarks import format_bookmark
 
 from .frames import STORED, pack_len
 
-__all__ = ["ACCELERATED", "splice_at", "splice_at_py", "splice_frames", "splice_frames_py"]
+__all__ = [
+    "ACCELERATED",
+    "records_before",
+    "splice_at",
+    "splice_at_py",
+    "splice_frames",
+    "splice_frames_py",
+]
+
+
+def records_before(
+    buf: bytes, base: int, end: int
+) -> tuple[list[RawTuple], int, tuple[int, int] | None, bool]:
+    """The walk of splice_frames and filter_scan.scan (journal/_record.h's walk_next in C): the
+    whole records at the start of `buf` (from position `base`) before position `end`, the offset
+    where the walk stopped, the (publisher, seq) of the last record it passed, and whether it
+    stopped at `end`."""
+    recs, stop = scan_records(buf, base)
+    at_end = False
+    for i, r in enumerate(recs):
+        if r[0] >= end:
+            recs, stop, at_end = recs[:i], r[0] - base, True
+            break
+    return recs, stop, (recs[-1][2], recs[-1][3]) if recs else None, at_end
 
 
 def splice_frames_py(
@@ -46,24 +75,16 @@ def splice_frames_py(
 ) -> tuple[bytes, int, int, int | None, int | None, bool]:
     out: list[bytes] = []
     sent = 0
-    last = None
-    recs, stop = scan_records(buf, base)
-    at_end = False
+    recs, stop, last, at_end = records_before(buf, base, end)
     for pos, kind, pub, seq, _ts, tb, body, extra in recs:
-        if pos >= end:
-            stop = pos - base
-            at_end = True
-            break
-        last = (pub, seq)
         if kind != KIND_MESSAGE or tb != topic or pos < start:
             continue
         frag = extra[1] if extra is not None else b""
         hdr = STORED % (head, b"", frag, pub, seq, b"")
         out += (pack_len(len(hdr) + len(body)), hdr, body)
         sent += 1
-    if last is None:
-        return b"".join(out), sent, stop, None, None, at_end
-    return b"".join(out), sent, stop, last[0], last[1], at_end
+    lp, ls = last or (None, None)
+    return b"".join(out), sent, stop, lp, ls, at_end
 
 
 def splice_at_py(

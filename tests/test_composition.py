@@ -1,9 +1,10 @@
-"""The journal, the client, the SOW manager and the queues are façades over small objects handed
-their collaborators (docs/architecture.md), not classes put together from mixins (issue 24).
+"""The journal, the client, the SOW manager, the queues and a session's command handlers are
+façades over small objects handed their collaborators (docs/architecture.md), not classes put
+together from mixins or from a base that unpacks their parts (issue 24).
 
 A mixin shows as a base class other than `object`, or as a stub that raises NotImplementedError
 for what another part supplies; both are refused here for the journal's, the client's, the SOW
-manager's and the queue's parts. Across server/, journal/ and client/, a class inherits from a
+manager's, the queue's and the session's parts. Across server/, journal/ and client/, a class inherits from a
 class of its own package only when that one is abstract (an ABC, a Protocol, an exception
 family) or is listed in SUBSTITUTES with the reason.
 """
@@ -30,6 +31,12 @@ from journal.state import Layout
 from journal.writer import JournalWriter
 from server.queue import Queue
 from server.queue_state import QueueState
+from server.session import Session
+from server.session_caller import Caller
+from server.session_delta import DeltaCommands
+from server.session_publish import PublishCommands
+from server.session_sow import SowCommands
+from server.session_subscribe import SubscribeCommands
 from server.sow.deltas import Deltas
 from server.sow.held import HeldWrites
 from server.sow.manager import SowManager
@@ -54,6 +61,12 @@ PARTS = [
     HeldWrites,
     Queue,
     QueueState,
+    Session,
+    Caller,
+    PublishCommands,
+    SubscribeCommands,
+    SowCommands,
+    DeltaCommands,
 ]
 MODULES = [
     "journal/journal.py",
@@ -75,17 +88,20 @@ MODULES = [
     "server/queue.py",
     "server/queue_state.py",
     "server/queue_repl.py",
+    "server/session.py",
+    "server/session_caller.py",
+    "server/session_publish.py",
+    "server/session_subscribe.py",
+    "server/session_sow.py",
+    "server/session_delta.py",
 ]
 
 # Concrete bases that stay, each a variant the others stand in for, not a box of shared code.
 SUBSTITUTES = {
-    "Commands": "server/session_caller.py: the caller's parts the four command objects share; "
-    "never made on its own",
     "FileIO": "journal/fileio.py: FaultyIO is the writer's file operations failing on purpose",
     "MemoryBookmarkStore": "client/: the logged and SOW bookmark stores are a memory store "
-    "that also writes (the AMPS client's store family)",
-    "MemorySubscriptionManager": "client/submanager.py: the file manager is a memory one "
-    "that also writes",
+    "that also writes each change (the AMPS client's store family): every state change is the "
+    "memory store's, then a record; composing would forward each method by hand",
 }
 
 

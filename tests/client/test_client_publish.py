@@ -7,6 +7,7 @@ import msgspec
 import pytest
 
 from client import Client, ClientError, CommandTimeout, Disconnected, PublishFailed
+from client.publish import Flushes
 
 
 async def test_logon_frame_and_result(server):
@@ -95,6 +96,31 @@ async def test_publish_flush_timeout(session):
     with pytest.raises(CommandTimeout, match="publish_flush"):
         await client.publish_flush(timeout=0.05)
     assert isinstance(CommandTimeout("x", 1), TimeoutError)
+
+
+async def test_flushes_settle_in_order_fail_and_keep_a_failure_nobody_waited_for():
+    """client/publish.py's Flushes, which a connection's tracker and the HAClient's publisher
+    both wait on."""
+    flushes = Flushes()
+    first = asyncio.ensure_future(flushes.wait(1, None, lambda: "x"))
+    second = asyncio.ensure_future(flushes.wait(3, None, lambda: "x"))
+    await asyncio.sleep(0)
+    flushes.settle(2)
+    await first
+    assert not second.done()
+    failure = PublishFailed("journal unavailable", 3, 1)
+    flushes.fail(failure, keep=True)
+    with pytest.raises(PublishFailed):
+        await second
+    flushes.raise_unreported()  # a flush was waiting: nothing is kept
+    flushes.fail(failure, keep=True)
+    with pytest.raises(PublishFailed):
+        flushes.raise_unreported()
+    flushes.raise_unreported()  # raised once
+    with pytest.raises(CommandTimeout, match=r"publish_flush \(2 unpersisted\)"):
+        await flushes.wait(5, 0.01, lambda: "publish_flush (2 unpersisted)")
+    flushes.settle(10)  # the timed-out wait left nothing behind
+    assert not flushes._waiters
 
 
 async def test_failure_ack_raises_from_publish_flush(session):

@@ -254,6 +254,22 @@ def test_file_stores_are_single_owner(tmp_path):
         a.close()
 
 
+def test_a_store_refused_at_open_leaves_its_file_unlocked(tmp_path):
+    """A file that does not load is closed with its lock (client/storefile.py's `recovered`):
+    opening it again is refused for what is in it, not `StoreLocked`, and after the file is
+    replaced the store opens."""
+    from client import FilePublishStore
+
+    for cls in (LoggedBookmarkStore, RingBookmarkStore, FilePublishStore):
+        path = tmp_path / cls.__name__
+        path.write_bytes(b"not a store file at all, and long enough for any header" * 2)
+        for _ in range(2):
+            with pytest.raises(CorruptStore):
+                cls(path)
+        path.unlink()
+        cls(path).close()
+
+
 # ---------------------------------------------------------------------------------- ring
 
 

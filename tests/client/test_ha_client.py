@@ -311,6 +311,26 @@ async def test_subscriptions_restored_from_a_file_manager(server, tmp_path):
     await ha2.close()
 
 
+async def test_async_with_ends_an_ha_subscription_whatever_its_unsubscribe_meets(server):
+    """`async with` an HASubscription unsubscribes at its end; a refused unsubscribe (a
+    ClientError) is let go: the subscription is over for the HAClient either way."""
+    ha, conn = await connected(server)
+    task = asyncio.ensure_future(ha.subscribe("news", sub_id="n"))
+    await subscribed(conn)
+    hs = await task
+
+    async def refuse():
+        header, _ = await conn.recv("unsubscribe")
+        conn.ack("processed", cid=header.cid, status="failure", reason="invalid options")
+
+    answering = asyncio.ensure_future(refuse())
+    async with hs:
+        assert hs.active
+    await answering
+    assert not hs.active and ha.subscription_manager.specs() == []
+    await ha.close()
+
+
 async def test_bookmark_window_bound_waits_for_discards(server):
     ha, conn = await connected(server, max_window=100)
     task = asyncio.ensure_future(ha.subscribe("t", bookmark=EPOCH, sub_id="w"))

@@ -180,6 +180,45 @@ def _block(bodies, topics=None):
     return b"".join(recs)
 
 
+@pytest.mark.skipif(not scanmod.ACCELERATED, reason="the C scanner is not built")
+def test_c_scanner_walks_the_block_as_the_reference_on_every_cut_and_window():
+    """The C walk (journal/_record.h's walk_next) stops where scan_py stops, passes the same
+    last record and says at_end alike, on every partial block and window; what it decides is
+    what the reference matches."""
+    rng = random.Random(11)
+    buf = _block([random_doc(rng) for _ in range(12)], [b"t", b"u", b"q"] * 4)
+    program = compiled(compile_filter("/qty > 50")).program
+    base = 500
+    for cut in range(0, len(buf) + 1, 7):
+        part = buf[:cut]
+        for start, end in [(0, 1 << 60), (base + 200, 1 << 60), (0, base + 400), (0, base)]:
+            got = scanmod.scan(part, base, start, end, b"t", program)
+            want = scan_py(
+                part, base, start, end, b"t", compiled(compile_filter("/qty > 50")).match_raw
+            )
+            assert got[2:] == want[2:], (cut, start, end)
+            hits, unsure = set(_positions(got[0])), set(_positions(got[1]))
+            assert hits <= set(_positions(want[0])) <= hits | unsure, (cut, start, end)
+
+
+@pytest.mark.skipif(not scanmod.ACCELERATED, reason="the C scanner is not built")
+def test_c_walks_refuse_a_length_that_cannot_hold_the_header_even_past_the_end():
+    """No record ends at a length shorter than the header: the C walks refuse it wherever it
+    is, even at or past `end`, rather than report a clean stop there."""
+    from server._splice import splice_frames as c_splice
+
+    good = encode_record(KIND_MESSAGE, 1, 1, 1, b"t", b"{}")
+    short = (8).to_bytes(4, "little") + bytes(40)  # a length of 8: shorter than the header
+    program = compiled(compile_filter("/qty > 50")).program
+    with pytest.raises(ValueError, match=f"bad record at offset {len(good)}"):
+        scanmod.scan(good + short, 0, 0, len(good), b"t", program)
+    with pytest.raises(ValueError, match=f"bad record at offset {len(good)}"):
+        c_splice(good + short, 0, 0, len(good), b"t", b'{"c":"p"')
+    # a whole record at `end` is a clean stop
+    got = scanmod.scan(good + good, 0, 0, len(good), b"t", program)
+    assert got[2:] == (len(good), 1, 1, True)
+
+
 @pytest.mark.parametrize("accelerated", [False, True])
 def test_filter_frames_are_the_spliced_frames_of_the_matches(monkeypatch, accelerated):
     if accelerated and not scanmod.ACCELERATED:
