@@ -123,6 +123,12 @@ class QueueManager:
         self._repl_out: dict[tuple[QueueState, str, str], bytearray] = {}
         # replicated entries about messages not here yet: [(queue, (origin, group), wire, tries)]
         self._pending: list[tuple[Queue, tuple[str, str], bytes, int]] = []
+        # the journal end below which the queues have taken in every message (recovery, then
+        # each commit delivered to them): a replicated event names only a message below it. The
+        # journal can hold one above (written, its commit not yet delivered here); an event
+        # applied to it would find nothing to make done, and the message, placed afterwards,
+        # would wait for ever (delivered again by a takeover)
+        self._taken_end = 0
         self.repl_stats = {"events_in": 0, "unresolved_dropped": 0, "unnamed_dropped": 0}
         if replication is not None and replication.destinations:
             self.enable_replication(
@@ -180,6 +186,7 @@ class QueueManager:
                         # the checkpoint past this one): it waits, without its expiration
                         log.exception("queue %s: message at %d not taken as is", q.name, m.position)
                         st.keep_waiting(m.position, m.ts)
+        self._taken_end = max(self._taken_end, end)
         if self._pending:
             self._retry_pending({(m.pub, m.seq): m.position for m in msgs if m.position >= 0})
 
@@ -369,7 +376,7 @@ class QueueManager:
             return
         self.repl_stats["events_in"] += 1
         who = (origin, group if group is not None else origin)
-        local, left = from_wire(wire, self.reads.locate)
+        local, left = from_wire(wire, self._locate_taken)
         if local:
             self._apply_replicated(q, who, local)
         if left is not None:
@@ -400,13 +407,19 @@ class QueueManager:
         for q in due:
             q.pump()
 
+    def _locate_taken(self, pub: int, seq: int) -> int | None:
+        """The position of message (pub, seq) if the queues have taken it in (None: not here,
+        or not delivered to them yet: its event waits for the commit that brings it)."""
+        pos = self.reads.locate(pub, seq)
+        return pos if pos is not None and pos < self._taken_end else None
+
     def _retry_pending(self, committed: dict[tuple[int, int], int]) -> None:
         journal = self.journal
         assert journal is not None
 
         def locate(pub: int, seq: int) -> int | None:
             pos = committed.get((pub, seq))
-            return pos if pos is not None else self.reads.locate(pub, seq)
+            return pos if pos is not None else self._locate_taken(pub, seq)
 
         pending, self._pending = self._pending, []
         for q, origin, wire, tries in pending:
@@ -505,6 +518,7 @@ class QueueManager:
             q.recovered(d, counts[q.name_b])
             if q.repl is not None:
                 q.repl.forget_done(d)
+        self._taken_end = max(self._taken_end, pos)
         self.loading = False
         self.recovery_seconds = time.monotonic() - started
         for q in qlist:

@@ -9,6 +9,7 @@ import struct
 
 from config.model import Replication, ReplicationDestination
 from journal.queue_events import WIRE_MAGIC, QueueOp, append_owner, to_wire
+from server.fanout import Message
 from server.ids import publisher_id
 from server.queue_repl import Failover, QueueReplication
 from server.queues import QueueManager
@@ -229,6 +230,38 @@ async def test_replicated_messages_are_held_for_their_origin_until_taken_over(ma
     qm.tick()
     assert q.depth == 3 and q.repl.takeovers["tt-b"][0][:2] == (t + 5, "core")
     assert q.events and q.events[0] == QueueOp.OWNER  # journaled with the next commit
+
+
+async def test_an_event_about_a_message_written_but_not_yet_delivered_here_waits_for_it(
+    make_core,
+):
+    """Issue 23 (seams campaign, seed 9 round 38, under a Spark job's load): tt-b's ack came
+    while tt-b's message was in this journal (its lookup found it) but its commit had not yet
+    been delivered to the queues. Applied then, the ack found nothing to make done; the message,
+    held for tt-b afterwards, stayed held, and the takeover of tt-b delivered it again."""
+    core = make_core(QUEUES)
+    qm = core.queues
+    clock = [0.0]
+    qm.enable_replication(["tt-b"], 1.0, lambda: clock[0])
+    qm.source_up("tt-b")
+    qm.source_synced("tt-b")
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    t = 1_700_000_000_000_000
+    start = core.journal.end_position
+    _submit(core.journal, [(7, 1, t + 1, b"work", b'{"n":1}', (t, b"tt-b", b"ny"))])
+    pos = core.journal.locate(7, 1)
+    assert pos is not None and pos >= start  # in the journal, not delivered to the queues
+    qm.translate_in("work-q", _acked_at_tt_b(1), "tt-b")
+    m = Message("work", 7, 1, t + 1, b'{"n":1}', b"", pos, None, origin=(t, b"tt-b", b"ny"))
+    qm.on_committed([m], core.journal.end_position)  # its commit reaches the queues now
+    q = qm.get("work-q").state
+    assert q.repl.snapshot()["held_for_others"] == 0, "tt-b's ack was lost"
+    qm.source_down("tt-b")
+    clock[0] = 10.0
+    qm.tick()
+    await core.settle()
+    assert _deliveries(c.take()) == [], "the takeover delivered what tt-b acked"
 
 
 async def test_after_a_start_nothing_is_leased_until_the_peers_synced(make_core):
