@@ -29,16 +29,16 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="session")
-def fast_spark(tmp_path_factory):
+def fast_spark():
     """The environment of every Spark JVM of these tests (this session's, the servers' and the
-    tests' job processes): spark_fast's settings and class-data archive, dumped once a run."""
+    tests' job processes): spark_fast's settings and class-data archive (dumped once, cached)."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         why = "Spark needs Java 17+ (./run test installs openjdk-17-jre-headless)"
         if os.environ.get("CI"):
             pytest.fail(why)  # in CI a skipped Spark test would hide a broken job
         pytest.skip(why)
     pytest.importorskip("pyspark")
-    env = spark_fast.shared_env(spark_fast.run_base(tmp_path_factory))
+    env = spark_fast.shared_env()
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)

@@ -40,7 +40,7 @@ def cluster(tmp_path_factory):
             pytest.fail(why)
         pytest.skip(why)
     pytest.importorskip("pyspark")
-    fast = spark_fast.shared_env(spark_fast.run_base(tmp_path_factory))
+    fast = spark_fast.shared_env()
     d = str(tmp_path_factory.mktemp("spark-cluster"))
     c = Cluster(d, java_options=fast["TICKERTAPE_SPARK_JAVA_OPTIONS"])
     c.fast_env = fast

@@ -23,17 +23,23 @@ session start, not what the job does (the same requests, tasks, verification and
 `prepare(root)` writes the files under `root` and returns the environment for the processes
 that start jobs ({} would leave them as they are: the job then runs with its own defaults, only
 slower). A failed warm-up (no Java) falls back to the options without the archive and says so.
-`shared_env(base)` is `prepare` done once for all the pytest workers of a run (the first one
-dumps, the others wait for it and read its answer); `run_base(tmp_path_factory)` is that base.
+`shared_env()` is `prepare` done once for all the pytest workers of a run and the runs after
+it, in a cache of the temp dir keyed by what the archive depends on (the first dumps it, the
+others wait for it and read its answer): a run on a machine without that cache pays one warm-up
+(about a minute on two loaded cores, two at load 8), later runs none.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -98,11 +104,12 @@ def prepare(root: str, say: Callable[[str], None] = print) -> dict[str, str]:
     return env
 
 
-def shared_env(base: str, say: Callable[[str], None] = print) -> dict[str, str]:
-    """`prepare(base/spark-fast)` once for every process that asks with the same `base` (the
-    pytest workers of one run): the first dumps the archive while holding a lock, the others
-    wait on the lock and read the environment it wrote."""
-    root = os.path.join(base, "spark-fast")
+def shared_env(say: Callable[[str], None] = print) -> dict[str, str]:
+    """`prepare` once for every process that asks (the pytest workers of a run, and the runs
+    after it): in cache_dir(), under a lock. The first dumps the archive while holding it; the
+    others wait on it and read the environment it wrote. A warm-up that dumped no archive is
+    not kept (the next asker tries again)."""
+    root = cache_dir()
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # bounded by the holder's warm-up (WARMUP_S)
@@ -113,16 +120,34 @@ def shared_env(base: str, say: Callable[[str], None] = print) -> dict[str, str]:
                     env: dict[str, str] = json.load(f)
                 return env
             env = prepare(root, say)
-            with open(path + ".tmp", "w") as f:
-                json.dump(env, f)
-            os.replace(path + ".tmp", path)
+            if "-XX:SharedArchiveFile=" in env["TICKERTAPE_SPARK_JAVA_OPTIONS"]:
+                with open(path + ".tmp", "w") as f:
+                    json.dump(env, f)
+                os.replace(path + ".tmp", path)
             return env
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def run_base(tmp_path_factory) -> str:  # type: ignore[no-untyped-def]
-    """The directory the pytest workers of this run share: the run's base temp directory (under
-    xdist, each worker's is a directory of it)."""
-    base = tmp_path_factory.getbasetemp()
-    return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+def cache_dir() -> str:
+    """Where shared_env keeps the archive between runs, as tests/support/proc.py keeps the
+    servers' bytecode: a directory of the temp dir per user, and in it one per key, a digest of
+    what the archive depends on (the Java binary, Spark's jars, this Python, the settings and
+    the warm-up). A JVM also checks an archive against its class path and ignores one that does
+    not match, so a stale archive costs only time."""
+    h = hashlib.sha256()
+    java = shutil.which("java") or os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
+    spec = importlib.util.find_spec("pyspark")
+    jars = os.path.join(os.path.dirname(spec.origin), "jars") if spec and spec.origin else ""
+    files = [os.path.realpath(java)] + (
+        [os.path.join(jars, n) for n in sorted(os.listdir(jars))] if os.path.isdir(jars) else []
+    )
+    for p in files:
+        try:
+            st = os.stat(p)
+            h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{p}:missing\n".encode())
+    h.update(json.dumps([sys.executable, JAVA_OPTIONS, SPARK_DEFAULTS, _WARMUP]).encode())
+    user_dir = os.path.join(tempfile.gettempdir(), f"tickertape-spark-fast-{os.getuid()}")
+    return os.path.join(user_dir, h.hexdigest()[:16])
