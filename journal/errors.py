@@ -26,6 +26,16 @@ class JournalUnavailable(JournalError):
         self.cause = cause
 
 
+class ProbeIntervalError(JournalError, ValueError):
+    """TICKERTAPE_JOURNAL_PROBE_INTERVAL (journal/writer.py) is not a usable number of seconds."""
+
+    def __init__(self, raw: str):
+        super().__init__(
+            f"TICKERTAPE_JOURNAL_PROBE_INTERVAL={raw!r} is not a number of seconds more than 0 and "
+            "at most 60: give one (e.g. 0.1), or unset it for the default of 1 second"
+        )
+
+
 class JournalLocked(JournalError):
     """Another process has the journal directory open (the lock is exclusive)."""
 

@@ -27,9 +27,10 @@ on a valid state: a partial write is cut off; a roll makes the new segment as `<
 syncs it, renames it and syncs the directory before it switches to it, so the writer never
 keeps a closed descriptor and never counts a half-made file. The journal is then *unavailable*:
 every batch fails at once with JournalUnavailable, without touching the disk, and a probe
-(`_probe`, every PROBE_INTERVAL s: cut any partial write still there, write and sync a small
-file, remove it) makes it available again when writes succeed. A commit that failed also fails
-every batch submitted before the submitter's `fence()` (the gap rule, docs/publishing.md).
+(`_probe`, every PROBE_INTERVAL s: 1, or TICKERTAPE_JOURNAL_PROBE_INTERVAL's seconds; cut any
+partial write still there, write and sync a small file, remove it) makes it available again
+when writes succeed. A commit that failed also fails every batch submitted before the
+submitter's `fence()` (the gap rule, docs/publishing.md).
 
 The runway. On ext4 (and most filesystems) a write past the end of a file followed by fdatasync
 must also journal the inode's new size and extents; a write over blocks already written needs
@@ -58,11 +59,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from .errors import JournalClosed, JournalUnavailable
+from .errors import JournalClosed, JournalUnavailable, ProbeIntervalError
 from .fileio import FileIO
 from .index import IndexEntry, JournalIndex
 from .record import SEGMENT_HEADER_SIZE, encode_segment_header
@@ -71,7 +72,27 @@ from .state import Layout
 
 log = logging.getLogger("tickertape.journal")
 
-PROBE_INTERVAL = 1.0
+PROBE_INTERVAL = 1.0  # the default; PROBE_INTERVAL_ENV overrides it (probe_interval)
+PROBE_INTERVAL_ENV = "TICKERTAPE_JOURNAL_PROBE_INTERVAL"
+
+
+def probe_interval(environ: Mapping[str, str]) -> float:
+    """Seconds between probes of an unavailable journal: PROBE_INTERVAL, or PROBE_INTERVAL_ENV's
+    value (tests that fail writes on purpose shorten it; docs/configuration.md). Read when a
+    writer opens, so a bad value is a JournalError the server's start reports:
+    ProbeIntervalError when it is not a number in (0, 60]."""
+    raw = environ.get(PROBE_INTERVAL_ENV, "").strip()
+    if not raw:
+        return PROBE_INTERVAL
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ProbeIntervalError(raw) from None
+    if not 0 < seconds <= 60:  # also refuses nan
+        raise ProbeIntervalError(raw)
+    return seconds
+
+
 PROBE_BYTES = 64 * 1024
 PROBE_NAME = "probe.tmp"  # recovery.py removes one a crash left
 RUNWAY_BYTES = 4 * 1024 * 1024  # zeros kept ahead of the write position (module doc)
@@ -123,6 +144,7 @@ Pending = Batch | Fence | Control
 class JournalWriter:
     def __init__(self, layout: Layout, index: JournalIndex, io: FileIO, durability: str):
         """Open the layout's newest segment for writing, zero its runway, start the thread."""
+        self._probe_interval = probe_interval(os.environ)  # first: a bad value opens nothing
         self.layout = layout
         self.index = index
         self.durability = durability  # "fsync" or "write"
@@ -340,13 +362,13 @@ class JournalWriter:
         if self._unavailable is None:
             self.stats.unavailable_since = time.time()
             log.error(
-                "journal: %s; unavailable until a probe write succeeds (every %.0fs)",
+                "journal: %s; unavailable until a probe write succeeds (every %gs)",
                 err,
-                PROBE_INTERVAL,
+                self._probe_interval,
             )
         self._unavailable = err
         self._failure = err
-        self._next_probe = time.monotonic() + PROBE_INTERVAL
+        self._next_probe = time.monotonic() + self._probe_interval
         return err
 
     def _probe(self) -> None:
@@ -367,7 +389,7 @@ class JournalWriter:
             finally:
                 io.close(fd)
         except OSError as exc:
-            self._next_probe = time.monotonic() + PROBE_INTERVAL
+            self._next_probe = time.monotonic() + self._probe_interval
             log.debug("journal: probe failed: %s", exc)
             return
         finally:

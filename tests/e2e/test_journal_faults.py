@@ -13,7 +13,7 @@ import urllib.request
 
 from journal.record import KIND_MESSAGE, encode_record
 from tests.support.disk import fill
-from tests.support.proc import TICKERTAPE, ServerProcess
+from tests.support.proc import FAST_PROBE, TICKERTAPE, ServerProcess
 from tests.support.raw import Raw
 
 
@@ -64,7 +64,7 @@ def drain(c: Raw, seconds: float) -> bytes:
 
 
 def test_disk_full_at_a_segment_roll_leaks_nothing_and_recovers(small_disk):
-    srv = ServerProcess(small_disk / "srv", journal_size="64KB")
+    srv = ServerProcess(small_disk / "srv", journal_size="64KB", env=FAST_PROBE)
     srv.start()
     try:
         pub = Raw(srv.port)
@@ -119,7 +119,10 @@ def test_disk_full_at_a_segment_roll_leaks_nothing_and_recovers(small_disk):
 def test_injected_io_errors_fail_publishes_then_the_server_recovers(tmp_path):
     srv = ServerProcess(
         tmp_path / "srv",
-        env={"TICKERTAPE_FAULTS": "seed=3;p=1;ops=write+fsync;errno=EIO;after=20;count=6"},
+        env={
+            "TICKERTAPE_FAULTS": "seed=3;p=1;ops=write+fsync;errno=EIO;after=20;count=6",
+            **FAST_PROBE,
+        },
     )
     srv.start()
     try:
@@ -139,6 +142,8 @@ def test_injected_io_errors_fail_publishes_then_the_server_recovers(tmp_path):
                 time.sleep(0.2)  # resend the same sequence: nothing above the gap was stored
         assert failures >= 1
         assert stats(srv)["journal"]["write_failures"] >= 1
+        # the probe interval of the environment (FAST_PROBE) reached the server's journal
+        assert any("probe write succeeds (every 0.05s)" in ln for ln in srv.lines), srv.output()
         assert srv.stop() == 0
         srv.env = {}
         srv.start()

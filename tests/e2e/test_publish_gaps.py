@@ -15,7 +15,7 @@ import pytest
 
 from journal.journal import Journal
 from server.ids import publisher_id
-from tests.support.proc import ServerProcess
+from tests.support.proc import FAST_PROBE, ServerProcess
 
 PUBLISHERS = 3
 MESSAGES = 250
@@ -101,7 +101,8 @@ def test_every_persisted_ack_covers_only_stored_sequences(tmp_path, seed):
     srv = ServerProcess(
         tmp_path / "srv",
         env={
-            "TICKERTAPE_FAULTS": f"seed={seed};p=0.1;ops=write+fsync;errno=ENOSPC+EIO;after=5;count=6"
+            "TICKERTAPE_FAULTS": f"seed={seed};p=0.1;ops=write+fsync;errno=ENOSPC+EIO;after=5;count=6",
+            **FAST_PROBE,
         },
     )
     srv.start()

@@ -11,7 +11,7 @@ import os
 import time
 
 from tests.support.disk import fill
-from tests.support.proc import ServerProcess
+from tests.support.proc import FAST_PROBE, ServerProcess
 from tests.support.raw import Raw, publish_many
 
 QUEUE = """<SOW><Queue><Name>ackfail-q</Name><UnderlyingTopic>ackfail</UnderlyingTopic>
@@ -43,7 +43,7 @@ def use_up_the_runway(port) -> None:
 
 
 def test_an_ack_whose_commit_failed_is_committed_later_not_stranded(small_disk):
-    srv = ServerProcess(small_disk / "srv", extra=QUEUE)
+    srv = ServerProcess(small_disk / "srv", extra=QUEUE, env=FAST_PROBE)
     srv.start()
     try:
         n = 800  # one ack event of n positions is several pages: it cannot fit in the last page's slack
@@ -71,7 +71,9 @@ def test_an_ack_whose_commit_failed_is_committed_later_not_stranded(small_disk):
         pub = Raw(srv.port)
         pub.logon("af-pub2")
         deadline = time.monotonic() + 30
-        while True:  # the journal comes back by itself (a probe every second): resend until then
+        while (
+            True
+        ):  # the journal comes back by itself (a probe every 50 ms here): resend until then
             pub.send(
                 {"c": "publish", "t": "ackfail", "s": 1, "a": "persisted", "cid": "p6"},
                 json.dumps({"i": 6}),

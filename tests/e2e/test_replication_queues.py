@@ -15,15 +15,17 @@ from tests.security.servers import FAST, admin_get
 from tests.support.cluster import Cluster, wait_until
 from tests.support.raw import Raw, publish_many
 
-QUEUE = """<SOW><Queue><Name>work-q</Name><UnderlyingTopic>work</UnderlyingTopic>
-  <LeasePeriod>30s</LeasePeriod><MaxPerSubscriptionBacklog>20</MaxPerSubscriptionBacklog></Queue></SOW>"""
+BACKLOG = 20  # unacknowledged deliveries a consumer holds at most
+QUEUE = f"""<SOW><Queue><Name>work-q</Name><UnderlyingTopic>work</UnderlyingTopic>
+  <LeasePeriod>30s</LeasePeriod><MaxPerSubscriptionBacklog>{BACKLOG}</MaxPerSubscriptionBacklog></Queue></SOW>"""
 N = 2000
 
 
 def consumer(port: int, name: str, **logon) -> Raw:
     c = Raw(port)
     c.logon(name, **logon)
-    c.send({"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed", "o": "max_backlog=20"})
+    sub = {"c": "subscribe", "t": "work-q", "cid": "q", "a": "processed"}
+    c.send({**sub, "o": f"max_backlog={BACKLOG}"})
     assert c.ack("processed", "q")["status"] == "success"
     return c
 
@@ -37,8 +39,9 @@ class Consumer:
         self.delivered: list[int] = []
         self.acked: set[int] = set()
 
-    def step(self, limit: int = 50, timeout: float = 0.2) -> int:
-        """Take up to `limit` deliveries (waiting at most `timeout`), ack them; count taken."""
+    def step(self, limit: int = BACKLOG, timeout: float = 0.2) -> int:
+        """Take up to `limit` deliveries (waiting at most `timeout`), ack them; count taken.
+        No more than BACKLOG come before an ack: waiting for more would only wait out `timeout`."""
         self.c.sock.settimeout(timeout)
         got = []
         try:

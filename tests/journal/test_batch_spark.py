@@ -20,6 +20,7 @@ from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.manifest import result_path, staging_dir
 from journal.spark import jobs
+from tests.support import spark_fast
 from tests.support.journal_data import all_raw, build, queue_event, sow_fold, sow_journal, submit
 from tests.support.proc import ServerProcess, make_config
 from tests.support.raw import Raw, publish_many
@@ -28,19 +29,25 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="session")
-def spark():
+def fast_spark():
+    """The environment of every Spark JVM of these tests (this session's, the servers' and the
+    tests' job processes): spark_fast's settings and class-data archive (dumped once, cached)."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         why = "Spark needs Java 17+ (./run test installs openjdk-17-jre-headless)"
         if os.environ.get("CI"):
             pytest.fail(why)  # in CI a skipped Spark test would hide a broken job
         pytest.skip(why)
     pytest.importorskip("pyspark")
-    from journal.spark.batch import build_session
+    env = spark_fast.shared_env()
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        yield env
 
-    # short-lived JVMs (this session, the server's and the tests' job processes): C1 only starts faster
-    os.environ.setdefault(
-        "TICKERTAPE_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    )
+
+@pytest.fixture(scope="session")
+def spark(fast_spark):
+    from journal.spark.batch import build_session
 
     s = build_session("local[2]", "1g")
     s.conf.set("spark.sql.shuffle.partitions", "2")

@@ -5,7 +5,8 @@ request run with `spark-submit`. The executors' Python is a venv without Tickert
 pyarrow, numpy, zstandard); no server runs, so the commands apply their own results.
 
 One cluster for the module (about 20 s to start, with the executors' venv); each command starts
-its own driver JVM."""
+its own driver JVM. Every JVM (master, worker, drivers, executors) starts with
+tests/support/spark_fast.py's options and class-data archive, as the other Spark tests' do."""
 
 from __future__ import annotations
 
@@ -22,14 +23,13 @@ from journal import maintenance as jm
 from journal.journal import Journal
 from journal.manifest import read_json
 from tests.spark.standalone import Cluster, java_available, make_executor_python, spark_env
+from tests.support import spark_fast
 from tests.support.journal_data import build, mixed_records, submit
 from tests.support.proc import TICKERTAPE, make_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 CMD_TIMEOUT = 240
-# short-lived JVMs start faster with C1 only and the serial collector
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,10 @@ def cluster(tmp_path_factory):
             pytest.fail(why)
         pytest.skip(why)
     pytest.importorskip("pyspark")
+    fast = spark_fast.shared_env()
     d = str(tmp_path_factory.mktemp("spark-cluster"))
-    c = Cluster(d)
+    c = Cluster(d, java_options=fast["TICKERTAPE_SPARK_JAVA_OPTIONS"])
+    c.fast_env = fast
     try:
         c.start()
         c.python = make_executor_python(d)
@@ -69,13 +71,13 @@ def _journal(tmp_path, batches=40):
     return str(data / "journal"), str(data / "archive"), str(cfg)
 
 
-def _tickertape(*args, env=None):
+def _tickertape(cluster, *args):
     return subprocess.run(
         [TICKERTAPE, *args],
         capture_output=True,
         text=True,
         timeout=CMD_TIMEOUT,
-        env=env or spark_env(TICKERTAPE_SPARK_JAVA_OPTIONS=FAST_JVM),
+        env=spark_env(**cluster.fast_env),
         stdin=subprocess.DEVNULL,
     )
 
@@ -117,7 +119,7 @@ def test_archive_compact_and_spark_submit_on_a_standalone_cluster(cluster, tmp_p
         "--conf",
         "spark.executor.memory=512m",
         "--conf",
-        f"spark.executor.extraJavaOptions={FAST_JVM}",
+        f"spark.executor.extraJavaOptions={cluster.java_options}",
         "--conf",
         "spark.eventLog.enabled=true",
         "--conf",
@@ -129,7 +131,7 @@ def test_archive_compact_and_spark_submit_on_a_standalone_cluster(cluster, tmp_p
     ]
 
     # 1. archive: the progress bar and the summary as in local mode, none of Spark's log lines
-    r = _tickertape("archive", "--config", cfg, *spark_opts)
+    r = _tickertape(cluster, "archive", "--config", cfg, *spark_opts)
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"archive archive-\S+: \d+ segments, [\d,]+ records", r.stdout), r.stdout
     assert "journal: applied" in r.stdout
@@ -150,7 +152,7 @@ def test_archive_compact_and_spark_submit_on_a_standalone_cluster(cluster, tmp_p
     assert any(a["name"] == "tickertape-journal" and a["state"] == "FINISHED" for a in apps), apps
 
     # 2. compact, dropping everything the retention allows (the records are from 2023)
-    r = _tickertape("compact", "--config", cfg, "--retention", "1h", "--json", *spark_opts)
+    r = _tickertape(cluster, "compact", "--config", cfg, "--retention", "1h", "--json", *spark_opts)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads(r.stdout.splitlines()[-1])
     assert summary["applied"]["status"] == "applied", summary
@@ -165,7 +167,7 @@ def test_archive_compact_and_spark_submit_on_a_standalone_cluster(cluster, tmp_p
     j.close()
 
     # the compacted positions are still archived: nothing to do (no Spark started)
-    r = _tickertape("archive", "--config", cfg, *spark_opts)
+    r = _tickertape(cluster, "archive", "--config", cfg, *spark_opts)
     assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
 
     # 3. more records, sealed; a request written for spark-submit, and the line that runs it
@@ -174,9 +176,8 @@ def test_archive_compact_and_spark_submit_on_a_standalone_cluster(cluster, tmp_p
         submit(j, mixed_records(60, start_seq=100_000 + 60 * k))
     before2 = list(j.records())
     j.close()
-    r = _tickertape(
-        "compact", "--config", cfg, "--write-request", *spark_opts[:4], "--driver-memory", "1g"
-    )
+    write = ["--write-request", *spark_opts[:4], "--driver-memory", "1g"]
+    r = _tickertape(cluster, "compact", "--config", cfg, *write)
     assert r.returncode == 0, r.stdout + r.stderr
     req_path = r.stdout.strip()
     assert os.path.exists(req_path) and req_path.endswith(".json"), r.stdout
@@ -187,7 +188,7 @@ def test_archive_compact_and_spark_submit_on_a_standalone_cluster(cluster, tmp_p
     env.update(
         {k: v for k, v in os.environ.items() if k in ("JAVA_HOME", "TMPDIR", "LANG", "LC_ALL")}
     )
-    env["SPARK_SUBMIT_OPTS"] = FAST_JVM
+    env["SPARK_SUBMIT_OPTS"] = cluster.java_options
     s = subprocess.run(
         ["bash", "-c", submit_line],
         capture_output=True,

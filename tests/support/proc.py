@@ -55,6 +55,11 @@ def make_config(
 """
 
 
+# for servers whose journal a test makes fail on purpose: an unavailable journal is probed every
+# 50 ms instead of every second (journal/writer.py), so the test does not wait out the probe
+FAST_PROBE = {"TICKERTAPE_JOURNAL_PROBE_INTERVAL": "0.05"}
+
+
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a server started by a test or a bench: this one, unbuffered, plus
     `extra`. Where PYTHONDONTWRITEBYTECODE is set (it is on the shared test machines) and no

@@ -62,16 +62,29 @@ class Raw:
         return header, frame[hdr_len:]
 
     def recv_until(self, pred, timeout: float = 10.0) -> list[tuple[dict, bytes]]:
-        """Frames up to and including the first matching pred(header, body)."""
+        """Frames up to and including the first matching pred(header, body); TimeoutError when
+        none came within `timeout` (a wait for one frame is also bounded by the socket's own
+        timeout: a "nothing comes" check with a short timeout does not wait out the socket's)."""
         got = []
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            f = self.recv()
-            if f is None:
-                raise ConnectionError(f"closed before the expected frame; got {got}")
-            got.append(f)
-            if pred(*f):
-                return got
+        own = self.sock.gettimeout()
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                wait = left if own is None else min(left, own)
+                self.sock.settimeout(wait)
+                try:
+                    f = self.recv()
+                except TimeoutError:
+                    if wait < left:
+                        raise  # the socket's own timeout: one frame took longer than it allows
+                    break
+                if f is None:
+                    raise ConnectionError(f"closed before the expected frame; got {got}")
+                got.append(f)
+                if pred(*f):
+                    return got
+        finally:
+            self.sock.settimeout(own)
         raise TimeoutError(f"no matching frame in {timeout}s; got {got}")
 
     def ack(self, kind: str | None = None, cid=None, timeout: float = 10.0) -> dict:
