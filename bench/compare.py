@@ -12,7 +12,8 @@ named benchmark once on each side (`--reps 1 --no-results`, small counts: BENCH_
 spell on the machine hits both sides alike. The figures are read back from the table each
 benchmark prints (`| peer | ...`), the median of the repetitions taken per figure, and a table
 of after ÷ before printed; a figure that moved the wrong way by more than 5 % (per its Metric's
-`better`) is marked. --results replaces the `bench_compare` section of bench/RESULTS.md with it,
+`better`) is marked. Its last column, `pairs ÷`, is the median of the repetitions' own
+after ÷ before (pair_ratio): on a machine whose load drifts it is the steadier of the two. --results replaces the `bench_compare` section of bench/RESULTS.md with it,
 the machine, the versions, the date and both commits.
 """
 
@@ -121,8 +122,8 @@ def compare_table(
     """runs: bench -> {"before": [figures per rep], "after": [...]} -> markdown table of the
     medians and after ÷ before, one row per figure both sides printed."""
     lines = [
-        "| bench | table | row | figure | before | after | after ÷ before | |",
-        "|---|---|---|---|---:|---:|---:|---|",
+        "| bench | table | row | figure | before | after | after ÷ before | | pairs ÷ |",
+        "|---|---|---|---|---:|---:|---:|---|---:|",
     ]
     for bench, sides in runs.items():
         keys: list[Key] = []
@@ -138,10 +139,26 @@ def compare_table(
             ratio = f"{a / b:.2f}×" if b and a is not None else "—"
             mark = verdict(b, a, better.get(bench, {}).get(key[2]))
             cap, row, title = key
+            pr = pair_ratio(sides, key)
+            pairs = f"{pr:.2f}×" if pr is not None else "—"
             lines.append(
-                f"| {bench} | {cap} | {row} | {title} | {_fmt(b)} | {_fmt(a)} | {ratio} | {mark} |"
+                f"| {bench} | {cap} | {row} | {title} | {_fmt(b)} | {_fmt(a)} | {ratio} | {mark} "
+                f"| {pairs} |"
             )
     return "\n".join(lines)
+
+
+def pair_ratio(sides: dict[str, list[dict[Key, float | None]]], key: Key) -> float | None:
+    """The median over the repetitions of after ÷ before of one figure: repetition i ran both
+    sides back to back (ABBA), so a change in the machine's load between repetitions cancels
+    within each pair, where it moves one side's median (a shared machine: the other column can
+    swing by a third with nothing changed). None when no repetition has both figures."""
+    ratios = [
+        a / b
+        for fb, fa in zip(sides.get("before", []), sides.get("after", []), strict=False)
+        if (b := fb.get(key)) and (a := fa.get(key)) is not None
+    ]
+    return statistics.median(ratios) if ratios else None
 
 
 def _fmt(v: float | None) -> str:

@@ -201,7 +201,7 @@ class Session:
         if not self.logged_on or self._ent is not None:
             self._receive_raw(raw)
             return
-        pos = self.publisher.raw_publishes(raw)
+        pos = (self.publishing or self.publisher).raw_publishes(raw)  # built: no property call
         if pos < len(raw) and self._held is not None:  # behind a logon being checked
             self._held.append((RAW_RUN, RawFrames(raw[pos:])))
 

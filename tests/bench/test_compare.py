@@ -101,6 +101,26 @@ def test_compare_table_takes_medians_and_marks_what_got_worse():
     assert "| 50.00 | 60.00 | 1.20× | **worse** |" in rows["peak RSS MiB"]
 
 
+def test_pair_ratio_is_the_median_of_each_repetitions_own_ratio():
+    """A load that drifts between repetitions moves both sides of a repetition alike: each
+    repetition's after ÷ before stays near the change, where the medians' ratio does not."""
+    k = ("", "tickertape", "msgs/s")
+    other = ("", "tickertape", "peak RSS MiB")
+    sides = {
+        # a quiet rep, then two loaded ones: after is 1.10x in each
+        "before": [{k: 300.0, other: 40.0}, {k: 100.0}, {k: 120.0, other: 40.0}],
+        "after": [{k: 330.0, other: 40.0}, {k: 110.0, other: 44.0}, {k: 132.0}],
+    }
+    assert compare.pair_ratio(sides, k) == 1.1  # the medians' ratio: 132 / 120 = 1.10 too here
+    sides["after"][0][k] = 90.0  # a slow spell in rep 1's after run: 0.3, 1.1, 1.1
+    assert compare.pair_ratio(sides, k) == 1.1
+    assert compare.pair_ratio(sides, other) == 1.0  # reps missing the figure are left out
+    assert compare.pair_ratio(sides, ("", "x", "y")) is None
+    table = compare.compare_table({"publish": sides}, {"publish": {"msgs/s": "higher"}})
+    assert table.splitlines()[0].endswith("| pairs ÷ |")
+    assert next(r for r in table.splitlines() if "| msgs/s |" in r).endswith("| 1.10× |")
+
+
 def test_verdict_within_tolerance_and_without_a_direction():
     assert compare.verdict(100.0, 96.0, "higher") == ""
     assert compare.verdict(100.0, 94.0, "higher") == "**worse**"

@@ -2,6 +2,7 @@
 check_fields, and frames the server refuses one by one (FrameDecoder(refuse_fields=True))."""
 
 import struct
+import sys
 
 import pytest
 
@@ -105,3 +106,25 @@ def test_a_nested_value_refuses_that_command_only(raw, field):
         assert f"header field {field!r} is nested" in bad.detail
         assert h2.s == 2 and body2 == b"next"
         assert d.buffered == 0
+
+
+def test_a_command_of_short_fields_is_checked_without_a_call_per_sized_field():
+    """check_fields runs for every command that is not a plain publish (each queue ack, a
+    sow_delete of bookmarks): the sized fields absent or too short to be too long cost no call
+    (the size is measured only where it could pass its limit), and a long one is still refused."""
+    calls = []
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith("headers.py"):
+            calls.append(frame.f_code.co_name)
+
+    ack = decode_header(b'{"c":"sow_delete","t":"work-q","bm":"1|2|,1|3|","cid":"7"}')
+    sys.setprofile(count)
+    try:
+        assert check_fields(ack) is None
+    finally:
+        sys.setprofile(None)
+    assert calls == ["check_fields"]
+    long_bm = decode_header(b'{"c":"sow_delete","t":"q","bm":"%s"}' % (b"1|2|," * 20000))
+    problem = check_fields(long_bm)
+    assert problem is not None and problem.reason == "invalid bookmark"
