@@ -102,7 +102,10 @@ def test_large_filters_do_not_stall_another_clients_publish(tmp_path):
         assert all(a["status"] == "success" for a in acks), acks[0]
         assert [a["sub_id"] for a in acks] == [f"s{i}" for i in range(100)]  # in order
         assert rtts  # the first was sent right behind the burst
-        assert max(rtts) < 2.0, f"a publish waited {max(rtts):.1f} s behind the filters"
+        # the old code held every publish for the whole burst (13-14 s on a quiet machine); a
+        # bound of 5 s keeps that failing while a loaded 2-core machine (a publish waited 2.1 s
+        # at load 12) passes
+        assert max(rtts) < 5.0, f"a publish waited {max(rtts):.1f} s behind the filters"
 
         # equal texts share one compiled filter: memory grows by the ten, not the hundred
         grown = rss_anon(srv.proc.pid) - rss_before
