@@ -251,6 +251,8 @@ class HeldWrites:
         `sync`'s). A failure is logged and marks the store failed (its position stays before
         the lost updates; queries are refused) until a restart catches up from the journal."""
         store = self.store
+        if store.failed is not None:
+            return  # it lacks updates already: the restart that folds them in folds these too
         try:
             with store.write() as txn:
                 self._write_held(txn, targets, keep=True)

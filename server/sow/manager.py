@@ -223,13 +223,12 @@ class SowManager:
         elif position < start:
             why = f"the store reflects position {position}, before the journal's start {start}"
         if why is not None:
-            store.clear()
             position = start
             self.rebuilt = why
             log.warning("SOW store rebuilt from the journal's start (%d): %s", start, why)
         assert position is not None
         kept = store.counts_kept
-        self.counts = store.topics()
+        self.counts = {} if why is not None else store.topics()
         if not kept:
             self._recount = set(self.counts)  # counted by a scan: kept from the next write on
         self.checkpoints = Checkpoints(
@@ -250,7 +249,18 @@ class SowManager:
             self.window,
         )
         began = time.monotonic()
-        self.caught_up = self.held.catch_up(journal, position, end)
+        try:
+            if why is not None:
+                store.clear()
+            self.caught_up = self.held.catch_up(journal, position, end)
+        except Exception as exc:
+            # a full disk, a short write: the store keeps the position it had, and the server
+            # serves publishes and refuses queries saying why, as after a failed live write
+            store.failed = f"catching up from the journal failed: {exc!r}"
+            log.exception(
+                "SOW store: catching up from the journal failed; queries are refused until a "
+                "restart with the cause removed (disk space) folds the journal in again"
+            )
         store.trim(force=True)  # the check at open and the catch-up read every page
         # records published with their own `e` may be in any SOW topic: the store says which
         self._load_expiry()
