@@ -449,19 +449,25 @@ class SowManager:
             if now - self._last_position_write < POSITION_EVERY or not batch.data:
                 return
         self._last_position_write = now
-        batch.durable.append(partial(self._committed, batch, puts, sow, deletes))
+        # the batch in a cell the call empties: a callback holding the batch itself would make
+        # a cycle (batch -> durable -> callback -> batch) that only the cycle collector frees,
+        # so every SOW batch (its journal bytes, a tuple per message) would outlive its commit
+        batch.durable.append(partial(self._committed, [batch], puts, sow, deletes))
 
     def _committed(
         self,
-        batch: Any,
+        cell: list[Any],
         puts: list[Any],
         topics: set[str],
         deletes: list[Any],
         end: int,
         err: BaseException | None,
     ) -> None:
-        """The batch is durable (err None) or failed: apply it. A failure marks the store
-        failed (store.py) until a restart; it never reaches the pipeline."""
+        """The batch (`cell`'s one item) is durable (err None) or failed: apply it. A failure
+        marks the store failed (store.py) until a restart; it never reaches the pipeline."""
+        if not cell:  # pragma: no cover - a batch commits (or fails) once
+            return
+        batch = cell.pop()
         try:
             self._apply(batch, puts, topics, deletes, end, err)
         except Exception as exc:
