@@ -43,6 +43,7 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
+from operator import itemgetter
 from typing import Any, Protocol
 
 from config.model import Config, SowTopicSpec
@@ -74,6 +75,7 @@ __all__ = ["Commits", "SowManager"]
 
 log = logging.getLogger("tickertape.sow")
 
+_TOPIC = itemgetter(0)  # a batch row's topic (server/batch_row.py)
 POSITION_EVERY = 1.0  # seconds: the position of batches without SOW work is written this often
 
 
@@ -431,8 +433,9 @@ class SowManager:
     def before_flush(self, batch: Any) -> None:
         """The batch is about to be committed: note its SOW messages and deletes."""
         msgs = batch.msgs
-        # per topic, not per message: a batch is mostly a few topics' runs
-        topics = {m[0] for m in msgs} if msgs else set()
+        # per topic, not per message: a batch is mostly a few topics' runs (the set made by a
+        # C loop: a set comprehension cost 0.1 µs a message)
+        topics = set(map(_TOPIC, msgs)) if msgs else set()
         sow = {t for t in topics if self.is_sow(t)}  # recorded: their messages have offsets
         puts = (msgs if sow == topics else [m for m in msgs if m[0] in sow]) if sow else []
         deletes: list[tuple[int, str, bytes, str, Reply | None]] = []
