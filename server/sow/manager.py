@@ -238,6 +238,7 @@ class SowManager:
             lambda: self.store.env if self.store is not None else None,
             lambda: self.store.trim(force=True) if self.store is not None else None,
             lambda: self.store.tree_bytes() if self.store is not None else 0,
+            lambda: journal.start_position,
         )
         self.held = HeldWrites(
             store,
