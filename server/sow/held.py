@@ -97,6 +97,22 @@ class HeldWrites:
         self.writing: list[Holds] = []
         self._writer: _Writer | None = None
 
+    def start(self, journal: Journal, position: int, end: int, rebuild: bool) -> int:
+        """At start: empty the store first when `rebuild`, then `catch_up`; records read. A
+        failure (a full disk, a short write) marks the store failed, as a failed live write
+        does: the server serves publishes and refuses queries saying why, it does not stop."""
+        try:
+            if rebuild:
+                self.store.clear()
+            return self.catch_up(journal, position, end)
+        except Exception as exc:
+            self.store.failed = f"catching up from the journal failed: {exc!r}"
+            log.exception(
+                "SOW store: catching up from the journal failed; queries are refused until a "
+                "restart with the cause removed (disk space) folds the journal in again"
+            )
+            return 0
+
     def catch_up(self, journal: Journal, position: int, end: int) -> int:
         """The fold from `position` to `end`, as the live commits do it: puts held as the
         latest row per key (store_rows) and written per CATCH_UP_KEYS keys, with

@@ -12,13 +12,13 @@ checkpoint interval of journal, whatever the point. The answer then reads the ch
 through the overlay (`HistoricalReader`, the `Reader` interface of server/sow/store.py).
 
 Checkpoints older than the topic's `<History><Window>`, or before the journal's start (its
-segments removed: the journal right after them is gone), are removed, the newest one always kept;
-every other one stays, so a point anywhere in the window folds at most one interval. (Keeping
-only the newest few made a point further back fold from the journal's start: on a journal of
-10M updates a query 5M updates back took 20x a current one.) They take at most about the
-journal's own size on disk: a copy, about the record tree's size, is made only once the
-journal grew at least that much. A point before the journal's start, or older than the window, is refused with
-`invalid bookmark`.
+segments removed: the journal right after them is gone), are removed, the newest one always
+kept; every other one stays, so a point anywhere in the window folds at most one interval.
+(Keeping only the newest few made a point further back fold from the journal's start: on a
+journal of 10M updates a query 5M updates back took 20x a current one.) They take at most
+about the journal's own size on disk: a copy, about the record tree's size, is made only once
+the journal grew at least that much. A point before the journal's start, or older than the
+window, is refused with `invalid bookmark`.
 """
 
 from __future__ import annotations

@@ -252,18 +252,7 @@ class SowManager:
             self.window,
         )
         began = time.monotonic()
-        try:
-            if why is not None:
-                store.clear()
-            self.caught_up = self.held.catch_up(journal, position, end)
-        except Exception as exc:
-            # a full disk, a short write: the store keeps the position it had, and the server
-            # serves publishes and refuses queries saying why, as after a failed live write
-            store.failed = f"catching up from the journal failed: {exc!r}"
-            log.exception(
-                "SOW store: catching up from the journal failed; queries are refused until a "
-                "restart with the cause removed (disk space) folds the journal in again"
-            )
+        self.caught_up = self.held.start(journal, position, end, rebuild=why is not None)
         store.trim(force=True)  # the check at open and the catch-up read every page
         # records published with their own `e` may be in any SOW topic: the store says which
         self._load_expiry()
