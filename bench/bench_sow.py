@@ -2,6 +2,7 @@
 
     ./run bench bench_sow [--count 1000000] [--keys 100000] [--reps 3] [--parts 4]
                           [--big-keys 1000000] [--quick]
+    ./run bench bench_sow --history 10000000 [--keys 100000] [--reps 3] [--parts 4]
 
 Per repetition, fresh servers, one after the other:
 
@@ -29,6 +30,10 @@ Per repetition, fresh servers, one after the other:
   big store       `--big-keys` keys each published once into a fresh SOW server: RSS against
                   the `--keys` server's, then a clean restart (seconds to `listening on`) and
                   a query of all of them
+
+`--history N` measures only the historical queries, on a journal of N updates (one server): N
+updates over `--keys` keys in `--parts` runs, then `--reps` rounds of a current query and a
+historical one at each point between two runs (its own section, bench_sow_history).
 """
 
 from __future__ import annotations
@@ -276,6 +281,77 @@ def one_rep(args, r: int) -> dict:
     return out
 
 
+def history_only(args) -> str:
+    """`--history N`: the historical queries on an N-update journal (module docstring); the
+    section's text."""
+    n, keys, parts = args.history, args.keys, args.parts
+    sow = peers.make_peer("tickertape")
+    sow.extra["config_xml"] = SOW_XML
+    rounds: list[dict] = []
+    try:
+        sow.start(timeout=args.timeout)
+        marks = []
+        t0 = time.monotonic()
+        for i in range(parts):
+            lo, hi = n * i // parts, n * (i + 1) // parts
+            if i:
+                time.sleep(0.05)
+                marks.append((lo, int(time.time() * 1e6)))
+                time.sleep(0.05)
+            publish(sow, SOW_TOPIC, hi - lo, args, f"hist.{i}", start=lo + 1)
+        published = time.monotonic() - t0
+        journal = sum(
+            os.path.getsize(os.path.join(d, f))
+            for d, _, fs in os.walk(sow.journal_dir())
+            for f in fs
+        )
+        for r in range(args.reps):
+            q = query(sow, args.timeout)
+            if q["records"] != keys:
+                raise RuntimeError(f"query all: {q['records']} records, expected {keys}")
+            got = {"q_s": q["s"]}
+            for j, (done, mark) in enumerate(marks):
+                h = query(sow, args.timeout, bm=format_timestamp(mark))
+                if h["records"] != min(keys, done):
+                    raise RuntimeError(f"historical: {h['records']} records")
+                got[f"h{j}_s"], got[f"h{j}_ratio"] = h["s"], h["s"] / q["s"]
+            rounds.append(got)
+            print(
+                f"  round {r + 1}/{args.reps}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items())
+            )
+    finally:
+        sow.cleanup()
+
+    def cell(k: str) -> str:
+        v = [g[k] for g in rounds]
+        return f"{statistics.median(v):.2f} ({min(v):.2f}–{max(v):.2f})"
+
+    lines = [
+        "| measure | figure |",
+        "|---|---:|",
+        f"| query all {keys:,} records, s | {cell('q_s')} |",
+    ]
+    for j, (done, _mark) in enumerate(marks):
+        lines.append(
+            f"| historical query at update {done:,} ({n - done:,} updates back), s | "
+            f"{cell(f'h{j}_s')} |"
+        )
+        lines.append(f"| ÷ query all (current) | {cell(f'h{j}_ratio')} |")
+    notes = [
+        f"{n:,} persisted publishes of {args.size} B over {keys:,} keys in {parts} runs "
+        f"({published:.0f} s; journal {journal / 2**30:.2f} GiB), one server; then "
+        f"{len(rounds)} rounds of a current query and a historical one at each point between "
+        "two runs; median (range in brackets)",
+        "the machine is shared with other jobs: figures are indicative",
+    ]
+    text = benchlib.header_block(
+        "bench_sow --history: historical queries on a long journal",
+        ["bench_sow"] + sys.argv[1:],
+        notes,
+    )
+    return text + "\n\n" + "\n".join(lines) + "\n"
+
+
 def anon_bytes(peer) -> int:
     """The server's anonymous resident memory (its heap: VmRSS less the mapped files, of which
     the SOW store's LMDB map is one: page cache the kernel can take back)."""
@@ -327,6 +403,9 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="longest step")
     p.add_argument("--no-results", action="store_true", help="print only")
     p.add_argument("--quick", action="store_true", help="50k updates over 5k keys, 1 repetition")
+    p.add_argument(
+        "--history", type=int, default=0, help="only the historical queries, on N updates"
+    )
     args = p.parse_args()
     if args.quick:
         args.count, args.keys, args.reps = min(args.count, 50_000), min(args.keys, 5_000), 1
@@ -334,6 +413,12 @@ def main() -> None:
     ok, why = peers.available("tickertape")
     if not ok:
         sys.exit(f"tickertape is not runnable: {why}")
+    if args.history:
+        text = history_only(args)
+        print("\n" + text)
+        if not args.no_results:
+            benchlib.update_results("bench_sow_history", text)
+        return
     reps, problems = [], []
     for r in range(args.reps):
         try:

@@ -346,6 +346,19 @@ done:
     return result;
 }
 
+/* An unsigned 64-bit integer object's value ((unsigned long long)-1 and an error when it is
+ * not one): where `unsigned long` is 64 bits, PyLong_AsUnsignedLong (a loop over the digits)
+ * and not PyLong_AsUnsignedLongLong, which goes through a byte array past 2**30 -- receive
+ * times and publisher ids always are. */
+static inline unsigned long long as_u64(PyObject *o)
+{
+#if ULONG_MAX >= 0xFFFFFFFFFFFFFFFFULL
+    return PyLong_AsUnsignedLong(o);
+#else
+    return PyLong_AsUnsignedLongLong(o);
+#endif
+}
+
 /* store_rows(msgs, base, targets) -> rows written, or -1
  *     The SOW store's rows (server/sow/store.py: record key topic | 0x00 | key, value u64 BE
  *     position, publisher, sequence, receive time, u16 BE header fragment length, fragment,
@@ -406,7 +419,7 @@ store_rows(PyObject *self, PyObject *args)
             return NULL;
         v[0] = (unsigned long long)(base + off);
         for (int j = 1; j < 4; j++) {
-            v[j] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(m, j));
+            v[j] = as_u64(PyTuple_GET_ITEM(m, j));
             if (v[j] == (unsigned long long)-1 && PyErr_Occurred())
                 return NULL;
         }

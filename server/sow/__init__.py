@@ -7,7 +7,7 @@ topics configured under `<SOW><Topic>`, kept from the journal.
 ``records``      the body of a SOW delete record (journal/record.py kind 3)
 ``store``        the LMDB store: key -> the latest message, and the journal position it
                  reflects, written in the same transaction
-``held``         puts held as the latest row per key and written per flush, in key order
+``held``         puts held as the latest row per key and written per flush
                  (live commits and the catch-up at start)
 ``manager``      `SowManager`: the store kept from committed batches, catch-up at start,
                  deletes journaled, the consistency point of queries

@@ -4,8 +4,8 @@ the record counts it keeps, and the fold's own steps (`put`, `delete`) as callab
 
 Puts are held in memory as the latest store row per key (`store_rows`, C with a Python twin in
 server/sow/store.py): per topic, record key -> value. They are written in one LMDB write
-transaction, in key order, with the journal position of the last record they hold and the
-record counts that changed:
+transaction (one `putmulti` per topic), with the journal position of the last record they hold
+and the record counts that changed:
 
 - **live** (`defer`, `flush`): the puts of the commits that need nothing else (no delete,
   nobody watching the topic for out-of-focus notices or deltas, no `<Expiration>`: the
@@ -97,9 +97,25 @@ class HeldWrites:
         self.writing: list[Holds] = []
         self._writer: _Writer | None = None
 
+    def start(self, journal: Journal, position: int, end: int, rebuild: bool) -> int:
+        """At start: empty the store first when `rebuild`, then `catch_up`; records read. A
+        failure (a full disk, a short write) marks the store failed, as a failed live write
+        does: the server serves publishes and refuses queries saying why, it does not stop."""
+        try:
+            if rebuild:
+                self.store.clear()
+            return self.catch_up(journal, position, end)
+        except Exception as exc:
+            self.store.failed = f"catching up from the journal failed: {exc!r}"
+            log.exception(
+                "SOW store: catching up from the journal failed; queries are refused until a "
+                "restart with the cause removed (disk space) folds the journal in again"
+            )
+            return 0
+
     def catch_up(self, journal: Journal, position: int, end: int) -> int:
         """The fold from `position` to `end`, as the live commits do it: puts held as the
-        latest row per key (store_rows) and written in key order per CATCH_UP_KEYS keys, with
+        latest row per key (store_rows) and written per CATCH_UP_KEYS keys, with
         the position of the last record they hold; a delete, or a row store_rows does not
         take, writes what is held first and is applied in journal order."""
         store = self.store
@@ -157,13 +173,15 @@ class HeldWrites:
         self.recount.clear()
 
     def _write_held(self, txn: Any, targets: Holds, keep: bool = False) -> None:
-        """Put the held rows (in key order: LMDB fills each page it touches once), count the
-        new records, and empty the holds (unless `keep`: the writer's stay readable in
-        `writing` until the transaction commits)."""
+        """Put the held rows, count the new records, and empty the holds (unless `keep`: the
+        writer's stay readable in `writing` until the transaction commits). The rows go in the
+        order their keys were first held, not sorted: a write transaction copies each page it
+        touches once whatever the order, and sorting a flush's rows cost about 0.35 µs a row,
+        holding the GIL, for no measurable gain in LMDB (bench_sow, bench/RESULTS.md)."""
         store = self.store
         for topic, (_prefix, rows) in targets.items():
             if rows:
-                added = store.put_many(txn, sorted(rows.items()))
+                added = store.put_many(txn, rows.items())
                 if not keep:
                     rows.clear()
                 if added:
@@ -251,6 +269,8 @@ class HeldWrites:
         `sync`'s). A failure is logged and marks the store failed (its position stays before
         the lost updates; queries are refused) until a restart catches up from the journal."""
         store = self.store
+        if store.failed is not None:
+            return  # it lacks updates already: the restart that folds them in folds these too
         try:
             with store.write() as txn:
                 self._write_held(txn, targets, keep=True)

@@ -10,28 +10,27 @@ same LMDB transaction.
 - **Commit**: `before_flush` (a pipeline hook, called with the batch about to be committed)
   notes the batch's SOW messages and deletes; when the batch is durable, `_committed` takes
   them. Plain puts (no delete in the batch, nobody watching the topic for out-of-focus
-  notices or deltas, no `<Expiration>`) are *held* (`HeldWrites`, server/sow/held.py).
-  The held rows are written by HeldWrites' writer thread. Anything else waits for it and
-  writes what is held (`HeldWrites.sync`), then is applied in journal order in one write
-  transaction that also writes the batch's end position. Every read of the store (a query's
-  snapshot, the expiration tick, `topics`, close) syncs first; delta_publish's merge reads
-  the held rows and those being written.
-  A batch with no SOW work writes nothing, except the position at most once a second (so a
-  restart reads little journal). Nothing here runs for an instance without SOW topics.
+  notices or deltas, no `<Expiration>`) are *held* (`HeldWrites`, server/sow/held.py), and
+  written by its writer thread. Anything else waits for it and writes what is held
+  (`HeldWrites.sync`), then is applied in journal order in one write transaction that also
+  writes the batch's end position. Every read of the store (a query's snapshot, the expiration
+  tick, `topics`, close) syncs first; delta_publish's merge reads the held rows and those being
+  written. A batch with no SOW work writes nothing, except the position at most once a second
+  (so a restart reads little journal). Nothing here runs for an instance without SOW topics.
 - **Delete**: `delete` appends a SOW delete record (server/sow/records.py) to the open batch at
   once, so it keeps its place among the publishes around it; it is applied at its commit, and
   its reply (with `records_deleted`) goes out then.
 - **Start** (`recover`, off the loop, before connections): from the position the store
-  reflects to the journal's end, the same fold (held rows, server/sow/held.py). A store
-  missing, unreadable, ahead of the journal, or behind the journal's start is rebuilt from the
-  journal's start, and the log says why.
+  reflects to the journal's end, the same fold (`HeldWrites.start`). A store missing,
+  unreadable, ahead of the journal, or behind the journal's start is rebuilt from the
+  journal's start, and the log says why; a catch-up that fails leaves the store failed.
 - **Consistency point**: between two loop callbacks the store reflects exactly the journal up
   to `Pipeline.delivered_end` (the fold runs inside the commit's completion, before the
   pipeline moves `delivered_end`), so a query's snapshot and that position are one point.
 
 Parts, made here and handed what they use: `HeldWrites` (once the store is open) and `Deltas`
-(delta_publish's merge, delta subscriptions: server/sow/deltas.py).
-States of the store: opening -> catching up (recover) -> live (attached to the pipeline).
+(delta_publish's merge, delta subscriptions: server/sow/deltas.py). States of the store:
+opening -> catching up (recover) -> live (attached to the pipeline).
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
+from operator import itemgetter
 from typing import Any, Protocol
 
 from config.model import Config, SowTopicSpec
@@ -223,13 +223,12 @@ class SowManager:
         elif position < start:
             why = f"the store reflects position {position}, before the journal's start {start}"
         if why is not None:
-            store.clear()
             position = start
             self.rebuilt = why
             log.warning("SOW store rebuilt from the journal's start (%d): %s", start, why)
         assert position is not None
         kept = store.counts_kept
-        self.counts = store.topics()
+        self.counts = {} if why is not None else store.topics()
         if not kept:
             self._recount = set(self.counts)  # counted by a scan: kept from the next write on
         self.checkpoints = Checkpoints(
@@ -237,20 +236,14 @@ class SowManager:
             lambda: self.store.env if self.store is not None else None,
             lambda: self.store.trim(force=True) if self.store is not None else None,
             lambda: self.store.tree_bytes() if self.store is not None else 0,
+            lambda: journal.start_position,
         )
         self.held = HeldWrites(
-            store,
-            self.counts,
-            self._recount,
-            self.is_sow,
-            self._holdable,
-            self._put,
-            self._delete,
-            self.checkpoints,
-            self.window,
-        )
+            store, self.counts, self._recount, self.is_sow, self._holdable, self._put,
+            self._delete, self.checkpoints, self.window,
+        )  # fmt: skip
         began = time.monotonic()
-        self.caught_up = self.held.catch_up(journal, position, end)
+        self.caught_up = self.held.start(journal, position, end, rebuild=why is not None)
         store.trim(force=True)  # the check at open and the catch-up read every page
         # records published with their own `e` may be in any SOW topic: the store says which
         self._load_expiry()
@@ -421,8 +414,8 @@ class SowManager:
     def before_flush(self, batch: Any) -> None:
         """The batch is about to be committed: note its SOW messages and deletes."""
         msgs = batch.msgs
-        # per topic, not per message: a batch is mostly a few topics' runs
-        topics = {m[0] for m in msgs} if msgs else set()
+        # per topic, not per message (a batch is mostly a few topics' runs); the set made in C
+        topics = set(map(itemgetter(0), msgs)) if msgs else set()
         sow = {t for t in topics if self.is_sow(t)}  # recorded: their messages have offsets
         puts = (msgs if sow == topics else [m for m in msgs if m[0] in sow]) if sow else []
         deletes: list[tuple[int, str, bytes, str, Reply | None]] = []
@@ -439,19 +432,22 @@ class SowManager:
             if now - self._last_position_write < POSITION_EVERY or not batch.data:
                 return
         self._last_position_write = now
-        batch.durable.append(partial(self._committed, batch, puts, sow, deletes))
+        # the batch in a cell the call empties: holding the batch itself makes a cycle (batch ->
+        # durable -> callback -> batch) only the collector frees; every batch outlived its commit
+        batch.durable.append(partial(self._committed, [batch], puts, sow, deletes))
 
     def _committed(
         self,
-        batch: Any,
+        cell: list[Any],
         puts: list[Any],
         topics: set[str],
         deletes: list[Any],
         end: int,
         err: BaseException | None,
     ) -> None:
-        """The batch is durable (err None) or failed: apply it. A failure marks the store
-        failed (store.py) until a restart; it never reaches the pipeline."""
+        """The batch (`cell`'s one item) is durable (err None) or failed: apply it. A failure
+        marks the store failed (store.py) until a restart; it never reaches the pipeline."""
+        batch = cell.pop()  # called once: the batch commits or fails
         try:
             self._apply(batch, puts, topics, deletes, end, err)
         except Exception as exc:

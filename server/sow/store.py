@@ -56,7 +56,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -381,8 +381,8 @@ class SowStore:
             raise StoreFull(self.map_size) from None
         return old is not None
 
-    def put_many(self, txn: lmdb.Transaction, rows: list[tuple[bytes, bytes]]) -> int:
-        """Store (record key, value) rows, best in key order; how many were new records (the
+    def put_many(self, txn: lmdb.Transaction, rows: Iterable[tuple[bytes, bytes]]) -> int:
+        """Store (record key, value) rows; how many were new records (the
         growth of the entry count: putmulti's own count includes the rows it replaced)."""
         before = txn.stat(self._rec)["entries"]
         try:

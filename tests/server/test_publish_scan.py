@@ -306,6 +306,40 @@ def test_c_keys_a_subset_of_python_with_the_same_bytes():
     assert took > 200  # the generator makes plenty the C scan keys
 
 
+@pytest.mark.skipif(not publish_scan.ACCELERATED, reason="no C accelerator built")
+@pytest.mark.parametrize("member", ["sym", "pad"])
+def test_c_strings_with_one_unusual_byte_at_every_offset(member):
+    """The C key scan steps over 8 plain string bytes at a time (plain8 in server/_sowkey.h):
+    one byte that is not plain text (a quote or backslash escape, a control character, UTF-8,
+    a byte that is not UTF-8, DEL) at every offset of a long string, in the key and in another
+    member, is keyed as the Python path keys it, or left to it; never taken wrongly."""
+    unusual = {
+        b'\\"': member == "pad",  # an escape: fine in a member, not in a scanned key value
+        b"\\\\": member == "pad",
+        b"\\u00e9": member == "pad",
+        b"\x01": False,  # a raw control character: not JSON
+        b"\x1f": False,
+        "é".encode(): True,
+        "€".encode(): True,
+        b"\xff": False,  # not UTF-8
+        b"\xc3": False,  # a cut UTF-8 sequence
+        b"\x7f": True,
+        b" ": True,
+        b"~": True,
+    }
+    for special, taken in unusual.items():
+        for at in range(0, 26):
+            text = b"a" * at + special + b"b" * (25 - at)
+            values = {"sym": b'"A"', "pad": b'"z"'}
+            values[member] = b'"' + text + b'"'
+            body = b'{"sym":%s,"venue":{"id":1},"pad":%s}' % (values["sym"], values["pad"])
+            raw = pub(1, b"px", body)
+            c = _c_records(raw, 0, 7, 1, 0, SOW_KNOWN, 0)
+            assert bool(c[1]) == taken, (special, at)
+            if taken:
+                assert c == publish_records_py(raw, 0, 7, 1, 0, SOW_KNOWN, 0), (special, at)
+
+
 def test_decoder_runs_expand_to_the_frames_at_every_split():
     stream = (
         pub(1)

@@ -12,7 +12,7 @@ from config.model import SowTopicSpec
 from server.sow.deltas import Deltas
 from server.sow.held import HeldWrites
 from server.sow.keys import KeyMaker, expires_at, k_fragment, with_expiration
-from server.sow.store import SowStore
+from server.sow.store import SowStore, encode_value
 
 
 def _refuse(*args):
@@ -178,3 +178,39 @@ def test_a_failed_write_freezes_the_position_before_the_lost_updates(tmp_path):
     assert small.position == 100
     held.close()
     small.close()
+
+
+def test_checkpoints_are_kept_across_the_window_and_the_journal(tmp_path, monkeypatch):
+    """Every checkpoint a point in the window can start from stays (a historical query folds
+    at most one interval, however far back): keeping only the newest 16 made a point older
+    than them fold the journal from its start. Those before the journal's start (segments
+    removed) go; the newest always stays."""
+    from server.sow import history
+
+    monkeypatch.setattr(history, "CHECKPOINT_EVERY", 1)
+    store = SowStore(str(tmp_path / "sow"))
+    start = [0]
+    cps = history.Checkpoints(
+        str(tmp_path / "cps"), lambda: store.env, None, None, lambda: start[0]
+    )
+
+    def make(pos: int) -> None:
+        with store.write() as txn:
+            store.put(txn, "px", "WzFd", encode_value(pos, 7, pos, 0, k_fragment("WzFd"), b"{}"))
+            store.set_position(txn, pos)
+        cps.maybe_make(pos, None)
+        deadline = time.monotonic() + 10
+        while cps._busy:
+            assert time.monotonic() < deadline, "the checkpoint copy did not finish"
+            time.sleep(0.01)
+
+    try:
+        made = [100 * (i + 1) for i in range(24)]
+        for pos in made:
+            make(pos)
+        assert cps.positions() == made
+        start[0] = 1050  # the journal's segments before it were removed
+        make(2500)
+        assert cps.positions() == [p for p in made if p >= 1050] + [2500]
+    finally:
+        store.close()
