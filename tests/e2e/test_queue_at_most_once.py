@@ -24,7 +24,13 @@ def consumer(port: int, name: str, backlog: int = 100) -> Raw:
     c = Raw(port)
     c.logon(name)
     c.send(
-        {"c": "subscribe", "t": "amo-q", "cid": "q", "a": "processed", "o": f"max_backlog={backlog}"}
+        {
+            "c": "subscribe",
+            "t": "amo-q",
+            "cid": "q",
+            "a": "processed",
+            "o": f"max_backlog={backlog}",
+        }
     )
     assert c.ack("processed", "q", timeout=30)["status"] == "success"
     return c
