@@ -268,15 +268,14 @@ class QueueState:
         Batches fail in the order they were built, so appending keeps the events in order.
 
         Except the at-most-once deliveries of that commit (`held`, whose entries end `body`):
-        nothing of them was sent, so their messages wait again, first in line, and their
-        entries are not written."""
+        nothing of them was sent, so their messages wait again, first in line (the caller pumps
+        the queue later), and their entries are not written."""
         if held:
             body = body[: len(body) - ENTRY.size * len(held)]
             for qs, pos, _ in held:
                 lease = self.leased.get(pos)
                 if lease is not None and lease.holder is qs and pos in self.unsent:
                     self._take_back(pos)
-            self.host.call_soon(self.pump)
         if not body:
             return
         self.failed_events += body

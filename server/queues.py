@@ -58,6 +58,10 @@ __all__ = ["Commits", "QueueManager"]
 log = logging.getLogger("tickertape.queues")
 
 EVENT_FLUSH_DELAY = 0.005
+# after a commit of at-most-once deliveries failed, their messages are offered again this much
+# later: a journal that is unavailable fails every commit at once until its probe succeeds
+# (journal/writer.py), and an immediate retry would spin
+RETRY_DELAY = 0.1
 
 
 class Commits(Protocol):
@@ -78,25 +82,6 @@ class Commits(Protocol):
         hdr: bytes = b"",
         exp: Any = None,
     ) -> tuple[int, int]: ...
-
-
-def _events_committed(
-    taken: list[tuple[QueueState, bytes]],
-    held: list[tuple[Queue, bytes, list[Held]]],
-    err: BaseException | None,
-) -> None:
-    """The commit of the queues' events (`taken`, and `held`: those that end with at-most-once
-    deliveries) is done: the deliveries go out now that their events are durable (and past the
-    sync gate, which holds this callback like a `persisted` ack); a failure writes the events
-    again and puts the messages of the deliveries back, unsent."""
-    if err is not None:
-        for st, body in taken:
-            st.events_failed(body)
-        for q, body, deliveries in held:
-            q.state.events_failed(body, deliveries)
-        return
-    for q, _, deliveries in held:
-        q.send_held(q.state.durable_deliveries(deliveries))
 
 
 class QueueManager:
@@ -219,7 +204,7 @@ class QueueManager:
                 taken.append((st, bytes(rbody)))
             self._repl_out = {}
         if taken or held:
-            batch.after.append(partial(_events_committed, taken, held))
+            batch.after.append(partial(self._events_committed, taken, held))
         now = time.monotonic()
         if self.queues and now - self._last_checkpoint < 1.0:
             # not now: a commit at most a second from now carries it, even on a quiet server
@@ -244,6 +229,27 @@ class QueueManager:
                     st.checkpoint_dirty = False
             if meta:
                 batch.meta = meta
+
+    def _events_committed(
+        self,
+        taken: list[tuple[QueueState, bytes]],
+        held: list[tuple[Queue, bytes, list[Held]]],
+        err: BaseException | None,
+    ) -> None:
+        """The commit of the queues' events (`taken`, and `held`: those that end with
+        at-most-once deliveries) is done: the deliveries go out now that their events are
+        durable (and past the sync gate, which holds this callback like a `persisted` ack). A
+        failure writes the events again with the next commit, and puts the messages of the
+        deliveries back, unsent, to be offered again RETRY_DELAY later."""
+        if err is not None:
+            for st, body in taken:
+                st.events_failed(body)
+            for q, body, deliveries in held:
+                q.state.events_failed(body, deliveries)
+                self.loop.call_later(RETRY_DELAY, q.pump)
+            return
+        for q, _, deliveries in held:
+            q.send_held(q.state.durable_deliveries(deliveries))
 
     def _checkpoint_due(self) -> None:
         self._checkpoint_timer = None
