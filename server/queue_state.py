@@ -3,8 +3,9 @@
 server/queue.py's `Queue` delivers and takes acknowledgements; it holds one of these as its
 `state`, and so does replication (server/queue_repl.py). The state diagram is in
 server/queue.py. This part keeps the bookkeeping: the waiting arrays, leases and their heap,
-delivery counts, expirations, the queue's pending events (journal/queue_events.py), and the
-ways a message leaves a lease (returned, expired, forgotten). Its invariants (a lease is in
+delivery counts, expirations, the queue's pending events (journal/queue_events.py), the
+at-most-once deliveries held until their events are durable (`take_held`), and the ways a
+message leaves a lease (returned, expired, forgotten, taken back unsent). Its invariants (a lease is in
 `leased` and `by_bm` and counted in its holder's `outstanding`; a message waits in one place)
 are kept by its named operations, which the Queue and replication call.
 
