@@ -16,7 +16,7 @@ Message states:
 At-most-once: delivered is done; the consumer's ack only frees its backlog. A delivery is sent
 only once its DELIVERED_AT_MOST_ONCE event is durable (and past the sync replication gate, like a
 publish's `persisted` ack): the state holds its frame until the commit of that event
-(QueueState.take_held, server/queues.py), so a crash before that commit never lets the message
+(server/queue_held.py), so a crash before that commit never lets the message
 out, and the restarted instance (or a peer taking over) delivers it once. The cost is one group
 commit of latency. A commit that fails sends nothing: the messages wait again, first in line.
 
@@ -56,7 +56,8 @@ from .fanout import Message
 from .frames import STORED, pack_len
 from .matching import Body, Predicate, body_matches
 from .outbox import Outbox
-from .queue_state import Held, QueueHost, QueueState
+from .queue_held import Held
+from .queue_state import QueueHost, QueueState
 from .queue_types import QueueSub, StoredMessage, now_us
 from .subscriptions import Subscription, SubscriptionOwner
 
@@ -305,7 +306,8 @@ class Queue:
         position, pub, seq, ts, topic_b, body, extra = rec
         bm = format_bookmark(pub, seq)
         if self.at_most_once:  # held until its event is durable (send_held)
-            self.state.lease(qs, position, bm, ts, None, self._frame(qs.sub, rec))
+            self.state.amo.hold(qs, position, self._frame(qs.sub, rec))
+            self.state.lease(qs, position, bm, ts, None)
             return
         deadline = time.monotonic() + self.lease_period
         self.state.lease(qs, position, bm, ts, deadline)
@@ -319,7 +321,7 @@ class Queue:
         return pack_len(len(hdr) + len(body)), hdr, body
 
     def send_held(self, held: list[Held]) -> None:
-        """At-most-once deliveries whose events are durable (QueueState.durable_deliveries)."""
+        """At-most-once deliveries whose events are durable (HeldDeliveries.durable)."""
         touched: set[Outbox] = set()
         for qs, _, frame in held:
             out = qs.sub.out

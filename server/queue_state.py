@@ -3,9 +3,9 @@
 server/queue.py's `Queue` delivers and takes acknowledgements; it holds one of these as its
 `state`, and so does replication (server/queue_repl.py). The state diagram is in
 server/queue.py. This part keeps the bookkeeping: the waiting arrays, leases and their heap,
-delivery counts, expirations, the queue's pending events (journal/queue_events.py), the
-at-most-once deliveries held until their events are durable (`take_held`), and the ways a
-message leaves a lease (returned, expired, forgotten, taken back unsent). Its invariants (a lease is in
+delivery counts, expirations, the queue's pending events (journal/queue_events.py; `amo`
+holds at-most-once deliveries), and the ways a message leaves a lease (returned, expired,
+forgotten). Its invariants (a lease is in
 `leased` and `by_bm` and counted in its holder's `outstanding`; a message waits in one place)
 are kept by its named operations, which the Queue and replication call.
 
@@ -24,12 +24,13 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from config.model import QueueSpec
-from journal.queue_events import ENTRY, ExpiryReason, QueueOp, append_event, append_run
+from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
 from protocol.filters import compile_filter
 from protocol.patterns import compile_pattern
 
 from .ids import publisher_id
 from .matching import body_matches
+from .queue_held import Held, HeldDeliveries
 from .queue_types import (
     Lease,
     QueueSub,
@@ -41,14 +42,9 @@ from .queue_types import (
 )
 from .router import is_pattern
 
-__all__ = ["Held", "QueueHost", "QueueState"]
+__all__ = ["QueueHost", "QueueState"]
 
 log = logging.getLogger("tickertape.queues")
-
-
-Held = tuple[QueueSub, int, tuple[bytes, bytes, bytes]]
-"""An at-most-once delivery waiting for its event to be durable: (holder, position, the frame's
-length prefix, header and body)."""
 
 
 class QueueHost(Protocol):
@@ -101,13 +97,7 @@ class QueueState:
         self.gen = 0
         self.events = bytearray()
         self.failed_events = bytearray()  # events of commits that failed, to be written again
-        # At-most-once deliveries are sent only once their DELIVERED_AT_MOST_ONCE entries are
-        # durable: the entries (the last part of take_events' body) and their frames, in
-        # delivery order (take_held); `unsent`: the positions of every delivery held, here or
-        # in a commit in flight
-        self.amo_events = bytearray()
-        self.held: list[Held] = []
-        self.unsent: set[int] = set()
+        self.amo = HeldDeliveries(self)  # at-most-once deliveries, until their event is durable
         self.parked: collections.deque[int] = collections.deque()  # no subscription's filter
         self.barrier_wait = False
         self.stats = {
@@ -226,57 +216,24 @@ class QueueState:
         self.host.events_added()
 
     def take_events(self) -> bytes | None:
-        """The events since the last call (the failed ones first, the at-most-once deliveries'
-        last: take_held), as one body, or None."""
-        if not self.events and not self.failed_events and not self.amo_events:
+        """The events since the last call (the failed ones first, `amo`'s last), or None."""
+        amo = self.amo.events
+        if not self.events and not self.failed_events and not amo:
             return None
-        body = bytes(self.failed_events + self.events + self.amo_events)
+        body = bytes(self.failed_events + self.events + amo)
         self.failed_events.clear()
         self.events.clear()
-        self.amo_events.clear()
+        amo.clear()
         return body
-
-    def take_held(self) -> list[Held] | None:
-        """The at-most-once deliveries whose entries end the body take_events just returned:
-        they go out when that body's commit is durable (durable_deliveries), or wait again
-        when it fails (events_failed)."""
-        if not self.held:
-            return None
-        held, self.held = self.held, []
-        return held
-
-    def durable_deliveries(self, held: list[Held]) -> list[Held]:
-        """The entries of these at-most-once deliveries are durable: the ones whose message is
-        still leased to its holder are to be sent now, in order (returned). A message
-        acknowledged by filter meanwhile, made done by another instance, given up to one, or
-        whose holder went away (remove_sub: it waits again) is not sent."""
-        out = []
-        leased, unsent = self.leased, self.unsent
-        for h in held:
-            pos = h[1]
-            lease = leased.get(pos)
-            if lease is None:
-                unsent.discard(pos)
-            elif lease.holder is h[0] and pos in unsent:
-                unsent.discard(pos)
-                out.append(h)
-        return out
 
     def events_failed(self, body: bytes, held: list[Held] | None = None) -> None:
         """A commit carrying `body` failed. The state in memory has moved on already (an acked
         message left its lease), so the events go out again with the next commit rather than
         being lost: else an ack whose commit failed strands its message until a restart.
-        Batches fail in the order they were built, so appending keeps the events in order.
-
-        Except the at-most-once deliveries of that commit (`held`, whose entries end `body`):
-        nothing of them was sent, so their messages wait again, first in line (the caller pumps
-        the queue later), and their entries are not written."""
+        Batches fail in the order they were built, so appending keeps the events in order;
+        but not the entries of `held`, at-most-once deliveries not sent (HeldDeliveries)."""
         if held:
-            body = body[: len(body) - ENTRY.size * len(held)]
-            for qs, pos, _ in held:
-                lease = self.leased.get(pos)
-                if lease is not None and lease.holder is qs and pos in self.unsent:
-                    self._take_back(pos)
+            body = self.amo.failed(body, held)
         if not body:
             return
         self.failed_events += body
@@ -312,8 +269,8 @@ class QueueState:
         (at-least-once) each message waits again, with its delivery counts."""
         self.subs.remove(qs)
         for p in sorted(p for p, lease in self.leased.items() if lease.holder is qs):
-            if not keep_counts and p in self.unsent:  # at-most-once, never sent: it waits again
-                self._take_back(p)
+            if not keep_counts and p in self.amo.unsent:  # at-most-once, unsent: waits again
+                self.amo.take_back(p)
                 continue
             lease = self.end_lease(p)
             if keep_counts and lease is not None:
@@ -335,19 +292,10 @@ class QueueState:
         """A barrier message waits until every leased message is done (forget wakes the pump)."""
         self.barrier_wait = True
 
-    def lease(
-        self,
-        qs: QueueSub,
-        pos: int,
-        bm: str,
-        ts: int,
-        deadline: float | None,
-        frame: tuple[bytes, bytes, bytes] = (b"", b"", b""),
-    ) -> None:
+    def lease(self, qs: QueueSub, pos: int, bm: str, ts: int, deadline: float | None) -> None:
         """The message at `pos` (out of its place already, received at `ts`) is leased to `qs`
         until `deadline` (monotonic), or delivered at most once (`deadline` None: the lease only
-        holds the consumer's backlog place until its ack, and `frame`, the delivery, is held
-        until its event is durable: take_held)."""
+        holds the consumer's backlog place until its ack; its event is `amo.hold`'s)."""
         counts = self.counts.pop(pos, None) or [0, 0]  # kept on the lease while it lasts
         counts[0] += 1
         if self.spec.expiration and deadline is not None and pos not in self.expiry:
@@ -360,11 +308,6 @@ class QueueState:
         self.by_bm[bm] = pos
         if deadline is None:
             self.leased[pos] = new_lease((qs, 0, bm, counts))
-            append_event(self.amo_events, QueueOp.DELIVERED_AT_MOST_ONCE, pos)
-            self.held.append((qs, pos, frame))
-            self.unsent.add(pos)
-            self.checkpoint_dirty = True
-            self.host.commit_soon()  # the delivery waits for this commit
             return
         self.gen += 1
         self.leased[pos] = new_lease((qs, self.gen, bm, counts))
@@ -465,22 +408,6 @@ class QueueState:
             self.by_bm.pop(lease.bm, None)
             lease.holder.outstanding -= 1
         return lease
-
-    def _take_back(self, pos: int) -> None:
-        """An at-most-once delivery that was never sent (its commit failed, its holder went
-        away): the message leaves its lease and waits again, first in line, as if that
-        delivery had not been made."""
-        self.unsent.discard(pos)
-        lease = self.end_lease(pos)
-        if lease is None:
-            return
-        counts = lease.delivery_counts()
-        counts[0] -= 1
-        if counts[0]:
-            self.counts[pos] = counts
-            self.stats["redelivered"] -= 1
-        self.stats["delivered"] -= 1
-        heapq.heappush(self.returned, pos)
 
     def waiting_or_leased(self) -> list[int]:
         """The positions of the messages that wait or are leased here."""

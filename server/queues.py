@@ -48,9 +48,10 @@ from . import frames
 from .fanout import Message
 from .pipeline import Batch, Publisher
 from .queue import Queue
+from .queue_held import Held
 from .queue_reader import QueueReader
 from .queue_repl import CatchUp, Failover, QueueReplication, message_origin, record_origin
-from .queue_state import Held, QueueState
+from .queue_state import QueueState
 from .queue_types import StoredMessage, now_us
 
 __all__ = ["Commits", "QueueManager"]
@@ -188,7 +189,7 @@ class QueueManager:
             body = st.take_events()
             if body is not None:
                 batch.data += encode_record(KIND_QUEUE_EVENT, 0, 0, 0, st.name_b, body)
-                deliveries = st.take_held()
+                deliveries = st.amo.take()
                 if deliveries is None:
                     taken.append((st, body))
                 else:
@@ -249,7 +250,7 @@ class QueueManager:
                 self.loop.call_later(RETRY_DELAY, q.pump)
             return
         for q, _, deliveries in held:
-            q.send_held(q.state.durable_deliveries(deliveries))
+            q.send_held(q.state.amo.durable(deliveries))
 
     def _checkpoint_due(self) -> None:
         self._checkpoint_timer = None

@@ -1,5 +1,5 @@
 """At-most-once deliveries wait for their DELIVERED_AT_MOST_ONCE event (server/queue_state.py
-`take_held`, server/queues.py `_events_committed`): nothing is sent before the event's commit
+server/queue_held.py, server/queues.py `_events_committed`): nothing is sent before the event's commit
 is durable; a commit that fails sends nothing and the messages wait again; a delivery whose
 holder went away, or whose message was acknowledged by filter, before that commit is not sent.
 The kill -9 side is tests/e2e/test_queue_at_most_once.py."""
@@ -43,7 +43,7 @@ async def test_a_failed_commit_sends_nothing_and_the_messages_wait_again(make_co
     io.armed = False
     assert io.failures == 1
     assert _ns(c.take()) == []  # nothing sent
-    assert not st.leased and not st.unsent and st.depth == 2
+    assert not st.leased and not st.amo.unsent and st.depth == 2
     assert st.stats["delivered"] == 0 and st.stats["redelivered"] == 0
     # offered again RETRY_DELAY later, once the journal's probe made it available again
     await core.until(lambda: core.journal.available, timeout=5)
@@ -64,14 +64,14 @@ async def test_a_holder_that_leaves_before_the_commit_gets_nothing_and_the_next_
     core, st = await _published(make_core, 2)
     c = core.client("c")
     c.send("subscribe", t="amo", sub_id="q", o="max_backlog=5")
-    assert len(st.held) == 2 and _ns(c.take()) == []  # held for their events' commit
+    assert len(st.amo.frames) == 2 and _ns(c.take()) == []  # held for their events' commit
     c.send("unsubscribe", sub_id="q")
     other = core.client("other")
     other.send("subscribe", t="amo", sub_id="q", o="max_backlog=5")
     await core.settle()
     assert _ns(c.take()) == []
     assert _ns(other.take()) == [1, 2]  # never sent to `c`: delivered once, to `other`
-    assert st.stats["delivered"] == 2 and st.depth == 0 and not st.unsent
+    assert st.stats["delivered"] == 2 and st.depth == 0 and not st.amo.unsent
 
 
 async def test_a_message_acknowledged_by_filter_before_the_commit_is_not_sent(make_core):
@@ -81,4 +81,4 @@ async def test_a_message_acknowledged_by_filter_before_the_commit_is_not_sent(ma
     c.send("sow_delete", t="amo", f="/n = 1", a="processed", cid="x")
     await core.settle()
     assert _ns(c.take()) == [2]
-    assert not st.unsent and len(st.leased) == 1
+    assert not st.amo.unsent and len(st.leased) == 1
