@@ -298,6 +298,14 @@ class Queue:
 
     def _deliver_barrier(self, rec: StoredMessage) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
+        if self.at_most_once:  # held until its events are durable, as a delivery is (_lease)
+            st = self.state
+            st.amo.hold_barrier(
+                position, [(qs, position, self._frame(qs.sub, rec)) for qs in st.subs]
+            )
+            st.stats["delivered"] += 1
+            st.forget(position)
+            return
         for qs in self.state.subs:
             self._send(qs.sub, topic_b, pub, seq, body, extra, b"", None)
         self.state.acked(position, delivered=True)

@@ -14,7 +14,8 @@ server/queues.py's `QueueManager` takes the entries into the batch being committ
 part of the queue's event record, so a failed commit can leave them out when it writes the
 other events again) and the frames into that batch's `after` callback. A message acknowledged
 by filter meanwhile, made done by another instance, or given up to one, is not sent; one whose
-holder went away waits again (QueueState.remove_sub).
+holder went away waits again (QueueState.remove_sub). A barrier message (server/queue.py) is
+held the same way, one entry per subscription it goes to, and sent to those still there.
 """
 
 from __future__ import annotations
@@ -40,28 +41,41 @@ class HeldState(Protocol):
     counts: dict[int, list[int]]
     stats: dict[str, int]
     checkpoint_dirty: bool
+    subs: list[QueueSub]
 
     def end_lease(self, pos: int) -> Lease | None: ...
     def requeue(self, position: int) -> None: ...
 
 
 class HeldDeliveries:
-    __slots__ = ("events", "frames", "state", "unsent")
+    __slots__ = ("barriers", "events", "frames", "state", "unsent")
 
     def __init__(self, state: HeldState) -> None:
         self.state = state
         self.events = bytearray()  # DELIVERED_AT_MOST_ONCE entries not taken into a commit yet
         self.frames: list[Held] = []  # their deliveries, in delivery order
         self.unsent: set[int] = set()  # positions of every delivery held, here or committing
+        self.barriers: set[int] = set()  # those of barrier messages (to every subscription)
 
     def hold(self, qs: QueueSub, pos: int, frame: tuple[bytes, bytes, bytes]) -> None:
         """The delivery of the message at `pos` (being leased to `qs`) waits for a commit,
         asked for at the end of this loop iteration."""
         append_event(self.events, QueueOp.DELIVERED_AT_MOST_ONCE, pos)
         self.frames.append((qs, pos, frame))
+        self._held(pos)
+
+    def _held(self, pos: int) -> None:
         self.unsent.add(pos)
         self.state.checkpoint_dirty = True
         self.state.host.commit_soon()
+
+    def hold_barrier(self, pos: int, frames: list[Held]) -> None:
+        """A barrier message's delivery to every subscription (`frames`) waits for a commit."""
+        for _ in frames:  # one entry a frame: a failed commit drops as many (failed)
+            append_event(self.events, QueueOp.DELIVERED_AT_MOST_ONCE, pos)
+        self.frames += frames
+        self.barriers.add(pos)
+        self._held(pos)
 
     def take(self) -> list[Held] | None:
         """The deliveries whose entries the queue's events body just taken ends with
@@ -78,12 +92,19 @@ class HeldDeliveries:
         leased, unsent = self.state.leased, self.unsent
         for h in held:
             pos = h[1]
+            if pos in self.barriers:  # sent to the subscriptions still there
+                if h[0] in self.state.subs:
+                    out.append(h)
+                unsent.discard(pos)
+                continue
             lease = leased.get(pos)
             if lease is None:
                 unsent.discard(pos)
             elif lease.holder is h[0] and pos in unsent:
                 unsent.discard(pos)
                 out.append(h)
+        if self.barriers:
+            self.barriers.difference_update(h[1] for h in held)
         return out
 
     def failed(self, body: bytes, held: list[Held]) -> bytes:
@@ -91,7 +112,14 @@ class HeldDeliveries:
         leased to their holder wait again (take_back); returns the body without those entries."""
         leased = self.state.leased
         for qs, pos, _ in held:
-            if pos in self.unsent and (lease := leased.get(pos)) is not None and lease.holder is qs:
+            if pos in self.barriers:  # waits again, first in line
+                self.barriers.discard(pos)
+                self.unsent.discard(pos)
+                self.state.stats["delivered"] -= 1
+                self.state.requeue(pos)
+            elif (
+                pos in self.unsent and (lease := leased.get(pos)) is not None and lease.holder is qs
+            ):
                 self.take_back(pos)
         return body[: len(body) - ENTRY.size * len(held)]
 

@@ -82,3 +82,40 @@ async def test_a_message_acknowledged_by_filter_before_the_commit_is_not_sent(ma
     await core.settle()
     assert _ns(c.take()) == [2]
     assert not st.amo.unsent and len(st.leased) == 1
+
+
+BARRIER = """<SOW>
+  <Queue><Name>amob</Name><UnderlyingTopic>b</UnderlyingTopic><Semantics>at-most-once</Semantics>
+         <BarrierExpression>/barrier = 1</BarrierExpression>
+         <MaxPerSubscriptionBacklog>10</MaxPerSubscriptionBacklog></Queue>
+</SOW>"""
+
+
+async def test_a_barrier_message_waits_for_its_events_too_and_a_failed_commit_sends_nothing(
+    make_core,
+):
+    io = FaultyIO(ops=["write"], errnos=[errno.EIO], count=1)
+    io.armed = False
+    core = make_core(BARRIER, io=io)
+    st = core.queues.get("amob").state
+    a, b = core.client("a"), core.client("b")
+    for c in (a, b):
+        c.send("subscribe", t="amob", sub_id="q", o="max_backlog=5")
+    pub = core.client("pub")
+    io.after, io.armed = io.seen + 1, True  # the message's write is made, the next fails
+    pub.send("publish", json.dumps({"n": 1, "barrier": 1}), t="b", s=1)
+    await core.settle()  # the message's commit, then that of its two held deliveries' entries
+    io.armed = False
+    assert io.failures == 1 and _ns(a.take()) == [] and _ns(b.take()) == []
+    assert st.depth == 1 and st.stats["delivered"] == 0 and not st.amo.barriers
+    got_a: list[int] = []
+    got_b: list[int] = []
+    for _ in range(100):
+        await asyncio.sleep(RETRY_DELAY)
+        await core.settle()
+        got_a += _ns(a.take())
+        got_b += _ns(b.take())
+        if got_a and got_b:
+            break
+    assert got_a == [1] and got_b == [1]  # once each, after its events were durable
+    assert st.depth == 0 and st.stats["delivered"] == 1 and not st.amo.unsent
