@@ -175,3 +175,36 @@ def test_kill9_loop_with_consumers_and_a_publisher_never_delivers_twice(tmp_path
     twice = sorted(i for i, n in collections.Counter(seen + last).items() if n > 1)
     assert not twice, f"{len(twice)} messages delivered twice, e.g. {twice[:5]}"
     assert all(per_round), f"a round delivered nothing: {per_round}"
+
+
+def test_a_sync_destination_that_is_down_holds_the_delivery_until_the_downgrade(tmp_path):
+    """tt-a replicates to tt-b in sync: an at-most-once delivery on tt-a waits for its event to
+    pass the sync gate like a `persisted` ack (so a sync peer taking over holds the event). With
+    tt-b down nothing is delivered; the admin's downgrade releases it. Before the fix it was
+    delivered at once."""
+    from tests.e2e.test_repl_sync import cli
+    from tests.e2e.test_replication_partition import dest_stats
+    from tests.support.cluster import Cluster, wait_until
+
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=True, topics=("amo", "amo-q"), extra=AMO,
+                 queue_owner_failover="30s").start()  # fmt: skip
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        for x, y in ((a, "tt-b"), (b, "tt-a")):
+            wait_until(lambda x=x, y=y: dest_stats(x, y).get("connected"), 20, f"link to {y}")
+        c = consumer(a.port, "sync-c")
+        pub = Raw(a.port)
+        pub.logon("sync-pub")
+        publish(pub, 1, 1)
+        assert deliveries(c, 20, until=1) == [1]  # both up (once tt-a's queues have synced)
+        b.kill()
+        wait_until(lambda: not dest_stats(a, "tt-b").get("connected"), 20, "tt-b gone")
+        publish(pub, 2, 2)
+        held = deliveries(c, 1.5)
+        done = cli(a, "downgrade", "tt-b")
+        assert done.returncode == 0, done.stderr
+        released = deliveries(c, 10, until=1)
+    finally:
+        cl.close()
+    assert held == [], "delivered before its event passed the sync gate"
+    assert released == [2]
