@@ -8,7 +8,7 @@ frame built already, with its event entry:
 
     held (entry and frame here) --take: into a commit--> committing
     committing --durable (after the sync gate)--> sent, if still leased to its holder
-    committing --failed--> not sent: the message waits again (QueueState._take_back)
+    committing --failed--> not sent: the message waits again (take_back)
 
 server/queues.py's `QueueManager` takes the entries into the batch being committed (the last
 part of the queue's event record, so a failed commit can leave them out when it writes the

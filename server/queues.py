@@ -267,7 +267,7 @@ class QueueManager:
 
     def commit_soon(self) -> None:
         """Commit the queues' events at the end of this loop iteration: an at-most-once
-        delivery waits for its event's commit (QueueState.take_held), so not EVENT_FLUSH_DELAY
+        delivery waits for its event's commit (server/queue_held.py), so not EVENT_FLUSH_DELAY
         more."""
         if not self.loading:
             self.commits.schedule()
