@@ -303,7 +303,6 @@ class Queue:
             st.amo.hold_barrier(
                 position, [(qs, position, self._frame(qs.sub, rec)) for qs in st.subs]
             )
-            st.stats["delivered"] += 1
             st.forget(position)
             return
         for qs in self.state.subs:

@@ -75,6 +75,7 @@ class HeldDeliveries:
             append_event(self.events, QueueOp.DELIVERED_AT_MOST_ONCE, pos)
         self.frames += frames
         self.barriers.add(pos)
+        self.state.stats["delivered"] += 1  # once, as at-least-once counts a barrier
         self._held(pos)
 
     def take(self) -> list[Held] | None:
