@@ -15,6 +15,11 @@ failures in all, 0 = unlimited, default 1). `fsync` covers fdatasync and the dir
 checked in that order, so a spec meets it exactly where it met the write + fdatasync it replaces.
 `extend` (zero-filling the active segment's runway, writer.py) is eligible only when named in
 `ops`: it is not in the default, so a spec written before the runway fails the same operations.
+
+`delay` (seconds, default 0: fail) makes a chosen operation wait that long and then succeed
+instead of failing: a commit held on purpose, for the tests of what must wait until something
+is durable (an at-most-once queue delivery waits for its event, tests/e2e/test_queues.py), e.g.
+`ops=write;delay=1.5;count=0` holds every journal write 1.5 s before it is made.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import errno as errno_mod
 import os
 import random
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -90,7 +96,8 @@ class FileIO:
 
 class FaultyIO(FileIO):
     """FileIO that fails eligible operations (see the module doc). Thread-safe; `failures`
-    counts the errors raised, `armed` turns injection off and on (tests)."""
+    counts the errors raised (with `delay`, the operations held), `armed` turns injection off
+    and on (tests)."""
 
     def __init__(
         self,
@@ -100,8 +107,10 @@ class FaultyIO(FileIO):
         after: int = 0,
         count: int = 1,
         seed: int = 0,
+        delay: float = 0.0,
     ):
         self.ops = frozenset(ops)
+        self.delay = delay  # > 0: a chosen operation waits this long, then runs (no error)
         self.errnos = tuple(errnos)
         self.p = p
         self.after = after
@@ -122,6 +131,10 @@ class FaultyIO(FileIO):
             try:
                 if key == "seed":
                     kw["seed"] = int(val)
+                elif key == "delay":
+                    kw["delay"] = float(val)
+                    if not 0.0 <= kw["delay"] <= 600.0:
+                        raise FaultSpecError(spec, "delay is seconds, between 0 and 600")
                 elif key == "p":
                     kw["p"] = float(val)
                     if not 0.0 <= kw["p"] <= 1.0:
@@ -149,7 +162,7 @@ class FaultyIO(FileIO):
                     kw["errnos"] = [getattr(errno_mod, n) for n in names]
                 else:
                     raise FaultSpecError(
-                        spec, f"unknown key {key!r} (seed, p, ops, errno, after, count)"
+                        spec, f"unknown key {key!r} (seed, p, ops, errno, after, count, delay)"
                     )
             except ValueError as exc:
                 if isinstance(exc, FaultSpecError):
@@ -168,6 +181,9 @@ class FaultyIO(FileIO):
                 return
             self.failures += 1
             code = self.rng.choice(self.errnos)
+        if self.delay:
+            time.sleep(self.delay)  # held, not failed (outside the lock: others go on)
+            return
         raise OSError(code, f"{os.strerror(code)} (injected into {op})")
 
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:

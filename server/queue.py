@@ -13,7 +13,12 @@ Message states:
        +---- lease ends, cancel, holder disconnects (back at the front, redelivered first)
     waiting --expiration, max deliveries, max cancels--> done (to the dead-letter topic)
 
-At-most-once: delivered is done; the consumer's ack only frees its backlog.
+At-most-once: delivered is done; the consumer's ack only frees its backlog. A delivery is sent
+only once its DELIVERED_AT_MOST_ONCE event is durable (and past the sync replication gate, like a
+publish's `persisted` ack): the state holds its frame until the commit of that event
+(server/queue_held.py), so a crash before that commit never lets the message
+out, and the restarted instance (or a peer taking over) delivers it once. The cost is one group
+commit of latency. A commit that fails sends nothing: the messages wait again, first in line.
 
 Durability: every state change that must survive a restart is a queue *event*, written to the
 journal in the same group commit as publishes, as one record per queue per batch; the event
@@ -51,6 +56,7 @@ from .fanout import Message
 from .frames import STORED, pack_len
 from .matching import Body, Predicate, body_matches
 from .outbox import Outbox
+from .queue_held import Held
 from .queue_state import QueueHost, QueueState
 from .queue_types import QueueSub, StoredMessage, now_us
 from .subscriptions import Subscription, SubscriptionOwner
@@ -292,6 +298,13 @@ class Queue:
 
     def _deliver_barrier(self, rec: StoredMessage) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
+        if self.at_most_once:  # held until its events are durable, as a delivery is (_lease)
+            st = self.state
+            st.amo.hold_barrier(
+                position, [(qs, position, self._frame(qs.sub, rec)) for qs in st.subs]
+            )
+            st.forget(position)
+            return
         for qs in self.state.subs:
             self._send(qs.sub, topic_b, pub, seq, body, extra, b"", None)
         self.state.acked(position, delivered=True)
@@ -299,15 +312,31 @@ class Queue:
     def _lease(self, qs: QueueSub, rec: StoredMessage, touched: set[Outbox] | None) -> None:
         position, pub, seq, ts, topic_b, body, extra = rec
         bm = format_bookmark(pub, seq)
-        if self.at_most_once:
+        if self.at_most_once:  # held until its event is durable (send_held)
+            self.state.amo.hold(qs, position, self._frame(qs.sub, rec))
             self.state.lease(qs, position, bm, ts, None)
-            lp = b""
-        else:
-            deadline = time.monotonic() + self.lease_period
-            self.state.lease(qs, position, bm, ts, deadline)
-            self.host.arm(deadline)
-            lp = self._lease_end_part()
-        self._send(qs.sub, topic_b, pub, seq, body, extra, lp, touched)
+            return
+        deadline = time.monotonic() + self.lease_period
+        self.state.lease(qs, position, bm, ts, deadline)
+        self.host.arm(deadline)
+        self._send(qs.sub, topic_b, pub, seq, body, extra, self._lease_end_part(), touched)
+
+    def _frame(self, sub: Subscription, rec: StoredMessage) -> tuple[bytes, bytes, bytes]:
+        """An at-most-once delivery's frame (no `lp`): length prefix, header, body."""
+        _, pub, seq, _, topic_b, body, extra = rec
+        hdr = STORED % (sub.prefix, frames.topic_member(topic_b), extra or b"", pub, seq, b"")
+        return pack_len(len(hdr) + len(body)), hdr, body
+
+    def send_held(self, held: list[Held]) -> None:
+        """At-most-once deliveries whose events are durable (HeldDeliveries.durable)."""
+        touched: set[Outbox] = set()
+        for qs, _, frame in held:
+            out = qs.sub.out
+            out.buf += frame
+            out.sent += 1
+            touched.add(out)
+        for out in touched:
+            out.flush()
 
     def _send(
         self,

@@ -3,8 +3,9 @@
 server/queue.py's `Queue` delivers and takes acknowledgements; it holds one of these as its
 `state`, and so does replication (server/queue_repl.py). The state diagram is in
 server/queue.py. This part keeps the bookkeeping: the waiting arrays, leases and their heap,
-delivery counts, expirations, the queue's pending events (journal/queue_events.py), and the
-ways a message leaves a lease (returned, expired, forgotten). Its invariants (a lease is in
+delivery counts, expirations, the queue's pending events (journal/queue_events.py; `amo`
+holds at-most-once deliveries), and the ways a message leaves a lease (returned, expired,
+forgotten). Its invariants (a lease is in
 `leased` and `by_bm` and counted in its holder's `outstanding`; a message waits in one place)
 are kept by its named operations, which the Queue and replication call.
 
@@ -29,6 +30,7 @@ from protocol.patterns import compile_pattern
 
 from .ids import publisher_id
 from .matching import body_matches
+from .queue_held import Held, HeldDeliveries
 from .queue_types import (
     Lease,
     QueueSub,
@@ -55,6 +57,7 @@ class QueueHost(Protocol):
     paused: bool
 
     def events_added(self) -> None: ...
+    def commit_soon(self) -> None: ...
     def arm(self, deadline: float) -> None: ...
     def call_soon(self, fn: Callable[[], object]) -> None: ...
     def read(self, position: int) -> StoredMessage | None: ...
@@ -94,6 +97,7 @@ class QueueState:
         self.gen = 0
         self.events = bytearray()
         self.failed_events = bytearray()  # events of commits that failed, to be written again
+        self.amo = HeldDeliveries(self)  # at-most-once deliveries, until their event is durable
         self.parked: collections.deque[int] = collections.deque()  # no subscription's filter
         self.barrier_wait = False
         self.stats = {
@@ -212,19 +216,26 @@ class QueueState:
         self.host.events_added()
 
     def take_events(self) -> bytes | None:
-        """The events since the last call (the failed ones first), as one body, or None."""
-        if not self.events and not self.failed_events:
+        """The events since the last call (the failed ones first, `amo`'s last), or None."""
+        amo = self.amo.events
+        if not self.events and not self.failed_events and not amo:
             return None
-        body = bytes(self.failed_events + self.events)
+        body = bytes(self.failed_events + self.events + amo)
         self.failed_events.clear()
         self.events.clear()
+        amo.clear()
         return body
 
-    def events_failed(self, body: bytes) -> None:
+    def events_failed(self, body: bytes, held: list[Held] | None = None) -> None:
         """A commit carrying `body` failed. The state in memory has moved on already (an acked
         message left its lease), so the events go out again with the next commit rather than
         being lost: else an ack whose commit failed strands its message until a restart.
-        Batches fail in the order they were built, so appending keeps the events in order."""
+        Batches fail in the order they were built, so appending keeps the events in order;
+        but not the entries of `held`, at-most-once deliveries not sent (HeldDeliveries)."""
+        if held:
+            body = self.amo.failed(body, held)
+        if not body:
+            return
         self.failed_events += body
         self.checkpoint_dirty = True
         self.host.events_added()
@@ -258,6 +269,9 @@ class QueueState:
         (at-least-once) each message waits again, with its delivery counts."""
         self.subs.remove(qs)
         for p in sorted(p for p, lease in self.leased.items() if lease.holder is qs):
+            if not keep_counts and p in self.amo.unsent:  # at-most-once, unsent: waits again
+                self.amo.take_back(p)
+                continue
             lease = self.end_lease(p)
             if keep_counts and lease is not None:
                 self.counts[p] = lease.delivery_counts()
@@ -281,7 +295,7 @@ class QueueState:
     def lease(self, qs: QueueSub, pos: int, bm: str, ts: int, deadline: float | None) -> None:
         """The message at `pos` (out of its place already, received at `ts`) is leased to `qs`
         until `deadline` (monotonic), or delivered at most once (`deadline` None: the lease only
-        holds the consumer's backlog place until its ack)."""
+        holds the consumer's backlog place until its ack; its event is `amo.hold`'s)."""
         counts = self.counts.pop(pos, None) or [0, 0]  # kept on the lease while it lasts
         counts[0] += 1
         if self.spec.expiration and deadline is not None and pos not in self.expiry:
@@ -293,7 +307,6 @@ class QueueState:
         qs.outstanding += 1
         self.by_bm[bm] = pos
         if deadline is None:
-            self.event(QueueOp.DELIVERED_AT_MOST_ONCE, pos)
             self.leased[pos] = new_lease((qs, 0, bm, counts))
             return
         self.gen += 1

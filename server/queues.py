@@ -48,6 +48,7 @@ from . import frames
 from .fanout import Message
 from .pipeline import Batch, Publisher
 from .queue import Queue
+from .queue_held import Held
 from .queue_reader import QueueReader
 from .queue_repl import CatchUp, Failover, QueueReplication, message_origin, record_origin
 from .queue_state import QueueState
@@ -58,6 +59,10 @@ __all__ = ["Commits", "QueueManager"]
 log = logging.getLogger("tickertape.queues")
 
 EVENT_FLUSH_DELAY = 0.005
+# after a commit of at-most-once deliveries failed, their messages are offered again this much
+# later: a journal that is unavailable fails every commit at once until its probe succeeds
+# (journal/writer.py), and an immediate retry would spin
+RETRY_DELAY = 0.1
 
 
 class Commits(Protocol):
@@ -78,12 +83,6 @@ class Commits(Protocol):
         hdr: bytes = b"",
         exp: Any = None,
     ) -> tuple[int, int]: ...
-
-
-def _events_committed(taken: list[tuple[QueueState, bytes]], err: BaseException | None) -> None:
-    if err is not None:
-        for q, body in taken:
-            q.events_failed(body)
 
 
 class QueueManager:
@@ -192,11 +191,16 @@ class QueueManager:
 
     def before_flush(self, batch: Batch) -> None:
         taken = []
+        held = []
         for st in self.states:
             body = st.take_events()
             if body is not None:
                 batch.data += encode_record(KIND_QUEUE_EVENT, 0, 0, 0, st.name_b, body)
-                taken.append((st, body))
+                deliveries = st.amo.take()
+                if deliveries is None:
+                    taken.append((st, body))
+                else:
+                    held.append((self.queues[st.name], body, deliveries))
         if self._repl_out:
             for (st, origin, group), rbody in self._repl_out.items():
                 # the origin block says where they happened: the sender's loop prevention and
@@ -207,8 +211,8 @@ class QueueManager:
                 )
                 taken.append((st, bytes(rbody)))
             self._repl_out = {}
-        if taken:
-            batch.after.append(partial(_events_committed, taken))
+        if taken or held:
+            batch.after.append(partial(self._events_committed, taken, held))
         now = time.monotonic()
         if self.queues and now - self._last_checkpoint < 1.0:
             # not now: a commit at most a second from now carries it, even on a quiet server
@@ -234,6 +238,27 @@ class QueueManager:
             if meta:
                 batch.meta = meta
 
+    def _events_committed(
+        self,
+        taken: list[tuple[QueueState, bytes]],
+        held: list[tuple[Queue, bytes, list[Held]]],
+        err: BaseException | None,
+    ) -> None:
+        """The commit of the queues' events (`taken`, and `held`: those that end with
+        at-most-once deliveries) is done: the deliveries go out now that their events are
+        durable (and past the sync gate, which holds this callback like a `persisted` ack). A
+        failure writes the events again with the next commit, and puts the messages of the
+        deliveries back, unsent, to be offered again RETRY_DELAY later."""
+        if err is not None:
+            for st, body in taken:
+                st.events_failed(body)
+            for q, body, deliveries in held:
+                q.state.events_failed(body, deliveries)
+                self.loop.call_later(RETRY_DELAY, q.pump)
+            return
+        for q, _, deliveries in held:
+            q.send_held(q.state.amo.durable(deliveries))
+
     def _checkpoint_due(self) -> None:
         self._checkpoint_timer = None
         self.commits.schedule()
@@ -246,6 +271,13 @@ class QueueManager:
         """
         if self._event_timer is None and not self.loading:
             self._event_timer = self.loop.call_later(EVENT_FLUSH_DELAY, self._flush_events)
+
+    def commit_soon(self) -> None:
+        """Commit the queues' events at the end of this loop iteration: an at-most-once
+        delivery waits for its event's commit (server/queue_held.py), so not EVENT_FLUSH_DELAY
+        more."""
+        if not self.loading:
+            self.commits.schedule()
 
     def _flush_events(self) -> None:
         self._event_timer = None

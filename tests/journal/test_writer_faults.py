@@ -315,6 +315,7 @@ def test_fault_spec_parses():
         ("colour=red", "unknown key"),
         ("seed", "not key=value"),
         ("p=x", "not a number"),
+        ("delay=-1", "seconds"),
     ],
 )
 def test_fault_spec_errors_say_what_is_wrong(spec, why):
@@ -334,6 +335,21 @@ def test_faulty_io_fails_after_and_at_most_count(tmp_path):
             results.append(errno.errorcode[exc.errno])
     os.close(fd)
     assert results == ["ok", "ok", "EIO", "EIO", "ok", "ok"]
+
+
+def test_faulty_io_with_a_delay_holds_the_operation_then_makes_it(tmp_path):
+    """`delay`: the chosen operation waits, then is made (no error): a commit held on purpose."""
+    io = FaultyIO.from_spec("ops=write;delay=0.2;after=1;count=1")
+    assert io.delay == 0.2
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    took = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        assert io.write(fd, b"a") == 1
+        took.append(time.monotonic() - t0)
+    os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"aaa"
+    assert took[1] >= 0.2 and took[0] < 0.1 and took[2] < 0.1 and io.failures == 1
 
 
 def test_an_inline_commit_that_fails_makes_the_journal_unavailable(tmp_path):

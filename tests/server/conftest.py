@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -30,8 +31,10 @@ async def make_core(tmp_path):
     """Core with extra configuration (queues); closed at the end of the test."""
     made: list[Core] = []
 
-    def make(extra: str = "", sub: str = "a", topics: tuple[str, ...] = (".*",)) -> Core:
-        c = Core(tmp_path / sub, asyncio.get_running_loop(), extra, topics)
+    def make(
+        extra: str = "", sub: str = "a", topics: tuple[str, ...] = (".*",), io: Any = None
+    ) -> Core:
+        c = Core(tmp_path / sub, asyncio.get_running_loop(), extra, topics, io)
         made.append(c)
         return c
 

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from config.loader import load_config_text
+from journal.fileio import FileIO
 from journal.journal import Journal
 from protocol.headers import Header
 from server.core import build_core
@@ -135,8 +136,10 @@ class Core:
         loop: asyncio.AbstractEventLoop,
         extra: str = "",
         topics: tuple[str, ...] = (".*",),
+        io: FileIO | None = None,
     ) -> None:
-        """`topics`: the <TransactionLog> topic patterns (every topic is recorded by default)."""
+        """`topics`: the <TransactionLog> topic patterns (every topic is recorded by default);
+        `io`: the journal's file operations (a FaultyIO fails or holds them)."""
         self.config = load_config_text(
             make_config(str(tmp_path), admin=False, extra=extra, topics=topics)
         )
@@ -144,7 +147,7 @@ class Core:
         assert tl is not None
         self.loop = loop
         self.closed = False
-        self.journal = Journal(tl.journal_directory, durability="write")
+        self.journal = Journal(tl.journal_directory, durability="write", io=io)
         self.backlog: list[bool] = []
         self.readers = ThreadPoolExecutor(2, thread_name_prefix="test-reader")
         self.core = build_core(
