@@ -10,10 +10,8 @@
      or stalled, or up to `GRACE` seconds after it healed (a partition: both sides own);
    - on another instance after the instance of the acknowledgement (or first delivery) was
      killed within `GRACE` seconds after it (the event may not have replicated; a delivery
-     read up to 0.5 s after the kill was on its way before it);
-   - an at-most-once message delivered again by the instance of its first delivery, killed as
-     above: the delivery is sent before its event commits, so the kill can lose the event (the
-     commit in flight) and the restarted instance delivers it again, as a taker would.
+     read up to 0.5 s after the kill was on its way before it). The instance itself, restarted,
+     never: an at-most-once delivery leaves only once its event is durable there.
 3. The HA subscriber got every acknowledged message, and none twice.
 4. Entitlements: a desk user (alice, bob) was never handed a message of the other desk, live,
    replayed or from a queue, and alice's sow_delete by filter of desk B's queue messages
@@ -144,19 +142,14 @@ def check_stored(
     return stats, out
 
 
-def _excused(
-    windows: list[dict], first: tuple[float, str], again: tuple[float, str], amo: bool = False
-) -> str:
-    """Why docs/replication.md allows `again` after `first` ("" if it does not). `amo`: an
-    at-most-once delivery, whose event commits after it is sent, so an owner killed with it in
-    flight may deliver it again itself once restarted, as a taker would."""
+def _excused(windows: list[dict], first: tuple[float, str], again: tuple[float, str]) -> str:
+    """Why docs/replication.md allows `again` after `first` ("" if it does not)."""
     (t1, i1), (t2, i2) = first, again
-    same = i1 == i2
-    if same and not amo:
+    if i1 == i2:
         return ""
     for w in windows:
         cut = w["kind"] in ("drop", "stall") and w["start"] <= t2 and w["end"] + GRACE >= t1
-        if cut and not same:
+        if cut:
             return "partition"
         # (a delivery read just after the kill was on its way before it)
         if w["kind"] == "kill" and w["target"] == i1 and t1 - 0.5 <= w["start"] <= t1 + GRACE:
@@ -186,7 +179,7 @@ def check_queues(ledger: Ledger, windows: list[dict]) -> tuple[dict, list[str]]:
             what = "an at-most-once message delivered twice"
         else:
             continue
-        if _excused(windows, prior, (t, inst), q == AMO_QUEUE):
+        if _excused(windows, prior, (t, inst)):
             excused += 1
             continue
         again += 1
