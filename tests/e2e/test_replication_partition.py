@@ -89,7 +89,8 @@ def test_sync_destination_down_holds_acks_and_admin_downgrade_releases_them(tmp_
         c.sock.settimeout(10)
         assert c.ack("persisted", timeout=10)["s"] == 1
         assert dest_stats(a, "tt-b")["mode"] == "downgraded"
-        assert any("downgrad" in line for line in a.lines)
+        # the log line is read by the process's reader thread: wait for it, do not race it
+        wait_until(lambda: any("downgrad" in line for line in a.lines), 10, "the downgrade logged")
         # downgraded acts as async: the next publish is acked at once
         c.send({"c": "publish", "t": "orders", "s": 2, "a": "persisted"}, "{}")
         assert c.ack("persisted", timeout=5)["s"] == 2
