@@ -19,8 +19,11 @@ from config.loader import load_config_text
 from journal.fileio import FileIO
 from journal.journal import Journal
 from protocol.headers import Header
+from server.admission import Admission
+from server.connection import ConnectionEnv, Connections
 from server.core import build_core
 from server.guard import build_guard
+from server.intake import Intake
 from server.outbox import Outbox
 from server.pipeline_check import CommitChecks
 from server.session import Session
@@ -221,3 +224,23 @@ class Core:
         self.queues.stop()
         self.journal.close()
         self.readers.shutdown(wait=True, cancel_futures=True)
+
+
+def connection_env(core: Any, **over: Any) -> ConnectionEnv:
+    """A ConnectionEnv over `core`'s counters and services with its config's limits, as
+    server/app.py builds one (`over`: fields to set otherwise)."""
+    limits = core.config.limits
+    intake = Intake(limits)
+    fields: dict[str, Any] = dict(
+        registry=Connections(),
+        intake=intake,
+        counters=core.counters,
+        services=core.services,
+        max_logon_message_size=limits.max_logon_message_size,
+        max_client_buffer=limits.client_max_buffer_size,
+        offline_threshold=limits.offline_threshold,
+        input_seen=lambda now: None,
+        admission=Admission(limits, intake.counts),
+    )
+    fields.update(over)
+    return ConnectionEnv(**fields)

@@ -13,10 +13,8 @@ import tracemalloc
 from collections.abc import Callable
 
 from protocol.headers import Header
-from server.admission import Admission
-from server.connection import Connection, ConnectionEnv, Connections
-from server.intake import Intake
-from tests.server.core_harness import FakeTransport
+from server.connection import Connection
+from tests.server.core_harness import FakeTransport, connection_env
 
 N = 1000
 # Measured when written (Python 3.11, asyncio): a logged-on connection 2.2 KB (3.0 KB with an
@@ -39,19 +37,7 @@ def _bytes_per(n: int, make: Callable[[], object]) -> float:
 
 
 def _connections(core, n: int) -> list[Connection]:
-    limits = core.config.limits
-    intake = Intake(limits)
-    env = ConnectionEnv(
-        registry=Connections(),
-        intake=intake,
-        counters=core.counters,
-        services=core.services,
-        max_logon_message_size=limits.max_logon_message_size,
-        max_client_buffer=limits.client_max_buffer_size,
-        offline_threshold=limits.offline_threshold,
-        input_seen=lambda now: None,
-        admission=Admission(limits, intake.counts),
-    )
+    env = connection_env(core)
     conns = []
     for i in range(n):
         conn = Connection(env, "json-tcp", 1 << 20)

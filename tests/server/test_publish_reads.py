@@ -9,11 +9,9 @@ from __future__ import annotations
 import gc
 import struct
 
-from server.admission import Admission
-from server.connection import PUBLISH_BACKLOG, Connection, ConnectionEnv, Connections
-from server.intake import Intake
+from server.connection import PUBLISH_BACKLOG, Connection
 from server.pipeline_batch import Batch
-from tests.server.core_harness import FakeTransport
+from tests.server.core_harness import FakeTransport, connection_env
 
 
 class Transport(FakeTransport):
@@ -45,20 +43,7 @@ def _publishes(first: int, count: int) -> bytes:
 
 
 def _publisher(core, limit: int = 4 * 1024 * 1024) -> tuple[Connection, Transport]:
-    limits = core.config.limits
-    intake = Intake(limits)
-    env = ConnectionEnv(
-        registry=Connections(),
-        intake=intake,
-        counters=core.counters,
-        services=core.services,
-        max_logon_message_size=limits.max_logon_message_size,
-        max_client_buffer=limits.client_max_buffer_size,
-        offline_threshold=limits.offline_threshold,
-        input_seen=lambda now: None,
-        admission=Admission(limits, intake.counts),
-        max_publish_inflight=limit,
-    )
+    env = connection_env(core, max_publish_inflight=limit)
     conn = Connection(env, "json-tcp", 1 << 20)
     transport = Transport()
     conn.connection_made(transport)
