@@ -66,7 +66,10 @@ class Link:
             if now - self.last_recv > DEAD_AFTER:
                 self.end(f"silent for {DEAD_AFTER:.0f}s")
             elif now - self.last_send >= HEARTBEAT_IDLE:
-                self.send(_HEARTBEAT)
+                self.heartbeat()
+
+    def heartbeat(self) -> None:
+        self.send(_HEARTBEAT)
 
     def send(self, data: bytes) -> None:
         """LinkClosed on a link already ended. A transport that closed under the link (the

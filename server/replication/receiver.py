@@ -26,7 +26,9 @@ second of silence) says so only for a source that names no end (an older version
 write is silence too. `catch_up`, which also hears which journal of this instance each source
 last saw (a replaced journal catches up before serving clients), hears each heartbeat. While
 a link's logon is checked (a password check can take seconds on a loaded machine), the queues
-count its source as linking; heartbeats start only once the logon is answered.
+count its source as linking; a check that runs past `CHECK_QUIET` sends heartbeats, so that the
+source, which gives a silent destination `DEAD_AFTER`, waits for the answer; the link's own
+heartbeats start once the logon is answered.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ from ..pipeline import Pipeline
 from ..security.authenticator import Identity
 from . import REPL_FROM, U64
 from .identity import REPL_JID
-from .link import DEAD_AFTER, Link, LinkClosed
+from .link import DEAD_AFTER, HEARTBEAT_IDLE, Link, LinkClosed
+
+CHECK_QUIET = 3.0  # seconds into a logon check before heartbeats tell the source it goes on
 
 log = logging.getLogger("tickertape.replication")
 _JID = re.compile(r"[0-9a-f]{32}")
@@ -236,11 +240,23 @@ class Receiver:
         catch-up of it that gave up then would deliver what it acknowledged."""
         if self.queues is not None:
             self.queues.source_logon(h.name, True)
+        beats = asyncio.get_running_loop().create_task(self._beat_while_checking(link))
         try:
             return await self._check_logon(h, link)
         finally:
+            beats.cancel()
             if self.queues is not None:
                 self.queues.source_logon(h.name, False)
+
+    @staticmethod
+    async def _beat_while_checking(link: Link) -> None:
+        """Heartbeats from `CHECK_QUIET` into a logon check on: the source waits for the answer
+        and takes `DEAD_AFTER` of silence for a dead destination. A quick check sends none (a
+        source older than these heartbeats would take one for the answer)."""
+        await asyncio.sleep(CHECK_QUIET)
+        while not link.closed:
+            link.heartbeat()
+            await asyncio.sleep(HEARTBEAT_IDLE)
 
     async def _check_logon(self, h: ReplLogon, link: Link) -> str | None:
         if h.v != LINK_VERSION:

@@ -67,6 +67,10 @@ from .handoff import Handoffs
 from .identity import REPL_PEER, pack_peer, unpack_peer
 from .link import DEAD_AFTER, Link, LinkClosed
 
+# a logon's answer may take this long in all while the destination's heartbeats say it is
+# checking it; a silent destination is given up after DEAD_AFTER, as on a running link
+LOGON_ANSWER_MAX = 60.0
+
 log = logging.getLogger("tickertape.replication")
 
 MAX_UNACKED = 8 * 1024 * 1024  # journal bytes sent and not yet acknowledged, per destination
@@ -331,7 +335,7 @@ class Sender:
                 self.journal.end_position,  # the destination is synced once it has all below
             )
         )
-        frames = await asyncio.wait_for(self._answer(link), DEAD_AFTER)
+        frames = await self._answer(link)
         h = frames[0][0]
         if not isinstance(h, ReplAck) or h.status is None:
             raise LinkClosed(f"expected the logon's repl_ack, got {type(h).__name__}")
@@ -362,10 +366,17 @@ class Sender:
 
     @staticmethod
     async def _answer(link: Link) -> list[LinkFrame]:
-        """The frames from the logon's answer on: the heartbeats a destination sends while it
-        checks the logon (an older one starts them at once) are passed over."""
+        """The frames from the logon's answer on. A destination whose logon check runs long (a
+        loaded machine, its checks queued behind client logons, a back-off) sends heartbeats
+        meanwhile; they are passed over, and the wait ends only after `DEAD_AFTER` of silence,
+        as a link's does, or `LOGON_ANSWER_MAX` in all (TimeoutError)."""
+        give_up = time.monotonic() + LOGON_ANSWER_MAX
         while True:
-            frames = [f for f in await link.read_frames() if not isinstance(f[0], Heartbeat)]
+            left = min(DEAD_AFTER, give_up - time.monotonic())
+            if left <= 0:
+                raise TimeoutError(f"no logon answer within {LOGON_ANSWER_MAX:.0f}s")
+            got = await asyncio.wait_for(link.read_frames(), left)
+            frames = [f for f in got if not isinstance(f[0], Heartbeat)]
             if frames:
                 return frames
 

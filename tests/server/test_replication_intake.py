@@ -6,15 +6,30 @@ synced; and the sender's wait for its logon's answer."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from config.model import (
+    Entitlement,
+    ReplicationAddress,
+    ReplicationDestination,
+    Rights,
+    Role,
+    TopicSpec,
+)
+from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 from protocol.replication import Heartbeat, ReplAck, ReplBatch, encode_ack
 from server.guard import Guard
+from server.replication import MemoryAckSink
+from server.replication import receiver as receiver_mod
+from server.replication import sender as sender_mod
 from server.replication.link import LinkClosed
 from server.replication.receiver import Receiver
 from server.replication.sender import Sender
+from server.security.authenticator import Identity, LogonChecker
+from server.security.entitlements import Entitlements
 from tests.server.test_pipeline_engine import make_pipeline
 
 
@@ -180,3 +195,83 @@ async def test_a_sender_passes_over_heartbeats_until_its_logon_is_answered():
     ack = ReplAck(status="success", pos=7)
     link = FakeLink(then=[[(Heartbeat(), b"")], [(Heartbeat(), b""), (ack, b"")]])
     assert await Sender._answer(link) == [(ack, b"")]  # type: ignore[arg-type]
+
+
+async def test_a_sender_gives_up_a_silent_destination_and_one_that_never_answers(monkeypatch):
+    """The wait for the logon's answer is bounded twice: DEAD_AFTER of silence, as on a running
+    link, and LOGON_ANSWER_MAX in all for a destination that only ever sends heartbeats."""
+    monkeypatch.setattr(sender_mod, "DEAD_AFTER", 0.2)
+    monkeypatch.setattr(sender_mod, "LOGON_ANSWER_MAX", 1.0)
+
+    class Silent(FakeLink):
+        async def read_frames(self):
+            await asyncio.sleep(10)
+
+    class Beating(FakeLink):
+        async def read_frames(self):
+            await asyncio.sleep(0.05)
+            return [(Heartbeat(), b"")]
+
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await Sender._answer(Silent())  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 0.9
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await Sender._answer(Beating())  # type: ignore[arg-type]
+    assert 0.9 < time.monotonic() - t0 < 5
+
+
+class SlowPasswords:
+    """A password store whose check takes CHECK_TAKES (on the checker's worker thread, as
+    scrypt does): a loaded machine, or checks queued behind client logons."""
+
+    def authenticate(self, user, password, cert):
+        time.sleep(CHECK_TAKES)
+        return Identity(user or "repl", "password")
+
+
+CHECK_TAKES = 2.5
+
+
+async def test_a_link_whose_logon_check_outlasts_the_silence_bound_comes_up(tmp_path, monkeypatch):
+    """Issue 23 (seams campaign): a logon check longer than the 5 s a source gave a silent
+    destination never brought the link up (each try was given up, and checked again). Scaled
+    down here: the silence bound 1 s, the check 2.5 s; the destination's heartbeats during the
+    check keep the source waiting, and the link comes up at the first try."""
+    monkeypatch.setattr(sender_mod, "DEAD_AFTER", 1.0)
+    monkeypatch.setattr(receiver_mod, "CHECK_QUIET", 0.3)
+    monkeypatch.setattr(receiver_mod, "HEARTBEAT_IDLE", 0.2)
+    ja = Journal(str(tmp_path / "a"), durability="write")
+    jb = Journal(str(tmp_path / "b"), durability="write")
+    checker = LogonChecker(SlowPasswords(), workers=1)  # type: ignore[arg-type]
+    admins = Entitlement(roles=(Role(name="repl", users=("repl",), allow=Rights(admin=True)),))
+    guard = Guard(checker=checker, entitlements=Entitlements(admins))
+    receiver = Receiver("tt-b", make_pipeline(jb), jb, guard)
+    server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pa = make_pipeline(ja)
+    dest = ReplicationDestination(
+        name="tt-b",
+        group="ny",
+        sync=False,
+        addresses=(ReplicationAddress(host="127.0.0.1", port=port),),
+        topics=(TopicSpec(name=".*"),),
+        user="repl",
+    )
+    sink = MemoryAckSink()
+    sender = Sender(dest, "tt-a", "ny", ja, pa, sink, password=lambda: "secret")
+    sender.start()
+    try:
+        deadline = time.monotonic() + 4 * CHECK_TAKES
+        while "tt-a" not in receiver.links and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert "tt-a" in receiver.links, "the link never came up: the source gave up each check"
+    finally:
+        await sender.stop()
+        await receiver.stop()
+        server.close()
+        await server.wait_closed()
+        checker.close()
+        ja.close()
+        jb.close()
