@@ -53,7 +53,7 @@ class ReplicationIntake:
         self.duplicates = 0  # replicated messages dropped as duplicates
         self.topic_names: dict[bytes, str] = {}
         self.known: dict[bytes, str] = {}  # replicate_block: topics that are recorded
-        # journal metadata waiting for a batch with records (remember_meta, resume points)
+        # journal metadata for the next replication batch (remember_meta)
         self.pending: dict[bytes, bytes] = {}
         # the SOW manager's intake of replicated delete records (server/sow/manager.py), if any
         self.replicated_delete: (
@@ -172,7 +172,7 @@ class ReplicationIntake:
 
     def remember_meta(self, key: bytes, value: bytes) -> None:
         """Journal metadata for the replication links (server/replication/identity.py),
-        committed with the next replication batch that adds records, like the resume points."""
+        committed with the next replication batch, as the resume points are."""
         self.pending[key] = value
 
     def _repl_topic(self, tb: bytes) -> str:
@@ -269,15 +269,18 @@ class ReplicationIntake:
         self.replicated += stored
         self.duplicates += dups
         if self.journaled:
-            # the journal stores metadata only with records: a batch that adds none leaves its
-            # resume point for the next one that does (conservative: a restart re-receives
-            # records that were all filtered or duplicates, and drops them again)
+            # the resume point is committed with this very batch, even one that adds no record
+            # (all filtered or duplicates: metadata alone, as a queue checkpoint): durable with
+            # it, or failed with it. Parked for a later batch with records, it outlived a failed
+            # commit of the records it came after, and was written past them: the source never
+            # sent them again (issue 23, seams round 79)
+            meta = batch.meta
+            if meta is None:
+                meta = batch.meta = {}
             pending = self.pending
-            pending[REPL_FROM + source_name] = _u64.pack(end_position)
-            if batch.data:
-                if batch.meta is None:
-                    batch.meta = {}
-                batch.meta.update(pending)
+            if pending:
+                meta.update(pending)
                 pending.clear()
+            meta[REPL_FROM + source_name] = _u64.pack(end_position)
         batch.durable.append(on_durable)
         self.open.schedule()

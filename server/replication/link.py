@@ -104,6 +104,10 @@ class Link:
             except (ConnectionError, OSError) as exc:
                 self.end(f"read failed: {exc}")
                 continue
+            if self.reason is not None:
+                # ended while this read was being woken (a failed commit's callback): what it
+                # read must not be handed on (the loop's top says why)
+                continue
             if not data:
                 self.end(self.reason or "closed by the peer")
                 continue

@@ -377,6 +377,12 @@ class Receiver:
 
         while True:
             for h, body in frames:
+                if link.closed:
+                    # ended under us: a commit of this link failed (its `durable` ends it), or
+                    # a newer link replaced it. A batch after a failed one must not be stored:
+                    # its commit would carry the resume point past the records that failed, and
+                    # no link would send them again (issue 23, seams round 79)
+                    raise LinkClosed(link.reason or "link ended")
                 if not isinstance(h, ReplBatch):
                     if isinstance(h, ReplOwners):
                         self._bind(source, h.owners)

@@ -47,3 +47,26 @@ def test_a_write_to_a_closed_transport_ends_the_link_without_raising(error):
             link.send(b"more")
 
     asyncio.run(main())
+
+
+def test_frames_that_arrive_as_the_link_ends_are_not_handed_out():
+    """Issue 23, seams round 79: a read that completed just before the link was ended (by a
+    failed commit's callback) still returned its frames, and the receiver stored batches that
+    came after the failed one. An ended link hands out nothing more."""
+    from protocol.replication import encode_batch
+
+    class Writer:
+        def close(self) -> None:
+            pass
+
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        link = Link(reader, Writer(), "peer")  # type: ignore[arg-type]
+        read = asyncio.ensure_future(link.read_frames())
+        await asyncio.sleep(0)  # the read waits for data
+        reader.feed_data(encode_batch(0, 5, b"abcde"))  # arrives, and the read is woken...
+        link.end("commit failed here: disk full")  # ...but the link ends before it runs
+        with pytest.raises(LinkClosed, match="commit failed here"):
+            await read
+
+    asyncio.run(main())

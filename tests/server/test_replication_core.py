@@ -5,10 +5,13 @@ the journal's API across a restart."""
 from __future__ import annotations
 
 import asyncio
+import errno
 
 from config.model import ReplicationAddress, ReplicationDestination, TopicSpec
+from journal.fileio import FaultyIO
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, encode_record, raw_origin, scan_records
+from journal.writer import PROBE_INTERVAL_ENV
 from server.guard import Guard
 from server.pipeline import REPL_FROM
 from server.replication import U64
@@ -212,3 +215,39 @@ def test_sow_deletes_are_sent_as_stored_but_not_expirations():
     assert stop == len(buf)
     assert body == msg + by_keys + by_filter + msg
     assert count == 4
+
+
+async def test_the_resume_point_of_a_link_batch_whose_commit_failed_is_never_written(
+    tmp_path, monkeypatch
+):
+    """Issue 23 (seams round 79, by reading): a link batch that adds no record (all filtered or
+    duplicates) parks its resume point until a batch with records carries it. When the commit
+    it waited behind failed, the parked point outlived the failure and was written with the next
+    link's records: the source's resume point passed records that were never stored."""
+    monkeypatch.setenv(PROBE_INTERVAL_ENV, "0.05")
+    io = FaultyIO(ops=["write"], errnos=[errno.ENOSPC], count=1)
+    j = Journal(str(tmp_path / "j"), durability="fsync", io=io)
+    try:
+        p = make_pipeline(j)
+        seen: list[tuple[str, BaseException | None]] = []
+        from_a = scan_records(encode_record(KIND_MESSAGE, 1, 1, 10, b"orders", b"a1"), 0)[0]
+        p.replicate(from_a, b"tt-a", b"ny", 100, lambda end, err: seen.append(("a1", err)))
+        p.flush(inline=False)  # in flight, and it will fail
+        # tt-a's next batch carries nothing for this instance (filtered at the source)
+        p.replicate([], b"tt-a", b"ny", 200, lambda end, err: seen.append(("a2", err)))
+        await _settle(p)
+        assert [name for name, err in seen if err is not None] == ["a1", "a2"]
+        for _ in range(200):
+            if j.available:
+                break
+            await asyncio.sleep(0.01)
+        # another source's records, stored once the disk is back
+        from_c = scan_records(encode_record(KIND_MESSAGE, 3, 1, 11, b"orders", b"c1"), 0)[0]
+        p.replicate(from_c, b"tt-c", b"ny", 50, lambda end, err: seen.append(("c1", err)))
+        await _settle(p)
+        assert seen[-1] == ("c1", None)
+        assert [(r.publisher_id, r.seq) for r in j.scan()] == [(3, 1)]
+        assert j.index.get_meta(REPL_FROM + b"tt-c") == U64.pack(50)
+        assert j.index.get_meta(REPL_FROM + b"tt-a") is None  # not 200: tt-a resends from 0
+    finally:
+        j.close()

@@ -6,6 +6,7 @@ synced; and the sender's wait for its logon's answer."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 
 import pytest
@@ -18,11 +19,12 @@ from config.model import (
     Role,
     TopicSpec,
 )
+from journal.fileio import FaultyIO
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 from protocol.replication import Heartbeat, ReplAck, ReplBatch, encode_ack
 from server.guard import Guard
-from server.replication import MemoryAckSink
+from server.replication import REPL_FROM, U64, MemoryAckSink
 from server.replication import receiver as receiver_mod
 from server.replication import sender as sender_mod
 from server.replication.link import LinkClosed
@@ -30,7 +32,7 @@ from server.replication.receiver import Receiver
 from server.replication.sender import Sender
 from server.security.authenticator import Identity, LogonChecker
 from server.security.entitlements import Entitlements
-from tests.server.test_pipeline_engine import make_pipeline
+from tests.server.test_pipeline_engine import _settle, make_pipeline
 
 
 class FakeLink:
@@ -275,3 +277,51 @@ async def test_a_link_whose_logon_check_outlasts_the_silence_bound_comes_up(tmp_
         checker.close()
         ja.close()
         jb.close()
+
+
+async def test_nothing_of_a_link_is_taken_after_a_commit_of_it_failed(tmp_path):
+    """Issue 23, seams round 79: a replication commit failed on a full disk and ended the link,
+    but the receiver still handed on the batches it had read before that; the disk was back,
+    they were stored, and with them the source's resume point, past the records that failed.
+    The next link resumed there: those records were never sent again (37 acknowledged messages
+    missing on one instance). Nothing read on a link after one of its commits failed is taken,
+    and the resume point stays below the failed records."""
+    io = FaultyIO(ops=["write"], errnos=[errno.ENOSPC], count=1)
+    j = Journal(str(tmp_path / "j"), durability="fsync", io=io)
+    try:
+        p = make_pipeline(j)
+        r = Receiver("tt-b", p, j, Guard())
+        first, later = records(9, [1, 2, 3]), records(9, [4, 5, 6])
+        ends = [len(first), len(first) + len(later)]
+
+        class Link(FakeLink):
+            """Hands out `later` as it was read off the socket when the failed commit ended
+            the link (the disk is back by then), then says the link is closed."""
+
+            async def read_frames(self):
+                for _ in range(500):
+                    if self.closed and j.available:
+                        break
+                    await asyncio.sleep(0.01)
+                if self.then:
+                    return self.then.pop(0)
+                raise LinkClosed(self.reason or "test over")
+
+        link = Link(then=[[(ReplBatch(from_=ends[0], to=ends[1]), later)]])
+        with pytest.raises(LinkClosed, match="commit failed here"):
+            await r._batches(link, "tt-a", "ny", 0, [(ReplBatch(from_=0, to=ends[0]), first)])
+        await _settle(p)
+        assert io.failures == 1 and link.sent == []
+        assert [rec.seq for rec in j.scan()] == []  # nothing past the records that failed
+        assert r.resume_point("tt-a") == 0
+        assert j.index.get_meta(REPL_FROM + b"tt-a") in (None, U64.pack(0))
+        # the next link resumes at 0 and everything is stored, once
+        r2 = Receiver("tt-b", p, j, Guard())
+        both = first + later
+        with pytest.raises(LinkClosed, match="test over"):
+            await r2._batches(FakeLink(), "tt-a", "ny", 0, [(ReplBatch(from_=0, to=ends[1]), both)])
+        await _settle(p)
+        assert [rec.seq for rec in j.scan()] == [1, 2, 3, 4, 5, 6]
+        assert j.index.get_meta(REPL_FROM + b"tt-a") == U64.pack(ends[1])
+    finally:
+        j.close()
