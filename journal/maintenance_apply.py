@@ -23,6 +23,7 @@ from .maintenance import STALE_REQUEST_S, Json, MaintenanceError, ids_in, now_us
 from .manifest import (
     applied_path,
     file_sha256,
+    load_manifest,
     maint_dir,
     read_json,
     request_path,
@@ -228,7 +229,10 @@ def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
     except BaseException:
         for r in readers:
             r.close()
+        named = _compacted_on_disk(d)
         for out in outputs:  # not committed: these files are not part of the journal
+            if named is None or out["file"] in named:
+                continue  # committed after all (below): the next open reads them
             try:
                 os.unlink(os.path.join(d, out["file"]))
             except FileNotFoundError:
@@ -249,6 +253,17 @@ def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
         generation=journal.manifest.generation,
         **({"held": held} if held else {}),
     )
+
+
+def _compacted_on_disk(journal_dir: str) -> set[str] | None:
+    """The compacted files the MANIFEST on disk names (None: it cannot be read). A commit that
+    raised may have happened all the same: the MANIFEST's rename is the commit point and its
+    directory's fsync comes after it. Its outputs then stay, or the next open would drop the
+    segments they replace and find them missing."""
+    try:
+        return {e["file"] for e in load_manifest(journal_dir).compacted}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _check_archived(journal: Journal, req: Json) -> None:

@@ -169,18 +169,29 @@ def save_manifest(directory: str, manifest: Manifest) -> None:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    """temp + fsync + rename + fsync of the directory: readers see the old file or the new one."""
+    """temp + fsync + rename + fsync of the directory: readers see the old file or the new one.
+    A disk that fills up meanwhile raises OSError (ENOSPC) and leaves the old file and no temp
+    file: a write on a nearly full disk may be short (the pages there was room for), and the
+    next one is what fails, so every byte is written before the rename."""
     d = os.path.dirname(path) or "."
     os.makedirs(d, exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    data = json.dumps(obj, indent=1, sort_keys=False).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    data = memoryview(json.dumps(obj, indent=1, sort_keys=False).encode())
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     fsync_dir(d)
 
 

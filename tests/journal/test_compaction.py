@@ -2,6 +2,7 @@
 the compaction tasks run in-process (the same functions Spark runs), results are applied and
 the journal is checked through its API and across restarts."""
 
+import errno
 import os
 import shutil
 import struct
@@ -11,9 +12,10 @@ import pytest
 
 from journal import maintenance as jm
 from journal import maintenance_apply as jma
+from journal import state
 from journal.compacted import CompactedReader, CompactedWriter
 from journal.journal import CorruptSegment, Journal, JournalLocked
-from journal.manifest import applied_path, read_json, staging_dir, write_json_atomic
+from journal.manifest import applied_path, read_json, save_manifest, staging_dir, write_json_atomic
 from journal.record import KIND_MESSAGE, encode_record
 from tests.support.journal_data import (
     TS0,
@@ -362,3 +364,36 @@ def test_compaction_keeps_sow_deletes_so_the_journal_folds_to_the_same_state(tmp
     assert len(after) < len(before)
     assert sow_fold(after, "prices") == want
     j.close()
+
+
+def test_a_manifest_committed_whose_directory_sync_failed_keeps_its_compacted_files(
+    tmp_path, monkeypatch
+):
+    """The MANIFEST's rename is the commit point; its directory's fsync comes after it. When
+    that fsync failed (EIO), applying the compaction reported a failure and deleted its outputs,
+    which the MANIFEST on disk already named: the next open deleted the plain segments they
+    replaced, then found the compacted ones missing. Nothing is lost now: an output the
+    MANIFEST on disk names stays (found reading maintenance under disk errors, issue 23)."""
+    d = str(tmp_path / "j")
+    j = build(d, batches=20, per_batch=60)
+    before = all_raw(j)
+    req = jm.make_request(j, "compact")
+    jm.write_request(d, req)
+    run_without_spark(req)
+
+    def renamed_then_sync_failed(directory, manifest):
+        save_manifest(directory, manifest)
+        raise OSError(errno.EIO, "directory fsync failed (injected)")
+
+    monkeypatch.setattr(state, "save_manifest", renamed_then_sync_failed)
+    with pytest.raises(OSError, match="injected"):
+        jma.apply_result(j, req["id"])
+    monkeypatch.undo()
+    assert all_raw(j) == before  # this run still reads the segments it had
+    j.close()
+    j = Journal(d, segment_size=64 * 1024)
+    try:
+        assert all_raw(j) == before
+        assert j.segments[0].kind == "compacted"
+    finally:
+        j.close()
