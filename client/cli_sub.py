@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 from typing import IO
 
+from protocol.bookmarks import InvalidBookmark, parse_bookmark
+
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .bookmarks_logged import LoggedBookmarkStore
 from .bookmarks_ring import RingBookmarkStore
@@ -57,10 +59,6 @@ _BOOKMARK_WORDS = {"epoch": "0", "now": "0|1|"}
 
 def _check_bookmark(text: str | None) -> None:
     if text is None or text == MOST_RECENT:
-        return
-    try:
-        from protocol.bookmarks import InvalidBookmark, parse_bookmark
-    except ImportError:  # pragma: no cover - the server checks it anyway
         return
     try:
         parse_bookmark(text)
