@@ -264,9 +264,8 @@ class Subscriptions:
         self.max_publishers = max_publishers
         self.states: dict[str, _SubState] = {}
 
-    def new(self, sub_id: str, base: str) -> _SubState:
-        state = self.states[sub_id] = _SubState(base, self.max_publishers)
-        return state
+    def new(self, sub_id: str, base: str) -> None:
+        self.states[sub_id] = _SubState(base, self.max_publishers)
 
     def start(self, sub_id: str, bookmark: str) -> tuple[str, bool]:
         """The bookmark to send (BookmarkStore.start), and whether the subscription starts
