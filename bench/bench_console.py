@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from functools import partial
 
 import benchlib
 import peers
@@ -102,11 +103,8 @@ def main() -> None:
         f"console: publish {args.count} msgs, fan-out {args.fan_count} msgs x {args.subs} subs, "
         f"{args.pages} page(s) open, {args.reps} reps (interleaved)"
     )
-    rows, problems = benchlib.run_rows(
-        vs, args.reps, lambda peer, v, rep: one_rep(args, admin_port, peer, v, rep), METRICS
-    )
-    rate = {label: med.get("rate") for label, med in rows}
-    ratio = lambda a, b: benchlib.ratio(rate.get(a), rate.get(b))
+    run = benchlib.run_rows(vs, args.reps, partial(one_rep, args, admin_port), METRICS)
+    ratio = run.ratio
 
     targets = benchlib.targets_table(
         [
@@ -141,10 +139,8 @@ def main() -> None:
     benchlib.report(
         "bench_console",
         "Console: the cost of an open page (bench_console)",
-        rows,
+        run,
         METRICS,
-        [],
-        problems,
         notes,
         args.no_results,
         targets,

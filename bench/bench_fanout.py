@@ -22,6 +22,8 @@ Per peer (median of repetitions, fresh server each; rep 1 of every peer, then re
 
 from __future__ import annotations
 
+from functools import partial
+
 import benchlib
 from benchlib import Metric
 
@@ -85,9 +87,7 @@ def main() -> None:
     )
     # repetition-major (rep 1 of every peer, then rep 2, ...): a rep takes well under a second,
     # so a noisy spell on a shared machine would otherwise land on one peer's reps alone
-    rows, problems = benchlib.run_rows(
-        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
-    )
+    run = benchlib.run_rows(variants, args.reps, partial(one_rep, args), METRICS, skipped=skipped)
     notes = [
         (
             f"1 publisher ({args.count} messages of {args.size} B, persisted acks, window "
@@ -102,16 +102,8 @@ def main() -> None:
             "the fsync)"
         ),
     ]
-    benchlib.report(
-        "bench_fanout",
-        f"Fan-out 1 → {args.subs} (bench_fanout)",
-        rows,
-        METRICS,
-        skipped,
-        problems,
-        notes,
-        args.no_results,
-    )
+    title = f"Fan-out 1 → {args.subs} (bench_fanout)"
+    benchlib.report("bench_fanout", title, run, METRICS, notes, args.no_results)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ server CPU % at that rate.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import benchlib
 from benchlib import Metric
@@ -133,9 +134,7 @@ def main() -> None:
         f"latency: {args.rate:.0f} msg/s for {args.seconds}s ({args.warmup}s warm-up), "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    rows, problems = benchlib.run_rows(
-        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS, False
-    )
+    run = benchlib.run_rows(variants, args.reps, partial(one_rep, args), METRICS, False, skipped)
     notes = [
         (
             f"paced publisher at {args.rate:.0f} msg/s ({args.size} B bodies, 1 ms send tick, "
@@ -149,16 +148,8 @@ def main() -> None:
             "publish time; redis-always after the AOF fsync, redis-everysec after the write"
         ),
     ]
-    benchlib.report(
-        "bench_latency",
-        f"Publish-to-delivery latency at {args.rate:.0f} msg/s (bench_latency)",
-        rows,
-        METRICS,
-        skipped,
-        problems,
-        notes,
-        args.no_results,
-    )
+    title = f"Publish-to-delivery latency at {args.rate:.0f} msg/s (bench_latency)"
+    benchlib.report("bench_latency", title, run, METRICS, notes, args.no_results)
 
 
 def roundtrip_main(args) -> None:
@@ -168,21 +159,15 @@ def roundtrip_main(args) -> None:
         f"round trip: {args.count} publishes one at a time ({args.skip} not counted), "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    rows, problems = benchlib.run_rows(
-        variants, args.reps, lambda peer, v, rep: roundtrip_rep(args, peer, v, rep), METRICS
-    )
-    by = dict(rows)
-    tt, rd = (by.get("tickertape") or {}).get("p50"), (by.get("redis-always") or {}).get("p50")
-    extra = benchlib.targets_table(
-        [("p50 ÷ redis-always p50 ≤ 1", "×", tt / rd if tt and rd else None, 1.0 + 1e-9, "max")]
-    )
+    run = benchlib.run_rows(variants, args.reps, partial(roundtrip_rep, args), METRICS)
+    run.skipped = skipped
+    vs_redis = run.ratio("tickertape", "redis-always", "p50")
+    extra = benchlib.targets_table([("p50 ÷ redis-always p50 ≤ 1", "×", vs_redis, 1 + 1e-9, "max")])
     benchlib.report(
         "bench_latency_roundtrip",
         "Single-message round trip, publish to persisted ack (bench_latency --roundtrip)",
-        rows,
+        run,
         METRICS,
-        skipped,
-        problems,
         [
             (
                 f"one publisher, one message in flight ({args.size} B bodies), {args.count} "

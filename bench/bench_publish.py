@@ -31,6 +31,7 @@ import os
 import socket
 import statistics
 import time
+from functools import partial
 
 import benchlib
 import loadgen
@@ -148,13 +149,8 @@ def main() -> None:
         f"persisted publish: {args.count} msgs of {args.size} B, window {args.window}, "
         f"{args.reps} reps, peers: {', '.join(v.label for v in variants)}"
     )
-    rows, problems = benchlib.run_rows(
-        variants,
-        args.reps,
-        lambda peer, v, rep: one_rep(args, peer, v, rep),
-        METRICS,
-        interleave=args.interleave,
-    )
+    run = benchlib.run_rows(variants, args.reps, partial(one_rep, args), METRICS, args.interleave)
+    run.skipped = skipped
     notes = [
         (
             f"{args.count} messages of {args.size} B JSON per repetition, one publisher, "
@@ -203,13 +199,13 @@ def main() -> None:
     benchlib.report(
         "bench_publish",
         "Persisted publish (bench_publish)",
-        rows,
+        run,
         METRICS,
-        skipped,
-        problems,
         notes + ACK_MEANING,
         args.no_results,
-        benchlib.targets_table(targets(dict(rows), args.per_send, ceiling and ceiling[0], floor)),
+        benchlib.targets_table(
+            targets(dict(run.rows), args.per_send, ceiling and ceiling[0], floor)
+        ),
     )
 
 

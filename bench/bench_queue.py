@@ -29,6 +29,7 @@ fsyncs the AOF (XREADGROUP and XACK are both logged) before replying, redis-ever
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import benchlib
 import consumers
@@ -162,12 +163,10 @@ def main() -> None:
             else:
                 variants.append(Variant(n, n, {"backlog": b}))
         print(f"backlog {b}:", flush=True)
-        rows, probs = benchlib.run_rows(
-            variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
-        )
-        problems_all.update({f"backlog {b}, {label}": ps for label, ps in probs.items()})
-        by_backlog[b] = dict(rows)
-        figures, ratios = benchlib.table(rows, METRICS)
+        run = benchlib.run_rows(variants, args.reps, partial(one_rep, args), METRICS)
+        problems_all.update({f"backlog {b}, {label}": ps for label, ps in run.problems.items()})
+        by_backlog[b] = dict(run.rows)
+        figures, ratios = benchlib.table(run.rows, METRICS)
         sections.append(f"### backlog {b}\n\n{figures}\n\n{ratios}")
 
     def ms(b, label):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import socket
 import statistics
 import time
+from functools import partial
 
 import benchlib
 import consumers
@@ -182,18 +183,15 @@ def main() -> None:
         f"replay: {args.count} stored msgs of {args.size} B from the start, {args.reps} reps, "
         f"peers: {', '.join(v.label for v in variants)}"
     )
-    rows, problems = benchlib.run_rows(
-        variants, args.reps, lambda peer, v, rep: one_rep(args, peer, v, rep), METRICS
-    )
+    run = benchlib.run_rows(variants, args.reps, partial(one_rep, args), METRICS, skipped=skipped)
     slow = []
     if jdir and args.slow_seconds > 0:
         slow, probs = benchlib.repeat("slow reader", args.reps, lambda _r: slow_reader(args, jdir))
         if probs:
-            problems["slow reader"] = probs
-    med = dict(rows)
-    tt = med.get("tickertape", {}).get("msgs_s")
-    ttf = med.get(f"tickertape (filter {FILTER})", {}).get("msgs_s")
-    js = med.get("jetstream (ordered consumer)", {}).get("msgs_s")
+            run.problems["slow reader"] = probs
+    tt = run.get("tickertape", "msgs_s")
+    ttf = run.get(f"tickertape (filter {FILTER})", "msgs_s")
+    js = run.get("jetstream (ordered consumer)", "msgs_s")
     growth = statistics.median([m["growth_mb"] for m in slow]) if slow else None
     targets = [
         ("tickertape ÷ jetstream ≥ 2×", "×", tt / js if tt and js else None, 2.0, "min"),
@@ -201,7 +199,7 @@ def main() -> None:
         (f"tickertape filtered ({FILTER}) ≥ 200,000 msgs/s", "msgs/s", ttf, 200_000, "min"),
         ("slow reader: server RSS growth < 50 MB", "MB", growth, 50, "max"),
     ]
-    scan = med.get(f"tickertape (filter {FILTER})", {}).get("scan_s")
+    scan = run.get(f"tickertape (filter {FILTER})", "scan_s")
     filter_targets = [
         (f"filtered ({FILTER}) ≥ 1,000,000 stored msgs/s scanned", "msgs/s", scan, 1e6, "min"),
         (
@@ -238,10 +236,8 @@ def main() -> None:
     benchlib.report(
         "bench_replay",
         "Replay of stored messages from the start (bench_replay)",
-        rows,
+        run,
         METRICS,
-        skipped,
-        problems,
         notes,
         args.no_results,
         extra_text=extra,

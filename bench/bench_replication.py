@@ -389,10 +389,8 @@ def main() -> None:
         "bench_replication",
         "Replication: publish cost of sync / async / no destination, lag, resync "
         "(bench_replication)",
-        rows,
+        benchlib.Table(rows, problems, skipped),
         METRICS,
-        skipped,
-        problems,
         notes,
         args.no_results,
         extra_text=targets,

@@ -418,9 +418,7 @@ def main() -> None:
         args.count, args.reps, args.js_max = 2000, 1, 100
         args.conns, args.mem_subs = 100, 1000
         sizes = [x for x in sizes if x <= 1000]
-    names, skipped = benchlib.select_peers(args.peers)
-    for s in skipped:
-        print(f"SKIPPED {s}")
+    names, skipped = benchlib.peers_to_run(args.peers)
     t_start = time.time()
     curve: list[tuple[str, int, dict]] = []  # (series, subs, medians)
     problems: list[str] = []
@@ -474,14 +472,10 @@ def main() -> None:
         pubs.append((name, med))
         problems.extend(f"{name} publishers {x}" for x in probs)
         print(f"  {name:28} {args.conns} publishers: {benchlib.summary(med)}", flush=True)
-        if peers.make_peer(name).kind == "redis":
-            med, probs = _median_runs(
-                name, args.reps, lambda peer, tag: run_async(_idle_only_async, peer, args, tag)
-            )
-        else:
-            med, probs = _median_runs(
-                name, args.reps, lambda peer, tag: run_async(_memory_async, peer, args, tag)
-            )
+        held = _idle_only_async if peers.make_peer(name).kind == "redis" else _memory_async
+        med, probs = _median_runs(
+            name, args.reps, lambda peer, tag, held=held: run_async(held, peer, args, tag)
+        )
         mem.append((name, med))
         problems.extend(f"{name} memory {x}" for x in probs)
         print(f"  {name:28} memory: {benchlib.summary(med)}", flush=True)

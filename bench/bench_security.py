@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import ssl
 import subprocess
+from functools import partial
 
 import benchlib
 import peers
@@ -126,11 +127,8 @@ def main() -> None:
         f"security: publish {args.count} msgs, fan-out {args.fan_count} msgs x {args.subs} subs, "
         f"{args.rules} rules, {args.reps} reps (interleaved)"
     )
-    rows, problems = benchlib.run_rows(
-        vs, args.reps, lambda peer, v, rep: one_rep(args, client_tls, peer, v, rep), METRICS
-    )
-    rate = {label: med.get("rate") for label, med in rows}
-    ratio = lambda a, b: benchlib.ratio(rate.get(a), rate.get(b))
+    run = benchlib.run_rows(vs, args.reps, partial(one_rep, args, client_tls), METRICS)
+    ratio = run.ratio
 
     targets = benchlib.targets_table(
         [
@@ -164,10 +162,8 @@ def main() -> None:
     benchlib.report(
         "bench_security",
         "Security: TLS and entitlements (bench_security)",
-        rows,
+        run,
         METRICS,
-        [],
-        problems,
         notes,
         args.no_results,
         targets,

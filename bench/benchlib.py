@@ -200,17 +200,40 @@ def run_interleaved(
     return out
 
 
+@dataclass
+class Table:
+    """What a benchmark measured: rows of (label, medians) in variant order, problems by label,
+    and the peers skipped (each a line saying why)."""
+
+    rows: list[tuple[str, dict]]
+    problems: dict[str, list[str]]
+    skipped: list[str] = field(default_factory=list)
+
+    def get(self, label: str, key: str):
+        """One median figure of one row (None: not measured)."""
+        return (dict(self.rows).get(label) or {}).get(key)
+
+    def ratio(self, a: str, b: str, key: str = "rate") -> float | None:
+        """Row a's figure ÷ row b's (None: either not measured)."""
+        return ratio(self.get(a, key), self.get(b, key))
+
+
 def run_rows(
-    variants: list[Variant], reps: int, one_rep, metrics: list[Metric], interleave: bool = True
-) -> tuple[list[tuple[str, dict]], dict[str, list[str]]]:
-    """Every variant `reps` times (interleaved, or variant-major) -> (rows of (label, medians),
-    problems by label)."""
+    variants: list[Variant],
+    reps: int,
+    one_rep,
+    metrics: list[Metric],
+    interleave: bool = True,
+    skipped: list[str] | None = None,
+) -> Table:
+    """Every variant `reps` times (interleaved, or variant-major), one_rep(peer, variant, rep)
+    on a fresh server each time (run_variant)."""
     if interleave:
         runs = run_interleaved(variants, reps, one_rep)
     else:
         runs = {v.label: run_variant(v, reps, one_rep) for v in variants}
     rows = [(v.label, medians(runs[v.label][0], metrics)) for v in variants]
-    return rows, {label: ps for label, (_, ps) in runs.items() if ps}
+    return Table(rows, {label: ps for label, (_, ps) in runs.items() if ps}, skipped or [])
 
 
 def load_problems(r: dict, timeout: float, got: int, want: int) -> list[str]:
@@ -444,10 +467,8 @@ def update_results(name: str, text: str) -> None:
 def report(
     name: str,
     title: str,
-    rows: list[tuple[str, dict]],
+    t: Table,
     metrics: list[Metric],
-    skipped: list[str],
-    problems: dict[str, list[str]],
     notes: list[str],
     no_results: bool,
     extra_text: str = "",
@@ -455,14 +476,14 @@ def report(
 ) -> None:
     """extra_text: more markdown after the ratio table (e.g. targets_table()); ratios=False: no
     ratio table (rows that are all Tickertape, e.g. with and without a feature)."""
-    figures, ratio_table = table(rows, metrics)
+    figures, ratio_table = table(t.rows, metrics)
     if not ratios:
         ratio_table = ""
     body = figures + ("\n\n" + ratio_table if ratio_table else "")
     if extra_text:
         body += "\n\n" + extra_text.rstrip()
-    extra = [f"skipped {s}" for s in skipped]
-    extra += [f"{label} {p}" for label, ps in problems.items() for p in ps]
+    extra = [f"skipped {s}" for s in t.skipped]
+    extra += [f"{label} {p}" for label, ps in t.problems.items() for p in ps]
     write_section(name, title, notes, body, extra, no_results)
 
 

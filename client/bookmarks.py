@@ -104,7 +104,7 @@ class _SubState:
     """One subscription's bookmark state; see the module docstring."""
 
     __slots__ = ("base", "behind", "highest", "index", "max_publishers", "passed", "recovery",
-                 "redeliver", "undiscarded", "window")  # fmt: skip
+                 "redeliver", "window")  # fmt: skip
 
     def __init__(self, base: str, max_publishers: int):
         self.base = base
@@ -114,7 +114,6 @@ class _SubState:
         self.highest: dict[int, int] = {}
         self.passed: dict[int, int] = {}
         self.redeliver: set[str] = set()
-        self.undiscarded = 0
         self.max_publishers = max_publishers
         self.behind = False  # the newest message was a duplicate: a replay is catching up
 
@@ -142,7 +141,6 @@ class _SubState:
         e = _Entry(pub, seq, bm)
         self.window.append(e)
         self.index[bm] = e
-        self.undiscarded += 1
         h = self.highest.get(pub)
         if h is None or seq > h:
             self.highest[pub] = seq
@@ -153,7 +151,6 @@ class _SubState:
         if e is None or e.done:
             return None
         e.done = True
-        self.undiscarded -= 1
         if self.redeliver:
             self.redeliver.discard(bm)
         window = self.window
@@ -248,11 +245,78 @@ def _canonical(bookmark: str) -> str:
     return bookmark if bookmark.endswith("|") else bookmark + "|"
 
 
+def tracked(message: Message) -> tuple[str, int, int, str] | None:
+    """The subscription id, publisher, sequence and bookmark of a message a store tracks: one
+    of a bookmark subscription with a publisher bookmark (None: `log` passes it on as it is)."""
+    sub_id, bm = message.sub_id, message.bookmark
+    if sub_id is None or bm is None:
+        return None
+    point = publisher_bookmark(bm)
+    return None if point is None else (sub_id, point[0], point[1], bm)
+
+
+class Subscriptions:
+    """The state of each subscription id (`_SubState`) and the events on it: all that the
+    memory store keeps, and what the logged and SOW stores keep in memory and record (their
+    file, their SOW topic). Each event returns what changed, for the store to record."""
+
+    def __init__(self, max_publishers: int):
+        self.max_publishers = max_publishers
+        self.states: dict[str, _SubState] = {}
+
+    def new(self, sub_id: str, base: str) -> None:
+        self.states[sub_id] = _SubState(base, self.max_publishers)
+
+    def start(self, sub_id: str, bookmark: str) -> tuple[str, bool]:
+        """The bookmark to send (BookmarkStore.start), and whether the subscription starts
+        afresh from it (False: it resumes its state)."""
+        if bookmark == MOST_RECENT:
+            state = self.states.get(sub_id)
+            if state is not None:
+                return state.most_recent(), False
+            bookmark = EPOCH
+        self.new(sub_id, bookmark)
+        return bookmark, True
+
+    def discard(self, sub_id: str, bookmark: str) -> _Entry | None:
+        """The entry discarded (None: it was not pending)."""
+        state = self.states.get(sub_id)
+        return None if state is None else state.discard(_canonical(bookmark))
+
+    def mark(self, sub_id: str, bookmark: str) -> tuple[int, int] | None:
+        """A persisted ack: the point it marked (None: it changed nothing)."""
+        state = self.states.get(sub_id)
+        point = publisher_bookmark(bookmark)
+        if state is None or point is None or not state.mark(*point):
+            return None
+        return point
+
+    def most_recent(self, sub_id: str, elsewhere: bool) -> str:
+        state = self.states.get(sub_id)
+        return EPOCH if state is None else state.most_recent(elsewhere)
+
+    def window_size(self, sub_id: str) -> int:
+        state = self.states.get(sub_id)
+        return 0 if state is None else len(state.window)
+
+    def purge(self, sub_id: str | None) -> list[str]:
+        """Forget `sub_id` (None: every subscription); the ids purged."""
+        ids = list(self.states) if sub_id is None else [sub_id]
+        for sid in ids:
+            self.states.pop(sid, None)
+        return ids
+
+
 class BookmarkStore(ABC):
     """What an HAClient needs from a bookmark store. Every method is synchronous and fast:
     it runs on the event loop for every message. Thread-unsafe by design (one loop)."""
 
     path: str | None = None
+    _closed = False
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreClosed(self.path)
 
     @abstractmethod
     def start(self, sub_id: str, bookmark: str) -> str:
@@ -312,77 +376,41 @@ class MemoryBookmarkStore(BookmarkStore):
     duplicate and out-of-order filtering), not after the process ends."""
 
     def __init__(self, *, max_publishers: int = 100_000):
-        self.max_publishers = max_publishers
-        self._subs: dict[str, _SubState] = {}
-        self._closed = False
+        self.subs = Subscriptions(max_publishers)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {len(self._subs)} subscription(s)>"
-
-    def _check(self) -> None:
-        if self._closed:
-            raise StoreClosed(self.path)
+        return f"<MemoryBookmarkStore {len(self.subs.states)} subscription(s)>"
 
     def start(self, sub_id: str, bookmark: str) -> str:
         self._check()
-        state = self._subs.get(sub_id)
-        if bookmark == MOST_RECENT:
-            if state is None:
-                state = self._new_state(sub_id, EPOCH)
-            return state.most_recent()
-        self._new_state(sub_id, bookmark)
-        return bookmark
-
-    def _new_state(self, sub_id: str, base: str) -> _SubState:
-        state = self._subs[sub_id] = _SubState(base, self.max_publishers)
-        return state
+        return self.subs.start(sub_id, bookmark)[0]
 
     def log(self, message: Message) -> bool:
-        sub_id = message.sub_id
-        bm = message.bookmark
-        if sub_id is None or bm is None:
+        got = tracked(message)
+        if got is None:
             return True
-        state = self._subs.get(sub_id)
-        if state is None:
-            return True
-        point = publisher_bookmark(bm)
-        if point is None:
-            return True  # not a publisher bookmark: nothing to track
-        return state.log(*point, bm)
+        sub_id, pub, seq, bm = got
+        state = self.subs.states.get(sub_id)
+        return state is None or state.log(pub, seq, bm)
 
     def discard_bookmark(self, sub_id: str, bookmark: str) -> bool:
         self._check()
-        state = self._subs.get(sub_id)
-        if state is None:
-            return False
-        return state.discard(_canonical(bookmark)) is not None
+        return self.subs.discard(sub_id, bookmark) is not None
 
     def persisted(self, sub_id: str, bookmark: str) -> None:
         self._check()
-        state = self._subs.get(sub_id)
-        key = publisher_bookmark(bookmark)
-        if state is not None and key is not None:
-            state.mark(*key)
+        self.subs.mark(sub_id, bookmark)
 
     def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
         self._check()
-        state = self._subs.get(sub_id)
-        return EPOCH if state is None else state.most_recent(elsewhere)
+        return self.subs.most_recent(sub_id, elsewhere)
 
     def window_size(self, sub_id: str) -> int:
-        state = self._subs.get(sub_id)
-        return 0 if state is None else len(state.window)
-
-    def undiscarded(self, sub_id: str) -> int:
-        state = self._subs.get(sub_id)
-        return 0 if state is None else state.undiscarded
+        return self.subs.window_size(sub_id)
 
     def purge(self, sub_id: str | None = None) -> None:
         self._check()
-        if sub_id is None:
-            self._subs.clear()
-        else:
-            self._subs.pop(sub_id, None)
+        self.subs.purge(sub_id)
 
     def close(self) -> None:
         self._closed = True

@@ -41,10 +41,8 @@ import os
 import struct
 import zlib
 
-from protocol.bookmarks import publisher_bookmark
-
-from .bookmarks import EPOCH, MOST_RECENT, MemoryBookmarkStore, _canonical, _SubState
-from .errors import CorruptStore, StoreClosed
+from .bookmarks import BookmarkStore, Subscriptions, tracked
+from .errors import CorruptStore
 from .message import Message
 from .storefile import RecoveryReport, open_locked, recovered
 
@@ -66,8 +64,9 @@ def _record(payload: bytes) -> bytes:
     return _REC.pack(len(payload), _crc(payload)) + payload
 
 
-class LoggedBookmarkStore(MemoryBookmarkStore):
-    """A file-backed bookmark store with exact out-of-order recovery (module docstring)."""
+class LoggedBookmarkStore(BookmarkStore):
+    """A file-backed bookmark store with exact out-of-order recovery (module docstring): the
+    memory store's `Subscriptions`, each change to them written to the log."""
 
     path: str  # a file store always has one
 
@@ -79,7 +78,7 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
         prune_on_close: bool = True,
         max_publishers: int = 100_000,
     ):
-        super().__init__(max_publishers=max_publishers)
+        self.subs = Subscriptions(max_publishers)
         self.path = os.fspath(path)
         self.auto_prune_bytes = auto_prune_bytes
         self.prune_on_close = prune_on_close
@@ -89,6 +88,9 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
         self._snapshot_size = 0
         self._fd = open_locked(self.path)
         self.recovery = recovered(self._fd, self._load)
+
+    def __repr__(self) -> str:
+        return f"<LoggedBookmarkStore {len(self.subs.states)} subscription(s)>"
 
     # ------------------------------------------------------------------ load
 
@@ -139,7 +141,7 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
         os.lseek(self._fd, off, os.SEEK_SET)
         self._size = self._snapshot_size = off
         self._sids = {name: sid for sid, name in names.items()}
-        for state in self._subs.values():
+        for state in self.subs.states.values():
             state.start_redelivery()
         return report
 
@@ -147,7 +149,7 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
         kind = body[0]
         if kind in (RECV, DISCARD, MARK):
             _, sid, pub, seq = _KEYED.unpack(body)
-            state = self._subs.get(names[sid])
+            state = self.subs.states.get(names[sid])
             if state is None:
                 return
             if kind == RECV:
@@ -162,11 +164,11 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
         if kind == SUB:
             names[sid] = rest.decode()
         elif kind == BASE:
-            self._subs[names[sid]] = _SubState(rest.decode(), self.max_publishers)
+            self.subs.new(names[sid], rest.decode())
         elif kind == PURGE:
-            self._subs.pop(names[sid], None)
+            self.subs.states.pop(names[sid], None)
         elif kind == STATE:
-            state = self._subs[names[sid]]
+            state = self.subs.states[names[sid]]
             (n,) = struct.unpack_from("<H", rest, 0)
             state.recovery = rest[2 : 2 + n].decode() or None
             (count,) = struct.unpack_from("<I", rest, 2 + n)
@@ -211,40 +213,26 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
             self._buf += _record(_SID.pack(SUB, sid) + sub_id.encode())
         return sid
 
-    def _check(self) -> None:
-        if self._closed:
-            raise StoreClosed(self.path)
-
     # ------------------------------------------------------------------ BookmarkStore
 
     def start(self, sub_id: str, bookmark: str) -> str:
         self._check()
-        known = sub_id in self._subs
-        result = super().start(sub_id, bookmark)
-        if bookmark != MOST_RECENT or not known:
-            base = EPOCH if bookmark == MOST_RECENT else bookmark
-            sid = self._sid(sub_id)
-            self._write_now(_record(_SID.pack(BASE, sid) + base.encode()))
-        return result
+        send, afresh = self.subs.start(sub_id, bookmark)
+        if afresh:
+            self._write_now(_record(_SID.pack(BASE, self._sid(sub_id)) + send.encode()))
+        return send
 
     def log(self, message: Message) -> bool:
-        sub_id = message.sub_id
-        bm = message.bookmark
-        if sub_id is None or bm is None:
+        got = tracked(message)
+        state = None if got is None else self.subs.states.get(got[0])
+        if got is None or state is None:
             return True
-        state = self._subs.get(sub_id)
-        if state is None:
-            return True
-        point = publisher_bookmark(bm)
-        if point is None:
-            return True
-        pub, seq = point
+        sub_id, pub, seq, bm = got
         redelivered = state.redeliver and bm in state.redeliver
         if not state.log(pub, seq, bm):
             return False
         if not redelivered:  # a redelivered message is in the log already
-            if self._closed:
-                raise StoreClosed(self.path)
+            self._check()
             buf = self._buf
             buf += _record(_KEYED.pack(RECV, self._sid(sub_id), pub, seq))
             if len(buf) >= _BUFFER:
@@ -253,10 +241,7 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
 
     def discard_bookmark(self, sub_id: str, bookmark: str) -> bool:
         self._check()
-        state = self._subs.get(sub_id)
-        if state is None:
-            return False
-        e = state.discard(_canonical(bookmark))
+        e = self.subs.discard(sub_id, bookmark)
         if e is None:
             return False
         self._write_now(_record(_KEYED.pack(DISCARD, self._sid(sub_id), e.pub, e.seq)))
@@ -265,19 +250,20 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
 
     def persisted(self, sub_id: str, bookmark: str) -> None:
         self._check()
-        state = self._subs.get(sub_id)
-        point = publisher_bookmark(bookmark)
-        if state is None or point is None:
-            return
-        pub, seq = point
-        if state.mark(pub, seq):
-            self._write_now(_record(_KEYED.pack(MARK, self._sid(sub_id), pub, seq)))
+        point = self.subs.mark(sub_id, bookmark)
+        if point is not None:
+            self._write_now(_record(_KEYED.pack(MARK, self._sid(sub_id), *point)))
+
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        self._check()
+        return self.subs.most_recent(sub_id, elsewhere)
+
+    def window_size(self, sub_id: str) -> int:
+        return self.subs.window_size(sub_id)
 
     def purge(self, sub_id: str | None = None) -> None:
         self._check()
-        ids = list(self._subs) if sub_id is None else [sub_id]
-        super().purge(sub_id)
-        for sid in ids:
+        for sid in self.subs.purge(sub_id):
             if sid in self._sids:
                 self._write_now(_record(_SID.pack(PURGE, self._sids[sid])))
 
@@ -294,7 +280,7 @@ class LoggedBookmarkStore(MemoryBookmarkStore):
         self._check()
         out = bytearray(self._header())
         sids: dict[str, int] = {}
-        for n, (sub_id, state) in enumerate(self._subs.items(), 1):
+        for n, (sub_id, state) in enumerate(self.subs.states.items(), 1):
             sids[sub_id] = n
             out += _record(_SID.pack(SUB, n) + sub_id.encode())
             out += _record(_SID.pack(BASE, n) + state.base.encode())

@@ -40,8 +40,8 @@ import zlib
 
 from protocol.bookmarks import publisher_bookmark
 
-from .bookmarks import EPOCH, MOST_RECENT, NOW, BookmarkStore
-from .errors import CorruptStore, StoreClosed, StoreFull
+from .bookmarks import EPOCH, MOST_RECENT, NOW, BookmarkStore, tracked
+from .errors import CorruptStore, StoreFull
 from .message import Message
 from .storefile import RecoveryReport, open_locked, recovered
 
@@ -88,7 +88,6 @@ class RingBookmarkStore(BookmarkStore):
         self.max_publishers = max_publishers
         self._subs: dict[str, _Ring] = {}
         self._free: list[int] = []
-        self._closed = False
         self._fd = open_locked(self.path)
         self.recovery = recovered(self._fd, self._load)
 
@@ -184,10 +183,6 @@ class RingBookmarkStore(BookmarkStore):
         ring = self._subs[sub_id] = _Ring(slot, EPOCH, 0)
         return ring
 
-    def _check(self) -> None:
-        if self._closed:
-            raise StoreClosed(self.path)
-
     # ------------------------------------------------------------------ BookmarkStore
 
     def start(self, sub_id: str, bookmark: str) -> str:
@@ -207,17 +202,11 @@ class RingBookmarkStore(BookmarkStore):
         return bookmark
 
     def log(self, message: Message) -> bool:
-        sub_id = message.sub_id
-        bm = message.bookmark
-        if sub_id is None or bm is None:
+        got = tracked(message)
+        ring = None if got is None else self._subs.get(got[0])
+        if got is None or ring is None:
             return True
-        ring = self._subs.get(sub_id)
-        if ring is None:
-            return True
-        point = publisher_bookmark(bm)
-        if point is None:
-            return True
-        pub, seq = point
+        _, pub, seq, _ = got
         highest = ring.highest
         h = highest.get(pub)
         if h is not None and seq <= h:

@@ -39,9 +39,7 @@ import json
 import logging
 from typing import Any, Protocol
 
-from protocol.bookmarks import publisher_bookmark
-
-from .bookmarks import MOST_RECENT, MemoryBookmarkStore, _canonical
+from .bookmarks import MOST_RECENT, BookmarkStore, Subscriptions, _canonical, tracked
 from .message import Message
 
 __all__ = ["DEFAULT_TOPIC", "RecoveryWriter", "SowBookmarkStore"]
@@ -67,9 +65,9 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-class SowBookmarkStore(MemoryBookmarkStore):
-    """Bookmark state in memory, each subscription's recovery point in a SOW topic (see the
-    module docstring)."""
+class SowBookmarkStore(BookmarkStore):
+    """Bookmark state in memory (the memory store's `Subscriptions`), each subscription's
+    recovery point in a SOW topic (see the module docstring)."""
 
     def __init__(
         self,
@@ -80,7 +78,7 @@ class SowBookmarkStore(MemoryBookmarkStore):
         every: float = 0.2,
         max_publishers: int = 100_000,
     ):
-        super().__init__(max_publishers=max_publishers)
+        self.subs = Subscriptions(max_publishers)
         self.writer = writer
         self.client_name = client_name
         self.topic = topic
@@ -126,45 +124,55 @@ class SowBookmarkStore(MemoryBookmarkStore):
     def start(self, sub_id: str, bookmark: str) -> str:
         self._check()
         loaded = self._loaded.pop(sub_id, None)
-        if bookmark == MOST_RECENT and sub_id not in self._subs and loaded is not None:
+        if bookmark == MOST_RECENT and sub_id not in self.subs.states and loaded is not None:
             bm, done = loaded
-            self._new_state(sub_id, bm)
+            self.subs.new(sub_id, bm)
             self._skip[sub_id] = done
             return bm
         self._skip.pop(sub_id, None)
-        got = super().start(sub_id, bookmark)
+        send = self.subs.start(sub_id, bookmark)[0]
         self._changed(sub_id)
-        return got
+        return send
 
     def log(self, message: Message) -> bool:
-        sub_id, bm = message.sub_id, message.bookmark
-        skip = self._skip.get(sub_id or "") if bm is not None else None
+        got = tracked(message)
+        state = None if got is None else self.subs.states.get(got[0])
+        if got is None or state is None:
+            return True
+        sub_id, pub, seq, bm = got
+        skip = self._skip.get(sub_id)
         if skip and bm in skip:
             # discarded before the restart: it counts as received and discarded, not handed out
             skip.discard(bm)
-            state = self._subs.get(sub_id or "")
-            point = publisher_bookmark(bm)
-            if state is not None and point is not None:
-                state.append(*point, bm)
-                state.discard(bm)
-                self._changed(sub_id or "")
+            state.append(pub, seq, bm)
+            state.discard(bm)
+            self._changed(sub_id)
             return False
-        return super().log(message)
+        return state.log(pub, seq, bm)
 
     def discard_bookmark(self, sub_id: str, bookmark: str) -> bool:
-        done = super().discard_bookmark(sub_id, bookmark)
+        self._check()
+        done = self.subs.discard(sub_id, bookmark) is not None
         if done:
             self._changed(sub_id)
         return done
 
     def persisted(self, sub_id: str, bookmark: str) -> None:
-        super().persisted(sub_id, bookmark)
+        self._check()
+        self.subs.mark(sub_id, bookmark)
         self._changed(sub_id)
 
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        self._check()
+        return self.subs.most_recent(sub_id, elsewhere)
+
+    def window_size(self, sub_id: str) -> int:
+        return self.subs.window_size(sub_id)
+
     def purge(self, sub_id: str | None = None) -> None:
-        ids = list(self._subs) + list(self._loaded) if sub_id is None else [sub_id]
-        super().purge(sub_id)
-        for sid in ids:
+        self._check()
+        loaded = list(self._loaded) if sub_id is None else []
+        for sid in self.subs.purge(sub_id) + loaded:
             self._loaded.pop(sid, None)
             self._skip.pop(sid, None)
             self._dirty.discard(sid)
@@ -175,13 +183,13 @@ class SowBookmarkStore(MemoryBookmarkStore):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        super().close()
+        self._closed = True
 
     # -- writing -----------------------------------------------------------------------------
 
     def record(self, sub_id: str) -> dict[str, Any] | None:
         """The record of `sub_id` as it would be written now (None: nothing to keep)."""
-        state = self._subs.get(sub_id)
+        state = self.subs.states.get(sub_id)
         if state is None:
             return None
         done = [e.bm for e in state.window if e.done and not e.mark]

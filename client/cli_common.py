@@ -21,6 +21,7 @@ from .ha import HAClient
 from .message import Message
 
 __all__ = [
+    "Printing",
     "Usage",
     "checked_servers",
     "connect",
@@ -153,21 +154,33 @@ def report_recovery(command: str, store: object, stderr: IO[str]) -> None:
               file=stderr)  # fmt: skip
 
 
-def run_printing(
-    command: str,
-    fn: Callable[[argparse.Namespace, IO[bytes], IO[str]], Coroutine[Any, Any, int]],
-    args: argparse.Namespace,
-    stdout: IO[bytes] | None,
-    stderr: IO[str] | None,
-) -> int:
-    """run_command() for a command that prints messages; a closed stdout (`| head`) is exit 0."""
-    stderr = stderr or sys.stderr
-    real_stdout = stdout is None
-    stdout = stdout or sys.stdout.buffer
-    status = run_command(command, fn(args, stdout, stderr), stderr)
-    if status == -1:  # the reader went away (`| head`): that is a normal way to stop
-        if real_stdout:
-            # keep the interpreter's final flush of stdout from failing again at exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    return status
+class Printing:
+    """A command that prints messages (`sub`, `queue`, `sow`): called with its parsed options
+    (and the streams, for tests), it runs `fn` under run_command() and returns the exit status;
+    a closed stdout (`| head`) is exit 0."""
+
+    def __init__(
+        self,
+        command: str,
+        fn: Callable[[argparse.Namespace, IO[bytes], IO[str]], Coroutine[Any, Any, int]],
+    ) -> None:
+        self.command = command
+        self.fn = fn
+
+    def __call__(
+        self,
+        args: argparse.Namespace,
+        *,
+        stdout: IO[bytes] | None = None,
+        stderr: IO[str] | None = None,
+    ) -> int:
+        stderr = stderr or sys.stderr
+        real_stdout = stdout is None
+        stdout = stdout or sys.stdout.buffer
+        status = run_command(self.command, self.fn(args, stdout, stderr), stderr)
+        if status == -1:  # the reader went away (`| head`): that is a normal way to stop
+            if real_stdout:
+                # keep the interpreter's final flush of stdout from failing again at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        return status

@@ -11,17 +11,10 @@ from __future__ import annotations
 import argparse
 from typing import IO
 
-from .cli_common import Usage, checked_servers, connect, ha_client, render, run_printing
+from .cli_common import Printing, Usage, checked_servers, connect, ha_client, render
 from .client import Client
 
 __all__ = ["run_sow"]
-
-
-def run_sow(
-    args: argparse.Namespace, *, stdout: IO[bytes] | None = None, stderr: IO[str] | None = None
-) -> int:
-    """`tickertape sow`: returns the exit status."""
-    return run_printing("sow", _sow, args, stdout, stderr)
 
 
 async def _sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
@@ -45,3 +38,6 @@ async def _sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
         return 0
     finally:
         await ha.close()
+
+
+run_sow = Printing("sow", _sow)  # `tickertape sow`

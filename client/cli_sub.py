@@ -17,32 +17,24 @@ from __future__ import annotations
 import argparse
 from typing import IO
 
+from protocol.bookmarks import InvalidBookmark, parse_bookmark
+
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .bookmarks_logged import LoggedBookmarkStore
 from .bookmarks_ring import RingBookmarkStore
 from .cli_common import (
+    Printing,
     Usage,
     checked_servers,
     connect,
     ha_client,
     render,
     report_recovery,
-    run_printing,
 )
 from .hasub import HASubscription
 from .message import Message
 
 __all__ = ["run_queue", "run_sub"]
-
-
-def run_sub(
-    args: argparse.Namespace,
-    *,
-    stdout: IO[bytes] | None = None,
-    stderr: IO[str] | None = None,
-) -> int:
-    """`tickertape sub`: returns the exit status (see the module docstring)."""
-    return run_printing("sub", _sub, args, stdout, stderr)
 
 
 def _sub_options(args: argparse.Namespace) -> str | None:
@@ -57,10 +49,6 @@ _BOOKMARK_WORDS = {"epoch": "0", "now": "0|1|"}
 
 def _check_bookmark(text: str | None) -> None:
     if text is None or text == MOST_RECENT:
-        return
-    try:
-        from protocol.bookmarks import InvalidBookmark, parse_bookmark
-    except ImportError:  # pragma: no cover - the server checks it anyway
         return
     try:
         parse_bookmark(text)
@@ -171,16 +159,6 @@ async def _sub_sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str])
         await ha.close()
 
 
-def run_queue(
-    args: argparse.Namespace,
-    *,
-    stdout: IO[bytes] | None = None,
-    stderr: IO[str] | None = None,
-) -> int:
-    """`tickertape queue`: returns the exit status (see the module docstring)."""
-    return run_printing("queue", _queue, args, stdout, stderr)
-
-
 async def _queue(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
     checked_servers(args)
     if args.backlog < 1:
@@ -225,3 +203,7 @@ async def _queue(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -
                 await ack()
         finally:
             await client.close()
+
+
+run_sub = Printing("sub", _sub)  # `tickertape sub` (see the module docstring)
+run_queue = Printing("queue", _queue)  # `tickertape queue`

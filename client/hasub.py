@@ -77,7 +77,6 @@ class HASubscription(MessageStream):
         self._full_warned = False
         self._count = 0
         self._placed_once = False  # the first placement succeeded (re-entries are the HAClient's)
-        self._placed_on: object = None  # the Client of the newest placement
         self._placed_uri: str | None = None  # the server of the newest placement
         # a sow_and_subscribe: the bookmark of its answer's point, once the answer is all in
         self._sow_point: str | None = None
@@ -109,7 +108,6 @@ class HASubscription(MessageStream):
 
     def _attach(self, sub: Subscription) -> None:
         self._placed_once = True
-        self._placed_on = sub._client
         if self._end is not None:
             return
         if self._current is None:

@@ -55,6 +55,11 @@ class PublishStore(ABC):
     """See the module docstring for the contract."""
 
     path: str | None = None
+    _closed = False
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreClosed(self.path)
 
     @property
     @abstractmethod
@@ -143,7 +148,6 @@ class MemoryPublishStore(PublishStore):
         self._bytes = 0
         self._last = 0
         self._acked = 0
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"<MemoryPublishStore acked={self._acked} last={self._last}>"
@@ -166,8 +170,7 @@ class MemoryPublishStore(PublishStore):
         expiration: float | None = None,
         correlation_id: str | None = None,
     ) -> int:
-        if self._closed:
-            raise StoreClosed(None)
+        self._check()
         size = record_size(topic, body, correlation_id)
         if not self.fits(size):
             limit = f"{self.max_messages} messages / {self.max_bytes} bytes"
@@ -179,8 +182,7 @@ class MemoryPublishStore(PublishStore):
         return seq
 
     def discard_up_to(self, seq: int) -> int:
-        if self._closed:
-            raise StoreClosed(None)
+        self._check()
         if seq <= self._acked:
             return 0
         self._acked = seq

@@ -54,7 +54,7 @@ import struct
 import zlib
 from collections import deque
 
-from .errors import CorruptStore, StoreClosed, StoreFull
+from .errors import CorruptStore, StoreFull
 from .pubstore import PublishStore, StoredPublish, record_size
 from .storefile import RecoveryReport, open_locked, recovered
 
@@ -114,7 +114,6 @@ class FilePublishStore(PublishStore):
         self._acked = 0
         self._last = 0
         self._tail = DATA
-        self._closed = False
         self._fd = open_locked(self.path)
         self.recovery = recovered(self._fd, self._open)
 
@@ -377,8 +376,7 @@ class FilePublishStore(PublishStore):
         expiration: float | None = None,
         correlation_id: str | None = None,
     ) -> int:
-        if self._closed:
-            raise StoreClosed(self.path)
+        self._check()
         if len(self._live) >= self.max_messages:
             size = record_size(topic, body, correlation_id)
             raise StoreFull(self.path, size, f"{self.max_messages} messages")
@@ -388,8 +386,7 @@ class FilePublishStore(PublishStore):
         return seq
 
     def discard_up_to(self, seq: int) -> int:
-        if self._closed:
-            raise StoreClosed(self.path)
+        self._check()
         if seq <= self._acked:
             return 0
         self._write_slot(seq)  # durable first: only then may the space be reused
@@ -420,8 +417,7 @@ class FilePublishStore(PublishStore):
         return StoredPublish(rseq, topic, body, None if math.isnan(exp) else exp, corr)
 
     def get(self, seq: int) -> StoredPublish | None:
-        if self._closed:
-            raise StoreClosed(self.path)
+        self._check()
         live = self._live
         if not live:
             return None
@@ -434,8 +430,7 @@ class FilePublishStore(PublishStore):
         return None
 
     def first_after(self, seq: int) -> StoredPublish | None:
-        if self._closed:
-            raise StoreClosed(self.path)
+        self._check()
         live = self._live
         if not live:
             return None
@@ -451,8 +446,7 @@ class FilePublishStore(PublishStore):
         return len(self._live)
 
     def sync(self) -> None:
-        if self._closed:
-            raise StoreClosed(self.path)
+        self._check()
         self._mm.flush()
         os.fsync(self._fd)
 

@@ -83,20 +83,20 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
         "AMPS_CONFIG_DIRECTORY": directory,
     }
     layered = {**(os.environ if env is None else env), **builtins}
-    return _Loader(source, layered).load(data)
+    return _load(source, layered, data)
 
 
 def load_config_text(
     text: str | bytes, source: str = "<text>", *, env: Mapping[str, str] | None = None
 ) -> Config:
     """Load and check a configuration given as text. Raises `ConfigError`."""
-    return _Loader(source, os.environ if env is None else env).load(text)
+    return _load(source, os.environ if env is None else env, text)
 
 
 def default_config() -> Config:
     """The embedded default (config/default.xml): what the server runs with no --config."""
     data = resources.files(__package__).joinpath("default.xml").read_bytes()
-    return _Loader(EMBEDDED_SOURCE, {}).load(data)
+    return _load(EMBEDDED_SOURCE, {}, data)
 
 
 def verify_config(
@@ -143,106 +143,103 @@ def _read_file(source: str) -> bytes:
 # The document
 
 
-class _Loader(Checker):
+def _load(source: str, env: Mapping[str, str], data: str | bytes) -> Config:
     """Reads one document. Sections are read in a fixed order, whatever their order in the file,
     because later ones are checked against earlier ones (the admin port against the transports',
     queues and journal actions against the transaction log)."""
+    try:
+        root = parse_xml(data)
+    except XmlError as e:
+        message = f"{e.message} (column {e.column})"
+        raise ConfigError(source, [Problem(e.path, e.line, message)]) from None
+    checker = Checker(env)
+    config = _root(checker, root, source)
+    if checker.problems or config is None:
+        checker.problems.sort(key=lambda p: p.line)
+        raise ConfigError(source, checker.problems)
+    return config
 
-    def __init__(self, source: str, env: Mapping[str, str]) -> None:
-        super().__init__(env)
-        self.source = source
 
-    def load(self, data: str | bytes) -> Config:
-        try:
-            root = parse_xml(data)
-        except XmlError as e:
-            message = f"{e.message} (column {e.column})"
-            raise ConfigError(self.source, [Problem(e.path, e.line, message)]) from None
-        config = self._root(root)
-        if self.problems or config is None:
-            self.problems.sort(key=lambda p: p.line)
-            raise ConfigError(self.source, self.problems)
-        return config
-
-    def _root(self, root: Node) -> Config | None:
-        if root.tag not in ROOT_TAGS:
-            self.report(
-                root,
-                f"the root element is <{root.tag}>; a configuration starts with "
-                "<TickertapeConfig> (or <AMPSConfig>)",
-            )
-            return None
-        sec = Section(self, root, ROOT)
-        name = sec.value("Name", instance_name, "", required=True, hint=" (the instance name)")
-        transports_node = sec.one("Transports")
-        transports, ports = read_transports(self, transports_node)
-        admin = read_admin(self, sec.one("Admin"), ports, default_transport=transports_node is None)
-        logging = read_logging(self, sec.one("Logging"))
-        tlog, tlog_node = read_transaction_log(self, sec.one("TransactionLog"))
-        queues, sow_topics = read_sow(self, sec.one("SOW"), tlog, tlog_node)
-        actions = read_actions(self, sec.one("Actions"), tlog)
-        limits = self._limits(sec, [t.max_message_size for t in transports])
-        authentication = read_authentication(self, sec.one("Authentication"))
-        if authentication is not None and authentication.logon_timeout is not None:
-            limits = msgspec.structs.replace(limits, logon_timeout=authentication.logon_timeout)
-        entitlement = read_entitlement(self, sec.one("Entitlement"))
-        group = sec.value("Group", instance_name, None)
-        replication = read_replication(self, sec.one("Replication"), name, transports, tlog, root)
-        config = Config(
-            name=name,
-            transports=tuple(transports),
-            admin=admin,
-            logging=logging,
-            transaction_log=tlog,
-            queues=tuple(queues),
-            sow_topics=tuple(sow_topics),
-            actions=tuple(actions),
-            limits=limits,
-            authentication=authentication,
-            entitlement=entitlement,
-            group=group,
-            replication=replication,
-            source=self.source,
+def _root(checker: Checker, root: Node, source: str) -> Config | None:
+    if root.tag not in ROOT_TAGS:
+        checker.report(
+            root,
+            f"the root element is <{root.tag}>; a configuration starts with "
+            "<TickertapeConfig> (or <AMPSConfig>)",
         )
-        check_security(self, sec, config)
-        return config
+        return None
+    sec = Section(checker, root, ROOT)
+    name = sec.value("Name", instance_name, "", required=True, hint=" (the instance name)")
+    transports_node = sec.one("Transports")
+    transports, ports = read_transports(checker, transports_node)
+    admin = read_admin(checker, sec.one("Admin"), ports, default_transport=transports_node is None)
+    logging = read_logging(checker, sec.one("Logging"))
+    tlog, tlog_node = read_transaction_log(checker, sec.one("TransactionLog"))
+    queues, sow_topics = read_sow(checker, sec.one("SOW"), tlog, tlog_node)
+    actions = read_actions(checker, sec.one("Actions"), tlog)
+    limits = _limits(checker, sec, [t.max_message_size for t in transports])
+    authentication = read_authentication(checker, sec.one("Authentication"))
+    if authentication is not None and authentication.logon_timeout is not None:
+        limits = msgspec.structs.replace(limits, logon_timeout=authentication.logon_timeout)
+    entitlement = read_entitlement(checker, sec.one("Entitlement"))
+    group = sec.value("Group", instance_name, None)
+    replication = read_replication(checker, sec.one("Replication"), name, transports, tlog, root)
+    config = Config(
+        name=name,
+        transports=tuple(transports),
+        admin=admin,
+        logging=logging,
+        transaction_log=tlog,
+        queues=tuple(queues),
+        sow_topics=tuple(sow_topics),
+        actions=tuple(actions),
+        limits=limits,
+        authentication=authentication,
+        entitlement=entitlement,
+        group=group,
+        replication=replication,
+        source=source,
+    )
+    check_security(checker, sec, config)
+    return config
 
-    def _limits(self, sec: Section, message_sizes: list[int]) -> Limits:
-        """The root's per-connection bounds; `message_sizes` are the transports' largest frames."""
-        size = sec.value("ClientMaxBufferSize", parse_size, DEFAULT_CLIENT_MAX_BUFFER_SIZE)
-        node = sec.one("ClientMaxBufferSize")
-        largest = max(message_sizes, default=0)
-        if node is not None and size < largest:
-            self.report(
-                node,
-                f"ClientMaxBufferSize {human(size)} is smaller than the largest MaxMessageSize "
-                f"({human(largest)}): one large message would disconnect its subscriber; "
-                "raise <ClientMaxBufferSize> or lower <MaxMessageSize>",
-            )
-        elif node is None and size < largest:
-            self.report(
-                sec.node,
-                f"a transport allows messages of {human(largest)}, more than the default "
-                f"<ClientMaxBufferSize> {human(size)}; add a larger <ClientMaxBufferSize>",
-            )
-        poll = sec.value("IdlePoll", parse_interval, DEFAULT_IDLE_POLL)
-        if not 0 <= poll <= MAX_IDLE_POLL:
-            self.report(
-                sec.at("IdlePoll"),
-                f"IdlePoll {poll * 1e6:g}us is out of range; give 0 (off) up to 10ms "
-                "(longer only burns CPU: a sleeping server wakes within tens of microseconds)",
-            )
-            poll = DEFAULT_IDLE_POLL
-        bounds: dict[str, Any] = {
-            field: sec.value(tag, parse, default)
-            for tag, (field, parse, default) in LIMIT_ELEMENTS.items()
-        }
-        offline = bounds["client_offline_threshold"]
-        if offline and offline >= size:
-            self.report(
-                sec.at("ClientOfflineThreshold"),
-                f"ClientOfflineThreshold {human(offline)} is not below ClientMaxBufferSize "
-                f"{human(size)}: a lagging subscriber would be disconnected before it falls back "
-                "to the journal; lower it, or give 0 to turn the fallback off",
-            )
-        return Limits(client_max_buffer_size=size, idle_poll=poll, **bounds)
+
+def _limits(checker: Checker, sec: Section, message_sizes: list[int]) -> Limits:
+    """The root's per-connection bounds; `message_sizes` are the transports' largest frames."""
+    size = sec.value("ClientMaxBufferSize", parse_size, DEFAULT_CLIENT_MAX_BUFFER_SIZE)
+    node = sec.one("ClientMaxBufferSize")
+    largest = max(message_sizes, default=0)
+    if node is not None and size < largest:
+        checker.report(
+            node,
+            f"ClientMaxBufferSize {human(size)} is smaller than the largest MaxMessageSize "
+            f"({human(largest)}): one large message would disconnect its subscriber; "
+            "raise <ClientMaxBufferSize> or lower <MaxMessageSize>",
+        )
+    elif node is None and size < largest:
+        checker.report(
+            sec.node,
+            f"a transport allows messages of {human(largest)}, more than the default "
+            f"<ClientMaxBufferSize> {human(size)}; add a larger <ClientMaxBufferSize>",
+        )
+    poll = sec.value("IdlePoll", parse_interval, DEFAULT_IDLE_POLL)
+    if not 0 <= poll <= MAX_IDLE_POLL:
+        checker.report(
+            sec.at("IdlePoll"),
+            f"IdlePoll {poll * 1e6:g}us is out of range; give 0 (off) up to 10ms "
+            "(longer only burns CPU: a sleeping server wakes within tens of microseconds)",
+        )
+        poll = DEFAULT_IDLE_POLL
+    bounds: dict[str, Any] = {
+        field: sec.value(tag, parse, default)
+        for tag, (field, parse, default) in LIMIT_ELEMENTS.items()
+    }
+    offline = bounds["client_offline_threshold"]
+    if offline and offline >= size:
+        checker.report(
+            sec.at("ClientOfflineThreshold"),
+            f"ClientOfflineThreshold {human(offline)} is not below ClientMaxBufferSize "
+            f"{human(size)}: a lagging subscriber would be disconnected before it falls back "
+            "to the journal; lower it, or give 0 to turn the fallback off",
+        )
+    return Limits(client_max_buffer_size=size, idle_poll=poll, **bounds)

@@ -1,6 +1,7 @@
 """The file operations the journal writer makes, behind one object so tests can make them fail.
 
-`FileIO` is the real thing (os calls). `FaultyIO` fails chosen operations with a chosen errno:
+`FileIO` is the real thing (os calls). `FaultyIO` stands in for it: it makes each operation with
+a `FileIO` of its own, and first fails chosen operations with a chosen errno:
 the tests drive every error path of the writer with it, and a server started with the
 environment variable TICKERTAPE_FAULTS uses it (the fault campaign in bench/ does), e.g.
 
@@ -94,10 +95,10 @@ class FileIO:
             os.close(dfd)
 
 
-class FaultyIO(FileIO):
-    """FileIO that fails eligible operations (see the module doc). Thread-safe; `failures`
-    counts the errors raised (with `delay`, the operations held), `armed` turns injection off
-    and on (tests)."""
+class FaultyIO:
+    """FileIO's operations, each failing when eligible (see the module doc). Thread-safe;
+    `failures` counts the errors raised (with `delay`, the operations held), `armed` turns
+    injection off and on (tests)."""
 
     def __init__(
         self,
@@ -120,6 +121,7 @@ class FaultyIO(FileIO):
         self.failures = 0
         self.armed = True
         self._lock = threading.Lock()
+        self.real = FileIO()
 
     @classmethod
     def from_spec(cls, spec: str) -> FaultyIO:
@@ -188,50 +190,57 @@ class FaultyIO(FileIO):
 
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         self._maybe_fail("open")
-        return super().open(path, flags, mode)
+        return self.real.open(path, flags, mode)
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         self._maybe_fail("write")
-        return super().write(fd, data)
+        return self.real.write(fd, data)
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         self._maybe_fail("write")
-        return super().pwrite(fd, data, offset)
+        return self.real.pwrite(fd, data, offset)
 
     def pwrite_dsync(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         self._maybe_fail("write")
         self._maybe_fail("fsync")
-        return super().pwrite_dsync(fd, data, offset)
+        return self.real.pwrite_dsync(fd, data, offset)
 
     def extend(self, fd: int, offset: int, length: int) -> None:
         self._maybe_fail("extend")
-        super().extend(fd, offset, length)
+        self.real.extend(fd, offset, length)
 
     def fdatasync(self, fd: int) -> None:
         self._maybe_fail("fsync")
-        super().fdatasync(fd)
+        self.real.fdatasync(fd)
 
     def fsync(self, fd: int) -> None:
         self._maybe_fail("fsync")
-        super().fsync(fd)
+        self.real.fsync(fd)
 
     def rename(self, src: str, dst: str) -> None:
         self._maybe_fail("rename")
-        super().rename(src, dst)
+        self.real.rename(src, dst)
 
     def close(self, fd: int) -> None:
         # Like Linux: the descriptor is released even when close reports an error.
         try:
             self._maybe_fail("close")
         finally:
-            super().close(fd)
+            self.real.close(fd)
 
     def ftruncate(self, fd: int, size: int) -> None:
         self._maybe_fail("truncate")
-        super().ftruncate(fd, size)
+        self.real.ftruncate(fd, size)
+
+    def fsync_dir(self, directory: str) -> None:
+        self._maybe_fail("fsync")
+        self.real.fsync_dir(directory)
 
 
-def io_from_env(environ: Mapping[str, str] = os.environ) -> FileIO | None:
+FileOps = FileIO | FaultyIO  # what the writer is handed
+
+
+def io_from_env(environ: Mapping[str, str] = os.environ) -> FaultyIO | None:
     """FaultyIO per TICKERTAPE_FAULTS, or None when it is unset (FaultSpecError when malformed)."""
     spec = environ.get("TICKERTAPE_FAULTS", "").strip()
     return FaultyIO.from_spec(spec) if spec else None

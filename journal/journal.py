@@ -45,7 +45,7 @@ import logging
 import os
 
 from .errors import CorruptSegment, JournalClosed, JournalError, JournalLocked, JournalUnavailable
-from .fileio import FileIO
+from .fileio import FileIO, FileOps
 from .index import JournalIndex
 from .integrity import Integrity
 from .manifest import Manifest
@@ -65,7 +65,7 @@ class Journal:
         durability: str = "fsync",
         index_map_size: int | None = None,
         exclusive: bool = True,
-        io: FileIO | None = None,
+        io: FileOps | None = None,
     ):
         """Open (or create) the journal in `directory`, recovering it (recovery.py).
 

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from .errors import JournalClosed, JournalUnavailable, ProbeIntervalError
-from .fileio import FileIO
+from .fileio import FileOps
 from .index import IndexEntry, JournalIndex
 from .record import SEGMENT_HEADER_SIZE, encode_segment_header
 from .segments import Segment, segment_name
@@ -142,7 +142,7 @@ Pending = Batch | Fence | Control
 
 
 class JournalWriter:
-    def __init__(self, layout: Layout, index: JournalIndex, io: FileIO, durability: str):
+    def __init__(self, layout: Layout, index: JournalIndex, io: FileOps, durability: str):
         """Open the layout's newest segment for writing, zero its runway, start the thread."""
         self._probe_interval = probe_interval(os.environ)  # first: a bad value opens nothing
         self.layout = layout

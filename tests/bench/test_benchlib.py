@@ -75,7 +75,8 @@ def test_report_writes_one_section_and_replaces_it(tmp_path, monkeypatch):
     rows = [("tickertape", {"m": 200.0}), ("jetstream", {"m": 100.0})]
     metrics = [Metric("m", "msgs/s")]
     for problems in ({"jetstream": ["rep 1: slow"]}, {}):
-        benchlib.report("bench_x", "X", rows, metrics, ["redis: none"], problems, [], False)
+        table = benchlib.Table(rows, problems, ["redis: none"])
+        benchlib.report("bench_x", "X", table, metrics, [], False)
     text = (tmp_path / "RESULTS.md").read_text()
     assert text.count("<!-- BEGIN bench_x -->") == 1
     assert "| tickertape | 200 |" in text and "| jetstream | 2.00× |" in text

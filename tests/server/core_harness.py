@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from config.loader import load_config_text
-from journal.fileio import FileIO
+from journal.fileio import FileOps
 from journal.journal import Journal
 from protocol.headers import Header
 from server.admission import Admission
@@ -139,7 +139,7 @@ class Core:
         loop: asyncio.AbstractEventLoop,
         extra: str = "",
         topics: tuple[str, ...] = (".*",),
-        io: FileIO | None = None,
+        io: FileOps | None = None,
     ) -> None:
         """`topics`: the <TransactionLog> topic patterns (every topic is recorded by default);
         `io`: the journal's file operations (a FaultyIO fails or holds them)."""
