@@ -16,7 +16,7 @@ from tests.support.proc import kill_leftovers
 # the first prefix that matches a slow or spark test's node id gives its weight.
 SLOW_SECONDS = {
     "tests/spark/test_cluster.py": 120.0,
-    "tests/e2e/test_fault_campaign.py": 95.0,
+    "tests/e2e/test_fault_campaign.py": 19.0,  # each of the five slices of five rounds
     "tests/e2e/test_fault_seams.py": 70.0,  # each of the five slices of ten rounds
     "tests/e2e/test_replication_random.py": 52.0,
     "tests/e2e/test_lagging.py": 33.0,
