@@ -1,5 +1,6 @@
 import pytest
 
+from tests.support.disk import memory_dir  # noqa: F401 (a fixture: input data built in memory)
 from tests.support.proc import kill_leftovers
 
 # The suite runs on two xdist workers with `--dist worksteal` (./run): each worker is first
