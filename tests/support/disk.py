@@ -1,9 +1,13 @@
-"""A small real filesystem (tmpfs) to run a server out of space, and filling it."""
+"""A small real filesystem (tmpfs) to run a server out of space, and filling it; a directory in
+memory for input data whose durability a test does not test."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +52,20 @@ def small_disk(tmp_path):
     mount_tmpfs(mnt)
     yield mnt
     unmount(mnt)
+
+
+@pytest.fixture
+def memory_dir(tmp_path):
+    """A fresh directory in memory (/dev/shm, a tmpfs: its fsync costs nothing), removed after
+    the test, for data a test builds as its input and whose durability it does not test. A
+    journal built by 2,000 commits fsyncs each one: 19 s on the shared test machine's disk,
+    0.9 s here (measured). Where /dev/shm is missing or not writable: tmp_path."""
+    shm = "/dev/shm"
+    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    d = tempfile.mkdtemp(prefix="tt-test-", dir=shm)
+    try:
+        yield Path(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
