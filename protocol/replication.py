@@ -61,6 +61,7 @@ __all__ = [
     "MAX_BATCH_BODY",
     "MAX_LINK_FRAME",
     "MAX_NAME",
+    "RETRY_MAX",
     "BadLinkFrame",
     "Heartbeat",
     "LinkDecoder",
@@ -80,6 +81,10 @@ __all__ = [
 ]
 
 LINK_VERSION = 1
+# a source whose link is down tries its destination again within this many seconds (doubling
+# from 0.1 s), and at once when a link from that destination comes up: a destination that waits
+# this long past its own bound for a source without a link has given a live source its turn
+RETRY_MAX = 2.0
 MAX_BATCH_BODY = 1024 * 1024  # what a sender puts in one batch (one larger record goes alone)
 # a batch holding one record of the largest size a transport accepts, plus its header
 MAX_LINK_FRAME = 64 * 1024 * 1024

@@ -311,6 +311,15 @@ class Server:
             )
             sender.start()
             self.senders.append(sender)
+        if self.receiver is not None and self.senders:
+            by_dest = {s.dest.name: s for s in self.senders}
+
+            def source_back(source: str) -> None:
+                sender = by_dest.get(source)
+                if sender is not None:
+                    sender.retry_now()
+
+            self.receiver.source_back = source_back
         if self.senders:
             log.info(
                 "replication: instance %s (group %s) sends to %s",

@@ -41,6 +41,7 @@ from typing import Any
 
 from journal.queue_events import QueueOp, append_owner, iter_events
 from journal.record import raw_origin
+from protocol.replication import RETRY_MAX
 
 from .queue_state import QueueState
 
@@ -315,12 +316,17 @@ class CatchUp:
     takes (a slow or loaded link); the link's own timer drops a dead link. So is a peer whose
     link is logging on (`logon`): its password check can outlast the bound on a loaded machine,
     and the peer is alive. A peer whose link is down, or has not come up, is waited for at most
-    `failover` seconds (`clock`: monotonic seconds) from the start of its catch-up: it may be
-    down for good. A logon only prolongs a wait under way (one that fails ends the prolonging):
-    an unauthenticated connection cannot start one."""
+    `failover` seconds plus RETRY_MAX (`bound`; `clock`: monotonic seconds) from the start of
+    its catch-up: it may be down for good, and a live one tries its link again within
+    RETRY_MAX (it may have failed its tries while this instance was down, and be backing off;
+    seams campaign seed 12 round 137: a peer that had taken this instance over was given up
+    30 ms before its link came, and both delivered the messages it took). A logon only prolongs
+    a wait under way (one that fails ends the prolonging): an unauthenticated connection
+    cannot start one."""
 
     def __init__(self, failover: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.failover = failover
+        self.bound = failover + RETRY_MAX
         self.clock = clock
         self.until: dict[str, float] = {}  # peer -> when to stop waiting for it while down
         self.up: set[str] = set()  # peers whose link is up now
@@ -331,13 +337,13 @@ class CatchUp:
 
     def start(self, peers: Iterable[str]) -> None:
         """This instance starts: every peer is behind until it syncs."""
-        end = self.clock() + self.failover
+        end = self.clock() + self.bound
         self.until = dict.fromkeys(peers, end)
 
     def listening(self) -> None:
         """This instance now takes links: a peer could not link before, so the bound of each
         wait under way counts from here (opening the journal and recovery come first)."""
-        end = self.clock() + self.failover
+        end = self.clock() + self.bound
         for peer, until in self.until.items():
             self.until[peer] = max(until, end)
 
@@ -347,7 +353,7 @@ class CatchUp:
         self.up.add(peer)
         if peer in self.until:
             return False
-        self.until[peer] = self.clock() + self.failover
+        self.until[peer] = self.clock() + self.bound
         return True
 
     def link_down(self, peer: str) -> None:

@@ -315,13 +315,14 @@ class QueueManager:
         for st in self.states:
             st.expire_due(now)
         if self.failover is not None:
-            late = self.catch_up.overdue() if self.catch_up is not None else []
-            if late:
+            catch_up = self.catch_up
+            late = catch_up.overdue() if catch_up is not None else []
+            if late and catch_up is not None:
                 log.warning(
                     "queues: %s not synced, and without a link, %.0fs after the start (or the link "
                     "coming back); delivering without waiting for them",
                     ", ".join(late),
-                    self.failover.failover,
+                    catch_up.bound,
                 )
                 self._resume_if_caught_up(None)
             for peer in self.failover.due():

@@ -96,6 +96,9 @@ class Receiver:
         catch_up: CatchUpDoor | None = None,
     ) -> None:
         self.name = name
+        # a source's link is up: it is back, and this instance's sender to it (if any) tries
+        # again at once rather than at the end of its back-off (app.py wires the senders)
+        self.source_back: Callable[[str], None] | None = None
         self.jid = jid  # this instance's journal identity, sent to every source
         self.catch_up = catch_up
         self.jids: dict[str, str] = {}  # source -> its journal identity (this run)
@@ -167,6 +170,8 @@ class Receiver:
             self.links[source] = link
             if self.queues is not None and old is None:
                 self.queues.source_up(source)
+            if self.source_back is not None:
+                self.source_back(source)
             if self.catch_up is not None:
                 self.catch_up.source_knew(source, h.seen)
             seen = self._known_jid(source)

@@ -51,6 +51,7 @@ from protocol.replication import (
     MAX_BATCH_BODY,
     MAX_OWNERS,
     MAX_USER,
+    RETRY_MAX,
     Heartbeat,
     LinkFrame,
     ReplAck,
@@ -74,7 +75,7 @@ LOGON_ANSWER_MAX = 60.0
 log = logging.getLogger("tickertape.replication")
 
 MAX_UNACKED = 8 * 1024 * 1024  # journal bytes sent and not yet acknowledged, per destination
-BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
+BACKOFF_MIN, BACKOFF_MAX = 0.1, RETRY_MAX
 CONNECT_TIMEOUT = 5.0
 ACKED_PERSIST_INTERVAL = 1.0
 IDLE_RECHECK = 0.5  # a backstop only: commits and the link's end wake an idle streamer
@@ -228,6 +229,7 @@ class Sender:
         self.bytes_sent = 0
         self.link: Link | None = None
         self._acked_event = asyncio.Event()
+        self._retry = asyncio.Event()  # ends a back-off wait (`retry_now`)
         self._idle: asyncio.Future[None] | None = None  # what an idle streamer awaits
         self._persisted_at = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -252,6 +254,12 @@ class Sender:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run())
 
+    def retry_now(self) -> None:
+        """A link from the destination came up: it is back, so a back-off under way ends now
+        (a restarted destination waits for this link before its queues deliver)."""
+        if self.link is None:
+            self._retry.set()
+
     async def stop(self) -> None:
         self._stopping = True
         if self.link is not None:
@@ -264,6 +272,7 @@ class Sender:
     async def run(self) -> None:
         backoff = BACKOFF_MIN
         while not self._stopping:
+            self._retry.clear()  # a kick from here on ends the wait below
             for addr in self.dest.addresses:
                 if self._stopping:
                     return
@@ -285,8 +294,9 @@ class Sender:
                     if self.answered is not None:
                         self.answered(self.dest.name, None)  # (no answer, if none came)
                 backoff = BACKOFF_MIN
-            await asyncio.sleep(backoff)
-            backoff = min(BACKOFF_MAX, backoff * 2)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._retry.wait(), backoff)
+            backoff = BACKOFF_MIN if self._retry.is_set() else min(BACKOFF_MAX, backoff * 2)
 
     async def _connect(self, addr: ReplicationAddress) -> Link | None:
         ctx = None

@@ -9,6 +9,7 @@ import struct
 
 from config.model import Replication, ReplicationDestination
 from journal.queue_events import WIRE_MAGIC, QueueOp, append_owner, to_wire
+from protocol.replication import RETRY_MAX
 from server.fanout import Message
 from server.ids import publisher_id
 from server.queue_repl import Failover, QueueReplication
@@ -103,7 +104,7 @@ async def test_taken_over_then_back_acked_elsewhere_and_redelivered(make_core):
     clock[0] = 29.0
     qm.tick()
     assert q.repl.stats["taken_over"] == 0
-    clock[0] = 31.0
+    clock[0] = 30.0 + RETRY_MAX  # taken over at 30 s; the start's wait for it ends now
     qm.tick()
     got = sorted(json.loads(f.body)["n"] for f in _deliveries(c.take()))
     assert got == [2, 4, 5]  # 1 acked and 3 delivered at tt-b never come again
@@ -294,10 +295,10 @@ async def test_a_peer_that_never_synced_holds_the_queues_for_the_failover_time(m
     await core.settle()
     c = core.client("c")
     c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
-    clock[0] = 4.9
+    clock[0] = 5.0 + RETRY_MAX - 0.1  # a live peer retries its link within RETRY_MAX
     qm.tick()
     assert _deliveries(c.take()) == []
-    clock[0] = 5.0
+    clock[0] = 5.0 + RETRY_MAX
     qm.tick()
     assert len(_deliveries(c.take())) == 1 and not qm.paused
 
@@ -411,11 +412,11 @@ async def test_the_wait_for_a_peer_without_a_link_counts_from_when_links_can_com
     c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
     clock[0] = 3.0  # recovered, now listening
     qm.links_listening()
-    clock[0] = 3.9
+    clock[0] = 4.0 + RETRY_MAX - 0.1
     qm.tick()
     await core.settle()
     assert qm.paused and _deliveries(c.take()) == []
-    clock[0] = 4.0
+    clock[0] = 4.0 + RETRY_MAX
     qm.tick()
     await core.settle()
     assert not qm.paused and len(_deliveries(c.take())) == 1
@@ -454,11 +455,11 @@ async def test_a_link_that_comes_back_and_goes_again_holds_the_queues_for_the_fa
     qm.source_up("tt-b")
     qm.translate_in("work-q", _acked_at_tt_b(1), "tt-b")
     qm.source_down("tt-b")  # before it synced: waited for 30 s from its coming back
-    clock[0] = 69.9
+    clock[0] = 70.0 + RETRY_MAX - 0.1
     qm.tick()
     await core.settle()
     assert qm.paused and _deliveries(c.take()) == []
-    clock[0] = 70.0
+    clock[0] = 70.0 + RETRY_MAX
     qm.tick()
     assert not qm.paused
     assert [json.loads(f.body)["n"] for f in _deliveries(c.take())] == [3]

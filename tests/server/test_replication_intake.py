@@ -325,3 +325,54 @@ async def test_nothing_of_a_link_is_taken_after_a_commit_of_it_failed(tmp_path):
         assert j.index.get_meta(REPL_FROM + b"tt-a") == U64.pack(ends[1])
     finally:
         j.close()
+
+
+async def test_a_link_from_a_destination_ends_the_senders_back_off(tmp_path, monkeypatch):
+    """Seams campaign seed 12 round 137: tt-c was killed; tt-a's sender to it, refused at
+    each try, backed off; tt-c restarted and, without tt-a's link for its wait, delivered what
+    tt-a had taken over. A link from the destination means it is back: the receiver says so
+    (`source_back`), and the sender tries again at once instead of at the end of its back-off."""
+    monkeypatch.setattr(sender_mod, "BACKOFF_MIN", 30.0)  # one refused try: a long back-off
+    ja = Journal(str(tmp_path / "a"), durability="write")
+    jb = Journal(str(tmp_path / "b"), durability="write")
+    receiver = Receiver("tt-b", make_pipeline(jb), jb, Guard())
+    back: list[str] = []
+    receiver.source_back = back.append
+    probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()  # nothing listens there: the sender's first try is refused
+    dest = ReplicationDestination(
+        name="tt-b",
+        group="ny",
+        sync=False,
+        addresses=(ReplicationAddress(host="127.0.0.1", port=port),),
+        topics=(TopicSpec(name=".*"),),
+    )
+    tries: list[str | None] = []
+    sender = Sender(dest, "tt-a", "ny", ja, make_pipeline(ja), MemoryAckSink(),
+                    answered=lambda name, seen: tries.append(seen))  # fmt: skip
+    sender.start()
+    server = None
+    try:
+        for _ in range(200):
+            if tries:
+                break
+            await asyncio.sleep(0.01)
+        assert tries == [None], "the first try was not refused"
+        server = await asyncio.start_server(receiver.handle, "127.0.0.1", port)
+        sender.retry_now()  # as the app does when tt-b's own link reaches tt-a
+        for _ in range(300):
+            if "tt-a" in receiver.links:
+                break
+            await asyncio.sleep(0.01)
+        assert "tt-a" in receiver.links, "the sender waited out its back-off"
+        assert back == ["tt-a"], "the receiver did not say that tt-a's link came up"
+    finally:
+        await sender.stop()
+        await receiver.stop()
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        ja.close()
+        jb.close()
