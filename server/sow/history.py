@@ -28,7 +28,7 @@ import os
 import shutil
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,9 +45,12 @@ from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_FILTER, decode_delete
 from .store import Reader, Stored, decode_value, encode_value, record_key, store_rows
 
-_c = load("server._splice")
-fold_block = getattr(_c, "fold_block", None)  # None: the tuple fold (the reference) only
-FOLD_BLOCK = 1 << 20  # journal bytes read per fold_block call
+_c = load("server._sowfold")  # None: the tuple fold and merge_rows_py (the references) only
+FoldTable = getattr(_c, "FoldTable", None)
+FOLD_BLOCK = 1 << 20  # journal bytes read per FoldTable.fold call
+# journal bytes a FoldTable may hold (its entries point into them) before it is flushed into
+# the overlay dict: a fold longer than this (checkpoints far apart) costs a flush per this much
+FOLD_HOLD = 64 << 20
 
 __all__ = ["CHECKPOINT_EVERY", "Checkpoints", "HistoricalReader", "locate_point"]
 
@@ -58,9 +61,38 @@ CHECKPOINT_EVERY = int(os.environ.get("TICKERTAPE_SOW_CHECKPOINT_BYTES", 32 * 10
 _EMPTY = object()
 
 
+def merge_rows_py(
+    chunk: list[tuple[bytes, bytes]], rows: list[tuple[bytes, bytes | None]], i: int
+) -> tuple[list[tuple[bytes, bytes]], int]:
+    """A checkpoint's chunk (key order) merged with the overlay's rows (key order; None: the
+    record deleted since) from index i, taking the rows whose key is at most the chunk's
+    last: a row replaces the chunk's pair of its key, the deleted are left out. Returns the
+    merged pairs and the first row not taken. The reference of server/_sowfold.c's."""
+    out: list[tuple[bytes, bytes]] = []
+    if not chunk:
+        return out, i
+    last = chunk[-1][0]
+    c, nc, nr = 0, len(chunk), len(rows)
+    while c < nc:
+        if i < nr and rows[i][0] <= last and rows[i][0] <= chunk[c][0]:
+            if rows[i][0] == chunk[c][0]:
+                c += 1  # replaced
+            if rows[i][1] is not None:
+                out.append(rows[i])  # type: ignore[arg-type]
+            i += 1
+        else:
+            out.append(chunk[c])
+            c += 1
+    return out, i
+
+
+merge_rows = getattr(_c, "merge_rows", merge_rows_py)
+
+
 class HistoricalReader:
     """A checkpoint read through the overlay of the journal folded after it: record key ->
-    store value (server/sow/store.py's layout), or None for a record deleted since."""
+    store value (server/sow/store.py's layout), or None for a record deleted since; or, when
+    the whole fold went through a FoldTable (puts only), that table, sorted, instead."""
 
     def __init__(
         self,
@@ -68,13 +100,20 @@ class HistoricalReader:
         overlay: dict[bytes, bytes | None],
         position: int,
         on_close: Callable[[], None],
+        table: Any = None,
     ) -> None:
         self.base = base
         self.overlay = overlay
+        self.table = table
         self.position = position
         self._on_close = on_close
 
     def get(self, topic: str, k: str) -> Stored | None:
+        if self.table is not None:
+            v = self.table.get(record_key(topic, k))
+            if v is not None:
+                return decode_value(v)
+            return self.base.get(topic, k) if self.base is not None else None
         got = self.overlay.get(record_key(topic, k), _EMPTY)
         if got is not _EMPTY:
             return None if got is None else decode_value(got)  # type: ignore[arg-type]
@@ -90,25 +129,28 @@ class HistoricalReader:
 
     def chunks(self, topic: str, size: int) -> Iterator[list[tuple[bytes, bytes]]]:
         """`Reader.chunks` of the state: each of the checkpoint's chunks merged with the
-        overlay's rows up to its last key (a dict update and a sort per chunk, in C), the
+        overlay's rows up to its last key (`merge_rows`, in C; or the table's `merge`), the
         overlay's rows past the checkpoint's last key after them."""
-        mine = self._mine(topic)
-        keys = [kv[0] for kv in mine]
         base = self.base.chunks(topic, size) if self.base is not None else iter(())
-        i = 0
+        table = self.table
+        if table is not None:
+            table.seek(record_key(topic, ""))
+            for chunk in base:
+                out = table.merge(chunk)
+                if out:
+                    yield out
+            while rest := table.rest(size):
+                yield rest
+            return
+        mine = self._mine(topic)
+        i, n = 0, len(mine)
         for chunk in base:
-            j = bisect_right(keys, chunk[-1][0], i)
-            if j == i:  # nothing folded in this chunk's range
+            if i == n or mine[i][0] > chunk[-1][0]:  # nothing folded in this chunk's range
                 yield chunk
                 continue
-            merged: dict[bytes, bytes | None] = dict(chunk)
-            merged.update(mine[i:j])
-            # every key of the chunk folded since (all updated): the overlay's rows, in order
-            rows = mine[i:j] if len(merged) == j - i else sorted(merged.items())
-            i = j
-            out = [kv for kv in rows if kv[1] is not None]
+            out, i = merge_rows(chunk, mine, i)
             if out:
-                yield out  # type: ignore[misc]
+                yield out
         rest = [kv for kv in mine[i:] if kv[1] is not None]
         for j in range(0, len(rest), size):
             yield rest[j : j + size]  # type: ignore[misc]
@@ -227,13 +269,13 @@ class Checkpoints:
             base = Reader(env.begin(buffers=False), rec_db, base_pos)
             start = base_pos
         overlay: dict[bytes, bytes | None] = {}
-        _Fold(overlay, is_sow, maker).run(journal, start, end, base)
+        table = _Fold(overlay, is_sow, maker).run(journal, start, end, base)
 
         def closed() -> None:
             if env is not None:
                 env.close()
 
-        return HistoricalReader(base, overlay, end, closed)
+        return HistoricalReader(base, overlay, end, closed, table)
 
 
 class _Fold:
@@ -251,7 +293,7 @@ class _Fold:
         self.maker = maker
         self._topics: dict[bytes, str | None] = {}
         self.base: Reader | None = None  # the checkpoint folded over (`run`)
-        # fold_block's targets: topic bytes -> (record key prefix, the overlay) or None
+        # FoldTable.fold's targets: topic bytes -> (record key prefix, the overlay) or None
         self._by_bytes: dict[bytes, tuple[bytes, dict[bytes, bytes | None]] | None] = {}
         # store_rows' targets: every topic's rows go to the one overlay
         self._targets: dict[str, tuple[bytes, dict[bytes, bytes | None]]] = {}
@@ -271,35 +313,43 @@ class _Fold:
             self._targets[got] = (record_key(got, ""), self.overlay)
         return got
 
-    def run(self, journal: Journal, start: int, end: int, base: Reader | None) -> None:
+    def run(self, journal: Journal, start: int, end: int, base: Reader | None) -> Any:
         """Fold the journal from `start` to `end` over the checkpoint `base`: its stored bytes
-        in C (`fold_block`; the records it cannot take, here one by one), or its records as
-        tuples (`run_py`, the reference; and a compacted segment, whose bytes are not stored
-        as they were written)."""
+        into a FoldTable (C: a table of pointers into the blocks read, no object per message;
+        the records it cannot take, here one by one after a flush of the table into the
+        overlay, so that each key's newest change wins), or its records as tuples (`run_py`,
+        the reference; and a compacted segment, whose bytes are not stored as they were
+        written). Returns the table, sorted, when every record went through it (the overlay
+        dict is then left empty), else None (the dict holds the fold)."""
         self.base = base
-        if fold_block is None:
+        if FoldTable is None:
             self.run_py(journal, start, end)
-            return
+            return None
+        table = FoldTable()
         pos = start
         while pos < end:
             blk = journal.read_block(pos, FOLD_BLOCK)
             if blk is None:  # a compacted segment: its records as tuples
                 recs, nxt = journal.read_raw(pos, FOLD_BLOCK)
                 if recs:
+                    table.flush()
                     self.fold([r for r in recs if r[0] < end])
                     if recs[-1][0] >= end:
-                        return
+                        break
                     pos = nxt
                     continue
             else:
                 buf, at = blk
-                off, at_end, stopped = fold_block(buf, at, end, self._by_bytes, self._learn)
+                off, at_end, stopped = table.fold(buf, at, end, self._by_bytes, self._learn)
                 if at_end:
-                    return
-                if stopped:  # the record at `off`, folded here
+                    break
+                if stopped:  # the record at `off`, folded here after what came before it
+                    table.flush()
                     size = record_length_at(buf, off)
                     self.fold(scan_records(buf[off : off + size], at + off)[0])
                     off += size
+                if table.held() > FOLD_HOLD:
+                    table.flush()
                 if off:
                     pos = at + off
                     continue
@@ -307,11 +357,16 @@ class _Fold:
             # nothing here: a segment's end (or a compacted range's)
             after = journal.next_position(nxt)
             if after <= pos or after >= journal.end_position:
-                return
+                break
             pos = after
+        if self.overlay:
+            table.flush()
+            return None
+        table.sort()
+        return table
 
     def _learn(self, tb: bytes) -> tuple[bytes, dict[bytes, bytes | None]] | None:
-        """fold_block's target for a topic it meets first: the overlay when a SOW topic."""
+        """FoldTable.fold's target for a topic it meets first: the overlay when a SOW topic."""
         topic = self.sow_topic(tb)
         return None if topic is None else (record_key(topic, ""), self.overlay)
 
