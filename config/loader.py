@@ -179,7 +179,7 @@ class _Loader(Checker):
         admin = read_admin(self, sec.one("Admin"), ports, default_transport=transports_node is None)
         logging = read_logging(self, sec.one("Logging"))
         tlog, tlog_node = read_transaction_log(self, sec.one("TransactionLog"))
-        queues, sow_topics = read_sow(self, sec.one("SOW"), tlog, tlog_node)
+        queues, sow_topics, max_checkpoints = read_sow(self, sec.one("SOW"), tlog, tlog_node)
         actions = read_actions(self, sec.one("Actions"), tlog)
         limits = self._limits(sec, [t.max_message_size for t in transports])
         authentication = read_authentication(self, sec.one("Authentication"))
@@ -196,6 +196,7 @@ class _Loader(Checker):
             transaction_log=tlog,
             queues=tuple(queues),
             sow_topics=tuple(sow_topics),
+            sow_max_checkpoint_size=max_checkpoints,
             actions=tuple(actions),
             limits=limits,
             authentication=authentication,

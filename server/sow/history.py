@@ -1,38 +1,30 @@
 """Historical SOW queries (`sow` with `bm`): the state of the store as of a point of the journal.
 
-The cost does not grow with how far back the point is. The store is copied now and then into a
-**checkpoint** (`<JournalDirectory>/sow-checkpoints/<position>/`, an LMDB copy made from one
-read snapshot, so its own `position` says exactly what it holds): one when the journal has
-grown `CHECKPOINT_EVERY` bytes since the last, and at least the size of the store's record
-tree (so a copy never writes more than the journal grew, and a big store's fold after its
-checkpoint stays in proportion to its answers). A historical query opens the newest checkpoint
-at or before its point (an empty state at the journal's start when there is none), then folds
-the journal from the checkpoint's position to the point into an overlay in memory: at most one
-checkpoint interval of journal, whatever the point. The answer then reads the checkpoint
-through the overlay (`HistoricalReader`, the `Reader` interface of server/sow/store.py).
+A historical query opens the newest checkpoint of the store at or before its point
+(server/sow/checkpoints.py; an empty state at the journal's start when there is none), then
+folds the journal from the checkpoint's position to the point into an overlay in memory (at
+most one checkpoint interval of journal while every checkpoint is kept). The answer then reads
+the checkpoint through the overlay (`HistoricalReader`, the `Reader` interface of
+server/sow/store.py).
 
-Checkpoints older than the topic's `<History><Window>`, or before the journal's start (its
-segments removed: the journal right after them is gone), are removed, the newest one always
-kept; every other one stays, so a point anywhere in the window folds at most one interval.
-(Keeping only the newest few made a point further back fold from the journal's start: on a
-journal of 10M updates a query 5M updates back took 20x a current one.) They take at most
-about the journal's own size on disk: a copy, about the record tree's size, is made only once
-the journal grew at least that much. A point before the journal's start, or older than the
-window, is refused with `invalid bookmark`.
+The fold (`_Fold.run`) reads the journal's stored bytes into a FoldTable (server/_sowfold.c):
+per record key a pointer to its newest message in the blocks read, no Python object per
+message; sorted once, it is merged with the checkpoint's chunks as the answer is made, so the
+objects of the records it changed are made while the client reads, as a current query's are.
+A delete record, or a message the table cannot take (a fragment other than the plain `k`, or
+none), flushes the table into the overlay dict and is folded here, one by one; the answer then
+reads the dict (sorted, merged per chunk by `merge_rows`, in C). The tuple fold (`run_py`) is
+the reference the tests hold both to, and the fold of a compacted segment.
+
+A point before the journal's start, or older than the window, is refused with `invalid
+bookmark`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import shutil
-import threading
-import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
-
-import lmdb
 
 from journal.accelerators import load
 from journal.journal import Journal
@@ -52,12 +44,8 @@ FOLD_BLOCK = 1 << 20  # journal bytes read per FoldTable.fold call
 # the overlay dict: a fold longer than this (checkpoints far apart) costs a flush per this much
 FOLD_HOLD = 64 << 20
 
-__all__ = ["CHECKPOINT_EVERY", "Checkpoints", "HistoricalReader", "locate_point"]
+__all__ = ["HistoricalReader", "fold_state", "locate_point", "merge_rows"]
 
-log = logging.getLogger("tickertape.sow")
-
-# journal bytes between two checkpoints (the environment variable is for tests)
-CHECKPOINT_EVERY = int(os.environ.get("TICKERTAPE_SOW_CHECKPOINT_BYTES", 32 * 1024 * 1024))
 _EMPTY = object()
 
 
@@ -170,112 +158,21 @@ class HistoricalReader:
         self._on_close()
 
 
-class Checkpoints:
-    """The store's checkpoints: made from the live store, read by historical queries."""
-
-    def __init__(
-        self,
-        directory: str,
-        store_env: Callable[[], lmdb.Environment | None],
-        after_copy: Callable[[], object] | None = None,
-        store_bytes: Callable[[], int] | None = None,
-        journal_start: Callable[[], int] | None = None,
-    ) -> None:
-        self.directory = directory
-        self._store_env = store_env
-        self._after_copy = after_copy  # the store's trim (the copy read every page)
-        self._store_bytes = store_bytes  # the size of the store's record tree
-        self._journal_start = journal_start  # the journal's first position (segments removed)
-        os.makedirs(directory, exist_ok=True)
-        self.last = max(self.positions(), default=-1)
-        self._busy = False
-
-    def positions(self) -> list[int]:
-        return sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
-
-    def maybe_make(self, position: int, window: float | None) -> None:
-        """Copy the store (in a thread) when the journal grew CHECKPOINT_EVERY since the last,
-        and at least the store's own size (`store_bytes`: a copy never writes more than the
-        journal grew, and the fold after a checkpoint stays in proportion to the answer)."""
-        grown = position - max(self.last, 0)
-        if self._busy or grown < CHECKPOINT_EVERY:
-            return
-        env = self._store_env()
-        if env is None or (self._store_bytes is not None and grown < self._store_bytes()):
-            return
-        self._busy = True
-        self.last = position
-        threading.Thread(target=self._make, args=(env, window), daemon=True).start()
-
-    def _make(self, env: lmdb.Environment, window: float | None) -> None:
-        tmp = os.path.join(self.directory, f"tmp-{os.getpid()}-{time.time_ns()}")
-        try:
-            os.makedirs(tmp)
-            env.copy(tmp, compact=True)
-            if self._after_copy is not None:
-                self._after_copy()  # the copy read every page of the map
-            with lmdb.open(tmp, readonly=True, max_dbs=4, lock=False) as copy:
-                meta = copy.open_db(b"meta")
-                with copy.begin() as txn:
-                    v = txn.get(b"position", db=meta)
-            if v is None:
-                shutil.rmtree(tmp, ignore_errors=True)
-                return
-            pos = int.from_bytes(v, "big")
-            final = os.path.join(self.directory, f"{pos:020d}")
-            if os.path.exists(final):
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
-            self._prune(window)
-        except Exception:
-            log.exception("SOW checkpoint failed (historical queries read more journal)")
-            shutil.rmtree(tmp, ignore_errors=True)
-        finally:
-            self._busy = False
-
-    def _prune(self, window: float | None) -> None:
-        """Remove the checkpoints no point can use (module docstring): older than the window,
-        or before the journal's start; the newest stays."""
-        start = self._journal_start() if self._journal_start is not None else None
-        now = time.time()
-        for p in self.positions()[:-1]:
-            path = os.path.join(self.directory, f"{p:020d}")
-            old = window is not None and now - os.path.getmtime(path) > window + 60
-            if old or (start is not None and p < start):
-                shutil.rmtree(path, ignore_errors=True)
-
-    def reader(
-        self,
-        journal: Journal,
-        end: int,
-        is_sow: Callable[[str], Any],
-        maker: Callable[[str], KeyMaker | None],
-    ) -> HistoricalReader:
-        """The state as of journal position `end` (every record before it): the newest
-        checkpoint at or before it, and the journal folded from there (runs off the loop)."""
-        base_pos = max((p for p in self.positions() if p <= end), default=None)
-        env = None
-        base = None
-        start = journal.start_position
-        if base_pos is not None and base_pos >= start:
-            env = lmdb.open(
-                os.path.join(self.directory, f"{base_pos:020d}"),
-                readonly=True,
-                max_dbs=4,
-                lock=False,
-            )
-            rec_db = env.open_db(b"rec")  # before the read transaction, which must know it
-            base = Reader(env.begin(buffers=False), rec_db, base_pos)
-            start = base_pos
-        overlay: dict[bytes, bytes | None] = {}
-        table = _Fold(overlay, is_sow, maker).run(journal, start, end, base)
-
-        def closed() -> None:
-            if env is not None:
-                env.close()
-
-        return HistoricalReader(base, overlay, end, closed, table)
+def fold_state(
+    journal: Journal,
+    base: Reader | None,
+    start: int,
+    end: int,
+    is_sow: Callable[[str], Any],
+    maker: Callable[[str], KeyMaker | None],
+    on_close: Callable[[], None],
+) -> HistoricalReader:
+    """The state as of journal position `end`: the checkpoint `base` (None: the empty state at
+    `start`, the journal's) with the journal from `start` (its position) folded over it. Runs
+    off the loop (it reads the journal)."""
+    overlay: dict[bytes, bytes | None] = {}
+    table = _Fold(overlay, is_sow, maker).run(journal, start, end, base)
+    return HistoricalReader(base, overlay, end, on_close, table)
 
 
 class _Fold:
