@@ -153,12 +153,11 @@ target_index(FoldTable *t, PyObject *target)
 }
 
 static int
-table_put(FoldTable *t, uint32_t target, const unsigned char *key, Py_ssize_t klen,
+table_put(FoldTable *t, uint64_t h, uint32_t target, const unsigned char *key, Py_ssize_t klen,
           const unsigned char *rec, long long pos)
 {
     if ((t->n + 1) * 2 > t->cap && table_grow(t) < 0)
         return -1;
-    uint64_t h = key_hash(key, klen, target);
     Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(t->cap - 1));
     for (;;) {
         Entry *e = &t->slots[j];
@@ -250,6 +249,7 @@ FoldTable_fold(FoldTable *t, PyObject *args)
     int at_end = 0, stopped = 0, failed = 0;
     PyObject *last_topic = NULL, *last_target = NULL; /* the previous message's lookup */
     Py_ssize_t last_index = -1;
+    Entry pending = {0}; /* the message read last, put when the next one is read */
     while (n - off >= RECORD_HEADER) {
         const unsigned char *r = in + off;
         RecordFields f;
@@ -332,13 +332,28 @@ FoldTable_fold(FoldTable *t, PyObject *args)
             stopped = 1;
             break;
         }
-        if (table_put(t, (uint32_t)last_index, h + 6, hl - 7, r, base + off) < 0) {
+        /* put the message before this one, whose slot was asked for a record ago, and ask
+           for this one's: the table is larger than the caches, a probe is a miss */
+        if (pending.rec != NULL && table_put(t, pending.hash, pending.target, pending.key,
+                                             pending.klen, pending.rec, pending.pos) < 0) {
+            pending.rec = NULL;
             failed = 1;
             break;
         }
+        pending.hash = key_hash(h + 6, hl - 7, (uint32_t)last_index);
+        pending.key = h + 6;
+        pending.klen = (uint32_t)(hl - 7);
+        pending.target = (uint32_t)last_index;
+        pending.rec = r;
+        pending.pos = base + off;
+        if (t->cap)
+            __builtin_prefetch(&t->slots[pending.hash & (uint64_t)(t->cap - 1)]);
         put++;
         off += f.total;
     }
+    if (pending.rec != NULL && table_put(t, pending.hash, pending.target, pending.key,
+                                         pending.klen, pending.rec, pending.pos) < 0)
+        failed = 1;
     Py_XDECREF(last_topic);
     if (put) { /* entries point into it: held until the flush */
         t->held += buf->len;
