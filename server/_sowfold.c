@@ -19,7 +19,10 @@
  *       (another fragment, or none): the caller flushes the table, folds that record itself
  *       and calls again after it. at_end: it stopped at `end`; otherwise stop_offset is where
  *       the whole records in buf end.
- *   held() -> bytes of the blocks the table holds (the caller flushes past its bound)
+ *   held() -> bytes of the blocks the table holds (the caller compacts past its bound)
+ *   compact() -> bytes: each entry's message copied into one new buffer, every block read
+ *       let go: a long fold holds the messages that are still the newest of their key (at
+ *       most one per record), not the journal it read
  *   flush() -> n: every entry put into its target's dict as record key -> store value
  *       (server/sow/store.py: u64 BE position, publisher, sequence, time, u16 BE H, fragment,
  *       body), replacing what the dict had; the table is emptied and its blocks let go.
@@ -405,6 +408,56 @@ entry_objects(FoldTable *t, const Entry *e, PyObject **key, PyObject **value)
 }
 
 static PyObject *
+FoldTable_compact(FoldTable *t, PyObject *noargs)
+{
+    (void)noargs;
+    if (t->order != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "FoldTable.compact after sort()");
+        return NULL;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < t->cap; i++) {
+        const Entry *e = &t->slots[i];
+        if (e->rec != NULL)
+            total += (Py_ssize_t)rd32(e->rec) + 4;
+    }
+    if (t->nblocks == t->blocks_cap) { /* room for the arena's buffer */
+        Py_ssize_t cap = t->blocks_cap ? t->blocks_cap * 2 : 16;
+        Py_buffer *grown = PyMem_Realloc(t->blocks, sizeof(Py_buffer) * (size_t)cap);
+        if (grown == NULL)
+            return PyErr_NoMemory();
+        t->blocks = grown;
+        t->blocks_cap = cap;
+    }
+    PyObject *arena = PyBytes_FromStringAndSize(NULL, total);
+    if (arena == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(arena);
+    for (Py_ssize_t i = 0; i < t->cap; i++) {
+        Entry *e = &t->slots[i];
+        if (e->rec == NULL)
+            continue;
+        Py_ssize_t size = (Py_ssize_t)rd32(e->rec) + 4, at = e->key - e->rec;
+        memcpy(o, e->rec, (size_t)size);
+        e->rec = o;
+        e->key = o + at;
+        o += size;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arena, &view, PyBUF_SIMPLE) < 0) { /* cannot fail for bytes */
+        Py_DECREF(arena);
+        return NULL;
+    }
+    Py_DECREF(arena); /* the buffer holds it */
+    for (Py_ssize_t i = 0; i < t->nblocks; i++)
+        PyBuffer_Release(&t->blocks[i]);
+    t->blocks[0] = view;
+    t->nblocks = 1;
+    t->held = total;
+    return PyLong_FromSsize_t(total);
+}
+
+static PyObject *
 FoldTable_flush(FoldTable *t, PyObject *noargs)
 {
     (void)noargs;
@@ -776,6 +829,8 @@ static PyMethodDef FoldTable_methods[] = {
     {"fold", (PyCFunction)FoldTable_fold, METH_VARARGS,
      "fold(buf, base, end, targets, learn) -> (stop_offset, at_end, stopped)"},
     {"held", (PyCFunction)FoldTable_held, METH_NOARGS, "held() -> bytes of blocks held"},
+    {"compact", (PyCFunction)FoldTable_compact, METH_NOARGS,
+     "compact() -> bytes: the newest messages copied together, the blocks let go"},
     {"flush", (PyCFunction)FoldTable_flush, METH_NOARGS,
      "flush() -> n: every entry into its target's dict; the table emptied"},
     {"sort", (PyCFunction)FoldTable_sort, METH_NOARGS,

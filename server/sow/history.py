@@ -40,8 +40,9 @@ from .store import Reader, Stored, decode_value, encode_value, record_key, store
 _c = load("server._sowfold")  # None: the tuple fold and merge_rows_py (the references) only
 FoldTable = getattr(_c, "FoldTable", None)
 FOLD_BLOCK = 1 << 20  # journal bytes read per FoldTable.fold call
-# journal bytes a FoldTable may hold (its entries point into them) before it is flushed into
-# the overlay dict: a fold longer than this (checkpoints far apart) costs a flush per this much
+# journal bytes a FoldTable may hold (its entries point into them) before the messages still
+# newest are copied together and the blocks let go (then past twice what that copy holds):
+# memory grows with the records a fold changed, as the store does, not the journal it reads
 FOLD_HOLD = 64 << 20
 
 __all__ = ["HistoricalReader", "fold_state", "locate_point", "merge_rows"]
@@ -223,6 +224,7 @@ class _Fold:
             self.run_py(journal, start, end)
             return None
         table = FoldTable()
+        hold = FOLD_HOLD
         pos = start
         while pos < end:
             blk = journal.read_block(pos, FOLD_BLOCK)
@@ -245,8 +247,8 @@ class _Fold:
                     size = record_length_at(buf, off)
                     self.fold(scan_records(buf[off : off + size], at + off)[0])
                     off += size
-                if table.held() > FOLD_HOLD:
-                    table.flush()
+                if table.held() > hold:  # what is still newest, copied together
+                    hold = max(FOLD_HOLD, 2 * table.compact())
                 if off:
                     pos = at + off
                     continue
