@@ -66,8 +66,9 @@ typedef struct {
    reads no other memory (the keys and records are spread over the blocks); only keys equal
    over those bytes are compared in the blocks. */
 #define INLINE_KEY 20
-typedef struct { /* 32 bytes: glibc's qsort sorts larger elements through pointers to them */
-    const Entry *e;
+typedef struct {
+    Entry e;        /* a copy: the answer reads the table in key order, and the entries sit in
+                       hash order, a cache miss each; this array is read in order */
     uint16_t rank;  /* the order of its target's prefix among the targets' */
     uint16_t klen;  /* min(key length, INLINE_KEY + 1) */
     unsigned char kb[INLINE_KEY];
@@ -498,9 +499,9 @@ sorted_cmp(const void *a, const void *b)
         return c;
     if (nx <= INLINE_KEY || ny <= INLINE_KEY)
         return (nx > ny) - (nx < ny);
-    nx = x->e->klen; /* both longer than what is inline, and equal there */
-    ny = y->e->klen;
-    c = memcmp(x->e->key + INLINE_KEY, y->e->key + INLINE_KEY,
+    nx = x->e.klen; /* both longer than what is inline, and equal there */
+    ny = y->e.klen;
+    c = memcmp(x->e.key + INLINE_KEY, y->e.key + INLINE_KEY,
                (nx < ny ? nx : ny) - INLINE_KEY);
     return c ? c : (nx > ny) - (nx < ny);
 }
@@ -614,7 +615,7 @@ FoldTable_sort(FoldTable *t, PyObject *noargs)
         if (e->rec == NULL)
             continue;
         Sorted *o = &all[m++];
-        o->e = e;
+        o->e = *e;
         o->rank = (uint16_t)rank[e->target];
         o->klen = (uint16_t)(e->klen > INLINE_KEY ? INLINE_KEY + 1 : e->klen);
         memset(o->kb, 0, INLINE_KEY);
@@ -657,10 +658,10 @@ FoldTable_seek(FoldTable *t, PyObject *arg)
     if (ti < 0 || pl != PyBytes_GET_SIZE(arg))
         Py_RETURN_NONE; /* nothing folded on that topic */
     Py_ssize_t i = 0;
-    while (i < t->norder && t->order[i].e->target != (uint32_t)ti)
+    while (i < t->norder && t->order[i].e.target != (uint32_t)ti)
         i++;
     t->cur = i;
-    while (i < t->norder && t->order[i].e->target == (uint32_t)ti)
+    while (i < t->norder && t->order[i].e.target == (uint32_t)ti)
         i++;
     t->stop = i;
     t->cur_prefix = PyTuple_GET_ITEM(t->targets[ti], 0);
@@ -680,22 +681,19 @@ entry_cmp(const Sorted *o, const char *k, Py_ssize_t kl)
         return c;
     if (o->klen <= INLINE_KEY || kl <= INLINE_KEY)
         return (o->klen > kl) - (o->klen < kl);
-    const Entry *e = o->e;
+    const Entry *e = &o->e;
     n = ((Py_ssize_t)e->klen < kl ? (Py_ssize_t)e->klen : kl) - INLINE_KEY;
     c = memcmp(e->key + INLINE_KEY, k + INLINE_KEY, (size_t)n);
     return c ? c : ((Py_ssize_t)e->klen > kl) - ((Py_ssize_t)e->klen < kl);
 }
 
-/* Entries are taken in key order, their entries and records spread over the table and the
-   blocks: ask for those a few places ahead before they are needed (two hops: the entry, then
-   its record). */
+/* Entries are taken in key order, their records spread over the blocks: ask for those a few
+   places ahead before they are needed. */
 static inline void
 prefetch_ahead(const FoldTable *t, Py_ssize_t i)
 {
-    if (i + 16 < t->stop)
-        __builtin_prefetch(t->order[i + 16].e);
     if (i + 8 < t->stop)
-        __builtin_prefetch(t->order[i + 8].e->rec);
+        __builtin_prefetch(t->order[i + 8].e.rec);
 }
 
 /* The (record key, value) pair of an entry; `key`: the chunk's equal key object, or NULL. */
@@ -752,7 +750,7 @@ FoldTable_merge(FoldTable *t, PyObject *chunk)
             prefetch_ahead(t, t->cur++);
             if (cmp == 0)
                 c++; /* replaced */
-            pair = entry_pair(t, o->e, cmp == 0 ? ck : NULL);
+            pair = entry_pair(t, &o->e, cmp == 0 ? ck : NULL);
             if (pair == NULL)
                 goto fail;
         }
@@ -786,7 +784,7 @@ FoldTable_rest(FoldTable *t, PyObject *arg)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         prefetch_ahead(t, t->cur);
-        PyObject *pair = entry_pair(t, t->order[t->cur++].e, NULL);
+        PyObject *pair = entry_pair(t, &t->order[t->cur++].e, NULL);
         if (pair == NULL) {
             Py_DECREF(out);
             return NULL;
