@@ -9,7 +9,8 @@ server/sow/store.py).
 
 The fold (`_Fold.run`) reads the journal's stored bytes into a FoldTable (server/_sowfold.c):
 per record key a pointer to its newest message in the blocks read, no Python object per
-message; sorted once, it is merged with the checkpoint's chunks as the answer is made, so the
+message; sorted once (its FoldOrder, server/_sowfold_order.c), it is merged with the
+checkpoint's chunks as the answer is made, so the
 objects of the records it changed are made while the client reads, as a current query's are.
 A delete record, or a message the table cannot take (a fragment other than the plain `k`, or
 none), flushes the table into the overlay dict and is folded here, one by one; the answer then
@@ -81,7 +82,7 @@ merge_rows = getattr(_c, "merge_rows", merge_rows_py)
 class HistoricalReader:
     """A checkpoint read through the overlay of the journal folded after it: record key ->
     store value (server/sow/store.py's layout), or None for a record deleted since; or, when
-    the whole fold went through a FoldTable (puts only), that table, sorted, instead."""
+    the whole fold went through a FoldTable (puts only), its FoldOrder instead."""
 
     def __init__(
         self,
@@ -89,17 +90,17 @@ class HistoricalReader:
         overlay: dict[bytes, bytes | None],
         position: int,
         on_close: Callable[[], None],
-        table: Any = None,
+        order: Any = None,
     ) -> None:
         self.base = base
         self.overlay = overlay
-        self.table = table
+        self.order = order
         self.position = position
         self._on_close = on_close
 
     def get(self, topic: str, k: str) -> Stored | None:
-        if self.table is not None:
-            v = self.table.get(record_key(topic, k))
+        if self.order is not None:
+            v = self.order.get(record_key(topic, k))
             if v is not None:
                 return decode_value(v)
             return self.base.get(topic, k) if self.base is not None else None
@@ -118,17 +119,17 @@ class HistoricalReader:
 
     def chunks(self, topic: str, size: int) -> Iterator[list[tuple[bytes, bytes]]]:
         """`Reader.chunks` of the state: each of the checkpoint's chunks merged with the
-        overlay's rows up to its last key (`merge_rows`, in C; or the table's `merge`), the
-        overlay's rows past the checkpoint's last key after them."""
+        overlay's rows up to its last key (`merge_rows`, in C; or the FoldOrder's `merge`),
+        the overlay's rows past the checkpoint's last key after them."""
         base = self.base.chunks(topic, size) if self.base is not None else iter(())
-        table = self.table
-        if table is not None:
-            table.seek(record_key(topic, ""))
+        order = self.order
+        if order is not None:
+            order.seek(record_key(topic, ""))
             for chunk in base:
-                out = table.merge(chunk)
+                out = order.merge(chunk)
                 if out:
                     yield out
-            while rest := table.rest(size):
+            while rest := order.rest(size):
                 yield rest
             return
         mine = self._mine(topic)
@@ -172,8 +173,8 @@ def fold_state(
     `start`, the journal's) with the journal from `start` (its position) folded over it. Runs
     off the loop (it reads the journal)."""
     overlay: dict[bytes, bytes | None] = {}
-    table = _Fold(overlay, is_sow, maker).run(journal, start, end, base)
-    return HistoricalReader(base, overlay, end, on_close, table)
+    order = _Fold(overlay, is_sow, maker).run(journal, start, end, base)
+    return HistoricalReader(base, overlay, end, on_close, order)
 
 
 class _Fold:
@@ -217,8 +218,9 @@ class _Fold:
         the records it cannot take, here one by one after a flush of the table into the
         overlay, so that each key's newest change wins), or its records as tuples (`run_py`,
         the reference; and a compacted segment, whose bytes are not stored as they were
-        written). Returns the table, sorted, when every record went through it (the overlay
-        dict is then left empty), else None (the dict holds the fold)."""
+        written). Returns the table's FoldOrder (its entries in key order) when every record
+        went through it (the overlay dict is then left empty), else None (the dict holds the
+        fold)."""
         self.base = base
         if FoldTable is None:
             self.run_py(journal, start, end)
@@ -261,8 +263,7 @@ class _Fold:
         if self.overlay:
             table.flush()
             return None
-        table.sort()
-        return table
+        return table.sort()
 
     def _learn(self, tb: bytes) -> tuple[bytes, dict[bytes, bytes | None]] | None:
         """FoldTable.fold's target for a topic it meets first: the overlay when a SOW topic."""
