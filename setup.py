@@ -1,6 +1,7 @@
 """Only the optional C accelerator lives here; everything else is in pyproject.toml.
 
-server/_splice.c (replay frames spliced from journal bytes), server/_filterscan.c (content filters
+server/_splice.c (replay frames spliced from journal bytes), server/_sowfold.c and _sowfold_order.c
+(historical SOW queries' fold of journal bytes), server/_filterscan.c (content filters
 evaluated over blocks of records), server/_publish.c (publish frames to journal records),
 server/_replicate.c (replication's intake and filter over runs of records) and
 journal/_verify.c (record checks on read) are built when a C compiler and the Python headers are
@@ -60,6 +61,12 @@ def _with_crc(name: str, source: str, depends: tuple[str, ...] = ()) -> Extensio
 setup(
     ext_modules=[
         Extension("server._splice", ["server/_splice.c"], depends=[RECORD_H], optional=True),
+        Extension(
+            "server._sowfold",
+            ["server/_sowfold.c", "server/_sowfold_order.c"],
+            depends=[RECORD_H, "server/_sowfold.h"],
+            optional=True,
+        ),
         Extension(
             "server._filterscan", ["server/_filterscan.c"], depends=[RECORD_H], optional=True
         ),

@@ -3,6 +3,7 @@
     ./run bench bench_sow [--count 1000000] [--keys 100000] [--reps 3] [--parts 4]
                           [--big-keys 1000000] [--quick]
     ./run bench bench_sow --history 10000000 [--keys 100000] [--reps 3] [--parts 4]
+                          [--max-checkpoints 2GB]
 
 Per repetition, fresh servers, one after the other:
 
@@ -33,7 +34,11 @@ Per repetition, fresh servers, one after the other:
 
 `--history N` measures only the historical queries, on a journal of N updates (one server): N
 updates over `--keys` keys in `--parts` runs, then `--reps` rounds of a current query and a
-historical one at each point between two runs (its own section, bench_sow_history).
+historical one at each point between two runs (its own section, bench_sow_history), with the
+worst point's median ratio, the worst single ratio, and the checkpoints' count and size on disk;
+`--max-checkpoints` sets `<SOW><MaxCheckpointSize>`. The points fall wherever the runs end,
+so more `--parts` sample more positions between two checkpoints (the worst one is just before
+a checkpoint: a whole interval folded).
 """
 
 from __future__ import annotations
@@ -286,7 +291,13 @@ def history_only(args) -> str:
     section's text."""
     n, keys, parts = args.history, args.keys, args.parts
     sow = peers.make_peer("tickertape")
-    sow.extra["config_xml"] = SOW_XML
+    sow.extra["config_xml"] = (
+        SOW_XML.replace(
+            "<SOW>", f"<SOW><MaxCheckpointSize>{args.max_checkpoints}</MaxCheckpointSize>"
+        )
+        if args.max_checkpoints
+        else SOW_XML
+    )
     rounds: list[dict] = []
     try:
         sow.start(timeout=args.timeout)
@@ -300,6 +311,10 @@ def history_only(args) -> str:
                 time.sleep(0.05)
             publish(sow, SOW_TOPIC, hi - lo, args, f"hist.{i}", start=lo + 1)
         published = time.monotonic() - t0
+        time.sleep(2)  # the last checkpoint copy (a thread) finishes
+        cdir = os.path.join(sow.journal_dir(), "sow-checkpoints")
+        ckpt = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cdir) for f in fs)
+        ckpts = len([c for c in os.listdir(cdir) if c.isdigit()])
         journal = sum(
             os.path.getsize(os.path.join(d, f))
             for d, _, fs in os.walk(sow.journal_dir())
@@ -309,12 +324,13 @@ def history_only(args) -> str:
             q = query(sow, args.timeout)
             if q["records"] != keys:
                 raise RuntimeError(f"query all: {q['records']} records, expected {keys}")
-            got = {"q_s": q["s"]}
+            got = {"q_s": q["s"], "q_cpu": q["cpu"]}
             for j, (done, mark) in enumerate(marks):
                 h = query(sow, args.timeout, bm=format_timestamp(mark))
                 if h["records"] != min(keys, done):
                     raise RuntimeError(f"historical: {h['records']} records")
                 got[f"h{j}_s"], got[f"h{j}_ratio"] = h["s"], h["s"] / q["s"]
+                got[f"h{j}_cpu"] = h["cpu"]
             rounds.append(got)
             print(
                 f"  round {r + 1}/{args.reps}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items())
@@ -331,15 +347,35 @@ def history_only(args) -> str:
         "|---|---:|",
         f"| query all {keys:,} records, s | {cell('q_s')} |",
     ]
+    lines.append(f"| query all, server CPU s | {cell('q_cpu')} |")
     for j, (done, _mark) in enumerate(marks):
         lines.append(
             f"| historical query at update {done:,} ({n - done:,} updates back), s | "
             f"{cell(f'h{j}_s')} |"
         )
         lines.append(f"| ÷ query all (current) | {cell(f'h{j}_ratio')} |")
+    if marks:
+        med = {j: statistics.median(g[f"h{j}_ratio"] for g in rounds) for j in range(len(marks))}
+        worst = max(med, key=med.__getitem__)
+        lines.append(
+            f"| worst point (update {marks[worst][0]:,}): ÷ query all, median of its "
+            f"repetitions | {med[worst]:.2f} |"
+        )
+        every = [g[f"h{j}_ratio"] for g in rounds for j in range(len(marks))]
+        lines.append(f"| worst single repetition at any point, ÷ query all | {max(every):.2f} |")
+        cpu = [g[f"h{j}_cpu"] for g in rounds for j in range(len(marks))]
+        lines.append(
+            f"| historical query, server CPU s, median (range) over every point | "
+            f"{statistics.median(cpu):.2f} ({min(cpu):.2f}–{max(cpu):.2f}) |"
+        )
+    lines.append(
+        f"| checkpoints kept after the publish: count, MiB | {ckpts}, {ckpt / 2**20:,.0f} |"
+    )
+    cap = f", <MaxCheckpointSize> {args.max_checkpoints}" if args.max_checkpoints else ""
     notes = [
         f"{n:,} persisted publishes of {args.size} B over {keys:,} keys in {parts} runs "
-        f"({published:.0f} s; journal {journal / 2**30:.2f} GiB), one server; then "
+        f"({published:.0f} s; journal directory {journal / 2**30:.2f} GiB with the checkpoints),"
+        f" one server{cap}; then "
         f"{len(rounds)} rounds of a current query and a historical one at each point between "
         "two runs; median (range in brackets)",
         "the machine is shared with other jobs: figures are indicative",
@@ -405,6 +441,9 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="50k updates over 5k keys, 1 repetition")
     p.add_argument(
         "--history", type=int, default=0, help="only the historical queries, on N updates"
+    )
+    p.add_argument(
+        "--max-checkpoints", default="", help="<SOW><MaxCheckpointSize> (--history; default none)"
     )
     args = p.parse_args()
     if args.quick:

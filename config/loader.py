@@ -175,7 +175,7 @@ def _root(checker: Checker, root: Node, source: str) -> Config | None:
     admin = read_admin(checker, sec.one("Admin"), ports, default_transport=transports_node is None)
     logging = read_logging(checker, sec.one("Logging"))
     tlog, tlog_node = read_transaction_log(checker, sec.one("TransactionLog"))
-    queues, sow_topics = read_sow(checker, sec.one("SOW"), tlog, tlog_node)
+    queues, sow_topics, max_checkpoints = read_sow(checker, sec.one("SOW"), tlog, tlog_node)
     actions = read_actions(checker, sec.one("Actions"), tlog)
     limits = _limits(checker, sec, [t.max_message_size for t in transports])
     authentication = read_authentication(checker, sec.one("Authentication"))
@@ -192,6 +192,7 @@ def _root(checker: Checker, root: Node, source: str) -> Config | None:
         transaction_log=tlog,
         queues=tuple(queues),
         sow_topics=tuple(sow_topics),
+        sow_max_checkpoint_size=max_checkpoints,
         actions=tuple(actions),
         limits=limits,
         authentication=authentication,

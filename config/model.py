@@ -479,6 +479,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     transaction_log: TransactionLog | None = None
     queues: tuple[QueueSpec, ...] = ()
     sow_topics: tuple[SowTopicSpec, ...] = ()
+    sow_max_checkpoint_size: int | None = None
+    """`<SOW><MaxCheckpointSize>`: the most disk the SOW store's checkpoints take, bytes (None:
+    no bound; server/sow/checkpoints.py says which go first)."""
     actions: tuple[Action, ...] = ()
     limits: Limits = msgspec.field(default_factory=Limits)
     authentication: Authentication | None = None

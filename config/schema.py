@@ -210,6 +210,7 @@ TRANSACTION_LOG = Spec(
 TOPIC = Spec("Topic", one=("Name", "MessageType"), unsupported={"ExcludeValidation": _VALIDATION})
 SOW = Spec(
     "SOW",
+    one=("MaxCheckpointSize",),
     many=("Topic", "Queue"),
     synonyms={"QueueDefinition": "Queue", "TopicDefinition": "Topic"},
     unsupported={

@@ -15,7 +15,7 @@ from typing import cast
 
 from .model import MessageType, QueueSpec, SowTopicSpec, TransactionLog
 from .queues import is_topic_pattern, read_queue, underlying_topic
-from .rules import Checker, Section, message_type, positive_interval
+from .rules import Checker, Section, message_type, positive_interval, size_between
 from .schema import SOW, SOW_HISTORY, SOW_TOPIC
 from .xmltree import Node
 
@@ -129,15 +129,18 @@ def _read_topic(
 
 def read_sow(
     checker: Checker, node: Node | None, tlog: TransactionLog | None, tlog_node: Node | None
-) -> tuple[list[QueueSpec], list[SowTopicSpec]]:
-    """The queues and the SOW topics (config.sow) of `<SOW>` (none without it); queue names
-    are unique.
+) -> tuple[list[QueueSpec], list[SowTopicSpec], int | None]:
+    """The queues, the SOW topics (config.sow) and `<MaxCheckpointSize>` of `<SOW>` (none
+    without it); queue names are unique.
 
     `tlog` and `tlog_node` are the transaction log and its element, or None without one.
     """
     if node is None:
-        return [], []
+        return [], [], None
     sec = Section(checker, node, SOW)
+    max_checkpoints = sec.value(
+        "MaxCheckpointSize", size_between(1, None, "MaxCheckpointSize"), None
+    )
     queues = []
     names: dict[str, Node] = {}
     for qnode in sec.many("Queue"):
@@ -152,4 +155,5 @@ def read_sow(
             )
         names.setdefault(queue.name, qnode)
         queues.append(queue)
-    return queues, read_sow_topics(checker, sec.many("Topic"), tlog, tlog_node, queues)
+    topics = read_sow_topics(checker, sec.many("Topic"), tlog, tlog_node, queues)
+    return queues, topics, max_checkpoints

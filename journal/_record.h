@@ -3,7 +3,8 @@
  * (record_next), the walk of a block of records up to a position (walk_next), and the record
  * crc32.
  *
- * Included by journal/_verify.c and server/_publish.c, _replicate.c, _splice.c, _filterscan.c.
+ * Included by journal/_verify.c and server/_publish.c, _replicate.c, _splice.c, _sowfold.h,
+ * _filterscan.c.
  * A module that computes crcs defines RECORD_CRC before including it and links ISA-L (with
  * HAVE_ISAL) or zlib, as setup.py's _with_crc builds it.
  */

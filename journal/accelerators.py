@@ -1,7 +1,7 @@
 """The one loader of the C accelerators, and the one meaning of TICKERTAPE_PURE_PYTHON.
 
 Every byte format with a hot loop has a pure-Python reference and, when a compiler was there at
-install time, a C twin built by setup.py (journal/_verify.c; server/_splice.c, _filterscan.c,
+install time, a C twin built by setup.py (journal/_verify.c; server/_splice.c, _sowfold.c, _filterscan.c,
 _publish.c, _replicate.c). The tests hold each pair to the same results, so the choice is only
 one of speed:
 

@@ -44,7 +44,7 @@ from typing import Any
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, KIND_SOW_DELETE
 
-from .history import Checkpoints
+from .checkpoints import Checkpoints
 from .store import SowStore, decode_value, record_key, store_rows
 
 __all__ = ["CATCH_UP_KEYS", "DEFER_RECORDS", "DEFER_SECONDS", "HeldWrites", "Holds"]

@@ -1,38 +1,31 @@
 """Historical SOW queries (`sow` with `bm`): the state of the store as of a point of the journal.
 
-The cost does not grow with how far back the point is. The store is copied now and then into a
-**checkpoint** (`<JournalDirectory>/sow-checkpoints/<position>/`, an LMDB copy made from one
-read snapshot, so its own `position` says exactly what it holds): one when the journal has
-grown `CHECKPOINT_EVERY` bytes since the last, and at least the size of the store's record
-tree (so a copy never writes more than the journal grew, and a big store's fold after its
-checkpoint stays in proportion to its answers). A historical query opens the newest checkpoint
-at or before its point (an empty state at the journal's start when there is none), then folds
-the journal from the checkpoint's position to the point into an overlay in memory: at most one
-checkpoint interval of journal, whatever the point. The answer then reads the checkpoint
-through the overlay (`HistoricalReader`, the `Reader` interface of server/sow/store.py).
+A historical query opens the newest checkpoint of the store at or before its point
+(server/sow/checkpoints.py; an empty state at the journal's start when there is none), then
+folds the journal from the checkpoint's position to the point into an overlay in memory (at
+most one checkpoint interval of journal while every checkpoint is kept). The answer then reads
+the checkpoint through the overlay (`HistoricalReader`, the `Reader` interface of
+server/sow/store.py).
 
-Checkpoints older than the topic's `<History><Window>`, or before the journal's start (its
-segments removed: the journal right after them is gone), are removed, the newest one always
-kept; every other one stays, so a point anywhere in the window folds at most one interval.
-(Keeping only the newest few made a point further back fold from the journal's start: on a
-journal of 10M updates a query 5M updates back took 20x a current one.) They take at most
-about the journal's own size on disk: a copy, about the record tree's size, is made only once
-the journal grew at least that much. A point before the journal's start, or older than the
-window, is refused with `invalid bookmark`.
+The fold (`_Fold.run`) reads the journal's stored bytes into a FoldTable (server/_sowfold.c):
+per record key a pointer to its newest message in the blocks read, no Python object per
+message; sorted once (its FoldOrder, server/_sowfold_order.c), it is merged with the
+checkpoint's chunks as the answer is made, so the
+objects of the records it changed are made while the client reads, as a current query's are.
+A delete record, or a message the table cannot take (a fragment other than the plain `k`, or
+none), flushes the table into the overlay dict and is folded here, one by one; the answer then
+reads the dict (sorted, merged per chunk by `merge_rows`, in C). The tuple fold (`run_py`) is
+the reference the tests hold both to, and the fold of a compacted segment.
+
+A point before the journal's start, or older than the window, is refused with `invalid
+bookmark`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import shutil
-import threading
-import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
-
-import lmdb
 
 from journal.accelerators import load
 from journal.journal import Journal
@@ -45,22 +38,51 @@ from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_FILTER, decode_delete
 from .store import Reader, Stored, decode_value, encode_value, record_key, store_rows
 
-_c = load("server._splice")
-fold_block = getattr(_c, "fold_block", None)  # None: the tuple fold (the reference) only
-FOLD_BLOCK = 1 << 20  # journal bytes read per fold_block call
+_c = load("server._sowfold")  # None: the tuple fold and merge_rows_py (the references) only
+FoldTable = getattr(_c, "FoldTable", None)
+FOLD_BLOCK = 1 << 20  # journal bytes read per FoldTable.fold call
+# journal bytes a FoldTable may hold (its entries point into them) before the messages still
+# newest are copied together and the blocks let go (then past twice what that copy holds):
+# memory grows with the records a fold changed, as the store does, not the journal it reads
+FOLD_HOLD = 64 << 20
 
-__all__ = ["CHECKPOINT_EVERY", "Checkpoints", "HistoricalReader", "locate_point"]
+__all__ = ["HistoricalReader", "fold_state", "locate_point", "merge_rows"]
 
-log = logging.getLogger("tickertape.sow")
-
-# journal bytes between two checkpoints (the environment variable is for tests)
-CHECKPOINT_EVERY = int(os.environ.get("TICKERTAPE_SOW_CHECKPOINT_BYTES", 32 * 1024 * 1024))
 _EMPTY = object()
+
+
+def merge_rows_py(
+    chunk: list[tuple[bytes, bytes]], rows: list[tuple[bytes, bytes | None]], i: int
+) -> tuple[list[tuple[bytes, bytes]], int]:
+    """A checkpoint's chunk (key order) merged with the overlay's rows (key order; None: the
+    record deleted since) from index i, taking the rows whose key is at most the chunk's
+    last: a row replaces the chunk's pair of its key, the deleted are left out. Returns the
+    merged pairs and the first row not taken. The reference of server/_sowfold.c's."""
+    out: list[tuple[bytes, bytes]] = []
+    if not chunk:
+        return out, i
+    last = chunk[-1][0]
+    c, nc, nr = 0, len(chunk), len(rows)
+    while c < nc:
+        if i < nr and rows[i][0] <= last and rows[i][0] <= chunk[c][0]:
+            if rows[i][0] == chunk[c][0]:
+                c += 1  # replaced
+            if rows[i][1] is not None:
+                out.append(rows[i])  # type: ignore[arg-type]
+            i += 1
+        else:
+            out.append(chunk[c])
+            c += 1
+    return out, i
+
+
+merge_rows = getattr(_c, "merge_rows", merge_rows_py)
 
 
 class HistoricalReader:
     """A checkpoint read through the overlay of the journal folded after it: record key ->
-    store value (server/sow/store.py's layout), or None for a record deleted since."""
+    store value (server/sow/store.py's layout), or None for a record deleted since; or, when
+    the whole fold went through a FoldTable (puts only), its FoldOrder instead."""
 
     def __init__(
         self,
@@ -68,13 +90,20 @@ class HistoricalReader:
         overlay: dict[bytes, bytes | None],
         position: int,
         on_close: Callable[[], None],
+        order: Any = None,
     ) -> None:
         self.base = base
         self.overlay = overlay
+        self.order = order
         self.position = position
         self._on_close = on_close
 
     def get(self, topic: str, k: str) -> Stored | None:
+        if self.order is not None:
+            v = self.order.get(record_key(topic, k))
+            if v is not None:
+                return decode_value(v)
+            return self.base.get(topic, k) if self.base is not None else None
         got = self.overlay.get(record_key(topic, k), _EMPTY)
         if got is not _EMPTY:
             return None if got is None else decode_value(got)  # type: ignore[arg-type]
@@ -90,25 +119,28 @@ class HistoricalReader:
 
     def chunks(self, topic: str, size: int) -> Iterator[list[tuple[bytes, bytes]]]:
         """`Reader.chunks` of the state: each of the checkpoint's chunks merged with the
-        overlay's rows up to its last key (a dict update and a sort per chunk, in C), the
-        overlay's rows past the checkpoint's last key after them."""
-        mine = self._mine(topic)
-        keys = [kv[0] for kv in mine]
+        overlay's rows up to its last key (`merge_rows`, in C; or the FoldOrder's `merge`),
+        the overlay's rows past the checkpoint's last key after them."""
         base = self.base.chunks(topic, size) if self.base is not None else iter(())
-        i = 0
+        order = self.order
+        if order is not None:
+            order.seek(record_key(topic, ""))
+            for chunk in base:
+                out = order.merge(chunk)
+                if out:
+                    yield out
+            while rest := order.rest(size):
+                yield rest
+            return
+        mine = self._mine(topic)
+        i, n = 0, len(mine)
         for chunk in base:
-            j = bisect_right(keys, chunk[-1][0], i)
-            if j == i:  # nothing folded in this chunk's range
+            if i == n or mine[i][0] > chunk[-1][0]:  # nothing folded in this chunk's range
                 yield chunk
                 continue
-            merged: dict[bytes, bytes | None] = dict(chunk)
-            merged.update(mine[i:j])
-            # every key of the chunk folded since (all updated): the overlay's rows, in order
-            rows = mine[i:j] if len(merged) == j - i else sorted(merged.items())
-            i = j
-            out = [kv for kv in rows if kv[1] is not None]
+            out, i = merge_rows(chunk, mine, i)
             if out:
-                yield out  # type: ignore[misc]
+                yield out
         rest = [kv for kv in mine[i:] if kv[1] is not None]
         for j in range(0, len(rest), size):
             yield rest[j : j + size]  # type: ignore[misc]
@@ -128,112 +160,21 @@ class HistoricalReader:
         self._on_close()
 
 
-class Checkpoints:
-    """The store's checkpoints: made from the live store, read by historical queries."""
-
-    def __init__(
-        self,
-        directory: str,
-        store_env: Callable[[], lmdb.Environment | None],
-        after_copy: Callable[[], object] | None = None,
-        store_bytes: Callable[[], int] | None = None,
-        journal_start: Callable[[], int] | None = None,
-    ) -> None:
-        self.directory = directory
-        self._store_env = store_env
-        self._after_copy = after_copy  # the store's trim (the copy read every page)
-        self._store_bytes = store_bytes  # the size of the store's record tree
-        self._journal_start = journal_start  # the journal's first position (segments removed)
-        os.makedirs(directory, exist_ok=True)
-        self.last = max(self.positions(), default=-1)
-        self._busy = False
-
-    def positions(self) -> list[int]:
-        return sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
-
-    def maybe_make(self, position: int, window: float | None) -> None:
-        """Copy the store (in a thread) when the journal grew CHECKPOINT_EVERY since the last,
-        and at least the store's own size (`store_bytes`: a copy never writes more than the
-        journal grew, and the fold after a checkpoint stays in proportion to the answer)."""
-        grown = position - max(self.last, 0)
-        if self._busy or grown < CHECKPOINT_EVERY:
-            return
-        env = self._store_env()
-        if env is None or (self._store_bytes is not None and grown < self._store_bytes()):
-            return
-        self._busy = True
-        self.last = position
-        threading.Thread(target=self._make, args=(env, window), daemon=True).start()
-
-    def _make(self, env: lmdb.Environment, window: float | None) -> None:
-        tmp = os.path.join(self.directory, f"tmp-{os.getpid()}-{time.time_ns()}")
-        try:
-            os.makedirs(tmp)
-            env.copy(tmp, compact=True)
-            if self._after_copy is not None:
-                self._after_copy()  # the copy read every page of the map
-            with lmdb.open(tmp, readonly=True, max_dbs=4, lock=False) as copy:
-                meta = copy.open_db(b"meta")
-                with copy.begin() as txn:
-                    v = txn.get(b"position", db=meta)
-            if v is None:
-                shutil.rmtree(tmp, ignore_errors=True)
-                return
-            pos = int.from_bytes(v, "big")
-            final = os.path.join(self.directory, f"{pos:020d}")
-            if os.path.exists(final):
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
-            self._prune(window)
-        except Exception:
-            log.exception("SOW checkpoint failed (historical queries read more journal)")
-            shutil.rmtree(tmp, ignore_errors=True)
-        finally:
-            self._busy = False
-
-    def _prune(self, window: float | None) -> None:
-        """Remove the checkpoints no point can use (module docstring): older than the window,
-        or before the journal's start; the newest stays."""
-        start = self._journal_start() if self._journal_start is not None else None
-        now = time.time()
-        for p in self.positions()[:-1]:
-            path = os.path.join(self.directory, f"{p:020d}")
-            old = window is not None and now - os.path.getmtime(path) > window + 60
-            if old or (start is not None and p < start):
-                shutil.rmtree(path, ignore_errors=True)
-
-    def reader(
-        self,
-        journal: Journal,
-        end: int,
-        is_sow: Callable[[str], Any],
-        maker: Callable[[str], KeyMaker | None],
-    ) -> HistoricalReader:
-        """The state as of journal position `end` (every record before it): the newest
-        checkpoint at or before it, and the journal folded from there (runs off the loop)."""
-        base_pos = max((p for p in self.positions() if p <= end), default=None)
-        env = None
-        base = None
-        start = journal.start_position
-        if base_pos is not None and base_pos >= start:
-            env = lmdb.open(
-                os.path.join(self.directory, f"{base_pos:020d}"),
-                readonly=True,
-                max_dbs=4,
-                lock=False,
-            )
-            rec_db = env.open_db(b"rec")  # before the read transaction, which must know it
-            base = Reader(env.begin(buffers=False), rec_db, base_pos)
-            start = base_pos
-        overlay: dict[bytes, bytes | None] = {}
-        _Fold(overlay, is_sow, maker).run(journal, start, end, base)
-
-        def closed() -> None:
-            if env is not None:
-                env.close()
-
-        return HistoricalReader(base, overlay, end, closed)
+def fold_state(
+    journal: Journal,
+    base: Reader | None,
+    start: int,
+    end: int,
+    is_sow: Callable[[str], Any],
+    maker: Callable[[str], KeyMaker | None],
+    on_close: Callable[[], None],
+) -> HistoricalReader:
+    """The state as of journal position `end`: the checkpoint `base` (None: the empty state at
+    `start`, the journal's) with the journal from `start` (its position) folded over it. Runs
+    off the loop (it reads the journal)."""
+    overlay: dict[bytes, bytes | None] = {}
+    order = _Fold(overlay, is_sow, maker).run(journal, start, end, base)
+    return HistoricalReader(base, overlay, end, on_close, order)
 
 
 class _Fold:
@@ -251,7 +192,7 @@ class _Fold:
         self.maker = maker
         self._topics: dict[bytes, str | None] = {}
         self.base: Reader | None = None  # the checkpoint folded over (`run`)
-        # fold_block's targets: topic bytes -> (record key prefix, the overlay) or None
+        # FoldTable.fold's targets: topic bytes -> (record key prefix, the overlay) or None
         self._by_bytes: dict[bytes, tuple[bytes, dict[bytes, bytes | None]] | None] = {}
         # store_rows' targets: every topic's rows go to the one overlay
         self._targets: dict[str, tuple[bytes, dict[bytes, bytes | None]]] = {}
@@ -271,35 +212,45 @@ class _Fold:
             self._targets[got] = (record_key(got, ""), self.overlay)
         return got
 
-    def run(self, journal: Journal, start: int, end: int, base: Reader | None) -> None:
+    def run(self, journal: Journal, start: int, end: int, base: Reader | None) -> Any:
         """Fold the journal from `start` to `end` over the checkpoint `base`: its stored bytes
-        in C (`fold_block`; the records it cannot take, here one by one), or its records as
-        tuples (`run_py`, the reference; and a compacted segment, whose bytes are not stored
-        as they were written)."""
+        into a FoldTable (C: a table of pointers into the blocks read, no object per message;
+        the records it cannot take, here one by one after a flush of the table into the
+        overlay, so that each key's newest change wins), or its records as tuples (`run_py`,
+        the reference; and a compacted segment, whose bytes are not stored as they were
+        written). Returns the table's FoldOrder (its entries in key order) when every record
+        went through it (the overlay dict is then left empty), else None (the dict holds the
+        fold)."""
         self.base = base
-        if fold_block is None:
+        if FoldTable is None:
             self.run_py(journal, start, end)
-            return
+            return None
+        table = FoldTable()
+        hold = FOLD_HOLD
         pos = start
         while pos < end:
             blk = journal.read_block(pos, FOLD_BLOCK)
             if blk is None:  # a compacted segment: its records as tuples
                 recs, nxt = journal.read_raw(pos, FOLD_BLOCK)
                 if recs:
+                    table.flush()
                     self.fold([r for r in recs if r[0] < end])
                     if recs[-1][0] >= end:
-                        return
+                        break
                     pos = nxt
                     continue
             else:
                 buf, at = blk
-                off, at_end, stopped = fold_block(buf, at, end, self._by_bytes, self._learn)
+                off, at_end, stopped = table.fold(buf, at, end, self._by_bytes, self._learn)
                 if at_end:
-                    return
-                if stopped:  # the record at `off`, folded here
+                    break
+                if stopped:  # the record at `off`, folded here after what came before it
+                    table.flush()
                     size = record_length_at(buf, off)
                     self.fold(scan_records(buf[off : off + size], at + off)[0])
                     off += size
+                if table.held() > hold:  # what is still newest, copied together
+                    hold = max(FOLD_HOLD, 2 * table.compact())
                 if off:
                     pos = at + off
                     continue
@@ -307,11 +258,15 @@ class _Fold:
             # nothing here: a segment's end (or a compacted range's)
             after = journal.next_position(nxt)
             if after <= pos or after >= journal.end_position:
-                return
+                break
             pos = after
+        if self.overlay:
+            table.flush()
+            return None
+        return table.sort()
 
     def _learn(self, tb: bytes) -> tuple[bytes, dict[bytes, bytes | None]] | None:
-        """fold_block's target for a topic it meets first: the overlay when a SOW topic."""
+        """FoldTable.fold's target for a topic it meets first: the overlay when a SOW topic."""
         topic = self.sow_topic(tb)
         return None if topic is None else (record_key(topic, ""), self.overlay)
 

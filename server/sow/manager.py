@@ -53,10 +53,11 @@ from protocol.filters import FilterError, compile_filter
 
 from ..matching import body_matches
 from ..router import Router
+from .checkpoints import Checkpoints
 from .delta import DeltaFeed
 from .deltas import Deltas
 from .held import HeldWrites
-from .history import Checkpoints, HistoricalReader, locate_point
+from .history import HistoricalReader, locate_point
 from .keys import (
     BadSowKey,
     KeyMaker,
@@ -237,6 +238,7 @@ class SowManager:
             lambda: self.store.trim(force=True) if self.store is not None else None,
             lambda: self.store.tree_bytes() if self.store is not None else 0,
             lambda: journal.start_position,
+            self.config.sow_max_checkpoint_size,
         )
         self.held = HeldWrites(
             store, self.counts, self._recount, self.is_sow, self._holdable, self._put,

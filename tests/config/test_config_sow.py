@@ -58,6 +58,15 @@ def test_a_sow_topic_with_every_element():
     assert c.sow_topic("mdx") is None and c.sow_topic("orders") is None
 
 
+def test_max_checkpoint_size_bounds_the_checkpoints():
+    sow = "<SOW>%s<Topic><Name>prices</Name></Topic></SOW>"
+    assert load(TXLOG + sow % "").sow_max_checkpoint_size is None
+    c = load(TXLOG + sow % "<MaxCheckpointSize>2GB</MaxCheckpointSize>")
+    assert c.sow_max_checkpoint_size == 2 * 1024**3
+    ((_, path, message),) = problems(TXLOG + sow % "<MaxCheckpointSize>lots</MaxCheckpointSize>")
+    assert path == "/TickertapeConfig/SOW/MaxCheckpointSize"
+
+
 def test_expiration_disabled_is_none():
     c = load(
         TXLOG + "<SOW><Topic><Name>prices</Name><Expiration>disabled</Expiration></Topic></SOW>"

@@ -130,3 +130,51 @@ def test_sow_and_subscribe_from_a_point_answers_its_state_then_every_later_chang
         assert c.ack("completed", "bad")["reason"] == "invalid bookmark"
     finally:
         s.stop()
+
+
+def _disk(path: str) -> int:
+    return sum(os.stat(os.path.join(path, f)).st_blocks * 512 for f in os.listdir(path))
+
+
+def test_checkpoints_stay_within_max_checkpoint_size_and_answers_stay_exact(tmp_path):
+    """`<SOW><MaxCheckpointSize>`: the checkpoints take at most that on disk (the newest
+    copy's own size beside them while it is made), thinned over the journal rather than only
+    the newest kept; a point anywhere, its checkpoint gone or not, still gets its state."""
+    limit = 96 * 1024
+    sow = SOW.replace("<SOW>", f"<SOW><MaxCheckpointSize>{limit}</MaxCheckpointSize>")
+    s = ServerProcess(tmp_path, extra=sow, env={"TICKERTAPE_SOW_CHECKPOINT_BYTES": "8192"})
+    s.start()
+    cdir = os.path.join(str(tmp_path), "journal", "sow-checkpoints")
+    try:
+        c = Raw(s.port, timeout=30)
+        c.logon("hist-cap")
+        rng = random.Random(5)
+        points = []  # (bookmark, the state then: the current answer, exact per the test above)
+        for n in range(1, 2001):
+            cid = c.next_cid()
+            c.send({"c": "publish", "t": "h", "cid": cid, "a": "processed", "s": n},
+                   json.dumps({"k": rng.randrange(40), "n": n, "pad": "x" * 50}))  # fmt: skip
+            c.ack("processed", cid)
+            if n % 100 == 0:
+                cid = c.next_cid()
+                c.send({"c": "flush", "cid": cid, "a": "completed"})
+                c.ack("completed", cid)
+                now, bm = answer(c)
+                points.append((bm["bm"], now))
+                time.sleep(0.01)
+        deadline = time.monotonic() + 20
+        while any(not p.isdigit() for p in os.listdir(cdir)):  # a copy being made
+            assert time.monotonic() < deadline, os.listdir(cdir)
+            time.sleep(0.05)
+        kept = sorted(p for p in os.listdir(cdir) if p.isdigit())
+        sizes = [_disk(os.path.join(cdir, p)) for p in kept]
+        journal_end = int(kept[-1])
+        assert sum(sizes) <= limit, (kept, sizes)
+        assert 2 <= len(kept) < journal_end // 8192, kept  # thinned: fewer than were made
+        assert int(kept[0]) < journal_end // 2, kept  # not only the newest: spread over it
+        for bm, expected in points:
+            got, ack = answer(c, bm=bm)
+            assert ack["status"] == "success", ack
+            assert got == expected
+    finally:
+        s.stop()

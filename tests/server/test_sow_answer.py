@@ -147,7 +147,7 @@ def test_matching_gives_the_evaluators_answers(text):
 
 
 def test_historical_fold_in_c_equals_the_tuple_fold(tmp_path):
-    """A historical query's fold over stored journal bytes (fold_block in server/_splice.c,
+    """A historical query's fold over stored journal bytes (FoldTable in server/_sowfold.c,
     the records it cannot take folded one by one) leaves the overlay the tuple fold (the
     reference) leaves, at every end point: other topics and kinds passed, keys made from the
     body where a record has none, own expirations, replicated records, deletes by keys and by
@@ -159,7 +159,7 @@ def test_historical_fold_in_c_equals_the_tuple_fold(tmp_path):
     from server.sow.records import BY_FILTER, BY_KEYS, encode_delete
     from tests.support.journal_data import submit
 
-    if history.fold_block is None:
+    if history.FoldTable is None:
         pytest.skip("the C accelerator is not built here")
     makers = {"px": KeyMaker(("/id",)), "py": KeyMaker(("/id",))}
     rnd = random.Random(7)
@@ -208,10 +208,16 @@ def test_historical_fold_in_c_equals_the_tuple_fold(tmp_path):
                     if run == "compacted":  # no stored bytes (a compacted segment's reads)
                         read_block, j.read_block = j.read_block, lambda *a: None
                     try:
-                        fold.run(j, j.start_position, stop, None)
+                        table = fold.run(j, j.start_position, stop, None)
                     finally:
                         if run == "compacted":
                             j.read_block = read_block
+                    if table is not None:  # the whole fold went through the table
+                        assert not overlay
+                        table.seek(b"px\x00")
+                        overlay = dict(table.rest(10**6))
+                        table.seek(b"py\x00")
+                        overlay.update(table.rest(10**6))
                 got.append(overlay)
             assert got[0] == got[1] == got[2], stop
             assert stop <= j.start_position or got[0]

@@ -185,7 +185,7 @@ def test_checkpoints_are_kept_across_the_window_and_the_journal(tmp_path, monkey
     at most one interval, however far back): keeping only the newest 16 made a point older
     than them fold the journal from its start. Those before the journal's start (segments
     removed) go; the newest always stays."""
-    from server.sow import history
+    from server.sow import checkpoints as history
 
     monkeypatch.setattr(history, "CHECKPOINT_EVERY", 1)
     store = SowStore(str(tmp_path / "sow"))
