@@ -11,6 +11,19 @@ from server.sow.keys import k_fragment
 from server.sow.store import SowStore, encode_value
 
 
+def make_checkpoint(store: SowStore, cps: Checkpoints, pos: int) -> None:
+    """One record in `store` at `pos`, then a checkpoint of it, waited for (its copy runs on a
+    thread)."""
+    with store.write() as txn:
+        store.put(txn, "px", "WzFd", encode_value(pos, 7, pos, 0, k_fragment("WzFd"), b"{}"))
+        store.set_position(txn, pos)
+    cps.maybe_make(pos, None)
+    deadline = time.monotonic() + 10
+    while cps._busy:
+        assert time.monotonic() < deadline, "the checkpoint copy did not finish"
+        time.sleep(0.01)
+
+
 def test_over_limit_removes_the_one_leaving_the_shortest_stretch():
     # equal sizes, evenly made: on a tie the older goes; never the newest
     kept = [(100 * (i + 1), 10) for i in range(4)]
@@ -48,14 +61,7 @@ def test_checkpoints_past_the_limit_are_thinned_on_disk(tmp_path, monkeypatch):
     one = [0]
 
     def make(cps: Checkpoints, pos: int) -> None:
-        with store.write() as txn:
-            store.put(txn, "px", "WzFd", encode_value(pos, 7, pos, 0, k_fragment("WzFd"), b"{}"))
-            store.set_position(txn, pos)
-        cps.maybe_make(pos, None)
-        deadline = time.monotonic() + 10
-        while cps._busy:
-            assert time.monotonic() < deadline, "the checkpoint copy did not finish"
-            time.sleep(0.01)
+        make_checkpoint(store, cps, pos)
 
     try:
         probe = Checkpoints(str(tmp_path / "probe"), lambda: store.env, None, None, lambda: 0)

@@ -12,7 +12,8 @@ from config.model import SowTopicSpec
 from server.sow.deltas import Deltas
 from server.sow.held import HeldWrites
 from server.sow.keys import KeyMaker, expires_at, k_fragment, with_expiration
-from server.sow.store import SowStore, encode_value
+from server.sow.store import SowStore
+from tests.server.test_sow_checkpoints import make_checkpoint
 
 
 def _refuse(*args):
@@ -195,14 +196,7 @@ def test_checkpoints_are_kept_across_the_window_and_the_journal(tmp_path, monkey
     )
 
     def make(pos: int) -> None:
-        with store.write() as txn:
-            store.put(txn, "px", "WzFd", encode_value(pos, 7, pos, 0, k_fragment("WzFd"), b"{}"))
-            store.set_position(txn, pos)
-        cps.maybe_make(pos, None)
-        deadline = time.monotonic() + 10
-        while cps._busy:
-            assert time.monotonic() < deadline, "the checkpoint copy did not finish"
-            time.sleep(0.01)
+        make_checkpoint(store, cps, pos)
 
     try:
         made = [100 * (i + 1) for i in range(24)]
