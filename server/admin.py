@@ -51,6 +51,7 @@ import asyncio
 import ipaddress
 import logging
 from collections.abc import Callable, Collection
+from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -76,19 +77,6 @@ STATIC = {
     "/console.js": ("console.js", "text/javascript; charset=utf-8"),
     "/console.css": ("console.css", "text/css; charset=utf-8"),
 }
-
-_STATUS = {
-    200: "200 OK",
-    400: "400 Bad Request",
-    401: "401 Unauthorized",
-    403: "403 Forbidden",
-    404: "404 Not Found",
-    405: "405 Method Not Allowed",
-    409: "409 Conflict",
-    421: "421 Misdirected Request",
-    500: "500 Internal Server Error",
-}
-
 
 ACTION_HEADER = "tickertape-console"
 
@@ -200,7 +188,7 @@ class AdminEndpoint:
             await self._stream(writer)
             return
         writer.write(
-            f"HTTP/1.0 {_STATUS[code]}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            f"HTTP/1.0 {code} {HTTPStatus(code).phrase}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"{extra}Connection: close\r\n\r\n".encode()
             + body
         )
@@ -280,11 +268,10 @@ class AdminEndpoint:
             action = self._replication
         if action is not None:
             if _header(lines, b"x-requested-by") != ACTION_HEADER:
-                msg = f"actions need X-Requested-By: {ACTION_HEADER}\n"
-                return 403, "text/plain", msg.encode()
+                return _text(403, f"actions need X-Requested-By: {ACTION_HEADER}\n")
             return action(path, user)
         if method != "GET":
-            return 405, "text/plain", b"only GET is served (and the console's POST actions)\n"
+            return _text(405, "only GET is served (and the console's POST actions)\n")
         if path == "/stats":
             body = msgspec.json.format(msgspec.json.encode(self.stats.snapshot()), indent=2)
             return 200, "application/json", body + b"\n"
@@ -294,12 +281,12 @@ class AdminEndpoint:
             return 200, "text/event-stream", b""
         if path == "/sow":
             if self.sow is None:
-                return 404, "text/plain", b"this instance has no SOW topics\n"
-            return 200, "application/json", msgspec.json.encode(self.sow.topics()) + b"\n"
+                return _text(404, "this instance has no SOW topics\n")
+            return _json(self.sow.topics())
         if path in STATIC:
             name, ctype = STATIC[path]
             return 200, ctype, (CONSOLE / name).read_bytes()
-        return 404, "text/plain", b"not found: try /, /stats or /metrics\n"
+        return _text(404, "not found: try /, /stats or /metrics\n")
 
     def _disconnect(self, path: str, user: str | None) -> tuple[int, str, bytes]:
         ident = path.split("/")[2]
@@ -307,41 +294,38 @@ class AdminEndpoint:
             self.disconnect(int(ident)) if ident.isdigit() and self.disconnect is not None else None
         )
         if what is None:
-            return 404, "text/plain", b"no such client (gone already?)\n"
+            return _text(404, "no such client (gone already?)\n")
         log.warning("admin: disconnected %s at the request of %s", what, user or "the console")
-        return 200, "application/json", msgspec.json.encode({"disconnected": what}) + b"\n"
+        return _json({"disconnected": what})
 
     def _run_action(self, path: str, user: str | None) -> tuple[int, str, bytes]:
         name = unquote(path[len("/actions/") : -len("/run")])
         what = self.run_action(name) if self.run_action is not None and name else None
         if what is None:
-            return 404, "text/plain", b"no such journal action\n"
+            return _text(404, "no such journal action\n")
         if what == "running":
-            return 409, "text/plain", b"that action is running already\n"
+            return _text(409, "that action is running already\n")
         log.warning("admin: ran action %s at the request of %s", name, user or "the console")
-        return 200, "application/json", msgspec.json.encode({"started": name}) + b"\n"
+        return _json({"started": name})
 
     def _replication(self, path: str, user: str | None) -> tuple[int, str, bytes]:
         name, _, command = path[len("/replication/") :].rpartition("/")
         name = unquote(name)
         if command not in ("downgrade", "upgrade") or not name:
-            return 404, "text/plain", b"try POST /replication/<name>/downgrade or /upgrade\n"
+            return _text(404, "try POST /replication/<name>/downgrade or /upgrade\n")
         who = f"the admin ({user})" if user else "the admin"
         changed = self.replication(name, command, who) if self.replication is not None else None
         if changed is None:
-            return 404, "text/plain", f"no replication destination named {name}\n".encode()
+            return _text(404, f"no replication destination named {name}\n")
         if not changed:
             now = (
                 "not a sync destination acting as sync"
                 if command == "downgrade"
-                else ("not downgraded")
+                else "not downgraded"
             )
-            return 409, "text/plain", f"destination {name} is {now}: nothing changed\n".encode()
-        mode = "downgraded" if command == "downgrade" else "sync"
-        return (
-            200,
-            "application/json",
-            msgspec.json.encode({"destination": name, "mode": mode}) + b"\n",
+            return _text(409, f"destination {name} is {now}: nothing changed\n")
+        return _json(
+            {"destination": name, "mode": "downgraded" if command == "downgrade" else "sync"}
         )
 
     async def _sow_query(
@@ -351,29 +335,25 @@ class AdminEndpoint:
         sow = self.sow
         topic = unquote(path[len("/sow/") :])
         if sow is None or not sow.sow.is_sow(topic):
-            return 404, "text/plain", f"{topic!r} is not a SOW topic of this instance\n".encode()
+            return _text(404, f"{topic!r} is not a SOW topic of this instance\n")
         args = {k: v[-1] for k, v in parse_qs(query, max_num_fields=8).items()}
         try:
             own = compile_filter(args["filter"]) if args.get("filter") else None
             order = parse_order_by(args["order_by"]) if args.get("order_by") else None
             top_n = int(args.get("top_n") or 100)
         except (FilterError, BadOrderBy) as exc:
-            return 400, "text/plain", f"{exc}\n".encode()
+            return _text(400, f"{exc}\n")
         except ValueError:
-            return (
-                400,
-                "text/plain",
-                f"top_n is a number of records (at most {MAX_ROWS})\n".encode(),
-            )
+            return _text(400, f"top_n is a number of records (at most {MAX_ROWS})\n")
         grant = self.guard.grant(peer, user, "subscribe", topic, False, own, "admin sow")
         if grant is None:
-            return 403, "text/plain", f"user {user!r} may not read {topic!r}\n".encode()
+            return _text(403, f"user {user!r} may not read {topic!r}\n")
         try:
             answer = await sow.query(topic, grant.filter, order, top_n)
         except Exception as exc:  # the store closing under it (shutdown), or a bug: not the loop
             log.exception("admin: SOW query on %s failed", topic)
-            return 500, "text/plain", f"the query failed: {exc!r}\n".encode()
-        return 200, "application/json", msgspec.json.encode(answer) + b"\n"
+            return _text(500, f"the query failed: {exc!r}\n")
+        return _json(answer)
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
         """Serve /events until the page goes, its output backs up, or the endpoint stops."""
@@ -416,6 +396,14 @@ class AdminEndpoint:
             )
             self._details = (last["n"], _event(b"sample", body))
         return self._details[1]
+
+
+def _text(code: int, msg: str) -> tuple[int, str, bytes]:
+    return code, "text/plain", msg.encode()
+
+
+def _json(obj: object) -> tuple[int, str, bytes]:
+    return 200, "application/json", msgspec.json.encode(obj) + b"\n"
 
 
 def _event(name: bytes, data: bytes) -> bytes:
