@@ -28,7 +28,7 @@ from .pipeline import Pipeline
 from .queues import QueueManager
 from .replay_engine import ReplayEngine
 from .sow.query_console import SowConsole
-from .stats_replication import queue_replication_metrics, replication_metrics
+from .stats_replication import metric, queue_replication_metrics, replication_metrics
 
 
 class Stats:
@@ -311,7 +311,7 @@ class Stats:
         _metrics(lines, snap, CONNECTION_METRICS)
         lim = snap["limits"]
         for key, what in LIMIT_METRICS:
-            _metric(lines, f"limit_{key}_total", what, lim.get(key, 0))
+            metric(lines, f"limit_{key}_total", what, lim.get(key, 0))
         _metrics(lines, snap, INSTANCE_METRICS)
         lines.append("# HELP tickertape_disconnects_total Connections closed, by reason.")
         lines.append("# TYPE tickertape_disconnects_total counter")
@@ -321,7 +321,7 @@ class Stats:
             for key, help_ in QUEUE_METRICS:
                 name = f"queue_{key}" + ("" if key in ("depth", "leased") else "_total")
                 for i, (qname, q) in enumerate(sorted(snap["queues"].items())):
-                    _metric(lines, name, help_, q[key], f'{{queue="{qname}"}}', head=i == 0)
+                    metric(lines, name, help_, q[key], f'{{queue="{qname}"}}', head=i == 0)
             queue_replication_metrics(lines, snap["queues"])
         replication_metrics(lines, snap["replication"])
         if snap["journal"]:
@@ -409,23 +409,12 @@ JOURNAL_METRICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )  # fmt: skip
 
 
-def _metric(
-    lines: list[str], name: str, help_: str, value: Any, labels: str = "", head: bool = True
-) -> None:
-    if head:
-        lines.append(f"# HELP tickertape_{name} {help_}")
-        lines.append(
-            f"# TYPE tickertape_{name} {'counter' if name.endswith('_total') else 'gauge'}"
-        )
-    lines.append(f"tickertape_{name}{labels} {int(value) if type(value) is bool else value}")
-
-
 def _metrics(lines: list[str], snap: dict[str, Any], table: tuple) -> None:
     for name, help_, path in table:
         value: Any = snap
         for key in path:
             value = value[key]
-        _metric(lines, name, help_, value)
+        metric(lines, name, help_, value)
 
 
 MAX_CLIENTS = 500

@@ -12,53 +12,48 @@ __all__ = [
     "REPLICATION_METRICS",
     "REPLICATION_TOTALS",
     "SOURCE_METRICS",
+    "metric",
     "queue_replication_metrics",
     "replication_metrics",
 ]
 
-# per destination: (key in /stats, metric name, type, help); docs/replication.md
+# per destination: (key in /stats, metric name, help); docs/replication.md
 REPLICATION_METRICS = (
-    ("connected", "replication_connected", "gauge", "1 while the link to the destination is up."),
+    ("connected", "replication_connected", "1 while the link to the destination is up."),
     (
         "acked_position",
         "replication_acked_position",
-        "gauge",
         "Journal position up to which the destination holds everything.",
     ),
-    ("lag_bytes", "replication_lag_bytes", "gauge", "Journal bytes the destination lacks."),
+    ("lag_bytes", "replication_lag_bytes", "Journal bytes the destination lacks."),
     (
         "lag_messages",
         "replication_lag_messages",
-        "gauge",
         "Messages committed since start that the destination lacks.",
     ),
     (
         "lag_seconds",
         "replication_lag_seconds",
-        "gauge",
         "Age of the oldest committed batch the destination lacks.",
     ),
     (
         "last_ack_time",
         "replication_last_ack_time_seconds",
-        "gauge",
         "Unix time of the destination's last ack (0: none since start).",
     ),
     (
         "catching_up",
         "replication_catching_up",
-        "gauge",
         "1 while connected but more than one batch behind (resynchronising).",
     ),
-    ("sent_bytes", "replication_sent_bytes_total", "counter", "Bytes sent to the destination."),
+    ("sent_bytes", "replication_sent_bytes_total", "Bytes sent to the destination."),
     (
         "sent_messages",
         "replication_sent_messages_total",
-        "counter",
         "Records sent to the destination.",
     ),
-    ("downgrades", "replication_downgrades_total", "counter", "Downgrades to async."),
-    ("upgrades", "replication_upgrades_total", "counter", "Upgrades back to sync."),
+    ("downgrades", "replication_downgrades_total", "Downgrades to async."),
+    ("upgrades", "replication_upgrades_total", "Upgrades back to sync."),
 )
 
 
@@ -99,93 +94,81 @@ QUEUE_EVENT_METRICS = (
     ),
 )
 
-# per source instance (label source): (key in /stats "replication" "sources", name, type, help)
+# per source instance (label source): (key in /stats "replication" "sources", name, help)
 SOURCE_METRICS = (
     (
         "connected",
         "replication_source_connected",
-        "gauge",
         "1 while the link from the source is up.",
     ),
     (
         "resume_position",
         "replication_source_resume_position",
-        "gauge",
         "Source journal position up to which this instance holds everything it sent.",
     ),
     (
         "received_messages",
         "replication_source_received_messages_total",
-        "counter",
         "Records received from the source.",
     ),
     (
         "received_bytes",
         "replication_source_received_bytes_total",
-        "counter",
         "Record bytes received from the source.",
     ),
     (
         "duplicates",
         "replication_source_duplicates_total",
-        "counter",
         "Messages from the source dropped as duplicates.",
     ),
 )
 
 
+def metric(
+    lines: list[str], name: str, help_: str, value: Any, labels: str = "", head: bool = True
+) -> None:
+    """One sample of metric `tickertape_<name>`, after its HELP and TYPE lines when `head` (a
+    name that ends in _total is a counter, any other a gauge)."""
+    if head:
+        lines.append(f"# HELP tickertape_{name} {help_}")
+        lines.append(
+            f"# TYPE tickertape_{name} {'counter' if name.endswith('_total') else 'gauge'}"
+        )
+    lines.append(f"tickertape_{name}{labels} {int(value) if type(value) is bool else value}")
+
+
 def replication_metrics(lines: list[str], repl: dict[str, Any]) -> None:
-    sources = repl["sources"]
-    if sources or repl["destinations"]:
-        for key, metric, help_ in REPLICATION_TOTALS:
-            lines.append(f"# HELP tickertape_{metric} {help_}")
-            lines.append(f"# TYPE tickertape_{metric} counter")
-            lines.append(f"tickertape_{metric} {repl[key]}")
-        for key, metric, help_ in QUEUE_EVENT_METRICS:
-            lines.append(f"# HELP tickertape_{metric} {help_}")
-            lines.append(f"# TYPE tickertape_{metric} counter")
-            lines.append(f"tickertape_{metric} {repl['queues'].get(key, 0)}")
-    if sources:
-        for key, metric, kind, help_ in SOURCE_METRICS:
-            lines.append(f"# HELP tickertape_{metric} {help_}")
-            lines.append(f"# TYPE tickertape_{metric} {kind}")
-            for name, d in sorted(sources.items()):
-                lines.append(f'tickertape_{metric}{{source="{name}"}} {int(d[key])}')
-    dests = repl["destinations"]
+    sources, dests = repl["sources"], repl["destinations"]
+    if sources or dests:
+        for key, name, help_ in REPLICATION_TOTALS:
+            metric(lines, name, help_, repl[key])
+        for key, name, help_ in QUEUE_EVENT_METRICS:
+            metric(lines, name, help_, repl["queues"].get(key, 0))
+    for key, name, help_ in SOURCE_METRICS:
+        for i, (src, d) in enumerate(sorted(sources.items())):
+            metric(lines, name, help_, int(d[key]), f'{{source="{src}"}}', head=i == 0)
     if not dests:
         return
-    lines.append(
-        "# HELP tickertape_replication_held_batches Committed batches whose acks wait for a "
-        "sync destination."
+    metric(
+        lines,
+        "replication_held_batches",
+        "Committed batches whose acks wait for a sync destination.",
+        repl["held_batches"],
     )
-    lines.append("# TYPE tickertape_replication_held_batches gauge")
-    lines.append(f"tickertape_replication_held_batches {repl['held_batches']}")
-    lines.append(
-        "# HELP tickertape_replication_mode The destination's mode (sync, async, downgraded): 1."
-    )
-    lines.append("# TYPE tickertape_replication_mode gauge")
-    for name, d in sorted(dests.items()):
-        lines.append(f'tickertape_replication_mode{{destination="{name}",mode="{d["mode"]}"}} 1')
-    for key, metric, kind, help_ in REPLICATION_METRICS:
-        lines.append(f"# HELP tickertape_{metric} {help_}")
-        lines.append(f"# TYPE tickertape_{metric} {kind}")
-        for name, d in sorted(dests.items()):
-            value = d[key]
-            if value is None:
-                value = 0
-            elif isinstance(value, bool):
-                value = int(value)
-            lines.append(f'tickertape_{metric}{{destination="{name}"}} {value}')
+    for i, (dest, d) in enumerate(sorted(dests.items())):
+        labels = f'{{destination="{dest}",mode="{d["mode"]}"}}'
+        help_ = "The destination's mode (sync, async, downgraded): 1."
+        metric(lines, "replication_mode", help_, 1, labels, head=i == 0)
+    for key, name, help_ in REPLICATION_METRICS:
+        for i, (dest, d) in enumerate(sorted(dests.items())):
+            value = 0 if d[key] is None else d[key]
+            metric(lines, name, help_, value, f'{{destination="{dest}"}}', head=i == 0)
 
 
 def queue_replication_metrics(lines: list[str], queues: dict[str, dict[str, Any]]) -> None:
     """Per replicated queue (its /stats entry has the replication keys)."""
     replicated = {n: q for n, q in queues.items() if "held_for_others" in q}
-    if not replicated:
-        return
     for key, kind, help_ in QUEUE_REPLICATION_METRICS:
         name = f"queue_{key}" + ("" if kind == "gauge" else "_total")
-        lines.append(f"# HELP tickertape_{name} {help_}")
-        lines.append(f"# TYPE tickertape_{name} {kind}")
-        for qname, q in sorted(replicated.items()):
-            lines.append(f'tickertape_{name}{{queue="{qname}"}} {q[key]}')
+        for i, (qname, q) in enumerate(sorted(replicated.items())):
+            metric(lines, name, help_, q[key], f'{{queue="{qname}"}}', head=i == 0)

@@ -203,7 +203,7 @@ def test_cli_password_file_needs_user(tmp_path):
 def test_the_docs_list_every_replication_metric():
     text = DOC.read_text()
     names = ["tickertape_replication_held_batches", "tickertape_replication_mode"]
-    names += [f"tickertape_{m}" for _k, m, _t, _h in REPLICATION_METRICS + SOURCE_METRICS]
+    names += [f"tickertape_{m}" for _k, m, _h in REPLICATION_METRICS + SOURCE_METRICS]
     names += [f"tickertape_{m}" for _k, m, _h in REPLICATION_TOTALS + QUEUE_EVENT_METRICS]
     queue_names = [
         f"tickertape_queue_{k}" + ("" if t == "gauge" else "_total")
