@@ -43,7 +43,7 @@ from .guard import Guard, build_guard
 from .maintenance import Maintenance
 from .pipeline import Pipeline
 from .reasons import Disconnect
-from .replication import AckSink, MemoryAckSink
+from .replication import AckSink, NullAckSink
 from .replication.catchup import CatchUp
 from .replication.handoff import foreign_tail
 from .replication.identity import journal_identity
@@ -107,7 +107,7 @@ class Server:
         self.sow: SowManager | None = None
         self.senders: list[Sender] = []
         # what the senders report: the SyncGate when there are destinations (and a journal)
-        self.repl_sink: AckSink = MemoryAckSink()
+        self.repl_sink: AckSink = NullAckSink()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -303,7 +303,7 @@ class Server:
                 group,
                 journal,
                 self.pipeline,
-                self.gate if self.gate is not None else self.repl_sink,
+                self.repl_sink,
                 partial(_read_password, dest.password_file),
                 self.queues.translate_out,
                 self.jid,

@@ -4,7 +4,7 @@ instances received on a `replication` transport (receiver.py); link.py is the co
 handling both ends share, protocol/replication.py the frames.
 
 `AckSink` is how a sender reports a destination's state (SyncGate, server/replication/sync.py,
-implements it to hold `persisted` acks for sync destinations); `MemoryAckSink` just records it.
+implements it to hold `persisted` acks for sync destinations); `NullAckSink` holds nothing.
 
 LMDB metadata (the journal index's `batch.meta`, u64 LE positions of the *source* journal):
 `repl-from:<source name>` on a destination, committed with the records it covers (the resume
@@ -15,8 +15,6 @@ point); `repl-acked:<destination name>` on a source, the position the destinatio
 from __future__ import annotations
 
 import struct
-import time
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from journal.maintenance import repl_acked_key  # the key journal maintenance reads
@@ -25,7 +23,7 @@ from ..pipeline_replicate import REPL_FROM
 
 U64 = struct.Struct("<Q")
 
-__all__ = ["REPL_FROM", "AckSink", "DestinationState", "MemoryAckSink", "repl_acked_key"]
+__all__ = ["REPL_FROM", "AckSink", "NullAckSink", "repl_acked_key"]
 
 
 class AckSink(Protocol):
@@ -44,42 +42,20 @@ class AckSink(Protocol):
         `messages` more records, `size` more bytes of them."""
 
 
-@dataclass
-class DestinationState:
-    connected: bool = False
-    acked: int = 0
-    sent: int = 0
-    last_ack_at: float = 0.0  # time.time() of the last ack, 0 = none yet
-    connects: int = 0
-
-
-@dataclass
-class MemoryAckSink:
-    """An AckSink that only records each destination's state (for stats), holding nothing."""
-
-    dests: dict[str, DestinationState] = field(default_factory=dict)
-
-    def _of(self, dest: str) -> DestinationState:
-        st = self.dests.get(dest)
-        if st is None:
-            st = self.dests[dest] = DestinationState()
-        return st
+class NullAckSink:
+    """An AckSink that holds nothing and records nothing: the server's before a sync gate
+    (SyncGate) takes its place."""
 
     def link_up(self, dest: str) -> None:
-        st = self._of(dest)
-        st.connected = True
-        st.connects += 1
+        pass
 
     def link_down(self, dest: str) -> None:
-        self._of(dest).connected = False
+        pass
 
     def acked(self, dest: str, position: int) -> None:
-        st = self._of(dest)
-        st.acked = max(st.acked, position)
-        st.last_ack_at = time.time()
+        pass
 
     def sent(
         self, dest: str, position: int, messages: int | None = None, size: int | None = None
     ) -> None:
-        st = self._of(dest)
-        st.sent = max(st.sent, position)
+        pass

@@ -44,8 +44,6 @@ class Link:
         self.last_recv = now
         self.last_send = now
         self.reason: str | None = None  # set when closed
-        self.bytes_in = 0
-        self.bytes_out = 0
         self._keepalive: asyncio.Task[None] | None = None
 
     @property
@@ -83,7 +81,6 @@ class Link:
         except (RuntimeError, ConnectionError, OSError) as exc:
             self.end(f"write failed: {exc}")
             return
-        self.bytes_out += len(data)
         self.last_send = time.monotonic()
 
     async def drain(self) -> None:
@@ -112,7 +109,6 @@ class Link:
                 self.end(self.reason or "closed by the peer")
                 continue
             self.last_recv = time.monotonic()
-            self.bytes_in += len(data)
             try:
                 frames = self.decoder.feed(data)
             except LinkError as exc:

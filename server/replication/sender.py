@@ -224,9 +224,6 @@ class Sender:
         self.translate = translate  # queue events' wire form (QueueManager.translate_out)
         self.filter = Filter(dest)
         self.acked = 0  # source position the destination acknowledged (this link or before)
-        self.sent_pos = 0
-        self.batches_sent = 0
-        self.bytes_sent = 0
         self.link: Link | None = None
         self._acked_event = asyncio.Event()
         self._retry = asyncio.Event()  # ends a back-off wait (`retry_now`)
@@ -364,7 +361,6 @@ class Sender:
         if h.jid is not None and h.jid != self.peer_jid:
             self._new_peer_journal(h.jid)
         self.acked = resume
-        self.sent_pos = resume
         self.sink.link_up(self.dest.name)
         self.sink.acked(self.dest.name, resume)  # where it stands (a sync gate needs it)
         acks = asyncio.get_running_loop().create_task(self._read_acks(link, frames[1:]))
@@ -493,7 +489,7 @@ class Sender:
                 journal.end_position,
             )
             pos = start
-            self.acked = self.sent_pos = pos
+            self.acked = pos
             self.sink.acked(name, pos)
         self.handoffs.new_link()  # what the last link may not have committed goes again
         self._owners_sent = 0  # and every client-name binding
@@ -516,9 +512,7 @@ class Sender:
                 await asyncio.sleep(0.001)
                 continue
             link.send(encode_batch(pos, nxt, body))
-            self.batches_sent += 1
-            self.bytes_sent += len(body)
-            self.sent_pos = pos = nxt
+            pos = nxt
             self.sink.sent(name, nxt, count, len(body))
             await link.drain()
 

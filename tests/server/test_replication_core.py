@@ -167,7 +167,7 @@ def test_the_sender_reads_compacted_segments_as_the_records_they_hold(tmp_path):
     to its original bytes, through the filter, and still covers every source position once."""
     from journal import maintenance as jm
     from journal import maintenance_apply as jma
-    from server.replication import MemoryAckSink
+    from server.replication import NullAckSink
     from server.replication.sender import Sender
     from tests.support.journal_data import all_raw, build, run_without_spark
 
@@ -184,7 +184,7 @@ def test_the_sender_reads_compacted_segments_as_the_records_they_hold(tmp_path):
             ((".*",), [r for r in before if r[1] == KIND_MESSAGE]),
             (("orders/.*",), [r for r in before if r[5].startswith(b"orders/")]),
         ):
-            s = Sender(dest(topics=topics), "tt-a", "ny", j, None, MemoryAckSink())  # type: ignore[arg-type]
+            s = Sender(dest(topics=topics), "tt-a", "ny", j, None, NullAckSink())  # type: ignore[arg-type]
             pos, sent = j.start_position, []
             while pos < j.end_position:
                 body, nxt, _ = s._read(pos)

@@ -24,7 +24,7 @@ from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 from protocol.replication import Heartbeat, ReplAck, ReplBatch, encode_ack
 from server.guard import Guard
-from server.replication import REPL_FROM, U64, MemoryAckSink
+from server.replication import REPL_FROM, U64, NullAckSink
 from server.replication import receiver as receiver_mod
 from server.replication import sender as sender_mod
 from server.replication.link import LinkClosed
@@ -261,7 +261,7 @@ async def test_a_link_whose_logon_check_outlasts_the_silence_bound_comes_up(tmp_
         topics=(TopicSpec(name=".*"),),
         user="repl",
     )
-    sink = MemoryAckSink()
+    sink = NullAckSink()
     sender = Sender(dest, "tt-a", "ny", ja, pa, sink, password=lambda: "secret")
     sender.start()
     try:
@@ -350,7 +350,7 @@ async def test_a_link_from_a_destination_ends_the_senders_back_off(tmp_path, mon
         topics=(TopicSpec(name=".*"),),
     )
     tries: list[str | None] = []
-    sender = Sender(dest, "tt-a", "ny", ja, make_pipeline(ja), MemoryAckSink(),
+    sender = Sender(dest, "tt-a", "ny", ja, make_pipeline(ja), NullAckSink(),
                     answered=lambda name, seen: tries.append(seen))  # fmt: skip
     sender.start()
     server = None
