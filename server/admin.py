@@ -48,6 +48,7 @@ and a comment line every `KEEPALIVE` seconds without a sample finds a page that 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 from collections.abc import Callable, Collection
@@ -192,10 +193,8 @@ class AdminEndpoint:
             f"{extra}Connection: close\r\n\r\n".encode()
             + body
         )
-        try:
+        with contextlib.suppress(ConnectionError):
             await writer.drain()
-        except ConnectionError:
-            pass
         writer.close()
 
     def _check_host(self, method: str, path: str, lines: list[bytes]) -> tuple[int, bytes] | None:

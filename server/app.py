@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import time
@@ -413,10 +414,8 @@ class Server:
         self.filter_compiler.shutdown(wait=False, cancel_futures=True)
         self.guard.close()
         for srv in self.listeners:
-            try:
+            with contextlib.suppress(TimeoutError, Exception):
                 await asyncio.wait_for(srv.wait_closed(), 2.0)
-            except (TimeoutError, Exception):
-                pass
         log.info("stopped in %.3fs", time.monotonic() - started)
         self._stopped.set()
 

@@ -12,6 +12,7 @@ lock held) is simply taken over.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sys
@@ -91,9 +92,7 @@ class Daemon:
 
     def release(self) -> None:
         if self._fd >= 0:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.pid_file)
-            except OSError:
-                pass
             os.close(self._fd)
             self._fd = -1

@@ -29,6 +29,7 @@ requests whose job was lost, and unlinks retired segment files after their grace
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -134,10 +135,8 @@ class Maintenance:
         for t in list(self._running.values()):
             t.cancel()
         if self._poll is not None:
-            try:
+            with contextlib.suppress(TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._poll), 10.0)
-            except (TimeoutError, Exception):
-                pass
 
     def tick(self, now_mono: float) -> None:
         """From the server's periodic tick: start due actions, and poll the maintenance folder."""
@@ -370,7 +369,5 @@ def _label(action: Action) -> str:
 
 
 def _signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

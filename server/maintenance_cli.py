@@ -34,12 +34,12 @@ Exit status: 0 done or nothing to do; 1 error; 2 verification failed or the resu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - imported where used
@@ -294,7 +294,8 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
     )
     if log_path is not None:
         if summary.get("status") == "ok":
-            _unlink(log_path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(log_path)
         elif os.path.exists(log_path):
             summary["spark_log"] = log_path
     if summary.get("status") != "ok":
@@ -302,11 +303,11 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
         if summary.get("spark_log") and not args.json:
             _err(f"Spark's log: {summary['spark_log']}")
         # the owner still answers the failed result so the request is closed
-        _apply_or_wait(jdir, tl, req["id"], args.wait, Journal, JournalLocked, apply_result)
+        _apply_or_wait(jdir, tl, req["id"], args.wait)
         return batch.exit_code(summary)
 
     # 3. apply: by us if we can own the journal, else by the server
-    answer = _apply_or_wait(jdir, tl, req["id"], args.wait, Journal, JournalLocked, apply_result)
+    answer = _apply_or_wait(jdir, tl, req["id"], args.wait)
     _report(args, summary, answer, batch)
     if answer is None:
         return 1
@@ -314,14 +315,10 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
 
 
 def _apply_or_wait(
-    jdir: str,
-    tl: TransactionLog,
-    req_id: str,
-    wait_s: float,
-    Journal: Any,
-    JournalLocked: type[Exception],
-    apply_result: Callable[..., dict[str, Any]],
+    jdir: str, tl: TransactionLog, req_id: str, wait_s: float
 ) -> dict[str, Any] | None:
+    from journal.journal import Journal, JournalLocked
+    from journal.maintenance_apply import apply_result
     from journal.manifest import applied_path, read_json
 
     try:
@@ -364,10 +361,8 @@ def _order(jdir: str, kind: str, opts: dict[str, Any], dry_run: bool) -> dict[st
             continue
         os.unlink(answer)
         return ans
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(maint_dir(jdir, "orders", oid + ".json"))
-    except FileNotFoundError:
-        pass
     return None
 
 
@@ -380,13 +375,6 @@ def _report(
     print(batch.format_summary(summary))
     if answer is not None:
         print(f"journal: {answer.get('status')}: {answer.get('reason', '')}")
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _submit_hint(args: argparse.Namespace, req_path: str) -> str:

@@ -43,6 +43,7 @@ Rates: `N` msgs/s and `NKB` bytes/s are token budgets; `kX` replays at k times t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -559,7 +560,5 @@ class Replay:
     async def _sleep(self, seconds: float) -> None:
         self.out.flush()
         self.wake.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), seconds)
-        except TimeoutError:
-            pass

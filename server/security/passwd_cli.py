@@ -88,10 +88,7 @@ def run(args: argparse.Namespace) -> int:
             added = set_password(args.file, args.user, password)
             done = "added" if added else "changed the password of"
             print(f"{done} {args.user} in {args.file}", file=err)
-    except PasswordFileError as e:
-        print(f"tickertape passwd: {e}", file=err)
-        return 1
-    except ValueError as e:
+    except (PasswordFileError, ValueError) as e:
         print(f"tickertape passwd: {e}", file=err)
         return 1
     except OSError as e:
