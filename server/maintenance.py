@@ -236,9 +236,7 @@ class Maintenance:
             held = ""
             try:
                 ok, what, held = await self._step(step)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # not CancelledError: a BaseException
                 log.exception("action %s: %s failed", label, step.name)
                 ok, what = False, str(exc)
             log.log(

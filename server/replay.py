@@ -293,9 +293,7 @@ class Replay:
                     )
                 else:
                     self.position = journal.next_position(await self._send(recs, end, nxt))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except Exception:  # not CancelledError (a BaseException): a cancel ends it quietly
             log.exception("replay failed at position %d", self.position)
             if self.cursors:
                 self.out.close(Disconnect.BAD_FRAME)
