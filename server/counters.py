@@ -3,28 +3,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 __all__ = ["Counters"]
 
 
+@dataclass(slots=True, eq=False)
 class Counters:
     """Counts bumped by sessions and connections."""
 
-    __slots__ = (
-        "auth_failures",
-        "connections_total",
-        "disconnects",
-        "not_entitled",
-        "refused",
-        "tls_refused",
-    )
-
-    def __init__(self) -> None:
-        self.connections_total = 0
-        self.refused = 0  # commands refused with a failure ack
-        self.auth_failures = 0  # logons refused `auth failure` by the authenticator
-        self.not_entitled = 0  # commands refused `not entitled` by the user's roles
-        self.tls_refused = 0  # TLS handshakes that failed (server/tls_accept.py)
-        self.disconnects: dict[str, int] = {}  # reason -> connections closed
+    connections_total: int = 0
+    refused: int = 0  # commands refused with a failure ack
+    auth_failures: int = 0  # logons refused `auth failure` by the authenticator
+    not_entitled: int = 0  # commands refused `not entitled` by the user's roles
+    tls_refused: int = 0  # TLS handshakes that failed (server/tls_accept.py)
+    disconnects: dict[str, int] = field(default_factory=dict)  # reason -> connections closed
 
     def disconnected(self, reason: str) -> None:
         self.disconnects[reason] = self.disconnects.get(reason, 0) + 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
@@ -53,19 +54,17 @@ class OpenBatch(Protocol):
     def schedule(self) -> None: ...
 
 
+@dataclass(slots=True, eq=False)
 class Sequences:
     """Per publisher: the highest sequence accepted (stored or in flight) and, after a failed
     commit, the sequence it must send next (the gap rule, Pipeline._failed); the receive clock
     (never goes back in journal order); what was stored and dropped as duplicates."""
 
-    __slots__ = ("duplicates", "gaps", "highest", "last_ts", "published")
-
-    def __init__(self) -> None:
-        self.highest: dict[int, int] = {}
-        self.gaps: dict[int, int] = {}
-        self.last_ts = 0
-        self.published = 0
-        self.duplicates = 0
+    highest: dict[int, int] = field(default_factory=dict)
+    gaps: dict[int, int] = field(default_factory=dict)
+    last_ts: int = 0
+    published: int = 0
+    duplicates: int = 0
 
     def now(self) -> int:
         """A receive time for the next records: microseconds, not before the last one."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import array
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -32,14 +33,12 @@ StoredMessage = tuple[int, int, int, int, bytes, bytes, bytes]
 back from the journal."""
 
 
+@dataclass(slots=True, eq=False)
 class QueueSub:
-    __slots__ = ("backlog", "head", "outstanding", "sub")
-
-    def __init__(self, sub: Subscription, backlog: int) -> None:
-        self.sub = sub
-        self.backlog = backlog
-        self.outstanding = 0
-        self.head: tuple[bytes | None, bytes] = (None, b"")  # (sub.prefix, prefix + topic member)
+    sub: Subscription
+    backlog: int
+    outstanding: int = 0
+    head: tuple[bytes | None, bytes] = (None, b"")  # (sub.prefix, prefix + topic member)
 
 
 class Lease(NamedTuple):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -124,24 +125,15 @@ def _not_found(journal: Journal, spec: BookmarkSpec, not_found: str | None) -> S
     return None
 
 
+@dataclass(slots=True, eq=False)
 class End:
     """Where a range stops. check(position, pub, seq, ts) -> (deliver_this, stop_after)."""
 
-    __slots__ = ("inclusive", "position", "pub", "seq", "ts")
-
-    def __init__(
-        self,
-        position: int | None = None,
-        pub: int | None = None,
-        seq: int | None = None,
-        ts: int | None = None,
-        inclusive: bool = True,
-    ) -> None:
-        self.position = position
-        self.pub = pub
-        self.seq = seq
-        self.ts = ts
-        self.inclusive = inclusive
+    position: int | None = None
+    pub: int | None = None
+    seq: int | None = None
+    ts: int | None = None
+    inclusive: bool = True
 
     def check(self, position: int, pub: int, seq: int, ts: int) -> tuple[bool, bool]:
         if self.position is not None:
@@ -218,23 +210,15 @@ def _skip_end(
     return until
 
 
+@dataclass(slots=True, eq=False)
 class Plan:
     """Resolved bookmark: start ("at", pos) / ("wait", micros) / None (NOW), an optional End,
     and for a list the per-publisher `skip` up to `skip_until` (module docstring)."""
 
-    __slots__ = ("end", "skip", "skip_until", "start")
-
-    def __init__(
-        self,
-        start: Start,
-        end: End | None = None,
-        skip: dict[int, int] | None = None,
-        skip_until: int = 0,
-    ) -> None:
-        self.start = start
-        self.end = end
-        self.skip = skip
-        self.skip_until = skip_until
+    start: Start
+    end: End | None = None
+    skip: dict[int, int] | None = None
+    skip_until: int = 0
 
 
 def plan_replay(journal: Journal, spec: BookmarkSpec, not_found: str | None, end_now: int) -> Plan:

@@ -48,6 +48,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = ["UPGRADE_WITHIN", "Destination", "SyncGate", "UnknownDestination"]
@@ -73,43 +74,25 @@ class UnknownDestination(KeyError):
         return f"no replication destination named {self.name!r} is configured"
 
 
+@dataclass(slots=True, eq=False)
 class Destination:
     """One configured destination's live state (the gate's; stats read it)."""
 
-    __slots__ = (
-        "acked",
-        "auto_upgrade",
-        "connected",
-        "downgrade_after",
-        "downgraded",
-        "downgrades",
-        "last_ack_time",
-        "name",
-        "progress_at",
-        "sent_bytes",
-        "sent_messages",
-        "sent_position",
-        "sync",
-        "timer",
-        "upgrades",
-    )
-
-    def __init__(self, name: str, sync: bool, downgrade_after: float | None) -> None:
-        self.name = name
-        self.sync = sync
-        self.downgrade_after = downgrade_after
-        self.connected = False
-        self.downgraded = False
-        self.auto_upgrade = True  # False after an admin downgrade, until the next reconnect
-        self.acked = 0  # journal position up to which it holds everything (its last ack)
-        self.sent_position = 0
-        self.sent_bytes = 0
-        self.sent_messages = 0
-        self.last_ack_time: float | None = None  # wall clock
-        self.progress_at = 0.0  # monotonic: when `acked` last moved (or the gate started)
-        self.timer: Handle | None = None
-        self.downgrades = 0
-        self.upgrades = 0
+    name: str
+    sync: bool
+    downgrade_after: float | None
+    connected: bool = False
+    downgraded: bool = False
+    auto_upgrade: bool = True  # False after an admin downgrade, until the next reconnect
+    acked: int = 0  # journal position up to which it holds everything (its last ack)
+    sent_position: int = 0
+    sent_bytes: int = 0
+    sent_messages: int = 0
+    last_ack_time: float | None = None  # wall clock
+    progress_at: float = 0.0  # monotonic: when `acked` last moved (or the gate started)
+    timer: Handle | None = None
+    downgrades: int = 0
+    upgrades: int = 0
 
     @property
     def active(self) -> bool:
