@@ -24,7 +24,6 @@ back: a healed partition) the queues lease nothing (`paused`, server/queue_repl.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import logging
 import time
@@ -113,6 +112,10 @@ class QueueManager:
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self.reads = QueueReader(journal)  # messages read back (a one-block cache)
+        # its reads, as the queues' host (QueueHost): the reader's own bound methods
+        self.read = self.reads.read
+        self.splice_run = self.reads.splice_run
+        self.origin_at = self.reads.origin_at
         self.recovery_seconds = 0.0
         self._last_checkpoint = 0.0
         self._checkpoints: dict[str, int] = {}  # queue name -> the checkpoint last committed
@@ -472,23 +475,6 @@ class QueueManager:
                 )
             else:
                 self._pending.append((q, origin, left, tries + 1))
-
-    # -- reads (server/queue_reader.py) ------------------------------------------------------------
-
-    def read(self, position: int) -> StoredMessage | None:
-        """(position, pub, seq, ts, topic_b, body, header fragment) of the message at position,
-        or None if the journal no longer holds one there."""
-        return self.reads.read(position)
-
-    def splice_run(
-        self, positions: array.array, head: bytes, tail: bytes
-    ) -> tuple[bytes, list[str], int] | None:
-        """The frames of a run spliced from one journal block, or None: read one by one."""
-        return self.reads.splice_run(positions, head, tail)
-
-    def origin_at(self, position: int) -> tuple[tuple[str, int] | None, int, Any] | None:
-        """(origin or None, receive time, `e`) of the message at position, read back."""
-        return self.reads.origin_at(position)
 
     # -- recovery --------------------------------------------------------------------------------
 

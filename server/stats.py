@@ -12,6 +12,7 @@ import os
 import resource
 import time
 from collections.abc import Callable, Sized
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -31,49 +32,39 @@ from .sow.query_console import SowConsole
 from .stats_replication import metric, queue_replication_metrics, replication_metrics
 
 
+@dataclass(eq=False)
 class Stats:
-    def __init__(
-        self,
-        instance: str,
-        started_at: float,
-        counters: Counters,
-        intake: Intake,
-        connections: Sized,
-        pipeline: Pipeline,
-        fanout: Fanout,
-        journal: Journal | None,
-        queues: QueueManager,
-        replays: ReplayEngine,
-        poll_rounds: Callable[[], int],
-    ) -> None:
-        self.instance = instance
-        self.started_at = started_at
-        self.counters = counters
-        self.intake = intake
-        self.connections = connections
-        self.pipeline = pipeline
-        self.fanout = fanout
-        self.journal = journal
-        self.queues = queues
-        self.replays = replays
-        self.poll_rounds = poll_rounds
-        # the journal's scheduled actions (Maintenance.status), set once maintenance has started
-        self.actions: Callable[[], list[dict[str, Any]]] | None = None
-        # replication destinations (SyncGate.snapshot), set when <Replication> has destinations
-        self.replication: Callable[[], dict[str, dict[str, Any]]] | None = None
-        # sources whose links this instance receives (Receiver.snapshot), set with a listener
-        self.replication_sources: Callable[[], dict[str, dict[str, Any]]] | None = None
-        self.held_batches: Callable[[], int] = lambda: 0
-        self.sow: SowConsole | None = None  # the SOW topics (server/sow/query_console.py)
-        self._first_times: dict[str, int | None] = {}  # segment path -> Stats._first_time
-        self.publish_rate = 0.0
-        self.delivery_rate = 0.0
-        self._last = (0, 0)
-        self.history = History()
-        self._cpu = _cpu_seconds()
-        self._replay_sent: dict[int, int] = {}  # id(Replay) -> messages sent at the last sample
-        self._queue_counts: dict[str, tuple[int, int]] = {}  # name -> (acked, delivered)
-        self.queue_ack_rates: dict[str, float] = {}
+    instance: str
+    started_at: float
+    counters: Counters
+    intake: Intake
+    connections: Sized
+    pipeline: Pipeline
+    fanout: Fanout
+    journal: Journal | None
+    queues: QueueManager
+    replays: ReplayEngine
+    poll_rounds: Callable[[], int]
+    # the journal's scheduled actions (Maintenance.status), set once maintenance has started
+    actions: Callable[[], list[dict[str, Any]]] | None = None
+    # replication destinations (SyncGate.snapshot), set when <Replication> has destinations
+    replication: Callable[[], dict[str, dict[str, Any]]] | None = None
+    # sources whose links this instance receives (Receiver.snapshot), set with a listener
+    replication_sources: Callable[[], dict[str, dict[str, Any]]] | None = None
+    held_batches: Callable[[], int] = lambda: 0
+    sow: SowConsole | None = None  # the SOW topics (server/sow/query_console.py)
+    # segment path -> Stats._first_time
+    _first_times: dict[str, int | None] = field(default_factory=dict, init=False)
+    publish_rate: float = field(default=0.0, init=False)
+    delivery_rate: float = field(default=0.0, init=False)
+    _last: tuple[int, int] = field(default=(0, 0), init=False)
+    history: History = field(default_factory=History, init=False)
+    _cpu: float = field(default_factory=lambda: _cpu_seconds(), init=False)
+    # id(Replay) -> messages sent at the last sample
+    _replay_sent: dict[int, int] = field(default_factory=dict, init=False)
+    # name -> (acked, delivered)
+    _queue_counts: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
+    queue_ack_rates: dict[str, float] = field(default_factory=dict, init=False)
 
     def sample(self, elapsed: float) -> None:
         """Once a second (the server's ticker): the rates, and one sample into `history`."""
