@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.security.tls import describe_handshake_error
@@ -34,23 +35,16 @@ __all__ = ["TlsAcceptor"]
 log = logging.getLogger("tickertape.connection")
 
 
+@dataclass(eq=False)
 class TlsAcceptor:
     """The TLS side of one `tcps` listener: its context and the handshakes in progress."""
 
-    def __init__(
-        self,
-        env: ConnectionEnv,
-        transport_name: str,
-        max_frame: int,
-        context: ssl.SSLContext,
-        handshake_timeout: float,
-    ) -> None:
-        self.env = env
-        self.transport_name = transport_name
-        self.max_frame = max_frame
-        self.context = context
-        self.handshake_timeout = handshake_timeout
-        self.handshakes: set[asyncio.Task[None]] = set()
+    env: ConnectionEnv
+    transport_name: str
+    max_frame: int
+    context: ssl.SSLContext
+    handshake_timeout: float
+    handshakes: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     def protocol(self) -> asyncio.Protocol:
         """The protocol factory for `loop.create_server`."""

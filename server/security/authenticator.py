@@ -38,7 +38,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from config.model import Authentication
@@ -220,6 +220,7 @@ class _Peer:
     last_failure: float
 
 
+@dataclass(eq=False)
 class Backoff:
     """Slows down repeated logon failures from one peer address.
 
@@ -235,20 +236,12 @@ class Backoff:
     quiet for `forget_after`, or evicted).
     """
 
-    def __init__(
-        self,
-        base: float = 0.25,
-        cap: float = 30.0,
-        forget_after: float = 600.0,
-        max_peers: int = 10_000,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.base = base
-        self.cap = cap
-        self.forget_after = forget_after
-        self.max_peers = max_peers
-        self.clock = clock
-        self._peers: OrderedDict[str, _Peer] = OrderedDict()
+    base: float = 0.25
+    cap: float = 30.0
+    forget_after: float = 600.0
+    max_peers: int = 10_000
+    clock: Callable[[], float] = time.monotonic
+    _peers: OrderedDict[str, _Peer] = field(default_factory=OrderedDict, init=False)
 
     def __len__(self) -> int:
         return len(self._peers)
