@@ -65,10 +65,6 @@ HEARTBEAT_TICK = 0.2
 SHUTDOWN_TIMEOUT = 10.0
 
 
-def _nothing() -> str | None:
-    return None
-
-
 def _read_password(path: str | None) -> str | None:
     """A replication link's password: the first line of its file (read at each connect)."""
     if path is None:
@@ -151,7 +147,7 @@ class Server:
             self.guard,
             self.connections.backlog,
             compile_later=self._compile_later,
-            logons_refused=self.catch_up.reason if self.catch_up is not None else _nothing,
+            logons_refused=self.catch_up.reason if self.catch_up is not None else lambda: None,
             publisher_logon=self._publisher_logon,
         )
         self.counters, self.intake, self.fanout = core.counters, core.intake, core.fanout

@@ -24,8 +24,6 @@ LEVELS = {
 
 
 class _Formatter(logging.Formatter):
-    converter = time.gmtime  # type: ignore[assignment]
-
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return (
             time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))

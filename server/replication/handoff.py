@@ -32,15 +32,13 @@ from collections.abc import Callable
 from journal.journal import Journal
 from journal.record import (
     KIND_MESSAGE,
-    OriginTuple,
-    RawExtra,
     RawTuple,
     encode_record,
     raw_origin,
 )
 from protocol.replication import MAX_BATCH_BODY, encode_batch
 
-__all__ = ["HANDOFF_MAX_BYTES", "Handoffs", "foreign_tail"]
+__all__ = ["HANDOFF_MAX_BYTES", "Handoffs", "foreign_tail", "reencoded"]
 
 log = logging.getLogger("tickertape.replication")
 
@@ -127,7 +125,7 @@ class Handoffs:
         for r in records:
             if not keeps(r):
                 continue
-            rec = encode_record(r[1], r[2], r[3], r[4], r[5], r[6], *_extra(r[7]))
+            rec = reencoded(r)
             if chunk and size + len(rec) > MAX_BATCH_BODY:
                 self.pending.append([b"".join(chunk), None])
                 chunk, size = [], 0
@@ -170,8 +168,9 @@ class Handoffs:
             self.size = sum(len(h[0]) for h in keep)
 
 
-def _extra(extra: RawExtra | None) -> tuple[int | None, bytes, OriginTuple | None]:
-    """(expiration, header fragment, origin) of a raw record's extra member, for encode_record."""
-    if extra is None:
-        return None, b"", None
-    return extra[0], extra[1], raw_origin(extra)
+def reencoded(r: RawTuple) -> bytes:
+    """A raw record's bytes as stored: encoded again with its optional fields (expiration,
+    header fragment, origin)."""
+    extra = r[7]
+    exp, hdr = (None, b"") if extra is None else (extra[0], extra[1])
+    return encode_record(r[1], r[2], r[3], r[4], r[5], r[6], exp, hdr, raw_origin(extra))

@@ -64,7 +64,7 @@ from ..pipeline import Pipeline
 from ..replicate_scan import kept_span
 from ..sow.records import replicated
 from . import U64, AckSink, repl_acked_key
-from .handoff import Handoffs
+from .handoff import Handoffs, reencoded
 from .identity import REPL_PEER, pack_peer, unpack_peer
 from .link import DEAD_AFTER, Link, LinkClosed
 
@@ -544,13 +544,7 @@ class Sender:
             for r in recs:
                 if r[1] == KIND_MESSAGE or _sow_delete(r):
                     if self.filter.keeps(r):
-                        extra = r[7]
-                        exp, hdr = (None, b"") if extra is None else (extra[0], extra[1])
-                        out.append(
-                            encode_record(
-                                r[1], r[2], r[3], r[4], r[5], r[6], exp, hdr, raw_origin(extra)
-                            )
-                        )
+                        out.append(reencoded(r))
                 elif self.translate is not None and self.filter.keeps(r):
                     wire = event_record(r, self.translate)
                     if wire is not None:
