@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass, field
 
 from journal.journal import Journal
 from protocol.bookmarks import BookmarkSpec, Now
@@ -17,31 +18,26 @@ from .subscriptions import Subscription
 __all__ = ["ReplayEngine"]
 
 
+@dataclass(eq=False)
 class ReplayEngine:
     """Starts, pauses and resumes the replays of bookmark subscriptions; knows those running.
 
     Narrow doors: the journal it reads, the executor it reads on (reads never run on the
     loop), and the live stream it joins (`Feed`). What a replay changes in a subscription's
-    state it reports to the subscription's owner.
+    state it reports to the subscription's owner. `durable_end`: with sync replication
+    destinations, the position below which everything is acked by them
+    (SyncGate.durable_end); `fully_durable` subscriptions read only below it
+    (server/replay.py).
     """
 
-    def __init__(
-        self,
-        journal: Journal | None,
-        readers: Executor,
-        feed: Feed,
-        durable_end: Callable[[], int] | None = None,
-    ) -> None:
-        """`durable_end`: with sync replication destinations, the position below which
-        everything is acked by them (SyncGate.durable_end); `fully_durable` subscriptions
-        read only below it (server/replay.py)."""
-        self.journal = journal
-        self.readers = readers
-        self.feed = feed
-        self.durable_end = durable_end
-        self.replays: set[Replay] = set()
-        self.fallbacks = 0  # live subscriptions that lagged and read the journal instead
-        self.rejoins = 0  # ... and caught up to the live stream again
+    journal: Journal | None
+    readers: Executor
+    feed: Feed
+    durable_end: Callable[[], int] | None = None
+    replays: set[Replay] = field(default_factory=set, init=False)
+    # live subscriptions that lagged and read the journal instead
+    fallbacks: int = field(default=0, init=False)
+    rejoins: int = field(default=0, init=False)  # ... and caught up to the live stream again
 
     def plan(self, spec: BookmarkSpec | None, opts: SubscribeOptions) -> Plan:
         """Resolve a bookmark (None: conflation from now on) against the journal."""
