@@ -47,12 +47,8 @@ class Daemon:
         r, w = os.pipe()
         if os.fork() > 0:
             os.close(w)
-            msg = b""
-            while True:
-                chunk = os.read(r, 4096)
-                if not chunk:
-                    break
-                msg += chunk
+            with os.fdopen(r, "rb") as pipe:  # until the daemon closes its end (or dies)
+                msg = pipe.read()
             if msg.startswith(b"ok"):
                 print(msg[2:].decode().strip(), flush=True)
                 os._exit(0)
