@@ -10,6 +10,8 @@ publishes the merged message. `DeltaCommands` is built by the session at logon b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from protocol.headers import Header
 from protocol.options import InvalidOptions, subscribe_options
 
@@ -19,7 +21,6 @@ from .services import SessionServices
 from .session_caller import Caller
 from .session_sow import SowCommands
 from .sow import BadSowKey, SowManager
-from .subscriptions import Subscription
 
 __all__ = ["DeltaCommands"]
 
@@ -41,19 +42,23 @@ class DeltaCommands:
     def cmd_delta_subscribe(self, h: Header, body: bytes) -> None:
         """A subscribe to a SOW topic whose live changes to records it was sent arrive as only
         the fields that changed (server/sow/delta.py)."""
-        sow = self._delta_checks(h)
-        if sow is not None:
-            before = self.table.get(h.sub_id or "")
-            self.sowing.cmd_subscribe(h, body)
-            self._make_delta(h, sow, before)
+        self._delta(h, body, self.sowing.cmd_subscribe)
 
     def cmd_sow_and_delta_subscribe(self, h: Header, body: bytes) -> None:
         """sow_and_subscribe whose live changes arrive as deltas (server/sow/delta.py)."""
+        self._delta(h, body, self.sowing.cmd_sow_and_subscribe)
+
+    def _delta(self, h: Header, body: bytes, command: Callable[[Header, bytes], None]) -> None:
+        """`command` (the plain one), then the subscription it made (not one it refused to
+        replace) gets its feed of deltas."""
         sow = self._delta_checks(h)
-        if sow is not None:
-            before = self.table.get(h.sub_id or "")
-            self.sowing.cmd_sow_and_subscribe(h, body)
-            self._make_delta(h, sow, before)
+        if sow is None:
+            return
+        before = self.table.get(h.sub_id or "")
+        command(h, body)
+        sub = self.table.get(h.sub_id or "")
+        if sub is not None and sub is not before and sub.conflation is None:
+            sub.conflation = sow.delta_feed(sub)
 
     def _delta_checks(self, h: Header) -> SowManager | None:
         """What a delta subscription needs beyond its plain command's checks: a SOW topic, no
@@ -94,12 +99,6 @@ class DeltaCommands:
         if h.sub_id is None:
             h.sub_id = self.caller.new_sub_id()
         return sow
-
-    def _make_delta(self, h: Header, sow: SowManager, before: Subscription | None) -> None:
-        """The subscription the command made (not one it refused to replace) gets its feed."""
-        sub = self.table.get(h.sub_id or "")
-        if sub is not None and sub is not before and sub.conflation is None:
-            sub.conflation = sow.delta_feed(sub)
 
     # -- delta_publish ------------------------------------------------------------------------------
 
