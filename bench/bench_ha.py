@@ -36,6 +36,7 @@ import sys
 import time
 
 import benchlib
+import loadgen
 import peers
 
 sys.path.insert(0, peers.REPO)
@@ -187,21 +188,12 @@ def run_rep(fn, *args):
     """fn(peer, workdir, *args) on a fresh server; the client stores go in its work dir."""
     peer = peers.make_peer("tickertape").start()
     try:
-        return run_loop(fn(peer, peer.workdir, *args))
+        return loadgen.run_coro(fn(peer, peer.workdir, *args), uv=LOOP == "uvloop")
     finally:
         peer.cleanup()
 
 
 LOOP = "uvloop"
-
-
-def run_loop(coro):
-    if LOOP == "uvloop":
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-            return r.run(coro)
-    return asyncio.run(coro)
 
 
 def table(title: str, rows: list[tuple[str, list[float]]], fmt: str, base: str | None = None,

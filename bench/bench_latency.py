@@ -21,11 +21,10 @@ server CPU % at that rate.
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import benchlib
-from benchlib import Metric
+from benchlib import Metric, pct
 
 DEST = {"tickertape": "bench.lat", "nats": "bench.lat", "redis": "bench:lat"}
 
@@ -38,12 +37,6 @@ METRICS = [
     Metric("cpu_pct", "srv CPU %", "{:.0f}", "lower"),
     Metric("client_pct", "client CPU %", "{:.0f}", "lower", ratio=False),
 ]
-
-
-def pct(sorted_vals, q: float) -> float:
-    """Nearest-rank percentile of sorted values (ns) in µs."""
-    i = max(0, math.ceil(q * len(sorted_vals)) - 1)
-    return sorted_vals[i] / 1e3
 
 
 def figures(r: dict, lat_ns, cpu: float) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import os
 import platform
 import re
@@ -317,6 +318,13 @@ def medians(results: list[dict], metrics: list[Metric] | None = None) -> dict:
         if m.spread and len(vals) > 1:
             out[m.key + "~"] = (min(vals), max(vals))
     return out
+
+
+def pct(sorted_vals, q: float) -> float | None:
+    """Nearest-rank percentile q of sorted values in ns, in µs (None: no values)."""
+    if not sorted_vals:
+        return None
+    return sorted_vals[max(0, math.ceil(q * len(sorted_vals)) - 1)] / 1e3
 
 
 def fmt(metric: Metric, v) -> str:

@@ -46,10 +46,6 @@ from loadwire import (  # noqa: F401 (re-exported: the benchmarks use loadgen.X)
 # --------------------------------------------------------------------------------------------
 
 
-def new_loop() -> asyncio.AbstractEventLoop:
-    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
-
-
 def loop_name() -> str:
     return f"uvloop {uvloop.__version__}" if uvloop is not None else "asyncio"
 
@@ -203,13 +199,16 @@ async def run(
         await asyncio.sleep(0)
 
 
+def run_coro(coro, uv: bool = True):
+    """coro to completion on a fresh client loop (uvloop when installed, unless not uv), closed
+    after."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if uv and uvloop else None) as r:
+        return r.run(coro)
+
+
 def in_new_loop(coro_fn, *args, **kw):
-    """coro_fn(*args, **kw) to completion on a fresh client loop (new_loop), closed after."""
-    loop = new_loop()
-    try:
-        return loop.run_until_complete(coro_fn(*args, **kw))
-    finally:
-        loop.close()
+    """coro_fn(*args, **kw) to completion on a fresh client loop (run_coro)."""
+    return run_coro(coro_fn(*args, **kw))
 
 
 def run_sync(*args, **kw) -> dict:

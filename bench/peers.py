@@ -25,8 +25,8 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 
+from loadwire import resp_command
 from peerbase import (  # noqa: F401 (re-exported: the benchmarks use peers.X)
     DATA_ROOT,
     HERE,
@@ -182,61 +182,18 @@ class TickertapePeer(Peer):
     def stored_count(self, topic: str, timeout: float = 60.0) -> int:
         """Messages of `topic` in the journal: a bookmark replay from EPOCH (bm 0), counted until
         its `completed` ack (replay caught up with live). A check, outside any measure."""
+        import consumers  # the load generator's replay reader (it does not import this module)
 
-        def frame(h: dict) -> bytes:
-            b = json.dumps(h, separators=(",", ":")).encode()
-            return len(b).to_bytes(4, "big") + b
-
-        deadline = time.monotonic() + timeout
-        with socket.create_connection((self.host, self.port), timeout=timeout) as s:
-            s.sendall(
-                frame(
-                    {
-                        "c": "logon",
-                        "cid": "l",
-                        "client_name": f"bench-verify-{os.getpid()}",
-                        "a": "processed",
-                    }
-                )
-                + frame(
-                    {
-                        "c": "subscribe",
-                        "cid": "v",
-                        "t": topic,
-                        "sub_id": "verify",
-                        "bm": "0",
-                        "a": "processed,completed",
-                    }
-                )
+        reader = lambda: consumers.TtReplay(f"bench-verify-{os.getpid()}", topic)
+        try:
+            conn, timed_out = consumers.consume_sync(reader, self.host, self.port, 0, timeout)
+        except consumers.ProtocolError as e:
+            raise RuntimeError(f"verify replay refused: {e}") from None
+        if timed_out:
+            raise RuntimeError(
+                f"verify replay did not complete in {timeout}s ({conn.received} so far)"
             )
-            buf = bytearray()
-            count = 0
-            while time.monotonic() < deadline:
-                data = s.recv(1 << 20)
-                if not data:
-                    raise RuntimeError("server closed the verify connection")
-                buf += data
-                pos = 0
-                while len(buf) - pos >= 4:
-                    n = int.from_bytes(buf[pos : pos + 4], "big")
-                    if len(buf) - pos - 4 < n:
-                        break
-                    start, pos = pos + 4, pos + 4 + n
-                    if n == 0:
-                        continue
-                    if buf[start : start + 8] == b'{"c":"p"':
-                        count += 1
-                        continue
-                    raw = bytes(buf[start:pos]).decode("utf-8", "replace")
-                    h, _ = json.JSONDecoder().raw_decode(raw)
-                    if h.get("c") == "p":
-                        count += 1
-                    elif h.get("status") == "failure":
-                        raise RuntimeError(f"verify replay refused: {h}")
-                    elif h.get("a") == "completed":
-                        return count
-                del buf[:pos]
-        raise RuntimeError(f"verify replay did not complete in {timeout}s ({count} so far)")
+        return conn.received
 
 
 def tickertape_config(
@@ -388,12 +345,8 @@ def nats_request(host: str, port: int, subject: str, payload, timeout: float = 1
 
 def redis_command(host: str, port: int, *args, timeout: float = 10.0) -> bytes:
     """One RESP command on a short-lived socket; returns the first reply line (setup/checks)."""
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
     with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(b"".join(out))
+        s.sendall(resp_command(*args))
         return s.makefile("rb").readline().rstrip(b"\r\n")
 
 
