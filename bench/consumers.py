@@ -166,6 +166,15 @@ class _NatsBase(_Counting):
         elif line.startswith(b"-ERR"):
             self._fail(line.decode(errors="replace"))
 
+    def _api_request(self, subject: str, cfg: dict, inbox: str) -> None:
+        """Start the clock with a JetStream API request (cfg as JSON); its reply comes on inbox."""
+        body = json.dumps(cfg).encode()
+        self.running = True
+        self.t_start = _now_ns()
+        self.transport.write(
+            b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), inbox.encode(), len(body), body)
+        )
+
     def _api_reply(self, payload: bytes) -> None:
         r = json.loads(payload) if payload else {}
         if "error" in r:
@@ -255,13 +264,7 @@ class NatsOrdered(_NatsBase):
                 "inactive_threshold": 300_000_000_000,
             },
         }
-        body = json.dumps(cfg).encode()
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(
-            b"PUB $JS.API.CONSUMER.CREATE.%s %s %d\r\n%s\r\n"
-            % (self.stream.encode(), self.inbox.encode(), len(body), body)
-        )
+        self._api_request(f"$JS.API.CONSUMER.CREATE.{self.stream}", cfg, self.inbox)
 
     def _messages(self, msgs) -> None:
         got = 0

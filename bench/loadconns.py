@@ -34,6 +34,7 @@ from loadwire import (
     _now_ns,
     resp_command,
     tickertape_frame,
+    xread_head,
 )
 
 # ---- Tickertape ----------------------------------------------------------------------------
@@ -327,22 +328,10 @@ class RedisConn(_Conn, Publisher, Subscriber):
             del buf[:5]
             self._xread()
             return
-        e = find(b"\r\n")  # *1
-        if e < 0:
+        head = xread_head(buf)
+        if head is None:
             return
-        e = find(b"\r\n", e + 2)  # *2
-        if e < 0:
-            return
-        pos = e + 2
-        e = find(b"\r\n", pos)  # $klen, key
-        if e < 0:
-            return
-        pos = e + 2 + int(buf[pos + 1 : e]) + 2
-        e = find(b"\r\n", pos)  # *K
-        if e < 0:
-            return
-        k = int(buf[pos + 1 : e])
-        pos = e + 2
+        k, pos = head
         id_at = id_end = 0
         now = _now_ns() if self.lat is not None else 0
         if not now and self._count_fast(pos, k):

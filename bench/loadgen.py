@@ -74,26 +74,13 @@ def _pub_factory(proto: str, dest: str, tag: str, body_size: int):
 
 
 def _sub_factory(proto: str, dest: str, i: int, tag: str, body_size: int, redis_count: int):
-    if proto == "tickertape":
-
-        def f():
-            c = TickertapeConn(
-                f"bench-sub-{tag}-{i}", topic=dest, sub_id=f"s{i}", body_size=body_size
-            )
-            c.role = "sub"
-            return c
-    elif proto == "nats":
-
-        def f():
-            c = NatsConn(subject=dest)
-            c.role = "sub"
-            return c
-    else:
-
-        def f():
-            c = RedisConn(dest, count=redis_count)
-            c.role = "sub"
-            return c
+    def f():
+        if proto == "tickertape":
+            c = TickertapeConn(f"bench-sub-{tag}-{i}", dest, f"s{i}", body_size)
+        else:
+            c = NatsConn(subject=dest) if proto == "nats" else RedisConn(dest, count=redis_count)
+        c.role = "sub"
+        return c
 
     return f
 

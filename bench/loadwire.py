@@ -93,6 +93,27 @@ def resp_command(*args) -> bytes:
     return b"".join(out)
 
 
+def xread_head(buf: bytearray) -> tuple[int, int] | None:
+    """(K, where its first entry starts) of the XREAD / XREADGROUP reply at the start of buf,
+    RESP2 `*1 *2 $key *K`; None while that much is not here yet."""
+    find = buf.find
+    e = find(b"\r\n")  # *1
+    if e < 0:
+        return None
+    e = find(b"\r\n", e + 2)  # *2
+    if e < 0:
+        return None
+    pos = e + 2
+    e = find(b"\r\n", pos)  # $klen, key
+    if e < 0:
+        return None
+    pos = e + 2 + int(buf[pos + 1 : e]) + 2
+    e = find(b"\r\n", pos)  # *K
+    if e < 0:
+        return None
+    return int(buf[pos + 1 : e]), e + 2
+
+
 # --------------------------------------------------------------------------------------------
 # Connections
 # --------------------------------------------------------------------------------------------

@@ -18,10 +18,9 @@ classes they extend): everything sent in answer to one read goes out in ONE `tra
 
 from __future__ import annotations
 
-import json
-
 from consumers import _P, _U32, _Counting, _NatsBase, _TtBase
 from loadgen import ProtocolError, _now_ns, resp_command, tickertape_frame
+from loadwire import xread_head
 
 # ---- Tickertape ----------------------------------------------------------------------------
 
@@ -156,19 +155,8 @@ class NatsQueuePush(_NatsQueue):
                 "replay_policy": "instant",
             },
         }
-        body = json.dumps(cfg).encode()
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(
-            b"PUB $JS.API.CONSUMER.DURABLE.CREATE.%s.%s %s %d\r\n%s\r\n"
-            % (
-                self.stream.encode(),
-                self.durable.encode(),
-                self.api_inbox.encode(),
-                len(body),
-                body,
-            )
-        )
+        subject = f"$JS.API.CONSUMER.DURABLE.CREATE.{self.stream}.{self.durable}"
+        self._api_request(subject, cfg, self.api_inbox)
 
     def _messages(self, msgs) -> None:
         replies = []
@@ -311,22 +299,10 @@ class RedisQueue(_Counting):
         buf = self.buf
         find = buf.find
         n = len(buf)
-        e = find(b"\r\n")  # *1
-        if e < 0:
+        head = xread_head(buf)
+        if head is None:
             return None
-        e = find(b"\r\n", e + 2)  # *2
-        if e < 0:
-            return None
-        pos = e + 2
-        e = find(b"\r\n", pos)  # $klen
-        if e < 0:
-            return None
-        pos = e + 2 + int(buf[pos + 1 : e]) + 2
-        e = find(b"\r\n", pos)  # *K
-        if e < 0:
-            return None
-        k = int(buf[pos + 1 : e])
-        pos = e + 2
+        k, pos = head
         ids = []
         for _ in range(k):
             # *2 $idlen id *2 ($flen field $vlen value)
