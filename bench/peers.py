@@ -31,15 +31,11 @@ from peerbase import (  # noqa: F401 (re-exported: the benchmarks use peers.X)
     DATA_ROOT,
     HERE,
     NATS_PYPI_BIN,
-    PEERS_DIR,
     REPO,
     TICKERTAPE_BASE_BIN,
     TICKERTAPE_BIN,
     Peer,
-    PeerUnavailable,
-    disk_bytes,
     free_port,
-    proc_cpu_seconds,
     proc_status_kb,
     tickertape_rev,
 )
@@ -278,9 +274,7 @@ class NatsPeer(Peer):
             "max_age": 0,
             "duplicate_window": 0,
         }
-        r = nats_request(self.host, self.port, f"$JS.API.STREAM.CREATE.{name}", cfg)
-        if "error" in r:
-            raise RuntimeError(f"stream create failed: {r}")
+        self._api(f"STREAM.CREATE.{name}", cfg, "stream create")
 
     def create_kv(self, bucket: str) -> None:
         """A key-value bucket as `nats kv add` makes it (stream KV_<bucket> on $KV.<bucket>.>,
@@ -301,18 +295,18 @@ class NatsPeer(Peer):
             "allow_direct": True,
             "duplicate_window": 120_000_000_000,
         }
-        r = nats_request(self.host, self.port, f"$JS.API.STREAM.CREATE.KV_{bucket}", cfg)
-        if "error" in r:
-            raise RuntimeError(f"kv bucket create failed: {r}")
+        self._api(f"STREAM.CREATE.KV_{bucket}", cfg, "kv bucket create")
 
     def create_durable(self, stream: str, durable: str, config: dict) -> None:
         """A durable consumer with this config (durable_name is filled in)."""
         cfg = {"stream_name": stream, "config": dict(config, durable_name=durable)}
-        r = nats_request(
-            self.host, self.port, f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}", cfg
-        )
+        self._api(f"CONSUMER.DURABLE.CREATE.{stream}.{durable}", cfg, "consumer create")
+
+    def _api(self, subject: str, cfg: dict, what: str) -> None:
+        """One JetStream API request ($JS.API.<subject>); its error reply raises."""
+        r = nats_request(self.host, self.port, f"$JS.API.{subject}", cfg)
         if "error" in r:
-            raise RuntimeError(f"consumer create failed: {r}")
+            raise RuntimeError(f"{what} failed: {r}")
 
 
 def nats_request(host: str, port: int, subject: str, payload, timeout: float = 10.0) -> dict:
