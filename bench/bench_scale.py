@@ -36,7 +36,6 @@ Writes the `bench_scale` section of RESULTS.md and draws bench/scale.png.
 from __future__ import annotations
 
 import asyncio
-import json
 import struct
 import time
 
@@ -44,6 +43,7 @@ import benchlib
 import loadgen
 import peers
 import scale_report
+from loadwire import TtLogon
 
 _U32 = struct.Struct(">I")
 SUB_CONNS = 10
@@ -62,22 +62,14 @@ def body(i: int, size: int) -> bytes:
 # ---- Tickertape ----------------------------------------------------------------------------
 
 
-class TtSubs(loadgen._Conn):
+class TtSubs(TtLogon, loadgen._Conn):
     """Logs on, subscribes `subs` [(sub_id, topic, filter)] in one write, counts deliveries."""
 
     def __init__(self, name: str, subs: list[tuple[str, str, str | None]]) -> None:
         super().__init__()
-        self.name = name
+        self.client_name = name
         self.subs = subs
         self.stage = "logon"
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        transport.write(
-            loadgen.tickertape_frame(
-                {"c": "logon", "cid": "logon", "a": "processed", "client_name": self.name}
-            )
-        )
 
     def _subscribe(self) -> None:
         parts = []
@@ -106,7 +98,7 @@ class TtSubs(loadgen._Conn):
             if buf[pos + 4 : pos + 12] == b'{"c":"p"':
                 got += 1
             elif self.stage != "run":
-                h = json.JSONDecoder().raw_decode(bytes(buf[pos + 4 : end]).decode())[0]
+                h = self._header(pos + 4, end)
                 if h.get("status") == "failure":
                     self._fail(f"{self.stage}: {h}")
                 elif h.get("cid") == "logon":
@@ -347,6 +339,8 @@ async def _memory_async(peer, args, tag: str) -> dict:
         )
         rss1 = await _quiet_rss(peer, args.settle)
         out["conn_kib"] = (rss1 - rss0) / n / 1024
+        if kind == "redis":  # no subscriptions to hold: idle connections only
+            return out
         for c in conns:
             c.close()
         conns = []
@@ -431,38 +425,25 @@ def main() -> None:
 
     for name in names:
         kind = peers.make_peer(name).kind
-        if kind == "tickertape":
-            for t in topics:
-                for s in sizes:
-                    if t > s:
-                        continue  # T topics need at least T subscriptions
-                    point(
-                        f"{name} T={t}",
-                        name,
-                        s,
-                        lambda peer, tag, s=s, t=t: run_async(
-                            _curve_async, peer, "", s, t, args, tag
-                        ),
-                    )
+        points = []  # (series, S, curve mode, T)
+        if kind == "tickertape":  # T topics need at least T subscriptions
+            points = [(f"{name} T={t}", s, "", t) for t in topics for s in sizes if t <= s]
         elif kind == "nats":
-            for mode in ("consumers", "core subs"):
-                for s in sizes:
-                    if mode == "consumers" and s > args.js_max:
-                        continue
-                    point(
-                        f"{name} ({mode})",
-                        name,
-                        s,
-                        lambda peer, tag, s=s, mode=mode: run_async(
-                            _curve_async,
-                            peer,
-                            "consumers" if mode == "consumers" else "core",
-                            s,
-                            1,
-                            args,
-                            tag,
-                        ),
-                    )
+            points = [
+                (f"{name} ({mode})", s, mode.split()[0], 1)
+                for mode in ("consumers", "core subs")
+                for s in sizes
+                if mode != "consumers" or s <= args.js_max
+            ]
+        for series, s, mode, t in points:
+            point(
+                series,
+                name,
+                s,
+                lambda peer, tag, s=s, t=t, mode=mode: run_async(
+                    _curve_async, peer, mode, s, t, args, tag
+                ),
+            )
     pubs: list[tuple[str, dict]] = []
     mem: list[tuple[str, dict]] = []
     for name in names:
@@ -472,9 +453,8 @@ def main() -> None:
         pubs.append((name, med))
         problems.extend(f"{name} publishers {x}" for x in probs)
         print(f"  {name:28} {args.conns} publishers: {benchlib.summary(med)}", flush=True)
-        held = _idle_only_async if peers.make_peer(name).kind == "redis" else _memory_async
         med, probs = _median_runs(
-            name, args.reps, lambda peer, tag, held=held: run_async(held, peer, args, tag)
+            name, args.reps, lambda peer, tag: run_async(_memory_async, peer, args, tag)
         )
         mem.append((name, med))
         problems.extend(f"{name} memory {x}" for x in probs)
@@ -484,21 +464,6 @@ def main() -> None:
     benchlib.emit("bench_scale", text, args.no_results)
     if not args.no_plot:
         scale_report.plot(curve, pubs, mem, args)
-
-
-async def _idle_only_async(peer, args, tag: str) -> dict:
-    conns = []
-    try:
-        rss0 = await _quiet_rss(peer, args.settle)
-        conns = await _connect_all(
-            [(lambda i=i: Idle("redis", f"i{i}"), peer.host, peer.port) for i in range(args.conns)]
-        )
-        rss1 = await _quiet_rss(peer, args.settle)
-        return {"conn_kib": (rss1 - rss0) / args.conns / 1024}
-    finally:
-        for c in conns:
-            c.close()
-        await asyncio.sleep(0)
 
 
 if __name__ == "__main__":
