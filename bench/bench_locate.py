@@ -237,27 +237,14 @@ def main() -> None:
             row("subscribe with a timestamp → first message, end to end", e2e["ts"]),
         ]
     targets = [
-        ("Journal.locate median < 1 ms", "µs", statistics.median(bm), 1000, "max"),
-        ("Journal.locate p99 < 1 ms", "µs", pct(bm, 0.99), 1000, "max"),
-        ("Journal.locate_time median < 1 ms", "µs", statistics.median(ts), 1000, "max"),
-        ("Journal.locate_time p99 < 1 ms", "µs", pct(ts, 0.99), 1000, "max"),
+        (f"Journal.{name} {stat} < 1 ms", "µs", figure(vals), 1000, "max")
+        for name, vals in (("locate", bm), ("locate_time", ts))
+        for stat, figure in (("median", statistics.median), ("p99", lambda v: pct(v, 0.99)))
     ]
     if e2e and e2e["bm"] and e2e["ts"]:
         targets += [
-            (
-                "end to end, bookmark: median < 1 ms",
-                "µs",
-                statistics.median(e2e["bm"]),
-                1000,
-                "max",
-            ),
-            (
-                "end to end, timestamp: median < 1 ms",
-                "µs",
-                statistics.median(e2e["ts"]),
-                1000,
-                "max",
-            ),
+            (f"end to end, {kind}: median < 1 ms", "µs", statistics.median(e2e[k]), 1000, "max")
+            for kind, k in (("bookmark", "bm"), ("timestamp", "ts"))
         ]
     size_gib = (
         sum(os.path.getsize(os.path.join(jdir, f)) for f in os.listdir(jdir) if f.endswith(".seg"))
