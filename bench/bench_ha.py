@@ -67,24 +67,25 @@ def body_of(size: int) -> bytes:
 # ---------------------------------------------------------------------------------- publish
 
 
-async def publish_plain(address: str, n: int, body: bytes) -> float:
+async def timed_publish(c, n: int, body: bytes) -> tuple[float, float]:
+    """n publishes through c (a Client or an HAClient) and its publish_flush: measure()."""
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        await c.publish("bench", body)
+    await c.publish_flush(timeout=300)
+    return measure(n, start, cpu)
+
+
+async def publish_plain(address: str, n: int, body: bytes) -> tuple[float, float]:
     async with Client(f"bench-plain-{os.getpid()}", server=address) as c:
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(n):
-            await c.publish("bench", body)
-        await c.publish_flush(timeout=300)
-        return measure(n, start, cpu)
+        return await timed_publish(c, n, body)
 
 
-async def publish_ha(address: str, n: int, body: bytes, store) -> float:
+async def publish_ha(address: str, n: int, body: bytes, store) -> tuple[float, float]:
     ha = HAClient(f"bench-ha-{os.getpid()}-{id(store)}", servers=[address], publish_store=store)
     await ha.connect_and_logon()
     try:
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(n):
-            await ha.publish("bench", body)
-        await ha.publish_flush(timeout=300)
-        return measure(n, start, cpu)
+        return await timed_publish(ha, n, body)
     finally:
         await ha.close()
 
