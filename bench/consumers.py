@@ -26,7 +26,7 @@ import struct
 
 import loadgen
 from loadgen import ProtocolError, _Conn, _now_ns, tickertape_frame
-from loadwire import TtLogon
+from loadwire import NatsLines, TtLogon, nats_connect, nats_subs
 
 _U32 = struct.Struct(">I")
 _P = b'{"c":"p"'
@@ -135,36 +135,22 @@ class TtReplay(_TtBase):
 # ---- NATS ----------------------------------------------------------------------------------
 
 
-class _NatsBase(_Counting):
+class _NatsBase(NatsLines, _Counting):
     """CONNECT, the subscriptions of `subs()` (sid 1, 2, ...), PING; ready at the PONG."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._got_info = False
         self.api_replies: list[dict] = []
 
     def subs(self) -> list[str]:
         return []
 
-    def _on_info(self) -> None:
-        self.transport.write(
-            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,'
-            b'"no_responders":true,"name":"bench-consumer"}\r\n'
-            + b"".join(b"SUB %s %d\r\n" % (s.encode(), i + 1) for i, s in enumerate(self.subs()))
+    def _hello(self) -> bytes:
+        return (
+            nats_connect("bench-consumer", no_responders=True)
+            + nats_subs(self.subs())
             + b"PING\r\n"
         )
-
-    def _line(self, line: bytes) -> None:
-        if line.startswith(b"PING"):
-            self.transport.write(b"PONG\r\n")
-        elif line.startswith(b"PONG"):
-            if not self.ready.done():
-                self.ready.set_result(None)
-        elif line.startswith(b"INFO") and not self._got_info:
-            self._got_info = True
-            self._on_info()
-        elif line.startswith(b"-ERR"):
-            self._fail(line.decode(errors="replace"))
 
     def _api_request(self, subject: str, cfg: dict, inbox: str) -> None:
         """Start the clock with a JetStream API request (cfg as JSON); its reply comes on inbox."""

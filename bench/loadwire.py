@@ -207,6 +207,43 @@ class TtLogon:
             raise ProtocolError(f"undecodable header {raw[:120]!r}") from None
 
 
+def nats_connect(name: str, no_responders: bool = False) -> bytes:
+    """The CONNECT line every NATS connection of the bench sends (headers on, quiet)."""
+    return (
+        b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,'
+        b'"no_responders":%s,"name":"%s"}\r\n'
+        % (b"true" if no_responders else b"false", name.encode())
+    )
+
+
+def nats_subs(subjects: list[str], first_sid: int = 1) -> bytes:
+    """SUB lines for subjects, sids first_sid, first_sid + 1, ..."""
+    return b"".join(b"SUB %s %d\r\n" % (s.encode(), i) for i, s in enumerate(subjects, first_sid))
+
+
+class NatsLines:
+    """NATS, before _Conn in the bases: the control lines. PING is answered, the first INFO
+    gets `_hello()` (CONNECT, SUBs, PING), the PONG after it makes the connection ready, -ERR
+    fails it."""
+
+    _got_info = False
+
+    def _hello(self) -> bytes:
+        raise NotImplementedError
+
+    def _line(self, line: bytes) -> None:
+        if line.startswith(b"PING"):
+            self.transport.write(b"PONG\r\n")
+        elif line.startswith(b"PONG"):
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif line.startswith(b"INFO") and not self._got_info:
+            self._got_info = True
+            self.transport.write(self._hello())
+        elif line.startswith(b"-ERR"):
+            self._fail(line.decode(errors="replace"))
+
+
 class Publisher:
     """Window-bounded publishing over pre-built frames; `acked` is advanced by the connection.
 
