@@ -43,15 +43,11 @@ import benchlib
 import loadgen
 import peers
 import scale_report
-from loadwire import TtLogon
+from loadwire import NatsLines, TtLogon, nats_connect, nats_subs
 
 _U32 = struct.Struct(">I")
 SUB_CONNS = 10
 DELIVER = "_scale.d"
-_NATS_CONNECT = (
-    b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,'
-    b'"no_responders":false,"name":"scale"}\r\n'
-)
 
 
 def body(i: int, size: int) -> bytes:
@@ -112,12 +108,15 @@ class TtSubs(TtLogon, loadgen._Conn):
         self.received += got
 
 
-class NatsSubs(loadgen._Conn):
+class NatsSubs(NatsLines, loadgen._Conn):
     """CONNECTs, SUBs `subjects` in one write, counts MSGs (PONG after the SUBs = ready)."""
 
     def __init__(self, subjects: list[str]) -> None:
         super().__init__()
         self.subjects = subjects
+
+    def _hello(self) -> bytes:
+        return nats_connect("scale") + nats_subs(self.subjects, 0) + b"PING\r\n"
 
     def data_received(self, data) -> None:
         buf = self.buf
@@ -134,19 +133,8 @@ class NatsSubs(loadgen._Conn):
                 got += 1
                 pos = end
                 continue
-            line = bytes(buf[pos:eol])
+            self._line(bytes(buf[pos:eol]))
             pos = eol + 2
-            if line.startswith(b"INFO"):
-                subs = b"".join(
-                    b"SUB %s %d\r\n" % (s.encode(), i) for i, s in enumerate(self.subjects)
-                )
-                self.transport.write(_NATS_CONNECT + subs + b"PING\r\n")
-            elif line.startswith(b"PING"):
-                self.transport.write(b"PONG\r\n")
-            elif line.startswith(b"PONG") and not self.ready.done():
-                self.ready.set_result(None)
-            elif line.startswith(b"-ERR"):
-                self._fail(line.decode(errors="replace"))
         if pos:
             del buf[:pos]
         self.received += got
@@ -317,7 +305,7 @@ class Idle(loadgen._Conn):
 
     def data_received(self, data) -> None:
         if self.kind == "nats" and data.startswith(b"INFO"):
-            self.transport.write(_NATS_CONNECT + b"PING\r\n")
+            self.transport.write(nats_connect("scale") + b"PING\r\n")
         elif not self.ready.done() and (self.kind != "nats" or b"PONG" in data):
             self.ready.set_result(None)
 
@@ -417,11 +405,13 @@ def main() -> None:
     curve: list[tuple[str, int, dict]] = []  # (series, subs, medians)
     problems: list[str] = []
 
-    def point(series: str, peer_name: str, s: int, fn) -> None:
+    def point(head: str, shown: str, said: str, peer_name: str, fn) -> dict:
+        """The medians of fn on peer_name, printed as `head` padded and `shown`; its problems
+        are named `said`."""
         med, probs = _median_runs(peer_name, args.reps, fn)
-        curve.append((series, s, med))
-        problems.extend(f"{series} S={s} {x}" for x in probs)
-        print(f"  {series:28} S={s:>6}: {benchlib.summary(med)}", flush=True)
+        problems.extend(f"{said} {x}" for x in probs)
+        print(f"  {head:28}{shown}: {benchlib.summary(med)}", flush=True)
+        return med
 
     for name in names:
         kind = peers.make_peer(name).kind
@@ -436,29 +426,19 @@ def main() -> None:
                 if mode != "consumers" or s <= args.js_max
             ]
         for series, s, mode, t in points:
-            point(
-                series,
-                name,
-                s,
-                lambda peer, tag, s=s, t=t, mode=mode: run_async(
-                    _curve_async, peer, mode, s, t, args, tag
-                ),
+            fn = lambda peer, tag, s=s, t=t, mode=mode: run_async(
+                _curve_async, peer, mode, s, t, args, tag
             )
+            curve.append((series, s, point(series, f" S={s:>6}", f"{series} S={s}", name, fn)))
     pubs: list[tuple[str, dict]] = []
     mem: list[tuple[str, dict]] = []
     for name in names:
-        med, probs = _median_runs(
-            name, args.reps, lambda peer, tag: run_async(_publishers_async, peer, args, tag)
+        fn = lambda peer, tag: run_async(_publishers_async, peer, args, tag)
+        pubs.append(
+            (name, point(name, f" {args.conns} publishers", f"{name} publishers", name, fn))
         )
-        pubs.append((name, med))
-        problems.extend(f"{name} publishers {x}" for x in probs)
-        print(f"  {name:28} {args.conns} publishers: {benchlib.summary(med)}", flush=True)
-        med, probs = _median_runs(
-            name, args.reps, lambda peer, tag: run_async(_memory_async, peer, args, tag)
-        )
-        mem.append((name, med))
-        problems.extend(f"{name} memory {x}" for x in probs)
-        print(f"  {name:28} memory: {benchlib.summary(med)}", flush=True)
+        fn = lambda peer, tag: run_async(_memory_async, peer, args, tag)
+        mem.append((name, point(name, " memory", f"{name} memory", name, fn)))
     elapsed = time.time() - t_start
     text = scale_report.report(args, SUB_CONNS, curve, pubs, mem, problems, skipped, elapsed)
     benchlib.emit("bench_scale", text, args.no_results)
