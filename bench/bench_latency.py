@@ -71,11 +71,7 @@ def roundtrip_rep(args, peer, v, rep) -> dict:
 def one_rep(args, peer, v, rep) -> dict:
     proto = peer.kind
     dest = DEST[proto]
-    if proto == "nats" and v.opts.get("nats_sub") == "push":
-        peer.create_push_consumer("lat0", "_bench.lat.0", dest)
-        subs = ["_bench.lat.0"]
-    else:
-        subs = [dest]
+    subs = benchlib.subscriber_dests(peer, v, dest, 1, "lat")
     n = int(args.rate * args.seconds)
     r, cpu = benchlib.timed_load(
         peer,

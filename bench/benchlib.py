@@ -139,6 +139,16 @@ def variants_for(names: list[str], nats_sub: str | None = None) -> list[Variant]
     return out
 
 
+def subscriber_dests(peer, v: Variant, dest: str, n: int, name: str) -> list[str]:
+    """Where n subscribers of dest subscribe: for a `jetstream (push)` variant each to a durable
+    push consumer of its own (`{name}{i}`, delivering to `_bench.{name}.{i}`), else to dest."""
+    if peer.kind != "nats" or v.opts.get("nats_sub") != "push":
+        return [dest] * n
+    for i in range(n):
+        peer.create_push_consumer(f"{name}{i}", f"_bench.{name}.{i}", dest)
+    return [f"_bench.{name}.{i}" for i in range(n)]
+
+
 def repeat(
     label: str, reps: int, fn, first_rep: int = 0, of: int | None = None, show=None
 ) -> tuple[list[dict], list[str]]:
