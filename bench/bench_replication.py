@@ -288,7 +288,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.count, args.seconds, args.reps, args.resync = 20_000, 3.0, 1, 100_000
-    args.peers, skipped = benchlib.select_peers(args.peers)
+    args.peers, skipped = benchlib.peers_to_run(args.peers, show=False)
     args.peers = [n for n in args.peers if peers.is_tickertape(n)]
     if not args.peers:
         sys.exit(f"no Tickertape build is runnable: {'; '.join(skipped)}")

@@ -92,28 +92,25 @@ def nats_sub_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def select_peers(arg: str) -> tuple[list[str], list[str]]:
-    """(peers to run, lines saying which were skipped and why)."""
-    names = peers.ALL_PEERS if arg == "all" else [x.strip() for x in arg.split(",") if x.strip()]
-    run, skipped = [], []
-    for n in names:
+def peers_to_run(
+    arg: str, drop: dict[str, str] | None = None, show: bool = True
+) -> tuple[list[str], list[str]]:
+    """(peers to run, lines saying which were skipped and why): the installed ones of the comma
+    list arg ("all": every known peer), less those in drop (name -> why this benchmark skips
+    it); every skipped peer printed unless not show."""
+    wanted = peers.ALL_PEERS if arg == "all" else [x.strip() for x in arg.split(",") if x.strip()]
+    names, skipped = [], []
+    for n in wanted:
         ok, why = peers.available(n)
         if ok:
-            run.append(n)
+            names.append(n)
         else:
             skipped.append(f"{n}: {why}")
-    return run, skipped
-
-
-def peers_to_run(arg: str, drop: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
-    """select_peers, less the peers in drop (name -> why this benchmark skips it), with every
-    skipped peer printed."""
-    names, skipped = select_peers(arg)
     for n, why in (drop or {}).items():
         if n in names:
             names.remove(n)
             skipped.append(f"{n}: {why}")
-    for s in skipped:
+    for s in skipped if show else ():
         print(f"SKIPPED {s}")
     return names, skipped
 
