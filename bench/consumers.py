@@ -43,6 +43,13 @@ class _Counting(_Conn):
         self.t_first = 0
         self.t_last = 0
 
+    def _go(self, expect: int, first: bytes) -> None:
+        """Start the clock on `expect` messages with `first` (the subscribe, or the request)."""
+        self.expect = expect
+        self.running = True
+        self.t_start = _now_ns()
+        self.transport.write(first)
+
     def _got(self, k: int) -> None:
         if not self.t_first:
             self.t_first = _now_ns()
@@ -83,7 +90,6 @@ class TtReplay(_TtBase):
         self.filt = filt
 
     def start(self, expect: int) -> None:
-        self.expect = expect
         h = {
             "c": "subscribe",
             "cid": "replay",
@@ -94,9 +100,7 @@ class TtReplay(_TtBase):
         }
         if self.filt:
             h["f"] = self.filt
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(tickertape_frame(h))
+        self._go(expect, tickertape_frame(h))
 
     def _ack(self, h: dict) -> None:
         if h.get("a") == "completed":
@@ -152,14 +156,11 @@ class _NatsBase(NatsLines, _Counting):
             + b"PING\r\n"
         )
 
-    def _api_request(self, subject: str, cfg: dict, inbox: str) -> None:
-        """Start the clock with a JetStream API request (cfg as JSON); its reply comes on inbox."""
+    @staticmethod
+    def _api_request(subject: str, cfg: dict, inbox: str) -> bytes:
+        """A JetStream API request (cfg as JSON) whose reply comes on inbox."""
         body = json.dumps(cfg).encode()
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(
-            b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), inbox.encode(), len(body), body)
-        )
+        return b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), inbox.encode(), len(body), body)
 
     def _api_reply(self, payload: bytes) -> None:
         r = json.loads(payload) if payload else {}
@@ -234,7 +235,6 @@ class NatsOrdered(_NatsBase):
         return [self.deliver, self.inbox]
 
     def start(self, expect: int) -> None:
-        self.expect = expect
         cfg = {
             "stream_name": self.stream,
             "config": {
@@ -250,7 +250,9 @@ class NatsOrdered(_NatsBase):
                 "inactive_threshold": 300_000_000_000,
             },
         }
-        self._api_request(f"$JS.API.CONSUMER.CREATE.{self.stream}", cfg, self.inbox)
+        self._go(
+            expect, self._api_request(f"$JS.API.CONSUMER.CREATE.{self.stream}", cfg, self.inbox)
+        )
 
     def _messages(self, msgs) -> None:
         got = 0

@@ -37,21 +37,9 @@ class TtQueue(_TtBase):
         self._ack_head = b'{"c":"sow_delete","t":"%s","bm":"' % queue.encode()
 
     def start(self, expect: int) -> None:
-        self.expect = expect
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(
-            tickertape_frame(
-                {
-                    "c": "subscribe",
-                    "cid": "qsub",
-                    "t": self.queue,
-                    "sub_id": "q",
-                    "o": f"max_backlog={self.backlog}",
-                    "a": "processed",
-                }
-            )
-        )
+        h = {"c": "subscribe", "cid": "qsub", "t": self.queue, "sub_id": "q"}
+        h |= {"o": f"max_backlog={self.backlog}", "a": "processed"}
+        self._go(expect, tickertape_frame(h))
 
     def _ack(self, h: dict) -> None:
         if h.get("cid") == "last":
@@ -142,7 +130,6 @@ class NatsQueuePush(_NatsQueue):
         return [self.deliver, self.done_inbox, self.api_inbox]
 
     def start(self, expect: int) -> None:
-        self.expect = expect
         cfg = {
             "stream_name": self.stream,
             "config": {
@@ -156,7 +143,7 @@ class NatsQueuePush(_NatsQueue):
             },
         }
         subject = f"$JS.API.CONSUMER.DURABLE.CREATE.{self.stream}.{self.durable}"
-        self._api_request(subject, cfg, self.api_inbox)
+        self._go(expect, self._api_request(subject, cfg, self.api_inbox))
 
     def _messages(self, msgs) -> None:
         replies = []
@@ -195,12 +182,10 @@ class NatsQueuePull(_NatsQueue):
         )
 
     def start(self, expect: int) -> None:
-        self.expect = expect
+        self.expect = expect  # _pull() asks for at most what is still expected
         self.requested = 0
         self._pending: list = []
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(self._pull())
+        self._go(expect, self._pull())
 
     def _messages(self, msgs) -> None:
         got = 0
@@ -253,10 +238,7 @@ class RedisQueue(_Counting):
         transport.write(resp_command("PING"))
 
     def start(self, expect: int) -> None:
-        self.expect = expect
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(self._read)
+        self._go(expect, self._read)
 
     def data_received(self, data) -> None:
         buf = self.buf
