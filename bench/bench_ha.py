@@ -67,11 +67,11 @@ def body_of(size: int) -> bytes:
 # ---------------------------------------------------------------------------------- publish
 
 
-async def timed_publish(c, n: int, body: bytes) -> tuple[float, float]:
+async def timed_publish(c, n: int, body: bytes, topic: str = "bench") -> tuple[float, float]:
     """n publishes through c (a Client or an HAClient) and its publish_flush: measure()."""
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(n):
-        await c.publish("bench", body)
+        await c.publish(topic, body)
     await c.publish_flush(timeout=300)
     return measure(n, start, cpu)
 
@@ -95,9 +95,7 @@ async def publish_ha(address: str, n: int, body: bytes, store) -> tuple[float, f
 
 async def fill(address: str, n: int, body: bytes) -> None:
     async with Client(f"bench-fill-{os.getpid()}", server=address) as c:
-        for _ in range(n):
-            await c.publish("replay", body)
-        await c.publish_flush(timeout=300)
+        await timed_publish(c, n, body, "replay")
 
 
 async def subscribe_plain(address: str, n: int) -> float:
