@@ -193,21 +193,6 @@ def run_variant(
     return repeat(v.label, reps, on_fresh_peer, first_rep, of)
 
 
-def run_interleaved(
-    variants: list[Variant], reps: int, one_rep
-) -> dict[str, tuple[list[dict], list[str]]]:
-    """Like run_variant for each variant, but repetition-major: rep 1 of every variant, then
-    rep 2 of every variant, ... so that a noisy spell on the machine hits every peer alike.
-    Returns label -> (results, problems)."""
-    out: dict[str, tuple[list[dict], list[str]]] = {v.label: ([], []) for v in variants}
-    for r in range(reps):
-        for v in variants:
-            res, probs = run_variant(v, 1, one_rep, first_rep=r, of=reps)
-            out[v.label][0].extend(res)
-            out[v.label][1].extend(probs)
-    return out
-
-
 @dataclass
 class Table:
     """What a benchmark measured: rows of (label, medians) in variant order, problems by label,
@@ -234,12 +219,18 @@ def run_rows(
     interleave: bool = True,
     skipped: list[str] | None = None,
 ) -> Table:
-    """Every variant `reps` times (interleaved, or variant-major), one_rep(peer, variant, rep)
-    on a fresh server each time (run_variant)."""
+    """Every variant `reps` times, one_rep(peer, variant, rep) on a fresh server each time
+    (run_variant): interleaved, rep 1 of every variant, then rep 2 of every variant, ... (so that
+    a noisy spell on the machine hits every peer alike), or variant-major."""
+    runs: dict[str, tuple[list[dict], list[str]]] = {v.label: ([], []) for v in variants}
     if interleave:
-        runs = run_interleaved(variants, reps, one_rep)
+        order = [(r, v) for r in range(reps) for v in variants]
     else:
-        runs = {v.label: run_variant(v, reps, one_rep) for v in variants}
+        order = [(r, v) for v in variants for r in range(reps)]
+    for r, v in order:
+        res, probs = run_variant(v, 1, one_rep, first_rep=r, of=reps)
+        runs[v.label][0].extend(res)
+        runs[v.label][1].extend(probs)
     rows = [(v.label, medians(runs[v.label][0], metrics)) for v in variants]
     return Table(rows, {label: ps for label, (_, ps) in runs.items() if ps}, skipped or [])
 
