@@ -25,21 +25,10 @@ import sys
 import time
 
 import benchlib
-import loadgen
 import peers
+from consumers import preload
 
 TOPIC = "burst"
-
-
-def load(peer, n: int, window: int, tag: str, args: argparse.Namespace) -> dict:
-    """n persisted publishes of args.size bytes, at most window unacked; raises unless all acked."""
-    r = loadgen.run_sync(
-        "tickertape", peer.host, peer.port, n=n, pub_dest=TOPIC, body_size=args.size,
-        window=window, timeout=args.timeout, tag=tag,
-    )  # fmt: skip
-    if r["acked"] != n or r["errors"] or r["pub_errors"]:
-        raise RuntimeError(f"{tag}: {r['acked']}/{n} acked, errors {r['errors'][:2]}")
-    return r
 
 
 def one(limit: str | None, args: argparse.Namespace) -> dict:
@@ -48,10 +37,10 @@ def one(limit: str | None, args: argparse.Namespace) -> dict:
         peer.extra["config_xml"] = f"<ClientPublishMemoryLimit>{limit}</ClientPublishMemoryLimit>\n"
     try:
         peer.start()
-        load(peer, 200, 200, "warm", args)
+        preload(peer, TOPIC, 200, args.size, 200, args.timeout, "warm")
         time.sleep(0.5)
         before = peers.proc_status_kb(peer.pid, "RssAnon") * 1024
-        r = load(peer, args.count, args.window, "fast", args)
+        seconds = preload(peer, TOPIC, args.count, args.size, args.window, args.timeout, "fast")
         after = peers.proc_status_kb(peer.pid, "RssAnon") * 1024
     finally:
         peer.cleanup()
@@ -59,7 +48,7 @@ def one(limit: str | None, args: argparse.Namespace) -> dict:
         "before": before / 2**20,
         "after": after / 2**20,
         "grown": (after - before) / 2**20,
-        "mbps": args.count * args.size / r["pub_seconds"] / 1e6,
+        "mbps": args.count * args.size / seconds / 1e6,
     }
 
 

@@ -39,19 +39,8 @@ METRICS = [
 ]
 
 
-def subscriber_dests(args, peer, v) -> list[str]:
-    dest = DEST[peer.kind]
-    if peer.kind == "nats" and v.opts.get("nats_sub") == "push":
-        subs = []
-        for i in range(args.subs):
-            peer.create_push_consumer(f"fan{i}", f"_bench.fan.{i}", dest)
-            subs.append(f"_bench.fan.{i}")
-        return subs
-    return [dest] * args.subs
-
-
 def one_rep(args, peer, v, rep) -> dict:
-    subs = subscriber_dests(args, peer, v)
+    subs = benchlib.subscriber_dests(peer, v, DEST[peer.kind], args.subs, "fan")
     r, cpu = benchlib.timed_load(
         peer, args, n=args.count, pub_dest=DEST[peer.kind], sub_dests=subs, tag=f"f{rep}"
     )

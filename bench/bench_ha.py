@@ -36,6 +36,7 @@ import sys
 import time
 
 import benchlib
+import loadgen
 import peers
 
 sys.path.insert(0, peers.REPO)
@@ -66,24 +67,25 @@ def body_of(size: int) -> bytes:
 # ---------------------------------------------------------------------------------- publish
 
 
-async def publish_plain(address: str, n: int, body: bytes) -> float:
+async def timed_publish(c, n: int, body: bytes, topic: str = "bench") -> tuple[float, float]:
+    """n publishes through c (a Client or an HAClient) and its publish_flush: measure()."""
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        await c.publish(topic, body)
+    await c.publish_flush(timeout=300)
+    return measure(n, start, cpu)
+
+
+async def publish_plain(address: str, n: int, body: bytes) -> tuple[float, float]:
     async with Client(f"bench-plain-{os.getpid()}", server=address) as c:
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(n):
-            await c.publish("bench", body)
-        await c.publish_flush(timeout=300)
-        return measure(n, start, cpu)
+        return await timed_publish(c, n, body)
 
 
-async def publish_ha(address: str, n: int, body: bytes, store) -> float:
+async def publish_ha(address: str, n: int, body: bytes, store) -> tuple[float, float]:
     ha = HAClient(f"bench-ha-{os.getpid()}-{id(store)}", servers=[address], publish_store=store)
     await ha.connect_and_logon()
     try:
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(n):
-            await ha.publish("bench", body)
-        await ha.publish_flush(timeout=300)
-        return measure(n, start, cpu)
+        return await timed_publish(ha, n, body)
     finally:
         await ha.close()
 
@@ -93,9 +95,7 @@ async def publish_ha(address: str, n: int, body: bytes, store) -> float:
 
 async def fill(address: str, n: int, body: bytes) -> None:
     async with Client(f"bench-fill-{os.getpid()}", server=address) as c:
-        for _ in range(n):
-            await c.publish("replay", body)
-        await c.publish_flush(timeout=300)
+        await timed_publish(c, n, body, "replay")
 
 
 async def subscribe_plain(address: str, n: int) -> float:
@@ -187,21 +187,12 @@ def run_rep(fn, *args):
     """fn(peer, workdir, *args) on a fresh server; the client stores go in its work dir."""
     peer = peers.make_peer("tickertape").start()
     try:
-        return run_loop(fn(peer, peer.workdir, *args))
+        return loadgen.run_coro(fn(peer, peer.workdir, *args), uv=LOOP == "uvloop")
     finally:
         peer.cleanup()
 
 
 LOOP = "uvloop"
-
-
-def run_loop(coro):
-    if LOOP == "uvloop":
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-            return r.run(coro)
-    return asyncio.run(coro)
 
 
 def table(title: str, rows: list[tuple[str, list[float]]], fmt: str, base: str | None = None,

@@ -21,11 +21,10 @@ server CPU % at that rate.
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import benchlib
-from benchlib import Metric
+from benchlib import Metric, pct
 
 DEST = {"tickertape": "bench.lat", "nats": "bench.lat", "redis": "bench:lat"}
 
@@ -38,12 +37,6 @@ METRICS = [
     Metric("cpu_pct", "srv CPU %", "{:.0f}", "lower"),
     Metric("client_pct", "client CPU %", "{:.0f}", "lower", ratio=False),
 ]
-
-
-def pct(sorted_vals, q: float) -> float:
-    """Nearest-rank percentile of sorted values (ns) in µs."""
-    i = max(0, math.ceil(q * len(sorted_vals)) - 1)
-    return sorted_vals[i] / 1e3
 
 
 def figures(r: dict, lat_ns, cpu: float) -> dict:
@@ -78,11 +71,7 @@ def roundtrip_rep(args, peer, v, rep) -> dict:
 def one_rep(args, peer, v, rep) -> dict:
     proto = peer.kind
     dest = DEST[proto]
-    if proto == "nats" and v.opts.get("nats_sub") == "push":
-        peer.create_push_consumer("lat0", "_bench.lat.0", dest)
-        subs = ["_bench.lat.0"]
-    else:
-        subs = [dest]
+    subs = benchlib.subscriber_dests(peer, v, dest, 1, "lat")
     n = int(args.rate * args.seconds)
     r, cpu = benchlib.timed_load(
         peer,

@@ -22,24 +22,22 @@ The journal is in the page cache (it was just built or read): these are warm loo
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import socket
 import statistics
-import struct
 import sys
 import time
 
 import benchlib
 import journaldata
 import peers
+from loadgen import _U32, tickertape_frame
 
 from journal.journal import Journal
 from protocol.bookmarks import format_timestamp
 
 TOPIC = "bench.locate"
-_U32 = struct.Struct(">I")
 
 
 def pct(vals: list[float], q: float) -> float:
@@ -80,12 +78,7 @@ def in_process(args, jdir: str, meta: dict, rng: random.Random) -> dict:
     return out
 
 
-def _frame(h: dict) -> bytes:
-    b = json.dumps(h, separators=(",", ":")).encode()
-    return _U32.pack(len(b)) + b
-
-
-def _read_frame(s: socket.socket, buf: bytearray) -> bytes:
+def _readtickertape_frame(s: socket.socket, buf: bytearray) -> bytes:
     while True:
         if len(buf) >= 4:
             ln = _U32.unpack_from(buf, 0)[0]
@@ -106,16 +99,18 @@ def _first_message(port: int, bm: str, k: int, timeout: float) -> tuple[float, b
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = bytearray()
         s.sendall(
-            _frame({"c": "logon", "cid": "l", "client_name": f"bench-loc-{k}", "a": "processed"})
+            tickertape_frame(
+                {"c": "logon", "cid": "l", "client_name": f"bench-loc-{k}", "a": "processed"}
+            )
         )
-        h = _read_frame(s, buf)
+        h = _readtickertape_frame(s, buf)
         if b'"status":"failure"' in h:
             raise RuntimeError(f"logon failed: {h[:200]!r}")
-        sub = _frame({"c": "subscribe", "t": TOPIC, "sub_id": "l", "bm": bm})
+        sub = tickertape_frame({"c": "subscribe", "t": TOPIC, "sub_id": "l", "bm": bm})
         t = time.perf_counter_ns()
         s.sendall(sub)
         while True:
-            f = _read_frame(s, buf)
+            f = _readtickertape_frame(s, buf)
             if f.startswith(b'{"c":"p"'):
                 return (time.perf_counter_ns() - t) / 1000, f
             if b'"status":"failure"' in f:
@@ -242,27 +237,14 @@ def main() -> None:
             row("subscribe with a timestamp → first message, end to end", e2e["ts"]),
         ]
     targets = [
-        ("Journal.locate median < 1 ms", "µs", statistics.median(bm), 1000, "max"),
-        ("Journal.locate p99 < 1 ms", "µs", pct(bm, 0.99), 1000, "max"),
-        ("Journal.locate_time median < 1 ms", "µs", statistics.median(ts), 1000, "max"),
-        ("Journal.locate_time p99 < 1 ms", "µs", pct(ts, 0.99), 1000, "max"),
+        (f"Journal.{name} {stat} < 1 ms", "µs", figure(vals), 1000, "max")
+        for name, vals in (("locate", bm), ("locate_time", ts))
+        for stat, figure in (("median", statistics.median), ("p99", lambda v: pct(v, 0.99)))
     ]
     if e2e and e2e["bm"] and e2e["ts"]:
         targets += [
-            (
-                "end to end, bookmark: median < 1 ms",
-                "µs",
-                statistics.median(e2e["bm"]),
-                1000,
-                "max",
-            ),
-            (
-                "end to end, timestamp: median < 1 ms",
-                "µs",
-                statistics.median(e2e["ts"]),
-                1000,
-                "max",
-            ),
+            (f"end to end, {kind}: median < 1 ms", "µs", statistics.median(e2e[k]), 1000, "max")
+            for kind, k in (("bookmark", "bm"), ("timestamp", "ts"))
         ]
     size_gib = (
         sum(os.path.getsize(os.path.join(jdir, f)) for f in os.listdir(jdir) if f.endswith(".seg"))

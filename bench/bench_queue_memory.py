@@ -39,10 +39,14 @@ _SCANNED = re.compile(r"queues: recovery scanned (\d+) records in ([0-9.]+)s")
 _WAITING = re.compile(r"queue (\S+): recovered (\d+) waiting messages")
 
 
-def _start(peer, timeout: float) -> float:
+def _started(peer, args, out: dict, which: str) -> None:
+    """Start peer; into out its start time, and its RSS and peak --settle seconds after."""
     t0 = time.monotonic()
-    peer.start(timeout=timeout)
-    return time.monotonic() - t0
+    peer.start(timeout=args.timeout)
+    out[f"start_{which}_s"] = time.monotonic() - t0
+    benchlib.settle(args.settle)
+    out[f"rss_{which}"] = peer.rss_bytes()
+    out[f"hwm_{which}"] = peer.peak_rss_bytes()
 
 
 def _recovery(text: str) -> tuple[int, float, int] | None:
@@ -59,20 +63,14 @@ def one_rep(args, jdir: str) -> dict:
     base = peers.make_peer("tickertape")
     base.extra["journal_copy_from"] = jdir
     try:
-        out["start_noq_s"] = _start(base, args.timeout)
-        benchlib.settle(args.settle)
-        out["rss_noq"] = base.rss_bytes()
-        out["hwm_noq"] = base.peak_rss_bytes()
+        _started(base, args, out, "noq")
     finally:
         base.cleanup()
     q = peers.make_peer("tickertape")
     q.extra["journal_copy_from"] = jdir
     q.extra["config_xml"] = QUEUE_XML
     try:
-        out["start_q_s"] = _start(q, args.timeout)
-        benchlib.settle(args.settle)
-        out["rss_q"] = q.rss_bytes()
-        out["hwm_q"] = q.peak_rss_bytes()
+        _started(q, args, out, "q")
         rec = _recovery(q.log_text())
         if rec is None:
             raise RuntimeError("no `queues: recovery scanned` line in the server log")

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import shutil
 import struct
@@ -47,9 +46,10 @@ import time
 import urllib.request
 
 import benchlib
-import loadgen
 import peers
-from benchlib import Metric
+from benchlib import Metric, pct
+from loadgen import run_coro as run
+from loadgen import tickertape_frame as frame
 
 sys.path.insert(0, peers.REPO)
 from tests.support import proc
@@ -68,24 +68,6 @@ METRICS = [
     Metric("lag99", "lag p99 µs", "{:,.0f}", "lower", ratio=False),
     Metric("lagmax", "lag max µs", "{:,.0f}", "lower", ratio=False),
 ]
-
-
-def pct(sorted_vals: list[int], q: float) -> float | None:
-    if not sorted_vals:
-        return None
-    return sorted_vals[max(0, math.ceil(q * len(sorted_vals)) - 1)] / 1e3
-
-
-def run(coro):
-    """asyncio.run on the load generator's loop (uvloop when installed, as benchlib reports)."""
-    factory = loadgen.uvloop.new_event_loop if loadgen.uvloop is not None else None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
-
-
-def frame(header: dict, body: bytes = b"") -> bytes:
-    h = json.dumps(header, separators=(",", ":")).encode()
-    return struct.pack(">I", len(h) + len(body)) + h + body
 
 
 async def read_frames(reader: asyncio.StreamReader):
@@ -306,7 +288,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.count, args.seconds, args.reps, args.resync = 20_000, 3.0, 1, 100_000
-    args.peers, skipped = benchlib.select_peers(args.peers)
+    args.peers, skipped = benchlib.peers_to_run(args.peers, show=False)
     args.peers = [n for n in args.peers if peers.is_tickertape(n)]
     if not args.peers:
         sys.exit(f"no Tickertape build is runnable: {'; '.join(skipped)}")

@@ -36,7 +36,6 @@ Writes the `bench_scale` section of RESULTS.md and draws bench/scale.png.
 from __future__ import annotations
 
 import asyncio
-import json
 import struct
 import time
 
@@ -44,14 +43,11 @@ import benchlib
 import loadgen
 import peers
 import scale_report
+from loadwire import NatsLines, TtLogon, nats_connect, nats_subs
 
 _U32 = struct.Struct(">I")
 SUB_CONNS = 10
 DELIVER = "_scale.d"
-_NATS_CONNECT = (
-    b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,'
-    b'"no_responders":false,"name":"scale"}\r\n'
-)
 
 
 def body(i: int, size: int) -> bytes:
@@ -62,22 +58,14 @@ def body(i: int, size: int) -> bytes:
 # ---- Tickertape ----------------------------------------------------------------------------
 
 
-class TtSubs(loadgen._Conn):
+class TtSubs(TtLogon, loadgen._Conn):
     """Logs on, subscribes `subs` [(sub_id, topic, filter)] in one write, counts deliveries."""
 
     def __init__(self, name: str, subs: list[tuple[str, str, str | None]]) -> None:
         super().__init__()
-        self.name = name
+        self.client_name = name
         self.subs = subs
         self.stage = "logon"
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        transport.write(
-            loadgen.tickertape_frame(
-                {"c": "logon", "cid": "logon", "a": "processed", "client_name": self.name}
-            )
-        )
 
     def _subscribe(self) -> None:
         parts = []
@@ -106,7 +94,7 @@ class TtSubs(loadgen._Conn):
             if buf[pos + 4 : pos + 12] == b'{"c":"p"':
                 got += 1
             elif self.stage != "run":
-                h = json.JSONDecoder().raw_decode(bytes(buf[pos + 4 : end]).decode())[0]
+                h = self._header(pos + 4, end)
                 if h.get("status") == "failure":
                     self._fail(f"{self.stage}: {h}")
                 elif h.get("cid") == "logon":
@@ -120,12 +108,15 @@ class TtSubs(loadgen._Conn):
         self.received += got
 
 
-class NatsSubs(loadgen._Conn):
+class NatsSubs(NatsLines, loadgen._Conn):
     """CONNECTs, SUBs `subjects` in one write, counts MSGs (PONG after the SUBs = ready)."""
 
     def __init__(self, subjects: list[str]) -> None:
         super().__init__()
         self.subjects = subjects
+
+    def _hello(self) -> bytes:
+        return nats_connect("scale") + nats_subs(self.subjects, 0) + b"PING\r\n"
 
     def data_received(self, data) -> None:
         buf = self.buf
@@ -142,19 +133,8 @@ class NatsSubs(loadgen._Conn):
                 got += 1
                 pos = end
                 continue
-            line = bytes(buf[pos:eol])
+            self._line(bytes(buf[pos:eol]))
             pos = eol + 2
-            if line.startswith(b"INFO"):
-                subs = b"".join(
-                    b"SUB %s %d\r\n" % (s.encode(), i) for i, s in enumerate(self.subjects)
-                )
-                self.transport.write(_NATS_CONNECT + subs + b"PING\r\n")
-            elif line.startswith(b"PING"):
-                self.transport.write(b"PONG\r\n")
-            elif line.startswith(b"PONG") and not self.ready.done():
-                self.ready.set_result(None)
-            elif line.startswith(b"-ERR"):
-                self._fail(line.decode(errors="replace"))
         if pos:
             del buf[:pos]
         self.received += got
@@ -325,7 +305,7 @@ class Idle(loadgen._Conn):
 
     def data_received(self, data) -> None:
         if self.kind == "nats" and data.startswith(b"INFO"):
-            self.transport.write(_NATS_CONNECT + b"PING\r\n")
+            self.transport.write(nats_connect("scale") + b"PING\r\n")
         elif not self.ready.done() and (self.kind != "nats" or b"PONG" in data):
             self.ready.set_result(None)
 
@@ -347,6 +327,8 @@ async def _memory_async(peer, args, tag: str) -> dict:
         )
         rss1 = await _quiet_rss(peer, args.settle)
         out["conn_kib"] = (rss1 - rss0) / n / 1024
+        if kind == "redis":  # no subscriptions to hold: idle connections only
+            return out
         for c in conns:
             c.close()
         conns = []
@@ -423,82 +405,45 @@ def main() -> None:
     curve: list[tuple[str, int, dict]] = []  # (series, subs, medians)
     problems: list[str] = []
 
-    def point(series: str, peer_name: str, s: int, fn) -> None:
+    def point(head: str, shown: str, said: str, peer_name: str, fn) -> dict:
+        """The medians of fn on peer_name, printed as `head` padded and `shown`; its problems
+        are named `said`."""
         med, probs = _median_runs(peer_name, args.reps, fn)
-        curve.append((series, s, med))
-        problems.extend(f"{series} S={s} {x}" for x in probs)
-        print(f"  {series:28} S={s:>6}: {benchlib.summary(med)}", flush=True)
+        problems.extend(f"{said} {x}" for x in probs)
+        print(f"  {head:28}{shown}: {benchlib.summary(med)}", flush=True)
+        return med
 
     for name in names:
         kind = peers.make_peer(name).kind
-        if kind == "tickertape":
-            for t in topics:
-                for s in sizes:
-                    if t > s:
-                        continue  # T topics need at least T subscriptions
-                    point(
-                        f"{name} T={t}",
-                        name,
-                        s,
-                        lambda peer, tag, s=s, t=t: run_async(
-                            _curve_async, peer, "", s, t, args, tag
-                        ),
-                    )
+        points = []  # (series, S, curve mode, T)
+        if kind == "tickertape":  # T topics need at least T subscriptions
+            points = [(f"{name} T={t}", s, "", t) for t in topics for s in sizes if t <= s]
         elif kind == "nats":
-            for mode in ("consumers", "core subs"):
-                for s in sizes:
-                    if mode == "consumers" and s > args.js_max:
-                        continue
-                    point(
-                        f"{name} ({mode})",
-                        name,
-                        s,
-                        lambda peer, tag, s=s, mode=mode: run_async(
-                            _curve_async,
-                            peer,
-                            "consumers" if mode == "consumers" else "core",
-                            s,
-                            1,
-                            args,
-                            tag,
-                        ),
-                    )
+            points = [
+                (f"{name} ({mode})", s, mode.split()[0], 1)
+                for mode in ("consumers", "core subs")
+                for s in sizes
+                if mode != "consumers" or s <= args.js_max
+            ]
+        for series, s, mode, t in points:
+            fn = lambda peer, tag, s=s, t=t, mode=mode: run_async(
+                _curve_async, peer, mode, s, t, args, tag
+            )
+            curve.append((series, s, point(series, f" S={s:>6}", f"{series} S={s}", name, fn)))
     pubs: list[tuple[str, dict]] = []
     mem: list[tuple[str, dict]] = []
     for name in names:
-        med, probs = _median_runs(
-            name, args.reps, lambda peer, tag: run_async(_publishers_async, peer, args, tag)
+        fn = lambda peer, tag: run_async(_publishers_async, peer, args, tag)
+        pubs.append(
+            (name, point(name, f" {args.conns} publishers", f"{name} publishers", name, fn))
         )
-        pubs.append((name, med))
-        problems.extend(f"{name} publishers {x}" for x in probs)
-        print(f"  {name:28} {args.conns} publishers: {benchlib.summary(med)}", flush=True)
-        held = _idle_only_async if peers.make_peer(name).kind == "redis" else _memory_async
-        med, probs = _median_runs(
-            name, args.reps, lambda peer, tag, held=held: run_async(held, peer, args, tag)
-        )
-        mem.append((name, med))
-        problems.extend(f"{name} memory {x}" for x in probs)
-        print(f"  {name:28} memory: {benchlib.summary(med)}", flush=True)
+        fn = lambda peer, tag: run_async(_memory_async, peer, args, tag)
+        mem.append((name, point(name, " memory", f"{name} memory", name, fn)))
     elapsed = time.time() - t_start
     text = scale_report.report(args, SUB_CONNS, curve, pubs, mem, problems, skipped, elapsed)
     benchlib.emit("bench_scale", text, args.no_results)
     if not args.no_plot:
         scale_report.plot(curve, pubs, mem, args)
-
-
-async def _idle_only_async(peer, args, tag: str) -> dict:
-    conns = []
-    try:
-        rss0 = await _quiet_rss(peer, args.settle)
-        conns = await _connect_all(
-            [(lambda i=i: Idle("redis", f"i{i}"), peer.host, peer.port) for i in range(args.conns)]
-        )
-        rss1 = await _quiet_rss(peer, args.settle)
-        return {"conn_kib": (rss1 - rss0) / args.conns / 1024}
-    finally:
-        for c in conns:
-            c.close()
-        await asyncio.sleep(0)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import os
 import platform
 import re
@@ -91,28 +92,25 @@ def nats_sub_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def select_peers(arg: str) -> tuple[list[str], list[str]]:
-    """(peers to run, lines saying which were skipped and why)."""
-    names = peers.ALL_PEERS if arg == "all" else [x.strip() for x in arg.split(",") if x.strip()]
-    run, skipped = [], []
-    for n in names:
+def peers_to_run(
+    arg: str, drop: dict[str, str] | None = None, show: bool = True
+) -> tuple[list[str], list[str]]:
+    """(peers to run, lines saying which were skipped and why): the installed ones of the comma
+    list arg ("all": every known peer), less those in drop (name -> why this benchmark skips
+    it); every skipped peer printed unless not show."""
+    wanted = peers.ALL_PEERS if arg == "all" else [x.strip() for x in arg.split(",") if x.strip()]
+    names, skipped = [], []
+    for n in wanted:
         ok, why = peers.available(n)
         if ok:
-            run.append(n)
+            names.append(n)
         else:
             skipped.append(f"{n}: {why}")
-    return run, skipped
-
-
-def peers_to_run(arg: str, drop: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
-    """select_peers, less the peers in drop (name -> why this benchmark skips it), with every
-    skipped peer printed."""
-    names, skipped = select_peers(arg)
     for n, why in (drop or {}).items():
         if n in names:
             names.remove(n)
             skipped.append(f"{n}: {why}")
-    for s in skipped:
+    for s in skipped if show else ():
         print(f"SKIPPED {s}")
     return names, skipped
 
@@ -136,6 +134,16 @@ def variants_for(names: list[str], nats_sub: str | None = None) -> list[Variant]
         else:
             out.append(Variant(n, n, {}))
     return out
+
+
+def subscriber_dests(peer, v: Variant, dest: str, n: int, name: str) -> list[str]:
+    """Where n subscribers of dest subscribe: for a `jetstream (push)` variant each to a durable
+    push consumer of its own (`{name}{i}`, delivering to `_bench.{name}.{i}`), else to dest."""
+    if peer.kind != "nats" or v.opts.get("nats_sub") != "push":
+        return [dest] * n
+    for i in range(n):
+        peer.create_push_consumer(f"{name}{i}", f"_bench.{name}.{i}", dest)
+    return [f"_bench.{name}.{i}" for i in range(n)]
 
 
 def repeat(
@@ -185,21 +193,6 @@ def run_variant(
     return repeat(v.label, reps, on_fresh_peer, first_rep, of)
 
 
-def run_interleaved(
-    variants: list[Variant], reps: int, one_rep
-) -> dict[str, tuple[list[dict], list[str]]]:
-    """Like run_variant for each variant, but repetition-major: rep 1 of every variant, then
-    rep 2 of every variant, ... so that a noisy spell on the machine hits every peer alike.
-    Returns label -> (results, problems)."""
-    out: dict[str, tuple[list[dict], list[str]]] = {v.label: ([], []) for v in variants}
-    for r in range(reps):
-        for v in variants:
-            res, probs = run_variant(v, 1, one_rep, first_rep=r, of=reps)
-            out[v.label][0].extend(res)
-            out[v.label][1].extend(probs)
-    return out
-
-
 @dataclass
 class Table:
     """What a benchmark measured: rows of (label, medians) in variant order, problems by label,
@@ -226,12 +219,18 @@ def run_rows(
     interleave: bool = True,
     skipped: list[str] | None = None,
 ) -> Table:
-    """Every variant `reps` times (interleaved, or variant-major), one_rep(peer, variant, rep)
-    on a fresh server each time (run_variant)."""
+    """Every variant `reps` times, one_rep(peer, variant, rep) on a fresh server each time
+    (run_variant): interleaved, rep 1 of every variant, then rep 2 of every variant, ... (so that
+    a noisy spell on the machine hits every peer alike), or variant-major."""
+    runs: dict[str, tuple[list[dict], list[str]]] = {v.label: ([], []) for v in variants}
     if interleave:
-        runs = run_interleaved(variants, reps, one_rep)
+        order = [(r, v) for r in range(reps) for v in variants]
     else:
-        runs = {v.label: run_variant(v, reps, one_rep) for v in variants}
+        order = [(r, v) for v in variants for r in range(reps)]
+    for r, v in order:
+        res, probs = run_variant(v, 1, one_rep, first_rep=r, of=reps)
+        runs[v.label][0].extend(res)
+        runs[v.label][1].extend(probs)
     rows = [(v.label, medians(runs[v.label][0], metrics)) for v in variants]
     return Table(rows, {label: ps for label, (_, ps) in runs.items() if ps}, skipped or [])
 
@@ -317,6 +316,13 @@ def medians(results: list[dict], metrics: list[Metric] | None = None) -> dict:
         if m.spread and len(vals) > 1:
             out[m.key + "~"] = (min(vals), max(vals))
     return out
+
+
+def pct(sorted_vals, q: float) -> float | None:
+    """Nearest-rank percentile q of sorted values in ns, in µs (None: no values)."""
+    if not sorted_vals:
+        return None
+    return sorted_vals[max(0, math.ceil(q * len(sorted_vals)) - 1)] / 1e3
 
 
 def fmt(metric: Metric, v) -> str:

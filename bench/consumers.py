@@ -26,7 +26,7 @@ import struct
 
 import loadgen
 from loadgen import ProtocolError, _Conn, _now_ns, tickertape_frame
-from loadwire import TtLogon
+from loadwire import NatsLines, TtLogon, nats_connect, nats_subs
 
 _U32 = struct.Struct(">I")
 _P = b'{"c":"p"'
@@ -42,6 +42,13 @@ class _Counting(_Conn):
         self.t_start = 0
         self.t_first = 0
         self.t_last = 0
+
+    def _go(self, expect: int, first: bytes) -> None:
+        """Start the clock on `expect` messages with `first` (the subscribe, or the request)."""
+        self.expect = expect
+        self.running = True
+        self.t_start = _now_ns()
+        self.transport.write(first)
 
     def _got(self, k: int) -> None:
         if not self.t_first:
@@ -83,7 +90,6 @@ class TtReplay(_TtBase):
         self.filt = filt
 
     def start(self, expect: int) -> None:
-        self.expect = expect
         h = {
             "c": "subscribe",
             "cid": "replay",
@@ -94,9 +100,7 @@ class TtReplay(_TtBase):
         }
         if self.filt:
             h["f"] = self.filt
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(tickertape_frame(h))
+        self._go(expect, tickertape_frame(h))
 
     def _ack(self, h: dict) -> None:
         if h.get("a") == "completed":
@@ -135,36 +139,28 @@ class TtReplay(_TtBase):
 # ---- NATS ----------------------------------------------------------------------------------
 
 
-class _NatsBase(_Counting):
+class _NatsBase(NatsLines, _Counting):
     """CONNECT, the subscriptions of `subs()` (sid 1, 2, ...), PING; ready at the PONG."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._got_info = False
         self.api_replies: list[dict] = []
 
     def subs(self) -> list[str]:
         return []
 
-    def _on_info(self) -> None:
-        self.transport.write(
-            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,'
-            b'"no_responders":true,"name":"bench-consumer"}\r\n'
-            + b"".join(b"SUB %s %d\r\n" % (s.encode(), i + 1) for i, s in enumerate(self.subs()))
+    def _hello(self) -> bytes:
+        return (
+            nats_connect("bench-consumer", no_responders=True)
+            + nats_subs(self.subs())
             + b"PING\r\n"
         )
 
-    def _line(self, line: bytes) -> None:
-        if line.startswith(b"PING"):
-            self.transport.write(b"PONG\r\n")
-        elif line.startswith(b"PONG"):
-            if not self.ready.done():
-                self.ready.set_result(None)
-        elif line.startswith(b"INFO") and not self._got_info:
-            self._got_info = True
-            self._on_info()
-        elif line.startswith(b"-ERR"):
-            self._fail(line.decode(errors="replace"))
+    @staticmethod
+    def _api_request(subject: str, cfg: dict, inbox: str) -> bytes:
+        """A JetStream API request (cfg as JSON) whose reply comes on inbox."""
+        body = json.dumps(cfg).encode()
+        return b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), inbox.encode(), len(body), body)
 
     def _api_reply(self, payload: bytes) -> None:
         r = json.loads(payload) if payload else {}
@@ -239,7 +235,6 @@ class NatsOrdered(_NatsBase):
         return [self.deliver, self.inbox]
 
     def start(self, expect: int) -> None:
-        self.expect = expect
         cfg = {
             "stream_name": self.stream,
             "config": {
@@ -255,12 +250,8 @@ class NatsOrdered(_NatsBase):
                 "inactive_threshold": 300_000_000_000,
             },
         }
-        body = json.dumps(cfg).encode()
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(
-            b"PUB $JS.API.CONSUMER.CREATE.%s %s %d\r\n%s\r\n"
-            % (self.stream.encode(), self.inbox.encode(), len(body), body)
+        self._go(
+            expect, self._api_request(f"$JS.API.CONSUMER.CREATE.{self.stream}", cfg, self.inbox)
         )
 
     def _messages(self, msgs) -> None:

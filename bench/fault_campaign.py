@@ -34,6 +34,7 @@ import json
 import os
 import random
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -43,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from campaign_runner import Mode, add_arguments, mount_tmpfs, run
+from peerbase import free_port
 
 from journal.journal import Journal
 from journal.record import SEGMENT_HEADER_SIZE
@@ -90,14 +92,6 @@ def config(data: str, port: int) -> str:
 </TickertapeConfig>"""
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, data: str):
         self.data = data
@@ -121,8 +115,6 @@ class Server:
             cwd=self.data,
         )
         deadline = time.monotonic() + 20
-        import socket
-
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
@@ -426,8 +418,6 @@ def check(out: dict, jdir: str) -> tuple[dict, list[str]]:
             if s not in seen and flipped != (pid, s):
                 lost += 1
         acked += p.acked
-        if flipped == (pid, 0):
-            pass
     if lost:
         violations.append(f"{lost} acknowledged message(s) missing from the journal")
     if dup:

@@ -362,7 +362,7 @@ async def round_async(cl: Cluster, rng: random.Random, label: str, maint: str | 
 
     await wait_for(converged, CONVERGE_WAIT_S)  # the oracle says what is missing where
     trace(ledger.t0, "converged (or gave up)")
-    await wait_for(lambda: _true(want <= set(_ids(ha.seen))), CONVERGE_WAIT_S / 2)
+    await wait_for(lambda: _true(want <= set(map(msg_id, ha.seen))), CONVERGE_WAIT_S / 2)
     trace(ledger.t0, "HA subscriber done (or gave up)")
     await asyncio.sleep(0.5)  # queue consumers take what is left
     stop.set()
@@ -374,12 +374,6 @@ async def round_async(cl: Cluster, rng: random.Random, label: str, maint: str | 
 
 async def _true(v: bool) -> bool:
     return v
-
-
-def _ids(seen: list[str]):
-    from seams_clients import msg_id
-
-    return (msg_id(b) for b in seen)
 
 
 def check(cl: Cluster, out: dict) -> tuple[dict, list[str]]:

@@ -26,14 +26,18 @@ from loadwire import (
     _ONE_FIELD_D,
     _U32,
     _XENTRY,
+    NatsLines,
     ProtocolError,
     Publisher,
     Subscriber,
     TtLogon,
     _Conn,
     _now_ns,
+    nats_connect,
+    nats_subs,
     resp_command,
     tickertape_frame,
+    xread_head,
 )
 
 # ---- Tickertape ----------------------------------------------------------------------------
@@ -142,7 +146,7 @@ class TickertapeConn(TtLogon, _Conn, Publisher, Subscriber):
 # ---- NATS ----------------------------------------------------------------------------------
 
 
-class NatsConn(_Conn, Publisher, Subscriber):
+class NatsConn(NatsLines, _Conn, Publisher, Subscriber):
     """role pub: PUB with reply inbox, PubAcks counted. role sub: SUB `subject`, MSGs counted."""
 
     def __init__(self, subject: str = "", inbox: str = "_INBOX.bench") -> None:
@@ -150,7 +154,10 @@ class NatsConn(_Conn, Publisher, Subscriber):
         self.subject = subject
         self.inbox = inbox
         self.role = "pub"
-        self._got_info = False
+
+    def _hello(self) -> bytes:
+        sub = self.inbox if self.role == "pub" else self.subject
+        return nats_connect("bench") + nats_subs([sub]) + b"PING\r\n"
 
     def data_received(self, data) -> None:
         buf = self.buf
@@ -186,24 +193,8 @@ class NatsConn(_Conn, Publisher, Subscriber):
                     self._latency(buf[start : start + 17], now)
                 pos = end
                 continue
-            line = bytes(buf[pos:eol])
+            self._line(bytes(buf[pos:eol]))
             pos = eol + 2
-            if line.startswith(b"PING"):
-                self.transport.write(b"PONG\r\n")
-            elif line.startswith(b"PONG"):
-                if not self.ready.done():
-                    self.ready.set_result(None)
-            elif line.startswith(b"INFO") and not self._got_info:
-                self._got_info = True
-                sub = self.inbox if self.role == "pub" else self.subject
-                self.transport.write(
-                    b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,'
-                    b'"no_responders":false,"name":"bench"}\r\n'
-                    + b"SUB %s 1\r\nPING\r\n"
-                    % sub.encode()
-                )
-            elif line.startswith(b"-ERR"):
-                self._fail(line.decode(errors="replace"))
         if pos:
             del buf[:pos]
         if got:
@@ -327,22 +318,10 @@ class RedisConn(_Conn, Publisher, Subscriber):
             del buf[:5]
             self._xread()
             return
-        e = find(b"\r\n")  # *1
-        if e < 0:
+        head = xread_head(buf)
+        if head is None:
             return
-        e = find(b"\r\n", e + 2)  # *2
-        if e < 0:
-            return
-        pos = e + 2
-        e = find(b"\r\n", pos)  # $klen, key
-        if e < 0:
-            return
-        pos = e + 2 + int(buf[pos + 1 : e]) + 2
-        e = find(b"\r\n", pos)  # *K
-        if e < 0:
-            return
-        k = int(buf[pos + 1 : e])
-        pos = e + 2
+        k, pos = head
         id_at = id_end = 0
         now = _now_ns() if self.lat is not None else 0
         if not now and self._count_fast(pos, k):

@@ -46,10 +46,6 @@ from loadwire import (  # noqa: F401 (re-exported: the benchmarks use loadgen.X)
 # --------------------------------------------------------------------------------------------
 
 
-def new_loop() -> asyncio.AbstractEventLoop:
-    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
-
-
 def loop_name() -> str:
     return f"uvloop {uvloop.__version__}" if uvloop is not None else "asyncio"
 
@@ -78,26 +74,13 @@ def _pub_factory(proto: str, dest: str, tag: str, body_size: int):
 
 
 def _sub_factory(proto: str, dest: str, i: int, tag: str, body_size: int, redis_count: int):
-    if proto == "tickertape":
-
-        def f():
-            c = TickertapeConn(
-                f"bench-sub-{tag}-{i}", topic=dest, sub_id=f"s{i}", body_size=body_size
-            )
-            c.role = "sub"
-            return c
-    elif proto == "nats":
-
-        def f():
-            c = NatsConn(subject=dest)
-            c.role = "sub"
-            return c
-    else:
-
-        def f():
-            c = RedisConn(dest, count=redis_count)
-            c.role = "sub"
-            return c
+    def f():
+        if proto == "tickertape":
+            c = TickertapeConn(f"bench-sub-{tag}-{i}", dest, f"s{i}", body_size)
+        else:
+            c = NatsConn(subject=dest) if proto == "nats" else RedisConn(dest, count=redis_count)
+        c.role = "sub"
+        return c
 
     return f
 
@@ -203,13 +186,16 @@ async def run(
         await asyncio.sleep(0)
 
 
+def run_coro(coro, uv: bool = True):
+    """coro to completion on a fresh client loop (uvloop when installed, unless not uv), closed
+    after."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if uv and uvloop else None) as r:
+        return r.run(coro)
+
+
 def in_new_loop(coro_fn, *args, **kw):
-    """coro_fn(*args, **kw) to completion on a fresh client loop (new_loop), closed after."""
-    loop = new_loop()
-    try:
-        return loop.run_until_complete(coro_fn(*args, **kw))
-    finally:
-        loop.close()
+    """coro_fn(*args, **kw) to completion on a fresh client loop (run_coro)."""
+    return run_coro(coro_fn(*args, **kw))
 
 
 def run_sync(*args, **kw) -> dict:

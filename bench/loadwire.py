@@ -93,6 +93,27 @@ def resp_command(*args) -> bytes:
     return b"".join(out)
 
 
+def xread_head(buf: bytearray) -> tuple[int, int] | None:
+    """(K, where its first entry starts) of the XREAD / XREADGROUP reply at the start of buf,
+    RESP2 `*1 *2 $key *K`; None while that much is not here yet."""
+    find = buf.find
+    e = find(b"\r\n")  # *1
+    if e < 0:
+        return None
+    e = find(b"\r\n", e + 2)  # *2
+    if e < 0:
+        return None
+    pos = e + 2
+    e = find(b"\r\n", pos)  # $klen, key
+    if e < 0:
+        return None
+    pos = e + 2 + int(buf[pos + 1 : e]) + 2
+    e = find(b"\r\n", pos)  # *K
+    if e < 0:
+        return None
+    return int(buf[pos + 1 : e]), e + 2
+
+
 # --------------------------------------------------------------------------------------------
 # Connections
 # --------------------------------------------------------------------------------------------
@@ -184,6 +205,43 @@ class TtLogon:
             return json.JSONDecoder().raw_decode(raw)[0]
         except ValueError:
             raise ProtocolError(f"undecodable header {raw[:120]!r}") from None
+
+
+def nats_connect(name: str, no_responders: bool = False) -> bytes:
+    """The CONNECT line every NATS connection of the bench sends (headers on, quiet)."""
+    return (
+        b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,'
+        b'"no_responders":%s,"name":"%s"}\r\n'
+        % (b"true" if no_responders else b"false", name.encode())
+    )
+
+
+def nats_subs(subjects: list[str], first_sid: int = 1) -> bytes:
+    """SUB lines for subjects, sids first_sid, first_sid + 1, ..."""
+    return b"".join(b"SUB %s %d\r\n" % (s.encode(), i) for i, s in enumerate(subjects, first_sid))
+
+
+class NatsLines:
+    """NATS, before _Conn in the bases: the control lines. PING is answered, the first INFO
+    gets `_hello()` (CONNECT, SUBs, PING), the PONG after it makes the connection ready, -ERR
+    fails it."""
+
+    _got_info = False
+
+    def _hello(self) -> bytes:
+        raise NotImplementedError
+
+    def _line(self, line: bytes) -> None:
+        if line.startswith(b"PING"):
+            self.transport.write(b"PONG\r\n")
+        elif line.startswith(b"PONG"):
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif line.startswith(b"INFO") and not self._got_info:
+            self._got_info = True
+            self.transport.write(self._hello())
+        elif line.startswith(b"-ERR"):
+            self._fail(line.decode(errors="replace"))
 
 
 class Publisher:

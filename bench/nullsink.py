@@ -19,11 +19,9 @@ import asyncio
 import multiprocessing
 import socket
 
+from loadwire import tickertape_frame
+
 LOGON_ACK = b'{"c":"ack","a":"processed","cid":"logon","status":"success","s":0}'
-
-
-def _frame(header: bytes) -> bytes:
-    return len(header).to_bytes(4, "big") + header
 
 
 class _Protocol(asyncio.Protocol):
@@ -49,10 +47,12 @@ class _Protocol(asyncio.Protocol):
             return
         out = b""
         if self.count < 0:
-            out = _frame(LOGON_ACK)
+            out = tickertape_frame(LOGON_ACK)
         self.count = count
         if count > 0:
-            out += _frame(b'{"c":"ack","a":"persisted","status":"success","s":%d}' % count)
+            out += tickertape_frame(
+                b'{"c":"ack","a":"persisted","status":"success","s":%d}' % count
+            )
         self.transport.write(out)
 
 

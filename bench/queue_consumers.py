@@ -18,10 +18,9 @@ classes they extend): everything sent in answer to one read goes out in ONE `tra
 
 from __future__ import annotations
 
-import json
-
 from consumers import _P, _U32, _Counting, _NatsBase, _TtBase
 from loadgen import ProtocolError, _now_ns, resp_command, tickertape_frame
+from loadwire import xread_head
 
 # ---- Tickertape ----------------------------------------------------------------------------
 
@@ -38,21 +37,9 @@ class TtQueue(_TtBase):
         self._ack_head = b'{"c":"sow_delete","t":"%s","bm":"' % queue.encode()
 
     def start(self, expect: int) -> None:
-        self.expect = expect
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(
-            tickertape_frame(
-                {
-                    "c": "subscribe",
-                    "cid": "qsub",
-                    "t": self.queue,
-                    "sub_id": "q",
-                    "o": f"max_backlog={self.backlog}",
-                    "a": "processed",
-                }
-            )
-        )
+        h = {"c": "subscribe", "cid": "qsub", "t": self.queue, "sub_id": "q"}
+        h |= {"o": f"max_backlog={self.backlog}", "a": "processed"}
+        self._go(expect, tickertape_frame(h))
 
     def _ack(self, h: dict) -> None:
         if h.get("cid") == "last":
@@ -143,7 +130,6 @@ class NatsQueuePush(_NatsQueue):
         return [self.deliver, self.done_inbox, self.api_inbox]
 
     def start(self, expect: int) -> None:
-        self.expect = expect
         cfg = {
             "stream_name": self.stream,
             "config": {
@@ -156,19 +142,8 @@ class NatsQueuePush(_NatsQueue):
                 "replay_policy": "instant",
             },
         }
-        body = json.dumps(cfg).encode()
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(
-            b"PUB $JS.API.CONSUMER.DURABLE.CREATE.%s.%s %s %d\r\n%s\r\n"
-            % (
-                self.stream.encode(),
-                self.durable.encode(),
-                self.api_inbox.encode(),
-                len(body),
-                body,
-            )
-        )
+        subject = f"$JS.API.CONSUMER.DURABLE.CREATE.{self.stream}.{self.durable}"
+        self._go(expect, self._api_request(subject, cfg, self.api_inbox))
 
     def _messages(self, msgs) -> None:
         replies = []
@@ -207,12 +182,10 @@ class NatsQueuePull(_NatsQueue):
         )
 
     def start(self, expect: int) -> None:
-        self.expect = expect
+        self.expect = expect  # _pull() asks for at most what is still expected
         self.requested = 0
         self._pending: list = []
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(self._pull())
+        self._go(expect, self._pull())
 
     def _messages(self, msgs) -> None:
         got = 0
@@ -265,10 +238,7 @@ class RedisQueue(_Counting):
         transport.write(resp_command("PING"))
 
     def start(self, expect: int) -> None:
-        self.expect = expect
-        self.running = True
-        self.t_start = _now_ns()
-        self.transport.write(self._read)
+        self._go(expect, self._read)
 
     def data_received(self, data) -> None:
         buf = self.buf
@@ -311,22 +281,10 @@ class RedisQueue(_Counting):
         buf = self.buf
         find = buf.find
         n = len(buf)
-        e = find(b"\r\n")  # *1
-        if e < 0:
+        head = xread_head(buf)
+        if head is None:
             return None
-        e = find(b"\r\n", e + 2)  # *2
-        if e < 0:
-            return None
-        pos = e + 2
-        e = find(b"\r\n", pos)  # $klen
-        if e < 0:
-            return None
-        pos = e + 2 + int(buf[pos + 1 : e]) + 2
-        e = find(b"\r\n", pos)  # *K
-        if e < 0:
-            return None
-        k = int(buf[pos + 1 : e])
-        pos = e + 2
+        k, pos = head
         ids = []
         for _ in range(k):
             # *2 $idlen id *2 ($flen field $vlen value)

@@ -73,11 +73,7 @@ def report(args, sub_conns: int, curve, pubs, mem, problems, skipped, elapsed) -
         )
     tt = {s: med for series, s, med in curve if series == "tickertape T=1"}
     ttm = dict(mem).get("tickertape", {})
-    r10k = (
-        (tt[10000]["msgs_s"] / tt[1]["msgs_s"])
-        if 10000 in tt and 1 in tt and tt[1].get("msgs_s") and tt[10000].get("msgs_s")
-        else None
-    )
+    r10k = benchlib.ratio(tt.get(10000, {}).get("msgs_s"), tt.get(1, {}).get("msgs_s"))
     lines += [
         "",
         benchlib.targets_table(

@@ -15,18 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
 import sys
 from typing import ClassVar
 
 import loadgen
-
-U32 = struct.Struct(">I")
-
-
-def frame(h: dict, body: bytes = b"") -> bytes:
-    hb = json.dumps(h, separators=(",", ":")).encode()
-    return U32.pack(len(hb) + len(body)) + hb + body
+from loadgen import _U32 as U32
+from loadgen import tickertape_frame as frame
 
 
 class Stub(asyncio.Protocol):
@@ -135,8 +129,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    loop = loadgen.new_loop()
-    try:
-        sys.exit(loop.run_until_complete(main()))
-    finally:
-        loop.close()
+    sys.exit(loadgen.run_coro(main()))
