@@ -154,6 +154,31 @@ def _compacted_chunks(entry: dict[str, Any]) -> Iterator[Chunk]:
         reader.close()
 
 
+def segment_stats(entry: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A task's metadata of one source segment, before its records are counted in: `more`
+    adds the job's own fields; `damaged` is the list read_segment fills."""
+    return {
+        "path": entry["path"],
+        "base": entry["base"],
+        "end": entry["end"],
+        "records": 0,
+        "crc_sum": 0,
+        "file_crc32": None,
+        "file_bytes": entry["file_bytes"],
+        **more,
+        "damaged": [],
+    }
+
+
+def topic_codes(buf: BytesLike, cols: Columns) -> tuple[list[str], np.ndarray]:
+    """The chunk's distinct topics, and per record the index of its topic among them."""
+    import numpy as np
+
+    tarr = binary_column(buf, cols["topic_start"], cols["topic_end"]).dictionary_encode()
+    codes = tarr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return [v.decode("utf-8", "replace") for v in tarr.dictionary.to_pylist()], codes
+
+
 def _slices(buf: BytesLike, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
     b = buf if isinstance(buf, bytes) else bytes(buf)
     return [b[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
