@@ -58,6 +58,7 @@ after the client); the HAClient creates memory ones when none are given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
@@ -346,10 +347,8 @@ class HAClient:
             await client.close()
         if sup is not None and sup is not asyncio.current_task():
             sup.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, ClientError):
                 await sup
-            except (asyncio.CancelledError, ClientError):
-                pass
 
     async def __aenter__(self) -> Self:
         if self._life.state == "new":

@@ -44,6 +44,7 @@ by the journal, Spark and pyarrow):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -187,10 +188,8 @@ def write_json_atomic(path: str, obj: Any) -> None:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     fsync_dir(d)
 
