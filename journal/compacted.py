@@ -240,7 +240,6 @@ class CompactedWriter:
         self._f.flush()
         if fsync:
             os.fsync(self._f.fileno())
-        size = self._f.tell()
         self._f.seek(0, os.SEEK_END)
         size = self._f.tell()
         self._f.close()
