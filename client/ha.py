@@ -498,10 +498,9 @@ class HAClient:
             hs._stop()
         client = self._client
         if client is not None and client.connected:
-            try:
+            # Disconnected: the server drops subscriptions with the connection
+            with contextlib.suppress(Disconnected):
                 await client.unsubscribe(sub_id, timeout=timeout)
-            except Disconnected:
-                pass  # the server drops subscriptions with the connection
 
     def discard(self, message: Message) -> bool:
         """Mark a bookmark subscription's message processed (any order)."""

@@ -334,10 +334,9 @@ class JournalWriter:
                 exc,
                 RUNWAY_RETRY_S,
             )
-            try:  # zeros past the end are harmless; cutting them keeps the disk space free
+            # zeros past the end are harmless; cutting them keeps the disk space free
+            with contextlib.suppress(OSError):
                 self._io.ftruncate(self._fd, start)
-            except OSError:
-                pass
             self._runway_end = start
             return
         self._runway_end = start + length

@@ -92,22 +92,20 @@ Runner = Callable[[list[Json], str], list[Json]]  # (group specs, label) -> one 
 def _group_specs(req: Json, parallelism: int) -> list[Json]:
     segs = req["segments"]
     groups = plan_groups(segs, int(req.get("group_bytes") or 512 << 20), parallelism)
-    specs = []
     if req["kind"] == "archive":
         stage = os.path.join(req["archive_root"], "_staging", req["id"])
     else:
         stage = staging_dir(req["journal"], req["id"])
-    for g in groups:
-        specs.append(
-            {
-                "kind": req["kind"],
-                "segments": [segs[i] for i in g],
-                "staging": stage,
-                "tag": req["id"],
-                "policy": req.get("policy") or {},
-            }
-        )
-    return specs
+    return [
+        {
+            "kind": req["kind"],
+            "segments": [segs[i] for i in g],
+            "staging": stage,
+            "tag": req["id"],
+            "policy": req.get("policy") or {},
+        }
+        for g in groups
+    ]
 
 
 def _run_tasks(spark: SparkSession, specs: list[Json], label: str, progress: bool) -> list[Json]:
@@ -238,14 +236,13 @@ def _since(started: float) -> float:
 
 
 def _summary(req: Json, jvm_s: float, **kw: Any) -> Json:
-    s = {
+    return {
         "id": req["id"],
         "kind": req["kind"],
         "segments": len(req["segments"]),
         "jvm_s": round(jvm_s, 2),
+        **kw,
     }
-    s.update(kw)
-    return s
 
 
 def _run(

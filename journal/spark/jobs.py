@@ -96,13 +96,9 @@ _SPARK_ESCAPE = set("\"#%'*/:=?\\\x7f{[]^")
 
 def escape_partition(value: str) -> str:
     """A partition value as Spark writes it in a directory name (ExternalCatalogUtils.escapePathName)."""
-    out = []
-    for ch in value:
-        if ch in _SPARK_ESCAPE or ord(ch) < 0x20:
-            out.append(f"%{ord(ch):02X}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    return "".join(
+        f"%{ord(ch):02X}" if ch in _SPARK_ESCAPE or ord(ch) < 0x20 else ch for ch in value
+    )
 
 
 def _arrow_schema() -> pa.Schema:
