@@ -14,6 +14,7 @@ import logging
 import os
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..compacted import CompactedReader
@@ -86,8 +87,7 @@ def _plain_chunks(
     entry: dict[str, Any], size: int, damaged: list[tuple[int, int]] | None
 ) -> Iterator[Chunk]:
     path = entry["path"]
-    with open(path, "rb") as f:
-        data = f.read()
+    data = Path(path).read_bytes()
     if len(data) != size:
         raise SegmentChanged(path, "changed while it was read")
     file_crc = zlib.crc32(data)
@@ -134,8 +134,7 @@ def _compacted_chunks(entry: dict[str, Any]) -> Iterator[Chunk]:
                 path,
                 f"covers [{reader.base}, {reader.end}), not [{entry['base']}, {entry['end']})",
             )
-        with open(path, "rb") as f:
-            file_crc = zlib.crc32(f.read())
+        file_crc = zlib.crc32(Path(path).read_bytes())
 
         def fail(offset: int, nbytes: int, reason: str) -> None:
             raise SegmentChanged(path, f"has a damaged record in a block: {reason}")
