@@ -254,13 +254,6 @@ class LoggedBookmarkStore(BookmarkStore):
         if point is not None:
             self._write_now(_record(_KEYED.pack(MARK, self._sid(sub_id), *point)))
 
-    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
-        self._check()
-        return self.subs.most_recent(sub_id, elsewhere)
-
-    def window_size(self, sub_id: str) -> int:
-        return self.subs.window_size(sub_id)
-
     def purge(self, sub_id: str | None = None) -> None:
         self._check()
         for sid in self.subs.purge(sub_id):

@@ -162,13 +162,6 @@ class SowBookmarkStore(BookmarkStore):
         self.subs.mark(sub_id, bookmark)
         self._changed(sub_id)
 
-    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
-        self._check()
-        return self.subs.most_recent(sub_id, elsewhere)
-
-    def window_size(self, sub_id: str) -> int:
-        return self.subs.window_size(sub_id)
-
     def purge(self, sub_id: str | None = None) -> None:
         self._check()
         loaded = list(self._loaded) if sub_id is None else []

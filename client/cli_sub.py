@@ -15,6 +15,8 @@ queue: consume a queue (docs/protocol.md §8): one line per message (the body), 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import IO
 
 from protocol.bookmarks import InvalidBookmark, parse_bookmark
@@ -33,6 +35,7 @@ from .cli_common import (
 )
 from .hasub import HASubscription
 from .message import Message
+from .subscription import Subscription
 
 __all__ = ["run_queue", "run_sub"]
 
@@ -66,21 +69,45 @@ def _open_bookmark_store(args: argparse.Namespace) -> BookmarkStore:
     return LoggedBookmarkStore(args.bookmark_store)
 
 
-async def _idle_next(
-    sub: HASubscription, args: argparse.Namespace, received: int, command: str, stderr: IO[str]
-) -> Message | int | None:
-    """The next message, or an exit status when the idle --timeout passed."""
-    try:
-        return await sub.next(timeout=args.timeout)
-    except TimeoutError:
-        if args.count is not None:
+async def _print_each(
+    command: str,
+    sub: HASubscription | Subscription,
+    args: argparse.Namespace,
+    streams: tuple[IO[bytes], IO[str]],
+    line: Callable[[Message], bytes],
+    printed: Callable[[Message], object] | None = None,
+    before: Callable[[], Awaitable[None]] | None = None,
+) -> int:
+    """Print `line(msg)` for each message until --count, a completed range (0), the idle
+    --timeout (1 if --count was not reached, else 0) or a closed stdout (-1); `printed(msg)`
+    after each line, `await before()` before each wait."""
+    stdout, stderr = streams
+    received = 0
+    while args.count is None or received < args.count:
+        if before is not None:
+            await before()
+        try:
+            msg = await sub.next(timeout=args.timeout)
+        except TimeoutError:
+            if args.count is None:
+                return 0
             print(
                 f"tickertape {command}: received {received} of {args.count} message(s) "
                 f"before the --timeout of {args.timeout:g}s",
                 file=stderr,
             )
             return 1
-        return 0
+        if msg is None:  # a range completed
+            return 0
+        try:
+            stdout.write(line(msg))
+            stdout.flush()
+        except BrokenPipeError:
+            return -1
+        if printed is not None:
+            printed(msg)
+        received += 1
+    return 0
 
 
 async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
@@ -99,7 +126,6 @@ async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
             raise Usage("--sow starts from the current state: give no --bookmark or store")
         return await _sub_sow(args, stdout, stderr)
     client = ha_client("sub", args, stderr, bookmark_store=store)
-    received = 0
     try:
         await connect(client, args)
         sub = await client.subscribe(
@@ -109,20 +135,8 @@ async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
             options=_sub_options(args),
             sub_id=args.sub_id,
         )
-        while args.count is None or received < args.count:
-            msg = await _idle_next(sub, args, received, "sub", stderr)
-            if isinstance(msg, int):
-                return msg
-            if msg is None:  # a range completed
-                return 0
-            try:
-                stdout.write(render(msg, args.headers))
-                stdout.flush()
-            except BrokenPipeError:
-                return -1
-            sub.discard(msg)
-            received += 1
-        return 0
+        line = partial(render, headers=args.headers)
+        return await _print_each("sub", sub, args, (stdout, stderr), line, sub.discard)
     finally:
         await client.close()
         store.close()
@@ -134,7 +148,6 @@ async def _sub_sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str])
     from .client import Client
 
     ha = ha_client("sub", args, stderr)
-    received = 0
     try:
         await connect(ha, args)
         client = ha.client
@@ -142,19 +155,8 @@ async def _sub_sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str])
         sub = await client.sow_and_subscribe(
             args.topic, filter=args.filter, options=args.options, sub_id=args.sub_id
         )
-        while args.count is None or received < args.count:
-            msg = await _idle_next(sub, args, received, "sub", stderr)  # type: ignore[arg-type]
-            if isinstance(msg, int):
-                return msg
-            if msg is None:
-                return 0
-            try:
-                stdout.write(render(msg, args.headers, key=True))
-                stdout.flush()
-            except BrokenPipeError:
-                return -1
-            received += 1
-        return 0
+        line = partial(render, headers=args.headers, key=True)
+        return await _print_each("sub", sub, args, (stdout, stderr), line)
     finally:
         await ha.close()
 
@@ -166,7 +168,6 @@ async def _queue(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -
     if args.count is not None and args.count < 1:
         raise Usage("--count must be at least 1")
     client = ha_client("queue", args, stderr)
-    received = 0
     unacked: list[str] = []
     batch = max(1, args.backlog // 2)
 
@@ -176,27 +177,21 @@ async def _queue(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -
             unacked.clear()
             await client.sow_delete(args.name, bookmarks)
 
+    async def ack_due() -> None:  # before waiting: the server sends no more than the backlog
+        if unacked and (len(unacked) >= batch or sub.buffered == 0):
+            await ack()
+
+    def printed(msg: Message) -> None:
+        if msg.bookmark:
+            unacked.append(msg.bookmark)
+
     try:
         await connect(client, args)
         sub = await client.subscribe(args.name, filter=args.filter,
                                      options=f"max_backlog={args.backlog}")  # fmt: skip
-        while args.count is None or received < args.count:
-            if unacked and (len(unacked) >= batch or sub.buffered == 0):
-                await ack()  # before waiting: the server sends no more than the backlog
-            msg = await _idle_next(sub, args, received, "queue", stderr)
-            if isinstance(msg, int):
-                return msg
-            if msg is None:
-                return 0
-            try:
-                stdout.write(msg.body + b"\n")
-                stdout.flush()
-            except BrokenPipeError:
-                return -1
-            if msg.bookmark:
-                unacked.append(msg.bookmark)
-            received += 1
-        return 0
+        return await _print_each(
+            "queue", sub, args, (stdout, stderr), lambda m: m.body + b"\n", printed, ack_due
+        )
     finally:
         try:
             if client.connected:

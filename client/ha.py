@@ -58,6 +58,7 @@ after the client); the HAClient creates memory ones when none are given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
@@ -346,10 +347,8 @@ class HAClient:
             await client.close()
         if sup is not None and sup is not asyncio.current_task():
             sup.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, ClientError):
                 await sup
-            except (asyncio.CancelledError, ClientError):
-                pass
 
     async def __aenter__(self) -> Self:
         if self._life.state == "new":
@@ -499,10 +498,9 @@ class HAClient:
             hs._stop()
         client = self._client
         if client is not None and client.connected:
-            try:
+            # Disconnected: the server drops subscriptions with the connection
+            with contextlib.suppress(Disconnected):
                 await client.unsubscribe(sub_id, timeout=timeout)
-            except Disconnected:
-                pass  # the server drops subscriptions with the connection
 
     def discard(self, message: Message) -> bool:
         """Mark a bookmark subscription's message processed (any order)."""

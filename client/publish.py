@@ -32,6 +32,7 @@ buffer: `wait_window()` returns at once while fewer than `max_inflight` are in f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -91,10 +92,8 @@ class Flushes:
         finally:
             if not entry[1].done():
                 entry[1].cancel()
-            try:
+            with contextlib.suppress(ValueError):
                 self._waiters.remove(entry)
-            except ValueError:
-                pass
 
 
 class PublishTracker:

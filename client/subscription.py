@@ -21,6 +21,7 @@ frames already decoded are never dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from abc import ABC, abstractmethod
 from collections import deque
@@ -109,10 +110,8 @@ class MessageStream(ABC):
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._end is None:
-            try:
+            with contextlib.suppress(self._quiet):
                 await self.unsubscribe()
-            except self._quiet:
-                pass
 
 
 class Subscription(MessageStream):

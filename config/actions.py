@@ -8,6 +8,7 @@ docs/configuration.md ("`<Actions>`") describes every module and option.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from typing import cast
@@ -148,10 +149,8 @@ def _step(checker: Checker, node: Node, tlog: TransactionLog | None) -> ActionSt
 
 def every(text: str) -> tuple[float | None, tuple[int, int] | None, int | None, bool]:
     """`<Every>`: (interval, at, weekday, utc). Timer, daily time or weekly time."""
-    try:
+    with contextlib.suppress(ValueError):
         return positive_interval(text), None, None, False
-    except ValueError:
-        pass
     m = _DAILY.fullmatch(text)
     if m:
         hour, minute = int(m.group("h")), int(m.group("m"))

@@ -21,8 +21,13 @@ or broken one from taking the server's memory or event loop.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from typing import Any
 
+import msgspec
+
+from .model import Limits
 from .values import parse_count, parse_interval, parse_size
 
 
@@ -58,65 +63,42 @@ def _size_or_off(name: str, low: int) -> Callable[[str], int]:
     return parse
 
 
-def _count(name: str) -> Callable[[str], int]:
+def _count(name: str, low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = parse_count(text)
-        if value < 1:
-            raise ValueError(f"{name} {text!r} must be at least 1")
+        if value < low:
+            raise ValueError(f"{name} {text!r} must be at least {low}")
         return value
 
     return parse
 
 
-# element -> (Limits field, parser, default; None: the field's default rule, config/model.py)
+# element -> (its parser's kind, the bound that kind takes); in the order of the table above
+_BOUNDS: dict[str, tuple[Callable[[str, Any], Callable[[str], float]], Any]] = {
+    "LogonTimeout": (_interval, False),
+    "MaxLogonMessageSize": (_size, 1024),
+    "InputMemoryLimit": (_size, 1 << 20),
+    "PublishMemoryLimit": (_size, 1 << 20),
+    "ClientPublishMemoryLimit": (_size, 64 * 1024),
+    "PartialMessageTimeout": (_interval, False),
+    "IdleTimeout": (_interval, True),
+    "ClientMessageAgeLimit": (_interval, False),
+    "ClientMaxSubscriptions": (_count, 1),
+    "ClientOfflineThreshold": (_size_or_off, 64 * 1024),
+    "MaxConnections": (_count, 1),
+    "MaxConnectionsPerAddress": (_count, 1),
+    "MaxUnauthenticatedConnections": (_count, 1),
+}
+_DEFAULTS = {f.name: f.default for f in msgspec.structs.fields(Limits)}
+
+
+def _field(element: str) -> str:
+    """The Limits field of an element: its name in snake case (`LogonTimeout` -> logon_timeout)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", element).lower()
+
+
+# element -> (Limits field, parser, default: the field's; None: its default rule, config/model.py)
 LIMIT_ELEMENTS: dict[str, tuple[str, Callable[[str], float], float | None]] = {
-    "LogonTimeout": ("logon_timeout", _interval("LogonTimeout", False), 10.0),
-    "MaxLogonMessageSize": (
-        "max_logon_message_size",
-        _size("MaxLogonMessageSize", 1024),
-        64 * 1024,
-    ),
-    "InputMemoryLimit": (
-        "input_memory_limit",
-        _size("InputMemoryLimit", 1 << 20),
-        256 * 1024 * 1024,
-    ),
-    "PublishMemoryLimit": (
-        "publish_memory_limit",
-        _size("PublishMemoryLimit", 1 << 20),
-        64 * 1024 * 1024,
-    ),
-    "ClientPublishMemoryLimit": (
-        "client_publish_memory_limit",
-        _size("ClientPublishMemoryLimit", 64 * 1024),
-        4 * 1024 * 1024,
-    ),
-    "PartialMessageTimeout": (
-        "partial_message_timeout",
-        _interval("PartialMessageTimeout", False),
-        60.0,
-    ),
-    "IdleTimeout": ("idle_timeout", _interval("IdleTimeout", True), 0.0),
-    "ClientMessageAgeLimit": (
-        "client_message_age_limit",
-        _interval("ClientMessageAgeLimit", False),
-        60.0,
-    ),
-    "ClientMaxSubscriptions": ("client_max_subscriptions", _count("ClientMaxSubscriptions"), 1000),
-    "ClientOfflineThreshold": (
-        "client_offline_threshold",
-        _size_or_off("ClientOfflineThreshold", 64 * 1024),
-        None,
-    ),
-    "MaxConnections": ("max_connections", _count("MaxConnections"), 10_000),
-    "MaxConnectionsPerAddress": (
-        "max_connections_per_address",
-        _count("MaxConnectionsPerAddress"),
-        1000,
-    ),
-    "MaxUnauthenticatedConnections": (
-        "max_unauthenticated_connections",
-        _count("MaxUnauthenticatedConnections"),
-        1000,
-    ),
+    element: (_field(element), kind(element, bound), _DEFAULTS[_field(element)])
+    for element, (kind, bound) in _BOUNDS.items()
 }

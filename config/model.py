@@ -219,7 +219,7 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The topic consumers subscribe to (a literal name)."""
     underlying_topic: str
     """The topic publishers publish to (defaults to `name` in XML), or a pattern over topic
-    names (RE2, whole name; config.queues.is_topic_pattern): the recorded topics it matches."""
+    names (RE2, whole name; is_topic_pattern): the recorded topics it matches."""
     message_type: MessageType = "json"
     semantics: Semantics = "at-least-once"
     lease_period: float = DEFAULT_LEASE_PERIOD
@@ -462,11 +462,12 @@ class Replication(msgspec.Struct, frozen=True, kw_only=True):
     surviving instance takes them over (docs/replication.md)."""
 
 
-_PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as config.queues: a lone `.` is literal
+_PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as server/router.py: a lone `.` is literal
 
 
-def _is_pattern(name: str) -> bool:
-    return _PATTERN.search(name) is not None
+def is_topic_pattern(topic: str) -> bool:
+    """Whether a topic names a pattern over topic names rather than one topic."""
+    return _PATTERN.search(topic) is not None
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
@@ -501,9 +502,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
     @functools.cached_property
     def _sow_lookup(self) -> Callable[[str], SowTopicSpec | None]:
-        literal = {t.name: t for t in self.sow_topics if not _is_pattern(t.name)}
+        literal = {t.name: t for t in self.sow_topics if not is_topic_pattern(t.name)}
         patterns = [
-            (compile_pattern(t.name).fullmatch, t) for t in self.sow_topics if _is_pattern(t.name)
+            (compile_pattern(t.name).fullmatch, t)
+            for t in self.sow_topics
+            if is_topic_pattern(t.name)
         ]
 
         @functools.lru_cache(maxsize=4096)

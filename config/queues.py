@@ -14,7 +14,6 @@ and the transaction log's `<Topic>` patterns overlap cannot be checked here.
 
 from __future__ import annotations
 
-import re
 from typing import cast
 
 from protocol.patterns import PatternError, compile_pattern
@@ -27,6 +26,7 @@ from .model import (
     QueueSpec,
     Semantics,
     TransactionLog,
+    is_topic_pattern,
 )
 from .rules import Checker, Section, at_least, enum, literal_topic, message_type, positive_interval
 from .schema import QUEUE
@@ -34,8 +34,6 @@ from .values import parse_count
 from .xmltree import Node
 
 __all__ = ["is_topic_pattern", "read_queue"]
-
-_PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as server/router.py: a lone `.` is literal
 
 
 def _filter_expression(text: str) -> str:
@@ -48,11 +46,6 @@ def _filter_expression(text: str) -> str:
     except FilterError as e:
         raise ValueError(f"{e}; a queue's filter is written as a subscription's") from None
     return text
-
-
-def is_topic_pattern(topic: str) -> bool:
-    """Whether a topic names a pattern over topic names rather than one topic."""
-    return _PATTERN.search(topic) is not None
 
 
 def underlying_topic(text: str) -> str:

@@ -186,7 +186,7 @@ def _destination(
         )
         downgrade = None
     pass_through = d.value("PassThrough", group_pattern, None)
-    found = [(_address(checker, n), _child(n, "InetAddr")) for n in d.many("Transport")]
+    found = [(_address(checker, n), n.child("InetAddr")) for n in d.many("Transport")]
     addresses = [(a, where) for a, where in found if a is not None]
     if not d.has("Transport"):
         d.missing(
@@ -332,10 +332,3 @@ def _password_problem(path: str, user: str | None) -> str | None:
             "give a file whose first line is the password itself"
         )
     return None
-
-
-def _child(node: Node, tag: str) -> Node:
-    for child in node.children:
-        if child.tag == tag:
-            return child
-    return node

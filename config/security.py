@@ -247,9 +247,10 @@ def check_security(checker: Checker, root: Section, cfg: Config) -> None:
             if is_loopback(host):
                 continue
             node = admin_node if index < 0 else where("transport", index)
+            assert node is not None
             what = "the admin endpoint" if index < 0 else "this transport"
             checker.report(
-                _child(node, "InetAddr"),
+                node.child("InetAddr"),
                 f"{what} listens on {host}:{port}, which is not loopback, and there is no "
                 "<Authentication>: whoever reaches it could do everything. Add "
                 "<Authentication> with a <PasswordFile>, or accept an open server with "
@@ -267,7 +268,7 @@ def check_security(checker: Checker, root: Section, cfg: Config) -> None:
             )
         if auth.logon_timeout is not None and root.has("LogonTimeout"):
             checker.report(
-                _child(where("authentication", 0), "LogonTimeout"),
+                where("authentication", 0).child("LogonTimeout"),
                 f"<LogonTimeout> is given here and at the root (line "
                 f"{root.at('LogonTimeout').line}); they are one setting: keep one",
             )
@@ -283,11 +284,3 @@ def check_security(checker: Checker, root: Section, cfg: Config) -> None:
             f"{unserved.reason} is not served by this build yet; it is refused rather than "
             "ignored (remove the element to run without it)" + _SEE,
         )
-
-
-def _child(node: Node | None, tag: str) -> Node:
-    assert node is not None
-    for child in node.children:
-        if child.tag == tag:
-            return child
-    return node

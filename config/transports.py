@@ -119,22 +119,16 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
                     t,
                     _server_tls(certificate, private_key, ca_file, verify_client, version, ciphers),
                 )
-        elif ttype == "replication":
-            for element in _TLS_ELEMENTS:
-                if t.has(element):
-                    checker.report(
-                        t.at(element),
-                        f"<{element}> needs TLS: a replication transport serves TLS when it "
-                        "has <Certificate> and <PrivateKey>; add them or remove it",
-                    )
         else:
+            why = (
+                "needs TLS: a replication transport serves TLS when it has <Certificate> and "
+                "<PrivateKey>; add them or remove it"
+                if ttype == "replication"
+                else "is only used by tcps transports; set <Type>tcps</Type> or remove it"
+            )
             for element in _TLS_ELEMENTS:
                 if t.has(element):
-                    checker.report(
-                        t.at(element),
-                        f"<{element}> is only used by tcps transports; set <Type>tcps</Type> "
-                        "or remove it",
-                    )
+                    checker.report(t.at(element), f"<{element}> {why}")
         if name is not None:
             if name in names:
                 checker.report(

@@ -32,7 +32,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 __all__ = [
     "parse_count",
@@ -44,21 +44,10 @@ __all__ = [
 
 _NUMBER_UNIT = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)")
 
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tb": 1 << 40,
-    "tib": 1 << 40,
+_SIZE_UNITS = {"": 1, "b": 1} | {
+    prefix + suffix: 1 << 10 * power
+    for power, prefix in enumerate("kmgt", 1)
+    for suffix in ("", "b", "ib")
 }
 
 _INTERVAL_UNITS = {
@@ -77,56 +66,54 @@ _INTERVAL_UNITS = {
 _COUNT_UNITS = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000}
 
 
-def _split(text: str) -> tuple[Decimal, str] | None:
+def _scaled(text: str, units: Mapping[str, int | Decimal], fold: bool = True) -> Decimal:
+    """The number times its unit's factor (the unit case-folded when `fold`); KeyError for
+    text that is not a number with one of `units`."""
     m = _NUMBER_UNIT.fullmatch(text.strip())
     if m is None:
-        return None
-    try:
-        return Decimal(m.group(1)), m.group(2)
-    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
-        return None
+        raise KeyError(text)
+    return Decimal(m.group(1)) * units[m.group(2).lower() if fold else m.group(2)]
+
+
+def _whole(value: Decimal, what: str) -> int:
+    if value != value.to_integral_value():
+        raise ValueError(what)
+    return int(value)
 
 
 def parse_size(text: str) -> int:
     """`64MB` -> 67108864. Binary units; a plain number is bytes."""
-    split = _split(text)
-    unit = _SIZE_UNITS.get(split[1].lower()) if split else None
-    if split is None or unit is None:
+    try:
+        value = _scaled(text, _SIZE_UNITS)
+    except KeyError:
         raise ValueError(
             f"invalid size {text.strip()!r}; write a number of bytes or a number with a unit, "
             "such as 500KB, 64MB or 1GB"
-        )
-    value = split[0] * unit
-    if value != value.to_integral_value():
-        raise ValueError(f"size {text.strip()!r} is not a whole number of bytes")
-    return int(value)
+        ) from None
+    return _whole(value, f"size {text.strip()!r} is not a whole number of bytes")
 
 
 def parse_interval(text: str) -> float:
     """`100ms` -> 0.1, `5m` -> 300.0. A plain number is seconds."""
-    split = _split(text)
-    unit = _INTERVAL_UNITS.get(split[1].lower()) if split else None
-    if split is None or unit is None:
+    try:
+        return float(_scaled(text, _INTERVAL_UNITS))
+    except KeyError:
         raise ValueError(
             f"invalid interval {text.strip()!r}; write seconds or a number with a unit "
             "(ns, us, ms, s, m, h, d, w), such as 100ms, 30s, 5m, 1h or 7d"
-        )
-    return float(split[0] * unit)
+        ) from None
 
 
 def parse_count(text: str) -> int:
     """`5` -> 5, `10k` -> 10000, `2M` -> 2000000."""
-    split = _split(text)
-    unit = _COUNT_UNITS.get(split[1]) if split else None
-    if split is None or unit is None:
+    try:
+        value = _scaled(text, _COUNT_UNITS, fold=False)
+    except KeyError:
         raise ValueError(
             f"invalid count {text.strip()!r}; write a whole number, optionally with k (thousand) "
             "or M (million), such as 10 or 10k"
-        )
-    value = split[0] * unit
-    if value != value.to_integral_value():
-        raise ValueError(f"count {text.strip()!r} is not a whole number")
-    return int(value)
+        ) from None
+    return _whole(value, f"count {text.strip()!r} is not a whole number")
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")

@@ -62,6 +62,10 @@ class Node:
         """All character data directly inside this element (not in its children), unstripped."""
         return "".join(self._text)
 
+    def child(self, tag: str) -> Node:
+        """The first child `tag`, else this element: where to report a problem about it."""
+        return next((c for c in self.children if c.tag == tag), self)
+
     def __repr__(self) -> str:  # for test failures
         return f"<Node {self.path or self.tag} line {self.line}>"
 

@@ -61,6 +61,7 @@ crc32 when a caller asks for verification (as for plain segments).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import struct
 import threading
@@ -239,7 +240,6 @@ class CompactedWriter:
         self._f.flush()
         if fsync:
             os.fsync(self._f.fileno())
-        size = self._f.tell()
         self._f.seek(0, os.SEEK_END)
         size = self._f.tell()
         self._f.close()
@@ -257,10 +257,8 @@ class CompactedWriter:
         try:
             self._f.close()
         finally:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
 
 class CompactedReader:
@@ -327,10 +325,8 @@ class CompactedReader:
             self.block_records.append(nrec)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass
 
     @property
     def blocks(self) -> int:

@@ -26,18 +26,26 @@ is durable (an at-most-once queue delivery waits for its event, tests/e2e/test_q
 from __future__ import annotations
 
 import errno as errno_mod
+import math
 import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .errors import JournalError
 
 OPS = ("open", "write", "fsync", "rename", "close", "truncate")
 EXTRA_OPS = ("extend",)  # accepted in `ops`, never eligible by default
 ZERO_CHUNK = bytes(1024 * 1024)
+_NUMBERS: dict[str, tuple[type, float, float, str]] = {  # key: (type, range, what it is)
+    "seed": (int, -math.inf, math.inf, ""),
+    "delay": (float, 0.0, 600.0, "delay is seconds, between 0 and 600"),
+    "p": (float, 0.0, 1.0, "p is a probability between 0 and 1"),
+    "after": (int, 0, math.inf, "after is a count, 0 or more"),
+    "count": (int, 0, math.inf, "count is a count, 0 or more"),
+}
 
 
 class FaultSpecError(JournalError, ValueError):
@@ -95,6 +103,25 @@ class FileIO:
             os.close(dfd)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _faulty(
+    op: Callable[Concatenate[FileIO, _P], _R], *faults: str
+) -> Callable[Concatenate[FaultyIO, _P], _R]:
+    """FaultyIO's form of the FileIO operation `op`: first each of `faults` may fail (in
+    order), then FaultyIO's own FileIO does it."""
+
+    def method(self: FaultyIO, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        for fault in faults:
+            self._maybe_fail(fault)
+        return op(self.real, *args, **kwargs)
+
+    method.__name__ = op.__name__
+    return method
+
+
 class FaultyIO:
     """FileIO's operations, each failing when eligible (see the module doc). Thread-safe;
     `failures` counts the errors raised (with `delay`, the operations held), `armed` turns
@@ -131,20 +158,11 @@ class FaultyIO:
             if not sep:
                 raise FaultSpecError(spec, f"{part!r} is not key=value")
             try:
-                if key == "seed":
-                    kw["seed"] = int(val)
-                elif key == "delay":
-                    kw["delay"] = float(val)
-                    if not 0.0 <= kw["delay"] <= 600.0:
-                        raise FaultSpecError(spec, "delay is seconds, between 0 and 600")
-                elif key == "p":
-                    kw["p"] = float(val)
-                    if not 0.0 <= kw["p"] <= 1.0:
-                        raise FaultSpecError(spec, "p is a probability between 0 and 1")
-                elif key in ("after", "count"):
-                    kw[key] = int(val)
-                    if kw[key] < 0:
-                        raise FaultSpecError(spec, f"{key} is a count, 0 or more")
+                if key in _NUMBERS:
+                    kind, lowest, highest, why = _NUMBERS[key]
+                    kw[key] = kind(val)
+                    if not lowest <= kw[key] <= highest:
+                        raise FaultSpecError(spec, why)
                 elif key == "ops":
                     ops = val.split("+")
                     bad = [o for o in ops if o not in OPS + EXTRA_OPS]
@@ -188,39 +206,6 @@ class FaultyIO:
             return
         raise OSError(code, f"{os.strerror(code)} (injected into {op})")
 
-    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
-        self._maybe_fail("open")
-        return self.real.open(path, flags, mode)
-
-    def write(self, fd: int, data: bytes | memoryview) -> int:
-        self._maybe_fail("write")
-        return self.real.write(fd, data)
-
-    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
-        self._maybe_fail("write")
-        return self.real.pwrite(fd, data, offset)
-
-    def pwrite_dsync(self, fd: int, data: bytes | memoryview, offset: int) -> int:
-        self._maybe_fail("write")
-        self._maybe_fail("fsync")
-        return self.real.pwrite_dsync(fd, data, offset)
-
-    def extend(self, fd: int, offset: int, length: int) -> None:
-        self._maybe_fail("extend")
-        self.real.extend(fd, offset, length)
-
-    def fdatasync(self, fd: int) -> None:
-        self._maybe_fail("fsync")
-        self.real.fdatasync(fd)
-
-    def fsync(self, fd: int) -> None:
-        self._maybe_fail("fsync")
-        self.real.fsync(fd)
-
-    def rename(self, src: str, dst: str) -> None:
-        self._maybe_fail("rename")
-        self.real.rename(src, dst)
-
     def close(self, fd: int) -> None:
         # Like Linux: the descriptor is released even when close reports an error.
         try:
@@ -228,13 +213,17 @@ class FaultyIO:
         finally:
             self.real.close(fd)
 
-    def ftruncate(self, fd: int, size: int) -> None:
-        self._maybe_fail("truncate")
-        self.real.ftruncate(fd, size)
-
-    def fsync_dir(self, directory: str) -> None:
-        self._maybe_fail("fsync")
-        self.real.fsync_dir(directory)
+    # each of FileIO's operations, after the chance to fail as the fault ops named here
+    open = _faulty(FileIO.open, "open")
+    write = _faulty(FileIO.write, "write")
+    pwrite = _faulty(FileIO.pwrite, "write")
+    pwrite_dsync = _faulty(FileIO.pwrite_dsync, "write", "fsync")
+    extend = _faulty(FileIO.extend, "extend")
+    fdatasync = _faulty(FileIO.fdatasync, "fsync")
+    fsync = _faulty(FileIO.fsync, "fsync")
+    rename = _faulty(FileIO.rename, "rename")
+    ftruncate = _faulty(FileIO.ftruncate, "truncate")
+    fsync_dir = _faulty(FileIO.fsync_dir, "fsync")
 
 
 FileOps = FileIO | FaultyIO  # what the writer is handed

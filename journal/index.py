@@ -24,6 +24,7 @@ Reads may come from any thread (each opens its own read transaction).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import time
@@ -111,10 +112,8 @@ class JournalIndex:
                 self._check_readable()
                 return
             except lmdb.Error as exc:
-                try:
+                with contextlib.suppress(Exception):
                     self.env.close()
-                except Exception:
-                    pass
                 problem = f"LMDB cannot read it: {exc}"
         aside = f"{path}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"
         os.rename(path, aside)

@@ -12,6 +12,7 @@ gives the same answer. `apply_if_free` does it when no server holds the journal
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -72,10 +73,8 @@ def apply_result(journal: Journal, req_id: str) -> Json:
     """Apply (or reject) the result of request req_id. Idempotent: an answered request is not
     applied twice. Runs on the journal's owner; the layout change itself runs on the writer thread."""
     d = journal.directory
-    try:
+    with contextlib.suppress(FileNotFoundError):
         return read_json(applied_path(d, req_id))
-    except FileNotFoundError:
-        pass
     try:
         req = read_json(request_path(d, req_id))
         res = read_json(result_path(d, req_id))
@@ -233,10 +232,8 @@ def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
         for out in outputs:  # not committed: these files are not part of the journal
             if named is None or out["file"] in named:
                 continue  # committed after all (below): the next open reads them
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(d, out["file"]))
-            except FileNotFoundError:
-                pass
         raise
     journal.collect_garbage()
     rin = sum(o["records_in"] for o in outputs)

@@ -44,12 +44,14 @@ by the journal, Spark and pyarrow):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MANIFEST = "MANIFEST"
@@ -157,8 +159,7 @@ class Manifest:
 def load_manifest(directory: str) -> Manifest:
     path = os.path.join(directory, MANIFEST)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         return Manifest()
     return Manifest.from_json(json.loads(raw))
@@ -187,10 +188,8 @@ def write_json_atomic(path: str, obj: Any) -> None:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     fsync_dir(d)
 
@@ -204,8 +203,7 @@ def fsync_dir(d: str) -> None:
 
 
 def read_json(path: str) -> Any:
-    with open(path, "rb") as f:
-        return json.loads(f.read())
+    return json.loads(Path(path).read_bytes())
 
 
 def new_request_id(kind: str) -> str:

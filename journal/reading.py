@@ -9,6 +9,7 @@ are returned; damage is skipped and reported to `integrity` (file, offset, bytes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -316,10 +317,8 @@ class JournalReader:
                 if seg.reader is not None:
                     seg.reader.close()
                 if all(s.path != seg.path for s in self.layout.segments):
-                    try:
+                    with contextlib.suppress(FileNotFoundError):
                         os.unlink(seg.path)
-                    except FileNotFoundError:
-                        pass
                 done += 1
             self._retired = keep
         return done
@@ -330,10 +329,8 @@ class JournalReader:
             fds = list(self._read_fds.values())
             self._read_fds.clear()
         for fd in fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         for seg in self.layout.segments:
             if seg.reader is not None:
                 seg.reader.close()

@@ -17,6 +17,7 @@ using; `report` says what the open did.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -26,7 +27,7 @@ from .compacted import CompactedReader, CorruptCompacted, is_compacted_name
 from .errors import CorruptSegment
 from .index import JournalIndex
 from .integrity import Integrity
-from .manifest import Manifest, load_manifest
+from .manifest import Manifest, fsync_dir, load_manifest
 from .reading import JournalReader
 from .record import (
     KIND_MESSAGE,
@@ -208,10 +209,8 @@ class Recovery:
     def _discard(self, name: str, why: str) -> None:
         path = os.path.join(self.directory, name)
         log.warning("journal: removing %s: %s", path, why)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
 
     def _index_compacted(self, seg: Segment, pos: int) -> int:
         reader = seg.reader
@@ -384,11 +383,4 @@ class Recovery:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._fsync_dir()
-
-    def _fsync_dir(self) -> None:
-        dfd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(self.directory)

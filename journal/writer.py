@@ -55,6 +55,7 @@ In `fsync` mode a commit's write and sync are one `pwritev` with RWF_DSYNC
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -194,10 +195,8 @@ class JournalWriter:
                 log.error(
                     "journal: final sync of %s failed: %s", self.layout.segments[-1].path, exc
                 )
-        try:
+        with contextlib.suppress(OSError):
             os.close(self._fd)
-        except OSError:
-            pass
         self._closed = True
 
     def submit(
@@ -335,10 +334,9 @@ class JournalWriter:
                 exc,
                 RUNWAY_RETRY_S,
             )
-            try:  # zeros past the end are harmless; cutting them keeps the disk space free
+            # zeros past the end are harmless; cutting them keeps the disk space free
+            with contextlib.suppress(OSError):
                 self._io.ftruncate(self._fd, start)
-            except OSError:
-                pass
             self._runway_end = start
             return
         self._runway_end = start + length
@@ -563,10 +561,8 @@ class JournalWriter:
             renamed = True
             io.fsync_dir(self.layout.directory)
         except OSError:
-            try:
+            with contextlib.suppress(OSError):
                 io.close(fd)
-            except OSError:
-                pass
             _unlink_quietly(path if renamed else tmp)
             raise
         old_fd, self._fd = self._fd, fd

@@ -48,6 +48,7 @@ if (
 
 import argparse
 import atexit
+import contextlib
 import json
 import shutil
 import tempfile
@@ -91,22 +92,20 @@ Runner = Callable[[list[Json], str], list[Json]]  # (group specs, label) -> one 
 def _group_specs(req: Json, parallelism: int) -> list[Json]:
     segs = req["segments"]
     groups = plan_groups(segs, int(req.get("group_bytes") or 512 << 20), parallelism)
-    specs = []
     if req["kind"] == "archive":
         stage = os.path.join(req["archive_root"], "_staging", req["id"])
     else:
         stage = staging_dir(req["journal"], req["id"])
-    for g in groups:
-        specs.append(
-            {
-                "kind": req["kind"],
-                "segments": [segs[i] for i in g],
-                "staging": stage,
-                "tag": req["id"],
-                "policy": req.get("policy") or {},
-            }
-        )
-    return specs
+    return [
+        {
+            "kind": req["kind"],
+            "segments": [segs[i] for i in g],
+            "staging": stage,
+            "tag": req["id"],
+            "policy": req.get("policy") or {},
+        }
+        for g in groups
+    ]
 
 
 def _run_tasks(spark: SparkSession, specs: list[Json], label: str, progress: bool) -> list[Json]:
@@ -168,12 +167,7 @@ def run_job(
         )
     except Exception as exc:  # a setting Spark refuses, a master it cannot reach, no Java ...
         msg = f"Spark did not start: {_start_error(exc)}"
-        _write_result(
-            req["journal"], req["id"], {"status": "failed", "kind": req["kind"], "error": msg}
-        )
-        return _summary(
-            req, time.monotonic() - t, status="failed", error=msg, seconds=_since(started)
-        )
+        return _failed(req, _summary(req, time.monotonic() - t), started, msg)
     try:
         return _run_on(own, req, started, time.monotonic() - t, progress, verify)
     finally:
@@ -204,11 +198,7 @@ def _run_on(
         try:
             executors = check_executors(sc, _shipped(sc))
         except ExecutorMismatch as exc:
-            msg = f"ExecutorMismatch: {exc}"
-            _write_result(
-                req["journal"], req["id"], {"status": "failed", "kind": req["kind"], "error": msg}
-            )
-            return _summary(req, jvm_s, status="failed", error=msg, seconds=_since(started))
+            return _failed(req, _summary(req, jvm_s), started, f"ExecutorMismatch: {exc}")
         probe_s = time.monotonic() - t
         jvm_s += probe_s  # starting the executors is a fixed cost too, reported with the JVM's
 
@@ -246,14 +236,13 @@ def _since(started: float) -> float:
 
 
 def _summary(req: Json, jvm_s: float, **kw: Any) -> Json:
-    s = {
+    return {
         "id": req["id"],
         "kind": req["kind"],
         "segments": len(req["segments"]),
         "jvm_s": round(jvm_s, 2),
+        **kw,
     }
-    s.update(kw)
-    return s
 
 
 def _run(
@@ -292,11 +281,7 @@ def _run(
     try:
         metas = runner(specs, f"{kind} {rid}")
     except Exception as exc:
-        msg = _task_error(exc)
-        _write_result(jdir, rid, {"status": "failed", "kind": kind, "error": msg})
-        shutil.rmtree(stage, ignore_errors=True)
-        summary.update(status="failed", error=msg, seconds=_since(started))
-        return summary
+        return _failed(req, summary, started, _task_error(exc), stage=stage)
     tasks_s = time.monotonic() - t0
     damaged = [
         (s["path"], off, size)
@@ -317,12 +302,7 @@ def _run(
         else:
             extra = verify_compaction(req, metas)
     except VerificationFailed as exc:
-        _write_result(
-            jdir, rid, {"status": "failed", "kind": kind, "error": f"verification: {exc}"}
-        )
-        shutil.rmtree(stage, ignore_errors=True)
-        summary.update(status="verification failed", error=str(exc), seconds=_since(started))
-        return summary
+        return _failed(req, summary, started, str(exc), "verification failed", stage)
     work_s = time.monotonic() - t0
     summary.update(extra["summary"])
     summary.update(
@@ -359,6 +339,22 @@ def _start_error(exc: BaseException) -> str:
 
 def _write_result(jdir: str, rid: str, obj: Json) -> None:
     write_json_atomic(result_path(jdir, rid), {"id": rid, **obj})
+
+
+def _failed(
+    req: Json, summary: Json, started: float, error: str, status: str = "failed", stage: str = ""
+) -> Json:
+    """Write the request's failed result, wipe `stage` (what the tasks wrote, if they ran);
+    the summary, with `status` and why (the result says "verification: ..." for a failed
+    verification)."""
+    why = f"verification: {error}" if status == "verification failed" else error
+    _write_result(
+        req["journal"], req["id"], {"status": "failed", "kind": req["kind"], "error": why}
+    )
+    if stage:
+        shutil.rmtree(stage, ignore_errors=True)
+    summary.update(status=status, error=error, seconds=_since(started))
+    return summary
 
 
 # -- archive: the same check with Spark SQL -------------------------------------------------------
@@ -536,18 +532,12 @@ def main(argv: list[str] | None = None) -> int:
     if summary.get("status") != "ok" and log_path and os.path.exists(log_path):
         print(f"Spark's log: {log_path}", file=sys.stderr)
     elif log_path:
-        _remove(log_path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(log_path)
     code = exit_code(summary)
     if code == EXIT_OK and answer is not None and answer.get("status") not in ("applied", "noop"):
         return EXIT_VERIFY
     return code
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..compacted import CompactedReader, CompactedWriter, compacted_name
 from ..manifest import file_sha256
 from ..record import KIND_MESSAGE, KIND_QUEUE_EVENT, KIND_SOW_DELETE, BytesLike
-from .job_input import Columns, binary_column, read_segment
+from .job_input import Columns, read_segment, segment_stats, topic_codes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -126,18 +126,8 @@ def compact_group(group: dict[str, Any]) -> dict[str, Any]:
     held_span = [end, base]  # the first and last position held for the archive alone
     try:
         for entry in segs:
-            st = {
-                "path": entry["path"],
-                "base": entry["base"],
-                "end": entry["end"],
-                "records": 0,
-                "crc_sum": 0,
-                "file_crc32": None,
-                "file_bytes": entry["file_bytes"],
-                "kept": 0,
-            }
-            damaged: list = st.setdefault("damaged", [])
-            for buf, positions, cols, file_crc in read_segment(entry, damaged):
+            st = segment_stats(entry, kept=0)
+            for buf, positions, cols, file_crc in read_segment(entry, st["damaged"]):
                 st["file_crc32"] = file_crc
                 n = len(positions)
                 if n == 0:
@@ -155,11 +145,7 @@ def compact_group(group: dict[str, Any]) -> dict[str, Any]:
                         )
                         if len(inside):
                             cutoff_position = int(positions[inside[0]])
-                    tarr = binary_column(
-                        buf, cols["topic_start"], cols["topic_end"]
-                    ).dictionary_encode()
-                    tcodes = tarr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-                    tdict = [v.decode("utf-8", "replace") for v in tarr.dictionary.to_pylist()]
+                    tdict, tcodes = topic_codes(buf, cols)
                     keep = keep_mask(positions, cols, tdict, tcodes, policy, cutoff_position)
                     if len(must_keep):
                         keep |= np.isin(positions, must_keep)

@@ -36,6 +36,7 @@ import platform
 import sys
 import zipfile
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -89,8 +90,7 @@ def build_zip(dest_dir: str) -> tuple[str, dict[str, Any]]:
     h = hashlib.sha256()
     files = []
     for n in names:
-        with open(os.path.join(src, n), "rb") as f:
-            data = f.read()
+        data = Path(src, n).read_bytes()
         h.update(n.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
         files.append((n, data))
     acc = accelerator_path()
@@ -109,8 +109,7 @@ def build_zip(dest_dir: str) -> tuple[str, dict[str, Any]]:
             info.external_attr = 0o644 << 16
             z.writestr(info, data)
     path = os.path.join(dest_dir, f"tickertape-job-{note['fingerprint']}.zip")
-    with open(path, "wb") as f:
-        f.write(buf.getvalue())
+    Path(path).write_bytes(buf.getvalue())
     return path, note
 
 

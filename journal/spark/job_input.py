@@ -14,6 +14,7 @@ import logging
 import os
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..compacted import CompactedReader
@@ -86,8 +87,7 @@ def _plain_chunks(
     entry: dict[str, Any], size: int, damaged: list[tuple[int, int]] | None
 ) -> Iterator[Chunk]:
     path = entry["path"]
-    with open(path, "rb") as f:
-        data = f.read()
+    data = Path(path).read_bytes()
     if len(data) != size:
         raise SegmentChanged(path, "changed while it was read")
     file_crc = zlib.crc32(data)
@@ -134,8 +134,7 @@ def _compacted_chunks(entry: dict[str, Any]) -> Iterator[Chunk]:
                 path,
                 f"covers [{reader.base}, {reader.end}), not [{entry['base']}, {entry['end']})",
             )
-        with open(path, "rb") as f:
-            file_crc = zlib.crc32(f.read())
+        file_crc = zlib.crc32(Path(path).read_bytes())
 
         def fail(offset: int, nbytes: int, reason: str) -> None:
             raise SegmentChanged(path, f"has a damaged record in a block: {reason}")
@@ -152,6 +151,31 @@ def _compacted_chunks(entry: dict[str, Any]) -> Iterator[Chunk]:
                 yield buf, positions, cols, file_crc
     finally:
         reader.close()
+
+
+def segment_stats(entry: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A task's metadata of one source segment, before its records are counted in: `more`
+    adds the job's own fields; `damaged` is the list read_segment fills."""
+    return {
+        "path": entry["path"],
+        "base": entry["base"],
+        "end": entry["end"],
+        "records": 0,
+        "crc_sum": 0,
+        "file_crc32": None,
+        "file_bytes": entry["file_bytes"],
+        **more,
+        "damaged": [],
+    }
+
+
+def topic_codes(buf: BytesLike, cols: Columns) -> tuple[list[str], np.ndarray]:
+    """The chunk's distinct topics, and per record the index of its topic among them."""
+    import numpy as np
+
+    tarr = binary_column(buf, cols["topic_start"], cols["topic_end"]).dictionary_encode()
+    codes = tarr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return [v.decode("utf-8", "replace") for v in tarr.dictionary.to_pylist()], codes
 
 
 def _slices(buf: BytesLike, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:

@@ -4,6 +4,7 @@ writes a line every 5 s and a last one at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -56,10 +57,8 @@ class Progress:
     def _run(self) -> None:
         seen = 0
         while not self._stop.wait(0.25):
-            try:
+            with contextlib.suppress(Exception):  # the tracker can race the job's end
                 seen = max(seen, self._done_tasks())
-            except Exception:  # the tracker can race the job's end
-                pass
             self.draw(seen)
 
     def draw(self, done: int | None, final: bool = False) -> None:

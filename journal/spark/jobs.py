@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..manifest import file_sha256
 from ..record import FLAG_EXPIRATION, KIND_MESSAGE
 from .compact_job import compact_group, keep_mask
-from .job_input import SegmentChanged, binary_column, read_segment
+from .job_input import SegmentChanged, binary_column, read_segment, segment_stats, topic_codes
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -96,32 +96,18 @@ _SPARK_ESCAPE = set("\"#%'*/:=?\\\x7f{[]^")
 
 def escape_partition(value: str) -> str:
     """A partition value as Spark writes it in a directory name (ExternalCatalogUtils.escapePathName)."""
-    out = []
-    for ch in value:
-        if ch in _SPARK_ESCAPE or ord(ch) < 0x20:
-            out.append(f"%{ord(ch):02X}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    return "".join(
+        f"%{ord(ch):02X}" if ch in _SPARK_ESCAPE or ord(ch) < 0x20 else ch for ch in value
+    )
 
 
 def _arrow_schema() -> pa.Schema:
     import pyarrow as pa
 
+    # the types as ARCHIVE_COLUMNS writes them; the one that is not a pyarrow alias spelled out
+    special = {"timestamp[us, UTC]": pa.timestamp("us", tz="UTC")}
     return pa.schema(
-        [
-            ("position", pa.int64()),
-            ("bookmark", pa.string()),
-            ("publisher_id", pa.uint64()),
-            ("seq", pa.uint64()),
-            ("ts", pa.timestamp("us", tz="UTC")),
-            ("kind", pa.int8()),
-            ("expiration", pa.int64()),
-            ("header", pa.binary()),
-            ("body", pa.binary()),
-            ("record_crc", pa.int64()),
-            ("segment", pa.int64()),
-        ]
+        [(n, special.get(t) or pa.type_for_alias(t)) for n, t, _, _ in ARCHIVE_COLUMNS]
     )
 
 
@@ -171,22 +157,11 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
     raw_bytes = 0
     try:
         for entry in segs:
-            st = {
-                "path": entry["path"],
-                "base": entry["base"],
-                "end": entry["end"],
-                "records": 0,
-                "crc_sum": 0,
-                "first": None,
-                "last": None,
-                "file_crc32": None,
-                "file_bytes": entry["file_bytes"],
-            }
+            st = segment_stats(entry, first=None, last=None)
             ranges = entry.get("ranges")
             if ranges:
                 st["ranges"] = ranges
-            damaged: list = st.setdefault("damaged", [])
-            for buf, positions, cols, file_crc in read_segment(entry, damaged):
+            for buf, positions, cols, file_crc in read_segment(entry, st["damaged"]):
                 st["file_crc32"] = file_crc
                 if ranges:
                     inside = np.zeros(len(positions), dtype=bool)
@@ -211,11 +186,7 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
                 day = np.where(msg, day, eday)
                 if msg.any():
                     last_msg_day = int(day[np.nonzero(msg)[0][-1]])
-                tarr = binary_column(
-                    buf, cols["topic_start"], cols["topic_end"]
-                ).dictionary_encode()
-                tcodes = tarr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-                tdict = [v.decode("utf-8", "replace") for v in tarr.dictionary.to_pylist()]
+                tdict, tcodes = topic_codes(buf, cols)
                 bodies = binary_column(buf, cols["topic_end"], cols["body_end"])
                 has_hdr = cols["header_end"] > cols["header_start"]
                 if has_hdr.any():
