@@ -313,7 +313,6 @@ class BookmarkStore(ABC):
 
     path: str | None = None
     _closed = False
-    subs: Subscriptions  # the state of the memory, logged and SOW stores (the ring has its own)
 
     def _check(self) -> None:
         if self._closed:
@@ -346,15 +345,14 @@ class BookmarkStore(ABC):
     def persisted(self, sub_id: str, bookmark: str) -> None:
         """A periodic persisted ack of the subscription (see module doc)."""
 
+    @abstractmethod
     def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
         """Where to resume `sub_id` (EPOCH if unknown); `elsewhere`: on another instance than
         the one it last received from (module doc)."""
-        self._check()
-        return self.subs.most_recent(sub_id, elsewhere)
 
+    @abstractmethod
     def window_size(self, sub_id: str) -> int:
         """Entries the store holds for `sub_id`'s recovery (0 if unknown)."""
-        return self.subs.window_size(sub_id)
 
     @abstractmethod
     def purge(self, sub_id: str | None = None) -> None:
@@ -375,13 +373,14 @@ class BookmarkStore(ABC):
 
 class MemoryBookmarkStore(BookmarkStore):
     """Bookmark state in process memory: resumes after disconnects and failover (with
-    duplicate and out-of-order filtering), not after the process ends."""
+    duplicate and out-of-order filtering), not after the process ends. The logged and SOW
+    stores are this store with each change recorded (their file, their SOW topic)."""
 
     def __init__(self, *, max_publishers: int = 100_000):
         self.subs = Subscriptions(max_publishers)
 
     def __repr__(self) -> str:
-        return f"<MemoryBookmarkStore {len(self.subs.states)} subscription(s)>"
+        return f"<{type(self).__name__} {len(self.subs.states)} subscription(s)>"
 
     def start(self, sub_id: str, bookmark: str) -> str:
         self._check()
@@ -402,6 +401,13 @@ class MemoryBookmarkStore(BookmarkStore):
     def persisted(self, sub_id: str, bookmark: str) -> None:
         self._check()
         self.subs.mark(sub_id, bookmark)
+
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        self._check()
+        return self.subs.most_recent(sub_id, elsewhere)
+
+    def window_size(self, sub_id: str) -> int:
+        return self.subs.window_size(sub_id)
 
     def purge(self, sub_id: str | None = None) -> None:
         self._check()

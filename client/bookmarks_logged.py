@@ -41,7 +41,7 @@ import os
 import struct
 import zlib
 
-from .bookmarks import BookmarkStore, Subscriptions, tracked
+from .bookmarks import MemoryBookmarkStore, tracked
 from .errors import CorruptStore
 from .message import Message
 from .storefile import RecoveryReport, open_locked, recovered
@@ -64,7 +64,7 @@ def _record(payload: bytes) -> bytes:
     return _REC.pack(len(payload), _crc(payload)) + payload
 
 
-class LoggedBookmarkStore(BookmarkStore):
+class LoggedBookmarkStore(MemoryBookmarkStore):
     """A file-backed bookmark store with exact out-of-order recovery (module docstring): the
     memory store's `Subscriptions`, each change to them written to the log."""
 
@@ -78,7 +78,7 @@ class LoggedBookmarkStore(BookmarkStore):
         prune_on_close: bool = True,
         max_publishers: int = 100_000,
     ):
-        self.subs = Subscriptions(max_publishers)
+        super().__init__(max_publishers=max_publishers)
         self.path = os.fspath(path)
         self.auto_prune_bytes = auto_prune_bytes
         self.prune_on_close = prune_on_close
@@ -88,9 +88,6 @@ class LoggedBookmarkStore(BookmarkStore):
         self._snapshot_size = 0
         self._fd = open_locked(self.path)
         self.recovery = recovered(self._fd, self._load)
-
-    def __repr__(self) -> str:
-        return f"<LoggedBookmarkStore {len(self.subs.states)} subscription(s)>"
 
     # ------------------------------------------------------------------ load
 

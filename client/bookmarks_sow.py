@@ -39,7 +39,7 @@ import json
 import logging
 from typing import Any, Protocol
 
-from .bookmarks import MOST_RECENT, BookmarkStore, Subscriptions, _canonical, tracked
+from .bookmarks import MOST_RECENT, MemoryBookmarkStore, _canonical, tracked
 from .message import Message
 
 __all__ = ["DEFAULT_TOPIC", "RecoveryWriter", "SowBookmarkStore"]
@@ -65,7 +65,7 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-class SowBookmarkStore(BookmarkStore):
+class SowBookmarkStore(MemoryBookmarkStore):
     """Bookmark state in memory (the memory store's `Subscriptions`), each subscription's
     recovery point in a SOW topic (see the module docstring)."""
 
@@ -78,7 +78,7 @@ class SowBookmarkStore(BookmarkStore):
         every: float = 0.2,
         max_publishers: int = 100_000,
     ):
-        self.subs = Subscriptions(max_publishers)
+        super().__init__(max_publishers=max_publishers)
         self.writer = writer
         self.client_name = client_name
         self.topic = topic
@@ -158,8 +158,7 @@ class SowBookmarkStore(BookmarkStore):
         return done
 
     def persisted(self, sub_id: str, bookmark: str) -> None:
-        self._check()
-        self.subs.mark(sub_id, bookmark)
+        super().persisted(sub_id, bookmark)
         self._changed(sub_id)
 
     def purge(self, sub_id: str | None = None) -> None:
