@@ -373,14 +373,13 @@ class BookmarkStore(ABC):
 
 class MemoryBookmarkStore(BookmarkStore):
     """Bookmark state in process memory: resumes after disconnects and failover (with
-    duplicate and out-of-order filtering), not after the process ends. The logged and SOW
-    stores are this store with each change recorded (their file, their SOW topic)."""
+    duplicate and out-of-order filtering), not after the process ends."""
 
     def __init__(self, *, max_publishers: int = 100_000):
         self.subs = Subscriptions(max_publishers)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {len(self.subs.states)} subscription(s)>"
+        return f"<MemoryBookmarkStore {len(self.subs.states)} subscription(s)>"
 
     def start(self, sub_id: str, bookmark: str) -> str:
         self._check()

@@ -39,7 +39,7 @@ import json
 import logging
 from typing import Any, Protocol
 
-from .bookmarks import MOST_RECENT, MemoryBookmarkStore, _canonical, tracked
+from .bookmarks import MOST_RECENT, BookmarkStore, Subscriptions, _canonical, tracked
 from .message import Message
 
 __all__ = ["DEFAULT_TOPIC", "RecoveryWriter", "SowBookmarkStore"]
@@ -65,7 +65,7 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-class SowBookmarkStore(MemoryBookmarkStore):
+class SowBookmarkStore(BookmarkStore):
     """Bookmark state in memory (the memory store's `Subscriptions`), each subscription's
     recovery point in a SOW topic (see the module docstring)."""
 
@@ -78,7 +78,7 @@ class SowBookmarkStore(MemoryBookmarkStore):
         every: float = 0.2,
         max_publishers: int = 100_000,
     ):
-        super().__init__(max_publishers=max_publishers)
+        self.subs = Subscriptions(max_publishers)
         self.writer = writer
         self.client_name = client_name
         self.topic = topic
@@ -158,8 +158,16 @@ class SowBookmarkStore(MemoryBookmarkStore):
         return done
 
     def persisted(self, sub_id: str, bookmark: str) -> None:
-        super().persisted(sub_id, bookmark)
+        self._check()
+        self.subs.mark(sub_id, bookmark)
         self._changed(sub_id)
+
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        self._check()
+        return self.subs.most_recent(sub_id, elsewhere)
+
+    def window_size(self, sub_id: str) -> int:
+        return self.subs.window_size(sub_id)
 
     def purge(self, sub_id: str | None = None) -> None:
         self._check()
