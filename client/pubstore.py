@@ -56,22 +56,20 @@ class PublishStore(ABC):
 
     path: str | None = None
     _closed = False
-    _last = 0
-    _acked = 0
 
     def _check(self) -> None:
         if self._closed:
             raise StoreClosed(self.path)
 
     @property
+    @abstractmethod
     def last_seq(self) -> int:
         """Highest sequence number handed out (or learned from the server)."""
-        return self._last
 
     @property
+    @abstractmethod
     def acked_seq(self) -> int:
         """Highest sequence number known persisted by the server."""
-        return self._acked
 
     @abstractmethod
     def store(
@@ -153,6 +151,14 @@ class MemoryPublishStore(PublishStore):
 
     def __repr__(self) -> str:
         return f"<MemoryPublishStore acked={self._acked} last={self._last}>"
+
+    @property
+    def last_seq(self) -> int:
+        return self._last
+
+    @property
+    def acked_seq(self) -> int:
+        return self._acked
 
     def fits(self, size: int) -> bool:
         return len(self._entries) < self.max_messages and self._bytes + size <= self.max_bytes

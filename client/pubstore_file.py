@@ -352,6 +352,14 @@ class FilePublishStore(PublishStore):
     # ------------------------------------------------------------------ PublishStore
 
     @property
+    def last_seq(self) -> int:
+        return self._last
+
+    @property
+    def acked_seq(self) -> int:
+        return self._acked
+
+    @property
     def file_bytes(self) -> int:
         return self._cap
 
