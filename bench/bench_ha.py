@@ -231,6 +231,8 @@ def main() -> None:
                    help="comma list of: publish, subscribe, restart")  # fmt: skip
     args = p.parse_args()
     LOOP = args.loop
+    if LOOP == "uvloop" and loadgen.uvloop is None:
+        sys.exit("bench_ha: --loop uvloop, but uvloop is not installed (pip install uvloop)")
     # the restart section loses connections on purpose: keep the client's warnings quiet
     logging.getLogger("tickertape.client").addHandler(logging.NullHandler())
     if args.quick:

@@ -78,7 +78,7 @@ def in_process(args, jdir: str, meta: dict, rng: random.Random) -> dict:
     return out
 
 
-def _readtickertape_frame(s: socket.socket, buf: bytearray) -> bytes:
+def _read_frame(s: socket.socket, buf: bytearray) -> bytes:
     while True:
         if len(buf) >= 4:
             ln = _U32.unpack_from(buf, 0)[0]
@@ -103,14 +103,14 @@ def _first_message(port: int, bm: str, k: int, timeout: float) -> tuple[float, b
                 {"c": "logon", "cid": "l", "client_name": f"bench-loc-{k}", "a": "processed"}
             )
         )
-        h = _readtickertape_frame(s, buf)
+        h = _read_frame(s, buf)
         if b'"status":"failure"' in h:
             raise RuntimeError(f"logon failed: {h[:200]!r}")
         sub = tickertape_frame({"c": "subscribe", "t": TOPIC, "sub_id": "l", "bm": bm})
         t = time.perf_counter_ns()
         s.sendall(sub)
         while True:
-            f = _readtickertape_frame(s, buf)
+            f = _read_frame(s, buf)
             if f.startswith(b'{"c":"p"'):
                 return (time.perf_counter_ns() - t) / 1000, f
             if b'"status":"failure"' in f:
