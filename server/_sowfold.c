@@ -72,7 +72,9 @@ table_grow(FoldTable *t)
         Entry *e = &t->slots[i];
         if (e->rec == NULL)
             continue;
-        Py_ssize_t j = (Py_ssize_t)(e->hash & (uint64_t)(cap - 1));
+        /* the hash again, from the key in its block: a table sized by its hint never grows */
+        uint64_t h = key_hash(e->key, e->klen, e->target);
+        Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(cap - 1));
         while (slots[j].rec != NULL)
             j = (j + 1) & (cap - 1);
         slots[j] = *e;
@@ -101,43 +103,66 @@ target_index(FoldTable *t, PyObject *target)
     return t->ntargets++;
 }
 
+/* A message read, its slot asked for (the table is larger than the caches, a probe is a miss)
+   and put AHEAD messages later. */
+typedef struct {
+    Entry e;
+    uint64_t hash;
+} Pending;
+
 static int
-table_put(FoldTable *t, uint64_t h, uint32_t target, const unsigned char *key, Py_ssize_t klen,
-          const unsigned char *rec, long long pos)
+table_put(FoldTable *t, const Pending *p)
 {
     if ((t->n + 1) * 2 > t->cap && table_grow(t) < 0)
         return -1;
-    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(t->cap - 1));
+    const Entry *in = &p->e;
+    Py_ssize_t j = (Py_ssize_t)(p->hash & (uint64_t)(t->cap - 1));
     for (;;) {
         Entry *e = &t->slots[j];
         if (e->rec == NULL) {
-            e->hash = h;
-            e->key = key;
-            e->klen = (uint32_t)klen;
-            e->target = target;
-            e->rec = rec;
-            e->pos = pos;
+            *e = *in;
             t->n++;
             return 0;
         }
-        if (e->hash == h && e->target == target && e->klen == (uint32_t)klen &&
-            memcmp(e->key, key, (size_t)klen) == 0) {
-            e->key = key; /* the newest message of the key: its own block holds its key too */
-            e->rec = rec;
-            e->pos = pos;
+        if (e->target == in->target && e->klen == in->klen &&
+            entry_key_cmp(e, in->kb, in->key, in->klen) == 0) {
+            e->key = in->key; /* the newest message of the key: its own block holds its key */
+            e->rec = in->rec;
+            e->pos = in->pos;
             return 0;
         }
         j = (j + 1) & (t->cap - 1);
     }
 }
 
+#define AHEAD 8 /* messages between asking for a slot and putting into it */
+
+/* The table's first size: room for `hint` keys at under half full, so that a fold of the
+   expected number of keys never re-hashes (each growth moves every entry, a cache miss each). */
+#define HINT_MAX (1 << 22)
+
 static PyObject *
 FoldTable_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    (void)args;
-    (void)kwds;
-    FoldTable *t = (FoldTable *)type->tp_alloc(type, 0);
-    return (PyObject *)t; /* every field zero */
+    static char *kwlist[] = {"hint", NULL};
+    Py_ssize_t hint = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n", kwlist, &hint))
+        return NULL;
+    FoldTable *t = (FoldTable *)type->tp_alloc(type, 0); /* every field zero */
+    if (t == NULL || hint <= 0)
+        return (PyObject *)t;
+    if (hint > HINT_MAX)
+        hint = HINT_MAX;
+    Py_ssize_t cap = 1 << 12;
+    while (cap < 2 * hint + 2)
+        cap *= 2;
+    t->slots = PyMem_Calloc((size_t)cap, sizeof(Entry));
+    if (t->slots == NULL) {
+        Py_DECREF(t);
+        return PyErr_NoMemory();
+    }
+    t->cap = cap;
+    return (PyObject *)t;
 }
 
 static void
@@ -177,7 +202,8 @@ FoldTable_fold(FoldTable *t, PyObject *args)
     int at_end = 0, stopped = 0, failed = 0;
     PyObject *last_topic = NULL, *last_target = NULL; /* the previous message's lookup */
     Py_ssize_t last_index = -1;
-    Entry pending = {0}; /* the message read last, put when the next one is read */
+    Pending pending[AHEAD]; /* the messages read last, put in the order read */
+    int np = 0, head = 0;
     while (n - off >= RECORD_HEADER) {
         const unsigned char *r = in + off;
         RecordFields f;
@@ -260,28 +286,31 @@ FoldTable_fold(FoldTable *t, PyObject *args)
             stopped = 1;
             break;
         }
-        /* put the message before this one, whose slot was asked for a record ago, and ask
-           for this one's: the table is larger than the caches, a probe is a miss */
-        if (pending.rec != NULL && table_put(t, pending.hash, pending.target, pending.key,
-                                             pending.klen, pending.rec, pending.pos) < 0) {
-            pending.rec = NULL;
-            failed = 1;
-            break;
+        if (np == AHEAD) { /* the oldest pending put, its place taken by this one */
+            if (table_put(t, &pending[head]) < 0) {
+                np = 0;
+                failed = 1;
+                break;
+            }
+            head = (head + 1) % AHEAD;
+            np--;
         }
-        pending.hash = key_hash(h + 6, hl - 7, (uint32_t)last_index);
-        pending.key = h + 6;
-        pending.klen = (uint32_t)(hl - 7);
-        pending.target = (uint32_t)last_index;
-        pending.rec = r;
-        pending.pos = base + off;
+        Pending *p = &pending[(head + np++) % AHEAD];
+        p->hash = key_hash(h + 6, hl - 7, (uint32_t)last_index);
+        p->e.key = h + 6;
+        p->e.klen = (uint32_t)(hl - 7);
+        key_kb(p->e.kb, h + 6, hl - 7);
+        p->e.target = (uint32_t)last_index;
+        p->e.rec = r;
+        p->e.pos = base + off;
         if (t->cap)
-            __builtin_prefetch(&t->slots[pending.hash & (uint64_t)(t->cap - 1)]);
+            __builtin_prefetch(&t->slots[p->hash & (uint64_t)(t->cap - 1)]);
         put++;
         off += f.total;
     }
-    if (pending.rec != NULL && table_put(t, pending.hash, pending.target, pending.key,
-                                         pending.klen, pending.rec, pending.pos) < 0)
-        failed = 1;
+    for (; np > 0 && !failed; np--, head = (head + 1) % AHEAD)
+        if (table_put(t, &pending[head]) < 0)
+            failed = 1;
     Py_XDECREF(last_topic);
     if (put) { /* entries point into it: held until the flush */
         t->held += buf->len;

@@ -45,6 +45,7 @@ FOLD_BLOCK = 1 << 20  # journal bytes read per FoldTable.fold call
 # newest are copied together and the blocks let go (then past twice what that copy holds):
 # memory grows with the records a fold changed, as the store does, not the journal it reads
 FOLD_HOLD = 64 << 20
+RECORD_MIN = 64  # journal bytes of a keyed message at the least (36 of header, topic, `k`)
 
 __all__ = ["HistoricalReader", "fold_state", "locate_point", "merge_rows"]
 
@@ -225,7 +226,9 @@ class _Fold:
         if FoldTable is None:
             self.run_py(journal, start, end)
             return None
-        table = FoldTable()
+        # sized for the keys it may meet (at most the checkpoint's records, and a record
+        # takes at least RECORD_MIN bytes of journal), so that it never grows while it folds
+        table = FoldTable(hint=min(base.count(), (end - start) // RECORD_MIN) if base else 0)
         hold = FOLD_HOLD
         pos = start
         while pos < end:

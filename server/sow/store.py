@@ -182,6 +182,10 @@ class Reader:
         v = self._txn.get(record_key(topic, k), db=self._db)
         return None if v is None else decode_value(v)
 
+    def count(self) -> int:
+        """The records of every topic in this snapshot (LMDB keeps the count: no scan)."""
+        return int(self._txn.stat(self._db)["entries"])
+
     def keys(self, topic: str, after: str | None = None) -> Iterator[tuple[str, Stored]]:
         """The records of `topic` in key order, from the first key after `after`."""
         prefix = topic.encode("utf-8") + b"\x00"

@@ -76,8 +76,8 @@ def test_fold_table_reads_as_the_tuple_fold(tmp_path, hold, monkeypatch):
         real = history.FoldTable
 
         class Counting:  # the C table, its compactions counted
-            def __init__(self):
-                self.t = real()
+            def __init__(self, hint=0):
+                self.t = real(hint=hint)
 
             def compact(self):
                 compactions.append(1)
