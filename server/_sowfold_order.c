@@ -227,8 +227,12 @@ entry_cmp(const Sorted *o, const char *k, Py_ssize_t kl)
 static inline void
 prefetch_ahead(const FoldOrder *o, Py_ssize_t i)
 {
-    if (i + 8 < o->stop)
-        __builtin_prefetch(o->order[i + 8].e.rec);
+    if (i + 8 < o->stop) { /* a record is a few cache lines: its header, fragment and body */
+        const unsigned char *r = o->order[i + 8].e.rec;
+        __builtin_prefetch(r);
+        __builtin_prefetch(r + 64);
+        __builtin_prefetch(r + 128);
+    }
 }
 
 /* The (record key, value) pair of an entry; `key`: the chunk's equal key object, or NULL. */
