@@ -248,25 +248,34 @@ entry_pair(FoldTable *t, const Entry *e, PyObject *key)
     return pair;
 }
 
-static PyObject *
-FoldOrder_merge(FoldOrder *t, PyObject *chunk)
+/* The record key of a chunk's item c: the item itself (a keys-only chunk) or its pair's key. */
+static inline PyObject *
+item_key(PyObject *chunk, Py_ssize_t c, int keys_only)
 {
-    if (!PyList_Check(chunk)) {
-        PyErr_SetString(PyExc_TypeError, "FoldOrder.merge(chunk: list)");
+    if (!keys_only)
+        return pair_key(chunk, c);
+    PyObject *k = PyList_GET_ITEM(chunk, c);
+    if (!PyBytes_Check(k)) {
+        PyErr_SetString(PyExc_TypeError, "FoldOrder.merge_keys: keys must be bytes");
         return NULL;
     }
-    Py_ssize_t nc = PyList_GET_SIZE(chunk);
-    if (nc == 0 || t->cur >= t->stop) {
-        Py_INCREF(chunk);
-        return chunk;
-    }
-    Py_ssize_t pl = PyBytes_GET_SIZE(t->cur_prefix);
-    PyObject *lastk = pair_key(chunk, nc - 1);
+    return k;
+}
+
+/* merge() and merge_keys(): the chunk's items and the entries up to its last key, in key order,
+   an entry replacing the item of its key. A keys-only chunk's items that no entry replaced are
+   left in `out` as their keys (bytes), counted in *kept; *taken counts the entries taken. */
+static PyObject *
+merge_chunk(FoldOrder *t, PyObject *chunk, int keys_only, Py_ssize_t *taken, Py_ssize_t *kept)
+{
+    Py_ssize_t nc = PyList_GET_SIZE(chunk), pl = PyBytes_GET_SIZE(t->cur_prefix);
+    PyObject *lastk = item_key(chunk, nc - 1, keys_only);
     if (lastk == NULL)
         return NULL;
     const char *last = PyBytes_AS_STRING(lastk) + pl;
     Py_ssize_t lastn = PyBytes_GET_SIZE(lastk) - pl;
-    if (lastn < 0 || entry_cmp(&t->order[t->cur], last, lastn) > 0) {
+    *taken = *kept = 0;
+    if (!keys_only && (lastn < 0 || entry_cmp(&t->order[t->cur], last, lastn) > 0)) {
         Py_INCREF(chunk); /* nothing folded in this chunk's range */
         return chunk;
     }
@@ -275,7 +284,7 @@ FoldOrder_merge(FoldOrder *t, PyObject *chunk)
         return NULL;
     Py_ssize_t c = 0;
     while (c < nc) {
-        PyObject *item = PyList_GET_ITEM(chunk, c), *ck = pair_key(chunk, c), *pair;
+        PyObject *item = PyList_GET_ITEM(chunk, c), *ck = item_key(chunk, c, keys_only), *pair;
         if (ck == NULL || PyBytes_GET_SIZE(ck) < pl)
             goto fail_type;
         const Sorted *o = t->cur < t->stop ? &t->order[t->cur] : NULL;
@@ -283,10 +292,12 @@ FoldOrder_merge(FoldOrder *t, PyObject *chunk)
                             : entry_cmp(o, PyBytes_AS_STRING(ck) + pl, PyBytes_GET_SIZE(ck) - pl);
         if (cmp > 0) {
             c++;
+            *kept += keys_only;
             Py_INCREF(item);
             pair = item;
         } else {
             prefetch_ahead(t, t->cur++);
+            (*taken)++;
             if (cmp == 0)
                 c++; /* replaced */
             pair = entry_pair(t->table, &o->e, cmp == 0 ? ck : NULL);
@@ -305,6 +316,92 @@ fail_type:
 fail:
     Py_DECREF(out);
     return NULL;
+}
+
+static PyObject *
+FoldOrder_merge(FoldOrder *t, PyObject *chunk)
+{
+    if (!PyList_Check(chunk)) {
+        PyErr_SetString(PyExc_TypeError, "FoldOrder.merge(chunk: list)");
+        return NULL;
+    }
+    Py_ssize_t taken, kept;
+    if (PyList_GET_SIZE(chunk) == 0 || t->cur >= t->stop) {
+        Py_INCREF(chunk);
+        return chunk;
+    }
+    return merge_chunk(t, chunk, 0, &taken, &kept);
+}
+
+/* merge_keys(keys, fetch) -> (list, taken): merge() of a chunk read as its keys only (the
+   checkpoint's values of the keys the fold replaced are never read): fetch(list of the keys
+   left) is called once, when any is, and must return their (key, value) pairs in that order. */
+static PyObject *
+FoldOrder_merge_keys(FoldOrder *t, PyObject *args)
+{
+    PyObject *keys, *fetch;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &keys, &fetch))
+        return NULL;
+    Py_ssize_t taken = 0, kept = PyList_GET_SIZE(keys), n = kept;
+    PyObject *out;
+    if (n == 0 || t->cur >= t->stop)
+        out = PyList_GetSlice(keys, 0, n); /* nothing folded here: every value fetched */
+    else
+        out = merge_chunk(t, keys, 1, &taken, &kept);
+    if (out == NULL)
+        return NULL;
+    PyObject *need = kept ? PyList_New(kept) : NULL;
+    if (kept && need == NULL)
+        goto fail;
+    n = PyList_GET_SIZE(out);
+    for (Py_ssize_t i = 0, j = 0; kept && i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(out, i);
+        if (PyBytes_Check(k)) {
+            Py_INCREF(k);
+            PyList_SET_ITEM(need, j++, k);
+        }
+    }
+    if (kept) {
+        PyObject *got = PyObject_CallOneArg(fetch, need);
+        Py_DECREF(need);
+        if (got == NULL)
+            goto fail;
+        if (!PyList_Check(got) || PyList_GET_SIZE(got) != kept) {
+            Py_DECREF(got);
+            PyErr_SetString(PyExc_ValueError,
+                            "FoldOrder.merge_keys: fetch must return a pair per key");
+            goto fail;
+        }
+        for (Py_ssize_t i = 0, j = 0; i < n; i++) {
+            PyObject *k = PyList_GET_ITEM(out, i);
+            if (!PyBytes_Check(k))
+                continue;
+            PyObject *pair = PyList_GET_ITEM(got, j++), *gk = pair_key(got, j - 1);
+            if (gk == NULL || key_cmp(gk, k) != 0) {
+                Py_DECREF(got);
+                if (gk != NULL)
+                    PyErr_SetString(PyExc_ValueError,
+                                    "FoldOrder.merge_keys: fetch returned another key");
+                goto fail;
+            }
+            Py_INCREF(pair);
+            PyList_SET_ITEM(out, i, pair); /* steals; k's reference goes */
+            Py_DECREF(k);
+        }
+        Py_DECREF(got);
+    }
+    return Py_BuildValue("(Nn)", out, taken);
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* The entries of the topic sought not merged yet. */
+static PyObject *
+FoldOrder_left(FoldOrder *t, PyObject *noargs)
+{
+    (void)noargs;
+    return PyLong_FromSsize_t(t->stop - t->cur);
 }
 
 static PyObject *
@@ -368,6 +465,9 @@ static PyMethodDef FoldOrder_methods[] = {
     {"seek", (PyCFunction)FoldOrder_seek, METH_O, "seek(prefix): merge and rest read that topic"},
     {"merge", (PyCFunction)FoldOrder_merge, METH_O,
      "merge(chunk) -> list: a checkpoint chunk with the entries up to its last key"},
+    {"merge_keys", (PyCFunction)FoldOrder_merge_keys, METH_VARARGS,
+     "merge_keys(keys, fetch) -> (list, taken): merge() of a chunk read as keys only"},
+    {"left", (PyCFunction)FoldOrder_left, METH_NOARGS, "left() -> the topic's entries not merged"},
     {"rest", (PyCFunction)FoldOrder_rest, METH_O, "rest(size) -> list: the entries left, size at most"},
     {"get", (PyCFunction)FoldOrder_get, METH_O, "get(record key) -> store value or None"},
     {NULL, NULL, 0, NULL},

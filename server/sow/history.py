@@ -36,7 +36,15 @@ from protocol.filters import FilterError, compile_filter
 from ..matching import body_matches
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_FILTER, decode_delete
-from .store import Reader, Stored, decode_value, encode_value, record_key, store_rows
+from .store import (
+    ChunkCursor,
+    Reader,
+    Stored,
+    decode_value,
+    encode_value,
+    record_key,
+    store_rows,
+)
 
 _c = load("server._sowfold")  # None: the tuple fold and merge_rows_py (the references) only
 FoldTable = getattr(_c, "FoldTable", None)
@@ -45,6 +53,9 @@ FOLD_BLOCK = 1 << 20  # journal bytes read per FoldTable.fold call
 # newest are copied together and the blocks let go (then past twice what that copy holds):
 # memory grows with the records a fold changed, as the store does, not the journal it reads
 FOLD_HOLD = 64 << 20
+# the share of a checkpoint chunk's records the fold replaced past which the next chunk is read
+# as keys only (HistoricalReader._merged)
+DENSE = 0.6
 RECORD_MIN = 64  # journal bytes of a keyed message at the least (36 of header, topic, `k`)
 
 __all__ = ["HistoricalReader", "fold_state", "locate_point", "merge_rows"]
@@ -122,17 +133,15 @@ class HistoricalReader:
         """`Reader.chunks` of the state: each of the checkpoint's chunks merged with the
         overlay's rows up to its last key (`merge_rows`, in C; or the FoldOrder's `merge`),
         the overlay's rows past the checkpoint's last key after them."""
-        base = self.base.chunks(topic, size) if self.base is not None else iter(())
         order = self.order
         if order is not None:
             order.seek(record_key(topic, ""))
-            for chunk in base:
-                out = order.merge(chunk)
-                if out:
-                    yield out
+            if self.base is not None:
+                yield from self._merged(order, self.base.cursor(topic), size)
             while rest := order.rest(size):
                 yield rest
             return
+        base = self.base.chunks(topic, size) if self.base is not None else iter(())
         mine = self._mine(topic)
         i, n = 0, len(mine)
         for chunk in base:
@@ -145,6 +154,34 @@ class HistoricalReader:
         rest = [kv for kv in mine[i:] if kv[1] is not None]
         for j in range(0, len(rest), size):
             yield rest[j : j + size]  # type: ignore[misc]
+
+    def _merged(self, order: Any, cur: ChunkCursor, size: int) -> Iterator[list[Any]]:
+        """The checkpoint's chunks (`cur`) merged with the FoldOrder's entries. While the
+        fold replaced most of a chunk's records (at the costliest points, just before a
+        checkpoint, every one), the next chunk is read as its keys only and the values of the
+        keys it did not replace fetched (`merge_keys`): the checkpoint's values of the
+        others are never read. Reading the keys and fetching the rest costs more than reading
+        the pairs when fewer are replaced (a fetch is a lookup, about twice a step of the
+        cursor), so a chunk replaced less than DENSE goes back to the pairs."""
+        assert self.base is not None
+        dense = order.left() >= DENSE * self.base.count()
+        while True:
+            if dense:
+                keys = cur.next(size, values=False)
+                if not keys:
+                    return
+                out, taken = order.merge_keys(keys, cur.values)
+                n = len(keys)
+            else:
+                chunk = cur.next(size)
+                if not chunk:
+                    return
+                left = order.left()
+                out = order.merge(chunk)
+                taken, n = left - order.left(), len(chunk)
+            dense = taken >= DENSE * n
+            if out:
+                yield out
 
     def keys(self, topic: str, after: str | None = None) -> Iterator[tuple[str, Stored]]:
         n = len(record_key(topic, ""))
