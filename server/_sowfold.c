@@ -60,10 +60,13 @@ table_clear(FoldTable *t)
     t->held = 0;
 }
 
-/* Zeroed slots. A table past 2 MiB is mapped on its own and asks for huge pages: its probes
-   land anywhere in it, and with 4 KiB pages nearly each one also missed the TLB (the fold's
-   time went to the prefetches' page walks). */
+/* Zeroed slots. A table past 2 MiB is mapped on its own and, up to HUGE_MAX, asks for huge
+   pages: its probes land anywhere in it, and with 4 KiB pages nearly each one also missed the
+   TLB (the fold's time went to the prefetches' page walks; 100,000 keys: 85-100 -> 60 ms of a
+   fold of 35 MB). Not past HUGE_MAX: the kernel compacts memory to find each huge page, and
+   400 MB of them took 11 s where 4 KiB pages took 1.2. */
 #define HUGE_PAGE ((size_t)2 << 20)
+#define HUGE_MAX ((size_t)64 << 20)
 
 static Entry *
 slots_alloc(Py_ssize_t cap)
@@ -76,7 +79,8 @@ slots_alloc(Py_ssize_t cap)
     if (p == MAP_FAILED)
         return NULL;
 #ifdef MADV_HUGEPAGE
-    (void)madvise(p, size, MADV_HUGEPAGE); /* a hint: without it the table works as before */
+    if (size <= HUGE_MAX)
+        (void)madvise(p, size, MADV_HUGEPAGE); /* a hint: without it the table works as before */
 #endif
     return p;
 }
@@ -173,7 +177,7 @@ table_put(FoldTable *t, const Pending *p)
 
 /* The table's first size: room for `hint` keys at under half full, so that a fold of the
    expected number of keys never re-hashes (each growth moves every entry, a cache miss each). */
-#define HINT_MAX (1 << 22)
+#define HINT_MAX ((1 << 19) - 1) /* 2^20 slots, 48 MiB: a hint too high costs that at most */
 
 static PyObject *
 FoldTable_new(PyTypeObject *type, PyObject *args, PyObject *kwds)

@@ -56,7 +56,7 @@ FOLD_HOLD = 64 << 20
 # the share of a checkpoint chunk's records the fold replaced past which the next chunk is read
 # as keys only (HistoricalReader._merged)
 DENSE = 0.6
-RECORD_MIN = 64  # journal bytes of a keyed message at the least (36 of header, topic, `k`)
+RECORD_MIN = 64  # journal bytes a keyed message takes, about, at the least (46 of header and k)
 
 __all__ = ["HistoricalReader", "fold_state", "locate_point", "merge_rows"]
 
@@ -263,8 +263,8 @@ class _Fold:
         if FoldTable is None:
             self.run_py(journal, start, end)
             return None
-        # sized for the keys it may meet (at most the checkpoint's records, and a record
-        # takes at least RECORD_MIN bytes of journal), so that it never grows while it folds
+        # sized for the keys it may meet (about the checkpoint's records, and no more than
+        # messages of RECORD_MIN bytes in the journal it reads), so that it seldom grows
         table = FoldTable(hint=min(base.count(), (end - start) // RECORD_MIN) if base else 0)
         hold = FOLD_HOLD
         pos = start
