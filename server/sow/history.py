@@ -48,7 +48,9 @@ from .store import (
 
 _c = load("server._sowfold")  # None: the tuple fold and merge_rows_py (the references) only
 FoldTable = getattr(_c, "FoldTable", None)
-FOLD_BLOCK = 1 << 20  # journal bytes read per FoldTable.fold call
+# journal bytes read per FoldTable.fold call (4 MiB: a query's server CPU at the costliest point
+# about 160 -> 150 ms against 1 MiB, fewer Python steps per byte; 16 MiB no better)
+FOLD_BLOCK = 4 << 20
 # journal bytes a FoldTable may hold (its entries point into them) before the messages still
 # newest are copied together and the blocks let go (then past twice what that copy holds):
 # memory grows with the records a fold changed, as the store does, not the journal it reads
