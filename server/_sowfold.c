@@ -1,7 +1,8 @@
 /* A historical SOW query's fold of the journal (server/sow/history.py), in C.
  *
- * FoldTable() folds the journal's stored bytes (journal/record.py's layout, read by
- * Journal.read_block) into a table of its own: per record key, the newest message, kept as a
+ * FoldTable(hint=0) folds the journal's stored bytes (journal/record.py's layout, read by
+ * Journal.read_block) into a table of its own (sized for `hint` keys, so that it need not
+ * grow): per record key, the newest message, kept as a
  * pointer into the block it was read from (the block is held while an entry points into it).
  * No Python object is made per message: a message that a later one of the same key replaces
  * costs a hash and a probe. Objects are made once per key that is left, as the answer that
@@ -33,6 +34,11 @@
  *     merge(chunk) -> list: a chunk of the checkpoint (a list of (record key, value) of that
  *       topic, key order) merged with the entries whose key is at most the chunk's last: an
  *       entry replaces the chunk's pair of its key (the chunk itself when none falls in it);
+ *     merge_keys(keys, fetch) -> (list, taken): merge() of a chunk read as its record keys
+ *       only; fetch(list of the keys no entry replaced) is called once, when there are any,
+ *       and must return their (key, value) pairs in that order (else ValueError); taken: the
+ *       entries merged;
+ *     left() -> the entries of the topic sought not merged yet;
  *     rest(size) -> list: at most `size` of the entries not merged yet, as (record key, value);
  *     get(record key) -> the store value of its entry, or None when the fold left none.
  *   The table holds puts only: a fold with a delete, or with a record it cannot take, is

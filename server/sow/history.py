@@ -12,6 +12,8 @@ per record key a pointer to its newest message in the blocks read, no Python obj
 message; sorted once (its FoldOrder, server/_sowfold_order.c), it is merged with the
 checkpoint's chunks as the answer is made, so the
 objects of the records it changed are made while the client reads, as a current query's are.
+Where the fold replaced most of the checkpoint's records, its chunks are read as keys only
+(`HistoricalReader._merged`): the values of the replaced records are never read.
 A delete record, or a message the table cannot take (a fragment other than the plain `k`, or
 none), flushes the table into the overlay dict and is folded here, one by one; the answer then
 reads the dict (sorted, merged per chunk by `merge_rows`, in C). The tuple fold (`run_py`) is
