@@ -70,8 +70,17 @@ _EMPTY = object()
 # next fold reads: the memory of each (freed then, the allocator's to give again) takes the
 # next block read, instead of fresh pages that the kernel faults in and zeroes (the pages of
 # 35 MB of journal were a fifth of a query's server CPU at the costliest point). At most one
-# fold's blocks (FOLD_HOLD) stay between two historical queries.
+# fold's blocks, FOLD_HOLD bytes at most, stay between two historical queries.
 _spent: list[bytes] = []
+
+
+def _at_most(blocks: list[bytes], limit: int) -> list[bytes]:
+    """The newest of `blocks` that take at most `limit` bytes together."""
+    total, i = 0, len(blocks)
+    while i and total + len(blocks[i - 1]) <= limit:
+        i -= 1
+        total += len(blocks[i])
+    return blocks[i:]
 
 
 def merge_rows_py(
@@ -317,7 +326,7 @@ class _Fold:
             if after <= pos or after >= journal.end_position:
                 break
             pos = after
-        _spent[:] = read
+        _spent[:] = _at_most(read, FOLD_HOLD)
         if self.overlay:
             table.flush()
             return None
