@@ -74,12 +74,25 @@ table_clear(FoldTable *t)
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MAX ((size_t)64 << 20)
 
+/* The slots of the last table freed (one, of at most HUGE_MAX; the GIL guards it), kept for
+   the next table of the same size (a query's table is the size of the one before it: its
+   hint is the checkpoint's record count), which clears it instead of having the kernel
+   fault in and zero fresh pages (as history.py keeps the journal blocks a fold read). */
+static Entry *spare;
+static Py_ssize_t spare_cap;
+
 static Entry *
 slots_alloc(Py_ssize_t cap)
 {
     size_t size = sizeof(Entry) * (size_t)cap;
     if (size < HUGE_PAGE)
         return PyMem_Calloc((size_t)cap, sizeof(Entry));
+    if (spare != NULL && spare_cap == cap) {
+        Entry *p = spare;
+        spare = NULL;
+        memset(p, 0, size);
+        return p;
+    }
     size = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -92,15 +105,27 @@ slots_alloc(Py_ssize_t cap)
 }
 
 static void
+slots_unmap(Entry *slots, Py_ssize_t cap)
+{
+    munmap(slots, (sizeof(Entry) * (size_t)cap + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+}
+
+static void
 slots_free(Entry *slots, Py_ssize_t cap)
 {
     size_t size = sizeof(Entry) * (size_t)cap;
     if (slots == NULL)
         return;
-    if (size < HUGE_PAGE)
+    if (size < HUGE_PAGE) {
         PyMem_Free(slots);
-    else
-        munmap(slots, (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+    } else if (size <= HUGE_MAX) {
+        if (spare != NULL)
+            slots_unmap(spare, spare_cap);
+        spare = slots;
+        spare_cap = cap;
+    } else {
+        slots_unmap(slots, cap);
+    }
 }
 
 static int
