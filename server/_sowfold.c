@@ -1,7 +1,8 @@
 /* A historical SOW query's fold of the journal (server/sow/history.py), in C.
  *
- * FoldTable() folds the journal's stored bytes (journal/record.py's layout, read by
- * Journal.read_block) into a table of its own: per record key, the newest message, kept as a
+ * FoldTable(hint=0) folds the journal's stored bytes (journal/record.py's layout, read by
+ * Journal.read_block) into a table of its own (sized for `hint` keys, so that it need not
+ * grow): per record key, the newest message, kept as a
  * pointer into the block it was read from (the block is held while an entry points into it).
  * No Python object is made per message: a message that a later one of the same key replaces
  * costs a hash and a probe. Objects are made once per key that is left, as the answer that
@@ -33,6 +34,11 @@
  *     merge(chunk) -> list: a chunk of the checkpoint (a list of (record key, value) of that
  *       topic, key order) merged with the entries whose key is at most the chunk's last: an
  *       entry replaces the chunk's pair of its key (the chunk itself when none falls in it);
+ *     merge_keys(keys, fetch) -> (list, taken): merge() of a chunk read as its record keys
+ *       only; fetch(list of the keys no entry replaced) is called once, when there are any,
+ *       and must return their (key, value) pairs in that order (else ValueError); taken: the
+ *       entries merged;
+ *     left() -> the entries of the topic sought not merged yet;
  *     rest(size) -> list: at most `size` of the entries not merged yet, as (record key, value);
  *     get(record key) -> the store value of its entry, or None when the fold left none.
  *   The table holds puts only: a fold with a delete, or with a record it cannot take, is
@@ -46,6 +52,7 @@
  * server/sow/history.py, is the reference.
  */
 #include "_sowfold.h"
+#include <sys/mman.h>
 
 static void
 table_clear(FoldTable *t)
@@ -59,11 +66,73 @@ table_clear(FoldTable *t)
     t->held = 0;
 }
 
+/* Zeroed slots. A table past 2 MiB is mapped on its own and, up to HUGE_MAX, asks for huge
+   pages: its probes land anywhere in it, and with 4 KiB pages nearly each one also missed the
+   TLB (the fold's time went to the prefetches' page walks; 100,000 keys: 85-100 -> 60 ms of a
+   fold of 35 MB). Not past HUGE_MAX: the kernel compacts memory to find each huge page, and
+   400 MB of them took 11 s where 4 KiB pages took 1.2. */
+#define HUGE_PAGE ((size_t)2 << 20)
+#define HUGE_MAX ((size_t)64 << 20)
+
+/* The slots of the last table freed (one, of at most HUGE_MAX; the GIL guards it), kept for
+   the next table of the same size (a query's table is the size of the one before it: its
+   hint is the checkpoint's record count), which clears it instead of having the kernel
+   fault in and zero fresh pages (as history.py keeps the journal blocks a fold read). */
+static Entry *spare;
+static Py_ssize_t spare_cap;
+
+static Entry *
+slots_alloc(Py_ssize_t cap)
+{
+    size_t size = sizeof(Entry) * (size_t)cap;
+    if (size < HUGE_PAGE)
+        return PyMem_Calloc((size_t)cap, sizeof(Entry));
+    if (spare != NULL && spare_cap == cap) {
+        Entry *p = spare;
+        spare = NULL;
+        memset(p, 0, size);
+        return p;
+    }
+    size = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    if (size <= HUGE_MAX)
+        (void)madvise(p, size, MADV_HUGEPAGE); /* a hint: without it the table works as before */
+#endif
+    return p;
+}
+
+static void
+slots_unmap(Entry *slots, Py_ssize_t cap)
+{
+    munmap(slots, (sizeof(Entry) * (size_t)cap + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+}
+
+static void
+slots_free(Entry *slots, Py_ssize_t cap)
+{
+    size_t size = sizeof(Entry) * (size_t)cap;
+    if (slots == NULL)
+        return;
+    if (size < HUGE_PAGE) {
+        PyMem_Free(slots);
+    } else if (size <= HUGE_MAX) {
+        if (spare != NULL)
+            slots_unmap(spare, spare_cap);
+        spare = slots;
+        spare_cap = cap;
+    } else {
+        slots_unmap(slots, cap);
+    }
+}
+
 static int
 table_grow(FoldTable *t)
 {
     Py_ssize_t cap = t->cap ? t->cap * 2 : 1 << 12;
-    Entry *slots = PyMem_Calloc((size_t)cap, sizeof(Entry));
+    Entry *slots = slots_alloc(cap);
     if (slots == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -72,12 +141,14 @@ table_grow(FoldTable *t)
         Entry *e = &t->slots[i];
         if (e->rec == NULL)
             continue;
-        Py_ssize_t j = (Py_ssize_t)(e->hash & (uint64_t)(cap - 1));
+        /* the hash again, from the key in its block: a table sized by its hint never grows */
+        uint64_t h = key_hash(e->key, e->klen, e->target);
+        Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(cap - 1));
         while (slots[j].rec != NULL)
             j = (j + 1) & (cap - 1);
         slots[j] = *e;
     }
-    PyMem_Free(t->slots);
+    slots_free(t->slots, t->cap);
     t->slots = slots;
     t->cap = cap;
     return 0;
@@ -101,50 +172,73 @@ target_index(FoldTable *t, PyObject *target)
     return t->ntargets++;
 }
 
+/* A message read, its slot asked for (the table is larger than the caches, a probe is a miss)
+   and put AHEAD messages later. */
+typedef struct {
+    Entry e;
+    uint64_t hash;
+} Pending;
+
 static int
-table_put(FoldTable *t, uint64_t h, uint32_t target, const unsigned char *key, Py_ssize_t klen,
-          const unsigned char *rec, long long pos)
+table_put(FoldTable *t, const Pending *p)
 {
     if ((t->n + 1) * 2 > t->cap && table_grow(t) < 0)
         return -1;
-    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(t->cap - 1));
+    const Entry *in = &p->e;
+    Py_ssize_t j = (Py_ssize_t)(p->hash & (uint64_t)(t->cap - 1));
     for (;;) {
         Entry *e = &t->slots[j];
         if (e->rec == NULL) {
-            e->hash = h;
-            e->key = key;
-            e->klen = (uint32_t)klen;
-            e->target = target;
-            e->rec = rec;
-            e->pos = pos;
+            *e = *in;
             t->n++;
             return 0;
         }
-        if (e->hash == h && e->target == target && e->klen == (uint32_t)klen &&
-            memcmp(e->key, key, (size_t)klen) == 0) {
-            e->key = key; /* the newest message of the key: its own block holds its key too */
-            e->rec = rec;
-            e->pos = pos;
+        if (e->target == in->target && e->klen == in->klen &&
+            entry_key_cmp(e, in->kb, in->key, in->klen) == 0) {
+            e->key = in->key; /* the newest message of the key: its own block holds its key */
+            e->rec = in->rec;
+            e->pos = in->pos;
             return 0;
         }
         j = (j + 1) & (t->cap - 1);
     }
 }
 
+#define AHEAD 8 /* messages between asking for a slot and putting into it */
+
+/* The table's first size: room for `hint` keys at under half full, so that a fold of the
+   expected number of keys never re-hashes (each growth moves every entry, a cache miss each). */
+#define HINT_MAX ((1 << 19) - 1) /* 2^20 slots, 48 MiB: a hint too high costs that at most */
+
 static PyObject *
 FoldTable_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    (void)args;
-    (void)kwds;
-    FoldTable *t = (FoldTable *)type->tp_alloc(type, 0);
-    return (PyObject *)t; /* every field zero */
+    static char *kwlist[] = {"hint", NULL};
+    Py_ssize_t hint = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n", kwlist, &hint))
+        return NULL;
+    FoldTable *t = (FoldTable *)type->tp_alloc(type, 0); /* every field zero */
+    if (t == NULL || hint <= 0)
+        return (PyObject *)t;
+    if (hint > HINT_MAX)
+        hint = HINT_MAX;
+    Py_ssize_t cap = 1 << 12;
+    while (cap < 2 * hint + 2)
+        cap *= 2;
+    t->slots = slots_alloc(cap);
+    if (t->slots == NULL) {
+        Py_DECREF(t);
+        return PyErr_NoMemory();
+    }
+    t->cap = cap;
+    return (PyObject *)t;
 }
 
 static void
 FoldTable_dealloc(FoldTable *t)
 {
     table_clear(t);
-    PyMem_Free(t->slots);
+    slots_free(t->slots, t->cap);
     PyMem_Free(t->blocks);
     for (Py_ssize_t i = 0; i < t->ntargets; i++)
         Py_DECREF(t->targets[i]);
@@ -177,7 +271,8 @@ FoldTable_fold(FoldTable *t, PyObject *args)
     int at_end = 0, stopped = 0, failed = 0;
     PyObject *last_topic = NULL, *last_target = NULL; /* the previous message's lookup */
     Py_ssize_t last_index = -1;
-    Entry pending = {0}; /* the message read last, put when the next one is read */
+    Pending pending[AHEAD]; /* the messages read last, put in the order read */
+    int np = 0, head = 0;
     while (n - off >= RECORD_HEADER) {
         const unsigned char *r = in + off;
         RecordFields f;
@@ -260,28 +355,31 @@ FoldTable_fold(FoldTable *t, PyObject *args)
             stopped = 1;
             break;
         }
-        /* put the message before this one, whose slot was asked for a record ago, and ask
-           for this one's: the table is larger than the caches, a probe is a miss */
-        if (pending.rec != NULL && table_put(t, pending.hash, pending.target, pending.key,
-                                             pending.klen, pending.rec, pending.pos) < 0) {
-            pending.rec = NULL;
-            failed = 1;
-            break;
+        if (np == AHEAD) { /* the oldest pending put, its place taken by this one */
+            if (table_put(t, &pending[head]) < 0) {
+                np = 0;
+                failed = 1;
+                break;
+            }
+            head = (head + 1) % AHEAD;
+            np--;
         }
-        pending.hash = key_hash(h + 6, hl - 7, (uint32_t)last_index);
-        pending.key = h + 6;
-        pending.klen = (uint32_t)(hl - 7);
-        pending.target = (uint32_t)last_index;
-        pending.rec = r;
-        pending.pos = base + off;
+        Pending *p = &pending[(head + np++) % AHEAD];
+        p->hash = key_hash(h + 6, hl - 7, (uint32_t)last_index);
+        p->e.key = h + 6;
+        p->e.klen = (uint32_t)(hl - 7);
+        key_kb(p->e.kb, h + 6, hl - 7);
+        p->e.target = (uint32_t)last_index;
+        p->e.rec = r;
+        p->e.pos = base + off;
         if (t->cap)
-            __builtin_prefetch(&t->slots[pending.hash & (uint64_t)(t->cap - 1)]);
+            __builtin_prefetch(&t->slots[p->hash & (uint64_t)(t->cap - 1)]);
         put++;
         off += f.total;
     }
-    if (pending.rec != NULL && table_put(t, pending.hash, pending.target, pending.key,
-                                         pending.klen, pending.rec, pending.pos) < 0)
-        failed = 1;
+    for (; np > 0 && !failed; np--, head = (head + 1) % AHEAD)
+        if (table_put(t, &pending[head]) < 0)
+            failed = 1;
     Py_XDECREF(last_topic);
     if (put) { /* entries point into it: held until the flush */
         t->held += buf->len;

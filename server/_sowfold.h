@@ -13,11 +13,16 @@
 
 #define KIND_SOW_DELETE 3
 
+/* An entry keeps its key's first KB bytes (zero past the key) beside the pointers: the probes,
+   the sort and the merge compare those without reading the blocks (a cache miss each, the
+   keys lie spread over the journal read); only keys equal over them are compared there. */
+#define KB 16
+
 typedef struct {
-    uint64_t hash;
     const unsigned char *key; /* the key's bytes inside the fragment, in a held block */
     const unsigned char *rec; /* the record, in a held block */
     long long pos;            /* its journal position */
+    unsigned char kb[KB];     /* the key's first bytes, zero past its end */
     uint32_t klen;
     uint32_t target;          /* index into the table's targets */
 } Entry;
@@ -50,6 +55,27 @@ key_hash(const unsigned char *p, Py_ssize_t n, uint32_t target)
     h *= 0xbf58476d1ce4e5b9ULL;
     h ^= h >> 32;
     return h;
+}
+
+/* An entry's key against the key `k` of kl bytes, in bytes order; `kb`: k's first KB bytes
+   (zero past it; or k itself: only the bytes of both keys are compared). */
+static inline int
+entry_key_cmp(const Entry *e, const unsigned char *kb, const unsigned char *k, Py_ssize_t kl)
+{
+    Py_ssize_t el = (Py_ssize_t)e->klen, n = el < kl ? el : kl;
+    int c = memcmp(e->kb, kb, (size_t)(n < KB ? n : KB));
+    if (c || n <= KB)
+        return c ? c : (el > kl) - (el < kl);
+    c = memcmp(e->key + KB, k + KB, (size_t)(n - KB));
+    return c ? c : (el > kl) - (el < kl);
+}
+
+/* A key's first KB bytes, zero past its end. */
+static inline void
+key_kb(unsigned char *kb, const unsigned char *k, Py_ssize_t kl)
+{
+    memset(kb, 0, KB);
+    memcpy(kb, k, (size_t)(kl < KB ? kl : KB));
 }
 
 static inline int

@@ -3,16 +3,12 @@
  */
 #include "_sowfold.h"
 
-/* sort()'s array: the key's first bytes are kept in the sort's own array, so that a comparison
-   reads no other memory (the keys and records are spread over the blocks); only keys equal
-   over those bytes are compared in the blocks. */
-#define INLINE_KEY 20
+/* sort()'s array: a copy of each entry, with its topic's rank (the answer reads the table in
+   key order, and the entries sit in hash order, a cache miss each; this array is read in
+   order). */
 typedef struct {
-    Entry e;        /* a copy: the answer reads the table in key order, and the entries sit in
-                       hash order, a cache miss each; this array is read in order */
-    uint16_t rank;  /* the order of its target's prefix among the targets' */
-    uint16_t klen;  /* min(key length, INLINE_KEY + 1) */
-    unsigned char kb[INLINE_KEY];
+    Entry e;
+    uint16_t rank; /* the order of its target's prefix among the targets' */
 } Sorted;
 
 typedef struct {
@@ -30,91 +26,69 @@ sorted_cmp(const void *a, const void *b)
     const Sorted *x = a, *y = b;
     if (x->rank != y->rank)
         return x->rank < y->rank ? -1 : 1;
-    size_t nx = x->klen, ny = y->klen, n = nx < ny ? nx : ny;
-    if (n > INLINE_KEY)
-        n = INLINE_KEY;
-    int c = memcmp(x->kb, y->kb, n);
-    if (c)
-        return c;
-    if (nx <= INLINE_KEY || ny <= INLINE_KEY)
-        return (nx > ny) - (nx < ny);
-    nx = x->e.klen; /* both longer than what is inline, and equal there */
-    ny = y->e.klen;
-    c = memcmp(x->e.key + INLINE_KEY, y->e.key + INLINE_KEY,
-               (nx < ny ? nx : ny) - INLINE_KEY);
-    return c ? c : (nx > ny) - (nx < ny);
+    return entry_key_cmp(&x->e, y->e.kb, y->e.key, y->e.klen);
 }
 
 /* The first 8 key bytes as a number (kb is zero past the key): the radix sort's digits. */
 static inline uint64_t
-key8(const Sorted *o)
+key8(const Entry *e)
 {
     uint64_t v;
-    memcpy(&v, o->kb, 8);
+    memcpy(&v, e->kb, 8);
     return __builtin_bswap64(v);
 }
 
-/* One stable counting pass of the radix sort: `which` < 8 is a byte of key8 (0: the lowest), 8
-   and 9 the bytes of rank. A pass whose byte is the same in every element moves nothing. */
-static void
-radix_pass(Sorted *from, Sorted *to, Py_ssize_t n, int which, int *moved)
+/* What the radix passes move: 16 bytes, not the 64 of a Sorted (the passes are memory bound). */
+typedef struct {
+    uint64_t k8;   /* key8_of the key */
+    uint32_t slot; /* the entry's slot in the table */
+    uint16_t rank;
+} Ix;
+
+static inline unsigned
+ix_digit(const Ix *x, int which)
 {
-    Py_ssize_t count[256] = {0};
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned d = which < 8 ? (unsigned)(key8(&from[i]) >> (8 * which)) & 0xFF
-                               : (unsigned)(from[i].rank >> (8 * (which - 8))) & 0xFF;
-        count[d]++;
-    }
-    for (int d = 0; d < 256; d++)
-        if (count[d] == n) {
-            *moved = 0;
-            return;
-        }
-    Py_ssize_t at = 0;
-    for (int d = 0; d < 256; d++) {
-        Py_ssize_t c = count[d];
-        count[d] = at;
-        at += c;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned d = which < 8 ? (unsigned)(key8(&from[i]) >> (8 * which)) & 0xFF
-                               : (unsigned)(from[i].rank >> (8 * (which - 8))) & 0xFF;
-        to[count[d]++] = from[i];
-    }
-    *moved = 1;
+    return which < 8 ? (unsigned)(x->k8 >> (8 * which)) & 0xFF
+                     : (unsigned)(x->rank >> (8 * (which - 8))) & 0xFF;
 }
 
 /* Sort by (rank, key): LSD radix passes over the first 8 key bytes and the rank (stable, so
-   their order is (rank, key8)), then each run equal there sorted by sorted_cmp. A qsort of
-   100,000 entries was most of a historical query's wait before its answer. */
+   their order is (rank, key8); every digit counted in one read, a digit the same in every
+   element skipped), then each run equal there sorted by sorted_cmp. A qsort of 100,000
+   entries was most of a historical query's wait before its answer. */
 static int
-radix_sort(Sorted *a, Py_ssize_t n)
+radix_sort(Ix *a, Py_ssize_t n)
 {
-    Sorted *tmp = PyMem_Malloc(sizeof(Sorted) * (size_t)(n ? n : 1));
-    if (tmp == NULL)
+    Ix *tmp = PyMem_Malloc(sizeof(Ix) * (size_t)(n ? n : 1));
+    Py_ssize_t(*count)[256] = PyMem_Calloc(10, sizeof(*count));
+    if (tmp == NULL || count == NULL) {
+        PyMem_Free(tmp);
+        PyMem_Free(count);
         return -1;
-    Sorted *from = a, *to = tmp;
-    for (int which = 0; which < 10; which++) {
-        int moved;
-        radix_pass(from, to, n, which, &moved);
-        if (moved) {
-            Sorted *x = from;
-            from = to;
-            to = x;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        for (int w = 0; w < 10; w++)
+            count[w][ix_digit(&a[i], w)]++;
+    Ix *from = a, *to = tmp;
+    for (int w = 0; w < 10; w++) {
+        Py_ssize_t at = 0, *c = count[w];
+        if (c[ix_digit(&a[0], w)] == n)
+            continue; /* the same in every element (n > 0: a[0] is one) */
+        for (int d = 0; d < 256; d++) {
+            Py_ssize_t k = c[d];
+            c[d] = at;
+            at += k;
         }
+        for (Py_ssize_t i = 0; i < n; i++)
+            to[c[ix_digit(&from[i], w)]++] = from[i];
+        Ix *x = from;
+        from = to;
+        to = x;
     }
     if (from != a)
-        memcpy(a, from, sizeof(Sorted) * (size_t)n);
+        memcpy(a, from, sizeof(Ix) * (size_t)n);
     PyMem_Free(tmp);
-    for (Py_ssize_t i = 0; i < n;) {
-        Py_ssize_t j = i + 1;
-        uint64_t k = key8(&a[i]);
-        while (j < n && a[j].rank == a[i].rank && key8(&a[j]) == k)
-            j++;
-        if (j - i > 1)
-            qsort(a + i, (size_t)(j - i), sizeof(Sorted), sorted_cmp);
-        i = j;
-    }
+    PyMem_Free(count);
     return 0;
 }
 
@@ -145,23 +119,42 @@ fold_order_new(FoldTable *t)
             }
             rank[i] += (uint32_t)c;
         }
+    Ix *ix = PyMem_Malloc(sizeof(Ix) * (size_t)(t->n ? t->n : 1));
+    if (ix == NULL) {
+        PyMem_Free(all);
+        PyMem_Free(rank);
+        return PyErr_NoMemory();
+    }
     Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < t->cap; i++) {
         const Entry *e = &t->slots[i];
         if (e->rec == NULL)
             continue;
-        Sorted *o = &all[m++];
-        o->e = *e;
-        o->rank = (uint16_t)rank[e->target];
-        o->klen = (uint16_t)(e->klen > INLINE_KEY ? INLINE_KEY + 1 : e->klen);
-        memset(o->kb, 0, INLINE_KEY);
-        memcpy(o->kb, e->key, e->klen < INLINE_KEY ? e->klen : INLINE_KEY);
+        ix[m].k8 = key8(e);
+        ix[m].slot = (uint32_t)i;
+        ix[m++].rank = (uint16_t)rank[e->target];
     }
     PyMem_Free(rank);
-    if (radix_sort(all, m) < 0) {
+    if (m && radix_sort(ix, m) < 0) {
         PyMem_Free(all);
+        PyMem_Free(ix);
         return PyErr_NoMemory();
     }
+    for (Py_ssize_t i = 0; i < m; i++) { /* the entries copied in that order */
+        if (i + 8 < m)
+            __builtin_prefetch(&t->slots[ix[i + 8].slot]);
+        all[i].e = t->slots[ix[i].slot];
+        all[i].rank = ix[i].rank;
+    }
+    for (Py_ssize_t i = 0; i < m;) { /* the runs equal over (rank, key8), by the whole key */
+        Py_ssize_t j = i + 1;
+        while (j < m && ix[j].rank == ix[i].rank && ix[j].k8 == ix[i].k8)
+            j++;
+        if (j - i > 1)
+            qsort(all + i, (size_t)(j - i), sizeof(Sorted), sorted_cmp);
+        i = j;
+    }
+    PyMem_Free(ix);
     FoldOrder *o = PyObject_New(FoldOrder, &FoldOrderType);
     if (o == NULL) {
         PyMem_Free(all);
@@ -222,23 +215,11 @@ FoldOrder_seek(FoldOrder *o, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* A sorted entry's key against `k` (a record key's bytes past the prefix): from the bytes kept
-   in the sort's array, the entry's own only past them. */
-static int
+/* A sorted entry's key against `k` (a record key's bytes past the prefix). */
+static inline int
 entry_cmp(const Sorted *o, const char *k, Py_ssize_t kl)
 {
-    Py_ssize_t n = o->klen < kl ? o->klen : kl;
-    if (n > INLINE_KEY)
-        n = INLINE_KEY;
-    int c = memcmp(o->kb, k, (size_t)n);
-    if (c)
-        return c;
-    if (o->klen <= INLINE_KEY || kl <= INLINE_KEY)
-        return (o->klen > kl) - (o->klen < kl);
-    const Entry *e = &o->e;
-    n = ((Py_ssize_t)e->klen < kl ? (Py_ssize_t)e->klen : kl) - INLINE_KEY;
-    c = memcmp(e->key + INLINE_KEY, k + INLINE_KEY, (size_t)n);
-    return c ? c : ((Py_ssize_t)e->klen > kl) - ((Py_ssize_t)e->klen < kl);
+    return entry_key_cmp(&o->e, (const unsigned char *)k, (const unsigned char *)k, kl);
 }
 
 /* Entries are taken in key order, their records spread over the blocks: ask for those a few
@@ -246,8 +227,12 @@ entry_cmp(const Sorted *o, const char *k, Py_ssize_t kl)
 static inline void
 prefetch_ahead(const FoldOrder *o, Py_ssize_t i)
 {
-    if (i + 8 < o->stop)
-        __builtin_prefetch(o->order[i + 8].e.rec);
+    if (i + 8 < o->stop) { /* a record is a few cache lines: its header, fragment and body */
+        const unsigned char *r = o->order[i + 8].e.rec;
+        __builtin_prefetch(r);
+        __builtin_prefetch(r + 64);
+        __builtin_prefetch(r + 128);
+    }
 }
 
 /* The (record key, value) pair of an entry; `key`: the chunk's equal key object, or NULL. */
@@ -263,25 +248,34 @@ entry_pair(FoldTable *t, const Entry *e, PyObject *key)
     return pair;
 }
 
-static PyObject *
-FoldOrder_merge(FoldOrder *t, PyObject *chunk)
+/* The record key of a chunk's item c: the item itself (a keys-only chunk) or its pair's key. */
+static inline PyObject *
+item_key(PyObject *chunk, Py_ssize_t c, int keys_only)
 {
-    if (!PyList_Check(chunk)) {
-        PyErr_SetString(PyExc_TypeError, "FoldOrder.merge(chunk: list)");
+    if (!keys_only)
+        return pair_key(chunk, c);
+    PyObject *k = PyList_GET_ITEM(chunk, c);
+    if (!PyBytes_Check(k)) {
+        PyErr_SetString(PyExc_TypeError, "FoldOrder.merge_keys: keys must be bytes");
         return NULL;
     }
-    Py_ssize_t nc = PyList_GET_SIZE(chunk);
-    if (nc == 0 || t->cur >= t->stop) {
-        Py_INCREF(chunk);
-        return chunk;
-    }
-    Py_ssize_t pl = PyBytes_GET_SIZE(t->cur_prefix);
-    PyObject *lastk = pair_key(chunk, nc - 1);
+    return k;
+}
+
+/* merge() and merge_keys(): the chunk's items and the entries up to its last key, in key order,
+   an entry replacing the item of its key. A keys-only chunk's items that no entry replaced are
+   left in `out` as their keys (bytes), counted in *kept; *taken counts the entries taken. */
+static PyObject *
+merge_chunk(FoldOrder *t, PyObject *chunk, int keys_only, Py_ssize_t *taken, Py_ssize_t *kept)
+{
+    Py_ssize_t nc = PyList_GET_SIZE(chunk), pl = PyBytes_GET_SIZE(t->cur_prefix);
+    PyObject *lastk = item_key(chunk, nc - 1, keys_only);
     if (lastk == NULL)
         return NULL;
     const char *last = PyBytes_AS_STRING(lastk) + pl;
     Py_ssize_t lastn = PyBytes_GET_SIZE(lastk) - pl;
-    if (lastn < 0 || entry_cmp(&t->order[t->cur], last, lastn) > 0) {
+    *taken = *kept = 0;
+    if (!keys_only && (lastn < 0 || entry_cmp(&t->order[t->cur], last, lastn) > 0)) {
         Py_INCREF(chunk); /* nothing folded in this chunk's range */
         return chunk;
     }
@@ -290,7 +284,7 @@ FoldOrder_merge(FoldOrder *t, PyObject *chunk)
         return NULL;
     Py_ssize_t c = 0;
     while (c < nc) {
-        PyObject *item = PyList_GET_ITEM(chunk, c), *ck = pair_key(chunk, c), *pair;
+        PyObject *item = PyList_GET_ITEM(chunk, c), *ck = item_key(chunk, c, keys_only), *pair;
         if (ck == NULL || PyBytes_GET_SIZE(ck) < pl)
             goto fail_type;
         const Sorted *o = t->cur < t->stop ? &t->order[t->cur] : NULL;
@@ -298,10 +292,12 @@ FoldOrder_merge(FoldOrder *t, PyObject *chunk)
                             : entry_cmp(o, PyBytes_AS_STRING(ck) + pl, PyBytes_GET_SIZE(ck) - pl);
         if (cmp > 0) {
             c++;
+            *kept += keys_only;
             Py_INCREF(item);
             pair = item;
         } else {
             prefetch_ahead(t, t->cur++);
+            (*taken)++;
             if (cmp == 0)
                 c++; /* replaced */
             pair = entry_pair(t->table, &o->e, cmp == 0 ? ck : NULL);
@@ -320,6 +316,92 @@ fail_type:
 fail:
     Py_DECREF(out);
     return NULL;
+}
+
+static PyObject *
+FoldOrder_merge(FoldOrder *t, PyObject *chunk)
+{
+    if (!PyList_Check(chunk)) {
+        PyErr_SetString(PyExc_TypeError, "FoldOrder.merge(chunk: list)");
+        return NULL;
+    }
+    Py_ssize_t taken, kept;
+    if (PyList_GET_SIZE(chunk) == 0 || t->cur >= t->stop) {
+        Py_INCREF(chunk);
+        return chunk;
+    }
+    return merge_chunk(t, chunk, 0, &taken, &kept);
+}
+
+/* merge_keys(keys, fetch) -> (list, taken): merge() of a chunk read as its keys only (the
+   checkpoint's values of the keys the fold replaced are never read): fetch(list of the keys
+   left) is called once, when any is, and must return their (key, value) pairs in that order. */
+static PyObject *
+FoldOrder_merge_keys(FoldOrder *t, PyObject *args)
+{
+    PyObject *keys, *fetch;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &keys, &fetch))
+        return NULL;
+    Py_ssize_t taken = 0, kept = PyList_GET_SIZE(keys), n = kept;
+    PyObject *out;
+    if (n == 0 || t->cur >= t->stop)
+        out = PyList_GetSlice(keys, 0, n); /* nothing folded here: every value fetched */
+    else
+        out = merge_chunk(t, keys, 1, &taken, &kept);
+    if (out == NULL)
+        return NULL;
+    PyObject *need = kept ? PyList_New(kept) : NULL;
+    if (kept && need == NULL)
+        goto fail;
+    n = PyList_GET_SIZE(out);
+    for (Py_ssize_t i = 0, j = 0; kept && i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(out, i);
+        if (PyBytes_Check(k)) {
+            Py_INCREF(k);
+            PyList_SET_ITEM(need, j++, k);
+        }
+    }
+    if (kept) {
+        PyObject *got = PyObject_CallOneArg(fetch, need);
+        Py_DECREF(need);
+        if (got == NULL)
+            goto fail;
+        if (!PyList_Check(got) || PyList_GET_SIZE(got) != kept) {
+            Py_DECREF(got);
+            PyErr_SetString(PyExc_ValueError,
+                            "FoldOrder.merge_keys: fetch must return a pair per key");
+            goto fail;
+        }
+        for (Py_ssize_t i = 0, j = 0; i < n; i++) {
+            PyObject *k = PyList_GET_ITEM(out, i);
+            if (!PyBytes_Check(k))
+                continue;
+            PyObject *pair = PyList_GET_ITEM(got, j++), *gk = pair_key(got, j - 1);
+            if (gk == NULL || key_cmp(gk, k) != 0) {
+                Py_DECREF(got);
+                if (gk != NULL)
+                    PyErr_SetString(PyExc_ValueError,
+                                    "FoldOrder.merge_keys: fetch returned another key");
+                goto fail;
+            }
+            Py_INCREF(pair);
+            PyList_SET_ITEM(out, i, pair); /* steals; k's reference goes */
+            Py_DECREF(k);
+        }
+        Py_DECREF(got);
+    }
+    return Py_BuildValue("(Nn)", out, taken);
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* The entries of the topic sought not merged yet. */
+static PyObject *
+FoldOrder_left(FoldOrder *t, PyObject *noargs)
+{
+    (void)noargs;
+    return PyLong_FromSsize_t(t->stop - t->cur);
 }
 
 static PyObject *
@@ -367,8 +449,8 @@ FoldOrder_get(FoldOrder *o, PyObject *arg)
         const Entry *e = &t->slots[j];
         if (e->rec == NULL)
             Py_RETURN_NONE;
-        if (e->hash == h && e->target == (uint32_t)ti && e->klen == (uint32_t)kl &&
-            memcmp(e->key, k, (size_t)kl) == 0) {
+        if (e->target == (uint32_t)ti && e->klen == (uint32_t)kl &&
+            entry_key_cmp(e, k, k, kl) == 0) {
             PyObject *kk, *v;
             if (entry_objects(t, e, &kk, &v) < 0)
                 return NULL;
@@ -383,6 +465,9 @@ static PyMethodDef FoldOrder_methods[] = {
     {"seek", (PyCFunction)FoldOrder_seek, METH_O, "seek(prefix): merge and rest read that topic"},
     {"merge", (PyCFunction)FoldOrder_merge, METH_O,
      "merge(chunk) -> list: a checkpoint chunk with the entries up to its last key"},
+    {"merge_keys", (PyCFunction)FoldOrder_merge_keys, METH_VARARGS,
+     "merge_keys(keys, fetch) -> (list, taken): merge() of a chunk read as keys only"},
+    {"left", (PyCFunction)FoldOrder_left, METH_NOARGS, "left() -> the topic's entries not merged"},
     {"rest", (PyCFunction)FoldOrder_rest, METH_O, "rest(size) -> list: the entries left, size at most"},
     {"get", (PyCFunction)FoldOrder_get, METH_O, "get(record key) -> store value or None"},
     {NULL, NULL, 0, NULL},

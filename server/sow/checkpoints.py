@@ -171,6 +171,35 @@ class Checkpoints:
         """What the kept checkpoints take on disk."""
         return sum(_disk_bytes(self._path(p)) for p in self.positions())
 
+    def _open(self, position: int) -> lmdb.Environment | None:
+        """The checkpoint at `position` opened for reading; None when it is gone, or damaged
+        (then removed, with a warning): LMDB cannot open it, or its data file is shorter than
+        the pages its meta page says it holds (a copy torn by a crash before it reached the
+        disk: reading past the file's end through LMDB's map would kill the server with
+        SIGBUS)."""
+        path = self._path(position)
+        try:
+            size = os.path.getsize(os.path.join(path, "data.mdb"))
+            env = lmdb.open(path, readonly=True, max_dbs=4, lock=False)
+        except (OSError, lmdb.Error) as exc:
+            if not os.path.isdir(path):
+                return None  # removed since it was listed (`keep`)
+            why = str(exc)
+        else:
+            whole = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+            if whole <= size:
+                return env
+            env.close()
+            why = f"its data file has {size:,} bytes of the {whole:,} its pages take"
+        log.warning(
+            "SOW checkpoint %s is damaged (%s): removed; historical queries start from the "
+            "checkpoint before it",
+            path,
+            why,
+        )
+        shutil.rmtree(path, ignore_errors=True)
+        return None
+
     def _path(self, position: int) -> str:
         return os.path.join(self.directory, f"{position:020d}")
 
@@ -186,9 +215,8 @@ class Checkpoints:
         start = journal.start_position
         env, base = None, None
         for base_pos in sorted((p for p in self.positions() if start <= p <= end), reverse=True):
-            try:
-                env = lmdb.open(self._path(base_pos), readonly=True, max_dbs=4, lock=False)
-            except lmdb.Error:  # removed since it was listed (`keep`): the one before it
+            env = self._open(base_pos)
+            if env is None:  # removed since it was listed (`keep`), or damaged: the one before
                 continue
             rec_db = env.open_db(b"rec")  # before the read transaction, which must know it
             base = Reader(env.begin(buffers=False), rec_db, base_pos)

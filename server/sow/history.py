@@ -12,6 +12,8 @@ per record key a pointer to its newest message in the blocks read, no Python obj
 message; sorted once (its FoldOrder, server/_sowfold_order.c), it is merged with the
 checkpoint's chunks as the answer is made, so the
 objects of the records it changed are made while the client reads, as a current query's are.
+Where the fold replaced most of the checkpoint's records, its chunks are read as keys only
+(`HistoricalReader._merged`): the values of the replaced records are never read.
 A delete record, or a message the table cannot take (a fragment other than the plain `k`, or
 none), flushes the table into the overlay dict and is folded here, one by one; the answer then
 reads the dict (sorted, merged per chunk by `merge_rows`, in C). The tuple fold (`run_py`) is
@@ -36,19 +38,49 @@ from protocol.filters import FilterError, compile_filter
 from ..matching import body_matches
 from .keys import BadSowKey, KeyMaker, k_fragment, key_from_fragment
 from .records import BY_FILTER, decode_delete
-from .store import Reader, Stored, decode_value, encode_value, record_key, store_rows
+from .store import (
+    ChunkCursor,
+    Reader,
+    Stored,
+    decode_value,
+    encode_value,
+    record_key,
+    store_rows,
+)
 
 _c = load("server._sowfold")  # None: the tuple fold and merge_rows_py (the references) only
 FoldTable = getattr(_c, "FoldTable", None)
-FOLD_BLOCK = 1 << 20  # journal bytes read per FoldTable.fold call
+# journal bytes read per FoldTable.fold call (4 MiB: a query's server CPU at the costliest point
+# about 160 -> 150 ms against 1 MiB, fewer Python steps per byte; 16 MiB no better)
+FOLD_BLOCK = 4 << 20
 # journal bytes a FoldTable may hold (its entries point into them) before the messages still
 # newest are copied together and the blocks let go (then past twice what that copy holds):
 # memory grows with the records a fold changed, as the store does, not the journal it reads
 FOLD_HOLD = 64 << 20
+# the share of a checkpoint chunk's records the fold replaced past which the next chunk is read
+# as keys only (HistoricalReader._merged)
+DENSE = 0.6
+RECORD_MIN = 64  # journal bytes a keyed message takes, about, at the least (46 of header and k)
 
 __all__ = ["HistoricalReader", "fold_state", "locate_point", "merge_rows"]
 
 _EMPTY = object()
+
+# The blocks the last fold read, kept after its answer is done and dropped one by one as the
+# next fold reads: the memory of each (freed then, the allocator's to give again) takes the
+# next block read, instead of fresh pages that the kernel faults in and zeroes (the pages of
+# 35 MB of journal were a fifth of a query's server CPU at the costliest point). At most one
+# fold's blocks, FOLD_HOLD bytes at most, stay between two historical queries.
+_spent: list[bytes] = []
+
+
+def _at_most(blocks: list[bytes], limit: int) -> list[bytes]:
+    """The newest of `blocks` that take at most `limit` bytes together."""
+    total, i = 0, len(blocks)
+    while i and total + len(blocks[i - 1]) <= limit:
+        i -= 1
+        total += len(blocks[i])
+    return blocks[i:]
 
 
 def merge_rows_py(
@@ -121,17 +153,15 @@ class HistoricalReader:
         """`Reader.chunks` of the state: each of the checkpoint's chunks merged with the
         overlay's rows up to its last key (`merge_rows`, in C; or the FoldOrder's `merge`),
         the overlay's rows past the checkpoint's last key after them."""
-        base = self.base.chunks(topic, size) if self.base is not None else iter(())
         order = self.order
         if order is not None:
             order.seek(record_key(topic, ""))
-            for chunk in base:
-                out = order.merge(chunk)
-                if out:
-                    yield out
+            if self.base is not None:
+                yield from self._merged(order, self.base.cursor(topic), size)
             while rest := order.rest(size):
                 yield rest
             return
+        base = self.base.chunks(topic, size) if self.base is not None else iter(())
         mine = self._mine(topic)
         i, n = 0, len(mine)
         for chunk in base:
@@ -144,6 +174,34 @@ class HistoricalReader:
         rest = [kv for kv in mine[i:] if kv[1] is not None]
         for j in range(0, len(rest), size):
             yield rest[j : j + size]  # type: ignore[misc]
+
+    def _merged(self, order: Any, cur: ChunkCursor, size: int) -> Iterator[list[Any]]:
+        """The checkpoint's chunks (`cur`) merged with the FoldOrder's entries. While the
+        fold replaced most of a chunk's records (at the costliest points, just before a
+        checkpoint, every one), the next chunk is read as its keys only and the values of the
+        keys it did not replace fetched (`merge_keys`): the checkpoint's values of the
+        others are never read. Reading the keys and fetching the rest costs more than reading
+        the pairs when fewer are replaced (a fetch is a lookup, about twice a step of the
+        cursor), so a chunk replaced less than DENSE goes back to the pairs."""
+        assert self.base is not None
+        dense = order.left() >= DENSE * self.base.count()
+        while True:
+            if dense:
+                keys = cur.next(size, values=False)
+                if not keys:
+                    return
+                out, taken = order.merge_keys(keys, cur.values)
+                n = len(keys)
+            else:
+                chunk = cur.next(size)
+                if not chunk:
+                    return
+                left = order.left()
+                out = order.merge(chunk)
+                taken, n = left - order.left(), len(chunk)
+            dense = taken >= DENSE * n
+            if out:
+                yield out
 
     def keys(self, topic: str, after: str | None = None) -> Iterator[tuple[str, Stored]]:
         n = len(record_key(topic, ""))
@@ -225,10 +283,15 @@ class _Fold:
         if FoldTable is None:
             self.run_py(journal, start, end)
             return None
-        table = FoldTable()
+        # sized for the keys it may meet (about the checkpoint's records, and no more than
+        # messages of RECORD_MIN bytes in the journal it reads), so that it seldom grows
+        table = FoldTable(hint=min(base.count(), (end - start) // RECORD_MIN) if base else 0)
         hold = FOLD_HOLD
         pos = start
+        read: list[bytes] = []  # the blocks the table holds (recycled by the next fold)
         while pos < end:
+            if _spent:  # the memory of a block the last fold read, for the next read's
+                _spent.pop()
             blk = journal.read_block(pos, FOLD_BLOCK)
             if blk is None:  # a compacted segment: its records as tuples
                 recs, nxt = journal.read_raw(pos, FOLD_BLOCK)
@@ -241,16 +304,19 @@ class _Fold:
                     continue
             else:
                 buf, at = blk
+                read.append(buf)
                 off, at_end, stopped = table.fold(buf, at, end, self._by_bytes, self._learn)
                 if at_end:
                     break
                 if stopped:  # the record at `off`, folded here after what came before it
                     table.flush()
+                    read.clear()
                     size = record_length_at(buf, off)
                     self.fold(scan_records(buf[off : off + size], at + off)[0])
                     off += size
                 if table.held() > hold:  # what is still newest, copied together
                     hold = max(FOLD_HOLD, 2 * table.compact())
+                    read.clear()
                 if off:
                     pos = at + off
                     continue
@@ -260,6 +326,7 @@ class _Fold:
             if after <= pos or after >= journal.end_position:
                 break
             pos = after
+        _spent[:] = _at_most(read, FOLD_HOLD)
         if self.overlay:
             table.flush()
             return None

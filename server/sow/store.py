@@ -182,6 +182,10 @@ class Reader:
         v = self._txn.get(record_key(topic, k), db=self._db)
         return None if v is None else decode_value(v)
 
+    def count(self) -> int:
+        """The records of every topic in this snapshot (LMDB keeps the count: no scan)."""
+        return int(self._txn.stat(self._db)["entries"])
+
     def keys(self, topic: str, after: str | None = None) -> Iterator[tuple[str, Stored]]:
         """The records of `topic` in key order, from the first key after `after`."""
         prefix = topic.encode("utf-8") + b"\x00"
@@ -218,6 +222,10 @@ class Reader:
                 return
             yield items
 
+    def cursor(self, topic: str) -> ChunkCursor:
+        """The records of `topic` read forward in chunks, with or without their values."""
+        return ChunkCursor(self._txn, self._db, topic.encode("utf-8") + b"\x00")
+
     def close(self) -> None:
         if self._txn is not None:
             try:
@@ -227,6 +235,43 @@ class Reader:
             self._txn = None  # type: ignore[assignment]
             if self._on_close is not None:
                 self._on_close()
+
+
+class ChunkCursor:
+    """A topic's records in key order, read in chunks each with its values or as its record keys
+    only (`next`); `values(keys)` reads the pairs of listed keys. A historical answer reads
+    only the keys of the chunks whose records the fold mostly replaced (server/sow/history.py):
+    the checkpoint's values of those are never copied out of LMDB."""
+
+    def __init__(self, txn: lmdb.Transaction, db: lmdb._Database, prefix: bytes) -> None:
+        self._cur = txn.cursor(db=db)
+        self.values = txn.cursor(db=db).getmulti  # a cursor of its own: `_cur` keeps its place
+        self._prefix = prefix
+        self._at: bytes | None = prefix  # where the next chunk starts (None: the topic's end)
+        self._after = False  # `_at` is the last key read: the next chunk starts past it
+
+    def next(self, size: int, values: bool = True) -> list[Any]:
+        """At most `size` of the next records: (record key, value) pairs, or record keys."""
+        at, cur = self._at, self._cur
+        if at is None or not cur.set_range(at):
+            self._at = None
+            return []
+        it: Iterator[Any] = (
+            cur.iternext(keys=True, values=True) if values else cur.iternext(values=False)
+        )
+        if self._after and cur.key() == at:
+            next(it)
+        items = list(islice(it, size))
+        prefix = self._prefix
+        last = items[-1] if items else None
+        if last is None or not (last if not values else last[0]).startswith(prefix):
+            self._at = None  # the topic ends in this chunk
+            n = 0
+            while n < len(items) and (items[n] if not values else items[n][0]).startswith(prefix):
+                n += 1
+            return items[:n]
+        self._at, self._after = (last if not values else last[0]), True
+        return items
 
 
 class SowStore:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from server.sow import checkpoints
@@ -83,3 +84,80 @@ def test_checkpoints_past_the_limit_are_thinned_on_disk(tmp_path, monkeypatch):
         assert small.positions() == [4100]  # the newest stays, whatever its size
     finally:
         store.close()
+
+
+def _state(reader) -> dict:
+    return {t: [kv for c in reader.chunks(t, 64) for kv in c] for t in ("px", "pz")}
+
+
+def test_a_torn_or_missing_checkpoint_is_passed_for_the_one_before_it(
+    tmp_path, monkeypatch, caplog
+):
+    """A historical query whose newest checkpoint is torn (its data file cut short, as a
+    crash before the copy reached the disk leaves it), emptied, filled with garbage or gone
+    answers from the checkpoint before it (or the journal's start), exactly as the fold of the
+    whole journal does: never from the damaged copy (a short file read through LMDB's map is
+    a SIGBUS), never a wrong answer; the damaged one is removed and said."""
+    import os
+    import random
+
+    from server.sow import history
+    from tests.server.test_sow_fold import _journal
+
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 1)
+    j = _journal(tmp_path, random.Random(3))
+    store = SowStore(str(tmp_path / "sow"))
+    cps = Checkpoints(str(tmp_path / "cps"), lambda: store.env)
+    is_sow = lambda t: t in ("px", "pz")
+    try:
+        starts = [r[0] for recs in j.raw_batches() for r in recs]
+        made = [starts[len(starts) * i // 5] for i in (1, 2, 3, 4)]
+        for pos in made:  # each checkpoint holds the fold of the journal up to it
+            ref = history.fold_state(j, None, j.start_position, pos, is_sow, lambda t: None, int)
+            with store.write() as txn:
+                for t, pairs in _state(ref).items():
+                    for key, value in pairs:
+                        store.put(txn, t, key[len(t) + 1 :].decode(), value)
+                store.set_position(txn, pos)
+            ref.close()
+            cps.maybe_make(pos, None)
+            deadline = time.monotonic() + 10
+            while cps._busy:
+                assert time.monotonic() < deadline, "the checkpoint copy did not finish"
+                time.sleep(0.01)
+        assert cps.positions() == made
+        end = j.end_position
+        whole = history.fold_state(j, None, j.start_position, end, is_sow, lambda t: None, int)
+        want = _state(whole)
+        whole.close()
+
+        def answer() -> dict:
+            r = cps.reader(j, end, is_sow, lambda t: None)
+            try:
+                return _state(r)
+            finally:
+                r.close()
+
+        assert answer() == want
+
+        def garbage(f: str) -> None:
+            with open(f, "r+b") as out:
+                out.write(b"\xa5" * os.path.getsize(f))
+
+        damage = [
+            lambda f: os.truncate(f, os.path.getsize(f) // 2),  # torn
+            lambda f: os.truncate(f, 0),  # emptied
+            garbage,
+            os.remove,  # the data file gone, its directory left
+        ]
+        for pos, hurt in zip(reversed(made), damage):  # the newest first: each query's own
+            hurt(os.path.join(cps._path(pos), "data.mdb"))
+            with caplog.at_level(logging.WARNING, logger="tickertape.sow"):
+                assert answer() == want, pos
+            assert pos not in cps.positions()
+            assert f"SOW checkpoint {cps._path(pos)} is damaged" in caplog.text
+        assert cps.positions() == []
+        assert answer() == want  # from the journal's start
+    finally:
+        store.close()
+        j.close()

@@ -69,15 +69,16 @@ def _read(reader: history.HistoricalReader, rnd: random.Random) -> dict:
     return out
 
 
+@pytest.mark.parametrize("dense", [history.DENSE, 0.0, 2.0])
 @pytest.mark.parametrize("hold", [history.FOLD_HOLD, 2000])
-def test_fold_table_reads_as_the_tuple_fold(tmp_path, hold, monkeypatch):
+def test_fold_table_reads_as_the_tuple_fold(tmp_path, hold, dense, monkeypatch):
     compactions = []
     if history.FoldTable is not None:
         real = history.FoldTable
 
         class Counting:  # the C table, its compactions counted
-            def __init__(self):
-                self.t = real()
+            def __init__(self, hint=0):
+                self.t = real(hint=hint)
 
             def compact(self):
                 compactions.append(1)
@@ -90,7 +91,10 @@ def test_fold_table_reads_as_the_tuple_fold(tmp_path, hold, monkeypatch):
     """A fold through the FoldTable (puts only: it is kept and read as the answer is made) gives
     the chunks and records the tuple fold's dict gives, over a checkpoint, at many end
     points; with a small FOLD_HOLD the table compacts what it holds on the way (the bound on
-    the journal bytes it keeps) and the answer is the same."""
+    the journal bytes it keeps) and the answer is the same; the checkpoint's chunks read as
+    keys only (DENSE 0: the values of the keys the fold left fetched) or always as pairs (2)
+    give it too."""
+    monkeypatch.setattr(history, "DENSE", dense)
     rnd = random.Random(11)
     monkeypatch.setattr(history, "FOLD_BLOCK", 777)  # several blocks, records cut at their ends
     monkeypatch.setattr(history, "FOLD_HOLD", hold)
@@ -107,6 +111,8 @@ def test_fold_table_reads_as_the_tuple_fold(tmp_path, hold, monkeypatch):
                 if run == "run":
                     table = fold.run(j, j.start_position, stop, base)
                     assert table is not None and not overlay  # puts only: the table
+                    # the blocks kept for the next fold: at most FOLD_HOLD bytes
+                    assert 0 < sum(map(len, history._spent)) <= hold
                 else:
                     fold.base = base
                     fold.run_py(j, j.start_position, stop)
@@ -172,5 +178,75 @@ def test_fold_table_orders_keys_of_every_length_as_bytes_do(tmp_path):
             got += table.rest(10**6)
         assert [k for k, _v in got] == sorted(newest)
         assert [int(v[16:24].hex(), 16) for _k, v in got] == [newest[k] for k in sorted(newest)]
+    finally:
+        j.close()
+
+
+def test_fold_table_answers_the_same_whatever_its_first_size(tmp_path, monkeypatch):
+    """A table sized far below the keys it meets (it grows, its entries hashed again from
+    their keys) or far above (the hint is bounded) folds as the tuple fold does."""
+    from journal.journal import Journal
+    from tests.support.journal_data import submit
+
+    j = Journal(str(tmp_path / "journal"), durability="write")
+    real = history.FoldTable
+    try:
+        seq = 0
+        for _batch in range(5):
+            recs = []
+            for _ in range(1000):
+                seq += 1
+                k = _key((seq * 7919) % 3000)
+                recs.append(dict(pub=5, seq=seq, ts=seq, topic="px",
+                                 body=b'{"v":%d}' % seq, hdr=k_fragment(k)))  # fmt: skip
+            submit(j, recs)
+        want = None
+        for hint in (None, 1, 10**12):
+            if hint is None:
+                fold = history._Fold({}, lambda t: True, lambda t: None)
+                fold.run_py(j, j.start_position, j.end_position)
+                got = sorted(fold.overlay.items())
+            else:
+                monkeypatch.setattr(history, "FoldTable", lambda hint=0, h=hint: real(hint=h))
+                table = history._Fold({}, lambda t: True, lambda t: None).run(
+                    j, j.start_position, j.end_position, None
+                )
+                table.seek(b"px\x00")
+                got = table.rest(10**6)
+            assert len(got) == 3000  # past the 2,048 a table of the least size holds
+            want = want or got
+            assert got == want, hint
+        with pytest.raises(ValueError):
+            real(hint=-1).sort().merge_keys([b"px\x00a"], lambda keys: [])
+    finally:
+        j.close()
+
+
+def test_merge_keys_refuses_a_fetch_that_does_not_answer_each_key(tmp_path):
+    """merge_keys takes the values of the keys the fold left from fetch(keys): a fetch that
+    returns another number of pairs, or another key, is refused (ValueError), never merged."""
+    from journal.journal import Journal
+    from tests.support.journal_data import submit
+
+    j = Journal(str(tmp_path / "journal"), durability="write")
+    try:
+        recs = [dict(pub=5, seq=i + 1, ts=i + 1, topic="px", body=b"{}", hdr=k_fragment(k))
+                for i, k in enumerate(["b", "d"])]  # fmt: skip
+        submit(j, recs)
+
+        def order():
+            t = history._Fold({}, lambda t: True, lambda t: None).run(
+                j, j.start_position, j.end_position, None
+            )
+            t.seek(b"px\x00")
+            return t
+
+        keys = [b"px\x00a", b"px\x00b", b"px\x00c"]
+        out, taken = order().merge_keys(keys, lambda ks: [(k, b"v" + k) for k in ks])
+        assert [k for k, _v in out] == keys and taken == 1  # b replaced; a, c fetched
+        assert out[0][1] == b"vpx\x00a" and out[1][1] != b"vpx\x00b"
+        for bad in (lambda ks: [], lambda ks: [(b"px\x00z", b"") for _k in ks], lambda ks: None):
+            with pytest.raises(ValueError):
+                order().merge_keys(keys, bad)
     finally:
         j.close()
