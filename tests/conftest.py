@@ -3,13 +3,13 @@ import pytest
 from tests.support.disk import memory_dir  # noqa: F401 (a fixture: input data built in memory)
 from tests.support.proc import kill_leftovers
 
-# The suite runs on two xdist workers with `--dist worksteal` (./run): each worker is first
-# handed one contiguous share of the collection (the first half, the second half), and a worker
-# whose share runs out takes half of what the other has not started, from its end. A slow test
+# The suite runs on three xdist workers with `--dist worksteal` (./run): each worker is first
+# handed one contiguous share of the collection (a third each), and a worker whose share runs
+# out takes half of what another has not started, from its end. A slow test
 # therefore runs on the worker whose share holds it, and runs there before the short tests of
 # that share only if it comes first in it. So the slow tests are dealt out between the shares,
 # heaviest first onto the lighter share (by the seconds below), and each share begins with its
-# own slow tests: both workers start on minutes-long tests at once, the short ones follow, and
+# own slow tests: every worker starts on minutes-long tests at once, the short ones follow, and
 # the stealing evens out the end. (Under plain `--dist load` the first few hundred tests all
 # went to one worker: every slow test of the suite ran on it, one after the other.)
 #

@@ -2,9 +2,12 @@
 first share of the collection begins with its own slow tests, dealt out by weight; and the
 shares are the ones xdist's worksteal scheduler really hands out."""
 
+import itertools
 import os
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import KEEP_TOGETHER, LONGEST_FIRST, layout, weight, worksteal_shares
 
@@ -69,12 +72,14 @@ def _units(run: list[str]) -> list[float]:
     return out
 
 
-def test_each_worker_share_begins_with_its_slow_tests_and_their_weights_are_even():
+@pytest.mark.parametrize("workers", [2, 3])  # ./run test uses three
+def test_each_worker_share_begins_with_its_slow_tests_and_their_weights_are_even(workers):
     ids, slow = _suite()
-    order = layout(ids, slow, 2)
+    order = layout(ids, slow, workers)
     assert sorted(order) == list(range(len(ids)))  # every test once
-    sizes = worksteal_shares(len(ids), 2)
-    shares = [order[: sizes[0]], order[sizes[0] :]]
+    sizes = worksteal_shares(len(ids), workers)
+    ends = list(itertools.accumulate(sizes))
+    shares = [order[end - size : end] for size, end in zip(sizes, ends, strict=True)]
     heavy = []
     for share in shares:
         n_slow = next(k for k, i in enumerate(share) if not slow[i])
@@ -83,11 +88,13 @@ def test_each_worker_share_begins_with_its_slow_tests_and_their_weights_are_even
         assert units == sorted(units, reverse=True), "not the heaviest first"
         heavy.append(sum(units))
     total = sum(heavy)
-    assert abs(heavy[0] - heavy[1]) <= max(weight(ids[i]) for i in order if slow[i]), heavy
+    assert max(heavy) - min(heavy) <= max(weight(ids[i]) for i in order if slow[i]), heavy
     assert total == sum(weight(i) for i, s in zip(ids, slow, strict=True) if s)
     # the Spark session's module stays in one share, in its own order
     spark = [[i for i in s if ids[i].startswith(KEEP_TOGETHER[0])] for s in shares]
-    assert sorted(map(len, spark)) == [0, 7] and max(spark, key=len) == sorted(max(spark, key=len))
+    assert sorted(map(len, spark)) == [0] * (workers - 1) + [7] and max(spark, key=len) == sorted(
+        max(spark, key=len)
+    )
     # the short tests keep the collection's order (a module's tests stay together)
     fast = [i for i in order if not slow[i]]
     assert fast == sorted(fast)
@@ -104,8 +111,9 @@ def test_one_worker_or_a_small_selection_runs_the_slow_tests_first():
     assert layout(few, [False, True, True], 2) == [2, 1, 0]
 
 
-def test_the_shares_are_those_xdists_worksteal_scheduler_hands_out():
-    """worksteal_shares mirrors xdist's scheduler: run the real one on two made-up workers."""
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_shares_are_those_xdists_worksteal_scheduler_hands_out(workers):
+    """worksteal_shares mirrors xdist's scheduler: run the real one on made-up workers."""
     from xdist.scheduler.worksteal import WorkStealingScheduling
 
     class Node:
@@ -120,14 +128,16 @@ def test_the_shares_are_those_xdists_worksteal_scheduler_hands_out():
 
     ids, _ = _suite()
     sched = WorkStealingScheduling.__new__(WorkStealingScheduling)
-    sched.numnodes, sched.node2collection, sched.node2pending = 2, {}, {}
+    sched.numnodes, sched.node2collection, sched.node2pending = workers, {}, {}
     sched.pending, sched.collection, sched.steal_requested_from_node = [], None, None
     sched.log = lambda *a: None
-    nodes = [Node("gw0"), Node("gw1")]
+    nodes = [Node(f"gw{k}") for k in range(workers)]
     for node in nodes:
         sched.add_node(node)
         sched.add_node_collection(node, ids)
     sched.schedule()
-    sizes = worksteal_shares(len(ids), 2)
-    assert nodes[0].sent == list(range(sizes[0]))
-    assert nodes[1].sent == list(range(sizes[0], len(ids)))
+    sizes = worksteal_shares(len(ids), workers)
+    ends = list(itertools.accumulate(sizes))
+    assert [n.sent for n in nodes] == [
+        list(range(end - size, end)) for size, end in zip(sizes, ends, strict=True)
+    ]
