@@ -116,6 +116,8 @@ def test_default_config():
     [q] = c.queues
     assert (q.name, q.underlying_topic, q.semantics) == ("queue.work", "work", "at-least-once")
     assert c.queue("queue.work") is q
+    [sow] = c.sow_topics
+    assert (sow.name, sow.keys) == ("prices", ("/sym",))  # the README's SOW example
     assert c.limits.client_max_buffer_size == 64 * MB
 
 
