@@ -246,6 +246,23 @@ FoldTable_dealloc(FoldTable *t)
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
+/* Room for one more held buffer in t->blocks (grown by doubling); -1 with MemoryError set. */
+static int
+blocks_room(FoldTable *t)
+{
+    if (t->nblocks < t->blocks_cap)
+        return 0;
+    Py_ssize_t cap = t->blocks_cap ? t->blocks_cap * 2 : 16;
+    Py_buffer *grown = PyMem_Realloc(t->blocks, sizeof(Py_buffer) * (size_t)cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->blocks = grown;
+    t->blocks_cap = cap;
+    return 0;
+}
+
 static PyObject *
 FoldTable_fold(FoldTable *t, PyObject *args)
 {
@@ -255,14 +272,8 @@ FoldTable_fold(FoldTable *t, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "FoldTable.fold after sort()");
         return NULL;
     }
-    if (t->nblocks == t->blocks_cap) {
-        Py_ssize_t cap = t->blocks_cap ? t->blocks_cap * 2 : 16;
-        Py_buffer *grown = PyMem_Realloc(t->blocks, sizeof(Py_buffer) * (size_t)cap);
-        if (grown == NULL)
-            return PyErr_NoMemory();
-        t->blocks = grown;
-        t->blocks_cap = cap;
-    }
+    if (blocks_room(t) < 0)
+        return NULL;
     Py_buffer *buf = &t->blocks[t->nblocks]; /* held when an entry points into it */
     if (!PyArg_ParseTuple(args, "y*LLO!O", buf, &base, &end, &PyDict_Type, &targets, &learn))
         return NULL;
@@ -413,14 +424,8 @@ FoldTable_compact(FoldTable *t, PyObject *noargs)
         if (e->rec != NULL)
             total += (Py_ssize_t)rd32(e->rec) + 4;
     }
-    if (t->nblocks == t->blocks_cap) { /* room for the arena's buffer */
-        Py_ssize_t cap = t->blocks_cap ? t->blocks_cap * 2 : 16;
-        Py_buffer *grown = PyMem_Realloc(t->blocks, sizeof(Py_buffer) * (size_t)cap);
-        if (grown == NULL)
-            return PyErr_NoMemory();
-        t->blocks = grown;
-        t->blocks_cap = cap;
-    }
+    if (blocks_room(t) < 0) /* room for the arena's buffer */
+        return NULL;
     PyObject *arena = PyBytes_FromStringAndSize(NULL, total);
     if (arena == NULL)
         return NULL;
