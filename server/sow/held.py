@@ -9,8 +9,9 @@ and the record counts that changed:
 
 - **live** (`defer`, `flush`): the puts of the commits that need nothing else (no delete,
   nobody watching the topic for out-of-focus notices or deltas, no `<Expiration>`: the
-  manager asks `holdable` per topic of a commit), written when DEFER_RECORDS keys are held,
-  when the oldest is DEFER_SECONDS old (`tick`), and before every read of the store;
+  manager asks `holdable` per topic of a commit), written when DEFER_RECORDS keys or about
+  DEFER_BYTES are held, when the oldest is DEFER_SECONDS old or no commit came for a tick
+  (`tick`), and before every read of the store;
 - **catch-up** at start (`catch_up`): the journal from the store's position to its end, the
   holds written per CATCH_UP_KEYS keys and before each delete record.
 
@@ -47,14 +48,21 @@ from journal.record import KIND_MESSAGE, KIND_SOW_DELETE
 from .checkpoints import Checkpoints
 from .store import SowStore, decode_value, record_key, store_rows
 
-__all__ = ["CATCH_UP_KEYS", "DEFER_RECORDS", "DEFER_SECONDS", "HeldWrites", "Holds"]
+__all__ = ["CATCH_UP_KEYS", "DEFER_BYTES", "DEFER_RECORDS", "DEFER_SECONDS", "HeldWrites", "Holds"]
 
 log = logging.getLogger("tickertape.sow")
 
-# live puts are written when this many keys are held, or the oldest was held this long (the
-# tick): a bound on the memory they hold and on the journal a restart after a crash reads
-DEFER_RECORDS = 32_768
-DEFER_SECONDS = 0.25
+# live puts are written when this many keys are held, or about this many bytes (the keys held
+# times the mean journal bytes of the puts since the last write), or the oldest was held this
+# long, or no commit came for a tick (the tick): a bound on the memory they hold and on the
+# journal a restart after a crash reads. The longer a key is held, the more of its updates one
+# put replaces, and a write copies each page it touches once: at 32,768 keys and a quarter of a
+# second, 1M updates over 100k keys cost about 0.8 puts an update and the writer thread 0.8 µs
+# of CPU a message; at these bounds about 0.3 puts (bench_sow, bench/RESULTS.md). The price is a
+# read of the store under load waiting for a bigger write (`sync`: at most DEFER_RECORDS rows).
+DEFER_RECORDS = 131_072
+DEFER_BYTES = 32 * 2**20
+DEFER_SECONDS = 1.0
 CATCH_UP_KEYS = 65_536  # keys held by catch-up between two writes
 MAX_WRITING = 2  # flushes handed to the writer thread and not yet written (the bound above)
 
@@ -93,6 +101,11 @@ class HeldWrites:
         self.held: Holds = {}
         self.held_end: int | None = None
         self.held_since = 0.0
+        # since the last flush: rows put (replaced ones too) and the journal bytes of their
+        # commits, for the estimate of the bytes held (DEFER_BYTES); the held end the last tick saw
+        self.held_puts = 0
+        self.held_bytes = 0
+        self._ticked_end: int | None = None
         # flushes handed to the writer and not yet committed, oldest first (read by `body`)
         self.writing: list[Holds] = []
         self._writer: _Writer | None = None
@@ -202,10 +215,14 @@ class HeldWrites:
                     targets[topic] = (record_key(topic, ""), {})
             if not self.held_end:
                 self.held_since = time.monotonic()
-            if store_rows(puts, base, targets) < 0:
+            put = store_rows(puts, base, targets)
+            if put < 0:
                 return False  # the rows before the odd one are in: flushed, then all applied
+            self.held_puts += put
+            self.held_bytes += end - base
         self.held_end = end
-        if sum(len(rows) for _prefix, rows in targets.values()) >= DEFER_RECORDS:
+        keys = sum(len(rows) for _prefix, rows in targets.values())
+        if keys >= DEFER_RECORDS or keys * self.held_bytes >= DEFER_BYTES * max(1, self.held_puts):
             self.flush()
         return True
 
@@ -227,9 +244,14 @@ class HeldWrites:
         return None if rec is None else rec[5]
 
     def tick(self) -> None:
-        """Write what is held once the oldest hold is DEFER_SECONDS old."""
-        if self.held_end is not None and time.monotonic() - self.held_since >= DEFER_SECONDS:
+        """Write what is held once the oldest hold is DEFER_SECONDS old, or when no commit came
+        since the last tick (a burst has ended: a query after it finds the store written)."""
+        end = self.held_end
+        if end is not None and (
+            end == self._ticked_end or time.monotonic() - self.held_since >= DEFER_SECONDS
+        ):
             self.flush()
+        self._ticked_end = self.held_end
 
     def changed_counts(self) -> dict[str, int]:
         """The counts to write with the position: the topics whose count changed since the
@@ -244,6 +266,7 @@ class HeldWrites:
             return
         targets, self.held = self.held, {}
         self.held_end = None
+        self.held_puts = self.held_bytes = 0
         writer = self._writer
         if writer is None:
             writer = self._writer = _Writer(self)
@@ -262,6 +285,7 @@ class HeldWrites:
             return
         targets, self.held = self.held, {}
         self.held_end = None
+        self.held_puts = self.held_bytes = 0
         self.write(targets, end)
 
     def write(self, targets: Holds, end: int) -> None:

@@ -69,6 +69,69 @@ def test_held_writes_hold_puts_until_flush_and_count_them(store):
     held.close()
 
 
+def _held(store, counts=None):
+    return HeldWrites(
+        store,
+        {} if counts is None else counts,
+        set(),
+        lambda t: True,
+        lambda t: True,
+        _refuse,
+        _refuse,
+        None,
+        None,
+    )
+
+
+def test_held_writes_flush_at_the_key_bound_and_the_byte_estimate(store, monkeypatch):
+    """The held rows go to the writer once DEFER_RECORDS keys are held, or once the keys held
+    times the mean journal bytes of the puts since the last flush reach DEFER_BYTES (a bound on
+    memory whatever the message size); repeated keys add puts, not keys."""
+    import server.sow.held as held_mod
+
+    monkeypatch.setattr(held_mod, "DEFER_RECORDS", 4)
+    monkeypatch.setattr(held_mod, "DEFER_BYTES", 10_000)
+    held = _held(store)
+    row = lambda k, seq: ("px", 7, seq, 1000, b"{}", 0, k_fragment(k), None)
+    # three keys, each put twice, 100 journal bytes a put: 300 bytes held, under both bounds
+    for seq in range(6):
+        assert held.defer([row(f"k{seq % 3}", seq)], {"px"}, 100 * seq, 100 * (seq + 1))
+    assert held.held_end == 600 and not held.writing and store.position is None
+    assert held.defer([row("k3", 6)], {"px"}, 600, 700)  # the fourth key: flushed
+    assert held.held_end is None
+    held.sync()
+    assert store.position == 700
+    # big messages: 2 keys of 6,000 journal bytes each reach the byte estimate first
+    assert held.defer([row("b0", 7)], {"px"}, 700, 6700)
+    assert held.held_end == 6700
+    assert held.defer([row("b1", 8)], {"px"}, 6700, 12700)
+    assert held.held_end is None
+    held.sync()
+    assert store.position == 12700
+    held.close()
+
+
+def test_held_writes_are_written_once_a_tick_passes_without_a_commit(store):
+    """A burst that ends leaves its last rows held; the first tick with no commit since the
+    one before writes them (a query after the burst then finds the store written), while a
+    tick in a stream of commits leaves them held until DEFER_SECONDS."""
+    held = _held(store)
+    k1 = k_fragment("WzFd")
+    assert held.defer([("px", 7, 1, 1000, b'{"a":1}', 0, k1, None)], {"px"}, 0, 50)
+    held.tick()  # a commit came since the last tick: held
+    assert held.held_end == 50
+    assert held.defer([("px", 7, 2, 1001, b'{"a":2}', 0, k1, None)], {"px"}, 50, 100)
+    held.tick()  # again a commit since: held
+    assert held.held_end == 100
+    held.tick()  # nothing since the last tick: written
+    assert held.held_end is None
+    held.sync()
+    assert store.position == 100
+    held.tick()  # nothing held: nothing to do
+    assert store.position == 100
+    held.close()
+
+
 def test_held_writes_are_written_off_the_calling_thread_and_readable_until_then(store):
     """A flush hands the rows to the writer thread and returns at once, even while the store's
     write lock is taken (here by another thread, as a slow disk would hold a write); until
