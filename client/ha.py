@@ -228,7 +228,7 @@ class HAClient:
             user_id=self.user_id,
             password=password,
             on_error=self._on_client_error,
-            on_persisted=self._on_persisted,
+            on_persisted=self._publisher.on_persisted,
             **self.client_options,
         )
 
@@ -371,9 +371,6 @@ class HAClient:
     def unpersisted_count(self) -> int:
         """Messages stored and not yet acknowledged as persisted (in any connection)."""
         return self.publish_store.unpersisted_count()
-
-    def _on_persisted(self, seq: int) -> None:
-        self._publisher.on_persisted(seq)
 
     def _on_client_error(self, exc: ClientError) -> None:
         if isinstance(exc, PublishFailed):
