@@ -371,29 +371,15 @@ class BookmarkStore(ABC):
         self.close()
 
 
-class SubscriptionsStore(BookmarkStore):
-    """A store whose state is a `Subscriptions` (the memory, logged and SOW stores): what
-    they answer alike."""
-
-    subs: Subscriptions
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {len(self.subs.states)} subscription(s)>"
-
-    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
-        self._check()
-        return self.subs.most_recent(sub_id, elsewhere)
-
-    def window_size(self, sub_id: str) -> int:
-        return self.subs.window_size(sub_id)
-
-
-class MemoryBookmarkStore(SubscriptionsStore):
+class MemoryBookmarkStore(BookmarkStore):
     """Bookmark state in process memory: resumes after disconnects and failover (with
     duplicate and out-of-order filtering), not after the process ends."""
 
     def __init__(self, *, max_publishers: int = 100_000):
         self.subs = Subscriptions(max_publishers)
+
+    def __repr__(self) -> str:
+        return f"<MemoryBookmarkStore {len(self.subs.states)} subscription(s)>"
 
     def start(self, sub_id: str, bookmark: str) -> str:
         self._check()
@@ -414,6 +400,13 @@ class MemoryBookmarkStore(SubscriptionsStore):
     def persisted(self, sub_id: str, bookmark: str) -> None:
         self._check()
         self.subs.mark(sub_id, bookmark)
+
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        self._check()
+        return self.subs.most_recent(sub_id, elsewhere)
+
+    def window_size(self, sub_id: str) -> int:
+        return self.subs.window_size(sub_id)
 
     def purge(self, sub_id: str | None = None) -> None:
         self._check()

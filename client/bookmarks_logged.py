@@ -41,7 +41,7 @@ import os
 import struct
 import zlib
 
-from .bookmarks import Subscriptions, SubscriptionsStore, tracked
+from .bookmarks import BookmarkStore, Subscriptions, tracked
 from .errors import CorruptStore
 from .message import Message
 from .storefile import RecoveryReport, open_locked, recovered
@@ -64,7 +64,7 @@ def _record(payload: bytes) -> bytes:
     return _REC.pack(len(payload), _crc(payload)) + payload
 
 
-class LoggedBookmarkStore(SubscriptionsStore):
+class LoggedBookmarkStore(BookmarkStore):
     """A file-backed bookmark store with exact out-of-order recovery (module docstring): the
     memory store's `Subscriptions`, each change to them written to the log."""
 
@@ -88,6 +88,9 @@ class LoggedBookmarkStore(SubscriptionsStore):
         self._snapshot_size = 0
         self._fd = open_locked(self.path)
         self.recovery = recovered(self._fd, self._load)
+
+    def __repr__(self) -> str:
+        return f"<LoggedBookmarkStore {len(self.subs.states)} subscription(s)>"
 
     # ------------------------------------------------------------------ load
 
@@ -244,6 +247,13 @@ class LoggedBookmarkStore(SubscriptionsStore):
         point = self.subs.mark(sub_id, bookmark)
         if point is not None:
             self._write_now(_record(_KEYED.pack(MARK, self._sid(sub_id), *point)))
+
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        self._check()
+        return self.subs.most_recent(sub_id, elsewhere)
+
+    def window_size(self, sub_id: str) -> int:
+        return self.subs.window_size(sub_id)
 
     def purge(self, sub_id: str | None = None) -> None:
         self._check()

@@ -39,7 +39,7 @@ import json
 import logging
 from typing import Any, Protocol
 
-from .bookmarks import MOST_RECENT, Subscriptions, SubscriptionsStore, _canonical, tracked
+from .bookmarks import MOST_RECENT, BookmarkStore, Subscriptions, _canonical, tracked
 from .message import Message
 
 __all__ = ["DEFAULT_TOPIC", "RecoveryWriter", "SowBookmarkStore"]
@@ -65,7 +65,7 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-class SowBookmarkStore(SubscriptionsStore):
+class SowBookmarkStore(BookmarkStore):
     """Bookmark state in memory (the memory store's `Subscriptions`), each subscription's
     recovery point in a SOW topic (see the module docstring)."""
 
@@ -161,6 +161,13 @@ class SowBookmarkStore(SubscriptionsStore):
         self._check()
         self.subs.mark(sub_id, bookmark)
         self._changed(sub_id)
+
+    def most_recent(self, sub_id: str, elsewhere: bool = False) -> str:
+        self._check()
+        return self.subs.most_recent(sub_id, elsewhere)
+
+    def window_size(self, sub_id: str) -> int:
+        return self.subs.window_size(sub_id)
 
     def purge(self, sub_id: str | None = None) -> None:
         self._check()
