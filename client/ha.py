@@ -88,6 +88,7 @@ from .hasub import HASubscription
 from .message import LogonResult, Message
 from .pubstore import MemoryPublishStore, PublishStore
 from .submanager import MemorySubscriptionManager, SubscriptionManager, SubscriptionSpec
+from .subscription import _STOP
 
 __all__ = ["HAClient"]
 
@@ -328,7 +329,7 @@ class HAClient:
         log.error("HAClient %s stops: %s", self.name, exc)
         self._life.fail(exc)
         for hs in self._placer.subs.values():
-            hs._fail(exc)
+            hs._finish(exc)
         self._publisher.fail(exc)
         self._report(exc)
 
@@ -339,7 +340,7 @@ class HAClient:
             return
         self._life.set("closed")
         for hs in self._placer.subs.values():
-            hs._stop()
+            hs._finish(_STOP)
         self._publisher.fail(Disconnected("closed by client"))
         sup, self._life.supervisor = self._life.supervisor, None
         client, self._client = self._client, None
@@ -467,7 +468,7 @@ class HAClient:
         except BaseException:
             if self._placer.subs.get(sub_id) is hs:
                 del self._placer.subs[sub_id]
-            hs._stop()
+            hs._finish(_STOP)
             raise
         self.subscription_manager.add(spec)
         return hs
@@ -492,7 +493,7 @@ class HAClient:
         hs = self._placer.subs.pop(sub_id, None)
         self.subscription_manager.remove(sub_id)
         if hs is not None:
-            hs._stop()
+            hs._finish(_STOP)
         client = self._client
         if client is not None and client.connected:
             # Disconnected: the server drops subscriptions with the connection

@@ -139,7 +139,7 @@ class Placer:
                 await self.place(hs, client, first=False)
             except CommandError as exc:
                 log.warning("re-entering subscription %s refused: %s", hs.sub_id, exc)
-                hs._fail(exc)
+                hs._finish(exc)
                 self.subs.pop(hs.sub_id, None)
                 self.host.subscription_manager.remove(hs.sub_id)
                 self.report(exc)

@@ -131,12 +131,6 @@ class HASubscription(MessageStream):
             self._queue.clear()
         self._wake()
 
-    def _stop(self) -> None:
-        self._finish(_STOP)
-
-    def _fail(self, exc: BaseException) -> None:
-        self._finish(exc)
-
     # ------------------------------------------------------------------ application side
 
     async def next(self, timeout: float | None = None) -> Message | None:
