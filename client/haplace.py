@@ -73,10 +73,8 @@ class Placer:
         self.subs: dict[str, HASubscription] = {}
 
     def tracking_store(self, spec: SubscriptionSpec) -> BookmarkStore | None:
-        if spec.sow:
-            return self.host.bookmark_store
-        if spec.bookmark is None or _is_range(spec.bookmark):
-            return None
+        if not spec.sow and (spec.bookmark is None or _is_range(spec.bookmark)):
+            return None  # a live subscription or a range: nothing to resume
         return self.host.bookmark_store
 
     async def place(self, hs: HASubscription, client: Client, *, first: bool,
