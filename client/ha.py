@@ -197,13 +197,6 @@ class HAClient:
         closed, or CommandTimeout)."""
         await self._life.wait_connected(timeout)
 
-    async def _connected_client(self, timeout: float | None) -> Client:
-        """wait_connected(), then the Client of that connection."""
-        await self.wait_connected(timeout)
-        client = self._client
-        assert client is not None, "the connected state always has a client"
-        return client
-
     # ================================================================ connecting
 
     async def connect_and_logon(self, timeout: float | None = None) -> LogonResult:
@@ -515,7 +508,9 @@ class HAClient:
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - loop.time())
-            client = await self._connected_client(left)
+            await self.wait_connected(left)
+            client = self._client
+            assert client is not None, "the connected state always has a client"
             try:
                 return await what(client, left)
             except Disconnected:
@@ -523,10 +518,9 @@ class HAClient:
 
     async def _after_loss(self, client: Client) -> None:
         """A command on `client` raised Disconnected: wait until the supervisor has let that
-        connection go. Until its next turn the state is still connected and
-        _connected_client() hands back the same dead Client, whose commands fail without
-        awaiting anything, so a retry at once would spin and starve the loop (the supervisor
-        included)."""
+        connection go. Until its next turn the state is still connected and the loop above
+        takes the same dead Client, whose commands fail without awaiting anything, so a retry
+        at once would spin and starve the loop (the supervisor included)."""
         while self._client is client and not client.connected and self._life.state == "connected":
             await asyncio.sleep(0.005)
         await asyncio.sleep(0)
