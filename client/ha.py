@@ -68,8 +68,9 @@ import msgspec
 
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .chooser import DefaultServerChooser, ServerChooser
-from .client import DEFAULT_TIMEOUT, Client, _body_bytes, _opts_text
-from .client_publish import BodyLike
+from .client import DEFAULT_TIMEOUT, Client
+from .client_commands import _opts_text
+from .client_publish import BodyLike, _body_bytes
 from .delay import ExponentialDelayStrategy, ReconnectDelayStrategy
 from .errors import (
     ClientError,
