@@ -227,11 +227,7 @@ class _SubState:
 
     def _forget_publisher(self) -> None:
         held = {e.pub for e in self.window}
-        for pub in self.highest:
-            if pub not in held:
-                break
-        else:
-            pub = next(iter(self.highest))
+        pub = next((p for p in self.highest if p not in held), next(iter(self.highest)))
         del self.highest[pub]
         # a forgotten publisher's messages would pass `log` again: no resume point for it
         self.passed.pop(pub, None)

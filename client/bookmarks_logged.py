@@ -172,18 +172,12 @@ class LoggedBookmarkStore(BookmarkStore):
             (n,) = struct.unpack_from("<H", rest, 0)
             state.recovery = rest[2 : 2 + n].decode() or None
             (count,) = struct.unpack_from("<I", rest, 2 + n)
-            pos = 6 + n
-            for _ in range(count):
-                pub, seq = _PAIR.unpack_from(rest, pos)
-                state.highest[pub] = seq
-                pos += 16
-            if pos < len(rest):
+            pos = 6 + n + 16 * count
+            state.highest.update(_PAIR.unpack_from(rest, p) for p in range(6 + n, pos, 16))
+            if pos < len(rest):  # `passed` (absent in files written before it existed)
                 (count,) = struct.unpack_from("<I", rest, pos)
-                pos += 4
-                for _ in range(count):
-                    pub, seq = _PAIR.unpack_from(rest, pos)
-                    state.passed[pub] = seq
-                    pos += 16
+                end = pos + 4 + 16 * count
+                state.passed.update(_PAIR.unpack_from(rest, p) for p in range(pos + 4, end, 16))
         else:
             raise ValueError(f"unknown record kind {kind}")
 

@@ -175,8 +175,7 @@ class RingBookmarkStore(BookmarkStore):
                 raise StoreFull(self.path, SLOT, f"{self.max_subscriptions} subscriptions")
             self._resize(HEADER + (slot + 1) * SLOT)
         off = HEADER + slot * SLOT
-        ident = struct.pack("<H", len(raw)) + raw
-        ident += bytes(252 - len(ident))
+        ident = (struct.pack("<H", len(raw)) + raw).ljust(252, b"\0")
         mm = self._mm
         mm[off + 256 : off + SLOT] = bytes(2 * HALF)
         mm[off : off + 256] = struct.pack("<I", _crc(ident)) + ident

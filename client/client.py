@@ -61,10 +61,8 @@ from protocol.framing import DEFAULT_MAX_FRAME
 from protocol.headers import Header
 
 from .client_commands import DEFAULT_TIMEOUT, DISCONNECT_REASONS, ClientCommands
-from .client_commands import _opts_text as _opts_text  # for client/ha.py
 from .client_conn import BEAT, ClientConnection
 from .client_publish import ClientPublishing
-from .client_publish import _body_bytes as _body_bytes  # for client/ha.py
 from .client_sow import ClientSow
 from .client_subscribe import ClientSubscriptions
 from .errors import ClientError, CommandError, Disconnected, PublishFailed

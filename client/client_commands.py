@@ -39,6 +39,11 @@ def _opts_text(options: str | Iterable[str] | None) -> str | None:
     return ",".join(options) or None
 
 
+def _joined(items: str | Iterable[object] | None) -> str | None:
+    """A comma list given as its text or as its items (None: not given)."""
+    return items if items is None or isinstance(items, str) else ",".join(map(str, items))
+
+
 class _Waiter:
     __slots__ = ("ack", "command", "fut")
 
@@ -97,13 +102,10 @@ class ClientCommands:
         given = [x for x in (bookmarks, filter, keys, data) if x is not None]
         if len(given) != 1:
             raise ValueError("sow_delete needs exactly one of bookmarks, filter, keys or data")
-        bm = None
-        if bookmarks is not None:
-            bm = bookmarks if isinstance(bookmarks, str) else ",".join(map(str, bookmarks))
-        sow_keys = keys if keys is None or isinstance(keys, str) else ",".join(keys)
         body = data.encode() if isinstance(data, str) else (data or b"")
-        header = Header(c="sow_delete", t=topic, bm=bm, f=filter, sow_keys=sow_keys,
-                        o=_opts_text(options), a="processed,stats")  # fmt: skip
+        header = Header(c="sow_delete", t=topic, bm=_joined(bookmarks), f=filter,
+                        sow_keys=_joined(keys), o=_opts_text(options),
+                        a="processed,stats")  # fmt: skip
         ack = await self.execute(header, body, ack="stats", timeout=timeout)
         return ack.records_deleted or 0
 

@@ -119,9 +119,7 @@ class ClientConnection:
     # ================================================================ connection
 
     async def connect(self, address: str | None = None, *, timeout: float = 10.0) -> None:
-        """Open the connection (`host:port`, `tcp://host:port/`, or `tcps://host:port/` for
-        TLS with the client's `tls` context; default the `server` given to the constructor).
-        Raises `ConnectFailed` (a refused TLS handshake too, with OpenSSL's reason)."""
+        """Client.connect() (client/client.py says what it takes and raises)."""
         if self.state != "new":
             raise ClientError(f"connect() on a {self.state} client; a Client is one connection")
         address = address or self.server

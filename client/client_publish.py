@@ -84,16 +84,7 @@ class ClientPublishing:
                 prefix = self._publish_prefix(topic)
             header = prefix + b"%d}" % seq
         else:
-            header = encode_header(
-                Header(
-                    c="publish",
-                    t=topic,
-                    a=self._publish_acks,
-                    s=seq,
-                    x=correlation_id,
-                    e=expiration,
-                )
-            )
+            header = self._full_header(topic, seq, expiration, correlation_id)
         conn.write(frame_bytes(header, body))
         tracker.sent(seq)
         return seq
@@ -170,11 +161,13 @@ class ClientPublishing:
                 prefix = self._publish_prefix(topic)
             header = prefix + b"%d}" % seq
         else:
-            h = Header(c="publish", t=topic, a=self._publish_acks, s=seq, x=correlation_id,
-                       e=expiration)  # fmt: skip
-            header = encode_header(h)
+            header = self._full_header(topic, seq, expiration, correlation_id)
         conn.write(frame_bytes(header, body))
         self.tracker.sent(seq)
+
+    def _full_header(self, topic: str, seq: int, e: float | None, x: str | None) -> bytes:
+        """A publish header with an expiration or a correlation id (no cached prefix)."""
+        return encode_header(Header(c="publish", t=topic, a=self._publish_acks, s=seq, x=x, e=e))
 
     def _publish_prefix(self, topic: str) -> bytes:
         # The common publish header differs only in `s`: encode the rest once per topic and

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from protocol.headers import Header
 
-from .client_commands import DEFAULT_TIMEOUT, ClientCommands, _opts_text
+from .client_commands import DEFAULT_TIMEOUT, ClientCommands, _joined, _opts_text
 from .client_conn import ClientConnection
 from .client_subscribe import ClientSubscriptions
 from .errors import CommandTimeout
@@ -29,12 +29,6 @@ from .message import Message
 from .subscription import Subscription
 
 __all__ = ["ClientSow"]
-
-
-def _keys_text(keys: str | Iterable[str] | None) -> str | None:
-    if keys is None or isinstance(keys, str):
-        return keys
-    return ",".join(keys)
 
 
 class ClientSow:
@@ -76,7 +70,7 @@ class ClientSow:
         self._answers[query_id] = answer
         header = Header(
             c="sow", t=topic, f=filter, top_n=top_n, order_by=order_by,
-            sow_keys=_keys_text(sow_keys), o=",".join(opts) or None, query_id=query_id,
+            sow_keys=_joined(sow_keys), o=",".join(opts) or None, query_id=query_id,
             bm=bookmark, a="completed",
         )  # fmt: skip
         try:

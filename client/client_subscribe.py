@@ -26,7 +26,7 @@ from .client_commands import DEFAULT_TIMEOUT, ClientCommands, _opts_text
 from .client_conn import ClientConnection
 from .errors import CommandError, CommandTimeout, Disconnected
 from .message import Message
-from .subscription import Subscription
+from .subscription import _STOP, Subscription
 
 __all__ = ["ClientSubscriptions"]
 
@@ -138,7 +138,7 @@ class ClientSubscriptions:
                 self.by_cid.pop(header.cid, None)
             if existing is None:
                 self.drop(sub)
-                sub._end_stop(drop=True)
+                sub._finish(_STOP, drop=True)
                 if isinstance(exc, (CommandTimeout, asyncio.CancelledError)):
                     self._commands.send_quietly(Header(c="unsubscribe", sub_id=sub.sub_id))
             raise
@@ -153,7 +153,7 @@ class ClientSubscriptions:
             sub = self.by_id.get(sid)
             if sub is not None:
                 self.drop(sub)
-                sub._end_stop(drop=True)
+                sub._finish(_STOP, drop=True)
         if self._conn.transport is None or self._conn.state != "logged_on":
             return
         await self._commands.request(Header(c="unsubscribe", sub_id=sub_id), "processed", timeout)
@@ -200,9 +200,9 @@ class ClientSubscriptions:
     def end_all(self, err: Disconnected) -> None:
         for sub in list(self.by_id.values()):
             if self._conn.user_closed:
-                sub._end_stop(drop=False)
+                sub._finish(_STOP, drop=False)
             else:
-                sub._end_failed(err)
+                sub._finish(err, drop=False)
         self.by_id.clear()
         self.by_cid.clear()
         self._full_subs.clear()

@@ -68,8 +68,9 @@ import msgspec
 
 from .bookmarks import MOST_RECENT, BookmarkStore, MemoryBookmarkStore
 from .chooser import DefaultServerChooser, ServerChooser
-from .client import DEFAULT_TIMEOUT, Client, _body_bytes, _opts_text
-from .client_publish import BodyLike
+from .client import DEFAULT_TIMEOUT, Client
+from .client_commands import _opts_text
+from .client_publish import BodyLike, _body_bytes
 from .delay import ExponentialDelayStrategy, ReconnectDelayStrategy
 from .errors import (
     ClientError,
@@ -88,6 +89,7 @@ from .hasub import HASubscription
 from .message import LogonResult, Message
 from .pubstore import MemoryPublishStore, PublishStore
 from .submanager import MemorySubscriptionManager, SubscriptionManager, SubscriptionSpec
+from .subscription import _STOP
 
 __all__ = ["HAClient"]
 
@@ -196,13 +198,6 @@ class HAClient:
         closed, or CommandTimeout)."""
         await self._life.wait_connected(timeout)
 
-    async def _connected_client(self, timeout: float | None) -> Client:
-        """wait_connected(), then the Client of that connection."""
-        await self.wait_connected(timeout)
-        client = self._client
-        assert client is not None, "the connected state always has a client"
-        return client
-
     # ================================================================ connecting
 
     async def connect_and_logon(self, timeout: float | None = None) -> LogonResult:
@@ -228,7 +223,7 @@ class HAClient:
             user_id=self.user_id,
             password=password,
             on_error=self._on_client_error,
-            on_persisted=self._on_persisted,
+            on_persisted=self._publisher.on_persisted,
             **self.client_options,
         )
 
@@ -328,7 +323,7 @@ class HAClient:
         log.error("HAClient %s stops: %s", self.name, exc)
         self._life.fail(exc)
         for hs in self._placer.subs.values():
-            hs._fail(exc)
+            hs._finish(exc)
         self._publisher.fail(exc)
         self._report(exc)
 
@@ -339,7 +334,7 @@ class HAClient:
             return
         self._life.set("closed")
         for hs in self._placer.subs.values():
-            hs._stop()
+            hs._finish(_STOP)
         self._publisher.fail(Disconnected("closed by client"))
         sup, self._life.supervisor = self._life.supervisor, None
         client, self._client = self._client, None
@@ -371,9 +366,6 @@ class HAClient:
     def unpersisted_count(self) -> int:
         """Messages stored and not yet acknowledged as persisted (in any connection)."""
         return self.publish_store.unpersisted_count()
-
-    def _on_persisted(self, seq: int) -> None:
-        self._publisher.on_persisted(seq)
 
     def _on_client_error(self, exc: ClientError) -> None:
         if isinstance(exc, PublishFailed):
@@ -470,7 +462,7 @@ class HAClient:
         except BaseException:
             if self._placer.subs.get(sub_id) is hs:
                 del self._placer.subs[sub_id]
-            hs._stop()
+            hs._finish(_STOP)
             raise
         self.subscription_manager.add(spec)
         return hs
@@ -495,7 +487,7 @@ class HAClient:
         hs = self._placer.subs.pop(sub_id, None)
         self.subscription_manager.remove(sub_id)
         if hs is not None:
-            hs._stop()
+            hs._finish(_STOP)
         client = self._client
         if client is not None and client.connected:
             # Disconnected: the server drops subscriptions with the connection
@@ -517,7 +509,9 @@ class HAClient:
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - loop.time())
-            client = await self._connected_client(left)
+            await self.wait_connected(left)
+            client = self._client
+            assert client is not None, "the connected state always has a client"
             try:
                 return await what(client, left)
             except Disconnected:
@@ -525,10 +519,9 @@ class HAClient:
 
     async def _after_loss(self, client: Client) -> None:
         """A command on `client` raised Disconnected: wait until the supervisor has let that
-        connection go. Until its next turn the state is still connected and
-        _connected_client() hands back the same dead Client, whose commands fail without
-        awaiting anything, so a retry at once would spin and starve the loop (the supervisor
-        included)."""
+        connection go. Until its next turn the state is still connected and the loop above
+        takes the same dead Client, whose commands fail without awaiting anything, so a retry
+        at once would spin and starve the loop (the supervisor included)."""
         while self._client is client and not client.connected and self._life.state == "connected":
             await asyncio.sleep(0.005)
         await asyncio.sleep(0)

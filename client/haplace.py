@@ -73,21 +73,9 @@ class Placer:
         self.subs: dict[str, HASubscription] = {}
 
     def tracking_store(self, spec: SubscriptionSpec) -> BookmarkStore | None:
-        if spec.sow:
-            return self.host.bookmark_store
-        if spec.bookmark is None or _is_range(spec.bookmark):
-            return None
+        if not spec.sow and (spec.bookmark is None or _is_range(spec.bookmark)):
+            return None  # a live subscription or a range: nothing to resume
         return self.host.bookmark_store
-
-    async def _place_sow(self, hs: HASubscription, client: Client, timeout: float | None) -> None:
-        """A sow_and_subscribe whose answer has not been all in yet: (again) as one."""
-        spec = hs.spec
-        sub = await client.sow_and_subscribe(
-            spec.topic, filter=spec.filter, options=spec.options, sub_id=spec.sub_id,
-            bookmark=spec.bookmark, timeout=timeout, marks=True,
-        )  # fmt: skip
-        hs._placed_uri = self.host.current_uri
-        hs._attach(sub)
 
     async def place(self, hs: HASubscription, client: Client, *, first: bool,
                     timeout: float | None = DEFAULT_TIMEOUT) -> None:  # fmt: skip
@@ -97,8 +85,13 @@ class Placer:
         options = spec.options
         store = hs._store
         if spec.sow:
-            if hs._sow_point is None:
-                await self._place_sow(hs, client, timeout)
+            if hs._sow_point is None:  # the answer has not been all in yet: (again) as one
+                sub = await client.sow_and_subscribe(
+                    spec.topic, filter=spec.filter, options=options, sub_id=spec.sub_id,
+                    bookmark=bookmark, timeout=timeout, marks=True,
+                )  # fmt: skip
+                hs._placed_uri = self.host.current_uri
+                hs._attach(sub)
                 return
             first, bookmark = False, MOST_RECENT  # resumed from the answer's point on
             options = _subscribe_options(options)
@@ -139,7 +132,7 @@ class Placer:
                 await self.place(hs, client, first=False)
             except CommandError as exc:
                 log.warning("re-entering subscription %s refused: %s", hs.sub_id, exc)
-                hs._fail(exc)
+                hs._finish(exc)
                 self.subs.pop(hs.sub_id, None)
                 self.host.subscription_manager.remove(hs.sub_id)
                 self.report(exc)

@@ -131,12 +131,6 @@ class HASubscription(MessageStream):
             self._queue.clear()
         self._wake()
 
-    def _stop(self) -> None:
-        self._finish(_STOP)
-
-    def _fail(self, exc: BaseException) -> None:
-        self._finish(exc)
-
     # ------------------------------------------------------------------ application side
 
     async def next(self, timeout: float | None = None) -> Message | None:
@@ -215,9 +209,7 @@ class HASubscription(MessageStream):
 
     def discard(self, message: Message) -> bool:
         """Mark `message` processed in the bookmark store (any order)."""
-        if self._store is None:
-            return False
-        return self._store.discard(message)
+        return self._store is not None and self._store.discard(message)
 
     async def unsubscribe(self, timeout: float | None = 10.0) -> None:
         """Stop this subscription (now and after reconnects); iteration ends at once."""

@@ -47,6 +47,7 @@ survives an open. `recovery` holds the RecoveryReport; a damaged file logs a war
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap
 import os
@@ -295,16 +296,11 @@ class FilePublishStore(PublishStore):
         """The ring is wrapped and full: copy the wrapped records after the end of the first
         lap, so the live records are contiguous again, then place `n` after them."""
         live = self._live
-        lap_end = None
-        split = 0
-        for i in range(1, len(live)):
-            if live[i][1] < live[i - 1][1]:
-                lap_end = live[i - 1][1] + live[i - 1][2]
-                split = i
-                break
-        if lap_end is None:  # pragma: no cover - wrapped implies a split
+        split = next((i for i in range(1, len(live)) if live[i][1] < live[i - 1][1]), 0)
+        if not split:  # pragma: no cover - wrapped implies a split
             return None
-        moved = sum(e[2] for e in list(live)[split:])
+        lap_end = live[split - 1][1] + live[split - 1][2]
+        moved = sum(e[2] for e in itertools.islice(live, split, None))
         need = lap_end + moved + n
         if need > self._cap and self._grow(need, commit) is None:
             return None

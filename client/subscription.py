@@ -220,12 +220,6 @@ class Subscription(MessageStream):
             self._on_drained(self)
         self._wake()
 
-    def _end_stop(self, *, drop: bool) -> None:
-        self._finish(_STOP, drop=drop)
-
-    def _end_failed(self, exc: Disconnected) -> None:
-        self._finish(exc, drop=False)
-
     # ---------------------------------------------------------------- application side
 
     async def next(self, timeout: float | None = None) -> Message | None:

@@ -163,6 +163,20 @@ def test_explicit_start_forgets_the_old_state(exact):
     assert exact.start("s", EPOCH) == EPOCH and exact.log(msg(1, 5))  # replay again
 
 
+@pytest.mark.parametrize("kind", ["memory", "logged"])
+def test_a_full_publisher_table_forgets_one_the_window_does_not_hold(kind, tmp_path):
+    s = open_store(kind, tmp_path / "b", max_publishers=3)
+    s.start("s", EPOCH)
+    for pub in (1, 2):
+        assert s.log(msg(pub, 1))
+        s.discard(msg(pub, 1))
+    assert s.log(msg(3, 1))
+    s.persisted("s", bm(1, 7))  # a mark: publisher 1, least recently seen, is in the window
+    assert s.log(msg(4, 1))  # the table is full: publisher 2 goes, not 1
+    assert not s.log(msg(1, 1)) and s.log(msg(2, 1))
+    s.close()
+
+
 def test_logged_store_recovers_exactly_after_kill(tmp_path):
     path = tmp_path / "b.log"
     s = LoggedBookmarkStore(path)
