@@ -100,13 +100,7 @@ class QueueState:
         self.amo = HeldDeliveries(self)  # at-most-once deliveries, until their event is durable
         self.parked: collections.deque[int] = collections.deque()  # no subscription's filter
         self.barrier_wait = False
-        self.stats = {
-            "acked": 0,
-            "expired": 0,
-            "redelivered": 0,
-            "delivered": 0,
-            "dead_lettered": 0,
-        }
+        self.stats = dict.fromkeys("acked expired redelivered delivered dead_lettered".split(), 0)
         self.repl: Any = None  # server/queue_repl.QueueReplication when replication is configured
         self.dlt_pub = publisher_id(f"{host.instance}\x00queue:{self.name}\x00dead-letter")
         self.checkpoint_dirty = True
