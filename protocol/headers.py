@@ -180,20 +180,9 @@ LONG_NAMES: dict[str, str] = {
     "batch_size": "bs",
 }
 
-_INT_FIELDS = frozenset(
-    {
-        "s",
-        "l",
-        "matches",
-        "records_deleted",
-        "max_backlog",
-        "top_n",
-        "bs",
-        "records_returned",
-        "topic_matches",
-    }
-)
-_FLOAT_FIELDS = frozenset({"e"})
+# the numeric fields, as Header types them: the lenient decoder converts these (and only these)
+_INT_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Header) if f.type == int | None)
+_FLOAT_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Header) if f.type == float | None)
 _FIELDS = frozenset(Header.__struct_fields__)
 
 _FAST = msgspec.json.Decoder(Header)

@@ -67,6 +67,19 @@ def test_a_field_of_the_wrong_type_refuses_that_command_only():
     assert h2.s == 2 and body2 == b"next"
 
 
+NUMERIC = ("s", "l", "matches", "records_deleted", "max_backlog", "top_n", "bs",
+           "records_returned", "topic_matches")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+def test_a_number_in_a_string_is_taken_for_every_integer_field(name):
+    # the lenient decoder (a header the typed one refuses) converts Header's integer fields
+    h = decode_header(b'{"c":"publish","%s":"7","x":8}' % name.encode())
+    assert getattr(h, name) == 7 and h.x == "8"
+    h = decode_header(b'{"c":"publish","e":"2.5","t":5}')
+    assert h.e == 2.5 and h.t == "5"
+
+
 def test_the_client_side_decoder_still_treats_a_bad_field_as_a_bad_frame():
     with pytest.raises(FrameError, match="decimal integer"):
         FrameDecoder().feed(frame(b'{"c":"publish","s":"abc"}'))
