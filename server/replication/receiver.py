@@ -112,7 +112,6 @@ class Receiver:
         self.stored = 0
         self.duplicates = 0
         self.damaged = 0
-        self.bad_events = 0  # queue-event records that could not be read (left out)
         # per source since start: [messages received, bytes received, duplicates dropped]
         self.per_source: dict[str, list[int]] = {}
         self._conns: set[Link] = set()
@@ -319,7 +318,6 @@ class Receiver:
         try:
             self.queues.translate_in(bytes(rec[5]), bytes(rec[6]), who, grp)
         except WireEventError as exc:
-            self.bad_events += 1
             log.error(
                 "replication link from %s: queue events of %r at source position %d left out: %s",
                 source,
