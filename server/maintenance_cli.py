@@ -149,7 +149,6 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
     from journal.spark.spark_env import parse_conf
     from protocol.units import parse_interval
 
-    from .maintenance import archive_scheduled
     from .router import is_pattern
 
     try:
@@ -182,7 +181,9 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
         "retention_s": retention,
         "archive_root": archive_root,
         "recompact": bool(getattr(args, "recompact", False)),
-        "archive_scheduled": archive_scheduled(cfg),  # the server's rule, not a copy of it
+        # as the server decides it (server/maintenance.archive_scheduled): with an archive step
+        # configured, compaction drops only what the archive holds
+        "archive_scheduled": any(s.name == "archive-journal" for a in cfg.actions for s in a.do),
     }
 
     # 1. the request: ours if we can own the journal, else the server's
