@@ -45,8 +45,7 @@ from journal import maintenance as jm
 from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.manifest import request_path, result_path
-
-from .router import is_pattern
+from protocol.patterns import is_pattern
 
 log = logging.getLogger("tickertape.maintenance")
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from config.model import QueueSpec
 from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
 from protocol.filters import compile_filter
-from protocol.patterns import compile_pattern
+from protocol.patterns import compile_pattern, is_pattern
 
 from .ids import publisher_id
 from .matching import body_matches
@@ -40,7 +40,6 @@ from .queue_types import (
     now_us,
     put_leases,
 )
-from .router import is_pattern
 
 __all__ = ["QueueHost", "QueueState"]
 
