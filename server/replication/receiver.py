@@ -38,6 +38,7 @@ import functools
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from journal.journal import Journal
@@ -84,28 +85,21 @@ class CatchUpDoor(Protocol):
     def synced(self, source: str) -> None: ...
 
 
+@dataclass(eq=False, repr=False)
 class Receiver:
-    def __init__(
-        self,
-        name: str,
-        pipeline: Pipeline,
-        journal: Journal,
-        guard: Guard,
-        queues: QueueDoor | None = None,
-        jid: str | None = None,
-        catch_up: CatchUpDoor | None = None,
-    ) -> None:
-        self.name = name
+    name: str
+    pipeline: Pipeline
+    journal: Journal
+    guard: Guard
+    queues: QueueDoor | None = None
+    jid: str | None = None  # this instance's journal identity, sent to every source
+    catch_up: CatchUpDoor | None = None
+
+    def __post_init__(self) -> None:
         # a source's link is up: it is back, and this instance's sender to it (if any) tries
         # again at once rather than at the end of its back-off (app.py wires the senders)
         self.source_back: Callable[[str], None] | None = None
-        self.jid = jid  # this instance's journal identity, sent to every source
-        self.catch_up = catch_up
         self.jids: dict[str, str] = {}  # source -> its journal identity (this run)
-        self.queues = queues
-        self.pipeline = pipeline
-        self.journal = journal
-        self.guard = guard
         self.links: dict[str, Link] = {}  # source name -> its current link
         self.durable_from: dict[str, int] = {}  # source -> position acked on this run
         self.received = 0
