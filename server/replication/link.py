@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
 
 from protocol.replication import LinkDecoder, LinkError, LinkFrame, encode_heartbeat
 
@@ -33,13 +32,13 @@ class LinkClosed(Exception):
         self.reason = reason
 
 
-@dataclass(eq=False, repr=False)
 class Link:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    peer: str
-
-    def __post_init__(self) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.peer = peer
         self.decoder = LinkDecoder()
         now = time.monotonic()
         self.last_recv = now
