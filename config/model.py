@@ -46,13 +46,13 @@ the call is cheap enough for the publish path.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
 
 from protocol.patterns import compile_pattern
+from protocol.patterns import is_pattern as is_topic_pattern
 
 __all__ = [
     "DEFAULT_ADMIN_PORT",
@@ -460,14 +460,6 @@ class Replication(msgspec.Struct, frozen=True, kw_only=True):
     queue_owner_failover: float = 30.0
     """`<QueueOwnerFailover>`: seconds after losing the owner of queue messages before a
     surviving instance takes them over (docs/replication.md)."""
-
-
-_PATTERN = re.compile(r"[\^$*+?{}\[\]\\|()]")  # as server/router.py: a lone `.` is literal
-
-
-def is_topic_pattern(topic: str) -> bool:
-    """Whether a topic names a pattern over topic names rather than one topic."""
-    return _PATTERN.search(topic) is not None
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):

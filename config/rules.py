@@ -162,6 +162,13 @@ class Checker:
     def report(self, node: Node, message: str) -> None:
         self.problems.append(Problem(node.path, node.line, message))
 
+    def unique_name(self, seen: dict[str, Node], kind: str, name: str, node: Node) -> None:
+        """Note `node` as the first `kind` (transport, role, queue) named `name`, or report it."""
+        if name in seen:
+            taken = f"{kind} name {name!r} is already used at line {seen[name].line}"
+            self.report(node, f"{taken}; give each {kind} its own <Name>")
+        seen.setdefault(name, node)
+
     def check_section(self, node: Node) -> None:
         """A section element: no attributes, no text of its own."""
         self.check_attrs(node)

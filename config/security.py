@@ -171,13 +171,7 @@ def read_entitlement(checker: Checker, node: Node | None) -> Entitlement | None:
         no_users: tuple[str, ...] = ()
         users = r.value("Users", user_list, no_users, required=True, hint=" (alice,bob or *)")
         if name is not None:
-            if name in names:
-                checker.report(
-                    rnode,
-                    f"role name {name!r} is already used at line {names[name].line}; give "
-                    "each role its own <Name>",
-                )
-            names.setdefault(name, rnode)
+            checker.unique_name(names, "role", name, rnode)
         deny_node = r.one("Deny")
         deny = _rights(checker, Section(checker, deny_node, DENY)) if deny_node else Rights()
         filters = []

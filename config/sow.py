@@ -147,13 +147,7 @@ def read_sow(
         queue = read_queue(checker, qnode, tlog, tlog_node)
         if queue is None:
             continue
-        if queue.name in names:
-            checker.report(
-                qnode,
-                f"queue name {queue.name!r} is already used at line "
-                f"{names[queue.name].line}; give each queue its own <Name>",
-            )
-        names.setdefault(queue.name, qnode)
+        checker.unique_name(names, "queue", queue.name, qnode)
         queues.append(queue)
     topics = read_sow_topics(checker, sec.many("Topic"), tlog, tlog_node, queues)
     return queues, topics, max_checkpoints

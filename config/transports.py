@@ -130,13 +130,7 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
                 if t.has(element):
                     checker.report(t.at(element), f"<{element}> {why}")
         if name is not None:
-            if name in names:
-                checker.report(
-                    tnode,
-                    f"transport name {name!r} is already used at line {names[name].line}; "
-                    "give each transport its own <Name>",
-                )
-            names.setdefault(name, tnode)
+            checker.unique_name(names, "transport", name, tnode)
         if addr is not None:
             host, port = addr
             addr_node = t.at("InetAddr")

@@ -170,6 +170,10 @@ def save_manifest(directory: str, manifest: Manifest) -> None:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=False).encode())
+
+
+def write_atomic(path: str, content: bytes) -> None:
     """temp + fsync + rename + fsync of the directory: readers see the old file or the new one.
     A disk that fills up meanwhile raises OSError (ENOSPC) and leaves the old file and no temp
     file: a write on a nearly full disk may be short (the pages there was room for), and the
@@ -177,7 +181,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
     d = os.path.dirname(path) or "."
     os.makedirs(d, exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    data = memoryview(json.dumps(obj, indent=1, sort_keys=False).encode())
+    data = memoryview(content)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

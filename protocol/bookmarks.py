@@ -249,17 +249,10 @@ def parse_timestamp(text: str) -> Timestamp:
     m = _TS_RE.fullmatch(text)
     if m is None:
         raise InvalidBookmark(f"timestamp {_short(text)} is malformed; expected {_TS_FORM}")
-    year, month, day, hour, minute, second, frac = m.groups()
+    *fields, frac = m.groups()
+    year, month, day, hour, minute, second = map(int, fields)
     try:
-        dt = datetime(
-            int(year),
-            int(month),
-            int(day),
-            int(hour),
-            int(minute),
-            int(second),
-            tzinfo=UTC,
-        )
+        dt = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
     except ValueError as exc:
         raise InvalidBookmark(f"timestamp {_short(text)} is not a valid UTC time: {exc}") from None
     delta = dt - _UTC_EPOCH

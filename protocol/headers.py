@@ -182,20 +182,9 @@ LONG_NAMES: dict[str, str] = {
     "batch_size": "bs",
 }
 
-_INT_FIELDS = frozenset(
-    {
-        "s",
-        "l",
-        "matches",
-        "records_deleted",
-        "max_backlog",
-        "top_n",
-        "bs",
-        "records_returned",
-        "topic_matches",
-    }
-)
-_FLOAT_FIELDS = frozenset({"e"})
+# the numeric fields, as Header types them: the lenient decoder converts these (and only these)
+_INT_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Header) if f.type == int | None)
+_FLOAT_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Header) if f.type == float | None)
 _FIELDS = frozenset(Header.__struct_fields__)
 
 _FAST = msgspec.json.Decoder(Header)
@@ -275,62 +264,29 @@ def _too_long(text: str | None, limit: int) -> bool:
     )
 
 
+def _sized(
+    name: str, limit: int, reason: str, label: str = "", more: str = ""
+) -> tuple[str, int, str, str]:
+    return name, limit, reason, f"{label or name} is longer than {limit} bytes{more}"
+
+
+_OPTIONS_LIMIT = f"options o are longer than {MAX_OPTIONS_BYTES} bytes"
+_NAME_LIMIT = f"client_name and user_id are at most {MAX_NAME_BYTES} bytes"
 # (field, byte limit, failure reason, what the client is told): the sized text fields
-_SIZED = (
-    ("t", MAX_TOPIC_BYTES, "invalid topic", f"topic is longer than {MAX_TOPIC_BYTES} bytes"),
-    (
-        "x",
-        MAX_CORRELATION_ID_BYTES,
-        "bad frame",
-        f"correlation id x is longer than {MAX_CORRELATION_ID_BYTES} bytes",
-    ),
-    ("f", MAX_FILTER_BYTES, "bad filter", f"filter is longer than {MAX_FILTER_BYTES} bytes"),
-    ("cid", MAX_CID_BYTES, "bad frame", f"command id cid is longer than {MAX_CID_BYTES} bytes"),
-    # a comma list on unsubscribe
-    (
-        "sub_id",
-        MAX_SUB_ID_BYTES * 64,
-        "bad frame",
-        f"sub_id is longer than {MAX_SUB_ID_BYTES * 64} bytes",
-    ),
-    ("bm", MAX_BOOKMARK_BYTES, "invalid bookmark", f"bm is longer than {MAX_BOOKMARK_BYTES} bytes"),
-    (
-        "o",
-        MAX_OPTIONS_BYTES,
-        "invalid options",
-        f"options o are longer than {MAX_OPTIONS_BYTES} bytes",
-    ),
-    ("k", MAX_SOW_KEY_BYTES, "bad sow key", f"sow key k is longer than {MAX_SOW_KEY_BYTES} bytes"),
-    (
-        "sow_keys",
-        MAX_SOW_KEYS_BYTES,
-        "bad sow key",
-        f"sow_keys is longer than {MAX_SOW_KEYS_BYTES} bytes; query or delete in parts",
-    ),
-    (
-        "query_id",
-        MAX_CID_BYTES,
-        "bad frame",
-        f"query_id is longer than {MAX_CID_BYTES} bytes",
-    ),
-    (
-        "order_by",
-        MAX_ORDER_BY_BYTES,
-        "bad order by",
-        f"order_by is longer than {MAX_ORDER_BY_BYTES} bytes",
-    ),
-    (
-        "client_name",
-        MAX_NAME_BYTES,
-        "bad frame",
-        f"client_name and user_id are at most {MAX_NAME_BYTES} bytes",
-    ),
-    (
-        "user_id",
-        MAX_NAME_BYTES,
-        "bad frame",
-        f"client_name and user_id are at most {MAX_NAME_BYTES} bytes",
-    ),
+_SIZED: tuple[tuple[str, int, str, str], ...] = (
+    _sized("t", MAX_TOPIC_BYTES, "invalid topic", "topic"),
+    _sized("x", MAX_CORRELATION_ID_BYTES, "bad frame", "correlation id x"),
+    _sized("f", MAX_FILTER_BYTES, "bad filter", "filter"),
+    _sized("cid", MAX_CID_BYTES, "bad frame", "command id cid"),
+    _sized("sub_id", MAX_SUB_ID_BYTES * 64, "bad frame"),  # a comma list on unsubscribe
+    _sized("bm", MAX_BOOKMARK_BYTES, "invalid bookmark"),
+    ("o", MAX_OPTIONS_BYTES, "invalid options", _OPTIONS_LIMIT),
+    _sized("k", MAX_SOW_KEY_BYTES, "bad sow key", "sow key k"),
+    _sized("sow_keys", MAX_SOW_KEYS_BYTES, "bad sow key", more="; query or delete in parts"),
+    _sized("query_id", MAX_CID_BYTES, "bad frame"),
+    _sized("order_by", MAX_ORDER_BY_BYTES, "bad order by"),
+    ("client_name", MAX_NAME_BYTES, "bad frame", _NAME_LIMIT),
+    ("user_id", MAX_NAME_BYTES, "bad frame", _NAME_LIMIT),
 )
 # A str of n characters is at most 4n bytes in UTF-8: fields this short are never too long. This
 # runs for every command (every publish), so the common case is one comparison per field.

@@ -276,29 +276,13 @@ class HeartbeatOptions(msgspec.Struct, frozen=True, kw_only=True):
     beat: bool = False
 
 
-_SUBSCRIBE_KNOWN = (
-    "live",
-    "fully_durable",
-    "pause",
-    "resume",
-    "replace",
-    "rate",
-    "rate_max_gap",
-    "timestamp",
-    "conflation",
-    "conflation_key",
-    "bookmark_not_found",
-    "max_backlog",
-    "oof",
-    "no_sowkey",
-    "no_empties",
-    "send_keys",
-)
-_SOW_SUBSCRIBE_KNOWN = (*_SUBSCRIBE_KNOWN, "skip_n", "top_n")
-_SOW_KNOWN = ("skip_n", "top_n", "timestamp", "no_sowkey", "send_keys")
-_SOW_DELETE_KNOWN = ("cancel", "expire", "lease_extend")
-_LOGON_KNOWN = ("ack_conflation",)
-_HEARTBEAT_KNOWN = ("start", "beat")
+# each command's options, named in its Struct's order (the order an unknown option's refusal lists)
+_SOW_SUBSCRIBE_KNOWN = SubscribeOptions.__struct_fields__
+_SUBSCRIBE_KNOWN = tuple(k for k in _SOW_SUBSCRIBE_KNOWN if k not in ("skip_n", "top_n"))
+_SOW_KNOWN = SowOptions.__struct_fields__
+_SOW_DELETE_KNOWN = SowDeleteOptions.__struct_fields__
+_LOGON_KNOWN = LogonOptions.__struct_fields__
+_HEARTBEAT_KNOWN = HeartbeatOptions.__struct_fields__
 
 
 def _check_known(opts: dict[str, str | None], known: tuple[str, ...], command: str) -> None:

@@ -13,11 +13,12 @@ named groups) means the same.
 
 from __future__ import annotations
 
+import re
 from typing import TypeAlias
 
 import re2
 
-__all__ = ["Pattern", "PatternError", "compile_pattern"]
+__all__ = ["Pattern", "PatternError", "compile_pattern", "is_pattern"]
 
 Pattern: TypeAlias = re2._Regexp  # a compiled pattern: .search / .match / .fullmatch like re's
 
@@ -39,6 +40,15 @@ class PatternError(ValueError):
         )
         self.pattern = pattern
         self.why = why
+
+
+_META = re.compile(r"[\^$*+?{}\[\]\\|()]")
+
+
+def is_pattern(topic: str) -> bool:
+    """Whether a topic (a subscription's, a queue's, a SOW topic's) is a pattern over topic names
+    rather than one name: it holds a metacharacter; a lone `.` is literal (`md.eq` means itself)."""
+    return _META.search(topic) is not None
 
 
 _CACHE: dict[str | bytes, Pattern] = {}

@@ -293,8 +293,9 @@ class LinkDecoder:
         return frames
 
 
-def _frame(header: LinkHeader, body: bytes = b"") -> bytes:
-    return frame_bytes(_ENCODE.encode(header), body)
+def _frame(header: LinkHeader) -> bytes:
+    check_header(header, b"")  # a frame we send holds to the ranges we require of a peer's
+    return frame_bytes(_ENCODE.encode(header))
 
 
 def encode_logon(
@@ -307,19 +308,19 @@ def encode_logon(
     seen: str | None = None,
     end: int | None = None,
 ) -> bytes:
-    h = ReplLogon(
-        name=name,
-        group=group,
-        dest=dest,
-        v=LINK_VERSION,
-        user=user,
-        pw=pw,
-        jid=jid,
-        seen=seen,
-        end=end,
+    return _frame(
+        ReplLogon(
+            name=name,
+            group=group,
+            dest=dest,
+            v=LINK_VERSION,
+            user=user,
+            pw=pw,
+            jid=jid,
+            seen=seen,
+            end=end,
+        )
     )
-    check_header(h, b"")
-    return _frame(h)
 
 
 def encode_ack(
@@ -331,18 +332,14 @@ def encode_ack(
     _check_pos("pos", pos)
     if resume:
         if jid is not None or seen is not None:
-            h = ReplAck(pos=pos, status="success", jid=jid, seen=seen)
-            check_header(h, b"")
-            return _frame(h)
+            return _frame(ReplAck(pos=pos, status="success", jid=jid, seen=seen))
         return frame_bytes(b'{"c":"repl_ack","status":"success","pos":%d}' % pos)
     return frame_bytes(b'{"c":"repl_ack","pos":%d}' % pos)
 
 
 def encode_owners(owners: list[tuple[int, str]]) -> bytes:
     """Client-name bindings (publisher id, user): at most MAX_OWNERS per frame."""
-    h = ReplOwners(owners=owners)
-    check_header(h, b"")
-    return _frame(h)
+    return _frame(ReplOwners(owners=owners))
 
 
 def encode_failure(reason: str) -> bytes:

@@ -52,6 +52,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -82,38 +83,30 @@ STATIC = {
 ACTION_HEADER = "tickertape-console"
 
 
+@dataclass(eq=False, repr=False)
 class AdminEndpoint:
-    def __init__(
-        self,
-        stats: Stats,
-        instance: str,
-        host: str,
-        port: int,
-        guard: Guard | None = None,
-        disconnect: Callable[[int], str | None] | None = None,
-        run_action: Callable[[str], str | None] | None = None,
-        replication: Callable[[str, str, str], bool | None] | None = None,
-        allowed_hosts: Collection[str] = (),
-        sow: SowConsole | None = None,
-    ) -> None:
-        """`disconnect(id)` closes that client's connection and returns what it was (None: no
-        such client); without it the disconnect action answers 404. `run_action(name)` starts
-        that journal action now: "started", "running" (already), or None (no such action).
-        `replication(name, "downgrade" | "upgrade", who)` changes a destination's mode: True,
-        False (it was not in the mode to leave), None (no such destination). `allowed_hosts`:
-        the host names (lowercase) requests may name besides IP addresses and `localhost`.
-        `sow`: the SOW topics' view and queries (None: no SOW topics, 404)."""
-        self.stats = stats
-        self.sow = sow
-        self.replication = replication
-        self.disconnect = disconnect
-        self.run_action = run_action
-        self.instance = instance
-        self.host = host
-        self.port = port
-        self.named_hosts = frozenset(allowed_hosts)
-        self.allowed_hosts = self.named_hosts | {"localhost", host.lower()}
-        self.guard = guard if guard is not None else Guard()
+    """`disconnect(id)` closes that client's connection and returns what it was (None: no such
+    client); without it the disconnect action answers 404. `run_action(name)` starts that
+    journal action now: "started", "running" (already), or None (no such action).
+    `replication(name, "downgrade" | "upgrade", who)` changes a destination's mode: True, False
+    (it was not in the mode to leave), None (no such destination). `allowed_hosts`: the host
+    names (lowercase) requests may name besides IP addresses and `localhost`. `sow`: the SOW
+    topics' view and queries (None: no SOW topics, 404)."""
+
+    stats: Stats
+    instance: str
+    host: str
+    port: int
+    guard: Guard = field(default_factory=Guard)
+    disconnect: Callable[[int], str | None] | None = None
+    run_action: Callable[[str], str | None] | None = None
+    replication: Callable[[str, str, str], bool | None] | None = None
+    allowed_hosts: Collection[str] = ()
+    sow: SowConsole | None = None
+
+    def __post_init__(self) -> None:
+        self.named_hosts = frozenset(self.allowed_hosts)
+        self.allowed_hosts = self.named_hosts | {"localhost", self.host.lower()}
         self.scheme = "https" if self.guard.admin_tls is not None else "http"
         self._srv: asyncio.base_events.Server | None = None
         self._streams: set[asyncio.Task[None]] = set()

@@ -120,20 +120,19 @@ class ConnectionEnv:
     max_publish_inflight: int = 4 * 1024 * 1024
 
 
+@dataclass(eq=False, repr=False)
 class Connection(asyncio.Protocol):
-    def __init__(
-        self,
-        env: ConnectionEnv,
-        transport_name: str,
-        max_frame: int,
-        admitted: str | None = None,
-    ) -> None:
-        self.env = env
-        self.admitted = admitted  # the peer address the connection limits counted it under
+    env: ConnectionEnv
+    transport_name: str
+    max_frame: int  # after logon; before it, <MaxLogonMessageSize>
+    admitted: str | None = None  # the peer address the connection limits counted it under
+
+    def __post_init__(self) -> None:
+        env = self.env
         self.id = next(_conn_ids)
-        self.transport_name = transport_name
-        self.max_frame = max_frame  # after logon; before it, <MaxLogonMessageSize>
-        self.decoder = FrameDecoder(min(max_frame, env.max_logon_message_size), refuse_fields=True)
+        self.decoder = FrameDecoder(
+            min(self.max_frame, env.max_logon_message_size), refuse_fields=True
+        )
         self.buffered = 0  # bytes of a partial frame, as the intake last counted them
         self.publish_inflight = 0  # bytes of reads of a publisher not yet committed
         # [the open batch, bytes of this connection's reads into it]: its one after_commit

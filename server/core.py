@@ -16,7 +16,7 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from config.model import Config
@@ -39,6 +39,7 @@ from .topics import TopicPolicy
 __all__ = ["Core", "IdlePoller", "build_core"]
 
 
+@dataclass(eq=False, repr=False)
 class IdlePoller:
     """Network input arrived: keep the loop polling for <IdlePoll> before it sleeps.
 
@@ -49,15 +50,12 @@ class IdlePoller:
     flight needs the GIL back when its fdatasync returns (`busy`): then the loop sleeps.
     """
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, window: float, busy: Callable[[], bool]
-    ) -> None:
-        self.loop = loop
-        self.window = window
-        self.busy = busy
-        self.rounds = 0  # loop iterations spent polling instead of sleeping (stats)
-        self._polling = False
-        self._input_at = 0.0
+    loop: asyncio.AbstractEventLoop
+    window: float
+    busy: Callable[[], bool]
+    rounds: int = field(default=0, init=False)  # loop iterations spent polling (stats)
+    _polling: bool = field(default=False, init=False)
+    _input_at: float = field(default=0.0, init=False)
 
     def input_seen(self, now: float) -> None:
         # The window runs from the end of the read's work, not `now` (its start): an inline

@@ -12,6 +12,7 @@ them at publish time. A bookmark subscription over a pattern gets only recorded 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from . import frames
@@ -24,36 +25,22 @@ from .subscriptions import Subscription, SubState
 __all__ = ["Fanout", "Message"]
 
 
+@dataclass(slots=True, eq=False)  # eq=False: compared and hashed by identity, as before
 class Message:
     """A message ready for live delivery. `position` is -1 on a topic that is not recorded."""
 
-    __slots__ = ("body", "exp", "hdr", "origin", "position", "pub", "seq", "suffix", "topic", "ts")
-
-    def __init__(
-        self,
-        topic: str,
-        pub: int,
-        seq: int,
-        ts: int,
-        body: bytes,
-        suffix: bytes,
-        position: int,
-        exp: Any,
-        hdr: bytes = b"",
-        origin: Any = None,
-    ) -> None:
-        self.topic = topic
-        self.pub = pub
-        self.seq = seq
-        self.ts = ts
-        self.body = body
-        self.suffix = suffix  # frames.LIVE_SUFFIX: topic, bookmark, header fragment
-        self.position = position
-        self.exp = exp  # the publish's expiration (`e`, seconds) or None
-        self.hdr = hdr  # the record's header fragment
-        # a replicated message's origin block (time µs, instance, group: journal/record.py);
-        # None for one published here (the queues' ownership reads it: server/queue_repl.py)
-        self.origin = origin
+    topic: str
+    pub: int
+    seq: int
+    ts: int
+    body: bytes
+    suffix: bytes  # frames.LIVE_SUFFIX: topic, bookmark, header fragment
+    position: int
+    exp: Any  # the publish's expiration (`e`, seconds) or None
+    hdr: bytes = b""  # the record's header fragment
+    # a replicated message's origin block (time µs, instance, group: journal/record.py);
+    # None for one published here (the queues' ownership reads it: server/queue_repl.py)
+    origin: Any = None
 
 
 class Fanout:

@@ -69,15 +69,11 @@ class Intake:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.buffered = 0  # bytes of partial frames over all connections
-        self.counts = {
-            "logon_timeout": 0,
-            "logon_frame_too_large": 0,
-            "input_memory_limit": 0,
-            "partial_message_timeout": 0,
-            "idle": 0,
-            "slow_client_age": 0,
-            "subscriptions_refused": 0,
-        }
+        self.counts = dict.fromkeys(
+            "logon_timeout logon_frame_too_large input_memory_limit partial_message_timeout idle "
+            "slow_client_age subscriptions_refused".split(),
+            0,
+        )
 
     def after_feed(self, conn: IntakeConn) -> bool:
         """Account for conn's partial frame after it was fed input; False if conn was closed."""

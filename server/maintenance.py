@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from config.model import Action, ActionStep, ActionTrigger, Config
@@ -45,8 +46,7 @@ from journal import maintenance as jm
 from journal import maintenance_apply as jma
 from journal.journal import Journal
 from journal.manifest import request_path, result_path
-
-from .router import is_pattern
+from protocol.patterns import is_pattern
 
 log = logging.getLogger("tickertape.maintenance")
 
@@ -76,21 +76,18 @@ def next_run(trigger: ActionTrigger, after: float) -> float | None:
     return None
 
 
+@dataclass(eq=False, repr=False)
 class Maintenance:
     """Narrow doors: the configuration (actions, archive directory, queues), the journal, the
     loop, and `replay_floor` (the lowest position a running replay reads, never removed)."""
 
-    def __init__(
-        self,
-        config: Config,
-        journal: Journal,
-        loop: asyncio.AbstractEventLoop,
-        replay_floor: Callable[[], int | None],
-    ) -> None:
-        self.config = config
-        self.journal = journal
-        self.loop = loop
-        self.replay_floor = replay_floor
+    config: Config
+    journal: Journal
+    loop: asyncio.AbstractEventLoop
+    replay_floor: Callable[[], int | None]
+
+    def __post_init__(self) -> None:
+        config = self.config
         tl = self.config.transaction_log
         self.archive_root = tl.archive_directory if tl is not None else None
         self.queues = [

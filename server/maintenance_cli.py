@@ -147,9 +147,8 @@ def _run(args: argparse.Namespace, kind: str, spark: Any) -> int:
     from journal.maintenance import MaintenanceError, make_request, write_request
     from journal.maintenance_apply import apply_result, pending_results
     from journal.spark.spark_env import parse_conf
+    from protocol.patterns import is_pattern
     from protocol.units import parse_interval
-
-    from .router import is_pattern
 
     try:
         cfg = load_config(args.config) if args.config else default_config()

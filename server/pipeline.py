@@ -41,6 +41,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import InitVar, dataclass
 from functools import partial
 from typing import Any
 
@@ -70,25 +71,21 @@ HOLD_BYTES = 16 * 1024
 __all__ = ["ABOVE_GAP", "DUPLICATE", "REPL_FROM", "STORED", "Batch", "Pipeline", "Publisher"]
 
 
+@dataclass(eq=False, repr=False)
 class Pipeline:
     """The publish path's owner: the open batch and the commit order. Its intakes are objects
     of their own that it hands the open batch (itself, as an `OpenBatch`), the sequences and
     the topics: `runs` (publish_run, publish_raw) and `replication` (replicate ...)."""
 
-    def __init__(
-        self,
-        journal: Journal | None,
-        recorded: Callable[[str], bool],
-        loop: asyncio.AbstractEventLoop,
-        fanout: Fanout,
-        on_backlog: Callable[[bool], None],
-        max_inflight: int = 64 * 1024 * 1024,
-    ) -> None:
-        self.loop = loop
-        self.fanout = fanout
-        self.on_backlog = on_backlog
-        self.journal = journal
-        self.max_inflight = max_inflight
+    journal: Journal | None
+    recorded: InitVar[Callable[[str], bool]]  # whether a topic is stored (TopicCache)
+    loop: asyncio.AbstractEventLoop
+    fanout: Fanout
+    on_backlog: Callable[[bool], None]
+    max_inflight: int = 64 * 1024 * 1024
+
+    def __post_init__(self, recorded: Callable[[str], bool]) -> None:
+        journal, fanout = self.journal, self.fanout
         self.seqs = seqs = Sequences()
         self.topics = topics = TopicCache(recorded)
         # pub -> highest seq durable (and acked by every active sync destination): logon acks

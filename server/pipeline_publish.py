@@ -128,22 +128,17 @@ class TopicCache:
         return Message(topic, pub, seq, ts, body, suffix, position, exp, hdr)
 
 
+@dataclass(eq=False, repr=False)
 class RunIntake:
     """Runs of plain publishes into the open batch, past the per-message path."""
 
-    def __init__(
-        self,
-        open_batch: OpenBatch,
-        seqs: Sequences,
-        topics: TopicCache,
-        fanout: Fanout,
-        journaled: bool,
-    ) -> None:
-        self.open = open_batch
-        self.seqs = seqs
-        self.topics = topics
-        self.fanout = fanout
-        self.journaled = journaled  # there is a journal: without, nothing is a run
+    open: OpenBatch
+    seqs: Sequences
+    topics: TopicCache
+    fanout: Fanout
+    journaled: bool  # there is a journal: without, nothing is a run
+
+    def __post_init__(self) -> None:
         # publish_raw: topic bytes -> topic, or a keyed topic's key spec
         self.plain_topics: dict[bytes, Any] = {}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from journal.record import (
     KIND_MESSAGE,
@@ -33,22 +34,17 @@ _u64 = struct.Struct("<Q")
 __all__ = ["REPL_FROM", "ReplicationIntake"]
 
 
+@dataclass(eq=False, repr=False)
 class ReplicationIntake:
     """Replication links' batches into the open batch, through the publish path's dedup."""
 
-    def __init__(
-        self,
-        open_batch: OpenBatch,
-        seqs: Sequences,
-        topics: TopicCache,
-        fanout: Fanout,
-        journaled: bool,
-    ) -> None:
-        self.open = open_batch
-        self.seqs = seqs
-        self.topics = topics
-        self.fanout = fanout
-        self.journaled = journaled
+    open: OpenBatch
+    seqs: Sequences
+    topics: TopicCache
+    fanout: Fanout
+    journaled: bool
+
+    def __post_init__(self) -> None:
         self.replicated = 0  # messages stored from replication links (also in `published`)
         self.duplicates = 0  # replicated messages dropped as duplicates
         self.topic_names: dict[bytes, str] = {}

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from config.model import QueueSpec
 from journal.queue_events import ExpiryReason, QueueOp, append_event, append_run
 from protocol.filters import compile_filter
-from protocol.patterns import compile_pattern
+from protocol.patterns import compile_pattern, is_pattern
 
 from .ids import publisher_id
 from .matching import body_matches
@@ -40,7 +40,6 @@ from .queue_types import (
     now_us,
     put_leases,
 )
-from .router import is_pattern
 
 __all__ = ["QueueHost", "QueueState"]
 
@@ -100,13 +99,7 @@ class QueueState:
         self.amo = HeldDeliveries(self)  # at-most-once deliveries, until their event is durable
         self.parked: collections.deque[int] = collections.deque()  # no subscription's filter
         self.barrier_wait = False
-        self.stats = {
-            "acked": 0,
-            "expired": 0,
-            "redelivered": 0,
-            "delivered": 0,
-            "dead_lettered": 0,
-        }
+        self.stats = dict.fromkeys("acked expired redelivered delivered dead_lettered".split(), 0)
         self.repl: Any = None  # server/queue_repl.QueueReplication when replication is configured
         self.dlt_pub = publisher_id(f"{host.instance}\x00queue:{self.name}\x00dead-letter")
         self.checkpoint_dirty = True

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import InitVar, dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -84,22 +85,18 @@ class Commits(Protocol):
     ) -> tuple[int, int]: ...
 
 
+@dataclass(eq=False, repr=False)
 class QueueManager:
     """All queues of the instance: recovery, routing of committed messages, timers, commands."""
 
-    def __init__(
-        self,
-        specs: Iterable[QueueSpec],
-        instance: str,
-        journal: Journal | None,
-        loop: asyncio.AbstractEventLoop,
-        commits: Commits,
-        replication: Replication | None = None,
-    ) -> None:
-        self.instance = instance
-        self.journal = journal
-        self.loop = loop
-        self.commits = commits
+    specs: InitVar[Iterable[QueueSpec]]
+    instance: str
+    journal: Journal | None
+    loop: asyncio.AbstractEventLoop
+    commits: Commits
+    replication: InitVar[Replication | None] = None
+
+    def __post_init__(self, specs: Iterable[QueueSpec], replication: Replication | None) -> None:
         self.queues: dict[str, Queue] = {}
         self.loading = False
         self.paused = False  # replicated queues: no deliveries while a peer catches up (below)
@@ -111,7 +108,7 @@ class QueueManager:
         self._timer: asyncio.TimerHandle | None = None
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
-        self.reads = QueueReader(journal)  # messages read back (a one-block cache)
+        self.reads = QueueReader(self.journal)  # messages read back (a one-block cache)
         # its reads, as the queues' host (QueueHost): the reader's own bound methods
         self.read = self.reads.read
         self.splice_run = self.reads.splice_run

@@ -47,6 +47,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any, Protocol
 
 from journal.journal import Journal
@@ -112,32 +113,26 @@ def _read_spliced(
     return pos, splice_frames(buf, pos, start, end, topic, head)
 
 
+@dataclass(eq=False, repr=False)
 class Replay:
-    def __init__(
-        self,
-        engine: ReplayHost,
-        cursors: list[Cursor],
-        position: int,
-        *,
-        paused: bool = False,
-        wait_until: int | None = None,
-        rate: Rate | None = None,
-        rate_max_gap: float | None = None,
-        lagging: bool = False,
-    ) -> None:
-        self.engine = engine
-        self.lagging = lagging  # the pass of a lagging connection (ReplayEngine.fall_back)
-        self.cursors = cursors
-        self.position = position
-        self.paused = paused
-        self.wait_until = wait_until  # micros: begin time in the future
-        self.rate = rate
+    engine: ReplayHost
+    cursors: list[Cursor]
+    position: int
+    _: KW_ONLY
+    paused: bool = False
+    wait_until: int | None = None  # micros: begin time in the future
+    rate: Rate | None = None
+    rate_max_gap: InitVar[float | None] = None
+    lagging: bool = False  # the pass of a lagging connection (ReplayEngine.fall_back)
+
+    def __post_init__(self, rate_max_gap: float | None) -> None:
+        rate = self.rate
         self.pacer = Pacer(rate, rate_max_gap) if rate is not None else None
         self.task: asyncio.Task | None = None
         self.wake = asyncio.Event()
         self.sent = 0
         self.reads = 0  # journal blocks read: a filter that matches nothing still reads big ones
-        for c in cursors:
+        for c in self.cursors:
             self._mark_durable(c)
 
     def _mark_durable(self, c: Cursor) -> None:

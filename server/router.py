@@ -17,18 +17,12 @@ the candidates for one message body; the fan-out uses it instead of trying every
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from .filter_index import TopicIndex, equality_of
 from .subscriptions import Subscription
 
-_META = re.compile(r"[\^$*+?{}\[\]\\|()]")
 CACHE_LIMIT = 100_000
-
-
-def is_pattern(topic: str) -> bool:
-    return _META.search(topic) is not None
 
 
 class Router:

@@ -19,6 +19,7 @@ import itertools
 import logging
 import operator
 from collections.abc import Callable
+from dataclasses import InitVar, dataclass
 from functools import partial
 from typing import Any
 
@@ -62,20 +63,17 @@ _slow_fields = operator.attrgetter(*sorted(SLOW_PUBLISH_FIELDS))
 _NO_SLOW_FIELDS = _slow_fields(Header())
 
 
+@dataclass(eq=False, repr=False)
 class Session:
-    def __init__(
-        self,
-        out: Outbox,
-        services: SessionServices,
-        on_logon: Callable[[], None] = lambda: None,
-        conn_id: int | None = None,
-        hold: Callable[[bool], None] = lambda on: None,
-    ) -> None:
+    out: Outbox
+    services: InitVar[SessionServices]
+    on_logon: Callable[[], None] = lambda: None  # the connection raises its frame limit
+    conn_id: InitVar[int | None] = None
+    hold: Callable[[bool], None] = lambda on: None  # the connection stops reading (a logon check)
+
+    def __post_init__(self, services: SessionServices, conn_id: int | None) -> None:
         self.id = next(_ids) if conn_id is None else conn_id
-        self.out = out
         self.svc = services
-        self.on_logon = on_logon  # the connection raises its frame limit
-        self.hold = hold  # the connection stops reading while a logon is checked
         self.peer = "?"
         self.peer_cert: Any = None  # the verified client certificate of a TLS connection
         self.transport_name: str | None = None
@@ -87,7 +85,7 @@ class Session:
         self.user_id: str | None = None
         self.logged_on = False
         self.table = SubscriptionTable(self.describe, services.index, services.replays)
-        out.on_lag = self.table.fall_back  # past <ClientOfflineThreshold>
+        self.out.on_lag = self.table.fall_back  # past <ClientOfflineThreshold>
         self.hb_interval = 0.0
         self._sub_ids = itertools.count(1)
         # the command handlers (server/session_caller.py), each built at its first command after

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 from protocol.headers import Header
 from protocol.options import InvalidOptions, subscribe_options
+from protocol.patterns import is_pattern
 
 from .reasons import Failure
-from .router import is_pattern
 from .services import SessionServices
 from .session_caller import Caller
 from .session_sow import SowCommands

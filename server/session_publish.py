@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ from protocol.framing import frame_end
 from protocol.headers import Header
 
 from . import frames
+from .outbox import Outbox
 from .pipeline import ABOVE_GAP, DUPLICATE
 from .reasons import Disconnect, Failure
 from .services import SessionServices
@@ -41,52 +43,32 @@ log = logging.getLogger("tickertape.connection")
 _json = msgspec.json.encode
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class PublishCommands:
     """One logged-on session's publishes, and the pipeline's `Publisher` for it (the acks a
     commit owes this client). `receive_raw`: the session's way with frames that are not plain
     publishes; `waiting`: whether the session holds its frames (a check runs off the loop)."""
 
-    __slots__ = (
-        "_ack_timer",
-        "_gap_told",
-        "_persist_pending",
-        "_receive_raw",
-        "_waiting",
-        "ack_conflation",
-        "caller",
-        "fail",
-        "is_publisher",
-        "out",
-        "pub",
-        "received",
-        "server_pub",
-        "svc",
-        "wants_persisted",
-    )
+    caller: Caller  # who publishes (server/session_caller.py)
+    svc: SessionServices
+    _receive_raw: Callable[[bytes], None]
+    _waiting: Callable[[], bool]
+    ack_conflation: float
+    out: Outbox = field(init=False)  # the persisted acks, per commit
+    fail: Callable[[Header, str, str], None] = field(init=False)
+    pub: int = field(init=False)
+    server_pub: int = field(init=False)
+    wants_persisted: bool = field(default=False, init=False)
+    is_publisher: bool = field(default=False, init=False)
+    received: int = field(default=0, init=False)
+    # the gap a persisted failure was sent for (_refuse_above_gap)
+    _gap_told: int = field(default=0, init=False)
+    _persist_pending: int = field(default=0, init=False)
+    _ack_timer: asyncio.TimerHandle | None = field(default=None, init=False)
 
-    def __init__(
-        self,
-        caller: Caller,
-        svc: SessionServices,
-        receive_raw: Callable[[bytes], None],
-        waiting: Callable[[], bool],
-        ack_conflation: float,
-    ) -> None:
-        self.caller = caller  # who publishes (server/session_caller.py)
-        self.svc = svc
-        self.out = caller.out  # the persisted acks, per commit
-        self.fail = caller.fail
-        self.pub = caller.pub
-        self.server_pub = caller.server_pub
-        self._receive_raw = receive_raw
-        self._waiting = waiting
-        self.wants_persisted = False
-        self.is_publisher = False
-        self.received = 0
-        self._gap_told = 0  # the gap a persisted failure was sent for (_refuse_above_gap)
-        self.ack_conflation = ack_conflation
-        self._persist_pending = 0
-        self._ack_timer: asyncio.TimerHandle | None = None
+    def __post_init__(self) -> None:
+        c = self.caller
+        self.out, self.fail, self.pub, self.server_pub = c.out, c.fail, c.pub, c.server_pub
 
     def closed(self) -> None:
         if self._ack_timer is not None:

@@ -31,12 +31,11 @@ from protocol.bookmarks import InvalidBookmark, Now, parse_bookmark
 from protocol.filters import FilterError, compile_filter
 from protocol.headers import MAX_SUB_ID_BYTES, Header
 from protocol.options import InvalidOptions, SubscribeOptions, sow_options, subscribe_options
-from protocol.patterns import PatternError, compile_pattern
+from protocol.patterns import PatternError, compile_pattern, is_pattern
 
 from .matching import Predicate
 from .reasons import Failure
 from .replay_plan import Plan
-from .router import is_pattern
 from .services import SessionServices
 from .session_caller import Caller
 from .sow import BadOrderBy, BadSowKey, SowManager, SowQuery, parse_order_by

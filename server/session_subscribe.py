@@ -21,14 +21,13 @@ from protocol.options import (
     sow_delete_options,
     subscribe_options,
 )
-from protocol.patterns import PatternError, compile_pattern
+from protocol.patterns import PatternError, compile_pattern, is_pattern
 
 from .conflation import LiveConflation
 from .matching import Predicate
 from .queue import Queue
 from .reasons import Failure
 from .replay_plan import Plan
-from .router import is_pattern
 from .services import SessionServices
 from .session_caller import Caller
 from .subscriptions import Subscription, ack_types

@@ -33,6 +33,7 @@ subscriptions that asked for periodic `persisted` acks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from protocol.bookmarks import format_bookmark
 
@@ -47,15 +48,15 @@ from .subscriptions import LIVE_STATES, Subscription, SubState
 __all__ = ["LiveIndex", "SubscriptionTable"]
 
 
+@dataclass(eq=False, repr=False)
 class LiveIndex:
     """Where the engines find subscriptions: the router, early fan-out, persisted-ack subs."""
 
-    def __init__(self, router: Router, fanout: Fanout, pipeline: Pipeline) -> None:
-        self.router = router
-        self.fanout = fanout
-        self.pipeline = pipeline
-        # subscription -> the live end when it was added (its acks never name older bookmarks)
-        self.persist_acks: dict[Subscription, int] = {}
+    router: Router
+    fanout: Fanout
+    pipeline: Pipeline
+    # subscription -> the live end when it was added (its acks never name older bookmarks)
+    persist_acks: dict[Subscription, int] = field(default_factory=dict, init=False)
 
     def add(self, sub: Subscription) -> None:
         self.router.add(sub)
@@ -99,16 +100,14 @@ class LiveIndex:
             out.flush()
 
 
+@dataclass(eq=False, repr=False)
 class SubscriptionTable:
     """A session's subscriptions by sub_id; the owner (`SubscriptionOwner`) of each."""
 
-    def __init__(
-        self, describe: Callable[[], str], index: LiveIndex, replays: ReplayEngine
-    ) -> None:
-        self.describe = describe
-        self.index = index
-        self.replays = replays
-        self.subs: dict[str, Subscription] = {}
+    describe: Callable[[], str]
+    index: LiveIndex
+    replays: ReplayEngine
+    subs: dict[str, Subscription] = field(default_factory=dict, init=False)
 
     def __len__(self) -> int:
         return len(self.subs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
@@ -49,79 +50,49 @@ class SubscriptionOwner(Protocol):
     def range_done(self, sub: Subscription) -> None: ...
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Subscription:
-    __slots__ = (
-        "acked_bm",
-        "acks",
-        "bookmark",
-        "cid",
-        "conflation",
-        "entitled",
-        "filter",
-        "filter_text",
-        "journal_fed",
-        "opts",
-        "out",
-        "owner",
-        "prefix",
-        "queue",
-        "recorded_only",
-        "regex",
-        "regex_b",
-        "replay",
-        "state",
-        "sub_id",
-        "timestamp",
-        "topic",
-        "topic_b",
-    )
+    owner: SubscriptionOwner
+    out: Outbox
+    sub_id: str
+    # Shared, not copied per subscription: thousands subscribe to one topic with no options
+    topic: str
+    regex: Any  # a compiled pattern for a regex topic, else None
+    filter: Predicate | None
+    filter_text: str | None
+    opts: SubscribeOptions
+    acks: frozenset[str]
+    cid: Any
+    bookmark: str | None = None  # the `bm` it was made with: a bookmark subscription
+    # the content entitlement alone (server/guard.py Grant), for out-of-focus reasons
+    entitled: Predicate | None = field(default=None, init=False)
+    timestamp: bool = field(init=False)
+    prefix: bytes = field(init=False)
+    state: SubState = field(default=SubState.LIVE, init=False)
+    replay: Any = field(default=None, init=False)  # the Replay feeding it (server/replay.py)
+    queue: Any = field(default=None, init=False)  # a queue subscription's Queue (server/queue.py)
+    topic_b: bytes = field(init=False)
+    regex_b: Any = field(default=None, init=False)
+    acked_bm: tuple[int, int] | None = field(default=None, init=False)  # last `persisted` bm
+    # a bookmark subscription over a pattern is a stream of the transaction log: before the
+    # join (the replay reads only recorded topics) and after it (seed 001)
+    recorded_only: bool = field(init=False)
+    conflation: Any = field(default=None, init=False)  # a LiveConflation (server/conflation.py)
+    journal_fed: bool = field(default=False, init=False)  # TopicPolicy.journal_fed
 
-    def __init__(
-        self,
-        owner: SubscriptionOwner,
-        out: Outbox,
-        sub_id: str,
-        topic: str,
-        regex: Any,
-        filt: Predicate | None,
-        filter_text: str | None,
-        opts: SubscribeOptions,
-        acks: frozenset[str],
-        cid: Any,
-        bookmark: str | None = None,
-    ) -> None:
-        self.owner = owner
-        self.out = out
-        self.sub_id = sub_id
-        # Shared, not copied per subscription: thousands subscribe to one topic with no options
-        self.topic = sys.intern(topic)
-        self.regex = regex  # a compiled pattern for a regex topic, else None
-        self.filter = filt
-        self.filter_text = filter_text
-        # the content entitlement alone (server/guard.py Grant), for out-of-focus reasons
-        self.entitled: Predicate | None = None
+    def __post_init__(self) -> None:
+        self.topic = topic = sys.intern(self.topic)
+        opts = self.opts
         self.opts = _NO_OPTIONS if opts == _NO_OPTIONS else opts
         self.timestamp = opts.timestamp
-        self.prefix = frames.sub_prefix(sub_id)
-        self.state = SubState.LIVE
-        self.bookmark = bookmark  # the `bm` it was made with: a bookmark subscription
-        self.replay: Any = None  # the Replay feeding it (server/replay.py), if any
-        self.queue: Any = None  # the Queue of a queue subscription (server/queue.py)
-        self.acks = acks
-        self.cid = cid
-        self.topic_b = _topic_bytes(self.topic)
-        self.regex_b = None
-        if regex is not None:
+        self.prefix = frames.sub_prefix(self.sub_id)
+        self.topic_b = _topic_bytes(topic)
+        if self.regex is not None:
             try:
                 self.regex_b = compile_pattern(self.topic_b)
             except PatternError:  # pragma: no cover - the str pattern compiled already
                 self.regex_b = None
-        self.acked_bm: tuple[int, int] | None = None  # the last periodic `persisted` bookmark
-        # a bookmark subscription over a pattern is a stream of the transaction log: before the
-        # join (the replay reads only recorded topics) and after it (seed 001)
-        self.recorded_only = regex is not None and bookmark is not None
-        self.conflation: Any = None  # a LiveConflation (server/conflation.py) on the live stream
-        self.journal_fed = False  # all it gets is in the journal (TopicPolicy.journal_fed)
+        self.recorded_only = self.regex is not None and self.bookmark is not None
 
     @property
     def live(self) -> bool:

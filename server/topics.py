@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from config.model import Config
-
-from .router import is_pattern
+from protocol.patterns import is_pattern
 
 __all__ = ["TopicPolicy", "never"]
 

@@ -46,7 +46,7 @@ import os
 import secrets
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 
 __all__ = [
@@ -393,6 +393,7 @@ def _locked(path: str | os.PathLike[str], create: bool = True) -> Iterator[dict[
         yield users
         if users != before or not exists:
             _write(source, directory, users.values())
+            os.fsync(dfd)  # the rename is durable before the lock goes
     finally:
         os.close(dfd)  # releases the lock
 
@@ -408,13 +409,6 @@ def _write(source: str, directory: str, entries: Iterable[UserEntry]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, source)
     except BaseException:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)

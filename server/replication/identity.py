@@ -30,6 +30,8 @@ import os
 import secrets
 import struct
 
+from journal.manifest import write_atomic
+
 __all__ = [
     "IDENTITY_FILE",
     "REPL_JID",
@@ -70,19 +72,7 @@ def journal_identity(directory: str) -> tuple[str, bool]:
             raise BadIdentityFile(path, got)
         return jid, False
     jid = secrets.token_hex(16)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, jid.encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, jid.encode() + b"\n")
     return jid, True
 
 

@@ -38,6 +38,7 @@ import functools
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from journal.journal import Journal
@@ -84,35 +85,27 @@ class CatchUpDoor(Protocol):
     def synced(self, source: str) -> None: ...
 
 
+@dataclass(eq=False, repr=False)
 class Receiver:
-    def __init__(
-        self,
-        name: str,
-        pipeline: Pipeline,
-        journal: Journal,
-        guard: Guard,
-        queues: QueueDoor | None = None,
-        jid: str | None = None,
-        catch_up: CatchUpDoor | None = None,
-    ) -> None:
-        self.name = name
+    name: str
+    pipeline: Pipeline
+    journal: Journal
+    guard: Guard
+    queues: QueueDoor | None = None
+    jid: str | None = None  # this instance's journal identity, sent to every source
+    catch_up: CatchUpDoor | None = None
+
+    def __post_init__(self) -> None:
         # a source's link is up: it is back, and this instance's sender to it (if any) tries
         # again at once rather than at the end of its back-off (app.py wires the senders)
         self.source_back: Callable[[str], None] | None = None
-        self.jid = jid  # this instance's journal identity, sent to every source
-        self.catch_up = catch_up
         self.jids: dict[str, str] = {}  # source -> its journal identity (this run)
-        self.queues = queues
-        self.pipeline = pipeline
-        self.journal = journal
-        self.guard = guard
         self.links: dict[str, Link] = {}  # source name -> its current link
         self.durable_from: dict[str, int] = {}  # source -> position acked on this run
         self.received = 0
         self.stored = 0
         self.duplicates = 0
         self.damaged = 0
-        self.bad_events = 0  # queue-event records that could not be read (left out)
         # per source since start: [messages received, bytes received, duplicates dropped]
         self.per_source: dict[str, list[int]] = {}
         self._conns: set[Link] = set()
@@ -319,7 +312,6 @@ class Receiver:
         try:
             self.queues.translate_in(bytes(rec[5]), bytes(rec[6]), who, grp)
         except WireEventError as exc:
-            self.bad_events += 1
             log.error(
                 "replication link from %s: queue events of %r at source position %d left out: %s",
                 source,

@@ -33,6 +33,7 @@ import re
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from config.model import ReplicationAddress, ReplicationDestination
 from journal.journal import Journal
@@ -196,32 +197,23 @@ def select(
     return b"".join(out), pos, count
 
 
+@dataclass(eq=False, repr=False)
 class Sender:
-    def __init__(
-        self,
-        dest: ReplicationDestination,
-        name: str,
-        group: str,
-        journal: Journal,
-        pipeline: Pipeline,
-        sink: AckSink,
-        password: Callable[[], str | None] = lambda: None,
-        translate: Callable[[bytes], bytes] | None = None,
-        jid: str | None = None,
-        answered: Callable[[str, str | None], None] | None = None,
-    ) -> None:
-        self.dest = dest
-        self.jid = jid  # this journal's identity (sent at logon)
-        # each logon's outcome: the destination's `seen` (the identity it knew of this journal),
-        # None when it could not be reached (server/replication/catchup.py)
-        self.answered = answered
-        self.name = name
-        self.group = group
-        self.journal = journal
-        self.pipeline = pipeline
-        self.sink = sink
-        self.password = password
-        self.translate = translate  # queue events' wire form (QueueManager.translate_out)
+    dest: ReplicationDestination
+    name: str
+    group: str
+    journal: Journal
+    pipeline: Pipeline
+    sink: AckSink
+    password: Callable[[], str | None] = lambda: None
+    translate: Callable[[bytes], bytes] | None = None  # queue events' wire form (translate_out)
+    jid: str | None = None  # this journal's identity (sent at logon)
+    # each logon's outcome: the destination's `seen` (the identity it knew of this journal),
+    # None when it could not be reached (server/replication/catchup.py)
+    answered: Callable[[str, str | None], None] | None = None
+
+    def __post_init__(self) -> None:
+        dest, journal = self.dest, self.journal
         self.filter = Filter(dest)
         self.acked = 0  # source position the destination acknowledged (this link or before)
         self.link: Link | None = None

@@ -48,7 +48,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any, Protocol
 
 __all__ = ["UPGRADE_WITHIN", "Destination", "SyncGate", "UnknownDestination"]
@@ -106,6 +106,7 @@ class Destination:
         return "downgraded" if self.downgraded else "sync"
 
 
+@dataclass(eq=False, repr=False)
 class SyncGate:
     """Holds acks for sync destinations; tracks every destination's link, acks and lag.
 
@@ -115,28 +116,23 @@ class SyncGate:
     the clocks. The pipeline sets `release` (and `wake`, called when `durable_end` advances).
     """
 
-    def __init__(
-        self,
-        destinations: Iterable[tuple[str, bool, float | None]],
-        local_end: Callable[[], int],
-        call_later: Callable[[float, Callable[[], None]], Handle],
-        monotonic: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-    ) -> None:
+    destinations: InitVar[Iterable[tuple[str, bool, float | None]]]
+    local_end: Callable[[], int]
+    call_later: Callable[[float, Callable[[], None]], Handle]
+    monotonic: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+
+    def __post_init__(self, destinations: Iterable[tuple[str, bool, float | None]]) -> None:
         self.dests: dict[str, Destination] = {
             name: Destination(name, sync, after) for name, sync, after in destinations
         }
-        self.local_end = local_end
-        self.call_later = call_later
-        self.monotonic = monotonic
-        self.wall = wall
         self.release: Callable[[Any], None] = lambda batch: None
         self.wake: Callable[[], None] = lambda: None
         self.has_sync = any(d.sync for d in self.dests.values())
         self._active = [d for d in self.dests.values() if d.active]
         self._held: collections.deque[tuple[int, Any]] = collections.deque()  # (end, batch)
         # a sync destination has acked nothing yet: the senders report where it stands
-        self._durable_end = 0 if self._active else local_end()
+        self._durable_end = 0 if self._active else self.local_end()
         self._woken_end = self._durable_end
         # marks of committed batches: end positions, messages committed so far, time, bookmark
         self._ends: collections.deque[int] = collections.deque()
@@ -148,7 +144,7 @@ class SyncGate:
         self._base: tuple[int, int, float, tuple[int, int] | None] = (
             self._durable_end,
             0,
-            monotonic(),
+            self.monotonic(),
             None,
         )
 

@@ -396,7 +396,8 @@ def test_bad_file_reports_every_problem(tmp_path):
         (
             9,
             "/TickertapeConfig/Transports/Transport[2]",
-            "transport name 'json-tcp' is already used at line 4",
+            "transport name 'json-tcp' is already used at line 4; give each transport its own "
+            "<Name>",
         ),
         (
             11,
@@ -433,7 +434,7 @@ def test_bad_file_reports_every_problem(tmp_path):
         (
             28,
             "/TickertapeConfig/SOW/Queue[2]",
-            "queue name 'q' is already used at line 23",
+            "queue name 'q' is already used at line 23; give each queue its own <Name>",
         ),
         (
             30,

@@ -77,6 +77,46 @@ def test_a_field_of_the_wrong_type_refuses_that_command_only():
     assert h2.s == 2 and body2 == b"next"
 
 
+# every sized text field over its limit: the reason and the whole message the client is told
+OVERSIZED = [
+    ("t", 65535, "invalid topic", "topic is longer than 65535 bytes"),
+    ("x", 32768, "bad frame", "correlation id x is longer than 32768 bytes"),
+    ("f", 65536, "bad filter", "filter is longer than 65536 bytes"),
+    ("cid", 1024, "bad frame", "command id cid is longer than 1024 bytes"),
+    ("sub_id", 16384, "bad frame", "sub_id is longer than 16384 bytes"),
+    ("bm", 65536, "invalid bookmark", "bm is longer than 65536 bytes"),
+    ("o", 4096, "invalid options", "options o are longer than 4096 bytes"),
+    ("k", 1024, "bad sow key", "sow key k is longer than 1024 bytes"),
+    ("sow_keys", 1048576, "bad sow key",
+     "sow_keys is longer than 1048576 bytes; query or delete in parts"),
+    ("query_id", 1024, "bad frame", "query_id is longer than 1024 bytes"),
+    ("order_by", 4096, "bad order by", "order_by is longer than 4096 bytes"),
+    ("client_name", 1024, "bad frame", "client_name and user_id are at most 1024 bytes"),
+    ("user_id", 1024, "bad frame", "client_name and user_id are at most 1024 bytes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,limit,reason,detail", OVERSIZED)
+def test_each_sized_field_is_refused_past_its_limit_with_its_message(name, limit, reason, detail):
+    at_limit = msgspec.structs.replace(Header(c="x"), **{name: "é" * (limit // 2)})
+    assert check_fields(at_limit) is None  # bytes are counted, not characters
+    problem = check_fields(msgspec.structs.replace(Header(c="x"), **{name: "a" * (limit + 1)}))
+    assert isinstance(problem, FieldError) and (problem.reason, problem.detail) == (reason, detail)
+
+
+NUMERIC = ("s", "l", "matches", "records_deleted", "max_backlog", "top_n", "bs",
+           "records_returned", "topic_matches")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+def test_a_number_in_a_string_is_taken_for_every_integer_field(name):
+    # the lenient decoder (a header the typed one refuses) converts Header's integer fields
+    h = decode_header(b'{"c":"publish","%s":"7","x":8}' % name.encode())
+    assert getattr(h, name) == 7 and h.x == "8"
+    h = decode_header(b'{"c":"publish","e":"2.5","t":5}')
+    assert h.e == 2.5 and h.t == "5"
+
+
 def test_the_client_side_decoder_still_treats_a_bad_field_as_a_bad_frame():
     with pytest.raises(FrameError, match="decimal integer"):
         FrameDecoder().feed(frame(b'{"c":"publish","s":"abc"}'))

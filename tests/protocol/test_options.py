@@ -16,6 +16,7 @@ from protocol.options import (
     parse_options,
     parse_rate,
     sow_delete_options,
+    sow_options,
     subscribe_options,
 )
 
@@ -363,3 +364,27 @@ def test_heartbeat_malformed(text, fragment):
     with pytest.raises(InvalidOptions) as info:
         heartbeat_options(text)
     assert fragment in str(info.value)
+
+
+SUBSCRIBE_ACCEPTED = (
+    "live, fully_durable, pause, resume, replace, rate, rate_max_gap, timestamp, conflation, "
+    "conflation_key, bookmark_not_found, max_backlog, oof, no_sowkey, no_empties, send_keys"
+)
+
+
+@pytest.mark.parametrize(
+    "parse,command,accepted",
+    [
+        (subscribe_options, "subscribe", SUBSCRIBE_ACCEPTED),
+        (lambda t: subscribe_options(t, "sow_and_subscribe"), "sow_and_subscribe",
+         SUBSCRIBE_ACCEPTED + ", skip_n, top_n"),
+        (sow_options, "sow", "skip_n, top_n, timestamp, no_sowkey, send_keys"),
+        (sow_delete_options, "sow_delete", "cancel, expire, lease_extend"),
+        (logon_options, "logon", "ack_conflation"),
+        (heartbeat_options, "heartbeat", "start, beat"),
+    ],
+)  # fmt: skip
+def test_an_unknown_option_is_told_every_option_of_its_command_in_order(parse, command, accepted):
+    with pytest.raises(InvalidOptions) as info:
+        parse("bogus")
+    assert str(info.value) == f"unknown option 'bogus' for {command}; accepted: {accepted}"

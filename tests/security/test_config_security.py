@@ -310,7 +310,7 @@ def test_entitlement_problems(served, env):
     messages = [m for _, _, m in found]
     assert "empty user name" in messages[0]
     assert "invalid regular expression 'bad('" in messages[1]
-    assert "role name 'a' is already used at line 5" in messages[2]
+    assert messages[2] == "role name 'a' is already used at line 5; give each role its own <Name>"
     assert "lookaround" in messages[3] or "not supported" in messages[3]
     assert "did you mean <Users>?" in messages[4]
     assert "missing <Name>" in messages[5]

@@ -51,6 +51,26 @@ def test_file_holds_hashes_only_with_mode_0600(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["users.db"]  # no temporary left behind
 
 
+def test_a_write_syncs_the_file_then_renames_it_then_syncs_the_directory(tmp_path, monkeypatch):
+    path = tmp_path / "users.db"
+    steps = []
+    fsync, replace = os.fsync, os.replace
+
+    def record_fsync(fd):
+        steps.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    def record_replace(src, dst):
+        steps.append(("replace", os.fspath(dst)))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", record_fsync)
+    monkeypatch.setattr(os, "replace", record_replace)
+    set_password(path, "alice", "s3cret", FAST)
+    assert steps[1:] == [("replace", str(path)), ("fsync", str(tmp_path))]
+    assert steps[0][0] == "fsync" and os.path.dirname(steps[0][1]) == str(tmp_path)
+
+
 def test_each_hash_has_its_own_salt(tmp_path):
     path = tmp_path / "users.db"
     set_password(path, "a", "same", FAST)

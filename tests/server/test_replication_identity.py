@@ -40,6 +40,9 @@ J1, J2 = "1" * 32, "2" * 32
 def test_the_identity_file_is_made_once_and_kept(tmp_path):
     jid, made = journal_identity(str(tmp_path))
     assert made and len(jid) == 32 and int(jid, 16) >= 0
+    # the file is the identity and a newline, and nothing else is left in the directory
+    assert [f.name for f in tmp_path.iterdir()] == [IDENTITY_FILE]
+    assert (tmp_path / IDENTITY_FILE).read_bytes() == jid.encode() + b"\n"
     assert journal_identity(str(tmp_path)) == (jid, False)
     (tmp_path / IDENTITY_FILE).write_text("not an identity\n")
     with pytest.raises(BadIdentityFile, match="restore it, or remove it"):
