@@ -377,18 +377,19 @@ class Pipeline:
         size = -1 for a batch that never went to the journal (nothing to wait for).
 
         Durable: the end moves past it, then its acks (unless the sync gate holds them: they
-        follow at `_release`, in order), then live delivery and the queues, then the tailing
+        follow at `_release`, in order), then its `durable` callbacks (replication links, the
+        SOW store), then live delivery and the queues, then the tailing
         replays, then its flush markers and callbacks (unless held). A failure skips them all:
         `_failed` rolls back and tells the publishers."""
         if size >= 0:
             self._retire(size, err)
         self._ease_backlog()
-        if batch.durable:
-            self._report_local(batch, pos, err)
+        base = pos if pos is not None else self.delivered_end
         if err is not None:
+            if batch.durable:
+                self._report_local(batch, base, err)
             self._failed(batch, err)
             return
-        base = pos if pos is not None else self.delivered_end
         end = self._end_after(batch, pos)
         if self.checks is not None:
             self.checks.committed(batch, end)
@@ -396,6 +397,10 @@ class Pipeline:
         self._advance_end(batch, base)
         if not held:
             self._release_acks(batch)
+        if batch.durable:
+            # after the acks, which wait for the journal only: the SOW store's fold of the
+            # batch (its `durable` callback) is not on the publishers' round trip
+            self._report_local(batch, base, err)
         if self.fanout.active or self.on_deliver:
             self._deliver(batch, base)
         if self.waiters:
@@ -421,9 +426,10 @@ class Pipeline:
             self.backlogged = False
             self.on_backlog(False)
 
-    def _report_local(self, batch: Batch, pos: int | None, err: BaseException | None) -> None:
-        """Replication links' `on_durable`: the local commit, never held by the gate."""
-        end = (pos if pos is not None else self.delivered_end) + len(batch.data)
+    def _report_local(self, batch: Batch, base: int, err: BaseException | None) -> None:
+        """The batch's `durable` callbacks (replication links' `on_durable`, the SOW store's
+        fold): the local commit, never held by the gate; `base` is where its data starts."""
+        end = base + len(batch.data)
         for on_durable in batch.durable:
             on_durable(end, err)
 

@@ -12,7 +12,7 @@ from protocol.options import subscribe_options
 from server import frames
 from server.fanout import Fanout
 from server.outbox import Outbox
-from server.pipeline import ABOVE_GAP, DUPLICATE, STORED, Pipeline
+from server.pipeline import ABOVE_GAP, DUPLICATE, INLINE_COMMIT_BYTES, STORED, Pipeline
 from server.pipeline_check import CommitChecks
 from server.router import Router
 from server.subscriptions import Subscription, SubState
@@ -154,6 +154,39 @@ async def test_flush_markers_and_after_commit_run_in_order(journal):
     await _settle(p)
     assert pub.flushes == [("f1", ["completed"], None)]
     assert seen == [(None, [("f1", ["completed"], None)])]
+
+
+async def test_a_batchs_durable_callbacks_run_after_its_acks_and_before_its_delivery(journal):
+    """The SOW store folds a batch in its `durable` callback: the publishers' `persisted` acks
+    (durable in the journal) go out first, so that fold is not on their round trip; live
+    delivery comes after it (a subscriber never sees a message the store does not hold yet).
+    The batch is past INLINE_COMMIT_BYTES: committed on the writer thread, whose acks are not
+    sent early."""
+    p = make_pipeline(journal)
+    sub, transport = subscriber(p.fanout, "orders")
+    pub = Publisher()
+    seen: list[tuple[int, list[int], int]] = []
+
+    def hook(batch):
+        start = p.delivered_end
+        batch.durable.append(
+            lambda end, err: seen.append(
+                (end - start, list(pub.persisted_seqs), len(transport.data))
+            )
+        )
+
+    p.before_flush.append(hook)
+    body = b'{"n":"' + b"x" * 1000 + b'"}'
+    n = INLINE_COMMIT_BYTES // len(body) + 2
+    for seq in range(1, n + 1):
+        p.publish(pub, 77, seq, "orders", body)
+    await _settle(p)
+    assert pub.persisted_seqs[-1] == n
+    size, acked, delivered = seen[0]
+    assert size > INLINE_COMMIT_BYTES  # one batch, committed on the writer thread
+    assert acked and acked[-1] > 0  # its ack went before the callback
+    assert delivered == 0  # its delivery comes after it
+    assert len(split_frames(bytes(transport.data))) == n
 
 
 async def test_backlog_pauses_and_resumes_publishers(journal):
