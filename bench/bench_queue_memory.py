@@ -90,13 +90,12 @@ def one_rep(args, jdir: str) -> dict:
     out["b_per_msg"] = (out["rss_q"] - out["rss_noq"]) / n
     out["b_per_msg_peak"] = (out["hwm_q"] - out["hwm_noq"]) / n
     out["b_per_msg_restart"] = (out["rss_q2"] - out["rss_noq"]) / n
-    problems = []
-    for k in ("waiting", "waiting2"):
-        if out[k] != n:
-            problems.append(f"{k}: the queue recovered {out[k]} waiting messages, expected {n}")
-    if problems:
-        out["problem"] = "; ".join(problems)
-    return out
+    problems = [
+        f"{k}: the queue recovered {out[k]} waiting messages, expected {n}"
+        for k in ("waiting", "waiting2")
+        if out[k] != n
+    ]
+    return benchlib.judged(out, problems, valid=True)  # counted in the figures all the same
 
 
 def shown(m: dict) -> str:
@@ -119,9 +118,7 @@ def main() -> None:
     jdir, _meta = journaldata.cached_journal(args.count, TOPIC, args.size)
     reps, problems = benchlib.repeat("", args.reps, lambda _r: one_rep(args, jdir), show=shown)
 
-    def med(k):
-        v = [m[k] for m in reps if m.get(k) is not None]
-        return statistics.median(v) if v else None
+    med = benchlib.medians(reps).get
 
     def rng(k, f):
         v = [m[k] for m in reps if m.get(k) is not None]
