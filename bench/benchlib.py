@@ -329,12 +329,9 @@ def fmt(metric: Metric, v) -> str:
     return "—" if v is None else metric.fmt.format(v)
 
 
-def table(
-    rows: list[tuple[str, dict]],
-    metrics: list[Metric],
-    ours: str = "tickertape",
-) -> tuple[str, str]:
-    """(figures table, ratio table) as markdown. Ratio = our figure / the peer's figure."""
+def table(rows: list[tuple[str, dict]], metrics: list[Metric]) -> tuple[str, str]:
+    """(figures table, ratio table) as markdown. Ratio = Tickertape's figure / the peer's."""
+    ours = "tickertape"
     head = "| peer | " + " | ".join(m.title for m in metrics) + " |"
     sep = "|---|" + "---:|" * len(metrics)
     lines = [head, sep]
