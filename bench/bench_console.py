@@ -104,14 +104,12 @@ def main() -> None:
         f"{args.pages} page(s) open, {args.reps} reps (interleaved)"
     )
     run = benchlib.run_rows(vs, args.reps, partial(one_rep, args, admin_port), METRICS)
-    ratio = run.ratio
-
     targets = benchlib.targets_table(
         [
             (
                 f"{k}: page open ÷ no page ≥ 0.98",
                 "×",
-                ratio(f"{k}, page open", f"{k}, no page"),
+                run.ratio(f"{k}, page open", f"{k}, no page"),
                 0.98,
                 "min",
             )
