@@ -20,7 +20,6 @@ With --record the table replaces the bench_burst_memory section of bench/RESULTS
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -67,7 +66,7 @@ def main() -> int:
     rows = []
     for limit in limits:
         runs = [one(limit, args) for _ in range(args.reps)]
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        med = benchlib.medians(runs)
         rows.append((limit or "4MB (default)", med, [r["grown"] for r in runs]))
     lines = [
         "## Memory a publish burst costs (bench_burst_memory)",
