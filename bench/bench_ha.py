@@ -208,7 +208,12 @@ def table(title: str, rows: list[tuple[str, list[float]]], fmt: str, base: str |
         print(line)
 
 
-def both(title: str, rows: dict, kinds: list[str]) -> None:
+def both(title: str, rep_fn, kinds: list[str], reps: int) -> None:
+    """reps runs of rep_fn per kind, each on a fresh server; their rates and client CPU."""
+    rows: dict[str, list] = {k: [] for k in kinds}
+    for _ in range(reps):
+        for k in kinds:  # interleaved: drift in the machine hits every row alike
+            rows[k].append(run_rep(rep_fn, k))
     table(f"{title} (msgs/s)", [(k, [r[0] for r in rows[k]]) for k in kinds], "{:,.0f}",
           "plain")  # fmt: skip
     table(f"{title} (client CPU µs/msg)", [(k, [r[1] for r in rows[k]]) for k in kinds],
@@ -256,12 +261,8 @@ def main() -> None:
 
     sections = set(args.sections.split(","))
     kinds = ["plain", "memory store", "file store"]
-    pub_rows = {k: [] for k in kinds}
-    for _ in range(args.reps if "publish" in sections else 0):
-        for k in kinds:  # interleaved: drift in the machine hits every row alike
-            pub_rows[k].append(run_rep(pub_rep, k))
     if "publish" in sections:
-        both("publish, persisted", pub_rows, kinds)
+        both("publish, persisted", pub_rep, kinds, args.reps)
 
     async def sub_rep(peer, workdir, kind):
         address = f"{peer.host}:{peer.port}"
@@ -279,12 +280,8 @@ def main() -> None:
             store.close()
 
     kinds = ["plain", "memory store", "logged store", "ring store"]
-    sub_rows = {k: [] for k in kinds}
-    for _ in range(args.reps if "subscribe" in sections else 0):
-        for k in kinds:
-            sub_rows[k].append(run_rep(sub_rep, k))
     if "subscribe" in sections:
-        both("subscribe, replay + discard each", sub_rows, kinds)
+        both("subscribe, replay + discard each", sub_rep, kinds, args.reps)
 
     async def restart_rep(peer, workdir):
         return await restart_to_first_message(peer, workdir, args.rate)
