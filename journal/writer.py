@@ -282,16 +282,14 @@ class JournalWriter:
             run: list[Batch] = []
             for item in batch:
                 head = item[0]
-                if head is None:  # a fence: the submitter has dealt with the failure
-                    if run:
+                if head is None or type(head) is _Control:  # a fence, or maintenance
+                    if run:  # both come between two commits
                         self._commit_fitting(run)
                         run = []
-                    self._failure = None
-                elif type(head) is _Control:  # maintenance: between two commits
-                    if run:
-                        self._commit_fitting(run)
-                        run = []
-                    head.run()
+                    if head is None:  # a fence: the submitter has dealt with the failure
+                        self._failure = None
+                    else:
+                        head.run()
                 else:
                     run.append(cast(Batch, item))
             if run:
