@@ -162,12 +162,6 @@ class JournalIndex:
             v = txn.get(b"indexed_upto")
         return _unpack_q(v)[0] if v else 0
 
-    def locate(self, publisher_id: int, seq: int) -> int | None:
-        """Position of an exactly indexed bookmark (see locate_floor for the sparse lookup)."""
-        with self.env.begin(db=self._bm) as txn:
-            v = txn.get(_pack_qq(publisher_id, seq))
-        return _unpack_q(v)[0] if v is not None else None
-
     def locate_floor(self, publisher_id: int, seq: int) -> tuple[int, int] | None:
         """(seq, position) of the publisher's last index entry at or before seq, or None."""
         with self.env.begin(db=self._bm) as txn:
