@@ -129,11 +129,9 @@ class JournalIndex:
                     pass
 
     def _open(self) -> None:
-        path = self.path
-        map_size = self.map_size
         self.env = lmdb.open(
-            path,
-            map_size=map_size,
+            self.path,
+            map_size=self.map_size,
             max_dbs=8,
             sync=False,
             metasync=False,
