@@ -217,11 +217,8 @@ class JournalIndex:
 
     def publishers(self) -> dict[int, tuple[int, int]]:
         """publisher_id -> (highest seq, position of that message)."""
-        out = {}
         with self.env.begin(db=self._pub) as txn:
-            for k, v in txn.cursor():
-                out[_unpack_q(k)[0]] = _unpack_qq(v)
-        return out
+            return {_unpack_q(k)[0]: _unpack_qq(v) for k, v in txn.cursor()}
 
     def count(self) -> int:
         with self.env.begin(db=self._bm) as txn:
