@@ -115,10 +115,7 @@ def _run_tasks(spark: SparkSession, specs: list[Json], label: str, progress: boo
     df = spark.createDataFrame(rdd, "gid INT, spec STRING")
     out = df.mapInArrow(job_code.spark_task, META_SCHEMA)
     total_bytes = sum(e["file_bytes"] for s in specs for e in s["segments"])
-    if progress:
-        with Progress(sc, len(specs), total_bytes, label):
-            got = out.collect()
-    else:
+    with Progress(sc, len(specs), total_bytes, label) if progress else contextlib.nullcontext():
         got = out.collect()
     metas: list[Json | None] = [None] * len(specs)
     for r in got:
