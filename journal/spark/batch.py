@@ -57,7 +57,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from journal.maintenance import plan_groups
-from journal.manifest import read_json, result_path, staging_dir, write_json_atomic
+from journal.manifest import maint_dir, read_json, result_path, staging_dir, write_json_atomic
 from journal.spark import job_code, jobs
 from journal.spark.job_commit import (
     VerificationFailed,
@@ -465,8 +465,6 @@ def add_spark_arguments(p: argparse.ArgumentParser, driver_memory: str = "2g") -
 
 def spark_log_path(journal_dir: str, req_id: str) -> str:
     """Where a quiet job's Spark log goes (kept on failure, removed after success)."""
-    from journal.manifest import maint_dir
-
     return maint_dir(journal_dir, "logs", req_id + ".spark.log")
 
 
