@@ -244,14 +244,7 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
                             compression="zstd",
                             compression_level=level,
                             use_dictionary=["kind", "segment"],
-                            write_statistics=[
-                                "position",
-                                "publisher_id",
-                                "seq",
-                                "ts",
-                                "kind",
-                                "segment",
-                            ],
+                            write_statistics="position publisher_id seq ts kind segment".split(),
                         )
                         expect[rel] = [0, 0]
                     w.write_table(part)
