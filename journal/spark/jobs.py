@@ -283,18 +283,8 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
                 ("position", "max"),
             ]
         )
-        for seg, cnt, csum, lo, hi in zip(
-            *(
-                agg[c].to_pylist()
-                for c in (
-                    "segment",
-                    "record_crc_count",
-                    "record_crc_sum",
-                    "position_min",
-                    "position_max",
-                )
-            )
-        ):
+        names = "segment record_crc_count record_crc_sum position_min position_max".split()
+        for seg, cnt, csum, lo, hi in zip(*(agg[c].to_pylist() for c in names)):
             r = readback.setdefault(seg, [0, 0, lo, hi])
             r[0] += cnt
             r[1] += csum
