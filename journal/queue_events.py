@@ -184,9 +184,8 @@ def _owner_names(payload: bytes) -> tuple[str, str] | None:
     m = payload[1 + n]
     if 2 + n + m > len(payload):
         return None
-    return payload[1 : 1 + n].decode(errors="replace"), payload[2 + n : 2 + n + m].decode(
-        errors="replace"
-    )
+    former, new = payload[1 : 1 + n], payload[2 + n : 2 + n + m]
+    return former.decode(errors="replace"), new.decode(errors="replace")
 
 
 def apply_events(
