@@ -378,9 +378,7 @@ class CompactedReader:
         i = bisect.bisect_right(self.first_positions, position) - 1
         if i < 0:
             return 0
-        if position >= self.block_ends[i]:
-            return i + 1
-        return i
+        return i + 1 if position >= self.block_ends[i] else i
 
     def _collect(
         self, position: int, max_bytes: int, decode: Callable[[bytes, int], tuple[list[T], int]]

@@ -129,11 +129,9 @@ class JournalIndex:
                     pass
 
     def _open(self) -> None:
-        path = self.path
-        map_size = self.map_size
         self.env = lmdb.open(
-            path,
-            map_size=map_size,
+            self.path,
+            map_size=self.map_size,
             max_dbs=8,
             sync=False,
             metasync=False,
@@ -161,12 +159,6 @@ class JournalIndex:
         with self.env.begin(db=self._meta) as txn:
             v = txn.get(b"indexed_upto")
         return _unpack_q(v)[0] if v else 0
-
-    def locate(self, publisher_id: int, seq: int) -> int | None:
-        """Position of an exactly indexed bookmark (see locate_floor for the sparse lookup)."""
-        with self.env.begin(db=self._bm) as txn:
-            v = txn.get(_pack_qq(publisher_id, seq))
-        return _unpack_q(v)[0] if v is not None else None
 
     def locate_floor(self, publisher_id: int, seq: int) -> tuple[int, int] | None:
         """(seq, position) of the publisher's last index entry at or before seq, or None."""
@@ -225,11 +217,8 @@ class JournalIndex:
 
     def publishers(self) -> dict[int, tuple[int, int]]:
         """publisher_id -> (highest seq, position of that message)."""
-        out = {}
         with self.env.begin(db=self._pub) as txn:
-            for k, v in txn.cursor():
-                out[_unpack_q(k)[0]] = _unpack_qq(v)
-        return out
+            return {_unpack_q(k)[0]: _unpack_qq(v) for k, v in txn.cursor()}
 
     def count(self) -> int:
         with self.env.begin(db=self._bm) as txn:

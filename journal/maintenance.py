@@ -130,12 +130,8 @@ def repl_acked_key(dest: str) -> bytes:
 def destination_floor(journal: Journal, destinations: Iterable[str]) -> int | None:
     """The lowest position some configured destination has not acked (0 for one that never
     acked), or None with no destination: nothing at or after it may be removed or dropped."""
-    floor = None
-    for dest in destinations:
-        raw = journal.index.get_meta(repl_acked_key(dest))
-        pos = _U64.unpack(raw[:8])[0] if raw and len(raw) >= 8 else 0
-        floor = pos if floor is None else min(floor, pos)
-    return floor
+    acked = (journal.index.get_meta(repl_acked_key(dest)) for dest in destinations)
+    return min((_U64.unpack(r[:8])[0] if r and len(r) >= 8 else 0 for r in acked), default=None)
 
 
 def make_request(

@@ -24,6 +24,7 @@ from .maintenance import STALE_REQUEST_S, Json, MaintenanceError, ids_in, now_us
 from .manifest import (
     applied_path,
     file_sha256,
+    fsync_dir,
     load_manifest,
     maint_dir,
     read_json,
@@ -32,10 +33,10 @@ from .manifest import (
     staging_dir,
     write_json_atomic,
 )
+from .segments import Segment
 
 if TYPE_CHECKING:
     from .journal import Journal
-    from .segments import Segment
 
 log = logging.getLogger("tickertape.journal.maintenance")
 
@@ -156,8 +157,6 @@ def _apply_archive(journal: Journal, req: Json, res: Json) -> Json:
 
 
 def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
-    from .segments import Segment
-
     d = journal.directory
     _check_sources(journal, req["segments"])
     _check_archived(journal, req)
@@ -183,8 +182,6 @@ def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
         # leaves files the manifest does not name, removed at the next open)
         for out in outputs:
             os.replace(out["staged"], os.path.join(d, out["file"]))
-        from .manifest import fsync_dir
-
         fsync_dir(d)
         for out in outputs:
             readers.append(CompactedReader(os.path.join(d, out["file"])))

@@ -167,16 +167,12 @@ def append_run(buf: bytearray, op: int, positions: array.array) -> None:
 def append_owner(buf: bytearray, former: str, new: str, cut_us: int) -> None:
     """One OWNER entry: `new` took over the messages `former` owns, its own up to origin time
     cut_us (names of <= 255 bytes)."""
-    payload = _owner_payload(former, new)
-    buf += _pack(QueueOp.OWNER, 0, len(payload), cut_us)
-    buf += payload
-
-
-def _owner_payload(former: str, new: str) -> bytes:
     a, b = former.encode(), new.encode()
     if len(a) > 255 or len(b) > 255:
         raise ValueError("instance names of more than 255 bytes cannot be queue owners")
-    return bytes([len(a)]) + a + bytes([len(b)]) + b
+    payload = bytes([len(a)]) + a + bytes([len(b)]) + b
+    buf += _pack(QueueOp.OWNER, 0, len(payload), cut_us)
+    buf += payload
 
 
 def _owner_names(payload: bytes) -> tuple[str, str] | None:
@@ -188,9 +184,8 @@ def _owner_names(payload: bytes) -> tuple[str, str] | None:
     m = payload[1 + n]
     if 2 + n + m > len(payload):
         return None
-    return payload[1 : 1 + n].decode(errors="replace"), payload[2 + n : 2 + n + m].decode(
-        errors="replace"
-    )
+    former, new = payload[1 : 1 + n], payload[2 + n : 2 + n + m]
+    return former.decode(errors="replace"), new.decode(errors="replace")
 
 
 def apply_events(

@@ -255,11 +255,10 @@ class JournalReader:
             if e is None:
                 raise CorruptSegment(seg.path, 0, f"no record at position {position}")
             return self.next_position(e)
-        head = os.pread(self.fd_of(seg), 4, SEGMENT_HEADER_SIZE + position - seg.base)
+        offset = SEGMENT_HEADER_SIZE + position - seg.base
+        head = os.pread(self.fd_of(seg), 4, offset)
         if len(head) < 4:
-            raise CorruptSegment(
-                seg.path, SEGMENT_HEADER_SIZE + position - seg.base, "no record at this position"
-            )
+            raise CorruptSegment(seg.path, offset, "no record at this position")
         return self.next_position(position + record_length_at(head, 0))
 
     def locate_time(self, ts_us: int) -> int:

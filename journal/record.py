@@ -469,25 +469,8 @@ def record_columns(buf: BytesLike, offsets: list[int], stop: int) -> dict[str, n
 
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return {
-            k: empty
-            for k in (
-                "offset",
-                "size",
-                "crc",
-                "kind",
-                "flags",
-                "publisher_id",
-                "seq",
-                "ts",
-                "expiration",
-                "header_start",
-                "header_end",
-                "topic_start",
-                "topic_end",
-                "body_end",
-            )
-        }
+        names = "offset size crc kind flags publisher_id seq ts expiration header_start header_end"
+        return {k: empty for k in (names + " topic_start topic_end body_end").split()}
     hdr = b[o[:, None] + np.arange(RECORD_HEADER_SIZE, dtype=np.int64)]  # one gather: (n, 36) bytes
 
     def field(lo: int, width: int) -> np.ndarray:

@@ -35,7 +35,6 @@ from .record import (
     SEGMENT_HEADER_SIZE,
     CorruptRecord,
     RawRecord,
-    Record,
     decode_segment_header,
     encode_segment_header,
     scan_records,
@@ -224,7 +223,14 @@ class Recovery:
             if not recs:
                 self.index.add((), seg.end)
                 return indexed
-            self._index_records(recs, nxt)
+            self.index.add(
+                (
+                    (r.publisher_id, r.seq, r.timestamp_us, r.position)
+                    for r in recs
+                    if r.kind == KIND_MESSAGE
+                ),
+                nxt,
+            )
             indexed += len(recs)
             pos = nxt
 
@@ -315,21 +321,8 @@ class Recovery:
             indexed += len(recs)
         return indexed, (self._truncate_tail(seg_i, *torn[0]) if torn else 0)
 
-    def _index_records(self, recs: list[Record], upto: int) -> None:
-        if recs:
-            self.index.add(
-                (
-                    (r.publisher_id, r.seq, r.timestamp_us, r.position)
-                    for r in recs
-                    if r.kind == KIND_MESSAGE
-                ),
-                upto,
-            )
-
     def _truncate_tail(self, seg_i: int, position: int, reason: str) -> int:
-        seg = self.layout.segments[seg_i]
-        if seg_i != len(self.layout.segments) - 1:
-            raise CorruptSegment(seg.path, SEGMENT_HEADER_SIZE + position - seg.base, reason)
+        seg = self.layout.segments[seg_i]  # the newest: _index_plain reports a torn tail only there
         if seg.end - position <= 0:
             return 0
         offset = SEGMENT_HEADER_SIZE + position - seg.base

@@ -282,16 +282,14 @@ class JournalWriter:
             run: list[Batch] = []
             for item in batch:
                 head = item[0]
-                if head is None:  # a fence: the submitter has dealt with the failure
-                    if run:
+                if head is None or type(head) is _Control:  # a fence, or maintenance
+                    if run:  # both come between two commits
                         self._commit_fitting(run)
                         run = []
-                    self._failure = None
-                elif type(head) is _Control:  # maintenance: between two commits
-                    if run:
-                        self._commit_fitting(run)
-                        run = []
-                    head.run()
+                    if head is None:  # a fence: the submitter has dealt with the failure
+                        self._failure = None
+                    else:
+                        head.run()
                 else:
                     run.append(cast(Batch, item))
             if run:
@@ -437,14 +435,14 @@ class JournalWriter:
         data = batch[0][0] if len(batch) == 1 else b"".join(b[0] for b in batch)
         layout = self.layout
         seg = layout.segments[-1]
+        meta: IndexMeta = {}
+        for item in batch:
+            if item[3]:
+                meta.update(item[3])  # only the batches in this commit: metadata never runs ahead
         if not data:  # only markers: durable already, since earlier commits finished
-            only: IndexMeta = {}
-            for item in batch:
-                if item[3]:
-                    only.update(item[3])
-            if only:  # metadata alone (a queue checkpoint of a quiet server): no record moves
+            if meta:  # metadata alone (a queue checkpoint of a quiet server): no record moves
                 try:
-                    self.index.add((), layout.end, only)
+                    self.index.add((), layout.end, meta)
                 except Exception:  # derived data, conservative when missing
                     log.exception("journal: index metadata update failed")
             for item in batch:
@@ -470,10 +468,6 @@ class JournalWriter:
             off += len(chunk)
         seg.size += len(data)
         new_end = base + len(data)
-        meta: IndexMeta = {}
-        for item in batch:
-            if item[3]:
-                meta.update(item[3])  # only the batches in this commit: metadata never runs ahead
         if on_written is not None:
             layout.end = new_end  # readers see the batch by position before the caller answers
             try:

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from journal.maintenance import plan_groups
-from journal.manifest import read_json, result_path, staging_dir, write_json_atomic
+from journal.manifest import maint_dir, read_json, result_path, staging_dir, write_json_atomic
 from journal.spark import job_code, jobs
 from journal.spark.job_commit import (
     VerificationFailed,
@@ -115,10 +115,7 @@ def _run_tasks(spark: SparkSession, specs: list[Json], label: str, progress: boo
     df = spark.createDataFrame(rdd, "gid INT, spec STRING")
     out = df.mapInArrow(job_code.spark_task, META_SCHEMA)
     total_bytes = sum(e["file_bytes"] for s in specs for e in s["segments"])
-    if progress:
-        with Progress(sc, len(specs), total_bytes, label):
-            got = out.collect()
-    else:
+    with Progress(sc, len(specs), total_bytes, label) if progress else contextlib.nullcontext():
         got = out.collect()
     metas: list[Json | None] = [None] * len(specs)
     for r in got:
@@ -468,8 +465,6 @@ def add_spark_arguments(p: argparse.ArgumentParser, driver_memory: str = "2g") -
 
 def spark_log_path(journal_dir: str, req_id: str) -> str:
     """Where a quiet job's Spark log goes (kept on failure, removed after success)."""
-    from journal.manifest import maint_dir
-
     return maint_dir(journal_dir, "logs", req_id + ".spark.log")
 
 

@@ -178,11 +178,6 @@ def topic_codes(buf: BytesLike, cols: Columns) -> tuple[list[str], np.ndarray]:
     return [v.decode("utf-8", "replace") for v in tarr.dictionary.to_pylist()], codes
 
 
-def _slices(buf: BytesLike, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
-    b = buf if isinstance(buf, bytes) else bytes(buf)
-    return [b[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
-
-
 def binary_column(
     buf: BytesLike, starts: np.ndarray, ends: np.ndarray, valid: np.ndarray | None = None
 ) -> pa.Array:
@@ -197,7 +192,8 @@ def binary_column(
 
     n = len(starts)
     if len(buf) >= 1 << 31 or n == 0:
-        vals: list[bytes | None] = list(_slices(buf, starts, ends))
+        whole = buf if isinstance(buf, bytes) else bytes(buf)
+        vals: list[bytes | None] = [whole[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
         if valid is not None:
             vals = [v if ok else None for v, ok in zip(vals, valid.tolist())]
         return pa.array(vals, pa.binary())

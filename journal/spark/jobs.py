@@ -244,14 +244,7 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
                             compression="zstd",
                             compression_level=level,
                             use_dictionary=["kind", "segment"],
-                            write_statistics=[
-                                "position",
-                                "publisher_id",
-                                "seq",
-                                "ts",
-                                "kind",
-                                "segment",
-                            ],
+                            write_statistics="position publisher_id seq ts kind segment".split(),
                         )
                         expect[rel] = [0, 0]
                     w.write_table(part)
@@ -290,18 +283,8 @@ def archive_group(group: dict[str, Any]) -> dict[str, Any]:
                 ("position", "max"),
             ]
         )
-        for seg, cnt, csum, lo, hi in zip(
-            *(
-                agg[c].to_pylist()
-                for c in (
-                    "segment",
-                    "record_crc_count",
-                    "record_crc_sum",
-                    "position_min",
-                    "position_max",
-                )
-            )
-        ):
+        names = "segment record_crc_count record_crc_sum position_min position_max".split()
+        for seg, cnt, csum, lo, hi in zip(*(agg[c].to_pylist() for c in names)):
             r = readback.setdefault(seg, [0, 0, lo, hi])
             r[0] += cnt
             r[1] += csum
