@@ -258,15 +258,24 @@ class HeldWrites:
         last write that committed (`recount` is cleared after each commit)."""
         return {t: self.counts.get(t, 0) for t in self.recount}
 
-    def flush(self) -> None:
-        """Hand the deferred puts and the position they bring the store to to the writer
-        thread (module docstring); past MAX_WRITING flushes waiting, wait for the oldest."""
+    def _take(self) -> tuple[Holds, int] | None:
+        """What is held and the journal end it brings the store to, the holds emptied (and
+        their counts for DEFER_BYTES); None when nothing is held."""
         end = self.held_end
         if end is None:
-            return
+            return None
         targets, self.held = self.held, {}
         self.held_end = None
         self.held_puts = self.held_bytes = 0
+        return targets, end
+
+    def flush(self) -> None:
+        """Hand the deferred puts and the position they bring the store to to the writer
+        thread (module docstring); past MAX_WRITING flushes waiting, wait for the oldest."""
+        taken = self._take()
+        if taken is None:
+            return
+        targets, end = taken
         writer = self._writer
         if writer is None:
             writer = self._writer = _Writer(self)
@@ -280,13 +289,9 @@ class HeldWrites:
         here on the calling thread: the store then reflects every commit taken so far."""
         if self._writer is not None:
             self._writer.wait_all()
-        end = self.held_end
-        if end is None:
-            return
-        targets, self.held = self.held, {}
-        self.held_end = None
-        self.held_puts = self.held_bytes = 0
-        self.write(targets, end)
+        taken = self._take()
+        if taken is not None:
+            self.write(*taken)
 
     def write(self, targets: Holds, end: int) -> None:
         """Write `targets` and the position `end` in one write transaction (the writer's and
