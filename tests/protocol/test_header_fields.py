@@ -158,23 +158,34 @@ def test_a_nested_value_refuses_that_command_only(raw, field):
         assert d.buffered == 0
 
 
+def _profiled_check(header: Header) -> list[tuple[str, str, str]]:
+    """check_fields(header), which must pass, under sys.setprofile: (event, the called
+    function's name, its file) for each Python call and C call it made."""
+    calls: list[tuple[str, str, str]] = []
+
+    def record(frame, event, arg):
+        if event == "call":
+            calls.append((event, frame.f_code.co_name, frame.f_code.co_filename))
+        elif event == "c_call":
+            calls.append((event, arg.__name__, ""))
+
+    sys.setprofile(record)
+    try:
+        assert check_fields(header) is None
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
 def test_a_command_of_short_fields_is_checked_without_a_call_per_sized_field():
     """check_fields runs for every command that is not a plain publish (each queue ack, a
     sow_delete of bookmarks): the sized fields absent or too short to be too long cost no call
     (the size is measured only where it could pass its limit), and a long one is still refused."""
-    calls = []
-
-    def count(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.endswith("headers.py"):
-            calls.append(frame.f_code.co_name)
-
     ack = decode_header(b'{"c":"sow_delete","t":"work-q","bm":"1|2|,1|3|","cid":"7"}')
-    sys.setprofile(count)
-    try:
-        assert check_fields(ack) is None
-    finally:
-        sys.setprofile(None)
-    assert calls == ["check_fields"]
+    calls = _profiled_check(ack)
+    assert [
+        name for event, name, file in calls if event == "call" and file.endswith("headers.py")
+    ] == ["check_fields"]
     long_bm = decode_header(b'{"c":"sow_delete","t":"q","bm":"%s"}' % (b"1|2|," * 20000))
     problem = check_fields(long_bm)
     assert problem is not None and problem.reason == "invalid bookmark"
@@ -184,18 +195,8 @@ def test_a_queue_ack_is_checked_without_a_getattr_per_field():
     """A queue ack at backlog 1 is one sow_delete per message: its check fetches the sized
     fields in one call (operator.attrgetter), not a getattr per field (15 of them: the loop was
     some 175 of the 2,000 bytecodes of the server's whole ack round trip)."""
-    c_calls = []
-
-    def count(frame, event, arg):
-        if event == "c_call":
-            c_calls.append(arg.__name__)
-
     ack = decode_header(b'{"c":"sow_delete","t":"work-q","bm":"1|2|","cid":"7"}')
-    sys.setprofile(count)
-    try:
-        assert check_fields(ack) is None
-    finally:
-        sys.setprofile(None)
+    c_calls = [name for event, name, _file in _profiled_check(ack) if event == "c_call"]
     assert "getattr" not in c_calls
     assert len(c_calls) <= len(_SIZED) + 1
 
