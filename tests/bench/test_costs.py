@@ -78,7 +78,7 @@ def test_a_real_run_under_strace_counts_both_sides():
             "--tools",
             "strace",
             "--scale",
-            "0.05",
+            "0.02",
             "--no-results",
         ],
         capture_output=True,
