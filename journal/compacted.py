@@ -111,7 +111,7 @@ def is_compacted_name(name: str) -> bool:
 class CompactedWriter:
     """Writes one compacted segment to `path` (write to a temporary name; the caller renames).
 
-    Feed records in position order with add(position, record_bytes) or add_many(); call
+    Feed records in position order with add_run(position, records_bytes, record_sizes); call
     finish() to write the block index and the header. Returns a summary dict from finish().
     """
 
@@ -146,17 +146,6 @@ class CompactedWriter:
         self._last_end = base
         # crc32 of each block's uncompressed bytes (for read-back checks)
         self.raw_crcs: list[int] = []
-
-    def add(self, position: int, record: BytesLike) -> None:
-        """One whole record (its original bytes) at its original position."""
-        n = len(record)
-        if position < self._last_end:
-            raise ValueError(
-                f"record at {position} is not after the previous one (ends {self._last_end})"
-            )
-        if position + n > self.end:
-            raise ValueError(f"record at {position} runs past the end of the range ({self.end})")
-        self._add_contiguous(position, record, 1)
 
     def add_run(self, position: int, data: BytesLike, record_sizes: list[int]) -> None:
         """Several contiguous records at once: `data` holds them back to back, `record_sizes`

@@ -58,7 +58,7 @@ def test_compacted_format_reads_records_at_or_after_a_position(tmp_path):
     w = CompactedWriter(path, 5000, pos, block_size=2048)
     kept = [r for k, r in enumerate(recs) if k % 3]
     for p, raw in kept:
-        w.add(p, raw)
+        w.add_run(p, raw, [len(raw)])
     info = w.finish()
     r = CompactedReader(path)
     assert (r.base, r.end, r.records, info["blocks"] > 3) == (5000, pos, len(kept), True)
