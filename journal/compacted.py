@@ -55,7 +55,7 @@ Reading: `read_raw(position)` returns the retained records at or after `position
 position reads as the next retained record), and the position after the last one returned; past
 the last retained record it returns ([], end). Checksums: the header and the block index are
 checked at open, each block's compressed bytes when it is decompressed, and the records' own
-crc32 when a caller asks for verification (as for plain segments).
+crc32 when they are decoded (`read`, as for plain segments).
 """
 
 from __future__ import annotations
@@ -426,10 +426,10 @@ class CompactedReader:
     def read_raw(self, position: int, max_bytes: int) -> tuple[list[RawTuple], int]:
         return self._collect(position, max_bytes, scan_records)
 
-    def read(self, position: int, max_bytes: int, verify: bool = False) -> tuple[list[Record], int]:
+    def read(self, position: int, max_bytes: int) -> tuple[list[Record], int]:
         def dec(part: bytes, rpos: int) -> tuple[list[Record], int]:
             try:
-                return decode_records(part, 0, len(part), rpos, verify)
+                return decode_records(part, 0, len(part), rpos)
             except CorruptRecord as exc:
                 raise CorruptCompacted(
                     self.path, -1, f"record at position {rpos + exc.offset}: {exc.reason}"
