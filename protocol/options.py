@@ -374,13 +374,16 @@ def _conflict(opts: dict[str, str | None], a: str, b: str, why: str = "") -> Non
         raise InvalidOptions(f"options {a!r} and {b!r} cannot be combined{why}", option=b)
 
 
-def _count(opts: dict[str, str | None], name: str) -> int | None:
+def _count(opts: dict[str, str | None], name: str, least: int = 0) -> int | None:
     text = _value(opts, name, "n")
     if text is None:
         return None
-    if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) > _MAX_BACKLOG_LIMIT:
+    if not (text.isascii() and text.isdigit() and len(text) <= 10) or not (
+        least <= int(text) <= _MAX_BACKLOG_LIMIT
+    ):
         raise InvalidOptions(
-            f"option {name!r} is {text!r}; expected a whole number from 0 to {_MAX_BACKLOG_LIMIT}",
+            f"option {name!r} is {text!r}; expected a whole number from {least} to "
+            f"{_MAX_BACKLOG_LIMIT}",
             option=name,
         )
     return int(text)
@@ -453,20 +456,7 @@ def subscribe_options(text: str | None, command: str = "subscribe") -> Subscribe
                 option="bookmark_not_found",
             )
 
-    backlog: int | None = None
-    backlog_text = _value(opts, "max_backlog", "n")
-    if backlog_text is not None:
-        if not (backlog_text.isascii() and backlog_text.isdigit()) or len(backlog_text) > 10:
-            backlog = -1
-        else:
-            backlog = int(backlog_text)
-        if not 1 <= backlog <= _MAX_BACKLOG_LIMIT:
-            raise InvalidOptions(
-                f"option 'max_backlog' is {backlog_text!r}; expected a whole number "
-                f"from 1 to {_MAX_BACKLOG_LIMIT}",
-                option="max_backlog",
-            )
-
+    backlog = _count(opts, "max_backlog", least=1)  # checked here: before the flags, as ever
     return SubscribeOptions(
         live=_flag(opts, "live"),
         fully_durable=_flag(opts, "fully_durable"),
