@@ -238,11 +238,8 @@ class SubscribeOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     def bookmark_only(self) -> tuple[str, ...]:
         """Names of the options set here that docs/protocol.md §6 allows only on a bookmark subscribe."""
-        names = []
-        for name in ("live", "fully_durable", "pause", "resume", "rate", "bookmark_not_found"):
-            if getattr(self, name):
-                names.append(name)
-        return tuple(names)
+        names = ("live", "fully_durable", "pause", "resume", "rate", "bookmark_not_found")
+        return tuple(name for name in names if getattr(self, name))
 
 
 class SowOptions(msgspec.Struct, frozen=True, kw_only=True):
