@@ -103,13 +103,6 @@ class Manifest:
                 return e
         return None
 
-    def archived_through(self, base: int, end: int) -> str | None:
-        """The catalog name if [base, end) lies inside one verified archived range."""
-        for b, e, cat in self.archived:
-            if b <= base and end <= e:
-                return cat
-        return None
-
     def archive_gaps(self, base: int, end: int) -> list[tuple[int, int]]:
         """The parts of [base, end) that no archived range covers, in order ([] if archived)."""
         gaps = []
