@@ -71,7 +71,15 @@ from typing import Any, TypeVar
 
 import zstandard
 
-from .record import BytesLike, CorruptRecord, RawTuple, Record, decode_records, scan_records
+from .record import (
+    BytesLike,
+    CorruptRecord,
+    RawTuple,
+    Record,
+    checked_size,
+    decode_records,
+    scan_records,
+)
 
 MAGIC = b"TTC\x01"
 HEADER = struct.Struct("<4sIQQQQQIIq")
@@ -388,7 +396,7 @@ class CompactedReader:
                 o = 0
                 if rpos < position:
                     o = position - rpos
-                    if not _is_record_at(buf, boff + o, boff + n):
+                    if checked_size(buf, boff + o, boff + n) <= 0:
                         # not a record boundary: decode the run and skip to the first record after it
                         recs, stop = decode(buf[boff : boff + n], rpos)
                         if stop != n:
@@ -453,17 +461,3 @@ class CompactedReader:
         """(uncompressed bytes, runs) for every block, in order (the batch job's reader)."""
         for i in range(len(self.first_positions)):
             yield self.block(i)
-
-
-_u32x2 = struct.Struct("<II")
-
-
-def _is_record_at(buf: bytes, off: int, end: int) -> bool:
-    """Whether a whole record with a matching crc32 starts at buf[off] (and ends by `end`)."""
-    if end - off < 8:
-        return False
-    length, crc = _u32x2.unpack_from(buf, off)
-    total = 4 + length
-    if total < 36 or off + total > end:
-        return False
-    return zlib.crc32(memoryview(buf)[off + 8 : off + total]) == crc

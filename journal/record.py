@@ -516,8 +516,9 @@ def record_columns(buf: BytesLike, offsets: list[int], stop: int) -> dict[str, n
     }
 
 
-def _check_py(buf: BytesLike, pos: int, end: int) -> int:
-    """Size of the good record at pos; 0 if damaged; -1 if it runs past end."""
+def checked_size(buf: BytesLike, pos: int, end: int) -> int:
+    """Size of the good record at pos (its length, kind, flags and crc32 checked, as
+    verified_prefix checks each); 0 if damaged; -1 if it runs past end."""
     if end - pos < RECORD_HEADER_SIZE:
         return -1
     length, crc, kind, flags, tlen = _check_head(buf, pos)
@@ -542,7 +543,7 @@ def verified_prefix_py(buf: BytesLike) -> tuple[int, int]:
     again if the record there is damaged, or -1 if buf ended (or a record runs past it)."""
     pos, end = 0, len(buf)
     while pos < end:
-        n = _check_py(buf, pos, end)
+        n = checked_size(buf, pos, end)
         if n > 0:
             pos += n
             continue
@@ -554,7 +555,7 @@ def resync_py(buf: BytesLike, start: int) -> int:
     """The first offset at or after start where a whole good record lies in buf, or -1."""
     end = len(buf)
     for pos in range(max(start, 0), end - RECORD_HEADER_SIZE + 1):
-        if buf[pos + 8] in _KIND_VALUES and _check_py(buf, pos, end) > 0:
+        if buf[pos + 8] in _KIND_VALUES and checked_size(buf, pos, end) > 0:
             return pos
     return -1
 

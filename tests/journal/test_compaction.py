@@ -73,6 +73,8 @@ def test_compacted_format_reads_records_at_or_after_a_position(tmp_path):
     assert [g[0] for g in got] == [p for p, _ in kept]
     assert r.read_raw(recs[3][0], 10)[0][0][3] == 4  # a dropped position reads as the next record
     assert not r.holds(recs[3][0]) and r.holds(recs[4][0])
+    # inside a record (not a boundary, checked by record.checked_size): the next record
+    assert r.read_raw(recs[4][0] + 1, 10)[0][0][0] == recs[5][0]
     assert r.record_end(recs[4][0]) == recs[5][0]
     assert r.read(recs[298][0], 100)[0][0].seq == 298
     r.close()
