@@ -415,33 +415,26 @@ def scan_records(buf: bytes, base_position: int) -> tuple[list[RawTuple], int]:
     return out, pos
 
 
-_u32x2 = struct.Struct("<II")
-
-
-def record_offsets(buf: BytesLike, verify: bool = True) -> tuple[list[int], int]:
+def record_offsets(buf: BytesLike) -> tuple[list[int], int]:
     """Offsets of the whole records in buf (from offset 0), and the offset after the last one.
 
-    The batch job's walk over a segment: one pass over the length fields, checking each record's
-    crc32 when verify is set. A partial record at the end stops the walk (the caller decides
-    whether that is a torn tail); a bad length or crc raises CorruptRecord.
+    The batch job's walk over records the walk (walk.py) has checked already: one pass over
+    the length fields. A partial record at the end stops the walk; a length shorter than a
+    record's own header raises CorruptRecord.
     """
     offs: list[int] = []
     append = offs.append
-    unpack = _u32x2.unpack_from
-    crc32 = _crc32
-    mv = memoryview(buf)
+    unpack = _u32.unpack_from
     pos = 0
     end = len(buf)
     hsize = RECORD_HEADER_SIZE
     while end - pos >= hsize:
-        length, crc = unpack(buf, pos)
+        (length,) = unpack(buf, pos)
         nxt = pos + 4 + length
         if length < hsize - 4:
             raise CorruptRecord(pos, f"length {length} is shorter than its own header")
         if nxt > end:
             break
-        if verify and crc32(mv[pos + 8 : nxt]) != crc:
-            raise CorruptRecord(pos, "checksum mismatch")
         append(pos)
         pos = nxt
     return offs, pos
