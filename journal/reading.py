@@ -271,13 +271,6 @@ class JournalReader:
                     return r[R_POSITION]
         return self.layout.end
 
-    def publishers(self) -> dict[int, tuple[int, int]]:
-        return self.index.publishers()
-
-    def publisher_owners(self) -> dict[int, str]:
-        """publisher id -> the user its client name is bound to (journal/index.py)."""
-        return self.index.owners()
-
     def disk_bytes(self) -> int:
         return sum(s.file_bytes for s in self.layout.segments)
 
