@@ -310,16 +310,12 @@ class CompactedReader:
         if zlib.crc32(raw[:-4]) != struct.unpack_from("<I", raw, len(raw) - 4)[0]:
             raise CorruptCompacted(self.path, index_off, "block index checksum mismatch")
         self.file_bytes = size
-        self.first_positions: list[int] = []
-        self.block_ends: list[int] = []
-        self.block_offsets: list[int] = []
-        self.block_records: list[int] = []
-        for i in range(nblocks):
-            first, last_end, off, nrec, _ = INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY.size)
-            self.first_positions.append(first)
-            self.block_ends.append(last_end)
-            self.block_offsets.append(off)
-            self.block_records.append(nrec)
+        # the index's columns: each entry's first position, end, file offset and records
+        columns = list(zip(*INDEX_ENTRY.iter_unpack(raw[:-4]))) or [()] * 4
+        self.first_positions: list[int] = list(columns[0])
+        self.block_ends: list[int] = list(columns[1])
+        self.block_offsets: list[int] = list(columns[2])
+        self.block_records: list[int] = list(columns[3])
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
