@@ -124,11 +124,8 @@ class Manifest:
         is not archived."""
         if self.archive_gaps(base, end):
             return None
-        cats: list[str] = []
-        for b, e, cat in sorted(self.archived, key=lambda r: r[0]):
-            if b < end and base < e and cat not in cats:
-                cats.append(cat)
-        return cats
+        ranges = sorted(self.archived, key=lambda r: r[0])
+        return list(dict.fromkeys(cat for b, e, cat in ranges if b < end and base < e))
 
     def add_archived(self, base: int, end: int, catalog: str) -> None:
         """Record [base, end) as archived by `catalog`. Ranges of one catalog merge when they
