@@ -128,7 +128,10 @@ def _value(node: Node) -> ValueFn:
             fn = pos
     elif isinstance(node, Arith):
         first = _value(node.first)
-        rest = tuple((ARITH[op], _value(operand)) for op, operand in node.rest)
+        steps = []
+        for op, operand in node.rest:
+            steps.append((ARITH[op], _value(operand)))
+        rest = tuple(steps)
 
         def arithmetic(body: Any) -> Any:
             v = to_num(first(body))
@@ -167,7 +170,10 @@ def _tri(node: Node) -> ValueFn:
 
         return not3
     if isinstance(node, Junction):
-        fns = tuple(_value(item) for item in node.items)
+        built: list[ValueFn] = []
+        for item in node.items:
+            built.append(_value(item))
+        fns = tuple(built)
         stop = node.kind == "or"  # OR stops at the first TRUE, AND at the first FALSE
 
         def junction3(body: Any) -> Any:
@@ -208,7 +214,10 @@ def _tri(node: Node) -> ValueFn:
 
         return isnull3
     if isinstance(node, In):
-        item_fns = tuple(_value(item) for item in node.items)
+        built = []
+        for item in node.items:
+            built.append(_value(item))
+        item_fns = tuple(built)
 
         def in3(body: Any) -> Any:
             x = in_(get(body), [f(body) for f in item_fns])
@@ -252,7 +261,9 @@ def condition(node: Node, want: bool) -> Condition:
     if isinstance(node, Not):
         fn = condition(node.operand, not want)
     elif isinstance(node, Junction):
-        fns = [condition(item, want) for item in node.items]
+        fns = []
+        for item in node.items:
+            fns.append(condition(item, want))
         # TRUE of AND and FALSE of OR need every item; the other two need any item.
         fn = _junction(fns, every=(node.kind == "and") == want)
     elif isinstance(node, Compare):
@@ -427,7 +438,9 @@ def _compare_field_const(steps: tuple[str | int, ...], op: str, lit: Any, want: 
 def _in_condition(node: In, want: bool) -> Condition:
     """TRUE (``want``) or FALSE of ``a IN (items)``; NOT IN is handled by flipping ``want``."""
     get = _value(node.operand)
-    built = [_value(item) for item in node.items]
+    built: list[ValueFn] = []
+    for item in node.items:
+        built.append(_value(item))
     if not any(item.dyn for item in node.items):
         candidates = tuple(f(None) for f in built)
         fast: frozenset[Any] | None = None
