@@ -276,10 +276,7 @@ class HeartbeatOptions(msgspec.Struct, frozen=True, kw_only=True):
 # each command's options, named in its Struct's order (the order an unknown option's refusal lists)
 _SOW_SUBSCRIBE_KNOWN = SubscribeOptions.__struct_fields__
 _SUBSCRIBE_KNOWN = tuple(k for k in _SOW_SUBSCRIBE_KNOWN if k not in ("skip_n", "top_n"))
-_SOW_KNOWN = SowOptions.__struct_fields__
 _SOW_DELETE_KNOWN = SowDeleteOptions.__struct_fields__
-_LOGON_KNOWN = LogonOptions.__struct_fields__
-_HEARTBEAT_KNOWN = HeartbeatOptions.__struct_fields__
 
 
 def _check_known(opts: dict[str, str | None], known: tuple[str, ...], command: str) -> None:
@@ -391,7 +388,7 @@ def sow_options(text: str | None) -> SowOptions:
     opts = parse_options(text)
     if not opts:
         return _NO_SOW_OPTIONS
-    _check_known(opts, _SOW_KNOWN, "sow")
+    _check_known(opts, SowOptions.__struct_fields__, "sow")
     return SowOptions(
         skip_n=_count(opts, "skip_n"),
         top_n=_count(opts, "top_n"),
@@ -506,14 +503,14 @@ def logon_options(text: str | None) -> LogonOptions:
     opts = parse_options(text)
     if not opts:
         return LogonOptions()
-    _check_known(opts, _LOGON_KNOWN, "logon")
+    _check_known(opts, LogonOptions.__struct_fields__, "logon")
     return LogonOptions(ack_conflation=_interval(opts, "ack_conflation", positive=False))
 
 
 def heartbeat_options(text: str | None) -> HeartbeatOptions:
     """Parse and check the ``o`` header of a ``heartbeat``. Raises :class:`InvalidOptions`."""
     opts = parse_options(text)
-    _check_known(opts, _HEARTBEAT_KNOWN, "heartbeat")
+    _check_known(opts, HeartbeatOptions.__struct_fields__, "heartbeat")
     if len(opts) != 1:
         raise InvalidOptions(
             "heartbeat needs exactly one of start,<seconds> or beat",
