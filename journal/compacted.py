@@ -55,7 +55,7 @@ Reading: `read_raw(position)` returns the retained records at or after `position
 position reads as the next retained record), and the position after the last one returned; past
 the last retained record it returns ([], end). Checksums: the header and the block index are
 checked at open, each block's compressed bytes when it is decompressed, and the records' own
-crc32 when a caller asks for verification (as for plain segments).
+crc32 when they are decoded (`read`, as for plain segments).
 """
 
 from __future__ import annotations
@@ -71,7 +71,15 @@ from typing import Any, TypeVar
 
 import zstandard
 
-from .record import BytesLike, CorruptRecord, RawTuple, Record, decode_records, scan_records
+from .record import (
+    BytesLike,
+    CorruptRecord,
+    RawTuple,
+    Record,
+    checked_size,
+    decode_records,
+    scan_records,
+)
 
 MAGIC = b"TTC\x01"
 HEADER = struct.Struct("<4sIQQQQQIIq")
@@ -111,7 +119,7 @@ def is_compacted_name(name: str) -> bool:
 class CompactedWriter:
     """Writes one compacted segment to `path` (write to a temporary name; the caller renames).
 
-    Feed records in position order with add(position, record_bytes) or add_many(); call
+    Feed records in position order with add_run(position, records_bytes, record_sizes); call
     finish() to write the block index and the header. Returns a summary dict from finish().
     """
 
@@ -146,17 +154,6 @@ class CompactedWriter:
         self._last_end = base
         # crc32 of each block's uncompressed bytes (for read-back checks)
         self.raw_crcs: list[int] = []
-
-    def add(self, position: int, record: BytesLike) -> None:
-        """One whole record (its original bytes) at its original position."""
-        n = len(record)
-        if position < self._last_end:
-            raise ValueError(
-                f"record at {position} is not after the previous one (ends {self._last_end})"
-            )
-        if position + n > self.end:
-            raise ValueError(f"record at {position} runs past the end of the range ({self.end})")
-        self._add_contiguous(position, record, 1)
 
     def add_run(self, position: int, data: BytesLike, record_sizes: list[int]) -> None:
         """Several contiguous records at once: `data` holds them back to back, `record_sizes`
@@ -313,16 +310,12 @@ class CompactedReader:
         if zlib.crc32(raw[:-4]) != struct.unpack_from("<I", raw, len(raw) - 4)[0]:
             raise CorruptCompacted(self.path, index_off, "block index checksum mismatch")
         self.file_bytes = size
-        self.first_positions: list[int] = []
-        self.block_ends: list[int] = []
-        self.block_offsets: list[int] = []
-        self.block_records: list[int] = []
-        for i in range(nblocks):
-            first, last_end, off, nrec, _ = INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY.size)
-            self.first_positions.append(first)
-            self.block_ends.append(last_end)
-            self.block_offsets.append(off)
-            self.block_records.append(nrec)
+        # the index's columns: each entry's first position, end, file offset and records
+        columns = list(zip(*INDEX_ENTRY.iter_unpack(raw[:-4]))) or [()] * 4
+        self.first_positions: list[int] = list(columns[0])
+        self.block_ends: list[int] = list(columns[1])
+        self.block_offsets: list[int] = list(columns[2])
+        self.block_records: list[int] = list(columns[3])
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -399,7 +392,7 @@ class CompactedReader:
                 o = 0
                 if rpos < position:
                     o = position - rpos
-                    if not _is_record_at(buf, boff + o, boff + n):
+                    if checked_size(buf, boff + o, boff + n) <= 0:
                         # not a record boundary: decode the run and skip to the first record after it
                         recs, stop = decode(buf[boff : boff + n], rpos)
                         if stop != n:
@@ -437,10 +430,10 @@ class CompactedReader:
     def read_raw(self, position: int, max_bytes: int) -> tuple[list[RawTuple], int]:
         return self._collect(position, max_bytes, scan_records)
 
-    def read(self, position: int, max_bytes: int, verify: bool = False) -> tuple[list[Record], int]:
+    def read(self, position: int, max_bytes: int) -> tuple[list[Record], int]:
         def dec(part: bytes, rpos: int) -> tuple[list[Record], int]:
             try:
-                return decode_records(part, 0, len(part), rpos, verify)
+                return decode_records(part, 0, len(part), rpos)
             except CorruptRecord as exc:
                 raise CorruptCompacted(
                     self.path, -1, f"record at position {rpos + exc.offset}: {exc.reason}"
@@ -464,17 +457,3 @@ class CompactedReader:
         """(uncompressed bytes, runs) for every block, in order (the batch job's reader)."""
         for i in range(len(self.first_positions)):
             yield self.block(i)
-
-
-_u32x2 = struct.Struct("<II")
-
-
-def _is_record_at(buf: bytes, off: int, end: int) -> bool:
-    """Whether a whole record with a matching crc32 starts at buf[off] (and ends by `end`)."""
-    if end - off < 8:
-        return False
-    length, crc = _u32x2.unpack_from(buf, off)
-    total = 4 + length
-    if total < 36 or off + total > end:
-        return False
-    return zlib.crc32(memoryview(buf)[off + 8 : off + total]) == crc

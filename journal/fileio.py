@@ -62,9 +62,6 @@ class FileIO:
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         return os.open(path, flags, mode)
 
-    def write(self, fd: int, data: bytes | memoryview) -> int:
-        return os.write(fd, data)
-
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         return os.pwrite(fd, data, offset)
 
@@ -215,7 +212,6 @@ class FaultyIO:
 
     # each of FileIO's operations, after the chance to fail as the fault ops named here
     open = _faulty(FileIO.open, "open")
-    write = _faulty(FileIO.write, "write")
     pwrite = _faulty(FileIO.pwrite, "write")
     pwrite_dsync = _faulty(FileIO.pwrite_dsync, "write", "fsync")
     extend = _faulty(FileIO.extend, "extend")

@@ -109,8 +109,8 @@ class Journal:
         self.holds = r.holds
         self.locate = r.locate
         self.locate_time = r.locate_time
-        self.publishers = r.publishers
-        self.publisher_owners = r.publisher_owners
+        self.publishers = self.index.publishers
+        self.publisher_owners = self.index.owners  # publisher id -> the user its name is bound to
         self.disk_bytes = r.disk_bytes
         self.collect_garbage = r.collect_garbage
         self.submit = w.submit

@@ -117,14 +117,17 @@ def _clean_staging(journal_dir: str, req_id: str) -> None:
     shutil.rmtree(staging_dir(journal_dir, req_id), ignore_errors=True)
 
 
-def _check_sources(journal: Journal, entries: list[Json]) -> dict[int, Segment]:
+def _check_sources(
+    journal: Journal,
+    entries: list[Json],
+    why: str = "changed or left the journal since the request; run again",
+) -> dict[int, Segment]:
+    """The sealed segments by base, once each of `entries` is found there unchanged."""
     by_base = {s.base: s for s in journal.sealed_segments()}
     for e in entries:
         seg = by_base.get(e["base"])
         if seg is None or not _same_file(seg, e):
-            raise MaintenanceError(
-                f"segment {e['path']} changed or left the journal since the request; run again"
-            )
+            raise MaintenanceError(f"segment {e['path']} {why}")
     return by_base
 
 
@@ -191,14 +194,9 @@ def _apply_compaction(journal: Journal, req: Json, res: Json) -> Json:
         raise
 
     def commit() -> list[Segment]:
-        sealed = journal.sealed_segments()
-        by_base = {s.base: s for s in sealed}
-        replaced = set()
-        for e in req["segments"]:
-            seg = by_base.get(e["base"])
-            if seg is None or not _same_file(seg, e):
-                raise MaintenanceError(f"segment {e['path']} changed while the result was applied")
-            replaced.add(id(seg))
+        by_base = _check_sources(journal, req["segments"], "changed while the result was applied")
+        sealed = list(by_base.values())  # the writer thread's: the layout holds still meanwhile
+        replaced = {id(by_base[e["base"]]) for e in req["segments"]}
         new_segs = [Segment(r.base, r.path, r.end - r.base, r) for r in readers]
         layout = [s for s in sealed if id(s) not in replaced] + new_segs
         layout.sort(key=lambda s: s.base)

@@ -103,13 +103,6 @@ class Manifest:
                 return e
         return None
 
-    def archived_through(self, base: int, end: int) -> str | None:
-        """The catalog name if [base, end) lies inside one verified archived range."""
-        for b, e, cat in self.archived:
-            if b <= base and end <= e:
-                return cat
-        return None
-
     def archive_gaps(self, base: int, end: int) -> list[tuple[int, int]]:
         """The parts of [base, end) that no archived range covers, in order ([] if archived)."""
         gaps = []
@@ -131,11 +124,8 @@ class Manifest:
         is not archived."""
         if self.archive_gaps(base, end):
             return None
-        cats: list[str] = []
-        for b, e, cat in sorted(self.archived, key=lambda r: r[0]):
-            if b < end and base < e and cat not in cats:
-                cats.append(cat)
-        return cats
+        ranges = sorted(self.archived, key=lambda r: r[0])
+        return list(dict.fromkeys(cat for b, e, cat in ranges if b < end and base < e))
 
     def add_archived(self, base: int, end: int, catalog: str) -> None:
         """Record [base, end) as archived by `catalog`. Ranges of one catalog merge when they

@@ -127,17 +127,14 @@ class QueueOp(IntEnum):
 
 
 class ExpiryReason(IntEnum):
-    """The value of an EXPIRED entry; the text is what dead letters carry as `reason`."""
+    """The value of an EXPIRED entry; a member's name, lower case with spaces, is the text dead
+    letters carry as `reason`."""
 
     EXPIRATION = 1
     MAX_DELIVERIES = 2
     MAX_CANCELS = 3
     EXPIRED_BY_CONSUMER = 4
     FILTER = 5
-
-    @property
-    def text(self) -> str:
-        return self.name.lower().replace("_", " ")
 
     @classmethod
     def code(cls, text: str) -> int:

@@ -105,20 +105,18 @@ class JournalReader:
         """The position of the first good record at or after position in seg, else limit."""
         return self.source(seg).find_good(position, limit)
 
-    def read(
-        self, position: int, max_bytes: int = READ_BLOCK, verify: bool = False
-    ) -> tuple[list[Record], int]:
+    def read(self, position: int, max_bytes: int = READ_BLOCK) -> tuple[list[Record], int]:
         """Records from `position` (a record boundary) up to about max_bytes, and the next position.
 
-        Reads only durable, checked records (damage is skipped and reported; `verify` is kept
-        for callers: every read verifies). At the end of a segment returns ([], position).
+        Reads only durable, checked records (damage is skipped and reported). At the end of a
+        segment returns ([], position).
         """
         seg, position = self._at(position)
         if seg is None:
             return [], position
         if seg.reader is not None:
             try:
-                return seg.reader.read(position, max_bytes, True)
+                return seg.reader.read(position, max_bytes)
             except CorruptCompacted as exc:
                 raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
         buf, position = self._intact(seg, position, max_bytes)
@@ -272,13 +270,6 @@ class JournalReader:
                 if r[R_TIMESTAMP] > ts_us:
                     return r[R_POSITION]
         return self.layout.end
-
-    def publishers(self) -> dict[int, tuple[int, int]]:
-        return self.index.publishers()
-
-    def publisher_owners(self) -> dict[int, str]:
-        """publisher id -> the user its client name is bound to (journal/index.py)."""
-        return self.index.owners()
 
     def disk_bytes(self) -> int:
         return sum(s.file_bytes for s in self.layout.segments)

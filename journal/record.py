@@ -415,33 +415,26 @@ def scan_records(buf: bytes, base_position: int) -> tuple[list[RawTuple], int]:
     return out, pos
 
 
-_u32x2 = struct.Struct("<II")
-
-
-def record_offsets(buf: BytesLike, verify: bool = True) -> tuple[list[int], int]:
+def record_offsets(buf: BytesLike) -> tuple[list[int], int]:
     """Offsets of the whole records in buf (from offset 0), and the offset after the last one.
 
-    The batch job's walk over a segment: one pass over the length fields, checking each record's
-    crc32 when verify is set. A partial record at the end stops the walk (the caller decides
-    whether that is a torn tail); a bad length or crc raises CorruptRecord.
+    The batch job's walk over records the walk (walk.py) has checked already: one pass over
+    the length fields. A partial record at the end stops the walk; a length shorter than a
+    record's own header raises CorruptRecord.
     """
     offs: list[int] = []
     append = offs.append
-    unpack = _u32x2.unpack_from
-    crc32 = _crc32
-    mv = memoryview(buf)
+    unpack = _u32.unpack_from
     pos = 0
     end = len(buf)
     hsize = RECORD_HEADER_SIZE
     while end - pos >= hsize:
-        length, crc = unpack(buf, pos)
+        (length,) = unpack(buf, pos)
         nxt = pos + 4 + length
         if length < hsize - 4:
             raise CorruptRecord(pos, f"length {length} is shorter than its own header")
         if nxt > end:
             break
-        if verify and crc32(mv[pos + 8 : nxt]) != crc:
-            raise CorruptRecord(pos, "checksum mismatch")
         append(pos)
         pos = nxt
     return offs, pos
@@ -516,8 +509,9 @@ def record_columns(buf: BytesLike, offsets: list[int], stop: int) -> dict[str, n
     }
 
 
-def _check_py(buf: BytesLike, pos: int, end: int) -> int:
-    """Size of the good record at pos; 0 if damaged; -1 if it runs past end."""
+def checked_size(buf: BytesLike, pos: int, end: int) -> int:
+    """Size of the good record at pos (its length, kind, flags and crc32 checked, as
+    verified_prefix checks each); 0 if damaged; -1 if it runs past end."""
     if end - pos < RECORD_HEADER_SIZE:
         return -1
     length, crc, kind, flags, tlen = _check_head(buf, pos)
@@ -542,7 +536,7 @@ def verified_prefix_py(buf: BytesLike) -> tuple[int, int]:
     again if the record there is damaged, or -1 if buf ended (or a record runs past it)."""
     pos, end = 0, len(buf)
     while pos < end:
-        n = _check_py(buf, pos, end)
+        n = checked_size(buf, pos, end)
         if n > 0:
             pos += n
             continue
@@ -554,7 +548,7 @@ def resync_py(buf: BytesLike, start: int) -> int:
     """The first offset at or after start where a whole good record lies in buf, or -1."""
     end = len(buf)
     for pos in range(max(start, 0), end - RECORD_HEADER_SIZE + 1):
-        if buf[pos + 8] in _KIND_VALUES and _check_py(buf, pos, end) > 0:
+        if buf[pos + 8] in _KIND_VALUES and checked_size(buf, pos, end) > 0:
             return pos
     return -1
 

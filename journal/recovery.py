@@ -217,7 +217,7 @@ class Recovery:
         indexed = 0
         while True:
             try:
-                recs, nxt = reader.read(pos, 4 * READ_BLOCK, verify=True)
+                recs, nxt = reader.read(pos, 4 * READ_BLOCK)
             except CorruptCompacted as exc:
                 raise CorruptSegment(seg.path, exc.offset, exc.reason) from None
             if not recs:

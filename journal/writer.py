@@ -380,7 +380,7 @@ class JournalWriter:
                 self._runway_end = 0
             fd = io.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
-                self._write_fd(fd, bytes(PROBE_BYTES))
+                self._pwrite_all(fd, bytes(PROBE_BYTES), 0)
                 io.fdatasync(fd)
             finally:
                 io.close(fd)
@@ -506,17 +506,12 @@ class JournalWriter:
         if end > self._runway_end:
             self._runway_end = end
 
-    def _pwrite_all(self, fd: int, view: memoryview, offset: int) -> None:
+    def _pwrite_all(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
         while view:
             n = self._io.pwrite(fd, view, offset)
             view = view[n:]
             offset += n
-
-    def _write_fd(self, fd: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = self._io.write(fd, view)
-            view = view[n:]
 
     def _undo_partial_write(self, seg: Segment) -> None:
         """Cut what a failed write left past the last commit; if even that fails, the probe
@@ -542,7 +537,7 @@ class JournalWriter:
         fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         renamed = False
         try:
-            self._write_fd(fd, encode_segment_header(base))
+            self._pwrite_all(fd, encode_segment_header(base), 0)
             io.fsync(fd)
             # Seal the old segment before the new one gets its name, so no segment but the
             # newest is ever seen with a runway; after the new file is made, so a full disk

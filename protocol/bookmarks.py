@@ -1,6 +1,6 @@
-"""Bookmarks: the ``bm`` header of docs/protocol.md §5, as typed values, and the index key format.
+"""Bookmarks: the ``bm`` header of docs/protocol.md §5, as typed values.
 
-This module owns the bookmark text forms, the timestamp text form and the 16-byte index key.
+This module owns the bookmark text forms and the timestamp text form.
 
 Text forms accepted by :func:`parse_bookmark` (whitespace around the whole text, around list
 items, around ``:`` and inside range brackets is ignored; nowhere else)::
@@ -30,9 +30,6 @@ items, around ``:`` and inside range brackets is ignored; nowhere else)::
 - Bounds: text over :data:`MAX_BOOKMARK_TEXT` characters, or a list over :data:`MAX_LIST_ITEMS`
   items, fails before it is split.
 
-Index key (:func:`bookmark_key`): 16 bytes, ``publisher_id`` then ``seq``, each an unsigned 64-bit
-big-endian integer, so byte order sorts by publisher then sequence.
-
 Timestamps written by the server (``ts``, ``lp`` headers): :func:`format_timestamp` gives
 ``YYYYmmddTHHMMSS.ffffffZ``, always six fraction digits, e.g. ``20261121T204005.123456Z``.
 
@@ -43,7 +40,6 @@ reason of docs/protocol.md §3) whose message says which part was wrong. Pure: n
 from __future__ import annotations
 
 import re
-import struct
 import time
 from datetime import UTC, datetime
 
@@ -65,13 +61,11 @@ __all__ = [
     "Point",
     "Range",
     "Timestamp",
-    "bookmark_key",
     "format_bookmark",
     "format_timestamp",
     "parse_bookmark",
     "parse_timestamp",
     "publisher_bookmark",
-    "split_bookmark_key",
 ]
 
 MAX_U64 = 2**64 - 1
@@ -184,22 +178,6 @@ def format_bookmark(publisher_id: int, seq: int) -> str:
 BOOKMARK_FORMAT = b"%d|%d|"
 """:func:`format_bookmark` as a bytes ``%`` template of (publisher_id, seq), for byte formats
 that are assembled once at import and filled per message (server/frames.py)."""
-
-
-_KEY = struct.Struct(">QQ")
-
-
-def bookmark_key(publisher_id: int, seq: int) -> bytes:
-    """16-byte index key: publisher_id then seq, u64 big-endian each (sorts by publisher, seq).
-
-    Raises ``struct.error`` if either is outside 0..2**64-1.
-    """
-    return _KEY.pack(publisher_id, seq)
-
-
-def split_bookmark_key(key: bytes) -> tuple[int, int]:
-    """Inverse of :func:`bookmark_key`: ``(publisher_id, seq)``."""
-    return _KEY.unpack(key)
 
 
 # One-entry cache of the "YYYYmmddTHHMMSS" prefix: the server stamps many messages per second.

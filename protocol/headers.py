@@ -233,15 +233,13 @@ def _decode_lenient(raw: bytes | bytearray | memoryview) -> Header:
                 value = _as_int(key, value)
             elif short in _FLOAT_FIELDS:
                 value = _as_float(key, value)
+            elif isinstance(value, bool):  # a text field given as a JSON literal: its text
+                value = "true" if value else "false"
+            elif isinstance(value, (int, float)):
+                value = str(value)
         except HeaderError as exc:
             problem = problem or str(exc)
             continue
-        if short in _INT_FIELDS or short in _FLOAT_FIELDS:
-            pass
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        elif isinstance(value, (int, float)):
-            value = str(value)
         # a short name given after its long name (or the reverse): the short one wins
         if short in out and key != short:
             continue

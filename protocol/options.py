@@ -238,11 +238,8 @@ class SubscribeOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     def bookmark_only(self) -> tuple[str, ...]:
         """Names of the options set here that docs/protocol.md §6 allows only on a bookmark subscribe."""
-        names = []
-        for name in ("live", "fully_durable", "pause", "resume", "rate", "bookmark_not_found"):
-            if getattr(self, name):
-                names.append(name)
-        return tuple(names)
+        names = ("live", "fully_durable", "pause", "resume", "rate", "bookmark_not_found")
+        return tuple(name for name in names if getattr(self, name))
 
 
 class SowOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -279,10 +276,7 @@ class HeartbeatOptions(msgspec.Struct, frozen=True, kw_only=True):
 # each command's options, named in its Struct's order (the order an unknown option's refusal lists)
 _SOW_SUBSCRIBE_KNOWN = SubscribeOptions.__struct_fields__
 _SUBSCRIBE_KNOWN = tuple(k for k in _SOW_SUBSCRIBE_KNOWN if k not in ("skip_n", "top_n"))
-_SOW_KNOWN = SowOptions.__struct_fields__
 _SOW_DELETE_KNOWN = SowDeleteOptions.__struct_fields__
-_LOGON_KNOWN = LogonOptions.__struct_fields__
-_HEARTBEAT_KNOWN = HeartbeatOptions.__struct_fields__
 
 
 def _check_known(opts: dict[str, str | None], known: tuple[str, ...], command: str) -> None:
@@ -374,13 +368,16 @@ def _conflict(opts: dict[str, str | None], a: str, b: str, why: str = "") -> Non
         raise InvalidOptions(f"options {a!r} and {b!r} cannot be combined{why}", option=b)
 
 
-def _count(opts: dict[str, str | None], name: str) -> int | None:
+def _count(opts: dict[str, str | None], name: str, least: int = 0) -> int | None:
     text = _value(opts, name, "n")
     if text is None:
         return None
-    if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) > _MAX_BACKLOG_LIMIT:
+    if not (text.isascii() and text.isdigit() and len(text) <= 10) or not (
+        least <= int(text) <= _MAX_BACKLOG_LIMIT
+    ):
         raise InvalidOptions(
-            f"option {name!r} is {text!r}; expected a whole number from 0 to {_MAX_BACKLOG_LIMIT}",
+            f"option {name!r} is {text!r}; expected a whole number from {least} to "
+            f"{_MAX_BACKLOG_LIMIT}",
             option=name,
         )
     return int(text)
@@ -391,7 +388,7 @@ def sow_options(text: str | None) -> SowOptions:
     opts = parse_options(text)
     if not opts:
         return _NO_SOW_OPTIONS
-    _check_known(opts, _SOW_KNOWN, "sow")
+    _check_known(opts, SowOptions.__struct_fields__, "sow")
     return SowOptions(
         skip_n=_count(opts, "skip_n"),
         top_n=_count(opts, "top_n"),
@@ -453,20 +450,7 @@ def subscribe_options(text: str | None, command: str = "subscribe") -> Subscribe
                 option="bookmark_not_found",
             )
 
-    backlog: int | None = None
-    backlog_text = _value(opts, "max_backlog", "n")
-    if backlog_text is not None:
-        if not (backlog_text.isascii() and backlog_text.isdigit()) or len(backlog_text) > 10:
-            backlog = -1
-        else:
-            backlog = int(backlog_text)
-        if not 1 <= backlog <= _MAX_BACKLOG_LIMIT:
-            raise InvalidOptions(
-                f"option 'max_backlog' is {backlog_text!r}; expected a whole number "
-                f"from 1 to {_MAX_BACKLOG_LIMIT}",
-                option="max_backlog",
-            )
-
+    backlog = _count(opts, "max_backlog", least=1)  # checked here: before the flags, as ever
     return SubscribeOptions(
         live=_flag(opts, "live"),
         fully_durable=_flag(opts, "fully_durable"),
@@ -519,14 +503,14 @@ def logon_options(text: str | None) -> LogonOptions:
     opts = parse_options(text)
     if not opts:
         return LogonOptions()
-    _check_known(opts, _LOGON_KNOWN, "logon")
+    _check_known(opts, LogonOptions.__struct_fields__, "logon")
     return LogonOptions(ack_conflation=_interval(opts, "ack_conflation", positive=False))
 
 
 def heartbeat_options(text: str | None) -> HeartbeatOptions:
     """Parse and check the ``o`` header of a ``heartbeat``. Raises :class:`InvalidOptions`."""
     opts = parse_options(text)
-    _check_known(opts, _HEARTBEAT_KNOWN, "heartbeat")
+    _check_known(opts, HeartbeatOptions.__struct_fields__, "heartbeat")
     if len(opts) != 1:
         raise InvalidOptions(
             "heartbeat needs exactly one of start,<seconds> or beat",

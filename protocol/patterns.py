@@ -13,6 +13,7 @@ named groups) means the same.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TypeAlias
 
@@ -51,23 +52,13 @@ def is_pattern(topic: str) -> bool:
     return _META.search(topic) is not None
 
 
-_CACHE: dict[str | bytes, Pattern] = {}
-_CACHE_LIMIT = 10_000
-
-
+@functools.lru_cache(maxsize=10_000)
 def compile_pattern(pattern: str | bytes) -> Pattern:
     """The compiled pattern (str or bytes, matching subjects of the same type). Cached."""
-    got = _CACHE.get(pattern)
-    if got is not None:
-        return got
     try:
-        got = re2.compile(pattern, _OPTIONS)
+        return re2.compile(pattern, _OPTIONS)
     except re2.error as exc:
         why = exc.args[0] if exc.args else "invalid pattern"
         raise PatternError(
             pattern, why.decode("utf-8", "replace") if isinstance(why, bytes) else str(why)
         ) from None
-    if len(_CACHE) >= _CACHE_LIMIT:
-        _CACHE.clear()
-    _CACHE[pattern] = got
-    return got

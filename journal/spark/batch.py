@@ -49,6 +49,7 @@ if (
 import argparse
 import atexit
 import contextlib
+import functools
 import json
 import shutil
 import tempfile
@@ -199,14 +200,11 @@ def _run_on(
         probe_s = time.monotonic() - t
         jvm_s += probe_s  # starting the executors is a fixed cost too, reported with the JVM's
 
-    def runner(specs: list[Json], label: str) -> list[Json]:
-        return _run_tasks(spark, specs, label, progress)
-
     summary = _run(
         req,
         started,
         jvm_s,
-        runner,
+        functools.partial(_run_tasks, spark, progress=progress),
         parallelism=sc.defaultParallelism,
         spark_verify=spark if verify == "spark" else None,
     )

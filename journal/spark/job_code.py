@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.util
-import io
 import json
 import os
 import pkgutil
@@ -101,15 +100,13 @@ def build_zip(dest_dir: str) -> tuple[str, dict[str, Any]]:
         "accelerator": os.path.basename(acc) if acc else None,
     }
     files.append((BUILD_FILE, json.dumps(note, sort_keys=True).encode()))
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+    path = os.path.join(dest_dir, f"tickertape-job-{note['fingerprint']}.zip")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for n, data in files:
             info = zipfile.ZipInfo(f"journal/{n}", date_time=_ZIP_DATE)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             z.writestr(info, data)
-    path = os.path.join(dest_dir, f"tickertape-job-{note['fingerprint']}.zip")
-    Path(path).write_bytes(buf.getvalue())
     return path, note
 
 

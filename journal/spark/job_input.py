@@ -116,7 +116,7 @@ def _plain_chunks(
             damaged.append((offset, nbytes))
 
     for pos, run in good_runs(BufferRecords(records, base), base, entry["end"], report):
-        offs, stop = record_offsets(run, verify=False)  # checked by the walk
+        offs, stop = record_offsets(run)  # checked by the walk
         cols = record_columns(run, offs, stop)
         yield run, pos + cols["offset"], cols, file_crc
 
@@ -143,7 +143,7 @@ def _compacted_chunks(entry: dict[str, Any]) -> Iterator[Chunk]:
             rpos = np.array([r[0] for r in runs], dtype=np.int64)
             rboff = np.array([r[1] for r in runs], dtype=np.int64)
             for at, buf in good_runs(BufferRecords(block, 0), 0, len(block), fail):
-                offs, stop = record_offsets(buf, verify=False)  # checked by the walk
+                offs, stop = record_offsets(buf)  # checked by the walk
                 cols = record_columns(buf, offs, stop)
                 boff = at + cols["offset"]  # offsets in the block, where the runs are
                 k = np.searchsorted(rboff, boff, side="right") - 1

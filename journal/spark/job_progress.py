@@ -47,12 +47,8 @@ class Progress:
 
     def _done_tasks(self) -> int:
         st = self.sc.statusTracker()
-        done = 0
-        for sid in st.getActiveStageIds():
-            info = st.getStageInfo(sid)
-            if info is not None:
-                done += info.numCompletedTasks
-        return done
+        infos = (st.getStageInfo(sid) for sid in st.getActiveStageIds())
+        return sum(info.numCompletedTasks for info in infos if info is not None)
 
     def _run(self) -> None:
         seen = 0

@@ -57,10 +57,6 @@ class ExecutorMismatch(RuntimeError):
     retriable = False
 
 
-def under_spark_submit() -> bool:
-    return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
-
-
 def is_local(master: str | None) -> bool:
     """Whether `master` runs the Python workers on this host from this installation."""
     return master is None or bool(_LOCAL.match(master))
@@ -101,7 +97,7 @@ def build_session(
 
     conf = dict(conf or {})
     master = conf.get("spark.master", master) or "local[*]"
-    if under_spark_submit():
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # run by spark-submit: its session is ours
         spark = SparkSession.builder.appName(app_name).getOrCreate()
         for k, v in JOB_DEFAULTS.items():
             if k.startswith("spark.sql."):

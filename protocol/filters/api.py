@@ -283,21 +283,11 @@ compile_filter.cache_info = _CACHE.info  # type: ignore[attr-defined]
 compile_filter.cache_clear = _CACHE.clear  # type: ignore[attr-defined]
 
 
-def _body_match_all(data: Any) -> bool:
-    return True
-
-
-def _body_match_none(data: Any) -> bool:
-    return False
-
-
 @functools.lru_cache(maxsize=1024)
 def _compile_body(text: str) -> Callable[[bytes], bool]:
     predicate = compile_filter(text)
-    if predicate is _match_all:  # 1=1 matches every message, JSON or not, without decoding
-        return _body_match_all
-    if predicate is _match_none:
-        return _body_match_none
+    if predicate is _match_all or predicate is _match_none:
+        return predicate  # each ignores the body: 1=1 matches every message, JSON or not
 
     info = compiled(predicate)
     assert info is not None  # every predicate but the two constant ones has one

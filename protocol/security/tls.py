@@ -237,9 +237,8 @@ def _load_chain(ctx: ssl.SSLContext, certificate: str, private_key: str) -> None
         raise TlsError(
             "PrivateKey", private_key, "holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
         )
-    passphrase: Callable[[], NoReturn] = _no_passphrase
     try:
-        ctx.load_cert_chain(certificate, private_key, password=passphrase)
+        ctx.load_cert_chain(certificate, private_key, password=_no_passphrase)
     except _Encrypted:
         raise TlsError(
             "PrivateKey",

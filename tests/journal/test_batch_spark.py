@@ -82,7 +82,7 @@ def test_archive_holds_every_record_and_a_rerun_writes_the_same_files(spark, tmp
     assert s["status"] == "ok" and s["records_in"] == len(want), s
     ans = jma.apply_result(j, req["id"])
     assert ans["status"] == "applied"
-    assert j.manifest.archived_through(j.segments[0].base, sealed_end) == req["id"]
+    assert j.manifest.archive_catalogs(j.segments[0].base, sealed_end) == [req["id"]]
     assert jm.make_request(j, "archive", archive_root=root) is None  # nothing left to archive
 
     rows = spark.read.schema(jobs.SPARK_SCHEMA).parquet(root).orderBy("position").collect()

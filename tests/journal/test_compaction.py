@@ -58,7 +58,7 @@ def test_compacted_format_reads_records_at_or_after_a_position(tmp_path):
     w = CompactedWriter(path, 5000, pos, block_size=2048)
     kept = [r for k, r in enumerate(recs) if k % 3]
     for p, raw in kept:
-        w.add(p, raw)
+        w.add_run(p, raw, [len(raw)])
     info = w.finish()
     r = CompactedReader(path)
     assert (r.base, r.end, r.records, info["blocks"] > 3) == (5000, pos, len(kept), True)
@@ -73,8 +73,10 @@ def test_compacted_format_reads_records_at_or_after_a_position(tmp_path):
     assert [g[0] for g in got] == [p for p, _ in kept]
     assert r.read_raw(recs[3][0], 10)[0][0][3] == 4  # a dropped position reads as the next record
     assert not r.holds(recs[3][0]) and r.holds(recs[4][0])
+    # inside a record (not a boundary, checked by record.checked_size): the next record
+    assert r.read_raw(recs[4][0] + 1, 10)[0][0][0] == recs[5][0]
     assert r.record_end(recs[4][0]) == recs[5][0]
-    assert r.read(recs[298][0], 100, verify=True)[0][0].seq == 298
+    assert r.read(recs[298][0], 100)[0][0].seq == 298
     r.close()
     # damage one block: the reader names the file and the offset
     with open(path, "r+b") as f:

@@ -327,9 +327,9 @@ def test_faulty_io_fails_after_and_at_most_count(tmp_path):
     io = FaultyIO(ops=["write"], errnos=[errno.EIO], after=2, count=2)
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
     results = []
-    for _ in range(6):
+    for i in range(6):
         try:
-            io.write(fd, b"a")
+            io.pwrite(fd, b"a", i)
             results.append("ok")
         except OSError as exc:
             results.append(errno.errorcode[exc.errno])
@@ -343,9 +343,9 @@ def test_faulty_io_with_a_delay_holds_the_operation_then_makes_it(tmp_path):
     assert io.delay == 0.2
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
     took = []
-    for _ in range(3):
+    for i in range(3):
         t0 = time.monotonic()
-        assert io.write(fd, b"a") == 1
+        assert io.pwrite(fd, b"a", i) == 1
         took.append(time.monotonic() - t0)
     os.close(fd)
     assert (tmp_path / "f").read_bytes() == b"aaa"

@@ -20,13 +20,11 @@ from protocol.bookmarks import (
     Now,
     Range,
     Timestamp,
-    bookmark_key,
     format_bookmark,
     format_timestamp,
     parse_bookmark,
     parse_timestamp,
     publisher_bookmark,
-    split_bookmark_key,
 )
 
 
@@ -385,31 +383,9 @@ def test_range_str():
 # index key
 
 
-def test_bookmark_key_layout():
-    key = bookmark_key(1, 2)
-    assert key == bytes.fromhex("00000000000000010000000000000002")
-    assert len(bookmark_key(MAX_U64, MAX_U64)) == 16
-    assert bookmark_key(MAX_U64, 0) == b"\xff" * 8 + b"\x00" * 8
-    assert split_bookmark_key(bookmark_key(B1.publisher_id, B1.seq)) == (B1.publisher_id, B1.seq)
-
-
-def test_bookmark_key_sorts_by_publisher_then_seq():
-    rng = random.Random(11)
-    pairs = [(rng.randrange(0, MAX_U64 + 1), rng.randrange(0, MAX_U64 + 1)) for _ in range(500)]
-    pairs += [(1, 255), (1, 256), (2, 0), (255, 1), (256, 0)]
-    assert sorted(pairs, key=lambda p: bookmark_key(*p)) == sorted(pairs)
-
-
-def test_bookmark_key_rejects_out_of_range():
-    with pytest.raises(Exception):  # noqa: B017 - struct.error, the documented behaviour
-        bookmark_key(-1, 0)
-    with pytest.raises(Exception):  # noqa: B017
-        bookmark_key(0, MAX_U64 + 1)
-
-
 def test_module_docstring_documents_the_format():
     doc = bookmarks.__doc__
-    for fragment in ("0|1|", "YYYYmmdd", "trailing ``|`` is optional", "16 bytes", "big-endian"):
+    for fragment in ("0|1|", "YYYYmmdd", "trailing ``|`` is optional"):
         assert fragment in doc
 
 
