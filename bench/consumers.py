@@ -22,26 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
 
 import loadgen
-from loadgen import ProtocolError, _Conn, _now_ns, tickertape_frame
+from loadgen import _U32, ProtocolError, _Conn, _now_ns, tickertape_frame
 from loadwire import NatsLines, TtLogon, nats_connect, nats_subs
 
-_U32 = struct.Struct(">I")
 _P = b'{"c":"p"'
 
 
 class _Counting(_Conn):
-    """Counts to `expect`; t_first / t_last in perf_counter ns."""
+    """Counts to `expect` (into _Conn's `received`); t_first / t_last in perf_counter ns."""
 
     def __init__(self) -> None:
         super().__init__()
         self.expect = 0
-        self.received = 0
         self.t_start = 0
         self.t_first = 0
-        self.t_last = 0
 
     def _go(self, expect: int, first: bytes) -> None:
         """Start the clock on `expect` messages with `first` (the subscribe, or the request)."""
