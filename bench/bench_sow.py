@@ -73,10 +73,11 @@ _CAUGHT_UP = re.compile(
 )
 
 
-def keyed_frames(keys: int):
-    """loadgen.build_publish_frames with a key in each body: {"seq":S,"key":S mod keys,...}."""
+def keyed_frames(keys: int, start: int):
+    """loadgen.build_publish_frames with a key in each body: {"seq":S,"key":S mod keys,...},
+    S from start."""
 
-    def build(proto: str, dest: str, n: int, size: int, inbox: str = "", start: int = 1):
+    def build(proto: str, dest: str, n: int, size: int, inbox: str = ""):
         assert proto == "tickertape"
         t = dest.encode()
         parts = []
@@ -92,30 +93,11 @@ def keyed_frames(keys: int):
 
 def publish(peer, topic: str, n: int, args, tag: str, start: int = 1) -> dict:
     """n keyed publishes (seq start..start+n-1 in the bodies): msgs/s and server CPU µs/msg."""
-    build = keyed_frames(args.keys)
-    loadgen.build_publish_frames = lambda proto, dest, n, size, inbox="": build(
-        proto, dest, n, size, inbox, start
-    )
-    cpu0 = [0.0]
-
-    def on_start():
-        cpu0[0] = peer.cpu_seconds()
-
-    r = loadgen.run_sync(
-        "tickertape",
-        peer.host,
-        peer.port,
-        n=n,
-        pub_dest=topic,
-        body_size=args.size,
-        window=args.window,
-        timeout=args.timeout,
-        tag=tag,
-        on_start=on_start,
-    )
+    loadgen.build_publish_frames = keyed_frames(args.keys, start)
+    r, cpu = benchlib.timed_load(peer, args, n=n, pub_dest=topic, tag=tag)
     if r["timed_out"] or r["errors"] or r["acked"] < n:
         raise RuntimeError(f"publish: {r['acked']}/{n} acked, errors {r['errors']}")
-    return {"rate": n / r["pub_seconds"], "cpu_us": (peer.cpu_seconds() - cpu0[0]) / n * 1e6}
+    return {"rate": n / r["pub_seconds"], "cpu_us": cpu / n * 1e6}
 
 
 def _frame(h: dict) -> bytes:
