@@ -100,6 +100,22 @@ def publish(peer, topic: str, n: int, args, tag: str, start: int = 1) -> dict:
     return {"rate": n / r["pub_seconds"], "cpu_us": cpu / n * 1e6}
 
 
+def publish_parts(peer, topic: str, n: int, args, tag: str, marks: list | None = None) -> tuple:
+    """n keyed publishes in `--parts` runs (module docstring): (msgs/s over the sum of the runs'
+    times, server CPU µs/msg); with marks, (updates before, µs) of the time between two runs."""
+    secs = cpu = 0.0
+    for i in range(args.parts):
+        lo, hi = n * i // args.parts, n * (i + 1) // args.parts
+        if i and marks is not None:
+            time.sleep(0.05)
+            marks.append((lo, int(time.time() * 1e6)))
+            time.sleep(0.05)
+        got = publish(peer, topic, hi - lo, args, f"{tag}.{i}", start=lo + 1)
+        secs += (hi - lo) / got["rate"]
+        cpu += got["cpu_us"] * (hi - lo)
+    return n / secs, cpu / n
+
+
 def _frame(h: dict) -> bytes:
     b = json.dumps(h, separators=(",", ":")).encode()
     return len(b).to_bytes(4, "big") + b
@@ -186,17 +202,13 @@ def _timed_start(peer, restart: bool, timeout: float) -> float:
 
 def one_rep(args, r: int) -> dict:
     out: dict = {}
-    n, keys, parts = args.count, args.keys, args.parts
+    n, keys = args.count, args.keys
     plain = peers.make_peer("tickertape")
     try:
         plain.start(timeout=args.timeout)
-        secs = cpu = 0.0
-        for i in range(parts):  # the same runs as the SOW publish below
-            lo, hi = n * i // parts, n * (i + 1) // parts
-            got = publish(plain, PLAIN_TOPIC, hi - lo, args, f"plain{r}.{i}", start=lo + 1)
-            secs += (hi - lo) / got["rate"]
-            cpu += got["cpu_us"] * (hi - lo)
-        out["plain_rate"], out["plain_cpu"] = n / secs, cpu / n
+        out["plain_rate"], out["plain_cpu"] = publish_parts(
+            plain, PLAIN_TOPIC, n, args, f"plain{r}"
+        )
         out["plain_rss"] = plain.rss_bytes()
     finally:
         plain.cleanup()
@@ -204,19 +216,8 @@ def one_rep(args, r: int) -> dict:
     sow.extra["config_xml"] = SOW_XML
     try:
         sow.start(timeout=args.timeout)
-        # published in `parts` runs, the time between two runs noted: historical query points
-        secs = cpu = 0.0
-        marks = []
-        for i in range(parts):
-            lo, hi = n * i // parts, n * (i + 1) // parts
-            if i:
-                time.sleep(0.05)
-                marks.append((lo, int(time.time() * 1e6)))
-                time.sleep(0.05)
-            got = publish(sow, SOW_TOPIC, hi - lo, args, f"sow{r}.{i}", start=lo + 1)
-            secs += (hi - lo) / got["rate"]
-            cpu += got["cpu_us"] * (hi - lo)
-        out["sow_rate"], out["sow_cpu"] = n / secs, cpu / n
+        marks: list = []
+        out["sow_rate"], out["sow_cpu"] = publish_parts(sow, SOW_TOPIC, n, args, f"sow{r}", marks)
         out["sow_rss"] = sow.rss_bytes()
         out["sow_anon"] = anon_bytes(sow)
         q = query(sow, args.timeout)
@@ -290,15 +291,9 @@ def history_only(args) -> str:
     rounds: list[dict] = []
     try:
         sow.start(timeout=args.timeout)
-        marks = []
+        marks: list = []
         t0 = time.monotonic()
-        for i in range(parts):
-            lo, hi = n * i // parts, n * (i + 1) // parts
-            if i:
-                time.sleep(0.05)
-                marks.append((lo, int(time.time() * 1e6)))
-                time.sleep(0.05)
-            publish(sow, SOW_TOPIC, hi - lo, args, f"hist.{i}", start=lo + 1)
+        publish_parts(sow, SOW_TOPIC, n, args, "hist", marks)
         published = time.monotonic() - t0
         time.sleep(2)  # the last checkpoint copy (a thread) finishes
         cdir = os.path.join(sow.journal_dir(), "sow-checkpoints")
