@@ -304,32 +304,69 @@ class NatsPeer(Peer):
             raise RuntimeError(f"{what} failed: {r}")
 
 
-def nats_request(host: str, port: int, subject: str, payload, timeout: float = 10.0) -> dict:
-    """One request/reply over the raw NATS protocol on a short-lived socket (setup only)."""
-    data = b"" if payload is None else json.dumps(payload).encode()
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        f = s.makefile("rb")
-        if not f.readline().startswith(b"INFO"):
+class NatsConn:
+    """A raw NATS protocol connection on a blocking socket, for setup, checks and the SOW peers'
+    reads (the load generator's connections are asyncio protocols: loadconns.py)."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.s = socket.create_connection((host, port), timeout=timeout)
+        self.buf = bytearray()
+        self.pos = 0
+        if not self._line().startswith(b"INFO"):
             raise RuntimeError("no INFO from nats-server")
-        s.sendall(
-            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1}\r\n'
-            b"SUB _INBOX.setup 1\r\n"
-            + f"PUB {subject} _INBOX.setup {len(data)}\r\n".encode()
-            + data
-            + b"\r\n"
+        self.s.sendall(
+            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
         )
+
+    def _fill(self) -> None:
+        if self.pos > 1 << 20:
+            del self.buf[: self.pos]
+            self.pos = 0
+        data = self.s.recv(1 << 20)
+        if not data:
+            raise RuntimeError("nats-server closed the connection")
+        self.buf += data
+
+    def _line(self) -> bytes:
         while True:
-            line = f.readline()
-            if not line:
-                raise RuntimeError("nats-server closed the connection")
-            if line.startswith(b"PING"):
-                s.sendall(b"PONG\r\n")
+            i = self.buf.find(b"\r\n", self.pos)
+            if i >= 0:
+                line = bytes(self.buf[self.pos : i])
+                self.pos = i + 2
+                return line
+            self._fill()
+
+    def msg(self) -> tuple[int, bytes]:
+        """The next message: (sid, payload); answers PINGs, raises on -ERR."""
+        while True:
+            line = self._line()
+            if line.startswith(b"MSG ") or line.startswith(b"HMSG "):
+                parts = line.split()
+                size = int(parts[-1])
+                while len(self.buf) - self.pos < size + 2:
+                    self._fill()
+                payload = bytes(self.buf[self.pos : self.pos + size])
+                self.pos += size + 2
+                return int(parts[2]), payload
+            if line == b"PING":
+                self.s.sendall(b"PONG\r\n")
             elif line.startswith(b"-ERR"):
-                raise RuntimeError(line.decode().strip())
-            elif line.startswith(b"MSG"):
-                n = int(line.split()[-1])
-                body = f.read(n + 2)[:n]
-                return json.loads(body)
+                raise RuntimeError(f"nats-server: {line.decode(errors='replace')}")
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def nats_request(host: str, port: int, subject: str, payload, timeout: float = 10.0) -> dict:
+    """One request/reply on a short-lived connection (setup only)."""
+    data = b"" if payload is None else json.dumps(payload).encode()
+    c = NatsConn(host, port, timeout)
+    try:
+        pub = b"PUB %s _INBOX.setup %d\r\n%s\r\n" % (subject.encode(), len(data), data)
+        c.s.sendall(b"SUB _INBOX.setup 1\r\n" + pub)
+        return json.loads(c.msg()[1])
+    finally:
+        c.close()
 
 
 def redis_command(host: str, port: int, *args, timeout: float = 10.0) -> bytes:
