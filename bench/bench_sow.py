@@ -45,7 +45,6 @@ a checkpoint: a whole interval folded).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -415,60 +414,43 @@ def big_store(args, r: int) -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+def shown(m: dict) -> str:
+    return (
+        f"publish plain {m['plain_rate']:,.0f}/s, SOW "
+        f"{m['sow_rate']:,.0f}/s; query all {m['q_s']:.2f}s (JetStream KV "
+        f"{m.get('js_s', 0):.2f}s, Redis {m.get('redis_s', 0):.2f}s); filtered "
+        f"{m['qf_s']:.2f}s; historical worst {m['hist_worst_ratio']:.2f}x current; "
+        f"restart {m['restart_s']:.2f}s; rebuild {m['rebuild_s']:.2f}s; big store "
+        f"restart {m.get('big_restart_s', 0):.2f}s, RSS {m.get('big_rss', 0) / 2**20:.0f} MiB"
     )
+
+
+def main() -> None:
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=1_000_000, help="publishes (updates)")
     p.add_argument("--keys", type=int, default=100_000, help="SOW keys (records)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
     p.add_argument("--parts", type=int, default=4, help="publish runs (historical points between)")
     p.add_argument(
         "--big-keys", type=int, default=1_000_000, help="records of the RSS/restart store (0: skip)"
     )
     p.add_argument("--window", type=int, default=1000, help="most unacked publishes")
-    p.add_argument("--size", type=int, default=100, help="body bytes (JSON)")
-    p.add_argument("--timeout", type=float, default=600.0, help="longest step")
-    p.add_argument("--no-results", action="store_true", help="print only")
-    p.add_argument("--quick", action="store_true", help="50k updates over 5k keys, 1 repetition")
     p.add_argument(
         "--history", type=int, default=0, help="only the historical queries, on N updates"
     )
     p.add_argument(
         "--max-checkpoints", default="", help="<SOW><MaxCheckpointSize> (--history; default none)"
     )
+    benchlib.run_args(p, quick="50k updates over 5k keys, 1 repetition")
+    p.set_defaults(timeout=600.0)  # the longest step: a 1M-record publish or rebuild
     args = p.parse_args()
     if args.quick:
         args.count, args.keys, args.reps = min(args.count, 50_000), min(args.keys, 5_000), 1
         args.big_keys = min(args.big_keys, 50_000)
-    ok, why = peers.available("tickertape")
-    if not ok:
-        sys.exit(f"tickertape is not runnable: {why}")
+    benchlib.tickertape_only()
     if args.history:
-        text = history_only(args)
-        print("\n" + text)
-        if not args.no_results:
-            benchlib.update_results("bench_sow_history", text)
+        benchlib.emit("bench_sow_history", history_only(args), args.no_results)
         return
-    reps, problems = [], []
-    for r in range(args.reps):
-        try:
-            m = one_rep(args, r)
-            reps.append(m)
-            print(
-                f"  rep {r + 1}/{args.reps}: publish plain {m['plain_rate']:,.0f}/s, SOW "
-                f"{m['sow_rate']:,.0f}/s; query all {m['q_s']:.2f}s (JetStream KV "
-                f"{m.get('js_s', 0):.2f}s, Redis {m.get('redis_s', 0):.2f}s); filtered "
-                f"{m['qf_s']:.2f}s; historical worst {m['hist_worst_ratio']:.2f}x current; "
-                f"restart {m['restart_s']:.2f}s; rebuild {m['rebuild_s']:.2f}s; big store "
-                f"restart {m.get('big_restart_s', 0):.2f}s, RSS {m.get('big_rss', 0) / 2**20:.0f} MiB",
-                flush=True,
-            )
-        except Exception as e:
-            problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
-            print(f"  rep {r + 1}/{args.reps}: FAILED {e}", flush=True)
-            if os.environ.get("BENCH_DEBUG"):
-                raise
+    reps, problems = benchlib.repeat("", args.reps, lambda r: one_rep(args, r), show=shown)
 
     def med(k):
         v = [m[k] for m in reps if m.get(k) is not None]
@@ -557,15 +539,8 @@ def main() -> None:
     ]
     if args.quick:
         notes.append("--quick: small counts, one repetition")
-    text = benchlib.header_block(
-        "bench_sow: State of the World topics", ["bench_sow"] + sys.argv[1:], notes
-    )
-    text += "\n\n" + "\n".join(lines) + "\n"
-    if problems:
-        text += "\n" + "\n".join(f"- {x}" for x in problems) + "\n"
-    print("\n" + text)
-    if not args.no_results:
-        benchlib.update_results("bench_sow", text)
+    title = "bench_sow: State of the World topics"
+    benchlib.write_section("bench_sow", title, notes, "\n".join(lines), problems, args.no_results)
 
 
 if __name__ == "__main__":
