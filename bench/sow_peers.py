@@ -9,6 +9,7 @@ import socket
 import time
 
 import peers
+from loadwire import resp_command
 
 
 def jetstream_kv(args, bodies: list[tuple[int, int, bytes]]) -> dict:
@@ -107,10 +108,6 @@ def _redis_replies(s: socket.socket, buf: bytearray, n: int) -> bytearray:
     return buf[pos:]
 
 
-def _resp(*args: bytes) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
-
-
 def redis_hashes(args, bodies: list[tuple[int, int, bytes]]) -> dict:
     """The same records as Redis hashes (h:<key> -> seq, key, pad), then all of them read with
     HGETALL, pipelined 1,000 at a time on one connection: seconds, server CPU."""
@@ -123,7 +120,7 @@ def redis_hashes(args, bodies: list[tuple[int, int, bytes]]) -> dict:
                 chunk = bodies[i : i + 1000]
                 s.sendall(
                     b"".join(
-                        _resp(
+                        resp_command(
                             b"HSET",
                             b"h:%d" % k,
                             b"seq",
@@ -142,7 +139,7 @@ def redis_hashes(args, bodies: list[tuple[int, int, bytes]]) -> dict:
             got = 0
             for i in range(0, len(bodies), 1000):
                 chunk = bodies[i : i + 1000]
-                s.sendall(b"".join(_resp(b"HGETALL", b"h:%d" % k) for k, _s, _b in chunk))
+                s.sendall(b"".join(resp_command(b"HGETALL", b"h:%d" % k) for k, _s, _b in chunk))
                 buf = _redis_replies(s, buf, len(chunk))
                 got += len(chunk)
             secs = time.perf_counter() - t0
