@@ -20,7 +20,7 @@ this module (the runs); the names are re-exported here: benchmarks write loadgen
 from __future__ import annotations
 
 import asyncio
-import resource
+import time
 from array import array
 
 try:
@@ -85,16 +85,6 @@ def _sub_factory(proto: str, dest: str, i: int, tag: str, body_size: int, redis_
     return f
 
 
-class _Cpu:
-    def __init__(self) -> None:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        self.t0 = r.ru_utime + r.ru_stime
-
-    def seconds(self) -> float:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime - self.t0
-
-
 async def run(
     proto: str,
     host: str,
@@ -148,7 +138,7 @@ async def run(
                 s.running = True
         if on_start is not None:
             on_start()
-        cpu = _Cpu()
+        cpu0 = time.process_time()  # this process: user + system, every thread
         pub.start_publishing()
         waits = [pub.done] + [s.done for s in subs]
         done, pending = await asyncio.wait(
@@ -168,7 +158,7 @@ async def run(
             "subscribers": len(subs),
             "pub_seconds": t_pub / 1e9,
             "seconds": t_all / 1e9,
-            "client_cpu": cpu.seconds(),
+            "client_cpu": time.process_time() - cpu0,
             "timed_out": timed_out,
             "errors": errors,
         }
