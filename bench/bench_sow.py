@@ -245,7 +245,7 @@ def one_rep(args, r: int) -> dict:
         out["restart_s"] = _timed_start(sow, True, args.timeout)
         m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
         out["restart_catchup_s"] = float(m[-1][2]) if m else None
-        benchlib.settle(0.5)
+        time.sleep(0.5)
         out["restart_rss"] = sow.rss_bytes()
         sow.stop()
         shutil.rmtree(os.path.join(sow.journal_dir(), "sow"))
@@ -399,11 +399,11 @@ def big_store(args, r: int) -> dict:
         finally:
             args.keys = keys
         out["big_rate"] = got["rate"]
-        benchlib.settle(0.5)
+        time.sleep(0.5)
         out["big_rss"] = big.rss_bytes()
         out["big_anon"] = anon_bytes(big)
         out["big_restart_s"] = _timed_start(big, True, args.timeout)
-        benchlib.settle(0.5)
+        time.sleep(0.5)
         out["big_restart_rss"] = big.rss_bytes()
         q = query(big, args.timeout)
         if q["records"] != args.big_keys:

@@ -19,7 +19,6 @@ import re
 import shlex
 import statistics
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -513,10 +512,6 @@ def emit(name: str, text: str, no_results: bool) -> None:
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, or None when either is missing (or b is zero): a target not measured."""
     return a / b if a and b else None
-
-
-def settle(seconds: float = 0.3) -> None:
-    time.sleep(seconds)
 
 
 def targets_table(items: list[tuple[str, str, object, object, str]]) -> str:
