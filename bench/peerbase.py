@@ -176,12 +176,15 @@ class Peer:
         if self.workdir and os.path.isdir(self.workdir):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def log_tail(self, n: int = 15) -> str:
+    def log_text(self) -> str:
         try:
             with open(self.log_path, "rb") as f:
-                return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, n: int = 15) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
 
     # ---- measures ----
     @property

@@ -157,13 +157,6 @@ class TickertapePeer(Peer):
             )
         return [tickertape_bin(self.name), "serve", "--config", cfg]
 
-    def log_text(self) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-
     def _ready_probe(self) -> bool:
         # The server prints "listening on HOST:PORT" when ready; a connect is the fallback.
         try:
