@@ -422,18 +422,18 @@ def main() -> None:
                 if mode != "consumers" or s <= args.js_max
             ]
         for series, s, mode, t in points:
-            fn = lambda peer, tag, s=s, t=t, mode=mode: loadgen.in_new_loop(
-                _curve_async, peer, mode, s, t, args, tag
+            fn = lambda peer, tag, s=s, t=t, mode=mode: loadgen.run_coro(
+                _curve_async(peer, mode, s, t, args, tag)
             )
             curve.append((series, s, point(series, f" S={s:>6}", f"{series} S={s}", name, fn)))
     pubs: list[tuple[str, dict]] = []
     mem: list[tuple[str, dict]] = []
     for name in names:
-        fn = lambda peer, tag: loadgen.in_new_loop(_publishers_async, peer, args, tag)
+        fn = lambda peer, tag: loadgen.run_coro(_publishers_async(peer, args, tag))
         pubs.append(
             (name, point(name, f" {args.conns} publishers", f"{name} publishers", name, fn))
         )
-        fn = lambda peer, tag: loadgen.in_new_loop(_memory_async, peer, args, tag)
+        fn = lambda peer, tag: loadgen.run_coro(_memory_async(peer, args, tag))
         mem.append((name, point(name, " memory", f"{name} memory", name, fn)))
     elapsed = time.time() - t_start
     text = scale_report.report(args, SUB_CONNS, curve, pubs, mem, problems, skipped, elapsed)

@@ -305,7 +305,7 @@ async def consume(factory, host: str, port: int, expect: int, timeout: float, be
 
 
 def consume_sync(*args, **kw):
-    return loadgen.in_new_loop(consume, *args, **kw)
+    return loadgen.run_coro(consume(*args, **kw))
 
 
 def measured(peer, factory, want: int, timeout: float) -> tuple[object, dict, list[str]]:

@@ -183,10 +183,5 @@ def run_coro(coro, uv: bool = True):
         return r.run(coro)
 
 
-def in_new_loop(coro_fn, *args, **kw):
-    """coro_fn(*args, **kw) to completion on a fresh client loop (run_coro)."""
-    return run_coro(coro_fn(*args, **kw))
-
-
 def run_sync(*args, **kw) -> dict:
-    return in_new_loop(run, *args, **kw)
+    return run_coro(run(*args, **kw))
