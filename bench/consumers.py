@@ -284,13 +284,10 @@ class NatsOrdered(_NatsBase):
 # ---- running ------------------------------------------------------------------------------
 
 
-async def consume(factory, host: str, port: int, expect: int, timeout: float, before=None):
-    """Connect with factory, call before(conn) (setup on the server that needs the connection
-    to exist), start(expect), wait for done or timeout. Returns (conn, timed_out)."""
+async def consume(factory, host: str, port: int, expect: int, timeout: float):
+    """Connect with factory, start(expect), wait for done or timeout. Returns (conn, timed_out)."""
     conn = await loadgen._connect(factory, host, port, 30)
     try:
-        if before is not None:
-            before(conn)
         conn.start(expect)
         done, pending = await asyncio.wait([conn.done], timeout=timeout)
         timed_out = bool(pending)
