@@ -170,12 +170,11 @@ async def subscribe_lag(port: int, sent: list[int], n: int, stop: asyncio.Event)
     return lags
 
 
-def make_cluster(root: str, mode: str, sync_override: bool | None = None) -> Cluster:
+def make_cluster(root: str, mode: str) -> Cluster:
     d = tempfile.mkdtemp(prefix=f"repl-{mode}-", dir=root)
     if mode == "none":
         return Cluster(d, ["tt-a"], links=[], topics=(r"bench\..*",), proxy=False)
-    sync = mode == "sync" if sync_override is None else sync_override
-    return Cluster(d, ["tt-a", "tt-b"], links=[("tt-a", "tt-b")], sync=sync,
+    return Cluster(d, ["tt-a", "tt-b"], links=[("tt-a", "tt-b")], sync=mode == "sync",
                    topics=(r"bench\..*",), proxy=False)  # fmt: skip
 
 
