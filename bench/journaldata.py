@@ -80,7 +80,6 @@ def build(
     size: int = 100,
     pubs: int = 1,
     ts_step_us: int = 10,
-    progress: bool = True,
 ) -> dict:
     """Write a fresh journal of n messages into `directory` (which must not hold one). Returns
     its description (meta): n, topic, size, pubs, pub_ids, ts0, ts_step_us, end_position."""
@@ -121,7 +120,7 @@ def build(
                 raise errors[0]
             j.submit(b"".join(parts), entries, done)
             now = time.monotonic()
-            if progress and now - last_note > 10:
+            if now - last_note > 10:
                 last_note = now
                 print(
                     f"  building journal: {start + BATCH:,}/{n:,} messages ({now - t0:.0f}s)",
