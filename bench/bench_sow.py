@@ -190,12 +190,9 @@ def latest_bodies(n: int, keys: int, size: int) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def _timed_start(peer, restart: bool, timeout: float) -> float:
+def _timed_restart(peer, timeout: float) -> float:
     t0 = time.monotonic()
-    if restart:
-        peer.restart(timeout=timeout)
-    else:
-        peer.start(timeout=timeout)
+    peer.restart(timeout=timeout)
     return time.monotonic() - t0
 
 
@@ -242,14 +239,14 @@ def one_rep(args, r: int) -> dict:
             out[f"hist{j}_s"] = h["s"]
             out[f"hist{j}_ratio"] = h["s"] / q["s"]
         out["hist_worst_ratio"] = max(out[f"hist{j}_ratio"] for j in range(len(marks)))
-        out["restart_s"] = _timed_start(sow, True, args.timeout)
+        out["restart_s"] = _timed_restart(sow, args.timeout)
         m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
         out["restart_catchup_s"] = float(m[-1][2]) if m else None
         time.sleep(0.5)
         out["restart_rss"] = sow.rss_bytes()
         sow.stop()
         shutil.rmtree(os.path.join(sow.journal_dir(), "sow"))
-        out["rebuild_s"] = _timed_start(sow, True, args.timeout)
+        out["rebuild_s"] = _timed_restart(sow, args.timeout)
         m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
         out["rebuild_records"] = int(m[-1][1]) if m else None
         out["rebuild_fold_s"] = float(m[-1][2]) if m else None
@@ -402,7 +399,7 @@ def big_store(args, r: int) -> dict:
         time.sleep(0.5)
         out["big_rss"] = big.rss_bytes()
         out["big_anon"] = anon_bytes(big)
-        out["big_restart_s"] = _timed_start(big, True, args.timeout)
+        out["big_restart_s"] = _timed_restart(big, args.timeout)
         time.sleep(0.5)
         out["big_restart_rss"] = big.rss_bytes()
         q = query(big, args.timeout)
