@@ -185,9 +185,7 @@ class TickertapePeer(Peer):
         return conn.received
 
 
-def tickertape_config(
-    port: int, journal_dir: str, extra_xml: str = "", transport_xml: str = "<Type>tcp</Type>"
-) -> str:
+def tickertape_config(port: int, journal_dir: str, extra_xml: str, transport_xml: str) -> str:
     return f"""<TickertapeConfig>
   <Name>bench</Name>
   <Transports>
