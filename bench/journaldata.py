@@ -15,7 +15,7 @@ JSON bodies of exactly `size` bytes:
 
     {"qty":55,"seq":42,"pad":"xxxx..."}
 
-(valid JSON, unlike loadgen.make_body's zero-padded `seq`, so that content filters can read it).
+(valid JSON, unlike loadwire.make_body's zero-padded `seq`, so that content filters can read it).
 `seq` is the message's index + 1 over the whole journal; `qty` is 1..100, and exactly half of
 each run of 100 messages have qty > 50 (so the filter `/qty > 50` matches 50 %).
 """

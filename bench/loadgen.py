@@ -36,7 +36,6 @@ from loadwire import (  # noqa: F401 (re-exported: the benchmarks use loadgen.X)
     _Conn,
     _now_ns,
     build_publish_frames,
-    make_body,
     resp_command,
     tickertape_frame,
 )
