@@ -449,9 +449,7 @@ def main() -> None:
         return
     reps, problems = benchlib.repeat("", args.reps, lambda r: one_rep(args, r), show=shown)
 
-    def med(k):
-        v = [m[k] for m in reps if m.get(k) is not None]
-        return statistics.median(v) if v else None
+    med = benchlib.medians(reps).get
 
     def cell(k, f, scale=1.0):
         v = [m[k] * scale for m in reps if m.get(k) is not None]
