@@ -320,8 +320,7 @@ def main() -> None:
     med = dict(zip(keys, (r for _, r in rows), strict=True))
 
     def sync_ratio(peer: str) -> float | None:
-        s, n = med[peer, "sync"].get("tput"), med[peer, "none"].get("tput")
-        return s / n if s and n else None
+        return benchlib.ratio(med[peer, "sync"].get("tput"), med[peer, "none"].get("tput"))
 
     first = args.peers[0]
     ratio = sync_ratio(first)
