@@ -32,13 +32,12 @@ _P = b'{"c":"p"'
 
 
 class _Counting(_Conn):
-    """Counts to `expect` (into _Conn's `received`); t_first / t_last in perf_counter ns."""
+    """Counts to `expect` (into _Conn's `received`); t_start / t_last in perf_counter ns."""
 
     def __init__(self) -> None:
         super().__init__()
         self.expect = 0
         self.t_start = 0
-        self.t_first = 0
 
     def _go(self, expect: int, first: bytes) -> None:
         """Start the clock on `expect` messages with `first` (the subscribe, or the request)."""
@@ -48,8 +47,6 @@ class _Counting(_Conn):
         self.transport.write(first)
 
     def _got(self, k: int) -> None:
-        if not self.t_first:
-            self.t_first = _now_ns()
         self.received += k
 
 
@@ -336,7 +333,6 @@ class RedisReplay(loadgen.RedisConn):
     def __init__(self, key: str, count: int = 1000) -> None:
         super().__init__(key, count=count, block_ms=2000)
         self.t_start = 0
-        self.t_first = 0
 
     def start(self, expect: int) -> None:
         self.role = "sub"
