@@ -136,10 +136,6 @@ class TtReplay(_TtBase):
 class _NatsBase(NatsLines, _Counting):
     """CONNECT, the subscriptions of `subs()` (sid 1, 2, ...), PING; ready at the PONG."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.api_replies: list[dict] = []
-
     def subs(self) -> list[str]:
         return []
 
@@ -160,7 +156,6 @@ class _NatsBase(NatsLines, _Counting):
         r = json.loads(payload) if payload else {}
         if "error" in r:
             self._fail(f"JetStream API error: {r['error']}")
-        self.api_replies.append(r)
 
     def data_received(self, data) -> None:
         buf = self.buf
