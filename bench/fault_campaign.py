@@ -189,7 +189,6 @@ class Publisher:
 
     def __init__(self, name: str, rng: random.Random, topic: str = TOPIC, body=None, logon=None):
         self.name = name
-        self.rng = rng
         self.topic = topic
         self.body = body or payload
         self.logon = logon or {}
