@@ -85,8 +85,7 @@ def build(
     its description (meta): n, topic, size, pubs, pub_ids, ts0, ts_step_us, end_position."""
     os.makedirs(directory, exist_ok=True)
     ts0 = int(time.time() * 1e6) - n * ts_step_us - 60_000_000  # all of it in the past
-    names = publisher_names(pubs)
-    pub_ids = [publisher_id(x) for x in names]
+    pub_ids = [publisher_id(x) for x in publisher_names(pubs)]
     topic_b = topic.encode()
     enc = jrecord.encode_record
     kind = jrecord.KIND_MESSAGE
@@ -138,7 +137,6 @@ def build(
         "topic": topic,
         "size": size,
         "pubs": pubs,
-        "pub_names": names,
         "pub_ids": pub_ids,
         "ts0": ts0,
         "ts_step_us": ts_step_us,
