@@ -11,6 +11,7 @@ a repetition that fails or times out is reported, never silently dropped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import math
 import os
@@ -373,21 +374,15 @@ def table(rows: list[tuple[str, dict]], metrics: list[Metric]) -> tuple[str, str
 
 def machine() -> dict:
     cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
     mem = "unknown"
-    try:
-        with open("/proc/meminfo") as f:
-            kb = int(f.readline().split()[1])
-            mem = f"{kb / 1024 / 1024:.1f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        kb = int(f.readline().split()[1])
+        mem = f"{kb / 1024 / 1024:.1f} GiB"
     return {
         "nproc": str(os.cpu_count()),
         "cpu": cpu,
@@ -399,14 +394,11 @@ def machine() -> dict:
 
 def _fs_of(path: str) -> str:
     best = ("", "?", "?")
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype = line.split()[:3]
-                if path.startswith(mnt) and len(mnt) > len(best[0]):
-                    best = (mnt, dev, fstype)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            dev, mnt, fstype = line.split()[:3]
+            if path.startswith(mnt) and len(mnt) > len(best[0]):
+                best = (mnt, dev, fstype)
     return f"{best[2]} on {best[1]}"
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -464,10 +465,8 @@ def play(r: int, rng: random.Random, label: str, data: str) -> tuple[dict, list[
         child.join(30 if res is not None else 0)
     finally:  # hung, or the campaign itself was stopped: the round's process group goes
         if child.is_alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             child.join(10)
     if res is None:
         try:

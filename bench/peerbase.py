@@ -11,6 +11,7 @@ peers.py holds the servers themselves (Tickertape, NATS, Redis) and which are in
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -64,10 +65,8 @@ def disk_bytes(path: str) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):  # removed while walking
                 total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except FileNotFoundError:
-                pass
     return total
 
 

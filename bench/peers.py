@@ -19,6 +19,7 @@ peerbase.py (re-exported here: benchmarks write peers.X).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -159,13 +160,10 @@ class TickertapePeer(Peer):
 
     def _ready_probe(self) -> bool:
         # The server prints "listening on HOST:PORT" when ready; a connect is the fallback.
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self.extra.get("log_from", 0))
-                if b"listening on" in f.read():
-                    return True
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open(self.log_path, "rb") as f:
+            f.seek(self.extra.get("log_from", 0))
+            if b"listening on" in f.read():
+                return True
         return super()._ready_probe()
 
     def stored_count(self, topic: str, timeout: float = 60.0) -> int:
