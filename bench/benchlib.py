@@ -22,6 +22,7 @@ import statistics
 import sys
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import loadgen
 import peers
@@ -442,8 +443,7 @@ def update_results(name: str, text: str) -> None:
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
     block = f"{begin}\n{text.rstrip()}\n{end}\n"
     try:
-        with open(RESULTS) as f:
-            cur = f.read()
+        cur = Path(RESULTS).read_text()
     except FileNotFoundError:
         cur = (
             "# Benchmark results\n\nWritten by the scripts in bench/ (see bench/README.md); "
@@ -453,8 +453,7 @@ def update_results(name: str, text: str) -> None:
     pat = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.DOTALL)
     new = pat.sub(lambda _m: block, cur) if pat.search(cur) else cur.rstrip() + "\n\n" + block
     tmp = RESULTS + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(new)
+    Path(tmp).write_text(new)
     os.replace(tmp, RESULTS)
 
 

