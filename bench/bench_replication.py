@@ -122,10 +122,7 @@ async def publish(port: int, n: int, size: int, window: int, rate: float, timeou
     try:
         async with asyncio.timeout(timeout):
             while seq < n:
-                if rate:
-                    due = min(n, int((time.perf_counter() - start) * rate) + 1)
-                else:
-                    due = n
+                due = min(n, int((time.perf_counter() - start) * rate) + 1) if rate else n
                 due = min(due, state["acked"] + window)
                 if due <= seq:
                     room.clear()
