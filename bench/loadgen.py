@@ -154,7 +154,6 @@ async def run(
             "acked": pub.acked,
             "pub_errors": pub.errors,
             "received": sum(s.received for s in subs),
-            "subscribers": len(subs),
             "pub_seconds": t_pub / 1e9,
             "seconds": t_all / 1e9,
             "client_cpu": time.process_time() - cpu0,
