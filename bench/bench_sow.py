@@ -248,7 +248,6 @@ def one_rep(args, r: int) -> dict:
         shutil.rmtree(os.path.join(sow.journal_dir(), "sow"))
         out["rebuild_s"] = _timed_restart(sow, args.timeout)
         m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
-        out["rebuild_records"] = int(m[-1][1]) if m else None
         out["rebuild_fold_s"] = float(m[-1][2]) if m else None
         q2 = query(sow, args.timeout)
         if q2["records"] != keys:
