@@ -51,6 +51,7 @@ sys.path.insert(0, ROOT)
 
 from journal import maintenance as jm
 from journal import maintenance_apply as jma
+from journal import manifest
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 
@@ -218,8 +219,8 @@ def run_master(args: argparse.Namespace) -> dict:
 
 
 def _clean(src: str, req: dict) -> None:
-    shutil.rmtree(jm.staging_dir(src, req["id"]), ignore_errors=True)
-    for p in (jm.result_path(src, req["id"]), jm.request_path(src, req["id"])):
+    shutil.rmtree(manifest.staging_dir(src, req["id"]), ignore_errors=True)
+    for p in (manifest.result_path(src, req["id"]), manifest.request_path(src, req["id"])):
         if os.path.exists(p):
             os.remove(p)
 
