@@ -166,7 +166,6 @@ def run_master(args: argparse.Namespace) -> dict:
         t = time.monotonic()
         out["executors"] = check_executors(sc, _shipped(sc))
         out["executors_s"] = time.monotonic() - t
-    out["parallelism"] = sc.defaultParallelism
     j = Journal(src, segment_size=args.segment_size, exclusive=True)
     sealed = j.sealed_segments()
     out["segments"] = len(sealed)
@@ -198,7 +197,6 @@ def run_master(args: argparse.Namespace) -> dict:
                         "records": s["records_in"],
                         "kept": s["records_out"],
                         "bytes_out": s["bytes_out"],
-                        "files": s.get("files"),
                     }
                 )
                 print(
@@ -247,11 +245,10 @@ def replay_compared(j: Journal, src: str, work: str, segment_size: int, spark) -
         ans = jma.apply_result(jc, req["id"])
         assert ans["status"] == "applied", ans
         n_comp, s_comp = _replay(jc)
-        disk = jc.disk_bytes()
     finally:
         jc.close()
     assert n_comp == n_plain
-    return {"plain": n_plain / s_plain, "compacted": n_comp / s_comp, "disk_compacted": disk}
+    return {"plain": n_plain / s_plain, "compacted": n_comp / s_comp}
 
 
 # -- the parent: data, the cluster, one child per master, the table ------------------------------
