@@ -51,6 +51,7 @@ sys.path.insert(0, ROOT)
 
 from journal import maintenance as jm
 from journal import maintenance_apply as jma
+from journal import manifest
 from journal.journal import Journal
 from journal.record import KIND_MESSAGE, encode_record
 
@@ -165,7 +166,6 @@ def run_master(args: argparse.Namespace) -> dict:
         t = time.monotonic()
         out["executors"] = check_executors(sc, _shipped(sc))
         out["executors_s"] = time.monotonic() - t
-    out["parallelism"] = sc.defaultParallelism
     j = Journal(src, segment_size=args.segment_size, exclusive=True)
     sealed = j.sealed_segments()
     out["segments"] = len(sealed)
@@ -197,7 +197,6 @@ def run_master(args: argparse.Namespace) -> dict:
                         "records": s["records_in"],
                         "kept": s["records_out"],
                         "bytes_out": s["bytes_out"],
-                        "files": s.get("files"),
                     }
                 )
                 print(
@@ -218,8 +217,8 @@ def run_master(args: argparse.Namespace) -> dict:
 
 
 def _clean(src: str, req: dict) -> None:
-    shutil.rmtree(jm.staging_dir(src, req["id"]), ignore_errors=True)
-    for p in (jm.result_path(src, req["id"]), jm.request_path(src, req["id"])):
+    shutil.rmtree(manifest.staging_dir(src, req["id"]), ignore_errors=True)
+    for p in (manifest.result_path(src, req["id"]), manifest.request_path(src, req["id"])):
         if os.path.exists(p):
             os.remove(p)
 
@@ -246,11 +245,10 @@ def replay_compared(j: Journal, src: str, work: str, segment_size: int, spark) -
         ans = jma.apply_result(jc, req["id"])
         assert ans["status"] == "applied", ans
         n_comp, s_comp = _replay(jc)
-        disk = jc.disk_bytes()
     finally:
         jc.close()
     assert n_comp == n_plain
-    return {"plain": n_plain / s_plain, "compacted": n_comp / s_comp, "disk_compacted": disk}
+    return {"plain": n_plain / s_plain, "compacted": n_comp / s_comp}
 
 
 # -- the parent: data, the cluster, one child per master, the table ------------------------------

@@ -19,6 +19,7 @@ open (page open ÷ no page ≥ 0.98).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from functools import partial
@@ -47,11 +48,9 @@ class Page:
         self.thread.start()
 
     def _read(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             while chunk := self.sock.recv(1 << 16):
                 self.events += chunk.count(b"\nevent: ") + chunk.startswith(b"event: ")
-        except OSError:
-            pass
 
     def close(self) -> None:
         self.sock.close()

@@ -71,14 +71,13 @@ def one_rep(args, peer, v, rep) -> dict:
         peer, args, sender, n=args.count, pub_dest=dest, per_send=per_send, tag=f"p{rep}"
     )
     peak = peer.peak_rss_bytes()
-    stored = None
     if args.no_verify:
-        pass
+        stored = None
     elif proto == "tickertape":
         stored = peer.stored_count(dest, timeout=max(60.0, args.timeout))
     elif proto == "nats":
         stored = peer.stream_info().get("state", {}).get("messages")
-    elif proto == "redis":
+    else:  # redis
         stored = peer.xlen(dest)
     peer.stop()
     disk = peer.data_bytes()

@@ -44,7 +44,7 @@ def _started(peer, args, out: dict, which: str) -> None:
     t0 = time.monotonic()
     peer.start(timeout=args.timeout)
     out[f"start_{which}_s"] = time.monotonic() - t0
-    benchlib.settle(args.settle)
+    time.sleep(args.settle)
     out[f"rss_{which}"] = peer.rss_bytes()
     out[f"hwm_{which}"] = peer.peak_rss_bytes()
 
@@ -78,7 +78,7 @@ def one_rep(args, jdir: str) -> dict:
         t0 = time.monotonic()
         q.restart(timeout=args.timeout)
         out["restart_s"] = time.monotonic() - t0
-        benchlib.settle(args.settle)
+        time.sleep(args.settle)
         out["rss_q2"] = q.rss_bytes()
         rec2 = _recovery(q.log_text())  # the last rebuild line: the restart's
         if rec2 is None:

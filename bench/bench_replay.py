@@ -87,7 +87,7 @@ def one_rep(args, peer, v, rep) -> dict:
         if peer.xlen(REDIS_KEY) != n:
             raise RuntimeError(f"XLEN {peer.xlen(REDIS_KEY)} after the restart, expected {n}")
         factory = lambda: consumers.RedisReplay(REDIS_KEY, args.redis_count)
-    benchlib.settle(0.5)
+    time.sleep(0.5)
     rss0 = peer.rss_bytes()
     conn, out, problems = consumers.measured(peer, factory, want, args.timeout)
     secs = out["seconds"]
@@ -106,7 +106,7 @@ def slow_reader(args, jdir: str) -> dict:
     peer.extra["journal_copy_from"] = jdir
     try:
         peer.start()
-        benchlib.settle(0.5)
+        time.sleep(0.5)
         base = peer.rss_bytes()
         s = socket.create_connection((peer.host, peer.port), timeout=10)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)

@@ -122,10 +122,7 @@ async def publish(port: int, n: int, size: int, window: int, rate: float, timeou
     try:
         async with asyncio.timeout(timeout):
             while seq < n:
-                if rate:
-                    due = min(n, int((time.perf_counter() - start) * rate) + 1)
-                else:
-                    due = n
+                due = min(n, int((time.perf_counter() - start) * rate) + 1) if rate else n
                 due = min(due, state["acked"] + window)
                 if due <= seq:
                     room.clear()
@@ -170,12 +167,11 @@ async def subscribe_lag(port: int, sent: list[int], n: int, stop: asyncio.Event)
     return lags
 
 
-def make_cluster(root: str, mode: str, sync_override: bool | None = None) -> Cluster:
+def make_cluster(root: str, mode: str) -> Cluster:
     d = tempfile.mkdtemp(prefix=f"repl-{mode}-", dir=root)
     if mode == "none":
         return Cluster(d, ["tt-a"], links=[], topics=(r"bench\..*",), proxy=False)
-    sync = mode == "sync" if sync_override is None else sync_override
-    return Cluster(d, ["tt-a", "tt-b"], links=[("tt-a", "tt-b")], sync=sync,
+    return Cluster(d, ["tt-a", "tt-b"], links=[("tt-a", "tt-b")], sync=mode == "sync",
                    topics=(r"bench\..*",), proxy=False)  # fmt: skip
 
 
@@ -321,8 +317,7 @@ def main() -> None:
     med = dict(zip(keys, (r for _, r in rows), strict=True))
 
     def sync_ratio(peer: str) -> float | None:
-        s, n = med[peer, "sync"].get("tput"), med[peer, "none"].get("tput")
-        return s / n if s and n else None
+        return benchlib.ratio(med[peer, "sync"].get("tput"), med[peer, "none"].get("tput"))
 
     first = args.peers[0]
     ratio = sync_ratio(first)

@@ -36,16 +36,15 @@ Writes the `bench_scale` section of RESULTS.md and draws bench/scale.png.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 
 import benchlib
 import loadgen
 import peers
 import scale_report
+from loadgen import _U32
 from loadwire import NatsLines, TtLogon, nats_connect, nats_subs
 
-_U32 = struct.Struct(">I")
 SUB_CONNS = 10
 DELIVER = "_scale.d"
 
@@ -232,9 +231,6 @@ async def _curve_async(peer, mode: str, s: int, t: int, args, tag: str) -> dict:
         for c in conns:
             c.close()
         await asyncio.sleep(0)
-
-
-run_async = loadgen.in_new_loop
 
 
 # ---- 1,000 publishers ----------------------------------------------------------------------
@@ -426,18 +422,18 @@ def main() -> None:
                 if mode != "consumers" or s <= args.js_max
             ]
         for series, s, mode, t in points:
-            fn = lambda peer, tag, s=s, t=t, mode=mode: run_async(
-                _curve_async, peer, mode, s, t, args, tag
+            fn = lambda peer, tag, s=s, t=t, mode=mode: loadgen.run_coro(
+                _curve_async(peer, mode, s, t, args, tag)
             )
             curve.append((series, s, point(series, f" S={s:>6}", f"{series} S={s}", name, fn)))
     pubs: list[tuple[str, dict]] = []
     mem: list[tuple[str, dict]] = []
     for name in names:
-        fn = lambda peer, tag: run_async(_publishers_async, peer, args, tag)
+        fn = lambda peer, tag: loadgen.run_coro(_publishers_async(peer, args, tag))
         pubs.append(
             (name, point(name, f" {args.conns} publishers", f"{name} publishers", name, fn))
         )
-        fn = lambda peer, tag: run_async(_memory_async, peer, args, tag)
+        fn = lambda peer, tag: loadgen.run_coro(_memory_async(peer, args, tag))
         mem.append((name, point(name, " memory", f"{name} memory", name, fn)))
     elapsed = time.time() - t_start
     text = scale_report.report(args, SUB_CONNS, curve, pubs, mem, problems, skipped, elapsed)

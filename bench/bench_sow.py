@@ -45,7 +45,6 @@ a checkpoint: a whole interval folded).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -73,10 +72,11 @@ _CAUGHT_UP = re.compile(
 )
 
 
-def keyed_frames(keys: int):
-    """loadgen.build_publish_frames with a key in each body: {"seq":S,"key":S mod keys,...}."""
+def keyed_frames(keys: int, start: int):
+    """loadgen.build_publish_frames with a key in each body: {"seq":S,"key":S mod keys,...},
+    S from start."""
 
-    def build(proto: str, dest: str, n: int, size: int, inbox: str = "", start: int = 1):
+    def build(proto: str, dest: str, n: int, size: int, inbox: str = ""):
         assert proto == "tickertape"
         t = dest.encode()
         parts = []
@@ -92,30 +92,27 @@ def keyed_frames(keys: int):
 
 def publish(peer, topic: str, n: int, args, tag: str, start: int = 1) -> dict:
     """n keyed publishes (seq start..start+n-1 in the bodies): msgs/s and server CPU µs/msg."""
-    build = keyed_frames(args.keys)
-    loadgen.build_publish_frames = lambda proto, dest, n, size, inbox="": build(
-        proto, dest, n, size, inbox, start
-    )
-    cpu0 = [0.0]
-
-    def on_start():
-        cpu0[0] = peer.cpu_seconds()
-
-    r = loadgen.run_sync(
-        "tickertape",
-        peer.host,
-        peer.port,
-        n=n,
-        pub_dest=topic,
-        body_size=args.size,
-        window=args.window,
-        timeout=args.timeout,
-        tag=tag,
-        on_start=on_start,
-    )
+    loadgen.build_publish_frames = keyed_frames(args.keys, start)
+    r, cpu = benchlib.timed_load(peer, args, n=n, pub_dest=topic, tag=tag)
     if r["timed_out"] or r["errors"] or r["acked"] < n:
         raise RuntimeError(f"publish: {r['acked']}/{n} acked, errors {r['errors']}")
-    return {"rate": n / r["pub_seconds"], "cpu_us": (peer.cpu_seconds() - cpu0[0]) / n * 1e6}
+    return {"rate": n / r["pub_seconds"], "cpu_us": cpu / n * 1e6}
+
+
+def publish_parts(peer, topic: str, n: int, args, tag: str, marks: list | None = None) -> tuple:
+    """n keyed publishes in `--parts` runs (module docstring): (msgs/s over the sum of the runs'
+    times, server CPU µs/msg); with marks, (updates before, µs) of the time between two runs."""
+    secs = cpu = 0.0
+    for i in range(args.parts):
+        lo, hi = n * i // args.parts, n * (i + 1) // args.parts
+        if i and marks is not None:
+            time.sleep(0.05)
+            marks.append((lo, int(time.time() * 1e6)))
+            time.sleep(0.05)
+        got = publish(peer, topic, hi - lo, args, f"{tag}.{i}", start=lo + 1)
+        secs += (hi - lo) / got["rate"]
+        cpu += got["cpu_us"] * (hi - lo)
+    return n / secs, cpu / n
 
 
 def _frame(h: dict) -> bytes:
@@ -193,28 +190,21 @@ def latest_bodies(n: int, keys: int, size: int) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def _timed_start(peer, restart: bool, timeout: float) -> float:
+def _timed_restart(peer, timeout: float) -> float:
     t0 = time.monotonic()
-    if restart:
-        peer.restart(timeout=timeout)
-    else:
-        peer.start(timeout=timeout)
+    peer.restart(timeout=timeout)
     return time.monotonic() - t0
 
 
 def one_rep(args, r: int) -> dict:
     out: dict = {}
-    n, keys, parts = args.count, args.keys, args.parts
+    n, keys = args.count, args.keys
     plain = peers.make_peer("tickertape")
     try:
         plain.start(timeout=args.timeout)
-        secs = cpu = 0.0
-        for i in range(parts):  # the same runs as the SOW publish below
-            lo, hi = n * i // parts, n * (i + 1) // parts
-            got = publish(plain, PLAIN_TOPIC, hi - lo, args, f"plain{r}.{i}", start=lo + 1)
-            secs += (hi - lo) / got["rate"]
-            cpu += got["cpu_us"] * (hi - lo)
-        out["plain_rate"], out["plain_cpu"] = n / secs, cpu / n
+        out["plain_rate"], out["plain_cpu"] = publish_parts(
+            plain, PLAIN_TOPIC, n, args, f"plain{r}"
+        )
         out["plain_rss"] = plain.rss_bytes()
     finally:
         plain.cleanup()
@@ -222,19 +212,8 @@ def one_rep(args, r: int) -> dict:
     sow.extra["config_xml"] = SOW_XML
     try:
         sow.start(timeout=args.timeout)
-        # published in `parts` runs, the time between two runs noted: historical query points
-        secs = cpu = 0.0
-        marks = []
-        for i in range(parts):
-            lo, hi = n * i // parts, n * (i + 1) // parts
-            if i:
-                time.sleep(0.05)
-                marks.append((lo, int(time.time() * 1e6)))
-                time.sleep(0.05)
-            got = publish(sow, SOW_TOPIC, hi - lo, args, f"sow{r}.{i}", start=lo + 1)
-            secs += (hi - lo) / got["rate"]
-            cpu += got["cpu_us"] * (hi - lo)
-        out["sow_rate"], out["sow_cpu"] = n / secs, cpu / n
+        marks: list = []
+        out["sow_rate"], out["sow_cpu"] = publish_parts(sow, SOW_TOPIC, n, args, f"sow{r}", marks)
         out["sow_rss"] = sow.rss_bytes()
         out["sow_anon"] = anon_bytes(sow)
         q = query(sow, args.timeout)
@@ -260,16 +239,15 @@ def one_rep(args, r: int) -> dict:
             out[f"hist{j}_s"] = h["s"]
             out[f"hist{j}_ratio"] = h["s"] / q["s"]
         out["hist_worst_ratio"] = max(out[f"hist{j}_ratio"] for j in range(len(marks)))
-        out["restart_s"] = _timed_start(sow, True, args.timeout)
+        out["restart_s"] = _timed_restart(sow, args.timeout)
         m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
         out["restart_catchup_s"] = float(m[-1][2]) if m else None
-        benchlib.settle(0.5)
+        time.sleep(0.5)
         out["restart_rss"] = sow.rss_bytes()
         sow.stop()
         shutil.rmtree(os.path.join(sow.journal_dir(), "sow"))
-        out["rebuild_s"] = _timed_start(sow, True, args.timeout)
+        out["rebuild_s"] = _timed_restart(sow, args.timeout)
         m = _CAUGHT_UP.findall(sow.log_text()[sow.extra.get("log_from", 0) :])
-        out["rebuild_records"] = int(m[-1][1]) if m else None
         out["rebuild_fold_s"] = float(m[-1][2]) if m else None
         q2 = query(sow, args.timeout)
         if q2["records"] != keys:
@@ -308,15 +286,9 @@ def history_only(args) -> str:
     rounds: list[dict] = []
     try:
         sow.start(timeout=args.timeout)
-        marks = []
+        marks: list = []
         t0 = time.monotonic()
-        for i in range(parts):
-            lo, hi = n * i // parts, n * (i + 1) // parts
-            if i:
-                time.sleep(0.05)
-                marks.append((lo, int(time.time() * 1e6)))
-                time.sleep(0.05)
-            publish(sow, SOW_TOPIC, hi - lo, args, f"hist.{i}", start=lo + 1)
+        publish_parts(sow, SOW_TOPIC, n, args, "hist", marks)
         published = time.monotonic() - t0
         time.sleep(2)  # the last checkpoint copy (a thread) finishes
         cdir = os.path.join(sow.journal_dir(), "sow-checkpoints")
@@ -423,11 +395,11 @@ def big_store(args, r: int) -> dict:
         finally:
             args.keys = keys
         out["big_rate"] = got["rate"]
-        benchlib.settle(0.5)
+        time.sleep(0.5)
         out["big_rss"] = big.rss_bytes()
         out["big_anon"] = anon_bytes(big)
-        out["big_restart_s"] = _timed_start(big, True, args.timeout)
-        benchlib.settle(0.5)
+        out["big_restart_s"] = _timed_restart(big, args.timeout)
+        time.sleep(0.5)
         out["big_restart_rss"] = big.rss_bytes()
         q = query(big, args.timeout)
         if q["records"] != args.big_keys:
@@ -438,64 +410,45 @@ def big_store(args, r: int) -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+def shown(m: dict) -> str:
+    return (
+        f"publish plain {m['plain_rate']:,.0f}/s, SOW "
+        f"{m['sow_rate']:,.0f}/s; query all {m['q_s']:.2f}s (JetStream KV "
+        f"{m.get('js_s', 0):.2f}s, Redis {m.get('redis_s', 0):.2f}s); filtered "
+        f"{m['qf_s']:.2f}s; historical worst {m['hist_worst_ratio']:.2f}x current; "
+        f"restart {m['restart_s']:.2f}s; rebuild {m['rebuild_s']:.2f}s; big store "
+        f"restart {m.get('big_restart_s', 0):.2f}s, RSS {m.get('big_rss', 0) / 2**20:.0f} MiB"
     )
+
+
+def main() -> None:
+    p = benchlib.parser(__doc__)
     p.add_argument("--count", type=int, default=1_000_000, help="publishes (updates)")
     p.add_argument("--keys", type=int, default=100_000, help="SOW keys (records)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions (median reported)")
     p.add_argument("--parts", type=int, default=4, help="publish runs (historical points between)")
     p.add_argument(
         "--big-keys", type=int, default=1_000_000, help="records of the RSS/restart store (0: skip)"
     )
     p.add_argument("--window", type=int, default=1000, help="most unacked publishes")
-    p.add_argument("--size", type=int, default=100, help="body bytes (JSON)")
-    p.add_argument("--timeout", type=float, default=600.0, help="longest step")
-    p.add_argument("--no-results", action="store_true", help="print only")
-    p.add_argument("--quick", action="store_true", help="50k updates over 5k keys, 1 repetition")
     p.add_argument(
         "--history", type=int, default=0, help="only the historical queries, on N updates"
     )
     p.add_argument(
         "--max-checkpoints", default="", help="<SOW><MaxCheckpointSize> (--history; default none)"
     )
+    benchlib.run_args(p, quick="50k updates over 5k keys, 1 repetition")
+    p.set_defaults(timeout=600.0)  # the longest step: a 1M-record publish or rebuild
     args = p.parse_args()
     if args.quick:
         args.count, args.keys, args.reps = min(args.count, 50_000), min(args.keys, 5_000), 1
         args.big_keys = min(args.big_keys, 50_000)
-    ok, why = peers.available("tickertape")
-    if not ok:
-        sys.exit(f"tickertape is not runnable: {why}")
+    benchlib.tickertape_only()
     if args.history:
-        text = history_only(args)
-        print("\n" + text)
-        if not args.no_results:
-            benchlib.update_results("bench_sow_history", text)
+        benchlib.emit("bench_sow_history", history_only(args), args.no_results)
         return
-    reps, problems = [], []
-    for r in range(args.reps):
-        try:
-            m = one_rep(args, r)
-            reps.append(m)
-            print(
-                f"  rep {r + 1}/{args.reps}: publish plain {m['plain_rate']:,.0f}/s, SOW "
-                f"{m['sow_rate']:,.0f}/s; query all {m['q_s']:.2f}s (JetStream KV "
-                f"{m.get('js_s', 0):.2f}s, Redis {m.get('redis_s', 0):.2f}s); filtered "
-                f"{m['qf_s']:.2f}s; historical worst {m['hist_worst_ratio']:.2f}x current; "
-                f"restart {m['restart_s']:.2f}s; rebuild {m['rebuild_s']:.2f}s; big store "
-                f"restart {m.get('big_restart_s', 0):.2f}s, RSS {m.get('big_rss', 0) / 2**20:.0f} MiB",
-                flush=True,
-            )
-        except Exception as e:
-            problems.append(f"rep {r + 1}: {type(e).__name__}: {e}".splitlines()[0][:300])
-            print(f"  rep {r + 1}/{args.reps}: FAILED {e}", flush=True)
-            if os.environ.get("BENCH_DEBUG"):
-                raise
+    reps, problems = benchlib.repeat("", args.reps, lambda r: one_rep(args, r), show=shown)
 
-    def med(k):
-        v = [m[k] for m in reps if m.get(k) is not None]
-        return statistics.median(v) if v else None
+    med = benchlib.medians(reps).get
 
     def cell(k, f, scale=1.0):
         v = [m[k] * scale for m in reps if m.get(k) is not None]
@@ -580,15 +533,8 @@ def main() -> None:
     ]
     if args.quick:
         notes.append("--quick: small counts, one repetition")
-    text = benchlib.header_block(
-        "bench_sow: State of the World topics", ["bench_sow"] + sys.argv[1:], notes
-    )
-    text += "\n\n" + "\n".join(lines) + "\n"
-    if problems:
-        text += "\n" + "\n".join(f"- {x}" for x in problems) + "\n"
-    print("\n" + text)
-    if not args.no_results:
-        benchlib.update_results("bench_sow", text)
+    title = "bench_sow: State of the World topics"
+    benchlib.write_section("bench_sow", title, notes, "\n".join(lines), problems, args.no_results)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ a repetition that fails or times out is reported, never silently dropped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import math
 import os
@@ -19,9 +20,9 @@ import re
 import shlex
 import statistics
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import loadgen
 import peers
@@ -374,21 +375,15 @@ def table(rows: list[tuple[str, dict]], metrics: list[Metric]) -> tuple[str, str
 
 def machine() -> dict:
     cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
     mem = "unknown"
-    try:
-        with open("/proc/meminfo") as f:
-            kb = int(f.readline().split()[1])
-            mem = f"{kb / 1024 / 1024:.1f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        kb = int(f.readline().split()[1])
+        mem = f"{kb / 1024 / 1024:.1f} GiB"
     return {
         "nproc": str(os.cpu_count()),
         "cpu": cpu,
@@ -400,14 +395,11 @@ def machine() -> dict:
 
 def _fs_of(path: str) -> str:
     best = ("", "?", "?")
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype = line.split()[:3]
-                if path.startswith(mnt) and len(mnt) > len(best[0]):
-                    best = (mnt, dev, fstype)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            dev, mnt, fstype = line.split()[:3]
+            if path.startswith(mnt) and len(mnt) > len(best[0]):
+                best = (mnt, dev, fstype)
     return f"{best[2]} on {best[1]}"
 
 
@@ -451,8 +443,7 @@ def update_results(name: str, text: str) -> None:
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
     block = f"{begin}\n{text.rstrip()}\n{end}\n"
     try:
-        with open(RESULTS) as f:
-            cur = f.read()
+        cur = Path(RESULTS).read_text()
     except FileNotFoundError:
         cur = (
             "# Benchmark results\n\nWritten by the scripts in bench/ (see bench/README.md); "
@@ -462,8 +453,7 @@ def update_results(name: str, text: str) -> None:
     pat = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.DOTALL)
     new = pat.sub(lambda _m: block, cur) if pat.search(cur) else cur.rstrip() + "\n\n" + block
     tmp = RESULTS + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(new)
+    Path(tmp).write_text(new)
     os.replace(tmp, RESULTS)
 
 
@@ -513,10 +503,6 @@ def emit(name: str, text: str, no_results: bool) -> None:
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, or None when either is missing (or b is zero): a target not measured."""
     return a / b if a and b else None
-
-
-def settle(seconds: float = 0.3) -> None:
-    time.sleep(seconds)
 
 
 def targets_table(items: list[tuple[str, str, object, object, str]]) -> str:

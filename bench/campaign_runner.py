@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class SetupError(Exception):
@@ -42,7 +42,6 @@ class Mode:
     # (round, rng, faults, directory) -> (stats, violations)
     play: Callable[[int, random.Random, str, str], tuple[dict, list[str]]]
     replay_flags: str = ""  # put in the replay command line ("--seams")
-    extra_totals: dict = field(default_factory=dict)
 
 
 def mount_tmpfs(path: str, size: str) -> None:

@@ -22,26 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
+import time
 
 import loadgen
-from loadgen import ProtocolError, _Conn, _now_ns, tickertape_frame
+from loadgen import _U32, ProtocolError, _Conn, _now_ns, tickertape_frame
 from loadwire import NatsLines, TtLogon, nats_connect, nats_subs
 
-_U32 = struct.Struct(">I")
 _P = b'{"c":"p"'
 
 
 class _Counting(_Conn):
-    """Counts to `expect`; t_first / t_last in perf_counter ns."""
+    """Counts to `expect` (into _Conn's `received`); t_start / t_last in perf_counter ns."""
 
     def __init__(self) -> None:
         super().__init__()
         self.expect = 0
-        self.received = 0
         self.t_start = 0
-        self.t_first = 0
-        self.t_last = 0
 
     def _go(self, expect: int, first: bytes) -> None:
         """Start the clock on `expect` messages with `first` (the subscribe, or the request)."""
@@ -51,8 +47,6 @@ class _Counting(_Conn):
         self.transport.write(first)
 
     def _got(self, k: int) -> None:
-        if not self.t_first:
-            self.t_first = _now_ns()
         self.received += k
 
 
@@ -142,10 +136,6 @@ class TtReplay(_TtBase):
 class _NatsBase(NatsLines, _Counting):
     """CONNECT, the subscriptions of `subs()` (sid 1, 2, ...), PING; ready at the PONG."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.api_replies: list[dict] = []
-
     def subs(self) -> list[str]:
         return []
 
@@ -166,7 +156,6 @@ class _NatsBase(NatsLines, _Counting):
         r = json.loads(payload) if payload else {}
         if "error" in r:
             self._fail(f"JetStream API error: {r['error']}")
-        self.api_replies.append(r)
 
     def data_received(self, data) -> None:
         buf = self.buf
@@ -287,13 +276,10 @@ class NatsOrdered(_NatsBase):
 # ---- running ------------------------------------------------------------------------------
 
 
-async def consume(factory, host: str, port: int, expect: int, timeout: float, before=None):
-    """Connect with factory, call before(conn) (setup on the server that needs the connection
-    to exist), start(expect), wait for done or timeout. Returns (conn, timed_out)."""
+async def consume(factory, host: str, port: int, expect: int, timeout: float):
+    """Connect with factory, start(expect), wait for done or timeout. Returns (conn, timed_out)."""
     conn = await loadgen._connect(factory, host, port, 30)
     try:
-        if before is not None:
-            before(conn)
         conn.start(expect)
         done, pending = await asyncio.wait([conn.done], timeout=timeout)
         timed_out = bool(pending)
@@ -308,15 +294,15 @@ async def consume(factory, host: str, port: int, expect: int, timeout: float, be
 
 
 def consume_sync(*args, **kw):
-    return loadgen.in_new_loop(consume, *args, **kw)
+    return loadgen.run_coro(consume(*args, **kw))
 
 
 def measured(peer, factory, want: int, timeout: float) -> tuple[object, dict, list[str]]:
     """consume_sync of `want` messages with the server's CPU and peak RSS and this process's
     CPU around it: (the consumer, the figures every consuming benchmark shows, its problems)."""
-    cpu0, ccpu = peer.cpu_seconds(), loadgen._Cpu()
+    cpu0, ccpu0 = peer.cpu_seconds(), time.process_time()
     conn, timed_out = consume_sync(factory, peer.host, peer.port, want, timeout)
-    client_cpu, cpu = ccpu.seconds(), peer.cpu_seconds() - cpu0
+    client_cpu, cpu = time.process_time() - ccpu0, peer.cpu_seconds() - cpu0
     secs = (conn.t_last - conn.t_start) / 1e9
     got = conn.received
     out = {
@@ -342,7 +328,6 @@ class RedisReplay(loadgen.RedisConn):
     def __init__(self, key: str, count: int = 1000) -> None:
         super().__init__(key, count=count, block_ms=2000)
         self.t_start = 0
-        self.t_first = 0
 
     def start(self, expect: int) -> None:
         self.role = "sub"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -189,7 +190,6 @@ class Publisher:
 
     def __init__(self, name: str, rng: random.Random, topic: str = TOPIC, body=None, logon=None):
         self.name = name
-        self.rng = rng
         self.topic = topic
         self.body = body or payload
         self.logon = logon or {}
@@ -318,11 +318,9 @@ def fill(path: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         for size in (1 << 20, 4096, 1):
-            try:
+            with contextlib.suppress(OSError):  # full: the next, smaller size
                 while True:
                     os.write(fd, b"\0" * size)
-            except OSError:
-                pass
     finally:
         os.close(fd)
 

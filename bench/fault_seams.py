@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -50,6 +51,7 @@ import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 from campaign_runner import Mode, SetupError, mount_tmpfs
 from fault_campaign import Publisher, Violation, fill
@@ -174,11 +176,9 @@ def make_cluster(data: str, rng: random.Random, maint: bool) -> tuple[Cluster, s
     where = None
     if maint:  # one instance runs the schedule: one Spark job at a time on a small machine
         where = rng.choice(names)
-        cfg = cl[where].config_path
-        with open(cfg) as f:
-            xml = f.read()
-        with open(cfg, "w") as f:
-            f.write(xml.replace("</TickertapeConfig>", ACTIONS + "</TickertapeConfig>"))
+        cfg = Path(cl[where].config_path)
+        xml = cfg.read_text()
+        cfg.write_text(xml.replace("</TickertapeConfig>", ACTIONS + "</TickertapeConfig>"))
     return cl, where
 
 
@@ -418,8 +418,7 @@ def _play(rng: random.Random, label: str, data: str) -> tuple[dict, list[str]]:
         out["problems"] += stop_all(cl)
         trace(t0, "stopped")
         for i in cl:  # for --keep: what each instance said since its last start
-            with open(os.path.join(i.directory, "server.log"), "w") as f:
-                f.write(i.output() + "\n")
+            Path(i.directory, "server.log").write_text(i.output() + "\n")
         result = check(cl, out)
         trace(t0, "checked")
         return result
@@ -464,15 +463,12 @@ def play(r: int, rng: random.Random, label: str, data: str) -> tuple[dict, list[
         child.join(30 if res is not None else 0)
     finally:  # hung, or the campaign itself was stopped: the round's process group goes
         if child.is_alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             child.join(10)
     if res is None:
         try:
-            with open(os.path.join(data, "phases.txt")) as f:
-                last = [x.strip() for x in f.read().strip().splitlines()[-3:]]
+            last = [x.strip() for x in Path(data, "phases.txt").read_text().splitlines()[-3:]]
         except OSError:
             last = []
         return {}, [f"round hung: no result within {limit:.0f} s (last phases: {last or 'none'})"]

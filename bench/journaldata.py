@@ -15,7 +15,7 @@ JSON bodies of exactly `size` bytes:
 
     {"qty":55,"seq":42,"pad":"xxxx..."}
 
-(valid JSON, unlike loadgen.make_body's zero-padded `seq`, so that content filters can read it).
+(valid JSON, unlike loadwire.make_body's zero-padded `seq`, so that content filters can read it).
 `seq` is the message's index + 1 over the whole journal; `qty` is 1..100, and exactly half of
 each run of 100 messages have qty > 50 (so the filter `/qty > 50` matches 50 %).
 """
@@ -80,14 +80,12 @@ def build(
     size: int = 100,
     pubs: int = 1,
     ts_step_us: int = 10,
-    progress: bool = True,
 ) -> dict:
     """Write a fresh journal of n messages into `directory` (which must not hold one). Returns
     its description (meta): n, topic, size, pubs, pub_ids, ts0, ts_step_us, end_position."""
     os.makedirs(directory, exist_ok=True)
     ts0 = int(time.time() * 1e6) - n * ts_step_us - 60_000_000  # all of it in the past
-    names = publisher_names(pubs)
-    pub_ids = [publisher_id(x) for x in names]
+    pub_ids = [publisher_id(x) for x in publisher_names(pubs)]
     topic_b = topic.encode()
     enc = jrecord.encode_record
     kind = jrecord.KIND_MESSAGE
@@ -121,7 +119,7 @@ def build(
                 raise errors[0]
             j.submit(b"".join(parts), entries, done)
             now = time.monotonic()
-            if progress and now - last_note > 10:
+            if now - last_note > 10:
                 last_note = now
                 print(
                     f"  building journal: {start + BATCH:,}/{n:,} messages ({now - t0:.0f}s)",
@@ -139,7 +137,6 @@ def build(
         "topic": topic,
         "size": size,
         "pubs": pubs,
-        "pub_names": names,
         "pub_ids": pub_ids,
         "ts0": ts0,
         "ts_step_us": ts_step_us,

@@ -264,10 +264,7 @@ class Publisher:
         one write). ack_latency: record send -> ack time per message in `ack_lat` (ns)."""
         self.frames = frames
         self.n = frames.n
-        self.window = window
-        self.sent = 0
-        self.acked = 0
-        self.errors = 0
+        self.window = window  # sent, acked, errors: 0 from _Conn
         self.rate = rate
         self.per_send = per_send
         self.send_ns = array("q", [0]) * (self.n + 1) if rate > 0 or ack_latency else None
@@ -337,12 +334,10 @@ class Subscriber:
     def setup_subscriber(
         self, expect: int, send_ns: array | None = None, skip_below: int = 0
     ) -> None:
-        self.expect = expect
-        self.received = 0
+        self.expect = expect  # received, t_last: 0 from _Conn
         self.send_ns = send_ns
         self.skip_below = skip_below
         self.lat = array("q") if send_ns is not None else None
-        self.t_last = 0
 
     def _count(self, k: int) -> None:
         self.received += k

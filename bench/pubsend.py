@@ -113,6 +113,4 @@ def run(
         "timed_out": r["timed_out"],
         "errors": [r["error"]] if r["error"] else [],
         "sends": r["sends"],
-        "short_sends": r["short_sends"],
-        "window_wait_s": r["window_wait_s"],
     }

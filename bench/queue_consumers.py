@@ -33,7 +33,7 @@ class TtQueue(_TtBase):
         self.queue = queue
         self.backlog = backlog
         self.acked = 0
-        self.ack_frames = 0
+        self.ack_writes = 0
         self._ack_head = b'{"c":"sow_delete","t":"%s","bm":"' % queue.encode()
 
     def start(self, expect: int) -> None:
@@ -82,7 +82,7 @@ class TtQueue(_TtBase):
                 h += b'","cid":"last","a":"processed"}'
             else:
                 h += b'"}'
-            self.ack_frames += 1
+            self.ack_writes += 1
             self.transport.write(_U32.pack(len(h)) + h)
 
 
@@ -227,7 +227,7 @@ class RedisQueue(_Counting):
         self.acked = 0
         self.xack_replies = 0
         self.acked_total = 0  # sum of the XACK replies: entries Redis says it acknowledged
-        self._xacks_sent = 0
+        self.ack_writes = 0
         self._read = resp_command(
             "XREADGROUP", "GROUP", group, "bench-consumer", "COUNT", backlog, "STREAMS", key, ">"
         )
@@ -254,7 +254,7 @@ class RedisQueue(_Counting):
                 self.acked_total += int(buf[1:eol])
                 del buf[: eol + 2]
                 self.xack_replies += 1
-                if self.acked >= self.expect and self.xack_replies >= self._xacks_sent:
+                if self.acked >= self.expect and self.xack_replies >= self.ack_writes:
                     self.t_last = _now_ns()
                     self._finish()
                     return
@@ -271,7 +271,7 @@ class RedisQueue(_Counting):
                 self._got(len(ids))
                 self.acked += len(ids)
                 out = resp_command(*self._xack_head, *ids)
-                self._xacks_sent += 1
+                self.ack_writes += 1
                 if self.acked < self.expect:
                     out += self._read
                 self.transport.write(out)

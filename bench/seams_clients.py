@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 
 from fault_campaign import Violation, connect, frame
 
-from server.ids import publisher_id
-
 TOPIC = "fc"
 ALO_QUEUE = "fcq"  # at-least-once, over TOPIC
 AMO_QUEUE = "fcm"  # at-most-once, over TOPIC
@@ -74,10 +72,6 @@ def msg_id(bm: str) -> tuple[int, int]:
     """(publisher id, sequence) of a bookmark `pub|seq|`."""
     pub, seq = bm.split("|")[:2]
     return int(pub), int(seq)
-
-
-def pub_ids(names) -> dict[int, str]:
-    return {publisher_id(n): n for n in names}
 
 
 @dataclass

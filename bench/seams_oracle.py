@@ -228,8 +228,7 @@ def check_desks(desk_subs, desk_consumers, deleter=None) -> tuple[dict, list[str
     for d in desk_subs:
         wrong += len(d.wrong)
         out += d.wrong[:3] + d.foreign[:3]
-    for c in desk_consumers:  # (consumer, its desk)
-        qc, desk = c
+    for qc, desk in desk_consumers:  # (consumer, its desk)
         other = qc.desks - {desk}
         if other:
             wrong += 1

@@ -9,57 +9,7 @@ import socket
 import time
 
 import peers
-
-
-class NatsConn:
-    """A raw NATS protocol connection (the peers' setup helpers are one request each)."""
-
-    def __init__(self, peer, timeout: float) -> None:
-        self.s = socket.create_connection((peer.host, peer.port), timeout=timeout)
-        self.buf = bytearray()
-        self.pos = 0
-        self._line()  # INFO
-        self.s.sendall(
-            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
-        )
-
-    def _fill(self) -> None:
-        if self.pos > 1 << 20:
-            del self.buf[: self.pos]
-            self.pos = 0
-        data = self.s.recv(1 << 20)
-        if not data:
-            raise RuntimeError("nats-server closed the connection")
-        self.buf += data
-
-    def _line(self) -> bytes:
-        while True:
-            i = self.buf.find(b"\r\n", self.pos)
-            if i >= 0:
-                line = bytes(self.buf[self.pos : i])
-                self.pos = i + 2
-                return line
-            self._fill()
-
-    def msg(self) -> tuple[int, bytes]:
-        """The next message: (sid, payload); answers PINGs, raises on -ERR."""
-        while True:
-            line = self._line()
-            if line.startswith(b"MSG ") or line.startswith(b"HMSG "):
-                parts = line.split()
-                size = int(parts[-1])
-                while len(self.buf) - self.pos < size + 2:
-                    self._fill()
-                payload = bytes(self.buf[self.pos : self.pos + size])
-                self.pos += size + 2
-                return int(parts[2]), payload
-            if line == b"PING":
-                self.s.sendall(b"PONG\r\n")
-            elif line.startswith(b"-ERR"):
-                raise RuntimeError(f"nats-server: {line.decode(errors='replace')}")
-
-    def close(self) -> None:
-        self.s.close()
+from loadwire import resp_command
 
 
 def jetstream_kv(args, bodies: list[tuple[int, int, bytes]]) -> dict:
@@ -70,7 +20,7 @@ def jetstream_kv(args, bodies: list[tuple[int, int, bytes]]) -> dict:
     try:
         peer.start(timeout=args.timeout)
         peer.create_kv("bench")
-        c = NatsConn(peer, args.timeout)
+        c = peers.NatsConn(peer.host, peer.port, args.timeout)
         c.s.sendall(b"SUB _INBOX.ack 9\r\n")
         for i in range(0, len(bodies), 1000):
             chunk = bodies[i : i + 1000]
@@ -158,10 +108,6 @@ def _redis_replies(s: socket.socket, buf: bytearray, n: int) -> bytearray:
     return buf[pos:]
 
 
-def _resp(*args: bytes) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
-
-
 def redis_hashes(args, bodies: list[tuple[int, int, bytes]]) -> dict:
     """The same records as Redis hashes (h:<key> -> seq, key, pad), then all of them read with
     HGETALL, pipelined 1,000 at a time on one connection: seconds, server CPU."""
@@ -174,7 +120,7 @@ def redis_hashes(args, bodies: list[tuple[int, int, bytes]]) -> dict:
                 chunk = bodies[i : i + 1000]
                 s.sendall(
                     b"".join(
-                        _resp(
+                        resp_command(
                             b"HSET",
                             b"h:%d" % k,
                             b"seq",
@@ -193,7 +139,7 @@ def redis_hashes(args, bodies: list[tuple[int, int, bytes]]) -> dict:
             got = 0
             for i in range(0, len(bodies), 1000):
                 chunk = bodies[i : i + 1000]
-                s.sendall(b"".join(_resp(b"HGETALL", b"h:%d" % k) for k, _s, _b in chunk))
+                s.sendall(b"".join(resp_command(b"HGETALL", b"h:%d" % k) for k, _s, _b in chunk))
                 buf = _redis_replies(s, buf, len(chunk))
                 got += len(chunk)
             secs = time.perf_counter() - t0
