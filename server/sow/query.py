@@ -111,25 +111,21 @@ class QueryPlan:
     send_keys: Callable[[str, Any], dict[str, Any] | None] | None = None
 
 
+@dataclass(eq=False, repr=False)
 class SowQuery:
     """One query's answer on its way to one client (states: running -> done | cancelled)."""
 
-    def __init__(
-        self,
-        out: Outbox,
-        reader: Reader | HistoricalReader | WaitingReader,
-        point: tuple[int, int] | None,
-        plan: QueryPlan,
-        on_done: Callable[[SowQuery, bool], None],
-    ) -> None:
-        self.out = out
-        self.reader = reader
-        self.point = point
-        self.plan = plan
-        self.on_done = on_done
-        self.returned = 0
-        self.matches = 0
-        self.task: asyncio.Task[None] | None = None
+    out: Outbox
+    reader: Reader | HistoricalReader | WaitingReader
+    point: tuple[int, int] | None
+    plan: QueryPlan
+    on_done: Callable[[SowQuery, bool], None]
+    returned: int = field(init=False, default=0)
+    matches: int = field(init=False, default=0)
+    task: asyncio.Task[None] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        plan = self.plan
         self._extra = b""
         if plan.query_id is not None:
             self._extra += b',"query_id":' + _json(plan.query_id)
