@@ -80,7 +80,7 @@ def parse_order_by(text: str) -> list[OrderItem]:
     return items
 
 
-def _rank_at(j: int, row: tuple[list[Any], str, str]) -> tuple[int, Any]:
+def _rank_at(j: int, row: tuple[Any, ...]) -> tuple[int, Any]:
     return _rank(row[0][j])
 
 

@@ -23,7 +23,7 @@ import msgspec
 
 from ..matching import Predicate, TopicFilter, body_matches
 from .manager import SowManager
-from .query import OrderItem, _rank
+from .query import OrderItem, _rank_at
 from .store import SowStore
 
 __all__ = ["MAX_ROWS", "SowConsole"]
@@ -82,10 +82,6 @@ class SowConsole:
         loop = asyncio.get_running_loop()
         scan = partial(_scan, store, topic, filt, order, max(0, min(top_n, MAX_ROWS)))
         return await loop.run_in_executor(self.readers, scan)
-
-
-def _rank_at(j: int, row: tuple[Any, str]) -> tuple[int, Any]:
-    return _rank(row[0][j])
 
 
 def _scan(
