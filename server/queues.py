@@ -52,7 +52,8 @@ from .queue_held import Held
 from .queue_reader import QueueReader
 from .queue_repl import CatchUp, Failover, QueueReplication, message_origin, record_origin
 from .queue_state import QueueState
-from .queue_types import StoredMessage, now_us
+from .queue_types import StoredMessage
+from .replay_plan import now_us
 
 __all__ = ["Commits", "QueueManager"]
 
