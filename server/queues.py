@@ -110,8 +110,9 @@ class QueueManager:
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self.reads = QueueReader(self.journal)  # messages read back (a one-block cache)
-        # its reads, as the queues' host (QueueHost): the reader's own bound methods
+        # its reads and callbacks, as the queues' host (QueueHost): the bound methods that do them
         self.read = self.reads.read
+        self.call_soon = self.loop.call_soon
         self.splice_run = self.reads.splice_run
         self.origin_at = self.reads.origin_at
         self.recovery_seconds = 0.0
@@ -161,9 +162,6 @@ class QueueManager:
     def attach(self, pipeline: Commits) -> None:
         pipeline.on_deliver.append(self.on_committed)
         pipeline.before_flush.append(self.before_flush)
-
-    def call_soon(self, fn: Callable[[], object]) -> None:
-        self.loop.call_soon(fn)
 
     def on_committed(self, msgs: list[Message], end: int) -> None:
         for m in msgs:
