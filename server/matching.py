@@ -16,7 +16,7 @@ import msgspec
 
 from protocol.filters import NOT_JSON, CompiledFilter
 
-__all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches"]
+__all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches", "filter_at"]
 
 Predicate = Callable[[Any], Any]
 """A compiled filter: decoded body -> truthy when the message matches."""
@@ -112,3 +112,8 @@ class TopicFilter:
 
     def __call__(self, doc: Any) -> bool:
         return False
+
+
+def filter_at(f: Predicate | None, topic: str) -> Predicate | None:
+    """`f` for the messages of `topic`: a TopicFilter resolved (`at`), any other as it is."""
+    return f.at(topic) if isinstance(f, TopicFilter) else f

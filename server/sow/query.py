@@ -32,7 +32,7 @@ import msgspec
 from protocol.filters import FilterError, compile_path
 
 from .. import frames
-from ..matching import Predicate, TopicFilter, body_matches
+from ..matching import Predicate, body_matches, filter_at
 from ..outbox import Outbox
 from ..reasons import Failure
 from .answer import matching, sow_frames
@@ -192,9 +192,7 @@ class SowQuery:
         """(topic, key, record) of every matching record, in topic then key order."""
         plan, reader = self.plan, self.reader
         for topic in plan.topics:
-            f = plan.filters.get(topic)
-            if isinstance(f, TopicFilter):
-                f = f.at(topic)
+            f = filter_at(plan.filters.get(topic), topic)
             if plan.keys is not None:
                 source: Any = (
                     (k, rec) for k in plan.keys if (rec := reader.get(topic, k)) is not None
@@ -236,9 +234,7 @@ class SowQuery:
         reader = self.reader
         assert isinstance(reader, (Reader, HistoricalReader))
         for topic in plan.topics:
-            f = plan.filters.get(topic)
-            if isinstance(f, TopicFilter):
-                f = f.at(topic)
+            f = filter_at(plan.filters.get(topic), topic)
             prefix = topic.encode("utf-8") + b"\x00"
             head = b'{"c":"sow"' + frames.topic_member_text(topic)
             for items in reader.chunks(topic, CHUNK):

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from ..matching import Predicate, TopicFilter, body_matches
+from ..matching import Predicate, body_matches, filter_at
 from .manager import SowManager
 from .query import OrderItem, _rank_at
 from .store import SowStore
@@ -74,8 +74,7 @@ class SowConsole:
     ) -> dict[str, Any]:
         store = self.sow.store
         assert store is not None
-        if isinstance(filt, TopicFilter):
-            filt = filt.at(topic)
+        filt = filter_at(filt, topic)
         # committed puts still held for the next store write (server/sow/held.py) go in now,
         # on the loop: the snapshot the reader thread opens then holds every committed record
         self.sow.flush()
