@@ -196,7 +196,7 @@ class AdminEndpoint:
         is not a browser's and passes."""
         host = _header(lines, b"host")
         if host is not None:
-            name = _host_name(host)
+            name = _authority(host, self.scheme)[0]
             if name is None or not self._allowed(name):
                 return 421, (
                     f"this endpoint does not answer to Host {host!r}: use an IP address or "
@@ -208,7 +208,7 @@ class AdminEndpoint:
         ):
             return None
         parts = urlsplit(origin) if origin != "null" else None
-        name = _host_name(parts.netloc) if parts is not None else None
+        name = _authority(parts.netloc, self.scheme)[0] if parts is not None else None
         same = (
             parts is not None
             and host is not None
@@ -403,19 +403,9 @@ def _event(name: bytes, data: bytes) -> bytes:
     return b"event: " + name + b"\ndata: " + data + b"\n\n"
 
 
-def _host_name(authority: str) -> str | None:
-    """The host of a `host[:port]` (an IPv6 address without its brackets), lowercase; None when
-    it is not one."""
-    try:
-        parts = urlsplit("//" + authority.strip())
-        parts.port  # noqa: B018 - raises ValueError for a port that is not one
-    except ValueError:
-        return None
-    return parts.hostname or None
-
-
 def _authority(authority: str, scheme: str) -> tuple[str | None, int | None]:
-    """(host, port) of a `host[:port]`, the scheme's default port filled in."""
+    """(host, port) of a `host[:port]`, the scheme's default port filled in; the host is
+    lowercase (an IPv6 address without its brackets). (None, None) when it is not one."""
     try:
         parts = urlsplit("//" + authority.strip())
         port = parts.port

@@ -166,7 +166,6 @@ def verify(paths: list[str]) -> int:
         )
         return status
     findings = check_set(loaded)
-    errors = [f for f in findings if f.level == "error"]
     names = ", ".join(c.name for c in loaded)
     counts = {
         level: sum(f.level == level for f in findings) for level in ("error", "warning", "note")
@@ -177,7 +176,7 @@ def verify(paths: list[str]) -> int:
         print(line)
     for f in findings:
         print(f.format(), file=sys.stderr if f.level == "error" else sys.stdout)
-    return 2 if errors else 0
+    return 2 if counts["error"] else 0
 
 
 def serve(args: argparse.Namespace) -> int:

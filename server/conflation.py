@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from .fanout import Message
@@ -27,20 +28,17 @@ from .subscriptions import Subscription
 __all__ = ["LiveConflation"]
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class LiveConflation:
-    __slots__ = ("_call_later", "_conf", "_timer", "sub")
+    sub: Subscription
+    interval: InitVar[float]
+    keys: InitVar[tuple[str, ...] | None]
+    _call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle]
+    _conf: Conflater = field(init=False)
+    _timer: asyncio.TimerHandle | None = field(init=False, default=None)
 
-    def __init__(
-        self,
-        sub: Subscription,
-        interval: float,
-        keys: tuple[str, ...] | None,
-        call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle],
-    ) -> None:
-        self.sub = sub
+    def __post_init__(self, interval: float, keys: tuple[str, ...] | None) -> None:
         self._conf = Conflater(interval, keys)
-        self._call_later = call_later
-        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def held(self) -> int:

@@ -327,4 +327,4 @@ class Connection(asyncio.Protocol):
 
     def _closed_with(self, reason: str) -> None:
         log.info("disconnect: %s reason=%s", self.describe(), reason)
-        self.env.counters.disconnected(reason)
+        self.env.counters.disconnects[reason] += 1

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 __all__ = ["Counters"]
@@ -17,7 +18,4 @@ class Counters:
     auth_failures: int = 0  # logons refused `auth failure` by the authenticator
     not_entitled: int = 0  # commands refused `not entitled` by the user's roles
     tls_refused: int = 0  # TLS handshakes that failed (server/tls_accept.py)
-    disconnects: dict[str, int] = field(default_factory=dict)  # reason -> connections closed
-
-    def disconnected(self, reason: str) -> None:
-        self.disconnects[reason] = self.disconnects.get(reason, 0) + 1
+    disconnects: Counter[str] = field(default_factory=Counter)  # reason -> connections closed

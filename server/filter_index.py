@@ -58,10 +58,6 @@ def _shared(path: Path) -> Path:
     return _paths.setdefault(path, path)
 
 
-def _distinct(keys: list[Key]) -> tuple[Key, ...]:
-    return tuple(dict.fromkeys(keys))
-
-
 _decode = msgspec.json.Decoder().decode
 _NUMERIC_CHARS = frozenset("0123456789+-.")
 
@@ -121,7 +117,7 @@ def _equality(node: Node) -> Equality | None:
             ok, value = _constant(const)
             if path is not None and ok:
                 found = value_keys(value)
-                return (_shared(path), _distinct(found)) if found else None
+                return (_shared(path), tuple(dict.fromkeys(found))) if found else None
         return None
     if isinstance(node, In) and not node.negated:
         path = _path(node.operand)
@@ -134,7 +130,7 @@ def _equality(node: Node) -> Equality | None:
                 keys.extend(value_keys(value))
             elif not (isinstance(item, Const) and item.value is None):
                 return None  # a field or an expression in the list: any value may match
-        return (_shared(path), _distinct(keys)) if keys else None
+        return (_shared(path), tuple(dict.fromkeys(keys))) if keys else None
     if isinstance(node, Junction) and node.kind == "and":
         best = None
         for item in node.items:

@@ -50,7 +50,7 @@ scan = _c.scan if _c else None
 ACCELERATED = _c is not None
 
 
-def _positions(raw: bytes) -> array[int]:
+def u64_array(raw: bytes) -> array[int]:
     a = array("Q")
     a.frombytes(raw)
     return a
@@ -71,12 +71,12 @@ def filter_frames(
         hits, unsure, stop, lp, ls, at_end = scan(buf, base, start, end, topic, flt.program)
         if unsure:
             match = flt.match_raw
-            more = [p for p in _positions(unsure) if match(_body_at(buf, base, p))]
+            more = [p for p in u64_array(unsure) if match(_body_at(buf, base, p))]
             if more:
-                hits = array("Q", sorted(_positions(hits).tolist() + more)).tobytes()
+                hits = array("Q", sorted(u64_array(hits).tolist() + more)).tobytes()
     else:
         hits, _, stop, lp, ls, at_end = scan_py(buf, base, start, end, topic, flt.match_raw)
     if not hits:
         return b"", 0, stop, lp, ls, at_end
-    frames, _bookmarks, sent = splice_at(buf, base, _positions(hits), head, b"")
+    frames, _bookmarks, sent = splice_at(buf, base, u64_array(hits), head, b"")
     return frames, sent, stop, lp, ls, at_end

@@ -15,13 +15,6 @@ from collections.abc import Iterable
 
 from config.model import LogTarget
 
-LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
-
 
 class _Formatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
@@ -54,7 +47,7 @@ def setup_logging(targets: Iterable[LogTarget], foreground: bool = True) -> None
             assert path is not None  # the loader requires FileName for a file target
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             h = logging.FileHandler(path, mode="a", encoding="utf-8", delay=False)
-        level = LEVELS.get(t.level, logging.INFO)
+        level = logging.getLevelNamesMapping()[t.level.upper()]  # the config's four names
         h.setLevel(level)
         h.setFormatter(fmt)
         if t.logger:  # <Logger>: e.g. the audit trail in a file of its own

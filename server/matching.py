@@ -16,15 +16,12 @@ import msgspec
 
 from protocol.filters import NOT_JSON, CompiledFilter
 
-__all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches", "decode_body"]
+__all__ = ["Body", "DecodeError", "Predicate", "TopicFilter", "body_matches", "filter_at"]
 
 Predicate = Callable[[Any], Any]
 """A compiled filter: decoded body -> truthy when the message matches."""
 
 _decode = msgspec.json.Decoder().decode
-# For a loop that filters every record itself (replay's tuple path): `f(decode_body(raw))`
-# inside `try ... except DecodeError: no match` is body_matches without a call per record.
-decode_body = _decode
 DecodeError = (ValueError, RecursionError)
 """What decoding a body that is not JSON raises (msgspec.DecodeError is a ValueError; bad UTF-8
 in a string raises UnicodeDecodeError, very deep nesting RecursionError)."""
@@ -115,3 +112,8 @@ class TopicFilter:
 
     def __call__(self, doc: Any) -> bool:
         return False
+
+
+def filter_at(f: Predicate | None, topic: str) -> Predicate | None:
+    """`f` for the messages of `topic`: a TopicFilter resolved (`at`), any other as it is."""
+    return f.at(topic) if isinstance(f, TopicFilter) else f

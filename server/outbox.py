@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import frames
@@ -77,38 +78,20 @@ class Transport(Protocol):
     def abort(self) -> None: ...
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Outbox:
-    __slots__ = (
-        "_max_buffer",
-        "_offline_at",
-        "_on_close",
-        "_transport",
-        "buf",
-        "bytes_written",
-        "close_reason",
-        "closing",
-        "last_send",
-        "on_lag",
-        "sent",
-        "writable",
-    )
-
-    def __init__(
-        self, max_buffer: int, on_close: Callable[[str], None], offline_at: int = 0
-    ) -> None:
-        """`offline_at`: <ClientOfflineThreshold> in bytes, 0 = never call `on_lag`."""
-        self.buf: list[bytes] = []
-        self.sent = 0  # deliveries queued (messages, not acks)
-        self.bytes_written = 0
-        self.last_send = time.monotonic()
-        self.writable = Gate()
-        self.closing = False
-        self.close_reason: str | None = None
-        self._transport: Transport | None = None
-        self._max_buffer = max_buffer
-        self._offline_at = offline_at
-        self._on_close = on_close
-        self.on_lag: Callable[[], None] | None = None
+    _max_buffer: int
+    _on_close: Callable[[str], None]
+    _offline_at: int = 0  # <ClientOfflineThreshold> in bytes, 0 = never call `on_lag`
+    buf: list[bytes] = field(init=False, default_factory=list)
+    sent: int = field(init=False, default=0)  # deliveries queued (messages, not acks)
+    bytes_written: int = field(init=False, default=0)
+    last_send: float = field(init=False, default_factory=time.monotonic)
+    writable: Gate = field(init=False, default_factory=Gate)
+    closing: bool = field(init=False, default=False)
+    close_reason: str | None = field(init=False, default=None)
+    _transport: Transport | None = field(init=False, default=None)
+    on_lag: Callable[[], None] | None = field(init=False, default=None)
 
     def attach(self, transport: Transport) -> None:
         self._transport = transport

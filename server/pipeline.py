@@ -188,7 +188,7 @@ class Pipeline:
                 acks = batch.acks
                 if acks.get(client, 0) < seq:
                     acks[client] = seq
-                self._schedule()
+                self.schedule()
             return seq, DUPLICATE
         gaps = seqs.gaps
         if gaps and pub in gaps:
@@ -221,7 +221,7 @@ class Pipeline:
             batch.acks[client] = seq
         seqs.published += 1
         if not self.scheduled:
-            self._schedule()
+            self.schedule()
         return seq, STORED
 
     def bind_owner(self, pub: int, user: str) -> bool:
@@ -237,21 +237,17 @@ class Pipeline:
             if batch.meta is None:
                 batch.meta = {}
             batch.meta[OWNER_KEY + _U64BE.pack(pub)] = user.encode()
-            self._schedule()
+            self.schedule()
         return True
 
     def add_flush(self, client: Publisher, cid: Any, acks: list[str]) -> None:
         self.batch.flushes.append((client, cid, acks))
-        self._schedule()
+        self.schedule()
 
     def after_commit(self, fn: Callable[[BaseException | None], None]) -> None:
         """Call fn(err) once everything accepted so far is durable (err None) or failed."""
         self.batch.after.append(fn)
-        self._schedule()
-
-    def schedule(self) -> None:
-        """Commit the open batch soon, even if nothing else is added to it."""
-        self._schedule()
+        self.schedule()
 
     def read_done(self) -> None:
         """A publishing connection handled one read. When the open batch is one publish whose
@@ -270,7 +266,8 @@ class Pipeline:
         ):
             self.flush()
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
+        """Commit the open batch soon, even if nothing else is added to it."""
         if not self.scheduled:
             self.scheduled = True
             self.loop.call_soon(self._flush_soon)
@@ -419,7 +416,7 @@ class Pipeline:
             self.flush(inline=False)
         elif self.holding:
             self.holding = False
-            self._schedule()
+            self.schedule()
 
     def _ease_backlog(self) -> None:
         if self.backlogged and self.inflight_bytes < self.max_inflight // 2:

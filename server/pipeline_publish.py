@@ -27,6 +27,7 @@ from journal.record import KIND_MESSAGE, RecordFieldError, encode_record
 from . import frames
 from .fanout import Fanout, Message
 from .publish_scan import publish_records
+from .topics import never
 
 TOPIC_CACHE_LIMIT = 50_000  # the pipeline's topic caches are cleared past this many entries
 
@@ -71,14 +72,6 @@ class Sequences:
         return max(self.last_ts, int(time.time() * 1_000_000))
 
 
-def _never(topic: str) -> bool:
-    return False
-
-
-def _no_spec(topic: str) -> None:
-    return None
-
-
 class TopicCache:
     """topic -> (topic bytes, topic member, recorded, plain), bounded; plain = recorded and not
     keyed: what the run paths may store as it comes."""
@@ -87,10 +80,10 @@ class TopicCache:
         self.recorded = recorded  # is the topic in the transaction log
         # topics whose publishes need the ordinary path (SOW topics: their key is computed
         # there, server/sow/): the run paths (publish_run, publish_raw) leave them to publish()
-        self.keyed: Callable[[str], bool] = _never
+        self.keyed: Callable[[str], bool] = never
         # a keyed topic's key spec for publish_raw (server/sow/ key_spec), None: not there
         self.key_spec: Callable[[str], tuple[str, tuple[tuple[bytes, ...], ...], Any] | None] = (
-            _no_spec
+            lambda topic: None
         )
         self.cache: dict[str, tuple[bytes, bytes, bool, bool]] = {}
 

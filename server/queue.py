@@ -58,7 +58,8 @@ from .matching import Body, Predicate, body_matches
 from .outbox import Outbox
 from .queue_held import Held
 from .queue_state import QueueHost, QueueState
-from .queue_types import QueueSub, StoredMessage, now_us
+from .queue_types import QueueSub, StoredMessage
+from .replay_plan import now_us
 from .subscriptions import Subscription, SubscriptionOwner
 
 __all__ = ["Queue"]

@@ -37,9 +37,9 @@ from .queue_types import (
     StoredMessage,
     expiration_us,
     new_lease,
-    now_us,
     put_leases,
 )
+from .replay_plan import now_us
 
 __all__ = ["QueueHost", "QueueState"]
 

@@ -6,7 +6,6 @@ leases straight into the state's dicts), a message read back from the journal
 from __future__ import annotations
 
 import array
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -23,7 +22,6 @@ __all__ = [
     "StoredMessage",
     "expiration_us",
     "new_lease",
-    "now_us",
     "put_leases",
     "put_leases_py",
 ]
@@ -93,10 +91,6 @@ def put_leases_py(
 
 _c = load("server._splice")
 put_leases: Callable[..., None] = _c.put_leases if _c else put_leases_py
-
-
-def now_us() -> int:
-    return int(time.time() * 1_000_000)
 
 
 # The longest expiration a queue counts with, in seconds: what a journal record can hold (u32,

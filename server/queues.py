@@ -52,7 +52,8 @@ from .queue_held import Held
 from .queue_reader import QueueReader
 from .queue_repl import CatchUp, Failover, QueueReplication, message_origin, record_origin
 from .queue_state import QueueState
-from .queue_types import StoredMessage, now_us
+from .queue_types import StoredMessage
+from .replay_plan import now_us
 
 __all__ = ["Commits", "QueueManager"]
 
@@ -109,8 +110,9 @@ class QueueManager:
         self._event_timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self.reads = QueueReader(self.journal)  # messages read back (a one-block cache)
-        # its reads, as the queues' host (QueueHost): the reader's own bound methods
+        # its reads and callbacks, as the queues' host (QueueHost): the bound methods that do them
         self.read = self.reads.read
+        self.call_soon = self.loop.call_soon
         self.splice_run = self.reads.splice_run
         self.origin_at = self.reads.origin_at
         self.recovery_seconds = 0.0
@@ -160,9 +162,6 @@ class QueueManager:
     def attach(self, pipeline: Commits) -> None:
         pipeline.on_deliver.append(self.on_committed)
         pipeline.before_flush.append(self.before_flush)
-
-    def call_soon(self, fn: Callable[[], object]) -> None:
-        self.loop.call_soon(fn)
 
     def on_committed(self, msgs: list[Message], end: int) -> None:
         for m in msgs:

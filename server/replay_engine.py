@@ -117,10 +117,7 @@ class ReplayEngine:
 
     def resume(self, subs: list[Subscription]) -> None:
         """Resume; subscriptions resumed together share one replay pass so they stay in step."""
-        replays: list[Replay] = []
-        for sub in subs:
-            if sub.replay is not None and sub.replay not in replays:
-                replays.append(sub.replay)
+        replays = list(dict.fromkeys(sub.replay for sub in subs if sub.replay is not None))
         if not replays:
             return
         if len(replays) == 1 and {c.sub for c in replays[0].cursors} <= set(subs):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -310,6 +310,7 @@ class Conflater:
 # -- rate -----------------------------------------------------------------------------------------
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Pacer:
     """The `rate` option: how long to wait before sending the next record.
 
@@ -318,15 +319,12 @@ class Pacer:
     receive times, divided by k), never waiting longer than `max_gap` for one record.
     """
 
-    __slots__ = ("_last_refill", "_tokens", "_ts", "_wall", "max_gap", "rate")
-
-    def __init__(self, rate: Rate, max_gap: float | None) -> None:
-        self.rate = rate
-        self.max_gap = max_gap
-        self._wall: float | None = None
-        self._ts = 0
-        self._tokens = 0.0
-        self._last_refill = 0.0
+    rate: Rate
+    max_gap: float | None
+    _wall: float | None = field(init=False, default=None)
+    _ts: int = field(init=False, default=0)
+    _tokens: float = field(init=False, default=0.0)
+    _last_refill: float = field(init=False, default=0.0)
 
     def restart(self) -> None:
         """After a pause: pace from the next record on, with no debt from before."""

@@ -20,7 +20,7 @@ import logging
 import operator
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import msgspec
@@ -93,9 +93,7 @@ class Session:
         self._caller: Caller
         self._ack_conflation = 0.0
         self.publishing: PublishCommands | None = None  # built at the first publish (publisher)
-        self._subscribing: SubscribeCommands | None = None
         self._sowing: SowCommands | None = None
-        self._delta: DeltaCommands | None = None
 
     @property
     def is_publisher(self) -> bool:
@@ -460,12 +458,9 @@ class Session:
             )
         return p
 
-    @property
+    @cached_property
     def subscribing(self) -> SubscribeCommands:
-        s = self._subscribing
-        if s is None:
-            s = self._subscribing = SubscribeCommands(self._caller, self.svc)
-        return s
+        return SubscribeCommands(self._caller, self.svc)
 
     @property
     def sowing(self) -> SowCommands:
@@ -476,12 +471,9 @@ class Session:
             )
         return s
 
-    @property
+    @cached_property
     def delta(self) -> DeltaCommands:
-        d = self._delta
-        if d is None:
-            d = self._delta = DeltaCommands(self._caller, self.svc, self.sowing)
-        return d
+        return DeltaCommands(self._caller, self.svc, self.sowing)
 
     def _waiting(self) -> bool:
         return self._held is not None

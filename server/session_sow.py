@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from protocol.bookmarks import InvalidBookmark, Now, parse_bookmark
@@ -203,15 +204,9 @@ class SowCommands:
         sow = self.svc.sow
         assert sow is not None
         reader, point, last_bm = sow.snapshot()
-        queries = self._queries
-
-        def done(q: SowQuery, finished: bool) -> None:
-            if queries.get(name) is q:
-                del queries[name]
-            if finished and then is not None:
-                then(point)
-
-        return self._start(plan, name, reader, last_bm, done)
+        return self._start(
+            plan, name, reader, last_bm, None if then is None else partial(then, point)
+        )
 
     def _start(
         self,
@@ -219,18 +214,21 @@ class SowCommands:
         name: str,
         reader: Any,
         point_bm: tuple[int, int] | None,
-        done: Any = None,
+        then: Callable[[], None] | None = None,
     ) -> SowQuery:
+        """Start the answer from `reader`; `then()` once it is all sent."""
         queries = self._queries
 
-        def forget(q: SowQuery, finished: bool) -> None:
+        def done(q: SowQuery, finished: bool) -> None:
             if queries.get(name) is q:
                 del queries[name]
+            if finished and then is not None:
+                then()
 
         old = queries.pop(name, None)
         if old is not None:
             old.cancel()
-        q = SowQuery(self.out, reader, point_bm, plan, done or forget)
+        q = SowQuery(self.out, reader, point_bm, plan, done)
         queries[name] = q
         q.start()
         self.out.flush()
@@ -449,15 +447,7 @@ class SowCommands:
         def answer(reader: Any, bm: Any) -> None:
             if "processed" in acks:  # the point is known good: a refusal comes instead
                 self.out.send_ack("processed", h.cid, sub_id=sub_id)
-            queries = self._queries
-
-            def done(q: SowQuery, finished: bool) -> None:
-                if queries.get(sub_id) is q:
-                    del queries[sub_id]
-                if finished:
-                    go_live(reader.position)
-
-            self._start(plan, sub_id, reader, bm, done)
+            self._start(plan, sub_id, reader, bm, partial(go_live, reader.position))
 
         self._read_history(
             h,

@@ -30,6 +30,7 @@ from journal.accelerators import load
 from protocol.bookmarks import BOOKMARK_FORMAT
 from protocol.filters.api import CompiledFilter
 
+from ..filter_scan import u64_array
 from ..frames import pack_len
 from ..matching import Predicate, body_matches
 from .store import HEAD
@@ -81,21 +82,15 @@ _fc = load("server._filterscan")
 _scan_values = getattr(_fc, "scan_values", None)
 
 
-def _indices(raw: bytes) -> array[int]:
-    a = array("Q")
-    a.frombytes(raw)
-    return a
-
-
 def matching(items: list[tuple[bytes, bytes]], f: Predicate) -> list[tuple[bytes, bytes]]:
     """The items (record key, value) whose body `f` matches, in their order."""
     info = getattr(f, "__self__", None)
     if _scan_values is not None and info.__class__ is CompiledFilter and info.program is not None:
         hits, unsure = _scan_values(items, info.program)
-        idx: list[int] | array[int] = _indices(hits)
+        idx: list[int] | array[int] = u64_array(hits)
         if unsure:
             match = info.match_raw
-            more = [i for i in _indices(unsure) if match(value_body(items[i][1]))]
+            more = [i for i in u64_array(unsure) if match(value_body(items[i][1]))]
             if more:
                 idx = sorted([*idx, *more])
         return [items[i] for i in idx]

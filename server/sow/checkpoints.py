@@ -34,6 +34,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import lmdb
@@ -81,25 +82,20 @@ def _disk_bytes(path: str) -> int:
     return total
 
 
+@dataclass(eq=False, repr=False)
 class Checkpoints:
     """The store's checkpoints: made from the live store, read by historical queries."""
 
-    def __init__(
-        self,
-        directory: str,
-        store_env: Callable[[], lmdb.Environment | None],
-        after_copy: Callable[[], object] | None = None,
-        store_bytes: Callable[[], int] | None = None,
-        journal_start: Callable[[], int] | None = None,
-        limit: int | None = None,
-    ) -> None:
-        self.directory = directory
-        self.limit = limit  # <SOW><MaxCheckpointSize>: bytes on disk (None: no bound)
-        self._store_env = store_env
-        self._after_copy = after_copy  # the store's trim (the copy read every page)
-        self._store_bytes = store_bytes  # the size of the store's record tree
-        self._journal_start = journal_start  # the journal's first position (segments removed)
-        os.makedirs(directory, exist_ok=True)
+    directory: str
+    _store_env: Callable[[], lmdb.Environment | None]
+    _after_copy: Callable[[], object] | None = None  # the store's trim (the copy read every page)
+    _store_bytes: Callable[[], int] | None = None  # the size of the store's record tree
+    # the journal's first position (segments removed)
+    _journal_start: Callable[[], int] | None = None
+    limit: int | None = None  # <SOW><MaxCheckpointSize>: bytes on disk (None: no bound)
+
+    def __post_init__(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
         self.last = max(self.positions(), default=-1)
         self._busy = False
 

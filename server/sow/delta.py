@@ -24,6 +24,7 @@ record arrives whole.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -94,23 +95,18 @@ def delta_body(old: bytes, new: bytes, keys: tuple[str, ...] = ()) -> bytes | No
     return _encode(d)
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class DeltaFeed:
     """The live fan-out's hook of one delta subscription (module docstring)."""
 
-    __slots__ = ("_keys_of", "_on_close", "_previous", "no_empties", "sub")
+    sub: Subscription
+    _previous: Callable[[int], bytes | None]  # journal position -> the body that message replaced
+    _keys_of: Callable[[str], tuple[str, ...]]  # topic -> its key paths (for send_keys)
+    _on_close: Callable[[], None]
+    no_empties: bool = field(init=False)
 
-    def __init__(
-        self,
-        sub: Subscription,
-        previous: Callable[[int], bytes | None],
-        keys_of: Callable[[str], tuple[str, ...]],
-        on_close: Callable[[], None],
-    ) -> None:
-        self.sub = sub
-        self._previous = previous  # journal position -> the body that message replaced
-        self._keys_of = keys_of  # topic -> its key paths (for send_keys)
-        self._on_close = on_close
-        self.no_empties = sub.opts.no_empties
+    def __post_init__(self) -> None:
+        self.no_empties = self.sub.opts.no_empties
 
     def add(self, m: Message) -> None:
         sub = self.sub

@@ -40,6 +40,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from journal.journal import Journal
@@ -74,41 +75,30 @@ Put = Callable[..., str | None]
 """f(txn, topic, pos, pub, seq, ts, hdr, body, exp): the fold's put of one message (the manager's)."""
 
 
+@dataclass(eq=False, repr=False)
 class HeldWrites:
-    def __init__(
-        self,
-        store: SowStore,
-        counts: dict[str, int],
-        recount: set[str],
-        is_sow: Callable[[str], bool],
-        holdable: Callable[[str], bool],
-        put: Put,
-        delete: Callable[[Any, str, bytes], int],
-        checkpoints: Checkpoints | None,
-        window: float | None,
-    ) -> None:
-        self.store = store
-        self.counts = counts  # records per topic: shared with the manager, which owns it
-        self.recount = recount  # topics whose count changed since the last write (shared)
-        self.is_sow = is_sow
-        self.holdable = holdable  # may a put to this topic be held (nobody watching, no expiry)
-        self.put = put
-        self.delete = delete
-        self.checkpoints = checkpoints
-        self.window = window
-        # topic -> (record key prefix, record key -> value) of committed puts not yet in the
-        # store (the latest per key: store_rows), and the journal end they bring the store to
-        self.held: Holds = {}
-        self.held_end: int | None = None
-        self.held_since = 0.0
-        # since the last flush: rows put (replaced ones too) and the journal bytes of their
-        # commits, for the estimate of the bytes held (DEFER_BYTES); the held end the last tick saw
-        self.held_puts = 0
-        self.held_bytes = 0
-        self._ticked_end: int | None = None
-        # flushes handed to the writer and not yet committed, oldest first (read by `body`)
-        self.writing: list[Holds] = []
-        self._writer: _Writer | None = None
+    store: SowStore
+    counts: dict[str, int]  # records per topic: shared with the manager, which owns it
+    recount: set[str]  # topics whose count changed since the last write (shared)
+    is_sow: Callable[[str], bool]
+    holdable: Callable[[str], bool]  # may a put to this topic be held (nobody watching, no expiry)
+    put: Put
+    delete: Callable[[Any, str, bytes], int]
+    checkpoints: Checkpoints | None
+    window: float | None
+    # topic -> (record key prefix, record key -> value) of committed puts not yet in the
+    # store (the latest per key: store_rows), and the journal end they bring the store to
+    held: Holds = field(init=False, default_factory=dict)
+    held_end: int | None = field(init=False, default=None)
+    held_since: float = field(init=False, default=0.0)
+    # since the last flush: rows put (replaced ones too) and the journal bytes of their
+    # commits, for the estimate of the bytes held (DEFER_BYTES); the held end the last tick saw
+    held_puts: int = field(init=False, default=0)
+    held_bytes: int = field(init=False, default=0)
+    _ticked_end: int | None = field(init=False, default=None)
+    # flushes handed to the writer and not yet committed, oldest first (read by `body`)
+    writing: list[Holds] = field(init=False, default_factory=list)
+    _writer: _Writer | None = field(init=False, default=None)
 
     def start(self, journal: Journal, position: int, end: int, rebuild: bool) -> int:
         """At start: empty the store first when `rebuild`, then `catch_up`; records read. A

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from journal.accelerators import load
@@ -111,24 +112,17 @@ def merge_rows_py(
 merge_rows = getattr(_c, "merge_rows", merge_rows_py)
 
 
+@dataclass(eq=False, repr=False)
 class HistoricalReader:
     """A checkpoint read through the overlay of the journal folded after it: record key ->
     store value (server/sow/store.py's layout), or None for a record deleted since; or, when
     the whole fold went through a FoldTable (puts only), its FoldOrder instead."""
 
-    def __init__(
-        self,
-        base: Reader | None,
-        overlay: dict[bytes, bytes | None],
-        position: int,
-        on_close: Callable[[], None],
-        order: Any = None,
-    ) -> None:
-        self.base = base
-        self.overlay = overlay
-        self.order = order
-        self.position = position
-        self._on_close = on_close
+    base: Reader | None
+    overlay: dict[bytes, bytes | None]
+    position: int
+    _on_close: Callable[[], None]
+    order: Any = None
 
     def get(self, topic: str, k: str) -> Stored | None:
         if self.order is not None:

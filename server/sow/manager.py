@@ -4,7 +4,7 @@ The journal is the one source of truth. The store (server/sow/store.py) is a fol
 each SOW topic, key -> the latest message, with the journal position it reflects written in the
 same LMDB transaction.
 
-- **Publish**: the session asks `key_fragment` for the record's key (or a `BadSowKey`) and
+- **Publish**: the session asks `key` for the record's key (or a `BadSowKey`) and
   publishes with `,"k":...` in the header fragment; the message is acknowledged `persisted` by
   the journal's rule, as any other.
 - **Commit**: `before_flush` (a pipeline hook, called with the batch about to be committed)
@@ -168,10 +168,6 @@ class SowManager:
             return None
         maker = self.maker(spec)
         return None if maker.steps is None else (topic, maker.steps, maker)
-
-    def key_fragment(self, topic: str, body: bytes, given: str | None) -> bytes:
-        """The header-fragment member for a publish to SOW topic `topic` (raises BadSowKey)."""
-        return k_fragment(self.key(topic, body, given))
 
     def topics(self) -> list[str]:
         """Topics that hold records now."""

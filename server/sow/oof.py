@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .. import frames
-from ..matching import TopicFilter, body_matches
+from ..matching import body_matches, filter_at
 from ..router import Router
 from ..subscriptions import Subscription, SubState
 
@@ -44,7 +44,7 @@ class OofNotices:
             if s.opts.oof and s.state is SubState.LIVE
         ]
 
-    _filter = staticmethod(lambda sub, topic: _at(sub.filter, topic))
+    _filter = staticmethod(lambda sub, topic: filter_at(sub.filter, topic))
 
     def changed(
         self, subs: list[Subscription], topic: str, k: str, old: bytes | None, new: bytes
@@ -54,7 +54,7 @@ class OofNotices:
         for s in subs:
             f = self._filter(s, topic)
             if f is not None and body_matches(f, old) and not body_matches(f, new):
-                e = _at(s.entitled, topic)
+                e = filter_at(s.entitled, topic)
                 if e is not None and not body_matches(e, new):
                     self.pending.append((s, topic, k, "entitlement", old))
                 else:
@@ -69,10 +69,6 @@ class OofNotices:
     def take(self) -> list[Notice]:
         got, self.pending = self.pending, []
         return got
-
-
-def _at(f: Any, topic: str) -> Any:
-    return f.at(topic) if isinstance(f, TopicFilter) else f
 
 
 class _Records(Protocol):
@@ -106,7 +102,7 @@ def refocus(sow: _Records, sub: Subscription, old: Any) -> int:
     notices: list[Notice] = []
     try:
         for topic in topics:
-            was, now = _at(old, topic), _at(sub.filter, topic)
+            was, now = filter_at(old, topic), filter_at(sub.filter, topic)
             if now is None:
                 continue
             for k, rec in reader.keys(topic):

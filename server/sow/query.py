@@ -32,7 +32,7 @@ import msgspec
 from protocol.filters import FilterError, compile_path
 
 from .. import frames
-from ..matching import Predicate, TopicFilter, body_matches
+from ..matching import Predicate, body_matches, filter_at
 from ..outbox import Outbox
 from ..reasons import Failure
 from .answer import matching, sow_frames
@@ -80,7 +80,7 @@ def parse_order_by(text: str) -> list[OrderItem]:
     return items
 
 
-def _rank_at(j: int, row: tuple[list[Any], str, str]) -> tuple[int, Any]:
+def _rank_at(j: int, row: tuple[Any, ...]) -> tuple[int, Any]:
     return _rank(row[0][j])
 
 
@@ -111,25 +111,21 @@ class QueryPlan:
     send_keys: Callable[[str, Any], dict[str, Any] | None] | None = None
 
 
+@dataclass(eq=False, repr=False)
 class SowQuery:
     """One query's answer on its way to one client (states: running -> done | cancelled)."""
 
-    def __init__(
-        self,
-        out: Outbox,
-        reader: Reader | HistoricalReader | WaitingReader,
-        point: tuple[int, int] | None,
-        plan: QueryPlan,
-        on_done: Callable[[SowQuery, bool], None],
-    ) -> None:
-        self.out = out
-        self.reader = reader
-        self.point = point
-        self.plan = plan
-        self.on_done = on_done
-        self.returned = 0
-        self.matches = 0
-        self.task: asyncio.Task[None] | None = None
+    out: Outbox
+    reader: Reader | HistoricalReader | WaitingReader
+    point: tuple[int, int] | None
+    plan: QueryPlan
+    on_done: Callable[[SowQuery, bool], None]
+    returned: int = field(init=False, default=0)
+    matches: int = field(init=False, default=0)
+    task: asyncio.Task[None] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        plan = self.plan
         self._extra = b""
         if plan.query_id is not None:
             self._extra += b',"query_id":' + _json(plan.query_id)
@@ -196,9 +192,7 @@ class SowQuery:
         """(topic, key, record) of every matching record, in topic then key order."""
         plan, reader = self.plan, self.reader
         for topic in plan.topics:
-            f = plan.filters.get(topic)
-            if isinstance(f, TopicFilter):
-                f = f.at(topic)
+            f = filter_at(plan.filters.get(topic), topic)
             if plan.keys is not None:
                 source: Any = (
                     (k, rec) for k in plan.keys if (rec := reader.get(topic, k)) is not None
@@ -240,9 +234,7 @@ class SowQuery:
         reader = self.reader
         assert isinstance(reader, (Reader, HistoricalReader))
         for topic in plan.topics:
-            f = plan.filters.get(topic)
-            if isinstance(f, TopicFilter):
-                f = f.at(topic)
+            f = filter_at(plan.filters.get(topic), topic)
             prefix = topic.encode("utf-8") + b"\x00"
             head = b'{"c":"sow"' + frames.topic_member_text(topic)
             for items in reader.chunks(topic, CHUNK):

@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
-from ..matching import Predicate, TopicFilter, body_matches
+from ..matching import Predicate, body_matches, filter_at
 from .manager import SowManager
-from .query import OrderItem, _rank
+from .query import OrderItem, _rank_at
 from .store import SowStore
 
 __all__ = ["MAX_ROWS", "SowConsole"]
@@ -74,18 +74,13 @@ class SowConsole:
     ) -> dict[str, Any]:
         store = self.sow.store
         assert store is not None
-        if isinstance(filt, TopicFilter):
-            filt = filt.at(topic)
+        filt = filter_at(filt, topic)
         # committed puts still held for the next store write (server/sow/held.py) go in now,
         # on the loop: the snapshot the reader thread opens then holds every committed record
         self.sow.flush()
         loop = asyncio.get_running_loop()
         scan = partial(_scan, store, topic, filt, order, max(0, min(top_n, MAX_ROWS)))
         return await loop.run_in_executor(self.readers, scan)
-
-
-def _rank_at(j: int, row: tuple[Any, str]) -> tuple[int, Any]:
-    return _rank(row[0][j])
 
 
 def _scan(

@@ -163,6 +163,19 @@ _c = load("server._publish")  # the publish scanner's module (None: no compiler 
 store_rows = _c.store_rows if _c is not None else store_rows_py
 
 
+def _records(cur: lmdb.Cursor, topic: str, after: str | None) -> Iterator[tuple[str, Stored]]:
+    """The records of `topic` under `cur` in key order, from the first key after `after`."""
+    prefix = topic.encode("utf-8") + b"\x00"
+    start = prefix + (after.encode("utf-8") + b"\x00" if after is not None else b"")
+    if not cur.set_range(start):
+        return
+    n = len(prefix)
+    for key, value in cur:
+        if not bytes(key).startswith(prefix):
+            return
+        yield bytes(key[n:]).decode("utf-8"), decode_value(value)
+
+
 class Reader:
     """One read snapshot of the store; close it when done (it pins LMDB pages)."""
 
@@ -188,16 +201,7 @@ class Reader:
 
     def keys(self, topic: str, after: str | None = None) -> Iterator[tuple[str, Stored]]:
         """The records of `topic` in key order, from the first key after `after`."""
-        prefix = topic.encode("utf-8") + b"\x00"
-        cur = self._txn.cursor(db=self._db)
-        start = prefix + (after.encode("utf-8") + b"\x00" if after is not None else b"")
-        if not cur.set_range(start):
-            return
-        n = len(prefix)
-        for key, value in cur:
-            if not bytes(key).startswith(prefix):
-                return
-            yield bytes(key[n:]).decode("utf-8"), decode_value(value)
+        return _records(self._txn.cursor(db=self._db), topic, after)
 
     def chunks(self, topic: str, size: int) -> Iterator[list[tuple[bytes, bytes]]]:
         """The records of `topic` in key order, as lists of at most `size` (record key, value)
@@ -453,15 +457,7 @@ class SowStore:
         return bool(txn.delete(record_key(topic, k), db=self._rec))
 
     def topic_records(self, txn: lmdb.Transaction, topic: str) -> Iterator[tuple[str, Stored]]:
-        prefix = topic.encode("utf-8") + b"\x00"
-        cur = txn.cursor(db=self._rec)
-        if not cur.set_range(prefix):
-            return
-        n = len(prefix)
-        for key, value in cur:
-            if not bytes(key).startswith(prefix):
-                return
-            yield bytes(key[n:]).decode("utf-8"), decode_value(value)
+        return _records(txn.cursor(db=self._rec), topic, None)
 
     def topics(self) -> dict[str, int]:
         """Record counts per topic (at open: from `meta` when kept there, else a full scan)."""

@@ -9,7 +9,7 @@ import json
 import time
 
 from config.model import DEFAULT_LEASE_PERIOD
-from server.queue_types import now_us
+from server.replay_plan import now_us
 
 QUEUES = """<SOW>
   <Queue><Name>fq</Name><UnderlyingTopic>f</UnderlyingTopic>
