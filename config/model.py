@@ -305,12 +305,6 @@ class ActionStep(msgspec.Struct, frozen=True, kw_only=True):
     age: float | None = None
     retention: float | None = None
 
-    def option(self, key: str, default: str | None = None) -> str | None:
-        for k, v in self.options:
-            if k == key:
-                return v
-        return default
-
 
 class Action(msgspec.Struct, frozen=True, kw_only=True):
     """`<Actions><Action>`: one trigger, then its steps in order."""
