@@ -131,9 +131,6 @@ class PublishTracker:
         self.last_seq = max(self.last_seq, start_seq)
         self.persisted_seq = max(self.persisted_seq, start_seq)
 
-    def inflight(self) -> int:
-        return len(self._inflight)
-
     async def wait_window(self) -> None:
         """Wait until fewer than `max_inflight` publishes are in flight."""
         while len(self._inflight) >= self.max_inflight:
