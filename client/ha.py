@@ -163,6 +163,7 @@ class HAClient:
         self.current_uri: str | None = None
         self.last_error: BaseException | None = None
         self._life = Lifecycle(on_state)  # the state, and the waits for a connection
+        self.wait_connected = self._life.wait_connected
         self._client: Client | None = None
         self._publisher = Publisher(self.publish_store, self._check_publish)
         self._placer = Placer(self, self._report)  # the subscriptions, across connections
@@ -192,11 +193,6 @@ class HAClient:
                 self.on_error(exc)
             except Exception:
                 log.exception("on_error callback failed")
-
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until the client is connected (raises its failure, or Disconnected if it was
-        closed, or CommandTimeout)."""
-        await self._life.wait_connected(timeout)
 
     # ================================================================ connecting
 
