@@ -166,6 +166,7 @@ class HAClient:
         self.wait_connected = self._life.wait_connected
         self._client: Client | None = None
         self._publisher = Publisher(self.publish_store, self._check_publish)
+        self.publish_flush = self._publisher.flush
         self._placer = Placer(self, self._report)  # the subscriptions, across connections
         self._logged_on_once = False
 
@@ -393,12 +394,6 @@ class HAClient:
         if type(body) is not bytes:
             body = _body_bytes(body)
         return await self._publisher.publish(topic, body, expiration, correlation_id)
-
-    async def publish_flush(self, timeout: float | None = None) -> None:
-        """Wait until every message stored so far is persisted by a server (across
-        reconnects). Raises PublishFailed if publishes were refused since the last call (they
-        stay stored and go out again after the next logon), CommandTimeout after `timeout`."""
-        await self._publisher.flush(timeout)
 
     # ================================================================ subscribing
 

@@ -184,8 +184,11 @@ class Publisher:
             self.sent_seq = entry.seq
         raise Disconnected("connection replaced")
 
-    async def flush(self, timeout: float | None) -> None:
-        """HAClient.publish_flush()."""
+    async def flush(self, timeout: float | None = None) -> None:
+        """HAClient.publish_flush(): wait until every message stored so far is persisted by a
+        server (across reconnects). Raises PublishFailed if publishes were refused since the
+        last call (they stay stored and go out again after the next logon), CommandTimeout
+        after `timeout`."""
         self._flushes.raise_unreported()
         store = self.store
         target = store.last_seq
