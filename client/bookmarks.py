@@ -66,6 +66,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Self
 
+import msgspec
+
 from protocol.bookmarks import format_bookmark, publisher_bookmark
 
 from .errors import StoreClosed
@@ -85,15 +87,12 @@ MOST_RECENT = "recent"
 MAX_LIST = 9_999  # the server accepts lists of up to 10,000 items (protocol.bookmarks)
 
 
-class _Entry:
-    __slots__ = ("bm", "done", "mark", "pub", "seq")
-
-    def __init__(self, pub: int, seq: int, bm: str, done: bool = False, mark: bool = False):
-        self.pub = pub
-        self.seq = seq
-        self.bm = bm  # the bookmark text as the server sent it (canonical)
-        self.done = done
-        self.mark = mark
+class _Entry(msgspec.Struct, eq=False, gc=False):
+    pub: int
+    seq: int
+    bm: str  # the bookmark text as the server sent it (canonical)
+    done: bool = False
+    mark: bool = False
 
 
 class _SubState:
