@@ -51,10 +51,11 @@ BEAT = encode_frame(Header(c="heartbeat", o="beat"))
 Frames = list[tuple[Header, bytes]]
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection:
     """The transport, the bytes in and out, heartbeats and close of one `Client` connection.
-    See the module docstring for what it owns. It is its transport's protocol: a Client
-    connects once, so the transport events come here directly."""
+    See the module docstring for what it owns. It is its transport's protocol (the methods of
+    asyncio.Protocol, by duck typing: a part inherits nothing): a Client connects once, so
+    the transport events come here directly."""
 
     loop: asyncio.AbstractEventLoop
     """The running loop, set by connect(): every method that uses it runs after connect()."""
@@ -114,7 +115,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             async with asyncio.timeout(timeout):
                 await loop.create_connection(
-                    lambda: self,
+                    lambda: cast(asyncio.Protocol, self),
                     host,
                     port,
                     ssl=ctx,
