@@ -3,7 +3,7 @@ the body as-is, or with --headers `{"k": ..., "bm": ..., "t": ..., "body": ...}`
 the answer is printed; the statuses of client/cli.py otherwise.
 
 `tickertape sub --sow` is `sow_and_subscribe`: the records of the answer, then the live
-messages, with no gap and no duplicate between them (client/cli_sub.py uses `stream_sow`).
+messages, with no gap and no duplicate between them (client/cli_sub.py, `_sub_sow`).
 """
 
 from __future__ import annotations
