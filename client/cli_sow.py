@@ -12,7 +12,6 @@ import argparse
 from typing import IO
 
 from .cli_common import Printing, Usage, checked_servers, connect, ha_client, render
-from .client import Client
 
 __all__ = ["run_sow"]
 
@@ -25,7 +24,7 @@ async def _sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
     try:
         await connect(ha, args)
         client = ha.client
-        assert isinstance(client, Client)
+        assert client is not None, "connected: it has a client"
         records = await client.sow(
             args.topic, filter=args.filter, top_n=args.top_n, order_by=args.order_by
         )

@@ -145,13 +145,11 @@ async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
 async def _sub_sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
     """`sub --sow`: sow_and_subscribe on one connection (no failover: a new connection would
     need a new answer)."""
-    from .client import Client
-
     ha = ha_client("sub", args, stderr)
     try:
         await connect(ha, args)
         client = ha.client
-        assert isinstance(client, Client)
+        assert client is not None, "connected: it has a client"
         sub = await client.sow_and_subscribe(
             args.topic, filter=args.filter, options=args.options, sub_id=args.sub_id
         )
