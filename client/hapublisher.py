@@ -30,6 +30,7 @@ the next logon would stall the publisher.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -164,10 +165,8 @@ class Publisher:
         return task
 
     async def _run(self, client: Client) -> None:
-        try:
+        with contextlib.suppress(ClientError):  # connection ended: the next resync sends the rest
             await self._pump(client)
-        except ClientError:
-            pass  # the connection ended: the next resync sends the rest
 
     async def _pump(self, client: Client) -> None:
         """Send every stored message after `sent_seq`, in order, on `client`."""
