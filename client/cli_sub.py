@@ -41,10 +41,8 @@ __all__ = ["run_queue", "run_sub"]
 
 
 def _sub_options(args: argparse.Namespace) -> str | None:
-    opts = [o for o in (args.options,) if o]
-    if args.rate:
-        opts.append(f"rate={args.rate}")
-    return ",".join(opts) or None
+    rate = f"rate={args.rate}" if args.rate else None
+    return ",".join(o for o in (args.options, rate) if o) or None
 
 
 _BOOKMARK_WORDS = {"epoch": "0", "now": "0|1|"}
