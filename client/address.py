@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["DEFAULT_ADDRESS", "DEFAULT_PORT", "ServerAddress", "parse_address", "parse_server"]
+__all__ = ["DEFAULT_ADDRESS", "DEFAULT_PORT", "ServerAddress", "parse_server"]
 
 DEFAULT_PORT = 9007
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
@@ -51,9 +51,3 @@ def parse_server(text: str) -> ServerAddress:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"address {text!r}: port {port_text!r} is not 1..65535; {_FORMS}")
     return ServerAddress(host, int(port_text), tls)
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`(host, port)` of an address (see `parse_server`, which also says whether it is TLS)."""
-    host, port, _ = parse_server(text)
-    return host, port

@@ -66,7 +66,9 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Self
 
-from protocol.bookmarks import publisher_bookmark
+import msgspec
+
+from protocol.bookmarks import format_bookmark, publisher_bookmark
 
 from .errors import StoreClosed
 from .message import Message
@@ -85,19 +87,12 @@ MOST_RECENT = "recent"
 MAX_LIST = 9_999  # the server accepts lists of up to 10,000 items (protocol.bookmarks)
 
 
-def _text(pub: int, seq: int) -> str:
-    return f"{pub}|{seq}|"
-
-
-class _Entry:
-    __slots__ = ("bm", "done", "mark", "pub", "seq")
-
-    def __init__(self, pub: int, seq: int, bm: str, done: bool = False, mark: bool = False):
-        self.pub = pub
-        self.seq = seq
-        self.bm = bm  # the bookmark text as the server sent it (canonical)
-        self.done = done
-        self.mark = mark
+class _Entry(msgspec.Struct, eq=False, gc=False):
+    pub: int
+    seq: int
+    bm: str  # the bookmark text as the server sent it (canonical)
+    done: bool = False
+    mark: bool = False
 
 
 class _SubState:
@@ -178,7 +173,7 @@ class _SubState:
     def mark(self, pub: int, seq: int) -> bool:
         if self.behind:
             return False
-        text = _text(pub, seq)
+        text = format_bookmark(pub, seq)
         window = self.window
         if not window:
             if text == self.recovery:
@@ -217,7 +212,7 @@ class _SubState:
             items.append(self.base)  # a publisher with nothing processed: from the start
             seen.add(self.base)
         for pub in reversed(points):  # newest first: the oldest-seen are cut by MAX_LIST
-            text = _text(pub, points[pub])
+            text = format_bookmark(pub, points[pub])
             if text not in seen:
                 if len(items) >= MAX_LIST:
                     break

@@ -38,7 +38,7 @@ import os
 import struct
 import zlib
 
-from protocol.bookmarks import publisher_bookmark
+from protocol.bookmarks import format_bookmark, publisher_bookmark
 
 from .bookmarks import EPOCH, MOST_RECENT, NOW, BookmarkStore, tracked
 from .errors import CorruptStore, StoreFull
@@ -257,7 +257,7 @@ class RingBookmarkStore(BookmarkStore):
         if ring is None:
             return EPOCH
         if ring.point == NOW and ring.last is not None:
-            return f"{ring.last[0]}|{ring.last[1]}|"
+            return format_bookmark(*ring.last)
         return ring.point
 
     def window_size(self, sub_id: str) -> int:

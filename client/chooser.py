@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
-from .address import parse_address
+from .address import parse_server
 
 __all__ = ["Authenticator", "DefaultAuthenticator", "DefaultServerChooser", "ServerChooser"]
 
@@ -76,7 +76,7 @@ class DefaultServerChooser(ServerChooser):
         return f"<DefaultServerChooser {self._uris} current={self.current_uri()!r}>"
 
     def add(self, uri: str) -> None:
-        parse_address(uri)  # raises ValueError naming the accepted forms
+        parse_server(uri)  # raises ValueError naming the accepted forms
         self._uris.append(uri)
 
     @property

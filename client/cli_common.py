@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import msgspec
 
-from .address import DEFAULT_ADDRESS, parse_address
+from .address import DEFAULT_ADDRESS, parse_server
 from .errors import ClientError, ConnectFailed, StoreError
 from .ha import HAClient
 from .message import Message
@@ -63,7 +63,7 @@ def checked_servers(args: argparse.Namespace) -> list[str]:
     servers = args.server or [DEFAULT_ADDRESS]
     for address in servers:
         try:
-            parse_address(address)
+            parse_server(address)
         except ValueError as exc:
             raise Usage(f"--server: {exc}") from None
     return servers

@@ -3,7 +3,7 @@ the body as-is, or with --headers `{"k": ..., "bm": ..., "t": ..., "body": ...}`
 the answer is printed; the statuses of client/cli.py otherwise.
 
 `tickertape sub --sow` is `sow_and_subscribe`: the records of the answer, then the live
-messages, with no gap and no duplicate between them (client/cli_sub.py uses `stream_sow`).
+messages, with no gap and no duplicate between them (client/cli_sub.py, `_sub_sow`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 from typing import IO
 
 from .cli_common import Printing, Usage, checked_servers, connect, ha_client, render
-from .client import Client
 
 __all__ = ["run_sow"]
 
@@ -25,7 +24,7 @@ async def _sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
     try:
         await connect(ha, args)
         client = ha.client
-        assert isinstance(client, Client)
+        assert client is not None, "connected: it has a client"
         records = await client.sow(
             args.topic, filter=args.filter, top_n=args.top_n, order_by=args.order_by
         )

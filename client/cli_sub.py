@@ -41,10 +41,8 @@ __all__ = ["run_queue", "run_sub"]
 
 
 def _sub_options(args: argparse.Namespace) -> str | None:
-    opts = [o for o in (args.options,) if o]
-    if args.rate:
-        opts.append(f"rate={args.rate}")
-    return ",".join(opts) or None
+    rate = f"rate={args.rate}" if args.rate else None
+    return ",".join(o for o in (args.options, rate) if o) or None
 
 
 _BOOKMARK_WORDS = {"epoch": "0", "now": "0|1|"}
@@ -145,13 +143,11 @@ async def _sub(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> 
 async def _sub_sow(args: argparse.Namespace, stdout: IO[bytes], stderr: IO[str]) -> int:
     """`sub --sow`: sow_and_subscribe on one connection (no failover: a new connection would
     need a new answer)."""
-    from .client import Client
-
     ha = ha_client("sub", args, stderr)
     try:
         await connect(ha, args)
         client = ha.client
-        assert isinstance(client, Client)
+        assert client is not None, "connected: it has a client"
         sub = await client.sow_and_subscribe(
             args.topic, filter=args.filter, options=args.options, sub_id=args.sub_id
         )

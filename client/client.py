@@ -146,7 +146,7 @@ class Client:
         self.wait_publishable = pub.wait_publishable
         self.try_publish = pub.try_publish
         self.publish_nowait = pub.publish_nowait
-        self.publish_flush = pub.publish_flush
+        self.publish_flush = pub.tracker.flush
         self.unpersisted_count = pub.unpersisted_count
         self.subscribe = subs.subscribe
         self.unsubscribe = subs.unsubscribe

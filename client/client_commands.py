@@ -44,13 +44,10 @@ def _joined(items: str | Iterable[object] | None) -> str | None:
     return items if items is None or isinstance(items, str) else ",".join(map(str, items))
 
 
-class _Waiter:
-    __slots__ = ("ack", "command", "fut")
-
-    def __init__(self, fut: asyncio.Future, ack: str, command: str) -> None:
-        self.fut = fut
-        self.ack = ack
-        self.command = command
+class _Waiter(msgspec.Struct, eq=False):
+    fut: asyncio.Future
+    ack: str
+    command: str
 
 
 class ClientCommands:

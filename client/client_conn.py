@@ -48,39 +48,14 @@ BEAT = encode_frame(Header(c="heartbeat", o="beat"))
 """The `beat` frame: sent on a timer and in answer to each server heartbeat."""
 
 
-class _ClientProtocol(asyncio.Protocol):
-    """Forwards transport events to its Client; holds no state of its own."""
-
-    __slots__ = ("_client",)
-
-    def __init__(self, client: ClientConnection):
-        self._client = client
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._client._connection_made(cast(asyncio.Transport, transport))  # a TCP transport
-
-    def data_received(self, data: bytes) -> None:
-        self._client._data_received(data)
-
-    def eof_received(self) -> bool:
-        return False  # close the transport; connection_lost follows
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._client._connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._client.write_paused = True
-
-    def resume_writing(self) -> None:
-        self._client._resume_writing()
-
-
 Frames = list[tuple[Header, bytes]]
 
 
 class ClientConnection:
     """The transport, the bytes in and out, heartbeats and close of one `Client` connection.
-    See the module docstring for what it owns."""
+    See the module docstring for what it owns. It is its transport's protocol (the methods of
+    asyncio.Protocol, by duck typing: a part inherits nothing): a Client connects once, so
+    the transport events come here directly."""
 
     loop: asyncio.AbstractEventLoop
     """The running loop, set by connect(): every method that uses it runs after connect()."""
@@ -140,7 +115,7 @@ class ClientConnection:
         try:
             async with asyncio.timeout(timeout):
                 await loop.create_connection(
-                    lambda: _ClientProtocol(self),
+                    lambda: cast(asyncio.Protocol, self),
                     host,
                     port,
                     ssl=ctx,
@@ -309,7 +284,10 @@ class ClientConnection:
                 fut = self._drain_fut = self.loop.create_future()
             await asyncio.shield(fut)
 
-    def _resume_writing(self) -> None:
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
         self.write_paused = False
         fut, self._drain_fut = self._drain_fut, None
         if fut is not None and not fut.done():
@@ -317,14 +295,14 @@ class ClientConnection:
 
     # ================================================================ internals: transport events
 
-    def _connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # a TCP transport
         self._rx_any = False
         self.state = "connected"
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
         self._last_rx = self.loop.time()
 
-    def _data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:
         self._last_rx = self.loop.time()
         if not self._rx_any:
             self._rx_any = True
@@ -341,7 +319,10 @@ class ClientConnection:
             return
         self._on_frames(frames)
 
-    def _connection_lost(self, exc: BaseException | None) -> None:
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: BaseException | None) -> None:
         if self._closing_reason is not None:
             reason, detail = self._closing_reason
         elif self.server_failure is not None:
@@ -363,7 +344,7 @@ class ClientConnection:
         self._out.clear()
         self._out_bytes = 0
         self._on_closed(err)
-        self._resume_writing()  # blocked publishers wake up and see the closed state
+        self.resume_writing()  # blocked publishers wake up and see the closed state
         if self._hb_task is not None:
             self._hb_task.cancel()
             self._hb_task = None

@@ -179,12 +179,3 @@ class ClientPublishing:
         full = encode_header(Header(c="publish", t=topic, a=self._publish_acks))
         prefix = self._prefixes[topic] = full[:-1] + b',"s":'
         return prefix
-
-    async def publish_flush(self, timeout: float | None = None) -> None:
-        """Wait until everything published so far is acknowledged as persisted.
-
-        Raises PublishFailed if any of it was refused (`journal unavailable`) — or if a refusal
-        arrived since the last flush and nobody was told yet — CommandTimeout after `timeout`,
-        Disconnected if the connection ends first.
-        """
-        await self.tracker.flush(timeout)

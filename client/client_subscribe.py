@@ -198,11 +198,9 @@ class ClientSubscriptions:
             self.stray_messages += 1
 
     def end_all(self, err: Disconnected) -> None:
+        end = _STOP if self._conn.user_closed else err  # a clean stop when the application closed
         for sub in list(self.by_id.values()):
-            if self._conn.user_closed:
-                sub._finish(_STOP, drop=False)
-            else:
-                sub._finish(err, drop=False)
+            sub._finish(end, drop=False)
         self.by_id.clear()
         self.by_cid.clear()
         self._full_subs.clear()

@@ -163,8 +163,10 @@ class HAClient:
         self.current_uri: str | None = None
         self.last_error: BaseException | None = None
         self._life = Lifecycle(on_state)  # the state, and the waits for a connection
+        self.wait_connected = self._life.wait_connected
         self._client: Client | None = None
         self._publisher = Publisher(self.publish_store, self._check_publish)
+        self.publish_flush = self._publisher.flush
         self._placer = Placer(self, self._report)  # the subscriptions, across connections
         self._logged_on_once = False
 
@@ -192,11 +194,6 @@ class HAClient:
                 self.on_error(exc)
             except Exception:
                 log.exception("on_error callback failed")
-
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until the client is connected (raises its failure, or Disconnected if it was
-        closed, or CommandTimeout)."""
-        await self._life.wait_connected(timeout)
 
     # ================================================================ connecting
 
@@ -397,12 +394,6 @@ class HAClient:
         if type(body) is not bytes:
             body = _body_bytes(body)
         return await self._publisher.publish(topic, body, expiration, correlation_id)
-
-    async def publish_flush(self, timeout: float | None = None) -> None:
-        """Wait until every message stored so far is persisted by a server (across
-        reconnects). Raises PublishFailed if publishes were refused since the last call (they
-        stay stored and go out again after the next logon), CommandTimeout after `timeout`."""
-        await self._publisher.flush(timeout)
 
     # ================================================================ subscribing
 

@@ -30,6 +30,7 @@ the next logon would stall the publisher.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -164,10 +165,8 @@ class Publisher:
         return task
 
     async def _run(self, client: Client) -> None:
-        try:
+        with contextlib.suppress(ClientError):  # connection ended: the next resync sends the rest
             await self._pump(client)
-        except ClientError:
-            pass  # the connection ended: the next resync sends the rest
 
     async def _pump(self, client: Client) -> None:
         """Send every stored message after `sent_seq`, in order, on `client`."""
@@ -184,8 +183,11 @@ class Publisher:
             self.sent_seq = entry.seq
         raise Disconnected("connection replaced")
 
-    async def flush(self, timeout: float | None) -> None:
-        """HAClient.publish_flush()."""
+    async def flush(self, timeout: float | None = None) -> None:
+        """HAClient.publish_flush(): wait until every message stored so far is persisted by a
+        server (across reconnects). Raises PublishFailed if publishes were refused since the
+        last call (they stay stored and go out again after the next logon), CommandTimeout
+        after `timeout`."""
         self._flushes.raise_unreported()
         store = self.store
         target = store.last_seq

@@ -131,9 +131,6 @@ class PublishTracker:
         self.last_seq = max(self.last_seq, start_seq)
         self.persisted_seq = max(self.persisted_seq, start_seq)
 
-    def inflight(self) -> int:
-        return len(self._inflight)
-
     async def wait_window(self) -> None:
         """Wait until fewer than `max_inflight` publishes are in flight."""
         while len(self._inflight) >= self.max_inflight:
@@ -195,7 +192,12 @@ class PublishTracker:
     # ---------------------------------------------------------------- waiting side
 
     async def flush(self, timeout: float | None = None) -> None:
-        """Wait until every publish sent so far is settled; raise if any of them failed."""
+        """Wait until every publish sent so far is settled (Client.publish_flush).
+
+        Raises PublishFailed if any of it was refused (`journal unavailable`) — or if a refusal
+        arrived since the last flush and nobody was told yet — CommandTimeout after `timeout`,
+        Disconnected if the connection ends first.
+        """
         self._flushes.raise_unreported()
         target = self.published
         if self.settled >= target:

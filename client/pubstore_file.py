@@ -76,13 +76,21 @@ _crc = zlib.crc32
 _FIXED_PACK = _REC_FIXED.pack
 _join = b"".join
 _NAN = float("nan")
-_Record = tuple[int, str, bytes, float | None, str | None]
-"""One stored publish: (seq, topic, body, expiration, correlation_id)."""
 INITIAL_CAPACITY = 1024 * 1024
 
 
 def _align(n: int) -> int:
     return (n + 7) & ~7
+
+
+def _decode(mm: mmap.mmap, off: int) -> StoredPublish:
+    """The record at `off` (its checksums already checked)."""
+    _, _, plen, _, seq, exp, tlen, xlen, _ = _REC.unpack_from(mm, off)
+    start = off + REC_HEADER
+    topic = mm[start : start + tlen].decode()
+    corr = mm[start + tlen : start + tlen + xlen].decode() if xlen else None
+    body = mm[start + tlen + xlen : start + plen]
+    return StoredPublish(seq, topic, body, None if math.isnan(exp) else exp, corr)
 
 
 class FilePublishStore(PublishStore):
@@ -184,9 +192,9 @@ class FilePublishStore(PublishStore):
 
     def _scan(
         self, mm: mmap.mmap, size: int, acked: int, report: RecoveryReport
-    ) -> dict[int, _Record]:
-        """Every valid unpersisted record: seq -> (seq, topic, body, expiration, correlation_id)."""
-        found: dict[int, _Record] = {}
+    ) -> dict[int, StoredPublish]:
+        """Every valid unpersisted record by its sequence number."""
+        found: dict[int, StoredPublish] = {}
         off = DATA
         find = mm.find
         while True:
@@ -218,16 +226,13 @@ class FilePublishStore(PublishStore):
                 off += 8
                 continue
             if seq not in found:
-                topic = payload[:tlen].decode()
-                corr = payload[tlen : tlen + xlen].decode() if xlen else None
-                found[seq] = (seq, topic, payload[tlen + xlen :],
-                              None if math.isnan(exp) else exp, corr)  # fmt: skip
+                found[seq] = _decode(mm, off)
             off = _align(end)
 
-    def _create(self, fd: int, records: list[_Record], acked: int, gen: int) -> None:
+    def _create(self, fd: int, records: list[StoredPublish], acked: int, gen: int) -> None:
         """Write a fresh file on `fd`: header, ack slot, `records` packed from DATA."""
-        need = DATA + sum(_align(REC_HEADER + len(r[1].encode()) + len(r[2]) +
-                                 len((r[4] or "").encode())) for r in records)  # fmt: skip
+        need = DATA + sum(_align(REC_HEADER + len(r.topic.encode()) + len(r.body) +
+                                 len((r.correlation_id or "").encode())) for r in records)  # fmt: skip
         cap = self._initial
         while cap < need * 2 and cap < self.max_bytes:
             cap = min(cap * 2, self.max_bytes)
@@ -245,8 +250,8 @@ class FilePublishStore(PublishStore):
         self._acked = acked
         self._live.clear()
         self._tail = DATA
-        for seq, topic, body, exp, corr in records:
-            self._append(seq, topic, body, exp, corr)
+        for r in records:
+            self._append(r.seq, r.topic, r.body, r.expiration, r.correlation_id)
 
     # ------------------------------------------------------------------ writing
 
@@ -402,16 +407,6 @@ class FilePublishStore(PublishStore):
             self._write_slot(seq)
             self._acked = seq
 
-    def _read(self, entry: tuple[int, int, int]) -> StoredPublish:
-        off = entry[1]
-        mm = self._mm
-        _, _, plen, _, rseq, exp, tlen, xlen, _ = _REC.unpack_from(mm, off)
-        start = off + REC_HEADER
-        topic = mm[start : start + tlen].decode()
-        corr = mm[start + tlen : start + tlen + xlen].decode() if xlen else None
-        body = mm[start + tlen + xlen : start + plen]
-        return StoredPublish(rseq, topic, body, None if math.isnan(exp) else exp, corr)
-
     def get(self, seq: int) -> StoredPublish | None:
         self._check()
         live = self._live
@@ -419,10 +414,10 @@ class FilePublishStore(PublishStore):
             return None
         i = seq - live[0][0]
         if 0 <= i < len(live) and live[i][0] == seq:
-            return self._read(live[i])
+            return _decode(self._mm, live[i][1])
         for e in live:  # after a damaged file lost sequence numbers
             if e[0] == seq:
-                return self._read(e)
+                return _decode(self._mm, e[1])
         return None
 
     def first_after(self, seq: int) -> StoredPublish | None:
@@ -432,10 +427,10 @@ class FilePublishStore(PublishStore):
             return None
         i = max(0, seq + 1 - live[0][0])
         if i < len(live) and (i == 0 or live[i - 1][0] <= seq) and live[i][0] > seq:
-            return self._read(live[i])
+            return _decode(self._mm, live[i][1])
         for e in live:  # not consecutive (sequence numbers lost to damage)
             if e[0] > seq:
-                return self._read(e)
+                return _decode(self._mm, e[1])
         return None
 
     def unpersisted_count(self) -> int:

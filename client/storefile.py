@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .errors import StoreLocked
 
-__all__ = ["RecoveryReport", "lock_file", "open_locked", "recovered"]
+__all__ = ["RecoveryReport", "open_locked", "recovered"]
 
 log = logging.getLogger("tickertape.client.store")
 
@@ -73,23 +73,19 @@ class RecoveryReport:
             log.warning("store recovery: %s", self)
 
 
-def lock_file(fd: int, path: str) -> None:
-    """Take an exclusive, non-blocking `flock` on `fd`; StoreLocked if someone holds it.
+def open_locked(path: str, flags: int = os.O_RDWR | os.O_CREAT) -> int:
+    """Open (creating) `path` read-write and take an exclusive, non-blocking `flock` on it;
+    returns the fd, or raises StoreLocked if someone holds the lock.
 
     flock locks belong to the open file description, so a second store object opened on the
     same path in the same process is refused too. A killed process's lock goes with it.
     """
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise StoreLocked(path) from None
-
-
-def open_locked(path: str, flags: int = os.O_RDWR | os.O_CREAT) -> int:
-    """Open (creating) `path` read-write and lock it; returns the fd."""
-    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
-    lock_file(fd, path)
     return fd
 
 

@@ -200,10 +200,7 @@ class TransactionLog(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
         @functools.lru_cache(maxsize=4096)
         def lookup(topic: str) -> TopicSpec | None:
-            for pattern, spec in compiled:
-                if pattern.fullmatch(topic):
-                    return spec
-            return None
+            return next((spec for pattern, spec in compiled if pattern.fullmatch(topic)), None)
 
         return lookup
 
@@ -304,12 +301,6 @@ class ActionStep(msgspec.Struct, frozen=True, kw_only=True):
     options: tuple[tuple[str, str], ...] = ()
     age: float | None = None
     retention: float | None = None
-
-    def option(self, key: str, default: str | None = None) -> str | None:
-        for k, v in self.options:
-            if k == key:
-                return v
-        return default
 
 
 class Action(msgspec.Struct, frozen=True, kw_only=True):
@@ -506,10 +497,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, dict=True):
             found = literal.get(topic)
             if found is not None:
                 return found
-            for match, spec in patterns:
-                if match(topic):
-                    return spec
-            return None
+            return next((spec for match, spec in patterns if match(topic)), None)
 
         return lookup
 

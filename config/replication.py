@@ -210,15 +210,14 @@ def _destination(
         problem = _password_problem(password_file, user)
         if problem:
             checker.report(d.at("PasswordFile"), problem)
-    incomplete = (
+    if (
         name is None
         or sync is None
         or not addresses
         or len(addresses) != len(found)
         or not topics
         or len(topics) != len(d.many("Topic"))
-    )
-    if incomplete or name is None or sync is None:  # (the last two again for mypy)
+    ):
         return name, addresses, None
     return (
         name,

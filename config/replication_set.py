@@ -187,10 +187,7 @@ def _link(src: Config, dest: ReplicationDestination, dst: Config) -> list[Findin
 
 
 def _listener(transports: list[Transport], host: str, port: int) -> Transport | None:
-    for t in transports:
-        if t.port == port and same_host(t.host, host):
-            return t
-    return None
+    return next((t for t in transports if t.port == port and same_host(t.host, host)), None)
 
 
 def _unknown_user(path: str, user: str) -> str | None:

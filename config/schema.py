@@ -39,6 +39,7 @@ __all__ = [
     "OPTION_SPECS",
     "QUEUE",
     "REPLICATION",
+    "RIGHT_ELEMENTS",
     "ROLE",
     "ROOT",
     "SECTIONS",
@@ -312,14 +313,14 @@ AUTHENTICATION = Spec(
 ENTITLEMENT = Spec(
     "Entitlement", many=("Role",), unsupported={"Module": _BUILT_IN, "Options": _BUILT_IN}
 )
-_RIGHTS = ("Publish", "Subscribe", "Replay", "Consume")
+RIGHT_ELEMENTS = ("Publish", "Subscribe", "Replay", "Consume")
 ROLE = Spec(
     "Role",
     one=("Name", "Users", "Admin", "Deny"),
-    many=(*_RIGHTS, "Filter"),
+    many=(*RIGHT_ELEMENTS, "Filter"),
     misnamed={"User": "Users", "Read": "Subscribe", "Write": "Publish"},
 )
-DENY = Spec("Deny", one=("Admin",), many=_RIGHTS)
+DENY = Spec("Deny", one=("Admin",), many=RIGHT_ELEMENTS)
 FILTER = Spec("Filter", one=("Topic", "Expression"))
 
 REPLICATION = Spec(

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from .model import Authentication, Config, ContentFilter, Entitlement, Rights, Role
 from .rules import Checker, Section, boolean, positive_interval
-from .schema import AUTHENTICATION, DENY, ENTITLEMENT, FILTER, ROLE
+from .schema import AUTHENTICATION, DENY, ENTITLEMENT, FILTER, RIGHT_ELEMENTS, ROLE
 from .txlog import topic_pattern
 from .xmltree import Node
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from protocol.security.tls import ServerTls
 
 __all__ = [
-    "RIGHT_ELEMENTS",
     "Unserved",
     "check_security",
     "check_tls",
@@ -44,14 +43,6 @@ __all__ = [
     "read_entitlement",
     "unsupported",
 ]
-
-# element -> Rights field
-RIGHT_ELEMENTS = {
-    "Publish": "publish",
-    "Subscribe": "subscribe",
-    "Replay": "replay",
-    "Consume": "consume",
-}
 
 _SEE = "; see docs/security.md"
 
@@ -197,7 +188,7 @@ def read_entitlement(checker: Checker, node: Node | None) -> Entitlement | None:
 
 def _rights(checker: Checker, sec: Section) -> Rights:
     patterns: dict[str, tuple[str, ...]] = {}
-    for element, field in RIGHT_ELEMENTS.items():
+    for element in RIGHT_ELEMENTS:  # each a Rights field, in lowercase
         found = []
         for node in sec.many(element):
             text = checker.leaf(node)
@@ -207,7 +198,7 @@ def _rights(checker: Checker, sec: Section) -> Rights:
                 found.append(topic_pattern(text))
             except ValueError as e:
                 checker.report(node, str(e))
-        patterns[field] = tuple(found)
+        patterns[element.lower()] = tuple(found)
     return Rights(**patterns, admin=sec.value("Admin", boolean, False))
 
 

@@ -7,7 +7,7 @@ Each function reads one section (None when the file leaves it out) and returns i
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, cast
 
 from .model import (
     DEFAULT_ADMIN_PORT,
@@ -28,9 +28,6 @@ from .schema import ADMIN, LOGGING, TARGET, TRANSPORT, TRANSPORTS
 from .security import check_tls, minimum_version
 from .values import parse_inet_addr
 from .xmltree import Node
-
-if TYPE_CHECKING:
-    from protocol.security.tls import ServerTls
 
 __all__ = [
     "LOG_LEVELS",
@@ -114,10 +111,12 @@ def read_transports(checker: Checker, node: Node | None) -> tuple[list[Transport
             if verify_client and ca_file is None and not t.has("CAFile"):
                 t.missing("CAFile", " (the CA that signs client certificates: VerifyClient)")
             elif certificate is not None and private_key is not None:
+                from protocol.security.tls import ServerTls
+
                 check_tls(
                     checker,
                     t,
-                    _server_tls(certificate, private_key, ca_file, verify_client, version, ciphers),
+                    ServerTls(certificate, private_key, ca_file, verify_client, version, ciphers),
                 )
         else:
             why = (
@@ -168,19 +167,6 @@ _HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-
 _TLS_ELEMENTS = ("Certificate", "PrivateKey", "CAFile", "VerifyClient", "MinimumVersion", "Ciphers")
 
 
-def _server_tls(
-    certificate: str,
-    private_key: str,
-    ca_file: str | None = None,
-    verify_client: bool = False,
-    version: str = "TLSv1.2",
-    ciphers: str | None = None,
-) -> ServerTls:
-    from protocol.security.tls import ServerTls
-
-    return ServerTls(certificate, private_key, ca_file, verify_client, version, ciphers)
-
-
 def read_admin(
     checker: Checker, node: Node | None, ports: dict[int, Node], default_transport: bool = False
 ) -> Admin | None:
@@ -209,7 +195,9 @@ def read_admin(
         if sec.has(element) and not sec.has(other):
             sec.missing(other, " (HTTPS needs a certificate and its key)")
     if certificate is not None and private_key is not None:
-        check_tls(checker, sec, _server_tls(certificate, private_key))
+        from protocol.security.tls import ServerTls
+
+        check_tls(checker, sec, ServerTls(certificate, private_key))
     else:
         certificate = private_key = None
     allowed = tuple(

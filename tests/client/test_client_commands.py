@@ -14,7 +14,7 @@ from client import (
     ConnectFailed,
     Disconnected,
 )
-from client.address import parse_address
+from client.address import parse_server
 from protocol.headers import Header
 
 
@@ -177,11 +177,11 @@ async def test_talking_server_keeps_heartbeat_connection(session):
 
 
 def test_parse_address():
-    assert parse_address("host:1") == ("host", 1)
-    assert parse_address("tcp://10.0.0.1:9008/amps/json") == ("10.0.0.1", 9008)
-    assert parse_address("[::1]:9007") == ("::1", 9007)
-    assert parse_address("example") == ("example", 9007)
-    assert parse_address(":9009") == ("127.0.0.1", 9009)
+    assert parse_server("host:1")[:2] == ("host", 1)
+    assert parse_server("tcp://10.0.0.1:9008/amps/json")[:2] == ("10.0.0.1", 9008)
+    assert parse_server("[::1]:9007")[:2] == ("::1", 9007)
+    assert parse_server("example")[:2] == ("example", 9007)
+    assert parse_server(":9009")[:2] == ("127.0.0.1", 9009)
     for bad in ("http://x:1", "x:0", "x:99999", "x:port", "::1:9", "[::1"):
         with pytest.raises(ValueError, match="expected"):
-            parse_address(bad)
+            parse_server(bad)

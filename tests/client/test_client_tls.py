@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from client import Client
-from client.address import ServerAddress, parse_address, parse_server
+from client.address import ServerAddress, parse_server
 from client.chooser import DefaultServerChooser
 from client.errors import CommandError, ConnectFailed, Disconnected
 from client.ha import HAClient
@@ -37,7 +37,7 @@ def test_addresses():
     )
     assert parse_server("tcp://h:1") == ("h", 1, False)
     assert parse_server("h:2") == ("h", 2, False)
-    assert parse_address("tcps://[::1]:9443") == ("::1", 9443)
+    assert parse_server("tcps://[::1]:9443") == ("::1", 9443, True)
     with pytest.raises(ValueError, match="tcps://host:port/"):
         parse_server("ws://h:1")
     DefaultServerChooser(["tcps://a:1", "tcp://b:2"])  # the chooser takes both

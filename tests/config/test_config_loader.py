@@ -1021,8 +1021,7 @@ def test_startup_and_several_steps_in_order():
         ("compact-journal", None, 604800.0),
         ("remove-journal", 0.0, None),
     ]
-    assert a.do[1].option("Retention") == "7d"
-    assert a.do[1].option("Age", "none") == "none"
+    assert a.do[1].options == (("Retention", "7d"),)
 
 
 def test_action_problems():
