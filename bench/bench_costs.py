@@ -1,7 +1,7 @@
 """Work per message, counted: this tree's server against another build's, with one client.
 
     ./run bench bench_costs --before-tree PATH [--benches publish,publish1,queue1,queue100,replay,fanout]
-                      [--scale 1.0] [--results]
+                      [--scale 1.0] [--no-results]
 
 Throughput on a shared 2-core machine moves by ±15 % between runs of one build, so a change of
 5 % cannot be told from noise in msgs/s (bench/compare.py). What the server does per message
