@@ -5,13 +5,27 @@
    `archive_ids`).
 2. Queues: no at-least-once message is delivered after its acknowledgement was confirmed, and
    no at-most-once message is delivered twice; but where docs/replication.md ("Semantics")
-   allows it, which is counted as `queue_excused`, not as a violation:
-   - on another instance than the acknowledgement (or first delivery) while a link was dropped
-     or stalled, or up to `GRACE` seconds after it healed (a partition: both sides own);
-   - on another instance after the instance of the acknowledgement (or first delivery) was
-     killed within `GRACE` seconds after it (the event may not have replicated; a delivery
-     read up to 0.5 s after the kill was on its way before it). The instance itself, restarted,
-     never: an at-most-once delivery leaves only once its event is durable there.
+   allows it, which is counted as `queue_excused`, not as a violation. On the same instance,
+   never (an at-most-once delivery leaves only once its event is durable there, so a restart
+   does not deliver it again). On another instance:
+   - at most once, read from the journals (`amo_journal`): the second instance Y delivered the
+     message before it had the first one's (X's) DELIVERED event. Y journals its own event
+     before the delivery leaves, and journals X's where it arrives (a replicated record), so
+     Y's journal shows which came first. Y is excused if its own event comes first and nothing
+     X journaled after its event had reached Y by then (replication keeps X's order): a
+     partition, a takeover within the replication lag, or a publisher that moved and sent the
+     message again to Y before X's copy reached it (both own it). A violation: Y's journal held
+     a done event of the message from elsewhere (or X's later events) before its own delivery;
+     or an instance's journal holds the message and no delivery event of its own although it
+     delivered it (the delivery left before its event was durable). Where a journal no longer
+     holds the message (maintenance removed it), the rule below decides;
+   - at least once, and at most once without journal evidence, by the fault windows: while a
+     link was dropped or stalled, or up to `GRACE` seconds after it healed (a partition: both
+     sides own); after the instance of the acknowledgement (or first delivery) was killed
+     within `GRACE` seconds after it (the event may not have replicated; a delivery read up to
+     0.5 s after the kill was on its way before it). The at-least-once rule stays a guess by
+     the clock: a lease is journaled after its delivery leaves, so the journals cannot say
+     what the instance knew when it sent it.
 3. The HA subscriber got every acknowledged message, and none twice.
 4. Entitlements: a desk user (alice, bob) was never handed a message of the other desk, live,
    replayed or from a queue, and alice's sow_delete by filter of desk B's queue messages
@@ -20,8 +34,10 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import os
+from dataclasses import dataclass, field
 
 from seams_clients import ALO_QUEUE, AMO_QUEUE, TOPIC, Ledger, body_ok, msg_id
 
@@ -74,6 +90,110 @@ def queue_left(jdir: str, queue: str) -> set[tuple[int, int]]:
     finally:
         j.close()
     return {k for pos, k in ids.items() if pos not in done}
+
+
+@dataclass
+class AmoJournal:
+    """What one instance's journal says about the at-most-once queue (`amo_journal`): the
+    order in which it journaled its own deliveries and the done events from elsewhere. Keys
+    are message ids (publisher id, sequence); positions are this journal's."""
+
+    held: set[tuple[int, int]] = field(default_factory=set)  # the messages on the topic
+    own: dict[tuple[int, int], int] = field(default_factory=dict)  # first own DELIVERED
+    # first done event of the message that happened on another instance
+    done_from: dict[tuple[int, int], int] = field(default_factory=dict)
+    # this instance's own done entries in journal order: (position, op, message)
+    own_done: list[tuple[int, int, tuple[int, int]]] = field(default_factory=list)
+    # another instance's done entries, where they arrived: (origin, op, message) -> position
+    arrived: dict[tuple[str, int, tuple[int, int]], int] = field(default_factory=dict)
+
+
+def _done_op(op: int) -> int:
+    """Runs and single entries name the same event once translated (a run can be split)."""
+    return QueueOp.ACKED if op == QueueOp.ACKED_RUN else op
+
+
+def amo_journal(jdir: str, queue: str = AMO_QUEUE) -> AmoJournal | None:
+    """The at-most-once evidence of a journal (None: no journal), read offline after a clean
+    stop. Events name local positions, resolved to ids through the journal's messages."""
+    if not os.path.isdir(jdir):
+        return None
+    out = AmoJournal()
+    ids: dict[int, tuple[int, int]] = {}
+    j = Journal(jdir)
+    try:
+        for r in j.scan():
+            if r.kind == 1 and r.topic == TOPIC:
+                ids[r.position] = (r.publisher_id, r.seq)
+                out.held.add((r.publisher_id, r.seq))
+            elif r.kind == 2 and r.topic == queue:
+                origin = r.origin.instance.decode(errors="replace") if r.origin else None
+                for op, _value, run, names in iter_events(r.body):
+                    if names is not None or op not in DONE_OPS:
+                        continue
+                    for pos in run:
+                        k = ids.get(pos)
+                        if k is None:
+                            continue
+                        if origin is not None:
+                            out.done_from.setdefault(k, r.position)
+                            out.arrived.setdefault((origin, _done_op(op), k), r.position)
+                            continue
+                        out.own_done.append((r.position, _done_op(op), k))
+                        if op == QueueOp.DELIVERED_AT_MOST_ONCE:
+                            out.own.setdefault(k, r.position)
+    finally:
+        j.close()
+    return out
+
+
+class AmoJudge:
+    """The journal rule of an at-most-once message delivered on two instances (module doc)."""
+
+    def __init__(self, journals: dict[str, AmoJournal | None]):
+        self.journals = journals
+        self._reach: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+
+    def reached(self, x: str, y: str, before: int) -> int:
+        """The furthest position of `x`'s own done events that had arrived at `y` before `y`'s
+        position `before` (-1: none)."""
+        if (x, y) not in self._reach:
+            jx, jy = self.journals[x], self.journals[y]
+            assert jx is not None and jy is not None
+            pairs = sorted((jy.arrived[(x, op, k)], px) for px, op, k in jx.own_done
+                           if (x, op, k) in jy.arrived)  # fmt: skip
+            at, furthest, top = [], [], -1
+            for py, px in pairs:
+                top = max(top, px)
+                at.append(py)
+                furthest.append(top)
+            self._reach[(x, y)] = (at, furthest)
+        at, furthest = self._reach[(x, y)]
+        i = bisect.bisect_left(at, before)
+        return furthest[i - 1] if i else -1
+
+    def knew(self, y: str, x: str, k: tuple[int, int]) -> str | None:
+        """Why `y`'s delivery of `k` broke the rule, given `x` delivered it too (None: it did
+        not; "?" when the journals no longer say)."""
+        jy, jx = self.journals.get(y), self.journals.get(x)
+        if jy is None or jx is None or k not in jy.held or k not in jx.held:
+            return "?"
+        py = jy.own.get(k)
+        if py is None:
+            return f"{y} delivered it, and its journal has no delivery event of its own for it"
+        if jy.done_from.get(k, py) < py:
+            return f"{y} delivered it after its journal had a done event of it from elsewhere"
+        px = jx.own.get(k)
+        if px is not None and self.reached(x, y, py) > px:
+            return f"{y} delivered it after {x}'s later events (past {x}'s delivery) reached it"
+        return None
+
+    def judge(self, first: str, again: str, k: tuple[int, int]) -> str | None:
+        """None: excused (neither instance knew of the other's delivery); "?": no evidence;
+        else why it is a violation."""
+        why = [w for w in (self.knew(again, first, k), self.knew(first, again, k)) if w]
+        real = [w for w in why if w != "?"]
+        return real[0] if real else "?" if why else None
 
 
 def archive_ids(adir: str) -> set[tuple[int, int]]:
@@ -157,8 +277,13 @@ def _excused(windows: list[dict], first: tuple[float, str], again: tuple[float, 
     return ""
 
 
-def check_queues(ledger: Ledger, windows: list[dict]) -> tuple[dict, list[str]]:
+def check_queues(
+    ledger: Ledger, windows: list[dict], journals: dict[str, AmoJournal | None] | None = None
+) -> tuple[dict, list[str]]:
+    """`journals`: each instance's `amo_journal` (the journal rule of the module doc for the
+    at-most-once queue); without them, or where they no longer say, the fault windows."""
     out = list(ledger.violations)
+    judge = AmoJudge(journals or {})
     acked: dict[tuple[str, str], tuple[float, str]] = {}
     for t, inst, q, bm in ledger.acked:
         acked.setdefault((q, bm), (t, inst))
@@ -179,9 +304,14 @@ def check_queues(ledger: Ledger, windows: list[dict]) -> tuple[dict, list[str]]:
             what = "an at-most-once message delivered twice"
         else:
             continue
-        if _excused(windows, prior, (t, inst)):
+        why = "?"  # no journal evidence: the fault windows decide
+        if q == AMO_QUEUE and prior[1] != inst:
+            why = judge.judge(prior[1], inst, msg_id(bm))
+        if why is None or (why == "?" and _excused(windows, prior, (t, inst))):
             excused += 1
             continue
+        if why != "?":
+            what += f" ({why})"
         again += 1
         if again <= 5:
             out.append(f"{q}: {bm} {what}: first on {prior[1]} at +{prior[0] - ledger.t0:.2f}s, "
