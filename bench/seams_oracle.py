@@ -287,26 +287,34 @@ def check_queues(
     acked: dict[tuple[str, str], tuple[float, str]] = {}
     for t, inst, q, bm in ledger.acked:
         acked.setdefault((q, bm), (t, inst))
-    first: dict[tuple[str, str], tuple[float, str]] = {}
+    # at-most-once: the first delivery of each message on each instance, in time order
+    firsts: dict[tuple[str, str], dict[str, float]] = {}
     excused = again = 0
     for t, inst, q, bm in sorted(ledger.delivered):
         key = (q, bm)
+        why = "?"  # no journal evidence: the fault windows decide
         if q == ALO_QUEUE:
             prior = acked.get(key)
             if prior is None or t <= prior[0]:
                 continue
             what = "delivered again after its acknowledgement was confirmed"
         elif q == AMO_QUEUE:
-            prior = first.get(key)
-            if prior is None:
-                first[key] = (t, inst)
+            seen = firsts.setdefault(key, {})
+            if not seen:
+                seen[inst] = t
                 continue
             what = "an at-most-once message delivered twice"
+            if inst in seen:  # the same instance again: never excused (_excused says so too)
+                prior = (seen[inst], inst)
+            else:  # excused only if neither knew of any other delivery (the module doc)
+                verdicts = [judge.judge(i, inst, msg_id(bm)) for i in seen]
+                prior = next(iter(seen.items()))[::-1]
+                why = next(
+                    (w for w in verdicts if w and w != "?"), "?" if "?" in verdicts else None
+                )
+                seen[inst] = t
         else:
             continue
-        why = "?"  # no journal evidence: the fault windows decide
-        if q == AMO_QUEUE and prior[1] != inst:
-            why = judge.judge(prior[1], inst, msg_id(bm))
         if why is None or (why == "?" and _excused(windows, prior, (t, inst))):
             excused += 1
             continue

@@ -384,3 +384,70 @@ def test_desk_oracle_flags_a_delete_by_filter_past_the_content_filter():
     d.deleted = 4
     stats, v = check_desks([], [], d)
     assert stats["entitlement_breaches"] == 4 and "deleted 4 message(s)" in v[0]
+
+
+def test_a_moved_publisher_makes_two_owners_and_the_journals_say_so(tmp_path):
+    """The double delivery of seed 1 round 36, made on purpose: the link tt-a -> tt-b stalls,
+    a publisher stores seq 1..5 on tt-a (delivered there at most once) and moves to tt-b, which
+    lacks them, and sends them again: tt-b stores its own copies and delivers them too
+    (replication.md, "Semantics": both own them). Once the link heals tt-a's events make them
+    done on tt-b. The oracle, reading the two real journals, excuses the five long after any
+    fault window, and still flags a delivery on tt-b that its journal has no event of."""
+    from seams_clients import TOPIC
+    from seams_oracle import amo_journal
+
+    from tests.e2e.test_replication_partition import dest_stats
+    from tests.support.cluster import Cluster, wait_until
+    from tests.support.raw import Raw, publish_many
+
+    queue = (f"<SOW><Queue><Name>{AMO_QUEUE}</Name><UnderlyingTopic>{TOPIC}</UnderlyingTopic>"
+             "<Semantics>at-most-once</Semantics><MaxPerSubscriptionBacklog>10"
+             "</MaxPerSubscriptionBacklog></Queue></SOW>")  # fmt: skip
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=False, topics=(TOPIC, AMO_QUEUE), extra=queue,
+                 queue_owner_failover="30s").start()  # fmt: skip
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        for x, y in ((a, "tt-b"), (b, "tt-a")):
+            wait_until(lambda x=x, y=y: dest_stats(x, y).get("connected"), 20, f"link to {y}")
+        consumers = {}
+        for inst in (a, b):
+            c = consumers[inst.name] = Raw(inst.port)
+            c.logon(f"amo-{inst.name}")
+            c.subscribe(AMO_QUEUE, o="max_backlog=10")
+        cl.link("tt-a", "tt-b").stall()
+        docs = [body("fc-seam-tt-a", s) for s in range(1, 6)]
+        publish_many(a.port, TOPIC, docs, name="fc-seam-tt-a").close()
+        got = {"tt-a": [h["bm"] for h, _ in consumers["tt-a"].messages(5)]}
+        p = Raw(b.port)
+        assert p.logon("fc-seam-tt-a")["s"] == 0  # tt-b has none of them
+        publish_many(b.port, TOPIC, docs, name="fc-seam-tt-a", conn=p).close()
+        got["tt-b"] = [h["bm"] for h, _ in consumers["tt-b"].messages(5)]
+        assert got["tt-a"] == got["tt-b"]  # delivered on both: two owners
+        cl.heal()
+        # seq 6 on tt-a, delivered there only: its event makes it done on tt-b
+        publish_many(
+            a.port, TOPIC, [body("fc-seam-tt-a", 6)], name="fc-seam-tt-a", start_seq=6
+        ).close()
+        [(six, _)] = consumers["tt-a"].messages(1)
+        wait_until(lambda: b.admin_get("/stats")["queues"][AMO_QUEUE]["done_elsewhere"] == 6, 20,
+                   "tt-a's events done on tt-b")  # fmt: skip
+        for c in (*consumers.values(), p):
+            c.close()
+        a.stop()
+        b.stop()
+        journals = {n: amo_journal(os.path.join(cl[n].directory, "journal")) for n in cl.names}
+    finally:
+        cl.close()
+    # read long after the stall (the windows would not excuse it): the journals do
+    lg = _ledger([(5.0, n, AMO_QUEUE, bm) for n in ("tt-a", "tt-b") for bm in got[n]])
+    stall = [{"kind": "stall", "start": 0.0, "end": 0.1}]
+    assert check_queues(lg, stall)[0]["queue_again"] == 5
+    stats, v = check_queues(lg, stall, journals)
+    assert v == [] and (stats["queue_again"], stats["queue_excused"]) == (0, 5)
+    # planted: tt-b delivering one of them again; and seq 6, which only tt-a delivered (tt-b's
+    # journal has tt-a's event of it and no delivery of its own)
+    planted = [(6.0, "tt-b", AMO_QUEUE, got["tt-b"][0]), (6.0, "tt-a", AMO_QUEUE, six["bm"]),
+               (7.0, "tt-b", AMO_QUEUE, six["bm"])]  # fmt: skip
+    stats, v = check_queues(_ledger(lg.delivered + planted), stall, journals)
+    assert (stats["queue_again"], stats["queue_excused"]) == (2, 5), v
+    assert "again on tt-b at +6.00s" in v[0] and "no delivery event of its own" in v[1]
