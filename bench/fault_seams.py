@@ -69,13 +69,13 @@ from seams_clients import (
     stored_ids,
 )
 from seams_oracle import (
-    amo_journal,
     archive_ids,
     check_desks,
     check_ha,
     check_queues,
     check_stored,
     journal_ids,
+    queue_journal,
     queue_left,
     skipped_ids,
 )
@@ -383,12 +383,13 @@ def check(cl: Cluster, out: dict) -> tuple[dict, list[str]]:
     for i in cl:
         jids, bad = journal_ids(os.path.join(i.directory, "journal"))
         stored[i.name] = (jids, archive_ids(os.path.join(i.directory, "archive")), bad)
-    amo = {i.name: amo_journal(os.path.join(i.directory, "journal")) for i in cl}
+    queues = {q: {i.name: queue_journal(os.path.join(i.directory, "journal"), q) for i in cl}
+              for q in (ALO_QUEUE, AMO_QUEUE)}  # fmt: skip
     stats = {"acked": sum(acked.values())}
     violations = list(out["problems"])
     skipped = skipped_ids(out["skipped"])
     held = {k for k in skipped if any(k in j or k in a for j, a, _ in stored.values())}
-    for part in (check_stored(acked, stored, skipped), check_queues(out["ledger"], out["windows"], amo),
+    for part in (check_stored(acked, stored, skipped), check_queues(out["ledger"], out["windows"], queues),
                  check_ha(out["ha"].seen, out["ha"].errors, acked, held),
                  check_desks(out["desks"], out["desk_consumers"], out["deleter"])):  # fmt: skip
         stats.update(part[0])

@@ -7,25 +7,26 @@
    no at-most-once message is delivered twice; but where docs/replication.md ("Semantics")
    allows it, which is counted as `queue_excused`, not as a violation. On the same instance,
    never (an at-most-once delivery leaves only once its event is durable there, so a restart
-   does not deliver it again). On another instance:
-   - at most once, read from the journals (`amo_journal`): the second instance Y delivered the
-     message before it had the first one's (X's) DELIVERED event. Y journals its own event
-     before the delivery leaves, and journals X's where it arrives (a replicated record), so
-     Y's journal shows which came first. Y is excused if its own event comes first and nothing
-     X journaled after its event had reached Y by then (replication keeps X's order): a
-     partition, a takeover within the replication lag, or a publisher that moved and sent the
-     message again to Y before X's copy reached it (both own it). A violation: Y's journal held
-     a done event of the message from elsewhere (or X's later events) before its own delivery;
-     or an instance's journal holds the message and no delivery event of its own although it
-     delivered it (the delivery left before its event was durable). Where a journal no longer
-     holds the message (maintenance removed it), the rule below decides;
-   - at least once, and at most once without journal evidence, by the fault windows: while a
-     link was dropped or stalled, or up to `GRACE` seconds after it healed (a partition: both
-     sides own); after the instance of the acknowledgement (or first delivery) was killed
-     within `GRACE` seconds after it (the event may not have replicated; a delivery read up to
-     0.5 s after the kill was on its way before it). The at-least-once rule stays a guess by
-     the clock: a lease is journaled after its delivery leaves, so the journals cannot say
-     what the instance knew when it sent it.
+   does not deliver it again). On another instance, Y after X, it is judged by what Y's
+   journal held when Y delivered (`queue_journal`, `Judge`): Y journals the done events of
+   other instances where they arrive (replicated records), and its own delivery either before
+   it leaves (at most once: the DELIVERED event) or with the next commit after it (at least
+   once: the lease). Allowed if X's done event (acknowledgement, delivery) and everything X
+   journaled after it (replication keeps X's order) came after Y's own: a partition, a
+   takeover within the replication lag, or a publisher that moved and sent the message again
+   to Y before X's copy reached it (both own it). At most once, the same is asked of X about
+   Y's delivery (the ledger's times are the consumers' reads, not the sends). A violation: Y's
+   journal had a done event of the message from elsewhere, or X's later events, before its
+   own; or, at most once, an instance that delivered it has no delivery event of its own (the
+   delivery left before its event was durable). The limit of the rule at least once: a lease
+   made in the commit that also journals X's acknowledgement (its own events come first) reads
+   as made before it.
+   Where a journal does not hold the message (maintenance removed it) or, at least once, the
+   lease event (lost with a killed instance), the fault windows decide: while a link was
+   dropped or stalled, or up to `GRACE` seconds after it healed (a partition: both sides own);
+   after the instance of the acknowledgement (or first delivery) was killed within `GRACE`
+   seconds after it (the event may not have replicated; a delivery read up to 0.5 s after the
+   kill was on its way before it).
 3. The HA subscriber got every acknowledged message, and none twice.
 4. Entitlements: a desk user (alice, bob) was never handed a message of the other desk, live,
    replayed or from a queue, and alice's sow_delete by filter of desk B's queue messages
@@ -93,13 +94,15 @@ def queue_left(jdir: str, queue: str) -> set[tuple[int, int]]:
 
 
 @dataclass
-class AmoJournal:
-    """What one instance's journal says about the at-most-once queue (`amo_journal`): the
-    order in which it journaled its own deliveries and the done events from elsewhere. Keys
-    are message ids (publisher id, sequence); positions are this journal's."""
+class QueueJournal:
+    """What one instance's journal says about one queue (`queue_journal`): the order in which
+    it journaled its own events and the done events from elsewhere. Keys are message ids
+    (publisher id, sequence); positions are this journal's."""
 
+    at_most_once: bool
     held: set[tuple[int, int]] = field(default_factory=set)  # the messages on the topic
-    own: dict[tuple[int, int], int] = field(default_factory=dict)  # first own DELIVERED
+    own: dict[tuple[int, int], int] = field(default_factory=dict)  # first own done event
+    leased: dict[tuple[int, int], int] = field(default_factory=dict)  # last own lease
     # first done event of the message that happened on another instance
     done_from: dict[tuple[int, int], int] = field(default_factory=dict)
     # this instance's own done entries in journal order: (position, op, message)
@@ -107,18 +110,27 @@ class AmoJournal:
     # another instance's done entries, where they arrived: (origin, op, message) -> position
     arrived: dict[tuple[str, int, tuple[int, int]], int] = field(default_factory=dict)
 
+    def delivered_at(self, k: tuple[int, int]) -> int | None:
+        """Where this instance journaled its (last) delivery of `k`: at most once, its done
+        event, journaled before the delivery leaves; at least once, its last lease, journaled
+        with the next commit after the delivery left."""
+        return self.own.get(k) if self.at_most_once else self.leased.get(k)
+
+
+_LEASE_OPS = (QueueOp.LEASED, QueueOp.LEASED_RUN)
+
 
 def _done_op(op: int) -> int:
     """Runs and single entries name the same event once translated (a run can be split)."""
     return QueueOp.ACKED if op == QueueOp.ACKED_RUN else op
 
 
-def amo_journal(jdir: str, queue: str = AMO_QUEUE) -> AmoJournal | None:
-    """The at-most-once evidence of a journal (None: no journal), read offline after a clean
+def queue_journal(jdir: str, queue: str) -> QueueJournal | None:
+    """The evidence of a journal about `queue` (None: no journal), read offline after a clean
     stop. Events name local positions, resolved to ids through the journal's messages."""
     if not os.path.isdir(jdir):
         return None
-    out = AmoJournal()
+    out = QueueJournal(at_most_once=queue == AMO_QUEUE)
     ids: dict[int, tuple[int, int]] = {}
     j = Journal(jdir)
     try:
@@ -129,29 +141,32 @@ def amo_journal(jdir: str, queue: str = AMO_QUEUE) -> AmoJournal | None:
             elif r.kind == 2 and r.topic == queue:
                 origin = r.origin.instance.decode(errors="replace") if r.origin else None
                 for op, _value, run, names in iter_events(r.body):
-                    if names is not None or op not in DONE_OPS:
+                    lease = op in _LEASE_OPS
+                    if names is not None or not (lease or op in DONE_OPS):
                         continue
-                    for pos in run:
-                        k = ids.get(pos)
-                        if k is None:
-                            continue
-                        if origin is not None:
+                    for k in filter(None, map(ids.get, run)):
+                        if lease:
+                            if origin is None:
+                                out.leased[k] = r.position
+                        elif origin is not None:
                             out.done_from.setdefault(k, r.position)
                             out.arrived.setdefault((origin, _done_op(op), k), r.position)
-                            continue
-                        out.own_done.append((r.position, _done_op(op), k))
-                        if op == QueueOp.DELIVERED_AT_MOST_ONCE:
+                        else:
+                            out.own_done.append((r.position, _done_op(op), k))
                             out.own.setdefault(k, r.position)
     finally:
         j.close()
     return out
 
 
-class AmoJudge:
-    """The journal rule of an at-most-once message delivered on two instances (module doc)."""
+class Judge:
+    """The journal rule of a message delivered on one instance after another instance
+    acknowledged it or delivered it at most once (module doc). `journals`: each instance's
+    `queue_journal` of the queue."""
 
-    def __init__(self, journals: dict[str, AmoJournal | None]):
+    def __init__(self, journals: dict[str, QueueJournal | None], at_most_once: bool):
         self.journals = journals
+        self.at_most_once = at_most_once
         self._reach: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
 
     def reached(self, x: str, y: str, before: int) -> int:
@@ -173,25 +188,29 @@ class AmoJudge:
         return furthest[i - 1] if i else -1
 
     def knew(self, y: str, x: str, k: tuple[int, int]) -> str | None:
-        """Why `y`'s delivery of `k` broke the rule, given `x` delivered it too (None: it did
-        not; "?" when the journals no longer say)."""
+        """Why `y`'s delivery of `k` broke the rule, given `x` made it done (None: it did not;
+        "?" when the journals do not say)."""
         jy, jx = self.journals.get(y), self.journals.get(x)
         if jy is None or jx is None or k not in jy.held or k not in jx.held:
             return "?"
-        py = jy.own.get(k)
-        if py is None:
+        py = jy.delivered_at(k)
+        if py is None:  # at least once: a lease lost with a killed instance, or never written
+            if not jy.at_most_once:
+                return "?"
             return f"{y} delivered it, and its journal has no delivery event of its own for it"
         if jy.done_from.get(k, py) < py:
             return f"{y} delivered it after its journal had a done event of it from elsewhere"
         px = jx.own.get(k)
         if px is not None and self.reached(x, y, py) > px:
-            return f"{y} delivered it after {x}'s later events (past {x}'s delivery) reached it"
+            return f"{y} delivered it after {x}'s later events (past {x}'s done event) reached it"
         return None
 
     def judge(self, first: str, again: str, k: tuple[int, int]) -> str | None:
-        """None: excused (neither instance knew of the other's delivery); "?": no evidence;
-        else why it is a violation."""
-        why = [w for w in (self.knew(again, first, k), self.knew(first, again, k)) if w]
+        """None: excused (at most once: neither instance knew of the other's delivery; at
+        least once: `again` did not know of `first`'s acknowledgement); "?": no evidence; else
+        why it is a violation."""
+        pairs = [(again, first), (first, again)] if self.at_most_once else [(again, first)]
+        why = [w for w in (self.knew(y, x, k) for y, x in pairs) if w]
         real = [w for w in why if w != "?"]
         return real[0] if real else "?" if why else None
 
@@ -278,12 +297,14 @@ def _excused(windows: list[dict], first: tuple[float, str], again: tuple[float, 
 
 
 def check_queues(
-    ledger: Ledger, windows: list[dict], journals: dict[str, AmoJournal | None] | None = None
+    ledger: Ledger,
+    windows: list[dict],
+    journals: dict[str, dict[str, QueueJournal | None]] | None = None,
 ) -> tuple[dict, list[str]]:
-    """`journals`: each instance's `amo_journal` (the journal rule of the module doc for the
-    at-most-once queue); without them, or where they no longer say, the fault windows."""
+    """`journals`: {queue: {instance: its `queue_journal`}} for the journal rule of the module
+    doc; without them, or where they do not say, the fault windows decide."""
     out = list(ledger.violations)
-    judge = AmoJudge(journals or {})
+    judges = {q: Judge((journals or {}).get(q, {}), q == AMO_QUEUE) for q in (ALO_QUEUE, AMO_QUEUE)}
     acked: dict[tuple[str, str], tuple[float, str]] = {}
     for t, inst, q, bm in ledger.acked:
         acked.setdefault((q, bm), (t, inst))
@@ -298,6 +319,8 @@ def check_queues(
             if prior is None or t <= prior[0]:
                 continue
             what = "delivered again after its acknowledgement was confirmed"
+            if prior[1] != inst:  # on the same instance, never excused
+                why = judges[q].judge(prior[1], inst, msg_id(bm))
         elif q == AMO_QUEUE:
             seen = firsts.setdefault(key, {})
             if not seen:
@@ -307,7 +330,7 @@ def check_queues(
             if inst in seen:  # the same instance again: never excused (_excused says so too)
                 prior = (seen[inst], inst)
             else:  # excused only if neither knew of any other delivery (the module doc)
-                verdicts = [judge.judge(i, inst, msg_id(bm)) for i in seen]
+                verdicts = [judges[q].judge(i, inst, msg_id(bm)) for i in seen]
                 prior = next(iter(seen.items()))[::-1]
                 why = next(
                     (w for w in verdicts if w and w != "?"), "?" if "?" in verdicts else None

@@ -177,8 +177,8 @@ def _commit(j, data: bytes, entries: list) -> int:
 
 def _journal(jdir: str, items: list) -> None:
     """A journal of `items`, each its own commit, in order: ("m", seq, origin) a message of P
-    on the topic; ("e", op, [seq, ...], origin) the at-most-once queue's events about them.
-    origin: None (here) or the instance the record came from."""
+    on the topic; ("e", op, [seq, ...], origin) the at-most-once queue's events about them,
+    ("q", ...) the at-least-once queue's. origin: None (here) or the instance it came from."""
     import array
 
     from seams_clients import TOPIC
@@ -203,7 +203,8 @@ def _journal(jdir: str, items: list) -> None:
                 append_run(ev, op, array.array("Q", [at[s] for s in seqs]))
             else:
                 append_event(ev, op, at[seqs[0]])
-            rec = encode_record(KIND_QUEUE_EVENT, 0, 0, 0, AMO_QUEUE.encode(), bytes(ev),
+            queue = AMO_QUEUE if kind == "e" else ALO_QUEUE
+            rec = encode_record(KIND_QUEUE_EVENT, 0, 0, 0, queue.encode(), bytes(ev),
                                 origin=origin)  # fmt: skip
             _commit(j, rec, [])
     finally:
@@ -219,7 +220,7 @@ def test_at_most_once_twice_is_judged_by_what_each_journal_had_when_it_delivered
     still a violation, and so is the same instance twice."""
     import shutil
 
-    from seams_oracle import amo_journal
+    from seams_oracle import queue_journal
 
     from journal.queue_events import QueueOp
 
@@ -228,7 +229,8 @@ def test_at_most_once_twice_is_judged_by_what_each_journal_had_when_it_delivered
     def judged(a_items, b_items, ledger=None):
         for name, items in (("tt-a", a_items), ("tt-b", b_items)):
             _journal(str(tmp_path / name), items)
-        journals = {n: amo_journal(str(tmp_path / n)) for n in ("tt-a", "tt-b")}
+        journals = {q: {n: queue_journal(str(tmp_path / n), q) for n in ("tt-a", "tt-b")}
+                    for q in (ALO_QUEUE, AMO_QUEUE)}  # fmt: skip
         for n in ("tt-a", "tt-b"):
             shutil.rmtree(tmp_path / n)
         # both deliveries more than GRACE after the stall healed: the windows do not excuse it
@@ -262,6 +264,20 @@ def test_at_most_once_twice_is_judged_by_what_each_journal_had_when_it_delivered
     assert stats["queue_again"] == 1 and "(" not in v[0].split("twice")[1]
     in_window = _ledger([(0.2, "tt-a", AMO_QUEUE, f"{P}|1|"), (0.4, "tt-b", AMO_QUEUE, f"{P}|1|")])
     assert judged(a, [("m", 2, "tt-a")], in_window)[0]["queue_excused"] == 1
+    # at least once (seed 1 round 36 again): acknowledged on tt-a, delivered on tt-b seconds
+    # later, where tt-b's lease is journaled before tt-a's acknowledgement arrived
+    lq, ak = QueueOp.LEASED, QueueOp.ACKED
+    alo = _ledger([(9.0, "tt-b", ALO_QUEUE, f"{P}|1|")], [(5.0, "tt-a", ALO_QUEUE, f"{P}|1|")])
+    a = [("m", 1, None), ("q", lq, [1], None), ("q", ak, [1], None)]
+    b = [("m", 1, None), ("q", lq, [1], None), ("q", ak, [1], "tt-a")]
+    stats, v = judged(a, b, alo)
+    assert v == [] and stats["queue_excused"] == 1
+    # planted: leased on tt-b after tt-a's acknowledgement was in its journal
+    stats, v = judged(a, [("m", 1, "tt-a"), ("q", ak, [1], "tt-a"), ("q", lq, [1], None)], alo)
+    assert stats["queue_again"] == 1 and "done event of it from elsewhere" in v[0]
+    # no lease of its own in tt-b's journal (lost with a kill): the fault windows decide
+    stats, v = judged(a, [("m", 1, "tt-a"), ("q", ak, [1], "tt-a")], alo)
+    assert stats["queue_again"] == 1 and "(" not in v[0].split("confirmed")[1]
 
 
 def test_queue_left_reads_what_a_journal_still_has_to_deliver(tmp_path):
@@ -394,7 +410,7 @@ def test_a_moved_publisher_makes_two_owners_and_the_journals_say_so(tmp_path):
     done on tt-b. The oracle, reading the two real journals, excuses the five long after any
     fault window, and still flags a delivery on tt-b that its journal has no event of."""
     from seams_clients import TOPIC
-    from seams_oracle import amo_journal
+    from seams_oracle import queue_journal
 
     from tests.e2e.test_replication_partition import dest_stats
     from tests.support.cluster import Cluster, wait_until
@@ -435,7 +451,8 @@ def test_a_moved_publisher_makes_two_owners_and_the_journals_say_so(tmp_path):
             c.close()
         a.stop()
         b.stop()
-        journals = {n: amo_journal(os.path.join(cl[n].directory, "journal")) for n in cl.names}
+        journals = {AMO_QUEUE: {n: queue_journal(os.path.join(cl[n].directory, "journal"), AMO_QUEUE)
+                                for n in cl.names}}  # fmt: skip
     finally:
         cl.close()
     # read long after the stall (the windows would not excuse it): the journals do
