@@ -498,6 +498,7 @@ SEAMS = Mode(
         "queue_acked",
         "queue_again",
         "queue_excused",
+        "queue_excused_journal",
         "queue_left",
         "queue_unconfirmed",
         "ha_delivered",

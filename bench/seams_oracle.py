@@ -5,7 +5,8 @@
    `archive_ids`).
 2. Queues: no at-least-once message is delivered after its acknowledgement was confirmed, and
    no at-most-once message is delivered twice; but where docs/replication.md ("Semantics")
-   allows it, which is counted as `queue_excused`, not as a violation. On the same instance,
+   allows it, which is counted as `queue_excused` (of which `queue_excused_journal` by the
+   journals, the rest by the fault windows), not as a violation. On the same instance,
    never (an at-most-once delivery leaves only once its event is durable there, so a restart
    does not deliver it again). On another instance, Y after X, it is judged by what Y's
    journal held when Y delivered (`queue_journal`, `Judge`): Y journals the done events of
@@ -310,7 +311,7 @@ def check_queues(
         acked.setdefault((q, bm), (t, inst))
     # at-most-once: the first delivery of each message on each instance, in time order
     firsts: dict[tuple[str, str], dict[str, float]] = {}
-    excused = again = 0
+    excused = again = by_journal = 0
     for t, inst, q, bm in sorted(ledger.delivered):
         key = (q, bm)
         why = "?"  # no journal evidence: the fault windows decide
@@ -340,6 +341,7 @@ def check_queues(
             continue
         if why is None or (why == "?" and _excused(windows, prior, (t, inst))):
             excused += 1
+            by_journal += why is None
             continue
         if why != "?":
             what += f" ({why})"
@@ -350,7 +352,8 @@ def check_queues(
     if again > 5:
         out.append(f"queues: {again - 5} more message(s) delivered again")
     stats = {"queue_delivered": len(ledger.delivered), "queue_acked": len(acked),
-             "queue_again": again, "queue_excused": excused}  # fmt: skip
+             "queue_again": again, "queue_excused": excused,
+             "queue_excused_journal": by_journal}  # fmt: skip
     return stats, out
 
 
