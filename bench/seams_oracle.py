@@ -163,7 +163,8 @@ def queue_journal(jdir: str, queue: str) -> QueueJournal | None:
 class Judge:
     """The journal rule of a message delivered on one instance after another instance
     acknowledged it or delivered it at most once (module doc). `journals`: each instance's
-    `queue_journal` of the queue."""
+    `queue_journal` of the queue. It counts on X's events reaching Y only over X's own link,
+    in X's order: a seams set has no pass-through (which could bring them by another path)."""
 
     def __init__(self, journals: dict[str, QueueJournal | None], at_most_once: bool):
         self.journals = journals
