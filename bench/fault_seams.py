@@ -77,6 +77,7 @@ from seams_oracle import (
     check_queues,
     check_stored,
     journal_ids,
+    queue_journal,
     queue_left,
     skipped_ids,
 )
@@ -382,11 +383,13 @@ def check(cl: Cluster, out: dict) -> tuple[dict, list[str]]:
     for i in cl:
         jids, bad = journal_ids(os.path.join(i.directory, "journal"))
         stored[i.name] = (jids, archive_ids(os.path.join(i.directory, "archive")), bad)
+    queues = {q: {i.name: queue_journal(os.path.join(i.directory, "journal"), q) for i in cl}
+              for q in (ALO_QUEUE, AMO_QUEUE)}  # fmt: skip
     stats = {"acked": sum(acked.values())}
     violations = list(out["problems"])
     skipped = skipped_ids(out["skipped"])
     held = {k for k in skipped if any(k in j or k in a for j, a, _ in stored.values())}
-    for part in (check_stored(acked, stored, skipped), check_queues(out["ledger"], out["windows"]),
+    for part in (check_stored(acked, stored, skipped), check_queues(out["ledger"], out["windows"], queues),
                  check_ha(out["ha"].seen, out["ha"].errors, acked, held),
                  check_desks(out["desks"], out["desk_consumers"], out["deleter"])):  # fmt: skip
         stats.update(part[0])
@@ -491,6 +494,7 @@ SEAMS = Mode(
         "queue_acked",
         "queue_again",
         "queue_excused",
+        "queue_excused_journal",
         "queue_left",
         "queue_unconfirmed",
         "ha_delivered",

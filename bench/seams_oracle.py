@@ -5,13 +5,29 @@
    `archive_ids`).
 2. Queues: no at-least-once message is delivered after its acknowledgement was confirmed, and
    no at-most-once message is delivered twice; but where docs/replication.md ("Semantics")
-   allows it, which is counted as `queue_excused`, not as a violation:
-   - on another instance than the acknowledgement (or first delivery) while a link was dropped
-     or stalled, or up to `GRACE` seconds after it healed (a partition: both sides own);
-   - on another instance after the instance of the acknowledgement (or first delivery) was
-     killed within `GRACE` seconds after it (the event may not have replicated; a delivery
-     read up to 0.5 s after the kill was on its way before it). The instance itself, restarted,
-     never: an at-most-once delivery leaves only once its event is durable there.
+   allows it, which is counted as `queue_excused` (of which `queue_excused_journal` by the
+   journals, the rest by the fault windows), not as a violation. On the same instance,
+   never (an at-most-once delivery leaves only once its event is durable there, so a restart
+   does not deliver it again). On another instance, Y after X, it is judged by what Y's
+   journal held when Y delivered (`queue_journal`, `Judge`): Y journals the done events of
+   other instances where they arrive (replicated records), and its own delivery either before
+   it leaves (at most once: the DELIVERED event) or with the next commit after it (at least
+   once: the lease). Allowed if X's done event (acknowledgement, delivery) and everything X
+   journaled after it (replication keeps X's order) came after Y's own: a partition, a
+   takeover within the replication lag, or a publisher that moved and sent the message again
+   to Y before X's copy reached it (both own it). At most once, the same is asked of X about
+   Y's delivery (the ledger's times are the consumers' reads, not the sends). A violation: Y's
+   journal had a done event of the message from elsewhere, or X's later events, before its
+   own; or, at most once, an instance that delivered it has no delivery event of its own (the
+   delivery left before its event was durable). The limit of the rule at least once: a lease
+   made in the commit that also journals X's acknowledgement (its own events come first) reads
+   as made before it.
+   Where a journal does not hold the message (maintenance removed it) or, at least once, the
+   lease event (lost with a killed instance), the fault windows decide: while a link was
+   dropped or stalled, or up to `GRACE` seconds after it healed (a partition: both sides own);
+   after the instance of the acknowledgement (or first delivery) was killed within `GRACE`
+   seconds after it (the event may not have replicated; a delivery read up to 0.5 s after the
+   kill was on its way before it).
 3. The HA subscriber got every acknowledged message, and none twice.
 4. Entitlements: a desk user (alice, bob) was never handed a message of the other desk, live,
    replayed or from a queue, and alice's sow_delete by filter of desk B's queue messages
@@ -20,8 +36,10 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import os
+from dataclasses import dataclass, field
 
 from seams_clients import ALO_QUEUE, AMO_QUEUE, TOPIC, Ledger, body_ok, msg_id
 
@@ -74,6 +92,129 @@ def queue_left(jdir: str, queue: str) -> set[tuple[int, int]]:
     finally:
         j.close()
     return {k for pos, k in ids.items() if pos not in done}
+
+
+@dataclass
+class QueueJournal:
+    """What one instance's journal says about one queue (`queue_journal`): the order in which
+    it journaled its own events and the done events from elsewhere. Keys are message ids
+    (publisher id, sequence); positions are this journal's."""
+
+    at_most_once: bool
+    held: set[tuple[int, int]] = field(default_factory=set)  # the messages on the topic
+    own: dict[tuple[int, int], int] = field(default_factory=dict)  # first own done event
+    leased: dict[tuple[int, int], int] = field(default_factory=dict)  # last own lease
+    # first done event of the message that happened on another instance
+    done_from: dict[tuple[int, int], int] = field(default_factory=dict)
+    # this instance's own done entries in journal order: (position, op, message)
+    own_done: list[tuple[int, int, tuple[int, int]]] = field(default_factory=list)
+    # another instance's done entries, where they arrived: (origin, op, message) -> position
+    arrived: dict[tuple[str, int, tuple[int, int]], int] = field(default_factory=dict)
+
+    def delivered_at(self, k: tuple[int, int]) -> int | None:
+        """Where this instance journaled its (last) delivery of `k`: at most once, its done
+        event, journaled before the delivery leaves; at least once, its last lease, journaled
+        with the next commit after the delivery left."""
+        return self.own.get(k) if self.at_most_once else self.leased.get(k)
+
+
+_LEASE_OPS = (QueueOp.LEASED, QueueOp.LEASED_RUN)
+
+
+def _done_op(op: int) -> int:
+    """Runs and single entries name the same event once translated (a run can be split)."""
+    return QueueOp.ACKED if op == QueueOp.ACKED_RUN else op
+
+
+def queue_journal(jdir: str, queue: str) -> QueueJournal | None:
+    """The evidence of a journal about `queue` (None: no journal), read offline after a clean
+    stop. Events name local positions, resolved to ids through the journal's messages."""
+    if not os.path.isdir(jdir):
+        return None
+    out = QueueJournal(at_most_once=queue == AMO_QUEUE)
+    ids: dict[int, tuple[int, int]] = {}
+    j = Journal(jdir)
+    try:
+        for r in j.scan():
+            if r.kind == 1 and r.topic == TOPIC:
+                ids[r.position] = (r.publisher_id, r.seq)
+                out.held.add((r.publisher_id, r.seq))
+            elif r.kind == 2 and r.topic == queue:
+                origin = r.origin.instance.decode(errors="replace") if r.origin else None
+                for op, _value, run, names in iter_events(r.body):
+                    lease = op in _LEASE_OPS
+                    if names is not None or not (lease or op in DONE_OPS):
+                        continue
+                    for k in filter(None, map(ids.get, run)):
+                        if lease:
+                            if origin is None:
+                                out.leased[k] = r.position
+                        elif origin is not None:
+                            out.done_from.setdefault(k, r.position)
+                            out.arrived.setdefault((origin, _done_op(op), k), r.position)
+                        else:
+                            out.own_done.append((r.position, _done_op(op), k))
+                            out.own.setdefault(k, r.position)
+    finally:
+        j.close()
+    return out
+
+
+class Judge:
+    """The journal rule of a message delivered on one instance after another instance
+    acknowledged it or delivered it at most once (module doc). `journals`: each instance's
+    `queue_journal` of the queue. It counts on X's events reaching Y only over X's own link,
+    in X's order: a seams set has no pass-through (which could bring them by another path)."""
+
+    def __init__(self, journals: dict[str, QueueJournal | None], at_most_once: bool):
+        self.journals = journals
+        self.at_most_once = at_most_once
+        self._reach: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+
+    def reached(self, x: str, y: str, before: int) -> int:
+        """The furthest position of `x`'s own done events that had arrived at `y` before `y`'s
+        position `before` (-1: none)."""
+        if (x, y) not in self._reach:
+            jx, jy = self.journals[x], self.journals[y]
+            assert jx is not None and jy is not None
+            pairs = sorted((jy.arrived[(x, op, k)], px) for px, op, k in jx.own_done
+                           if (x, op, k) in jy.arrived)  # fmt: skip
+            at, furthest, top = [], [], -1
+            for py, px in pairs:
+                top = max(top, px)
+                at.append(py)
+                furthest.append(top)
+            self._reach[(x, y)] = (at, furthest)
+        at, furthest = self._reach[(x, y)]
+        i = bisect.bisect_left(at, before)
+        return furthest[i - 1] if i else -1
+
+    def knew(self, y: str, x: str, k: tuple[int, int]) -> str | None:
+        """Why `y`'s delivery of `k` broke the rule, given `x` made it done (None: it did not;
+        "?" when the journals do not say)."""
+        jy, jx = self.journals.get(y), self.journals.get(x)
+        if jy is None or jx is None or k not in jy.held or k not in jx.held:
+            return "?"
+        py = jy.delivered_at(k)
+        if py is None:  # at least once: a lease lost with a killed instance, or never written
+            if not jy.at_most_once:
+                return "?"
+            return f"{y} delivered it, and its journal has no delivery event of its own for it"
+        if jy.done_from.get(k, py) < py:
+            return f"{y} delivered it after its journal had a done event of it from elsewhere"
+        px = jx.own.get(k)
+        if px is not None and self.reached(x, y, py) > px:
+            return f"{y} delivered it after {x}'s later events (past {x}'s done event) reached it"
+        return None
+
+    def judge(self, first: str, again: str, k: tuple[int, int]) -> str | None:
+        """None: excused (at most once: neither instance knew of the other's delivery; at
+        least once: `again` did not know of `first`'s acknowledgement); "?": no evidence; else
+        why it is a violation."""
+        pairs = [(again, first), (first, again)] if self.at_most_once else [(again, first)]
+        why = [w for w in (self.knew(y, x, k) for y, x in pairs) if w]
+        real = [w for w in why if w != "?"]
+        return real[0] if real else "?" if why else None
 
 
 def archive_ids(adir: str) -> set[tuple[int, int]]:
@@ -157,31 +298,54 @@ def _excused(windows: list[dict], first: tuple[float, str], again: tuple[float, 
     return ""
 
 
-def check_queues(ledger: Ledger, windows: list[dict]) -> tuple[dict, list[str]]:
+def check_queues(
+    ledger: Ledger,
+    windows: list[dict],
+    journals: dict[str, dict[str, QueueJournal | None]] | None = None,
+) -> tuple[dict, list[str]]:
+    """`journals`: {queue: {instance: its `queue_journal`}} for the journal rule of the module
+    doc; without them, or where they do not say, the fault windows decide."""
     out = list(ledger.violations)
+    judges = {q: Judge((journals or {}).get(q, {}), q == AMO_QUEUE) for q in (ALO_QUEUE, AMO_QUEUE)}
     acked: dict[tuple[str, str], tuple[float, str]] = {}
     for t, inst, q, bm in ledger.acked:
         acked.setdefault((q, bm), (t, inst))
-    first: dict[tuple[str, str], tuple[float, str]] = {}
-    excused = again = 0
+    # at-most-once: the first delivery of each message on each instance, in time order
+    firsts: dict[tuple[str, str], dict[str, float]] = {}
+    excused = again = by_journal = 0
     for t, inst, q, bm in sorted(ledger.delivered):
         key = (q, bm)
+        why = "?"  # no journal evidence: the fault windows decide
         if q == ALO_QUEUE:
             prior = acked.get(key)
             if prior is None or t <= prior[0]:
                 continue
             what = "delivered again after its acknowledgement was confirmed"
+            if prior[1] != inst:  # on the same instance, never excused
+                why = judges[q].judge(prior[1], inst, msg_id(bm))
         elif q == AMO_QUEUE:
-            prior = first.get(key)
-            if prior is None:
-                first[key] = (t, inst)
+            seen = firsts.setdefault(key, {})
+            if not seen:
+                seen[inst] = t
                 continue
             what = "an at-most-once message delivered twice"
+            if inst in seen:  # the same instance again: never excused (_excused says so too)
+                prior = (seen[inst], inst)
+            else:  # excused only if neither knew of any other delivery (the module doc)
+                verdicts = [judges[q].judge(i, inst, msg_id(bm)) for i in seen]
+                prior = next(iter(seen.items()))[::-1]
+                why = next(
+                    (w for w in verdicts if w and w != "?"), "?" if "?" in verdicts else None
+                )
+                seen[inst] = t
         else:
             continue
-        if _excused(windows, prior, (t, inst)):
+        if why is None or (why == "?" and _excused(windows, prior, (t, inst))):
             excused += 1
+            by_journal += why is None
             continue
+        if why != "?":
+            what += f" ({why})"
         again += 1
         if again <= 5:
             out.append(f"{q}: {bm} {what}: first on {prior[1]} at +{prior[0] - ledger.t0:.2f}s, "
@@ -189,7 +353,8 @@ def check_queues(ledger: Ledger, windows: list[dict]) -> tuple[dict, list[str]]:
     if again > 5:
         out.append(f"queues: {again - 5} more message(s) delivered again")
     stats = {"queue_delivered": len(ledger.delivered), "queue_acked": len(acked),
-             "queue_again": again, "queue_excused": excused}  # fmt: skip
+             "queue_again": again, "queue_excused": excused,
+             "queue_excused_journal": by_journal}  # fmt: skip
     return stats, out
 
 

@@ -165,23 +165,132 @@ def test_queue_oracle_redelivery_after_ack_and_at_most_once_twice():
     assert check_queues(lg, [kill])[0]["queue_again"] == 1
 
 
+def _commit(j, data: bytes, entries: list) -> int:
+    """Commit `data` to journal `j` and wait for it: the position of its first byte."""
+    import threading
+
+    done, got = threading.Event(), []
+    j.submit(data, entries, lambda pos, err: (got.append((pos, err)), done.set()))
+    assert done.wait(10) and got[0][1] is None
+    return got[0][0]
+
+
+def _journal(jdir: str, items: list) -> None:
+    """A journal of `items`, each its own commit, in order: ("m", seq, origin) a message of P
+    on the topic; ("e", op, [seq, ...], origin) the at-most-once queue's events about them,
+    ("q", ...) the at-least-once queue's. origin: None (here) or the instance it came from."""
+    import array
+
+    from seams_clients import TOPIC
+
+    from journal.journal import Journal
+    from journal.queue_events import append_event, append_run
+    from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, encode_record
+
+    j = Journal(jdir)
+    try:
+        at: dict[int, int] = {}
+        for kind, *rest in items:
+            origin = None if rest[-1] is None else (10, rest[-1].encode(), rest[-1].encode())
+            if kind == "m":
+                rec = encode_record(KIND_MESSAGE, P, rest[0], 10, TOPIC.encode(), body("p", 1),
+                                    origin=origin)  # fmt: skip
+                at[rest[0]] = _commit(j, rec, [(P, rest[0], 10, 0)])
+                continue
+            op, seqs = rest[0], rest[1]
+            ev = bytearray()
+            if len(seqs) > 1:
+                append_run(ev, op, array.array("Q", [at[s] for s in seqs]))
+            else:
+                append_event(ev, op, at[seqs[0]])
+            queue = AMO_QUEUE if kind == "e" else ALO_QUEUE
+            rec = encode_record(KIND_QUEUE_EVENT, 0, 0, 0, queue.encode(), bytes(ev),
+                                origin=origin)  # fmt: skip
+            _commit(j, rec, [])
+    finally:
+        j.close()
+
+
+def test_at_most_once_twice_is_judged_by_what_each_journal_had_when_it_delivered(tmp_path):
+    """seed 1 round 36 under load: an at-most-once message delivered on tt-a and on tt-b
+    seconds after any fault window (a publisher that moved sent it again to tt-b before
+    tt-a's copy got there: both own it). The journals say tt-b delivered it before tt-a's
+    event reached it: excused whatever the clock says. A planted duplicate (tt-b's journal had
+    a done event from elsewhere first, or tt-a's later events, or no event of its own) is
+    still a violation, and so is the same instance twice."""
+    import shutil
+
+    from seams_oracle import queue_journal
+
+    from journal.queue_events import QueueOp
+
+    d = QueueOp.DELIVERED_AT_MOST_ONCE
+
+    def judged(a_items, b_items, ledger=None):
+        for name, items in (("tt-a", a_items), ("tt-b", b_items)):
+            _journal(str(tmp_path / name), items)
+        journals = {q: {n: queue_journal(str(tmp_path / n), q) for n in ("tt-a", "tt-b")}
+                    for q in (ALO_QUEUE, AMO_QUEUE)}  # fmt: skip
+        for n in ("tt-a", "tt-b"):
+            shutil.rmtree(tmp_path / n)
+        # both deliveries more than GRACE after the stall healed: the windows do not excuse it
+        lg = ledger or _ledger(
+            [(5.0, "tt-a", AMO_QUEUE, f"{P}|1|"), (9.0, "tt-b", AMO_QUEUE, f"{P}|1|")]
+        )
+        return check_queues(lg, [{"kind": "stall", "start": 0.1, "end": 0.3}], journals)
+
+    a = [("m", 1, None), ("e", d, [1], None), ("m", 2, None), ("e", d, [2], None)]
+    # tt-b's own copy (the publisher moved), delivered; tt-a's events arrive after it
+    b = [("m", 1, None), ("e", d, [1], None), ("m", 2, "tt-a"), ("e", d, [1], "tt-a"),
+         ("e", d, [2], "tt-a")]  # fmt: skip
+    stats, v = judged(a, b)
+    assert v == [] and (stats["queue_excused"], stats["queue_again"]) == (1, 0)
+    # planted: tt-b delivered after tt-a's event of it was in its journal
+    b_late = [("m", 1, "tt-a"), ("e", d, [1], "tt-a"), ("e", d, [1], None)]
+    stats, v = judged(a, b_late)
+    assert stats["queue_again"] == 1 and "done event of it from elsewhere" in v[0]
+    # planted: tt-a's later events (its delivery of seq 2) reached tt-b first, not seq 1's
+    b_past = [("m", 1, None), ("m", 2, "tt-a"), ("e", d, [2], "tt-a"), ("e", d, [1], None)]
+    stats, v = judged(a, b_past)
+    assert stats["queue_again"] == 1 and "tt-a's later events" in v[0]
+    # planted: tt-b holds it and has no delivery event of its own (it left before durable)
+    stats, v = judged(a, [("m", 1, "tt-a")])
+    assert stats["queue_again"] == 1 and "no delivery event of its own" in v[0]
+    # the same instance twice, whatever its journal says
+    twice = _ledger([(0.5, "tt-b", AMO_QUEUE, f"{P}|1|"), (9.0, "tt-b", AMO_QUEUE, f"{P}|1|")])
+    assert judged(a, b, twice)[0]["queue_again"] == 1
+    # a journal that no longer holds the message: the fault windows decide
+    stats, v = judged(a, [("m", 2, "tt-a")])
+    assert stats["queue_again"] == 1 and "(" not in v[0].split("twice")[1]
+    in_window = _ledger([(0.2, "tt-a", AMO_QUEUE, f"{P}|1|"), (0.4, "tt-b", AMO_QUEUE, f"{P}|1|")])
+    stats = judged(a, [("m", 2, "tt-a")], in_window)[0]
+    assert (stats["queue_excused"], stats["queue_excused_journal"]) == (1, 0)
+    # at least once (seed 1 round 36 again): acknowledged on tt-a, delivered on tt-b seconds
+    # later, where tt-b's lease is journaled before tt-a's acknowledgement arrived
+    lq, ak = QueueOp.LEASED, QueueOp.ACKED
+    alo = _ledger([(9.0, "tt-b", ALO_QUEUE, f"{P}|1|")], [(5.0, "tt-a", ALO_QUEUE, f"{P}|1|")])
+    a = [("m", 1, None), ("q", lq, [1], None), ("q", ak, [1], None)]
+    b = [("m", 1, None), ("q", lq, [1], None), ("q", ak, [1], "tt-a")]
+    stats, v = judged(a, b, alo)
+    assert v == [] and stats["queue_excused"] == 1
+    # planted: leased on tt-b after tt-a's acknowledgement was in its journal
+    stats, v = judged(a, [("m", 1, "tt-a"), ("q", ak, [1], "tt-a"), ("q", lq, [1], None)], alo)
+    assert stats["queue_again"] == 1 and "done event of it from elsewhere" in v[0]
+    # no lease of its own in tt-b's journal (lost with a kill): the fault windows decide
+    stats, v = judged(a, [("m", 1, "tt-a"), ("q", ak, [1], "tt-a")], alo)
+    assert stats["queue_again"] == 1 and "(" not in v[0].split("confirmed")[1]
+
+
 def test_queue_left_reads_what_a_journal_still_has_to_deliver(tmp_path):
     """A message is left on an instance when its journal has it on the topic at or after the
     queue's checkpoint and no done event of that queue names it."""
     import array
-    import threading
 
     from seams_clients import TOPIC
 
     from journal.journal import Journal
     from journal.queue_events import QueueOp, append_event, append_run
     from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT, encode_record
-
-    def commit(j: Journal, data: bytes, entries: list) -> int:
-        done, got = threading.Event(), []
-        j.submit(data, entries, lambda pos, err: (got.append((pos, err)), done.set()))
-        assert done.wait(10) and got[0][1] is None
-        return got[0][0]
 
     jdir = str(tmp_path / "journal")
     j = Journal(jdir)
@@ -191,14 +300,14 @@ def test_queue_left_reads_what_a_journal_still_has_to_deliver(tmp_path):
             offsets.append(len(data))
             entries.append((P, s, 10, len(data)))
             data += encode_record(KIND_MESSAGE, P, s, 10, TOPIC.encode(), b"{}")
-        base = commit(j, bytes(data), entries)
+        base = _commit(j, bytes(data), entries)
         pos = [base + o for o in offsets]
         ev, other = bytearray(), bytearray()
         append_run(ev, QueueOp.ACKED_RUN, array.array("Q", [pos[0], pos[2]]))
         append_event(ev, QueueOp.ACKED, pos[1])
         append_event(other, QueueOp.ACKED, pos[3])  # another queue's ack: not this one's
         events = encode_record(KIND_QUEUE_EVENT, 0, 0, 0, ALO_QUEUE.encode(), bytes(ev))
-        commit(j, events + encode_record(KIND_QUEUE_EVENT, 0, 0, 0, AMO_QUEUE.encode(),
+        _commit(j, events + encode_record(KIND_QUEUE_EVENT, 0, 0, 0, AMO_QUEUE.encode(),
                                          bytes(other)), [])  # fmt: skip
     finally:
         j.close()
@@ -292,3 +401,72 @@ def test_desk_oracle_flags_a_delete_by_filter_past_the_content_filter():
     d.deleted = 4
     stats, v = check_desks([], [], d)
     assert stats["entitlement_breaches"] == 4 and "deleted 4 message(s)" in v[0]
+
+
+def test_a_moved_publisher_makes_two_owners_and_the_journals_say_so(tmp_path):
+    """The double delivery of seed 1 round 36, made on purpose: the link tt-a -> tt-b stalls,
+    a publisher stores seq 1..5 on tt-a (delivered there at most once) and moves to tt-b, which
+    lacks them, and sends them again: tt-b stores its own copies and delivers them too
+    (replication.md, "Semantics": both own them). Once the link heals tt-a's events make them
+    done on tt-b. The oracle, reading the two real journals, excuses the five long after any
+    fault window, and still flags a delivery on tt-b that its journal has no event of."""
+    from seams_clients import TOPIC
+    from seams_oracle import queue_journal
+
+    from tests.e2e.test_replication_partition import dest_stats
+    from tests.support.cluster import Cluster, wait_until
+    from tests.support.raw import Raw, publish_many
+
+    queue = (f"<SOW><Queue><Name>{AMO_QUEUE}</Name><UnderlyingTopic>{TOPIC}</UnderlyingTopic>"
+             "<Semantics>at-most-once</Semantics><MaxPerSubscriptionBacklog>10"
+             "</MaxPerSubscriptionBacklog></Queue></SOW>")  # fmt: skip
+    cl = Cluster(tmp_path, ["tt-a", "tt-b"], sync=False, topics=(TOPIC, AMO_QUEUE), extra=queue,
+                 queue_owner_failover="30s").start()  # fmt: skip
+    try:
+        a, b = cl["tt-a"], cl["tt-b"]
+        for x, y in ((a, "tt-b"), (b, "tt-a")):
+            wait_until(lambda x=x, y=y: dest_stats(x, y).get("connected"), 20, f"link to {y}")
+        consumers = {}
+        for inst in (a, b):
+            c = consumers[inst.name] = Raw(inst.port)
+            c.logon(f"amo-{inst.name}")
+            c.subscribe(AMO_QUEUE, o="max_backlog=10")
+        cl.link("tt-a", "tt-b").stall()
+        docs = [body("fc-seam-tt-a", s) for s in range(1, 6)]
+        publish_many(a.port, TOPIC, docs, name="fc-seam-tt-a").close()
+        got = {"tt-a": [h["bm"] for h, _ in consumers["tt-a"].messages(5)]}
+        p = Raw(b.port)
+        assert p.logon("fc-seam-tt-a")["s"] == 0  # tt-b has none of them
+        publish_many(b.port, TOPIC, docs, name="fc-seam-tt-a", conn=p).close()
+        got["tt-b"] = [h["bm"] for h, _ in consumers["tt-b"].messages(5)]
+        assert got["tt-a"] == got["tt-b"]  # delivered on both: two owners
+        cl.heal()
+        # seq 6 on tt-a, delivered there only: its event makes it done on tt-b
+        publish_many(
+            a.port, TOPIC, [body("fc-seam-tt-a", 6)], name="fc-seam-tt-a", start_seq=6
+        ).close()
+        [(six, _)] = consumers["tt-a"].messages(1)
+        wait_until(lambda: b.admin_get("/stats")["queues"][AMO_QUEUE]["done_elsewhere"] == 6, 20,
+                   "tt-a's events done on tt-b")  # fmt: skip
+        for c in (*consumers.values(), p):
+            c.close()
+        a.stop()
+        b.stop()
+        journals = {AMO_QUEUE: {n: queue_journal(os.path.join(cl[n].directory, "journal"), AMO_QUEUE)
+                                for n in cl.names}}  # fmt: skip
+    finally:
+        cl.close()
+    # read long after the stall (the windows would not excuse it): the journals do
+    lg = _ledger([(5.0, n, AMO_QUEUE, bm) for n in ("tt-a", "tt-b") for bm in got[n]])
+    stall = [{"kind": "stall", "start": 0.0, "end": 0.1}]
+    assert check_queues(lg, stall)[0]["queue_again"] == 5
+    stats, v = check_queues(lg, stall, journals)
+    assert v == [] and (stats["queue_again"], stats["queue_excused"]) == (0, 5)
+    assert stats["queue_excused_journal"] == 5
+    # planted: tt-b delivering one of them again; and seq 6, which only tt-a delivered (tt-b's
+    # journal has tt-a's event of it and no delivery of its own)
+    planted = [(6.0, "tt-b", AMO_QUEUE, got["tt-b"][0]), (6.0, "tt-a", AMO_QUEUE, six["bm"]),
+               (7.0, "tt-b", AMO_QUEUE, six["bm"])]  # fmt: skip
+    stats, v = check_queues(_ledger(lg.delivered + planted), stall, journals)
+    assert (stats["queue_again"], stats["queue_excused"]) == (2, 5), v
+    assert "again on tt-b at +6.00s" in v[0] and "no delivery event of its own" in v[1]
