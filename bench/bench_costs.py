@@ -32,7 +32,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import bench_fanout
 import bench_publish
@@ -89,17 +89,17 @@ class Spec:
     opts: dict
     counts: tuple[int, int]
     unit: str = "msg"
-    extra: dict = field(default_factory=dict)
+    config_xml: str = ""  # more of the server's config (the queue's)
     per_count: int = 1  # units per counted message (deliveries per publish in fan-out)
 
 
 def specs(args) -> dict[str, Spec]:
-    queue = {"config_xml": bench_queue.QUEUE_XML}
+    queue = bench_queue.QUEUE_XML
     return {
         "publish": Spec(bench_publish, {"per_send": 0}, (20_000, 120_000)),
         "publish1": Spec(bench_publish, {"per_send": 1}, (10_000, 40_000)),
-        "queue1": Spec(bench_queue, {"backlog": 1}, (300, 1_300), extra=queue),
-        "queue100": Spec(bench_queue, {"backlog": 100}, (5_000, 25_000), extra=queue),
+        "queue1": Spec(bench_queue, {"backlog": 1}, (300, 1_300), config_xml=queue),
+        "queue100": Spec(bench_queue, {"backlog": 100}, (5_000, 25_000), config_xml=queue),
         "replay": Spec(bench_replay, {}, (50_000, 250_000)),
         "fanout": Spec(bench_fanout, {}, (5_000, 25_000), "delivery", per_count=args.subs),
     }
@@ -137,8 +137,7 @@ def run_once(args, spec: Spec, n: int, tree: str, tool: str, work: str) -> int:
     peers.TICKERTAPE_BASE_BIN = wrapper
     args.count = n
     peer = peers.make_peer("tickertape-base")
-    peer.extra.update(spec.extra)
-    peer.extra["config_xml"] = SLOW_XML + spec.extra.get("config_xml", "")
+    peer.extra["config_xml"] = SLOW_XML + spec.config_xml
     if spec.module is bench_replay:
         jdir, _meta = journaldata.cached_journal(n, bench_replay.TOPIC, args.size)
         peer.extra["journal_copy_from"] = jdir
