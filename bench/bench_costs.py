@@ -1,6 +1,6 @@
 """Work per message, counted: this tree's server against another build's, with one client.
 
-    ./run bench bench_costs --before-tree PATH [--benches publish,publish1,queue1,queue100,replay,fanout]
+    ./run bench bench_costs --before-tree PATH [--benches publish,publish1,queue1,queue100,replay,replayf,fanout]
                       [--scale 1.0] [--no-results]
 
 Throughput on a shared 2-core machine moves by ±15 % between runs of one build, so a change of
@@ -9,6 +9,7 @@ does not move. For each benchmark and each side the server runs twice, at two co
 
     valgrind --tool=callgrind   instructions executed in user space, every thread (Ir)
     strace -f -c                system calls made, every thread
+    bytecodes                   Python opcodes executed, every thread (bench/bytecount.py)
 
 and the work per message is the difference between the two runs over the difference in count:
 start-up, the journal's creation and shutdown cancel out. Both sides are driven by this tree's
@@ -27,6 +28,7 @@ clamps every map to 1 GiB (the runs here stay far below it).
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -39,6 +41,7 @@ import bench_publish
 import bench_queue
 import bench_replay
 import benchlib
+import bytecount
 import journaldata
 import peers
 from benchlib import Variant
@@ -74,7 +77,12 @@ RUN = {
     # strace itself lives to write its table
     "strace": 'strace -f -c -o {out}/st.txt {py} {bin} "$@" &\nSP=$!\n'
     "trap 'pkill -TERM -P $SP' TERM\nwait $SP; wait $SP",
+    # the tracer is this tree's, run by the other tree's interpreter (it needs the stdlib only)
+    "bytecodes": 'PYTHONPATH={site} exec {py} {here}/bytecount.py {out}/bc.json {tree} {bin} "$@"',
 }
+# what each tool needs installed
+PROGRAMS = {"callgrind": "valgrind", "strace": "strace", "bytecodes": None}
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class CostsError(Exception):
@@ -101,6 +109,7 @@ def specs(args) -> dict[str, Spec]:
         "queue1": Spec(bench_queue, {"backlog": 1}, (300, 1_300), config_xml=queue),
         "queue100": Spec(bench_queue, {"backlog": 100}, (5_000, 25_000), config_xml=queue),
         "replay": Spec(bench_replay, {}, (50_000, 250_000)),
+        "replayf": Spec(bench_replay, {"filter": bench_replay.FILTER}, (50_000, 250_000)),
         "fanout": Spec(bench_fanout, {}, (5_000, 25_000), "delivery", per_count=args.subs),
     }
 
@@ -116,6 +125,8 @@ def tool_total(tool: str, out: str) -> int:
         if not total:
             raise CostsError(f"no callgrind counts in {out}: did the server exit cleanly?")
         return total
+    if tool == "bytecodes":
+        return sum(ops for ops, _calls in bytecode_rows(out).values())
     with open(os.path.join(out, "st.txt")) as f:
         # "% time  seconds  usecs/call  calls  [errors]  syscall": the row whose name is total
         rows = [line.split() for line in f if line.rstrip().endswith(" total")]
@@ -124,13 +135,23 @@ def tool_total(tool: str, out: str) -> int:
     return int(rows[-1][3])
 
 
-def run_once(args, spec: Spec, n: int, tree: str, tool: str, work: str) -> int:
-    """The tool's total for one server run of spec at count n, the server from tree."""
+def bytecode_rows(out: str) -> bytecount.Rows:
+    try:
+        with open(os.path.join(out, "bc.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CostsError(
+            f"no bytecode counts in {out}: did the server exit cleanly? ({exc})"
+        ) from exc
+
+
+def run_once(args, spec: Spec, n: int, tree: str, tool: str, work: str) -> str:
+    """One server run of spec at count n, the server from tree: the directory of its counts."""
     out = tempfile.mkdtemp(dir=work)
     site = os.path.join(work, "site")
     wrapper = os.path.join(out, "tickertape")
     py, binary = (os.path.join(tree, ".venv", "bin", x) for x in ("python", "tickertape"))
-    run = RUN[tool].format(site=site, out=out, py=py, bin=binary)
+    run = RUN[tool].format(site=site, out=out, py=py, bin=binary, here=HERE, tree=tree)
     with open(wrapper, "w") as f:
         f.write(WRAPPER.format(py=py, bin=binary, run=run))
     os.chmod(wrapper, 0o755)
@@ -148,7 +169,8 @@ def run_once(args, spec: Spec, n: int, tree: str, tool: str, work: str) -> int:
         peer.cleanup()
     if res.get("problem"):
         raise CostsError(f"{tree}: {res['problem']}")
-    return tool_total(tool, out)
+    tool_total(tool, out)  # counts there, or the error that says why not
+    return out
 
 
 def counts(args, spec: Spec, tool: str) -> tuple[int, int]:
@@ -159,7 +181,7 @@ def counts(args, spec: Spec, tool: str) -> tuple[int, int]:
     return round(lo * k), round(hi * k)
 
 
-def counted(args, spec: Spec, n: int, tree: str, tool: str, work: str) -> int:
+def counted(args, spec: Spec, n: int, tree: str, tool: str, work: str) -> str:
     """run_once, again once if it failed: on a loaded machine a server under valgrind can miss a
     deadline of the client's (a connect, a first reply) without anything being wrong with it."""
     try:
@@ -169,11 +191,25 @@ def counted(args, spec: Spec, n: int, tree: str, tool: str, work: str) -> int:
         return run_once(args, spec, n, tree, tool, work)
 
 
-def per_unit(args, spec: Spec, tree: str, tool: str, work: str) -> float:
+def per_unit(args, spec: Spec, tree: str, tool: str, work: str) -> tuple[float, dict]:
+    """The tool's count per unit, and (bytecodes) bytecount.split's parts of it."""
     lo, hi = counts(args, spec, tool)
     a = counted(args, spec, lo, tree, tool, work)
     b = counted(args, spec, hi, tree, tool, work)
-    return (b - a) / ((hi - lo) * spec.per_count)
+    units = (hi - lo) * spec.per_count
+    parts = {}
+    if tool == "bytecodes":
+        parts = bytecount.split(bytecode_rows(a), bytecode_rows(b), units)
+    return (tool_total(tool, b) - tool_total(tool, a)) / units, parts
+
+
+def split_line(name: str, side: str, unit: str, parts: dict) -> str:
+    """bytecount.split's parts as a line of the notes."""
+    return (
+        f"bytecodes, {name} {side}: {parts['per_unit_fns']:,.0f} a {unit} in the functions "
+        f"every {unit} runs, the rest {parts['per_commit']:,.0f} a group commit "
+        f"({parts['commits']:.3f} commits a {unit})"
+    )
 
 
 def fmt(v: float) -> str:
@@ -189,9 +225,9 @@ def main() -> None:
         help="the other side (default: this tree); the same as --before-tree measures the "
         "method's own spread",
     )
-    p.add_argument("--benches", default="publish,publish1,queue1,queue100,replay,fanout")
+    p.add_argument("--benches", default="publish,publish1,queue1,queue100,replay,replayf,fanout")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every count by this")
-    p.add_argument("--tools", default="callgrind,strace")
+    p.add_argument("--tools", default="callgrind,strace", help="callgrind, strace, bytecodes")
     p.add_argument("--subs", type=int, default=10, help="fan-out subscribers")
     p.add_argument("--window", type=int, default=1000, help="most unacked messages in flight")
     benchlib.run_args(p)
@@ -200,8 +236,10 @@ def main() -> None:
     args.redis_count, args.timeout = 1000, max(args.timeout, 900.0)
     tools = [t for t in args.tools.split(",") if t]
     for t in tools:
-        if t not in RUN or not shutil.which("valgrind" if t == "callgrind" else t):
-            raise SystemExit(f"costs: tool {t!r} not found: install valgrind and strace")
+        if t not in RUN:
+            raise SystemExit(f"costs: unknown tool {t!r}; choose from {sorted(RUN)}")
+        if PROGRAMS[t] and not shutil.which(PROGRAMS[t]):
+            raise SystemExit(f"costs: {PROGRAMS[t]} is not installed: install it for --tools {t}")
     before, after = (os.path.abspath(t) for t in (args.before_tree, args.after_tree))
     for tree in (before, after):
         if not os.path.exists(os.path.join(tree, ".venv", "bin", "tickertape")):
@@ -211,6 +249,7 @@ def main() -> None:
     if unknown := [b for b in names if b not in table]:
         raise SystemExit(f"costs: unknown benchmark(s) {unknown}; choose from {sorted(table)}")
     rows = []
+    splits: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tt-costs-") as work:
         os.makedirs(os.path.join(work, "site"))
         with open(os.path.join(work, "site", "sitecustomize.py"), "w") as f:
@@ -220,11 +259,14 @@ def main() -> None:
             figs = {}
             for tool in tools:
                 for side, tree in (("before", before), ("after", after)):
-                    figs[tool, side] = per_unit(args, spec, tree, tool, work)
+                    figs[tool, side], parts = per_unit(args, spec, tree, tool, work)
                     print(
                         f"  {name:9} {tool:9} {side:6}: {fmt(figs[tool, side])}/{spec.unit}",
                         flush=True,
                     )
+                    if parts:
+                        splits.append(split_line(name, side, spec.unit, parts))
+                        print("   ", splits[-1], flush=True)
             rows.append((name, spec.unit, figs))
     head = "| bench | per | " + " | ".join(
         f"{t} before | {t} after | after ÷ before" for t in tools
@@ -248,10 +290,11 @@ def main() -> None:
         + (" (this tree)" if after == os.path.abspath(peers.REPO) else "")
         + "; the client for both: this tree's benchmark code",
         "callgrind = user-space instructions per unit, every thread; strace = system calls per "
-        "unit; each the difference of two runs over the difference in units (callgrind's "
-        "counts: "
+        "unit; bytecodes = Python opcodes per unit, every thread; each the difference of two "
+        "runs over the difference in units (callgrind's and bytecodes' counts: "
         + ", ".join(f"{n} {counts(args, table[n], 'callgrind')}" for n in names)
         + "; strace's 10× those)",
+        *splits,
     ]
     benchlib.write_section(
         "bench_costs",

@@ -1,6 +1,8 @@
 """bench/bench_costs.py: the totals read back from callgrind's and strace's files (pure), the
-counts each tool runs at, and one real run under strace with this checkout on both sides."""
+counts each tool runs at, one real run under strace with this checkout on both sides; and
+bench/bytecount.py: its split of the opcodes (pure) and its tracer on a small program."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.append(os.path.join(ROOT, "bench"))  # last: its module names shadow nothing
 
 import bench_costs  # noqa: E402
+import bytecount  # noqa: E402
 
 STRACE_C = """\
 % time     seconds  usecs/call     calls    errors syscall
@@ -92,3 +95,69 @@ def test_a_real_run_under_strace_counts_both_sides():
     assert row, r.stdout[-2000:]
     before, after = (float(c) for c in row[0].split("|")[3:5])
     assert before > 0 and after > 0, row[0]
+
+
+# per function [opcodes, calls] at 100 and 300 messages: `handle` runs once a message, the
+# group commit's functions once every 20 messages at 100 and every 25 at 300
+LO = {
+    "server/session.py:10:handle": [5_000, 100],
+    "journal/writer.py:40:_commit": [250, 5],
+    "server/pipeline.py:70:_committed": [500, 5],
+    "server/app.py:1:start": [9_000, 1],
+}
+HI = {
+    "server/session.py:10:handle": [15_000, 300],
+    "journal/writer.py:40:_commit": [600, 12],
+    "server/pipeline.py:70:_committed": [1_200, 12],
+    "server/app.py:1:start": [9_000, 1],
+}
+
+
+def test_split_separates_each_messages_work_from_the_commits():
+    parts = bytecount.split(LO, HI, 200)
+    assert parts["all"] == pytest.approx((10_000 + 350 + 700) / 200)
+    assert parts["per_unit_fns"] == pytest.approx(50.0)  # handle: 50 opcodes a message
+    assert parts["commits"] == pytest.approx(7 / 200)
+    assert parts["per_commit"] == pytest.approx(150.0)  # (350 + 700) / 7 commits
+
+
+def test_split_without_a_commit_has_no_per_commit_figure():
+    lo = {"a.py:1:f": [10, 1]}
+    assert bytecount.split(lo, {"a.py:1:f": [30, 3]}, 2)["per_commit"] == 0.0
+
+
+def test_the_tracer_counts_every_threads_opcodes_per_function(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import sys, threading\n"
+        "def work(n):\n"
+        "    t = 0\n"
+        "    for i in range(n):\n"
+        "        t += i\n"
+        "    return t\n"
+        "th = threading.Thread(target=work, args=(1000,))\n"
+        "th.start(); th.join()\n"
+        "work(10)\n"
+        "sys.exit(0)\n"  # the server leaves by SystemExit too: the counts are written at exit
+    )
+    out = tmp_path / "bc.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "bytecount.py"),
+            str(out),
+            str(tmp_path),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    ops, calls = rows["prog.py:2:work"]
+    assert calls == 2  # once in the thread, once in the main thread
+    assert ops > 5 * 1000  # the loop's opcodes, the thread's included
+    assert ops < 20 * 1010
+    assert any(k.startswith("prog.py:1:") for k in rows)  # the module itself
