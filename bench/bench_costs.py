@@ -264,7 +264,7 @@ def main() -> None:
                         f"  {name:9} {tool:9} {side:6}: {fmt(figs[tool, side])}/{spec.unit}",
                         flush=True,
                     )
-                    if parts:
+                    if parts.get("commits"):  # a split needs group commits to split off
                         splits.append(split_line(name, side, spec.unit, parts))
                         print("   ", splits[-1], flush=True)
             rows.append((name, spec.unit, figs))
