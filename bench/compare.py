@@ -2,6 +2,7 @@
 
     ./run bench compare --before REF [--benches publish,replay,queue,fanout] [--reps 3]
                         [--peers tickertape] [--workdir DIR | --before-tree PATH] [--results] [--arg BENCH=ARGS]
+                        [--pin CPUS]
 
 REF is checked out in a throwaway `git worktree` (under a temp dir, or DIR/before-<sha> with
 --workdir, kept and reused there) and gets its own `.venv` through its own `./run install`, so
@@ -195,9 +196,13 @@ def before_tree(path: str) -> str:
     return path
 
 
-def run_one(tree: str, bench: str, args: list[str], log) -> dict[Key, float | None]:
+def run_one(
+    tree: str, bench: str, args: list[str], log, pin: str | None = None
+) -> dict[Key, float | None]:
     py = os.path.join(tree, ".venv", "bin", "python")
     cmd = [py, os.path.join(tree, "bench", f"bench_{bench}.py"), *args]
+    if pin:  # the benchmark, its client and every server it starts inherit the CPU set
+        cmd = ["taskset", "-c", pin, *cmd]
     log.write(f"\n$ {shlex.join(cmd)}\n")
     log.flush()
     try:
@@ -221,7 +226,7 @@ def run_compare(args, before: str, log) -> dict[str, dict[str, list[dict[Key, fl
         for bench in args.benches:
             extra = ["--reps", "1", "--no-results", "--peers", args.peers, *args.bench_args[bench]]
             for side in order:
-                figs = run_one(trees[side], bench, extra, log)
+                figs = run_one(trees[side], bench, extra, log, args.pin)
                 runs[bench][side].append(figs)
                 print(
                     f"  rep {rep + 1}/{args.reps} {bench:8} {side:6}: {len(figs)} figures",
@@ -249,8 +254,17 @@ def main() -> None:
         help="an installed checkout (with its .venv) to run as the before side instead of a "
         "worktree of --before (which then only names it)",
     )
+    p.add_argument(
+        "--pin",
+        metavar="CPUS",
+        help="run every benchmark on these CPUs (taskset -c), client and servers alike: a "
+        "one-in-flight round trip then stays on one core instead of waiting on a wake-up of "
+        "the other, whose cost on a virtual machine doubles the spread (see README)",
+    )
     p.add_argument("--results", action="store_true", help="write the bench_compare section")
     args = p.parse_args()
+    if args.pin and not shutil.which("taskset"):
+        raise SystemExit("compare: --pin needs taskset (util-linux)")
     args.benches = [b.strip() for b in args.benches.split(",") if b.strip()]
     args.bench_args = {b: list(BENCH_ARGS.get(b, [])) for b in args.benches}
     for a in args.arg:
@@ -286,7 +300,9 @@ def main() -> None:
         f"before: {args.before} ({before_rev}); after: this working tree "
         f"({peers.tickertape_rev()})",
         f"{args.reps} runs per side per benchmark, alternating (ABBA), medians; peers "
-        f"{args.peers}; arguments: "
+        f"{args.peers}"
+        + (f"; pinned to CPU {args.pin}" if args.pin else "")
+        + "; arguments: "
         + "; ".join(f"{b} `{shlex.join(a)}`" for b, a in args.bench_args.items()),
         f"**worse**: the figure moved the wrong way by more than {1 - TOLERANCE:.0%}",
     ]

@@ -1,7 +1,10 @@
 """bench/compare.py: the figures read back from a benchmark's printed tables, their medians and
-the after ÷ before table (pure); and one tiny real run of bench_publish on both sides (slow)."""
+the after ÷ before table (pure); --pin's CPU set as a benchmark sees it; and one tiny real run of
+bench_publish on both sides (slow)."""
 
+import io
 import os
+import shutil
 import subprocess
 import sys
 
@@ -172,3 +175,26 @@ def test_compare_runs_publish_on_both_sides(tmp_path):
     ]
     assert row, r.stdout[-2000:]
     assert "—" not in row[0].split("|")[5:7], row[0]
+
+
+@pytest.mark.skipif(not shutil.which("taskset"), reason="taskset is not installed here")
+def test_pin_runs_the_benchmark_on_the_cpus_named(tmp_path):
+    """run_one with a pin: the benchmark process (and so the servers it starts) sees only that
+    CPU; without one, every CPU this test may use."""
+    tree = tmp_path / "tree"
+    (tree / ".venv" / "bin").mkdir(parents=True)
+    (tree / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    (tree / "bench").mkdir()
+    (tree / "bench" / "bench_cpus.py").write_text(
+        "import os\n"
+        "print('| peer | cpus |')\n"
+        "print('|---|---:|')\n"
+        "print(f'| tickertape | {len(os.sched_getaffinity(0))} |')\n"
+    )
+    log = io.StringIO()
+    key = ("", "tickertape", "cpus")
+    pinned = compare.run_one(str(tree), "cpus", [], log, pin="0")
+    assert pinned[key] == 1, log.getvalue()
+    free = compare.run_one(str(tree), "cpus", [], log)
+    assert free[key] == len(os.sched_getaffinity(0)), log.getvalue()
+    assert "taskset -c 0" in log.getvalue()
