@@ -20,7 +20,7 @@ import logging
 import operator
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass
-from functools import cached_property, partial
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -93,7 +93,13 @@ class Session:
         self._caller: Caller
         self._ack_conflation = 0.0
         self.publishing: PublishCommands | None = None  # built at the first publish (publisher)
+        # Built at first use like `publishing`, not functools.cached_property: that writes
+        # through the instance's __dict__, and a session whose __dict__ was once read loses the
+        # 3.11 interpreter's specialised attribute reads, on every read of every attribute
+        # (some 15 a queue acknowledgement, each a generic lookup: bench_costs, issue 24)
         self._sowing: SowCommands | None = None
+        self._subscribing: SubscribeCommands | None = None
+        self._delta: DeltaCommands | None = None
 
     @property
     def is_publisher(self) -> bool:
@@ -458,9 +464,12 @@ class Session:
             )
         return p
 
-    @cached_property
+    @property
     def subscribing(self) -> SubscribeCommands:
-        return SubscribeCommands(self._caller, self.svc)
+        s = self._subscribing
+        if s is None:
+            s = self._subscribing = SubscribeCommands(self._caller, self.svc)
+        return s
 
     @property
     def sowing(self) -> SowCommands:
@@ -471,9 +480,12 @@ class Session:
             )
         return s
 
-    @cached_property
+    @property
     def delta(self) -> DeltaCommands:
-        return DeltaCommands(self._caller, self.svc, self.sowing)
+        d = self._delta
+        if d is None:
+            d = self._delta = DeltaCommands(self._caller, self.svc, self.sowing)
+        return d
 
     def _waiting(self) -> bool:
         return self._held is not None
