@@ -96,7 +96,7 @@ class Session:
         # Built at first use like `publishing`, not functools.cached_property: that writes
         # through the instance's __dict__, and a session whose __dict__ was once read loses the
         # 3.11 interpreter's specialised attribute reads, on every read of every attribute
-        # (some 15 a queue acknowledgement, each a generic lookup: bench_costs, issue 24)
+        # (some 15 a queue acknowledgement, each a generic lookup; tests/server/test_attribute_reads.py)
         self._sowing: SowCommands | None = None
         self._subscribing: SubscribeCommands | None = None
         self._delta: DeltaCommands | None = None
