@@ -479,6 +479,12 @@ class Pipeline:
         for fn in batch.after:
             fn(None)
 
+    @property
+    def accepted_end(self) -> int:
+        """The journal end once everything accepted so far is committed: the batches in flight
+        and the open one (above the end it reaches if one of them fails)."""
+        return self.delivered_end + self.inflight_bytes + len(self.batch.data)
+
     def _end_after(self, batch: Batch, pos: int | None) -> int:
         """The journal end once `batch` is committed (its data starts at `pos`)."""
         if self.journal is None or not batch.data:

@@ -265,6 +265,51 @@ async def test_an_event_about_a_message_written_but_not_yet_delivered_here_waits
     assert _deliveries(c.take()) == [], "the takeover delivered what tt-b acked"
 
 
+async def test_an_event_waits_for_its_message_behind_any_number_of_commits_in_flight(make_core):
+    """Issue 23 (seams campaign, seed 1 round 16 under load): tt-b's message and its
+    at-most-once delivery came in one read, the message into the open batch behind three
+    commits in flight. The event waited for "the next commits" by count and was dropped at the
+    third, before the commit that held its message; the message stayed held for tt-b here,
+    and the takeover of tt-b delivered it a second time."""
+    from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT
+
+    core = make_core(QUEUES)
+    qm = core.queues
+    clock = [0.0]
+    qm.enable_replication(["tt-b"], 1.0, lambda: clock[0])
+    qm.source_up("tt-b")
+    qm.source_synced("tt-b")
+    c = core.client("c")
+    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    p = core.pipeline
+    for n in range(3):  # commits in flight ahead of the open batch
+        p.publish(None, publisher_id("other"), n + 1, "elsewhere", b'{"x":%d}' % n)
+        p.flush(inline=False)
+    assert p.inflight_batches == 3
+    t = 1_700_000_000_000_000
+    wire = WIRE_MAGIC + WIRE.pack(QueueOp.DELIVERED_AT_MOST_ONCE, 0, 0, 7, 1)
+    p.replicate(
+        [
+            (0, KIND_MESSAGE, 7, 1, t, b"work", b'{"n":1}', None),
+            (200, KIND_QUEUE_EVENT, 0, 0, t, b"work-q", wire, None),
+        ],
+        b"tt-b",
+        b"tt-b",
+        300,
+        lambda end, err: None,
+        lambda rec: qm.translate_in(bytes(rec[5]), bytes(rec[6]), "tt-b"),
+    )
+    await core.settle()
+    q = qm.get("work-q").state
+    assert qm.repl_stats["unresolved_dropped"] == 0 and not qm._pending
+    assert q.repl.snapshot()["held_for_others"] == 0, "tt-b's delivery event was dropped"
+    qm.source_down("tt-b")
+    clock[0] = 10.0
+    qm.tick()
+    await core.settle()
+    assert _deliveries(c.take()) == [], "the takeover delivered what tt-b delivered"
+
+
 async def test_after_a_start_nothing_is_leased_until_the_peers_synced(make_core):
     core = make_core(QUEUES)
     qm = core.queues
