@@ -233,13 +233,9 @@ async def test_replicated_messages_are_held_for_their_origin_until_taken_over(ma
     assert q.events and q.events[0] == QueueOp.OWNER  # journaled with the next commit
 
 
-async def test_an_event_about_a_message_written_but_not_yet_delivered_here_waits_for_it(
-    make_core,
-):
-    """Issue 23 (seams campaign, seed 9 round 38, under a Spark job's load): tt-b's ack came
-    while tt-b's message was in this journal (its lookup found it) but its commit had not yet
-    been delivered to the queues. Applied then, the ack found nothing to make done; the message,
-    held for tt-b afterwards, stayed held, and the takeover of tt-b delivered it again."""
+def _consumer_beside_tt_b(make_core):
+    """A core whose work-q replicates with tt-b (synced, takeover after 1 s of tt-b down) and a
+    subscribed consumer: (core, its queue manager, the takeover clock, the consumer)."""
     core = make_core(QUEUES)
     qm = core.queues
     clock = [0.0]
@@ -248,6 +244,26 @@ async def test_an_event_about_a_message_written_but_not_yet_delivered_here_waits
     qm.source_synced("tt-b")
     c = core.client("c")
     c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    return core, qm, clock, c
+
+
+async def _takeover_delivers(core, qm, clock, c) -> list:
+    """tt-b goes down and this core takes its messages over: what the consumer is handed."""
+    qm.source_down("tt-b")
+    clock[0] = 10.0
+    qm.tick()
+    await core.settle()
+    return _deliveries(c.take())
+
+
+async def test_an_event_about_a_message_written_but_not_yet_delivered_here_waits_for_it(
+    make_core,
+):
+    """Issue 23 (seams campaign, seed 9 round 38, under a Spark job's load): tt-b's ack came
+    while tt-b's message was in this journal (its lookup found it) but its commit had not yet
+    been delivered to the queues. Applied then, the ack found nothing to make done; the message,
+    held for tt-b afterwards, stayed held, and the takeover of tt-b delivered it again."""
+    core, qm, clock, c = _consumer_beside_tt_b(make_core)
     t = 1_700_000_000_000_000
     start = core.journal.end_position
     _submit(core.journal, [(7, 1, t + 1, b"work", b'{"n":1}', (t, b"tt-b", b"ny"))])
@@ -258,11 +274,9 @@ async def test_an_event_about_a_message_written_but_not_yet_delivered_here_waits
     qm.on_committed([m], core.journal.end_position)  # its commit reaches the queues now
     q = qm.get("work-q").state
     assert q.repl.snapshot()["held_for_others"] == 0, "tt-b's ack was lost"
-    qm.source_down("tt-b")
-    clock[0] = 10.0
-    qm.tick()
-    await core.settle()
-    assert _deliveries(c.take()) == [], "the takeover delivered what tt-b acked"
+    assert await _takeover_delivers(core, qm, clock, c) == [], (
+        "the takeover delivered what tt-b acked"
+    )
 
 
 async def test_an_event_waits_for_its_message_behind_any_number_of_commits_in_flight(make_core):
@@ -273,14 +287,7 @@ async def test_an_event_waits_for_its_message_behind_any_number_of_commits_in_fl
     and the takeover of tt-b delivered it a second time."""
     from journal.record import KIND_MESSAGE, KIND_QUEUE_EVENT
 
-    core = make_core(QUEUES)
-    qm = core.queues
-    clock = [0.0]
-    qm.enable_replication(["tt-b"], 1.0, lambda: clock[0])
-    qm.source_up("tt-b")
-    qm.source_synced("tt-b")
-    c = core.client("c")
-    c.send("subscribe", t="work-q", sub_id="w", o="max_backlog=10")
+    core, qm, clock, c = _consumer_beside_tt_b(make_core)
     p = core.pipeline
     for n in range(3):  # commits in flight ahead of the open batch
         p.publish(None, publisher_id("other"), n + 1, "elsewhere", b'{"x":%d}' % n)
@@ -303,11 +310,9 @@ async def test_an_event_waits_for_its_message_behind_any_number_of_commits_in_fl
     q = qm.get("work-q").state
     assert qm.repl_stats["unresolved_dropped"] == 0 and not qm._pending
     assert q.repl.snapshot()["held_for_others"] == 0, "tt-b's delivery event was dropped"
-    qm.source_down("tt-b")
-    clock[0] = 10.0
-    qm.tick()
-    await core.settle()
-    assert _deliveries(c.take()) == [], "the takeover delivered what tt-b delivered"
+    assert await _takeover_delivers(core, qm, clock, c) == [], (
+        "the takeover delivered what tt-b delivered"
+    )
 
 
 async def test_after_a_start_nothing_is_leased_until_the_peers_synced(make_core):
